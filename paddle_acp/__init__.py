@@ -1,0 +1,73 @@
+"""paddle-acp: automatic, crash-safe checkpoints for PaddlePaddle static-graph training.
+
+Public API::
+
+    import paddle_acp as acp          # installs the Executor.run hook
+    for epoch in acp.train_epoch_range(max_epoch_num, save_checkpoint_inter=None):
+        ...                           # exe.run(train_program, ...) as usual
+
+Switch it on with ``PADDLE_ACP_CHECKPOINT_URI=<path or URI>`` (or the PaddleCloud
+variables, see :mod:`paddle_acp.config`); without them the loop is a plain range.
+
+* :func:`train_epoch_range` – the epoch loop that saves and resumes.
+* :class:`CheckpointConfig`, :func:`config_from_env` – the configuration.
+* :func:`install` / :func:`uninstall` – the Executor.run hook (installed on import).
+* :func:`simulate_restart` – forget all in-process state, as a restart would (for tests).
+* :func:`is_training_program` – whether a program would be checkpointed.
+* Errors: :class:`AcpError` and its subclasses.
+
+Data flows one way: hook -> registry (per range) -> snapshot -> checkpointer -> storage.
+"""
+
+import logging as _logging
+import os as _os
+
+from .config import CheckpointConfig
+from .config import from_env as config_from_env
+from .epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
+from .errors import AcpError, CheckpointError, ConfigError, CorruptCheckpointError, StorageError
+from .hook import install, installed, uninstall
+from .programs import is_training_program
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "train_epoch_range",
+    "active_range",
+    "CheckpointConfig",
+    "config_from_env",
+    "install",
+    "uninstall",
+    "installed",
+    "simulate_restart",
+    "is_training_program",
+    "AcpError",
+    "ConfigError",
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "StorageError",
+    "CONST_CHECKPOINT",
+    "CONST_MEMORYINIT",
+]
+
+_logger = _logging.getLogger("paddle_acp")
+if not _logger.handlers and not _logging.getLogger().handlers:
+    _handler = _logging.StreamHandler()
+    _handler.setFormatter(_logging.Formatter("[paddle_acp] %(levelname)s %(message)s"))
+    _logger.addHandler(_handler)
+    _logger.setLevel(_os.environ.get("PADDLE_ACP_LOG_LEVEL", "INFO").upper())
+    _logger.propagate = False
+
+
+def simulate_restart() -> None:
+    """Reset paddle-acp's process state as a restart would: ranges are numbered from 0 again.
+
+    Waits for a pending save first. Paddle's scopes are not touched: to resume
+    bit-identically in one process, also start from a fresh scope/programs.
+    """
+    from . import epoch_range
+
+    epoch_range.reset()
+
+
+install()

@@ -1,0 +1,79 @@
+"""Command line: ``paddle-acp run`` (and later the operator tools)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import runpy
+import sys
+from typing import List, Optional
+
+from . import config as _config
+from .errors import AcpError
+
+logger = logging.getLogger("paddle_acp")
+
+_PADDLE_MODULES = (
+    "paddle.base.incubate.checkpoint.auto_checkpoint",
+    "paddle.incubate.checkpoint.auto_checkpoint",
+)
+
+
+def redirect_paddle_auto_checkpoint() -> None:
+    """Make Paddle's auto_checkpoint module names resolve to paddle_acp.auto_checkpoint."""
+    import importlib
+
+    from . import auto_checkpoint, install
+
+    install()
+    for name in _PADDLE_MODULES:
+        parent_name, _, leaf = name.rpartition(".")
+        try:
+            parent = importlib.import_module(parent_name)
+        except ImportError:
+            continue
+        setattr(parent, leaf, auto_checkpoint)
+        sys.modules[name] = auto_checkpoint
+
+
+def _cmd_run(args) -> int:
+    if args.checkpoint is not None:
+        os.environ["PADDLE_ACP_CHECKPOINT_URI"] = args.checkpoint
+    if args.interval is not None:
+        _config.check_interval(args.interval, "--interval")
+        os.environ["PADDLE_ACP_SAVE_INTERVAL"] = str(args.interval)
+    if args.job_id is not None:
+        _config.validate_job_id(args.job_id, "--job-id")
+        os.environ["PADDLE_JOB_ID"] = args.job_id
+    _config.from_env()  # fail early, naming the variable, on a bad configuration
+    if not os.path.isfile(args.script):
+        raise AcpError(f"script {args.script!r} does not exist")
+    redirect_paddle_auto_checkpoint()
+    sys.argv = [args.script] + list(args.args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="paddle-acp", description="Automatic checkpoints for PaddlePaddle training.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a training script with auto-checkpointing (Paddle's auto_checkpoint API works unchanged)")
+    r.add_argument("--checkpoint", metavar="URI", help="where to checkpoint (sets PADDLE_ACP_CHECKPOINT_URI)")
+    r.add_argument("--interval", metavar="SECONDS", type=float, help="seconds between checkpoints (0 = every epoch)")
+    r.add_argument("--job-id", help="job id (sets PADDLE_JOB_ID)")
+    r.add_argument("script")
+    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.set_defaults(func=_cmd_run)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except AcpError as exc:
+        print(f"paddle-acp: error: {exc}", file=sys.stderr)
+        return 2

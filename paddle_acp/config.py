@@ -1,0 +1,201 @@
+"""Configuration: one frozen dataclass, read from the environment in one place.
+
+Two ways to switch checkpointing on:
+
+* ``PADDLE_ACP_CHECKPOINT_URI`` (a local path, ``file://``, later ``hdfs://`` and
+  ``s3://``): the plain way for everyone outside PaddleCloud.
+* ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` plus the PaddleCloud
+  variables that Paddle's original ``auto_checkpoint`` read.
+
+Every invalid value raises :class:`ConfigError` naming the variable and value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Mapping, Optional
+
+from .errors import ConfigError
+
+PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
+DEFAULT_JOB_ID = "default"
+DEFAULT_SAVE_INTERVAL = 900.0
+DEFAULT_MAX_TO_KEEP = 3
+
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+
+# The variables this module reads, for documentation and ``paddle-acp env``.
+ENV_VARS = (
+    "PADDLE_ACP_CHECKPOINT_URI",
+    "PADDLE_ACP_SAVE_INTERVAL",
+    "PADDLE_ACP_MAX_TO_KEEP",
+    "PADDLE_ACP_ASYNC",
+    "PADDLE_RUNNING_ENV",
+    "PADDLE_RUNNING_PLATFORM",
+    "PADDLE_JOB_ID",
+    "PADDLE_TRAINER_ID",
+    "PADDLE_EDL_HDFS_HOME",
+    "PADDLE_EDL_HDFS_NAME",
+    "PADDLE_EDL_HDFS_UGI",
+    "PADDLE_EDL_HDFS_CHECKPOINT_PATH",
+    "PADDLE_EDL_ONLY_FOR_CE_TEST",
+    "PADDLE_EDL_FS_CACHE",
+    "PADDLE_EDL_SAVE_CHECKPOINT_INTER",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Everything that decides where, when and how checkpoints are written."""
+
+    uri: Optional[str] = None
+    job_id: str = DEFAULT_JOB_ID
+    trainer_id: int = 0
+    save_interval: float = DEFAULT_SAVE_INTERVAL
+    max_to_keep: int = DEFAULT_MAX_TO_KEEP
+    async_save: bool = True
+    fs_cache: str = ".cache"
+    source: str = "inactive"
+    inactive_reason: str = ""
+    # PaddleCloud extras (kept for the compat surface and HDFS clients).
+    platform: Optional[str] = None
+    hdfs_home: Optional[str] = None
+    hdfs_name: Optional[str] = None
+    hdfs_ugi: Optional[str] = None
+    hdfs_checkpoint_path: Optional[str] = None
+    ce_test: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.uri is not None
+
+    def __post_init__(self):
+        validate_job_id(self.job_id, "job_id")
+        if not isinstance(self.trainer_id, int) or self.trainer_id < 0:
+            raise ConfigError(f"trainer_id must be an integer >= 0, got {self.trainer_id!r}")
+        check_interval(self.save_interval, "save_interval")
+        if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:
+            raise ConfigError(f"max_to_keep must be an integer >= 0, got {self.max_to_keep!r}")
+
+
+def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
+    if not isinstance(value, str) or not value or ".." in value or not _JOB_ID_RE.match(value):
+        raise ConfigError(
+            f"{name}={value!r} is not a valid job id: use letters, digits, '.', '_' "
+            "and '-' only (no '/', no '..', not empty)"
+        )
+    return value
+
+
+def check_interval(value, name: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0")
+    return seconds
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def _interval(env: Mapping[str, str]) -> float:
+    for name in ("PADDLE_ACP_SAVE_INTERVAL", "PADDLE_EDL_SAVE_CHECKPOINT_INTER"):
+        raw = env.get(name)
+        if raw is not None and raw.strip() != "":
+            return check_interval(raw.strip(), name)
+    return DEFAULT_SAVE_INTERVAL
+
+
+def _required(env: Mapping[str, str], name: str, why: str) -> str:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        raise ConfigError(f"{name} is not set but is required {why}")
+    return value.strip()
+
+
+def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
+    """Build the configuration from environment variables (``os.environ`` by default)."""
+    env = os.environ if env is None else env
+    common = dict(
+        trainer_id=_int(env, "PADDLE_TRAINER_ID", 0),
+        save_interval=_interval(env),
+        max_to_keep=_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
+        async_save=_bool(env, "PADDLE_ACP_ASYNC", True),
+        fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
+    )
+    uri = env.get("PADDLE_ACP_CHECKPOINT_URI")
+    if uri is not None and uri.strip() != "":
+        job_id = env.get("PADDLE_JOB_ID") or DEFAULT_JOB_ID
+        validate_job_id(job_id)
+        return CheckpointConfig(uri=uri.strip(), job_id=job_id, source="PADDLE_ACP_CHECKPOINT_URI", **common)
+
+    run_env = env.get("PADDLE_RUNNING_ENV")
+    if run_env != PADDLECLOUD_RUNNING_ENV:
+        reason = (
+            "neither PADDLE_ACP_CHECKPOINT_URI nor "
+            f"PADDLE_RUNNING_ENV={PADDLECLOUD_RUNNING_ENV} is set"
+        )
+        return CheckpointConfig(inactive_reason=reason, **common)
+
+    why = f"when PADDLE_RUNNING_ENV={PADDLECLOUD_RUNNING_ENV}"
+    job_id = validate_job_id(_required(env, "PADDLE_JOB_ID", why))
+    if env.get("PADDLE_TRAINER_ID") is None or env.get("PADDLE_TRAINER_ID", "").strip() == "":
+        raise ConfigError(f"PADDLE_TRAINER_ID is not set but is required {why}")
+    ckpt_path = _required(env, "PADDLE_EDL_HDFS_CHECKPOINT_PATH", why)
+    ce_test = _bool(env, "PADDLE_EDL_ONLY_FOR_CE_TEST", False)
+    hdfs_name = (env.get("PADDLE_EDL_HDFS_NAME") or "").strip()
+    hdfs_home = (env.get("PADDLE_EDL_HDFS_HOME") or "").strip() or None
+    hdfs_ugi = (env.get("PADDLE_EDL_HDFS_UGI") or "").strip() or None
+    if ce_test and not hdfs_name:
+        uri = ckpt_path  # local filesystem, relative to the working directory
+    else:
+        if not hdfs_name:
+            raise ConfigError(
+                f"PADDLE_EDL_HDFS_NAME is empty but is required {why} "
+                "(set PADDLE_EDL_ONLY_FOR_CE_TEST=1 to checkpoint to the local filesystem)"
+            )
+        if "://" not in hdfs_name:
+            raise ConfigError(
+                f"PADDLE_EDL_HDFS_NAME={hdfs_name!r} must be a filesystem URI such as hdfs://namenode:9000"
+            )
+        if hdfs_ugi is not None and "," not in hdfs_ugi:
+            raise ConfigError(f"PADDLE_EDL_HDFS_UGI={hdfs_ugi!r} must be 'user,password'")
+        uri = hdfs_name.rstrip("/") + "/" + ckpt_path.lstrip("/")
+    return CheckpointConfig(
+        uri=uri,
+        job_id=job_id,
+        source="PaddleCloud",
+        platform=env.get("PADDLE_RUNNING_PLATFORM"),
+        hdfs_home=hdfs_home,
+        hdfs_name=hdfs_name or None,
+        hdfs_ugi=hdfs_ugi,
+        hdfs_checkpoint_path=ckpt_path,
+        ce_test=ce_test,
+        **common,
+    )

@@ -1,0 +1,24 @@
+"""Exception types: every error paddle-acp raises derives from AcpError."""
+
+
+class AcpError(Exception):
+    """Base class of all paddle-acp errors."""
+
+
+class ConfigError(AcpError, ValueError):
+    """A configuration value (environment variable or argument) is invalid.
+
+    The message names the variable and the offending value.
+    """
+
+
+class StorageError(AcpError, OSError):
+    """Storage could not be reached, read or written."""
+
+
+class CheckpointError(AcpError, RuntimeError):
+    """Checkpointing cannot proceed (wrong thread, mismatched program, ...)."""
+
+
+class CorruptCheckpointError(AcpError):
+    """A checkpoint is incomplete or fails verification; it is never loaded."""

@@ -1,0 +1,86 @@
+"""Hook: the patch on ``paddle.static.Executor.run`` that feeds programs to the active range.
+
+The fast path (no active range) is one global lookup; Executor.run is called
+thousands of times a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from . import epoch_range
+
+logger = logging.getLogger("paddle_acp")
+
+_original_run = None
+
+
+def _scope_arg(args, kwargs):
+    # run(program, feed, fetch_list, feed_var_name, fetch_var_name, scope, ...)
+    scope = kwargs.get("scope")
+    if scope is None and len(args) > 5:
+        scope = args[5]
+    return scope
+
+
+def install() -> None:
+    """Patch Executor.run (idempotent). Importing paddle_acp calls this."""
+    global _original_run
+    from paddle.base.executor import Executor
+
+    if _original_run is not None:
+        return
+    original = Executor.run
+
+    @functools.wraps(original)
+    def run(self, *args, **kwargs):
+        r = epoch_range._active
+        if r is not None:
+            program = args[0] if args else kwargs.get("program")
+            if program is None:
+                import paddle
+
+                program = paddle.static.default_main_program()
+            scope = _scope_arg(args, kwargs)
+            if scope is None:
+                import paddle
+
+                scope = paddle.static.global_scope()
+            r.on_run(self, program, scope)
+        return original(self, *args, **kwargs)
+
+    run.__paddle_acp_original__ = original
+    Executor.run = run
+    _original_run = original
+    _neutralize_paddle_hook()
+    logger.debug("installed the Executor.run hook")
+
+
+def uninstall() -> None:
+    global _original_run
+    from paddle.base.executor import Executor
+
+    if _original_run is None:
+        return
+    Executor.run = _original_run
+    _original_run = None
+
+
+def installed() -> bool:
+    return _original_run is not None
+
+
+def _neutralize_paddle_hook() -> None:
+    """Point Paddle's own (dead, sys.exit-prone) auto-checkpoint call at ours.
+
+    Paddle 3.x's legacy inference path still calls
+    ``paddle.base.executor.acp._auto_checkpoint``; ours is a no-op there
+    because the hook above already did the work.
+    """
+    import paddle.base.executor as executor_mod
+
+    from . import auto_checkpoint
+
+    if hasattr(executor_mod, "acp"):
+        executor_mod.acp = auto_checkpoint

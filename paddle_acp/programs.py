@@ -1,0 +1,162 @@
+"""Programs: tell training programs from the rest, list their state, fingerprint them.
+
+Works on PIR programs (Paddle 3.x default) and legacy-IR programs. The result
+for a program object is computed once and cached on the object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from typing import List, Optional, Tuple
+
+logger = logging.getLogger("paddle_acp")
+
+_CACHE_ATTR = "_paddle_acp_info"
+
+
+@dataclasses.dataclass
+class ProgramInfo:
+    """What paddle-acp knows about one program object."""
+
+    is_training: bool
+    ir: str  # "pir" or "legacy"
+    fingerprint: str = ""
+    persistables: Tuple[str, ...] = ()
+    label: str = ""
+    has_backward: bool = False
+    has_optimizer: bool = False
+
+
+def unwrap(program):
+    """Return the underlying Program of a CompiledProgram (or the program itself)."""
+    inner = getattr(program, "_program", None)
+    if inner is not None and type(program).__name__ == "CompiledProgram":
+        return inner
+    return program
+
+
+# -- PIR -----------------------------------------------------------------------
+def _pir_ops(block):
+    for op in block.ops:
+        yield op
+        try:
+            nreg = op.num_regions()
+        except Exception:  # builtin ops without regions
+            nreg = 0
+        if nreg:
+            for region in op.regions() if hasattr(op, "regions") else ():
+                for sub in region.blocks() if hasattr(region, "blocks") else ():
+                    yield from _pir_ops(sub)
+
+
+def _pir_is_optimizer_op(op, name: str) -> bool:
+    if not name.endswith("_") or name.endswith("_grad_"):
+        return False
+    try:
+        return "param" in op.get_input_names()
+    except (ValueError, RuntimeError, AttributeError):
+        return False
+
+
+def _pir_info(program) -> ProgramInfo:
+    has_bwd = has_opt = False
+    op_names: List[str] = []
+    persist: List[Tuple[str, str, str]] = []
+    for op in _pir_ops(program.global_block()):
+        name = op.name()
+        op_names.append(name)
+        if name.endswith("_grad") or name.endswith("_grad_"):
+            has_bwd = True
+        elif _pir_is_optimizer_op(op, name):
+            has_opt = True
+        if name == "builtin.parameter":
+            var = op.str_attr("parameter_name")
+            res = op.result(0)
+            persist.append((var, str(res.shape), str(res.dtype)))
+        elif name == "pd_op.data":
+            res = op.result(0)
+            if res.persistable:
+                persist.append((op.str_attr("name"), str(res.shape), str(res.dtype)))
+    return _finish("pir", has_bwd, has_opt, op_names, persist)
+
+
+# -- legacy IR -----------------------------------------------------------------
+def _legacy_info(program) -> ProgramInfo:
+    from paddle.base import core
+
+    has_bwd = has_opt = False
+    op_names: List[str] = []
+    for block in program.blocks:
+        for op in block.ops:
+            op_names.append(op.type)
+            if op._is_backward_op():
+                has_bwd = True
+            if op._is_optimize_op():
+                has_opt = True
+    skip = {
+        core.VarDesc.VarType.FEED_MINIBATCH,
+        core.VarDesc.VarType.FETCH_LIST,
+        core.VarDesc.VarType.RAW,
+        core.VarDesc.VarType.READER,
+    }
+    persist = []
+    for var in program.list_vars():
+        if var.persistable and var.type not in skip:
+            persist.append((var.name, str(tuple(var.shape)), str(var.dtype)))
+    return _finish("legacy", has_bwd, has_opt, op_names, persist)
+
+
+def _finish(ir, has_bwd, has_opt, op_names, persist) -> ProgramInfo:
+    persist = sorted(set(persist))
+    h = hashlib.sha256()
+    h.update(ir.encode())
+    for n in op_names:
+        h.update(b"\x00" + n.encode())
+    h.update(b"\x01")
+    for p in persist:
+        h.update(("\x00".join(p) + "\x01").encode())
+    names = tuple(dict.fromkeys(p[0] for p in persist))
+    label = f"{ir}: {len(op_names)} ops, {len(names)} persistables"
+    return ProgramInfo(
+        is_training=has_bwd and has_opt,
+        ir=ir,
+        fingerprint=h.hexdigest()[:16],
+        persistables=names,
+        label=label,
+        has_backward=has_bwd,
+        has_optimizer=has_opt,
+    )
+
+
+def program_info(program) -> ProgramInfo:
+    """Analyse (once) and return the :class:`ProgramInfo` of a Program/CompiledProgram."""
+    program = unwrap(program)
+    info = getattr(program, _CACHE_ATTR, None)
+    if info is not None:
+        return info
+    from paddle.base.framework import Program as LegacyProgram
+
+    if isinstance(program, LegacyProgram):
+        info = _legacy_info(program)
+    else:
+        info = _pir_info(program)
+    try:
+        setattr(program, _CACHE_ATTR, info)
+    except (AttributeError, TypeError):
+        logger.debug("cannot cache program info on %r", type(program))
+    return info
+
+
+def is_training_program(program) -> bool:
+    """True when the program has both backward and optimizer ops."""
+    try:
+        return program_info(program).is_training
+    except Exception as exc:  # an unknown object: not ours to checkpoint
+        logger.debug("program detection failed for %r: %s", type(program), exc)
+        return False
+
+
+def lr_scheduler_of(program) -> Optional[object]:
+    return getattr(unwrap(program), "lr_scheduler", None)

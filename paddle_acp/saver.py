@@ -1,0 +1,79 @@
+"""Saver: persist snapshots synchronously or on one background thread.
+
+At most one snapshot is in flight. ``wait`` blocks until it is committed and
+reports (logs, counts) a failure on the calling (training) thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Callable, Optional
+
+logger = logging.getLogger("paddle_acp")
+
+
+@dataclasses.dataclass
+class SaveStats:
+    saves: int = 0
+    failures: int = 0
+    waits: int = 0
+    wait_seconds: float = 0.0
+    last_error: Optional[BaseException] = None
+
+
+class Saver:
+    def __init__(self, persist: Callable[[object], None], async_save: bool, name: str = "paddle-acp-saver"):
+        self._persist = persist
+        self.async_save = async_save
+        self._name = name
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self.stats = SaveStats()
+
+    def _run(self, snap) -> None:
+        try:
+            self._persist(snap)
+        except BaseException as exc:  # reported on the training thread by wait()
+            self._error = exc
+
+    def _report(self) -> None:
+        exc, self._error = self._error, None
+        if exc is not None:
+            self.stats.failures += 1
+            self.stats.last_error = exc
+            logger.error("checkpoint save failed; training goes on and the next save retries: %s", exc, exc_info=exc)
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> float:
+        """Block until the in-flight save (if any) finished; returns seconds waited."""
+        waited = 0.0
+        t = self._thread
+        if t is not None:
+            if t.is_alive():
+                start = time.perf_counter()
+                t.join()
+                waited = time.perf_counter() - start
+                self.stats.waits += 1
+                self.stats.wait_seconds += waited
+                logger.info("waited %.3f s for the previous checkpoint to be written", waited)
+            self._thread = None
+        self._report()
+        return waited
+
+    def submit(self, snap) -> None:
+        """Persist ``snap`` (call ``wait`` first: the snapshot buffers are reused)."""
+        self.wait()
+        self.stats.saves += 1
+        if not self.async_save:
+            self._run(snap)
+            self._report()
+            return
+        # Not a daemon: a normal interpreter exit waits for the save to commit.
+        self._thread = threading.Thread(target=self._run, args=(snap,), name=self._name, daemon=False)
+        self._thread.start()

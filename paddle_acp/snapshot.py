@@ -1,0 +1,125 @@
+"""Snapshot: copy a program's state out of a Paddle scope into host buffers, and back.
+
+Buffers are reused from save to save (one pool per program), so after the
+first save a snapshot costs a memcpy per tensor and no allocations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .errors import CheckpointError
+from .manifest import DTYPES
+
+logger = logging.getLogger("paddle_acp")
+
+
+@dataclasses.dataclass
+class TensorData:
+    name: str
+    dtype: str  # a key of manifest.DTYPES
+    array: np.ndarray  # C-contiguous, storage dtype
+
+
+@dataclasses.dataclass
+class ProgramSnapshot:
+    key: str
+    label: str
+    tensors: List[TensorData]
+    lr_scheduler: Optional[Dict[str, Any]] = None
+
+
+def dtype_name(tensor) -> str:
+    name = str(tensor._dtype())
+    name = name.split(".")[-1].lower()
+    if name not in DTYPES:
+        raise CheckpointError(f"tensor dtype {tensor._dtype()} is not supported by paddle-acp")
+    return name
+
+
+def tensor_view(tensor) -> Tuple[str, np.ndarray]:
+    """A zero-copy NumPy view over a CPU tensor (a copy for other places).
+
+    The view is valid only until Paddle touches the tensor again: copy it out
+    before returning control to the training loop.
+    """
+    dt = dtype_name(tensor)
+    shape = tuple(tensor.shape())
+    npdt = DTYPES[dt]
+    place = tensor._place()
+    numel = int(np.prod(shape)) if shape else 1
+    if place.is_cpu_place() and numel > 0:
+        nbytes = numel * npdt.itemsize
+        raw = (ctypes.c_char * nbytes).from_address(tensor._ptr())
+        return dt, np.frombuffer(raw, dtype=npdt).reshape(shape)
+    arr = np.array(tensor)
+    if dt == "bfloat16":
+        arr = arr.view(np.uint16)
+    return dt, np.ascontiguousarray(arr.reshape(shape))
+
+
+class BufferPool:
+    """Reusable host buffers keyed by tensor name."""
+
+    def __init__(self):
+        self._bufs: Dict[str, np.ndarray] = {}
+
+    def copy(self, name: str, src: np.ndarray) -> np.ndarray:
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+            buf = np.empty(src.shape, src.dtype)
+            self._bufs[name] = buf
+        np.copyto(buf, src, casting="no")
+        return buf
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._bufs.values())
+
+
+def find_tensor(scope, name: str):
+    var = scope.find_var(name)
+    if var is None:
+        return None
+    try:
+        t = var.get_tensor()
+    except Exception:  # not a dense tensor (reader, raw, ...)
+        return None
+    if not t._is_initialized():
+        return None
+    return t
+
+
+def capture_tensors(scope, names, pool: BufferPool) -> List[TensorData]:
+    out = []
+    for name in names:
+        t = find_tensor(scope, name)
+        if t is None:
+            continue
+        dt, view = tensor_view(t)
+        out.append(TensorData(name, dt, pool.copy(name, view)))
+    return out
+
+
+def write_tensors(scope, place, tensors: Dict[str, Tuple[str, np.ndarray]]) -> None:
+    """Write restored arrays into the scope, in place where shape and dtype match."""
+    for name, (dt, arr) in tensors.items():
+        var = scope.find_var(name)
+        if var is None:
+            var = scope.var(name)
+        t = var.get_tensor()
+        if t._is_initialized() and t._place().is_cpu_place():
+            try:
+                cur_dt, view = tensor_view(t)
+            except CheckpointError:
+                cur_dt, view = None, None
+            if cur_dt == dt and view is not None and view.shape == arr.shape and arr.size > 0:
+                np.copyto(view, arr, casting="no")
+                continue
+        target = t._place() if t._is_initialized() else place
+        t.set(arr, target)

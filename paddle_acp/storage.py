@@ -1,0 +1,190 @@
+"""Storage: one small interface over ``pyarrow.fs``; the backend is chosen from the URI.
+
+All paths given to :class:`Storage` methods are relative, '/'-separated and
+resolved under the storage root; nothing here uses ``os.path`` on them, so the
+same code runs on local disks, HDFS and S3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import posixpath
+from typing import Iterable, List, Optional
+from urllib.parse import urlparse
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from .errors import ConfigError, StorageError
+
+logger = logging.getLogger("paddle_acp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    is_dir: bool
+    size: int
+    mtime: Optional[float]
+
+
+class Storage:
+    """A directory tree under ``root`` on a ``pyarrow.fs.FileSystem``.
+
+    ``atomic_rename``: True where renaming a directory is atomic (local, HDFS);
+    on object stores a checkpoint is committed by writing its manifest last.
+    """
+
+    def __init__(self, fs: pafs.FileSystem, root: str, uri: str, atomic_rename: bool, local: bool = False):
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+        self.uri = uri
+        self.atomic_rename = atomic_rename
+        self.local = local
+
+    def __repr__(self):
+        return f"Storage({self.uri!r})"
+
+    # -- paths ---------------------------------------------------------------
+    def full(self, path: str) -> str:
+        if path in ("", "."):
+            return self.root
+        if path.startswith("/") or ".." in path.split("/"):
+            raise StorageError(f"refusing path outside the storage root: {path!r}")
+        return self.root + "/" + path if self.root != "/" else "/" + path
+
+    @staticmethod
+    def join(*parts: str) -> str:
+        return posixpath.join(*parts)
+
+    def _wrap(self, what: str, path: str, exc: BaseException) -> StorageError:
+        return StorageError(f"{what} {self.uri}/{path} failed: {exc}")
+
+    # -- operations ----------------------------------------------------------
+    def makedirs(self, path: str) -> None:
+        try:
+            self.fs.create_dir(self.full(path), recursive=True)
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("creating directory", path, exc) from exc
+
+    def open_output(self, path: str):
+        try:
+            return self.fs.open_output_stream(self.full(path))
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("opening for write", path, exc) from exc
+
+    def open_input(self, path: str):
+        try:
+            return self.fs.open_input_file(self.full(path))
+        except FileNotFoundError:
+            raise
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("opening for read", path, exc) from exc
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        with self.open_output(path) as out:
+            out.write(data)
+        self.sync(path)
+
+    def write_buffers(self, path: str, buffers: Iterable) -> int:
+        """Stream several buffers into one file; returns the bytes written."""
+        total = 0
+        with self.open_output(path) as out:
+            for buf in buffers:
+                total += out.write(buf)
+        self.sync(path)
+        return total
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.open_input(path) as f:
+            return f.read()
+
+    def size(self, path: str) -> int:
+        info = self.fs.get_file_info(self.full(path))
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{self.uri}/{path}")
+        return info.size
+
+    def exists(self, path: str) -> bool:
+        try:
+            return self.fs.get_file_info(self.full(path)).type != pafs.FileType.NotFound
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("checking", path, exc) from exc
+
+    def listdir(self, path: str) -> List[Entry]:
+        """Direct children of ``path``; an empty list when it does not exist."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.full(path), allow_not_found=True))
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("listing", path, exc) from exc
+        out = []
+        for info in infos:
+            mtime = info.mtime.timestamp() if info.mtime is not None else None
+            out.append(Entry(info.base_name, info.type == pafs.FileType.Directory, info.size or 0, mtime))
+        return sorted(out, key=lambda e: e.name)
+
+    def delete_dir(self, path: str) -> None:
+        try:
+            self.fs.delete_dir(self.full(path))
+        except FileNotFoundError:
+            pass
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("deleting", path, exc) from exc
+
+    def delete_file(self, path: str) -> None:
+        try:
+            self.fs.delete_file(self.full(path))
+        except FileNotFoundError:
+            pass
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("deleting", path, exc) from exc
+
+    def rename(self, src: str, dst: str) -> None:
+        try:
+            self.fs.move(self.full(src), self.full(dst))
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap(f"renaming to {dst}:", src, exc) from exc
+        self.sync_dir(posixpath.dirname(dst))
+
+    # -- durability (local disks only; remote stores persist on close) -------
+    def sync(self, path: str) -> None:
+        if not self.local:
+            return
+        fd = os.open(self.full(path), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def sync_dir(self, path: str) -> None:
+        if not self.local:
+            return
+        try:
+            fd = os.open(self.full(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def open_storage(uri: str) -> Storage:
+    """Pick the backend from the URI's scheme (the one place that does)."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ConfigError(f"checkpoint URI {uri!r} is empty")
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
+        path = parsed.path if scheme == "file" else uri
+        if scheme == "file" and parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"checkpoint URI {uri!r}: file:// URIs must not name a host")
+        root = os.path.abspath(os.path.expanduser(path))
+        return Storage(pafs.LocalFileSystem(), root, uri, atomic_rename=True, local=True)
+    raise ConfigError(
+        f"checkpoint URI {uri!r}: unsupported scheme {scheme!r} (supported: a local path or file://)"
+    )
