@@ -106,7 +106,10 @@ class Checkpointer:
             except Exception as exc:  # the leftover is removed by the next save
                 logger.debug("could not remove %s: %s", pending.path, exc)
             raise
-        self.apply_retention()
+        try:
+            self.apply_retention()
+        except StorageError as exc:  # the new checkpoint is committed; pruning retries next time
+            logger.warning("retention after checkpoint %d failed: %s", number, exc)
         return number, offset
 
     def _write(self, pending, snap: Snapshot, number: int) -> int:

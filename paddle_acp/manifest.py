@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import re
+import zlib
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -184,7 +185,7 @@ class Manifest:
         }
 
     def dumps(self) -> bytes:
-        return json.dumps(self.to_json(), sort_keys=True, allow_nan=False).encode("utf-8")
+        return seal(self.to_json())
 
     def program(self, key: str) -> Optional[ProgramRecord]:
         for p in self.programs:
@@ -202,6 +203,15 @@ class Manifest:
             d = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise _fail(f"not valid JSON ({exc})") from None
+        if not isinstance(d, dict):
+            raise _fail("top level must be an object")
+        checksum = d.pop("checksum", None)
+        try:
+            actual = _doc_checksum(d)
+        except ValueError:
+            raise _fail("contains NaN or infinity") from None
+        if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != actual:
+            raise _fail("checksum mismatch (the manifest was modified or damaged)")
         return cls.from_json(d)
 
     @classmethod
@@ -244,6 +254,19 @@ class Manifest:
             ir=_get(d, "ir", str, "manifest"),
             extra=extra,
         )
+
+
+def _doc_checksum(doc: Dict[str, Any]) -> int:
+    canon = json.dumps(doc, sort_keys=True, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return zlib.crc32(canon) & 0xFFFFFFFF
+
+
+def seal(doc: Dict[str, Any]) -> bytes:
+    """Encode a manifest document with its checksum (the form written to storage)."""
+    doc = dict(doc)
+    doc.pop("checksum", None)
+    doc["checksum"] = _doc_checksum(doc)
+    return json.dumps(doc, sort_keys=True, allow_nan=False).encode("utf-8")
 
 
 def align(n: int) -> int:

@@ -1,0 +1,255 @@
+"""Checkpointer on real local storage: round trips, corruption, fallback, retention."""
+
+import json
+import os
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from paddle_acp import atomic
+from paddle_acp.checkpointer import Checkpointer, Snapshot
+from paddle_acp.errors import CorruptCheckpointError, StorageError
+from paddle_acp.manifest import DATA_NAME, DTYPES, MANIFEST_NAME, RangeRecord, seal
+from paddle_acp.snapshot import ProgramSnapshot, TensorData
+from paddle_acp.storage import open_storage
+
+
+def make_snapshot(epoch, seed=0, sizes=(3, 100, 1)):
+    rng = np.random.default_rng(seed + 1000 * epoch)
+    tensors = [TensorData(f"w{i}", "float32", rng.standard_normal(n).astype("float32")) for i, n in enumerate(sizes)]
+    tensors.append(TensorData("step", "int64", np.array([epoch], dtype="int64")))
+    prog = ProgramSnapshot("abc123", "test program", tensors, {"last_epoch": epoch, "last_lr": 0.1})
+    return Snapshot(RangeRecord("_range_0", epoch, 10), [prog], None, "3.3.1", "pir")
+
+
+def ckpt(tmp_path, keep=3):
+    return Checkpointer(open_storage(str(tmp_path)), "job", "_range_0", keep)
+
+
+def values(loaded):
+    return {name: arr.copy() for (key, name), arr in loaded.arrays.items()}
+
+
+def expected(snap):
+    return {t.name: t.array for t in snap.programs[0].tensors}
+
+
+def assert_loads(loaded, snap):
+    got = values(loaded)
+    want = expected(snap)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k])
+    assert loaded.manifest.range.epoch_no == snap.range.epoch_no
+
+
+def ckdir(tmp_path, n):
+    return tmp_path / "job" / "range" / "_range_0" / f"ckpt-{n}"
+
+
+def test_round_trip_and_layout(tmp_path):
+    c = ckpt(tmp_path)
+    snap = make_snapshot(0)
+    number, nbytes = c.save(snap)
+    assert number == 0 and nbytes > 0
+    assert sorted(os.listdir(ckdir(tmp_path, 0))) == sorted([DATA_NAME, MANIFEST_NAME])
+    assert_loads(c.load_latest(), snap)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_round_trip_any_dtype_and_shape(tmp_path_factory, data):
+    tmp = tmp_path_factory.mktemp("rt")
+    tensors = []
+    for i in range(data.draw(st.integers(0, 5))):
+        dt = data.draw(st.sampled_from(sorted(DTYPES)))
+        shape = data.draw(st.lists(st.integers(0, 5), max_size=3))
+        raw = data.draw(st.binary(min_size=int(np.prod(shape)) * DTYPES[dt].itemsize, max_size=int(np.prod(shape)) * DTYPES[dt].itemsize))
+        arr = np.frombuffer(raw, dtype=DTYPES[dt]).reshape(shape).copy() if dt != "bool" else (np.frombuffer(raw, dtype=np.uint8) % 2).astype(bool).reshape(shape)
+        tensors.append(TensorData(f"t{i}", dt, arr))
+    snap = Snapshot(RangeRecord("_range_0", 2, 3), [ProgramSnapshot("k", "", tensors)], None)
+    c = ckpt(tmp)
+    c.save(snap)
+    loaded = c.load_latest()
+    for t in tensors:
+        got = loaded.arrays[("k", t.name)]
+        assert got.shape == t.array.shape and got.tobytes() == t.array.tobytes()
+
+
+def _corrupt_truncate(d):
+    p = d / DATA_NAME
+    p.write_bytes(p.read_bytes()[:-10])
+
+
+def _corrupt_flip(d):
+    p = d / DATA_NAME
+    b = bytearray(p.read_bytes())
+    b[70] = (b[70] + 1) % 256  # inside w1's bytes; never undone by a second call
+    p.write_bytes(bytes(b))
+
+
+def _corrupt_missing_data(d):
+    (d / DATA_NAME).unlink()
+
+
+def _corrupt_missing_manifest(d):
+    (d / MANIFEST_NAME).unlink()
+
+
+def _corrupt_truncated_manifest(d):
+    p = d / MANIFEST_NAME
+    p.write_bytes(p.read_bytes()[:50])
+
+
+def _edit_manifest(fn, resealed=True):
+    def go(d):
+        p = d / MANIFEST_NAME
+        doc = json.loads(p.read_text())
+        fn(doc)
+        p.write_bytes(seal(doc) if resealed else json.dumps(doc).encode())
+    return go
+
+
+CORRUPTIONS = {
+    "truncated tensor file": (_corrupt_truncate, "has .* bytes"),
+    "flipped byte": (_corrupt_flip, "checksum mismatch"),
+    "missing tensor file": (_corrupt_missing_data, "missing"),
+    "missing manifest": (_corrupt_missing_manifest, None),
+    "truncated manifest": (_corrupt_truncated_manifest, "not valid JSON"),
+    "path escape": (_edit_manifest(lambda d: d.update(files={"../../x": d["files"][DATA_NAME]})), "files must list"),
+    "absolute path": (_edit_manifest(lambda d: d.update(files={"/tmp/x": d["files"][DATA_NAME]})), "files must list"),
+    "wrong dtype": (_edit_manifest(lambda d: d["programs"][0]["tensors"][0].update(dtype="float64")), "does not match"),
+    "wrong shape": (_edit_manifest(lambda d: d["programs"][0]["tensors"][1].update(shape=[5, 5])), "does not match"),
+    "same-size reshape, checksum kept": (_edit_manifest(lambda d: d["programs"][0]["tensors"][1].update(shape=[10, 10]), resealed=False), "checksum mismatch"),
+    "same-size dtype swap, checksum kept": (_edit_manifest(lambda d: d["programs"][0]["tensors"][0].update(dtype="int32"), resealed=False), "checksum mismatch"),
+    "unknown dtype": (_edit_manifest(lambda d: d["programs"][0]["tensors"][0].update(dtype="pyobject")), "allowed dtype"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_corruption_detected_and_falls_back(tmp_path, case, caplog):
+    corrupt, message = CORRUPTIONS[case]
+    c = ckpt(tmp_path)
+    first, second = make_snapshot(0), make_snapshot(1)
+    c.save(first)
+    c.save(second)
+    corrupt(ckdir(tmp_path, 1))
+    if message is not None:
+        with pytest.raises(CorruptCheckpointError, match=message):
+            c.load(1)
+    loaded = c.load_latest()
+    assert loaded is not None and loaded.manifest.number == 0
+    assert_loads(loaded, first)
+    if case != "missing manifest":
+        assert "skipping checkpoint 1" in caplog.text
+
+
+def test_no_valid_checkpoint_starts_fresh_loudly(tmp_path, caplog):
+    c = ckpt(tmp_path)
+    c.save(make_snapshot(0))
+    _corrupt_flip(ckdir(tmp_path, 0))
+    assert c.load_latest() is None
+    assert "STARTING FROM SCRATCH" in caplog.text
+
+
+def test_leftover_temporary_directory_ignored_then_cleaned(tmp_path):
+    c = ckpt(tmp_path)
+    c.save(make_snapshot(0))
+    leftover = tmp_path / "job" / "range" / "_range_0" / "ckpt-1.tmp-deadbeef"
+    leftover.mkdir()
+    (leftover / DATA_NAME).write_bytes(b"partial")
+    uncommitted = ckdir(tmp_path, 2)
+    uncommitted.mkdir()
+    assert c.load_latest().manifest.number == 0
+    number, _ = c.save(make_snapshot(1))
+    assert number == 3
+    assert not leftover.exists() and not uncommitted.exists()
+    assert c.load_latest().manifest.number == 3
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_retention_keeps_exactly_k(tmp_path, keep):
+    c = ckpt(tmp_path, keep)
+    for e in range(6):
+        c.save(make_snapshot(e))
+        assert len(c.committed_numbers()) == min(e + 1, keep)
+    assert c.committed_numbers() == list(range(6 - keep, 6))
+
+
+def test_retention_zero_keeps_all(tmp_path):
+    c = ckpt(tmp_path, 0)
+    for e in range(5):
+        c.save(make_snapshot(e))
+    assert c.committed_numbers() == [0, 1, 2, 3, 4]
+
+
+class CrashingStorage:
+    """Real local storage that fails after ``budget`` mutating operations."""
+
+    def __init__(self, inner, budget):
+        self.inner, self.budget = inner, budget
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name in ("makedirs", "write_bytes", "write_buffers", "rename", "delete_dir", "delete_file"):
+            def wrapped(*a, **k):
+                if self.budget <= 0:
+                    raise StorageError("injected crash")
+                self.budget -= 1
+                return attr(*a, **k)
+            return wrapped
+        return attr
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("save")),
+        st.tuples(st.just("crash"), st.integers(0, 6)),
+        st.tuples(st.just("corrupt"), st.sampled_from(["flip", "truncate", "manifest"])),
+        st.tuples(st.just("restore")),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops, st.integers(1, 3))
+def test_restore_returns_newest_intact_committed_state(tmp_path_factory, program, keep):
+    tmp = tmp_path_factory.mktemp("prop")
+    storage = open_storage(str(tmp))
+    c = Checkpointer(storage, "job", "_range_0", keep)
+    intact = {}  # number -> epoch of checkpoints that are committed and uncorrupted
+    epoch = 0
+    for op in program:
+        if op[0] == "save":
+            n, _ = c.save(make_snapshot(epoch))
+            intact[n] = epoch
+            epoch += 1
+        elif op[0] == "crash":
+            crashing = Checkpointer(CrashingStorage(storage, op[1]), "job", "_range_0", keep)
+            try:
+                n, _ = crashing.save(make_snapshot(epoch))
+                intact[n] = epoch
+                epoch += 1
+            except StorageError:
+                pass
+        elif op[0] == "corrupt":
+            committed = c.committed_numbers()
+            if committed:
+                d = ckdir(tmp, committed[-1])
+                {"flip": _corrupt_flip, "truncate": _corrupt_truncate, "manifest": _corrupt_truncated_manifest}[op[1]](d)
+                intact.pop(committed[-1], None)
+        else:
+            on_disk = set(c.committed_numbers())
+            live = {n: e for n, e in intact.items() if n in on_disk}
+            loaded = c.load_latest()
+            if not live:
+                assert loaded is None
+            else:
+                newest = max(live)
+                assert loaded is not None and loaded.manifest.number == newest
+                assert_loads(loaded, make_snapshot(live[newest]))
