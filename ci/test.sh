@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: sets up .venv on a fresh machine, then runs pytest.
+# Extra arguments go to pytest (e.g. `bash ci/test.sh -k checkpointer`).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/ci/env.sh"
+cd "$ROOT"
+export PYTHONUNBUFFERED=1
+"$PYTHON" -m pytest -q -p no:cacheprovider "$@" tests
