@@ -39,16 +39,11 @@ def unwrap(program):
 
 # -- PIR -----------------------------------------------------------------------
 def _pir_ops(block):
+    """Every op of a block, control-flow bodies (``pd_op.if``/``while`` blocks) included."""
     for op in block.ops:
         yield op
-        try:
-            nreg = op.num_regions()
-        except Exception:  # builtin ops without regions
-            nreg = 0
-        if nreg:
-            for region in op.regions() if hasattr(op, "regions") else ():
-                for sub in region.blocks() if hasattr(region, "blocks") else ():
-                    yield from _pir_ops(sub)
+        for sub in op.blocks():
+            yield from _pir_ops(sub)
 
 
 def _pir_is_optimizer_op(op, name: str) -> bool:
