@@ -4,12 +4,15 @@ Public API::
 
     import paddle_acp as acp          # installs the Executor.run hook
     for epoch in acp.train_epoch_range(max_epoch_num, save_checkpoint_inter=None):
-        ...                           # exe.run(train_program, ...) as usual
+        for batch in acp.resumable(loader):   # optional: mid-epoch checkpoints and resume
+            exe.run(train_program, feed=batch, fetch_list=[loss])
 
 Switch it on with ``PADDLE_ACP_CHECKPOINT_URI=<path or URI>`` (or the PaddleCloud
 variables, see :mod:`paddle_acp.config`); without them the loop is a plain range.
 
 * :func:`train_epoch_range` – the epoch loop that saves and resumes.
+* :func:`resumable` – wrap an epoch's batches for mid-epoch checkpoints and resume.
+* :class:`Preempted` – the ``SystemExit`` (status 128+signal) raised after a SIGTERM-triggered save.
 * :class:`CheckpointConfig`, :func:`config_from_env` – the configuration.
 * :func:`install` / :func:`uninstall` – the Executor.run hook (installed on import).
 * :func:`simulate_restart` – forget all in-process state, as a restart would (for tests).
@@ -24,15 +27,18 @@ import os as _os
 
 from .config import CheckpointConfig
 from .config import from_env as config_from_env
-from .epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
+from .epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, resumable, train_epoch_range
 from .errors import AcpError, CheckpointError, ConfigError, CorruptCheckpointError, StorageError
 from .hook import install, installed, uninstall
+from .preemption import Preempted
 from .programs import is_training_program
 
 __version__ = "0.1.0"
 
 __all__ = [
     "train_epoch_range",
+    "resumable",
+    "Preempted",
     "active_range",
     "CheckpointConfig",
     "config_from_env",

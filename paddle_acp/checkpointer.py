@@ -42,6 +42,7 @@ class Snapshot:
     rng: Optional[dict]
     paddle_version: str = ""
     ir: str = ""
+    extra: dict = dataclasses.field(default_factory=dict)
     stall_seconds: float = 0.0  # training-thread time spent taking the snapshot
     waited_seconds: float = 0.0  # of which waiting for the previous save
 
@@ -141,6 +142,7 @@ class Checkpointer:
             rng=snap.rng,
             paddle_version=snap.paddle_version,
             ir=snap.ir,
+            extra=snap.extra,
         )
         pending.commit(manifest.dumps())
         return offset
@@ -180,6 +182,8 @@ class Checkpointer:
             from . import rng_state
 
             rng_state.validate(m.rng)
+            if m.extra.get("epoch_start_rng") is not None:
+                rng_state.validate(m.extra["epoch_start_rng"])
         base = f"{self.dir}/{atomic.final_name(number)}"
         data_path = f"{base}/{DATA_NAME}"
         try:

@@ -12,10 +12,10 @@ import logging
 import sys
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from . import config as _config
-from . import rng_state
+from . import preemption, rng_state
 from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot
 from .errors import AcpError, CheckpointError, ConfigError
 from .manifest import RangeRecord
@@ -76,6 +76,13 @@ class TrainEpochRange:
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
         self.is_writer = cfg.trainer_id == 0
+        self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
+        self._resume_step: Optional[int] = None
+        self._resume_extra: dict = {}
+        self._epoch_start_rng: Optional[dict] = None
+        self._loader_state = None
+        self.exit_on_preempt = preemption.exit_on_preempt_from_env()
+        self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
         if self.is_writer:
             try:
                 self.checkpointer.write_job_marker()
@@ -86,7 +93,11 @@ class TrainEpochRange:
         loaded = self.checkpointer.load_latest()
         if loaded is not None:
             self._loaded = loaded
-            self.epoch_no = loaded.manifest.range.epoch_no
+            rec = loaded.manifest.range
+            # A mid-epoch checkpoint (step set) resumes inside its epoch.
+            self.epoch_no = rec.epoch_no if rec.step is None else rec.epoch_no - 1
+            self._resume_step = rec.step
+            self._resume_extra = loaded.manifest.extra
             self.restored_from = CONST_CHECKPOINT
             self.restored_number = loaded.manifest.number
 
@@ -97,23 +108,96 @@ class TrainEpochRange:
         start = self.epoch_no + 1
         if self._loaded is not None:
             m = self._loaded.manifest
-            if m.rng is not None:
+            if self._resume_step is not None and self._resume_extra.get("epoch_start_rng") is not None:
+                # mid-epoch: replay the epoch's start; resumable() restores m.rng after fast-forward
+                rng_state.restore(self._resume_extra["epoch_start_rng"])
+            elif m.rng is not None:
                 rng_state.restore(m.rng)
+            at = f"epoch {start}" + (f", step {self._resume_step}" if self._resume_step is not None else "")
             logger.info(
-                "range %s of job %s: resuming at epoch %d from checkpoint %d (%s)",
-                self.name, self.cfg.job_id, start, m.number, self._loaded.path,
+                "range %s of job %s: resuming at %s from checkpoint %d (%s)",
+                self.name, self.cfg.job_id, at, m.number, self._loaded.path,
             )
         self._last_save = time.monotonic()
-        for i in range(start, end):
-            self.epoch_no = i
-            yield i
-            self._end_of_epoch(last=(i == end - 1))
+        self.watcher.install()
+        try:
+            for i in range(start, end):
+                self.epoch_no = i
+                self.step = None
+                self._epoch_start_rng = rng_state.capture() if self._resume_step is None else self._resume_extra.get("epoch_start_rng")
+                yield i
+                if self._resume_step is not None:
+                    raise CheckpointError(
+                        f"range {self.name}: the checkpoint was taken at step {self._resume_step} of epoch {i}, "
+                        "but this epoch did not iterate its data through paddle_acp.resumable(...)"
+                    )
+                self.step = None
+                self._end_of_epoch(last=(i == end - 1))
+        finally:
+            self.watcher.uninstall()
 
     def _end_of_epoch(self, last: bool) -> None:
+        if self.watcher.received is not None:
+            self._preempt()
         if not self.is_writer:
             return
         if last or time.monotonic() - self._last_save >= self.save_interval:
             self.save()
+
+    def _preempt(self) -> None:
+        signum = self.watcher.received
+        if self.is_writer:
+            self.save(sync=True)
+        logger.warning("range %s: preempted by signal %d at epoch %d%s", self.name, signum, self.epoch_no,
+                       f" step {self.step}" if self.step is not None else "")
+        if self.exit_on_preempt:
+            raise preemption.Preempted(signum)
+        self.watcher.clear()
+
+    def steps(self, iterable: Iterable, save_every_steps: Optional[int] = None) -> Iterator:
+        """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume."""
+        _check_main_thread("resumable")
+        if save_every_steps is not None and (isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int) or save_every_steps < 1):
+            raise ConfigError(f"save_every_steps={save_every_steps!r} must be a positive integer")
+        skip, extra = self._resume_step, self._resume_extra
+        self._resume_step, self._resume_extra = None, {}
+        loader_state = extra.get("loader_state") if skip else None
+        stateful = hasattr(iterable, "state_dict") and hasattr(iterable, "set_state_dict")
+        if skip and stateful and loader_state is not None:
+            iterable.set_state_dict(loader_state)
+            it = iter(iterable)
+        else:
+            it = iter(iterable)
+            for done in range(skip or 0):
+                try:
+                    next(it)
+                except StopIteration:
+                    raise CheckpointError(
+                        f"range {self.name}: the checkpoint was taken after {skip} batches of epoch {self.epoch_no}, "
+                        f"but the data now yields only {done}: the data changed since the checkpoint. "
+                        "Restore the original data or start a new job (new PADDLE_JOB_ID)."
+                    ) from None
+        if skip and self._loaded is not None and self._loaded.manifest.rng is not None:
+            rng_state.restore(self._loaded.manifest.rng)
+        self.step = skip or 0
+        first = self.step
+        while True:
+            if self.step > first:
+                if self.watcher.received is not None:
+                    self._loader_state = iterable.state_dict() if stateful else None
+                    self._preempt()
+                elif self.is_writer and (
+                    (save_every_steps is not None and self.step % save_every_steps == 0)
+                    or (self.save_interval > 0 and time.monotonic() - self._last_save >= self.save_interval)
+                ):
+                    self._loader_state = iterable.state_dict() if stateful else None
+                    self.save()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            yield batch
+            self.step += 1
 
     # -- hook entry point ----------------------------------------------------
     def on_run(self, exe, program, scope) -> None:
@@ -152,7 +236,8 @@ class TrainEpochRange:
         logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
 
     # -- saving --------------------------------------------------------------
-    def save(self) -> None:
+    def save(self, sync: bool = False) -> None:
+        """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set)."""
         _check_main_thread("checkpointing")
         t0 = time.perf_counter()
         waited = self.saver.wait()
@@ -160,16 +245,24 @@ class TrainEpochRange:
         import paddle
 
         snap = Snapshot(
-            range=RangeRecord(self.name, self.epoch_no, self.max_epoch_num),
+            range=RangeRecord(self.name, self.epoch_no, self.max_epoch_num, self.step),
             programs=[e.capture() for e in self.registry.entries],
             rng=rng_state.capture(),
             paddle_version=paddle.__version__,
             ir="+".join(irs),
+            extra=self._step_extra(),
         )
         snap.stall_seconds = time.perf_counter() - t0
         snap.waited_seconds = waited
         self.saver.submit(snap)
+        if sync:
+            self.saver.wait()
         self._last_save = time.monotonic()
+
+    def _step_extra(self) -> dict:
+        if self.step is None:
+            return {}
+        return {"epoch_start_rng": self._epoch_start_rng, "loader_state": self._loader_state}
 
     def _persist(self, snap: Snapshot) -> None:
         t0 = time.perf_counter()
@@ -217,6 +310,23 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
     finally:
         _active = None
         r.close()
+
+
+def resumable(iterable: Iterable, save_every_steps: Optional[int] = None) -> Iterator:
+    """Iterate an epoch's batches so that checkpoints can be taken, and resumed, mid-epoch.
+
+    Inside an active ``train_epoch_range``: counts batches, checkpoints every
+    ``save_every_steps`` batches (and when ``save_checkpoint_inter`` > 0 seconds
+    passed), saves and exits at the next batch after a preemption signal, and
+    after a restart skips the batches the checkpoint already covers (through
+    ``set_state_dict`` when the loader has ``state_dict``/``set_state_dict``,
+    else by re-iterating it: the loader must then be deterministic). Outside a
+    range it is ``iter(iterable)``.
+    """
+    r = _active
+    if r is None:
+        return iter(iterable)
+    return r.steps(iterable, save_every_steps)
 
 
 def reset() -> None:

@@ -1,0 +1,85 @@
+"""Preemption: turn SIGTERM (and optionally other signals) into a save at the next safe point.
+
+The handler only records the signal; the training thread saves at the next
+step or epoch boundary and then raises :class:`Preempted` (a ``SystemExit``
+with status 128 + signal number, 143 for SIGTERM) unless told to continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Dict, List, Optional
+
+from .errors import ConfigError
+
+logger = logging.getLogger("paddle_acp")
+
+
+class Preempted(SystemExit):
+    """Raised at a safe point after a preemption signal, once the checkpoint is committed."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def signals_from_env(env=None) -> List[int]:
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_PREEMPT_SIGNALS", "SIGTERM")
+    out = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        name = part.upper() if part.upper().startswith("SIG") else "SIG" + part.upper()
+        sig = getattr(signal, name, None)
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a catchable signal")
+        out.append(int(sig))
+    return out
+
+
+def exit_on_preempt_from_env(env=None) -> bool:
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_EXIT_ON_PREEMPT", "1").strip().lower()
+    if raw in ("1", "true", "yes", "on", ""):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"PADDLE_ACP_EXIT_ON_PREEMPT={raw!r} is not a boolean (use 1 or 0)")
+
+
+class PreemptionWatcher:
+    """Installs the handlers for the life of a range; chains to the previous handlers."""
+
+    def __init__(self, signals: List[int]):
+        self.signals = signals
+        self.received: Optional[int] = None
+        self._previous: Dict[int, object] = {}
+
+    def _handle(self, signum, frame):
+        first = self.received is None
+        self.received = signum if first else self.received
+        if first:
+            logger.warning("received %s: checkpointing at the next step or epoch boundary", signal.Signals(signum).name)
+        prev = self._previous.get(signum)
+        if callable(prev):
+            prev(signum, frame)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.signals:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def clear(self) -> None:
+        self.received = None
