@@ -53,7 +53,9 @@ class SerializableBase:
 
 def _inner_program(program):
     """The Program of a CompiledProgram (or the program itself); PIR and legacy."""
-    if type(program).__name__ == "CompiledProgram":
+    import paddle
+
+    if isinstance(program, paddle.static.CompiledProgram):
         inner = getattr(program, "_program", None)
         if inner is None:
             raise CheckpointError(

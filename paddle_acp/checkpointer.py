@@ -17,6 +17,7 @@ import json
 import logging
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy as np
 from . import atomic
 from .errors import CorruptCheckpointError, StorageError
 from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord, align
-from .snapshot import ProgramSnapshot
+from .snapshot import ProgramSnapshot, layout
 from .storage import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -43,6 +44,8 @@ class Snapshot:
     paddle_version: str = ""
     ir: str = ""
     extra: dict = dataclasses.field(default_factory=dict)
+    image: Optional[np.ndarray] = None  # the file's bytes, tensors already laid out in it
+    data_size: int = -1  # set by layout()
     stall_seconds: float = 0.0  # training-thread time spent taking the snapshot
     waited_seconds: float = 0.0  # of which waiting for the previous save
 
@@ -59,6 +62,17 @@ class LoadedCheckpoint:
         if rec is None:
             return {}
         return {t.name: (t.dtype, self.arrays.pop((key, t.name))) for t in rec.tensors}
+
+
+_pool: Optional[ThreadPoolExecutor] = None
+_READ_CHUNK = 32 << 20
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle-acp-crc")
+    return _pool
 
 
 def crc32(arr: np.ndarray) -> int:
@@ -115,37 +129,46 @@ class Checkpointer:
 
     def _write(self, pending, snap: Snapshot, number: int) -> int:
         st = self.storage
-        programs: List[ProgramRecord] = []
-        buffers = []
-        offset = 0
-        for p in snap.programs:
-            records = []
-            for t in p.tensors:
-                arr = t.array
-                records.append(TensorRecord(t.name, t.dtype, list(arr.shape), offset, arr.nbytes, crc32(arr)))
-                if arr.nbytes:
-                    buffers.append(memoryview(arr).cast("B"))
-                pad = align(arr.nbytes) - arr.nbytes
-                if pad:
-                    buffers.append(_ZEROS[:pad])
-                offset += arr.nbytes + pad
-            programs.append(ProgramRecord(p.key, p.label, records, p.lr_scheduler))
-        written = st.write_buffers(f"{pending.path}/{DATA_NAME}", buffers)
-        if written != offset:
-            raise StorageError(f"short write of {DATA_NAME}: {written} of {offset} bytes")
+        if snap.data_size < 0:
+            snap.data_size = layout(snap.programs)
+        size = snap.data_size
+        tensors = [t for p in snap.programs for t in p.tensors]
+        # checksums on a second core while this thread writes (both release the GIL)
+        crcs = [_crc_pool().submit(crc32, t.array) for t in tensors]
+        path = f"{pending.path}/{DATA_NAME}"
+        if snap.image is not None:
+            written = st.write_image(path, snap.image, size)
+        else:
+            buffers, end = [], 0
+            for t in tensors:
+                if t.offset > end:
+                    buffers.append(_ZEROS[: t.offset - end])
+                if t.array.nbytes:
+                    buffers.append(memoryview(t.array).cast("B"))
+                end = t.offset + t.array.nbytes
+            if size > end:
+                buffers.append(_ZEROS[: size - end])
+            written = st.write_buffers(path, buffers)
+        if written != size:
+            raise StorageError(f"short write of {DATA_NAME}: {written} of {size} bytes")
+        it = iter(crcs)
+        programs = [
+            ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it).result()) for t in p.tensors], p.lr_scheduler)
+            for p in snap.programs
+        ]
         manifest = Manifest(
             number=number,
             created=time.time(),
             range=snap.range,
             programs=programs,
-            data_size=offset,
+            data_size=size,
             rng=snap.rng,
             paddle_version=snap.paddle_version,
             ir=snap.ir,
             extra=snap.extra,
         )
         pending.commit(manifest.dumps())
-        return offset
+        return size
 
     def apply_retention(self, keep: Optional[int] = None) -> List[int]:
         keep = self.max_to_keep if keep is None else keep
@@ -192,19 +215,33 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{data_path} is missing") from None
         if size != m.data_size:
             raise CorruptCheckpointError(f"{data_path} has {size} bytes, manifest says {m.data_size}")
-        arrays: Dict[Tuple[str, str], np.ndarray] = {}
+        image = np.empty(m.data_size, dtype=np.uint8)
         records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
+        pending = []
+        nxt = 0
         with self.storage.open_input(data_path) as f:
-            for off, key, t in records:
-                arr = np.empty(t.shape, DTYPES[t.dtype])
-                if t.nbytes:
-                    f.seek(off)
-                    got = f.readinto(memoryview(arr).cast("B"))
-                    if got != t.nbytes:
-                        raise CorruptCheckpointError(f"{data_path}: short read of tensor {t.name!r}")
-                if crc32(arr) != t.crc32:
-                    raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
-                arrays[(key, t.name)] = arr
+            pos = 0
+            while pos < m.data_size:
+                n = min(_READ_CHUNK, m.data_size - pos)
+                got = f.readinto(memoryview(image[pos:pos + n]))
+                if got <= 0:
+                    raise CorruptCheckpointError(f"{data_path}: short read at byte {pos}")
+                pos += got
+                while nxt < len(records) and records[nxt][0] + records[nxt][2].nbytes <= pos:
+                    off, key, t = records[nxt]
+                    arr = image[off:off + t.nbytes].view(DTYPES[t.dtype]).reshape(t.shape)
+                    pending.append((key, t, arr, _crc_pool().submit(crc32, arr)))
+                    nxt += 1
+        while nxt < len(records):  # zero-size tensors at the very end
+            off, key, t = records[nxt]
+            arr = np.empty(t.shape, DTYPES[t.dtype])
+            pending.append((key, t, arr, _crc_pool().submit(crc32, arr)))
+            nxt += 1
+        arrays: Dict[Tuple[str, str], np.ndarray] = {}
+        for key, t, arr, fut in pending:
+            if fut.result() != t.crc32:
+                raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
+            arrays[(key, t.name)] = arr
         return LoadedCheckpoint(base, m, arrays)
 
     def load_latest(self) -> Optional[LoadedCheckpoint]:

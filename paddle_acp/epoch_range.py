@@ -22,6 +22,7 @@ from .manifest import RangeRecord
 from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver
+from .snapshot import Arena, copy_into, layout
 from .storage import open_storage
 
 logger = logging.getLogger("paddle_acp")
@@ -73,6 +74,7 @@ class TrainEpochRange:
         self.storage = open_storage(cfg.uri)
         self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep)
         self.saver = Saver(self._persist, cfg.async_save)
+        self._arena = Arena()
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
         self.is_writer = cfg.trainer_id == 0
@@ -244,9 +246,18 @@ class TrainEpochRange:
         irs = sorted({e.info.ir for e in self.registry.entries})
         import paddle
 
+        programs = [e.views() for e in self.registry.entries]
+        size = layout(programs)
+        image = None
+        if self.saver.async_save and not sync:
+            # training goes on while the saver writes: copy into the reused arena
+            image = self._arena.ensure(size)
+            copy_into(programs, image)
         snap = Snapshot(
             range=RangeRecord(self.name, self.epoch_no, self.max_epoch_num, self.step),
-            programs=[e.capture() for e in self.registry.entries],
+            programs=programs,
+            image=image,
+            data_size=size,
             rng=rng_state.capture(),
             paddle_version=paddle.__version__,
             ir="+".join(irs),

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .errors import CheckpointError
 from .programs import ProgramInfo, lr_scheduler_of
-from .snapshot import BufferPool, ProgramSnapshot, capture_tensors, write_tensors
+from .snapshot import ProgramSnapshot, tensor_views, write_tensors
 
 logger = logging.getLogger("paddle_acp")
 
@@ -44,10 +44,10 @@ class ProgramEntry:
         self.program = program
         self.scope = scope
         self.place = place
-        self.pool = BufferPool()
 
-    def capture(self) -> ProgramSnapshot:
-        tensors = capture_tensors(self.scope, self.info.persistables, self.pool)
+    def views(self) -> ProgramSnapshot:
+        """The program's state as zero-copy views; copy them before Paddle runs again."""
+        tensors = tensor_views(self.scope, self.info.persistables)
         sched = lr_scheduler_of(self.program)
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)

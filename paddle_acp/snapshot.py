@@ -24,6 +24,7 @@ class TensorData:
     name: str
     dtype: str  # a key of manifest.DTYPES
     array: np.ndarray  # C-contiguous, storage dtype
+    offset: int = -1  # position in tensors.bin, set by layout()
 
 
 @dataclasses.dataclass
@@ -63,23 +64,57 @@ def tensor_view(tensor) -> Tuple[str, np.ndarray]:
     return dt, np.ascontiguousarray(arr.reshape(shape))
 
 
-class BufferPool:
-    """Reusable host buffers keyed by tensor name."""
+PAGE = 4096
+
+
+class Arena:
+    """One reusable, page-aligned host buffer holding a checkpoint's file image.
+
+    Reused from save to save (so its pages are faulted in once), and aligned
+    for ``O_DIRECT`` writes.
+    """
 
     def __init__(self):
-        self._bufs: Dict[str, np.ndarray] = {}
+        self._raw: Optional[np.ndarray] = None
+        self.buf: Optional[np.ndarray] = None
 
-    def copy(self, name: str, src: np.ndarray) -> np.ndarray:
-        buf = self._bufs.get(name)
-        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-            buf = np.empty(src.shape, src.dtype)
-            self._bufs[name] = buf
-        np.copyto(buf, src, casting="no")
-        return buf
+    def ensure(self, size: int) -> np.ndarray:
+        padded = max(PAGE, (size + PAGE - 1) // PAGE * PAGE)
+        if self.buf is None or self.buf.nbytes < padded:
+            raw = np.empty(padded + PAGE, dtype=np.uint8)
+            start = (-raw.ctypes.data) % PAGE
+            self._raw, self.buf = raw, raw[start:start + padded]
+        return self.buf
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._bufs.values())
+        return 0 if self.buf is None else self.buf.nbytes
+
+
+def layout(programs: List[ProgramSnapshot]) -> int:
+    """Assign each tensor its (aligned) offset in the data file; returns the file size."""
+    from .manifest import align
+
+    offset = 0
+    for p in programs:
+        for t in p.tensors:
+            t.offset = offset
+            offset += align(t.array.nbytes)
+    return offset
+
+
+def copy_into(programs: List[ProgramSnapshot], image: np.ndarray) -> None:
+    """Copy laid-out tensors into ``image`` (the file's bytes) and point them at their copies."""
+    end = 0
+    for p in programs:
+        for t in p.tensors:
+            if t.offset > end:
+                image[end:t.offset] = 0  # padding: keep the file deterministic
+            n = t.array.nbytes
+            dst = image[t.offset:t.offset + n].view(t.array.dtype).reshape(t.array.shape)
+            np.copyto(dst, t.array, casting="no")
+            t.array = dst
+            end = t.offset + n
 
 
 def find_tensor(scope, name: str):
@@ -95,14 +130,15 @@ def find_tensor(scope, name: str):
     return t
 
 
-def capture_tensors(scope, names, pool: BufferPool) -> List[TensorData]:
+def tensor_views(scope, names) -> List[TensorData]:
+    """Zero-copy views of the named, initialized tensors (valid until Paddle runs again)."""
     out = []
     for name in names:
         t = find_tensor(scope, name)
         if t is None:
             continue
         dt, view = tensor_view(t)
-        out.append(TensorData(name, dt, pool.copy(name, view)))
+        out.append(TensorData(name, dt, view))
     return out
 
 

@@ -97,6 +97,36 @@ class Storage:
         self.sync(path)
         return total
 
+    def write_image(self, path: str, image, size: int) -> int:
+        """Write the first ``size`` bytes of a page-aligned buffer (padded to a page).
+
+        Local disks: ``O_DIRECT`` (no page-cache copy, a fraction of the CPU),
+        falling back to buffered writes where the filesystem refuses it.
+        """
+        mv = memoryview(image).cast("B")
+        if self.local and hasattr(os, "O_DIRECT"):
+            try:
+                return self._write_direct(path, mv, size)
+            except OSError as exc:
+                logger.debug("O_DIRECT write of %s failed (%s); using buffered writes", path, exc)
+        return self.write_buffers(path, [mv[:size]])
+
+    def _write_direct(self, path: str, mv: memoryview, size: int) -> int:
+        padded = min(len(mv), (size + 4095) // 4096 * 4096)
+        fd = os.open(self.full(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        try:
+            pos, chunk = 0, 64 << 20
+            while pos < padded:
+                n = os.write(fd, mv[pos:min(pos + chunk, padded)])
+                if n <= 0:
+                    raise OSError("O_DIRECT write made no progress")
+                pos += n
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return size
+
     def read_bytes(self, path: str) -> bytes:
         with self.open_input(path) as f:
             return f.read()
