@@ -57,11 +57,13 @@ __all__ = [
 ]
 
 _logger = _logging.getLogger("paddle_acp")
+if _logger.level == _logging.NOTSET:
+    _level = _os.environ.get("PADDLE_ACP_LOG_LEVEL", "INFO").upper()
+    _logger.setLevel(_level if _level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO")
 if not _logger.handlers and not _logging.getLogger().handlers:
     _handler = _logging.StreamHandler()
     _handler.setFormatter(_logging.Formatter("[paddle_acp] %(levelname)s %(message)s"))
     _logger.addHandler(_handler)
-    _logger.setLevel(_os.environ.get("PADDLE_ACP_LOG_LEVEL", "INFO").upper())
     _logger.propagate = False
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``paddle-acp run`` (and later the operator tools)."""
+"""Command line: ``paddle-acp run`` and the operator tools (ls, inspect, verify, gc, export, stats; see :mod:`paddle_acp.tools`)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
     r.set_defaults(func=_cmd_run)
+    from . import tools
+
+    tools.add_subcommands(sub)
     return p
 
 

@@ -19,6 +19,7 @@ from . import preemption, rng_state
 from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot
 from .errors import AcpError, CheckpointError, ConfigError
 from .manifest import RangeRecord
+from .metrics import MetricsLog
 from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver
@@ -37,6 +38,12 @@ _logged_inactive = False
 
 def active_range() -> Optional["TrainEpochRange"]:
     return _active
+
+
+def _paddle_static():
+    import paddle.static
+
+    return paddle.static
 
 
 def _check_main_thread(what: str) -> None:
@@ -75,6 +82,7 @@ class TrainEpochRange:
         self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep)
         self.saver = Saver(self._persist, cfg.async_save)
         self._arena = Arena()
+        self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
         self.is_writer = cfg.trainer_id == 0
@@ -203,6 +211,11 @@ class TrainEpochRange:
 
     # -- hook entry point ----------------------------------------------------
     def on_run(self, exe, program, scope) -> None:
+        """Called by the hook before every Executor.run while this range is active."""
+        if program is None:
+            program = _paddle_static().default_main_program()
+        if scope is None:
+            scope = _paddle_static().global_scope()
         inner = unwrap(program)
         if self.registry.lookup(inner, scope) is not None:
             return
@@ -277,12 +290,24 @@ class TrainEpochRange:
 
     def _persist(self, snap: Snapshot) -> None:
         t0 = time.perf_counter()
-        number, nbytes = self.checkpointer.save(snap)
+        record = {
+            "time": time.time(), "range": self.name, "epoch": snap.range.epoch_no, "step": snap.range.step,
+            "stall_s": round(snap.stall_seconds, 6), "waited_s": round(snap.waited_seconds, 6),
+        }
+        try:
+            number, nbytes = self.checkpointer.save(snap)
+        except BaseException as exc:
+            record.update(ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
+            self.metrics.append(record)
+            raise
         dt = time.perf_counter() - t0
+        mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
+        record.update(ok=True, number=number, bytes=nbytes, persist_s=round(dt, 6), throughput_mb_s=round(mbps, 3))
+        self.metrics.append(record)
         logger.info(
-            "range %s: saved checkpoint %d (epoch %d): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
-            self.name, number, snap.range.epoch_no, nbytes, snap.stall_seconds, dt,
-            nbytes / dt / 1e6 if dt > 0 else 0.0,
+            "range %s: saved checkpoint %d (epoch %d%s): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
+            self.name, number, snap.range.epoch_no, "" if snap.range.step is None else f" step {snap.range.step}",
+            nbytes, snap.stall_seconds, dt, mbps,
         )
 
     def close(self) -> None:

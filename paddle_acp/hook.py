@@ -16,14 +16,6 @@ logger = logging.getLogger("paddle_acp")
 _original_run = None
 
 
-def _scope_arg(args, kwargs):
-    # run(program, feed, fetch_list, feed_var_name, fetch_var_name, scope, ...)
-    scope = kwargs.get("scope")
-    if scope is None and len(args) > 5:
-        scope = args[5]
-    return scope
-
-
 def install() -> None:
     """Patch Executor.run (idempotent). Importing paddle_acp calls this."""
     global _original_run
@@ -38,15 +30,9 @@ def install() -> None:
         r = epoch_range._active
         if r is not None:
             program = args[0] if args else kwargs.get("program")
-            if program is None:
-                import paddle
-
-                program = paddle.static.default_main_program()
-            scope = _scope_arg(args, kwargs)
-            if scope is None:
-                import paddle
-
-                scope = paddle.static.global_scope()
+            scope = kwargs.get("scope")
+            if scope is None and len(args) > 5:
+                scope = args[5]  # run(program, feed, fetch_list, feed_var_name, fetch_var_name, scope, ...)
             r.on_run(self, program, scope)
         return original(self, *args, **kwargs)
 

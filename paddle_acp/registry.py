@@ -67,6 +67,7 @@ class Registry:
         self.entries: List[ProgramEntry] = []
         self._by_token: Dict[Tuple[int, int], ProgramEntry] = {}
         self._scopes_by_fp: Dict[str, List[int]] = {}
+        self._aliases: List[object] = []
 
     def lookup(self, program, scope) -> Optional[ProgramEntry]:
         return self._by_token.get((id(program), id(scope)))
@@ -80,6 +81,7 @@ class Registry:
             key = info.fingerprint if idx == 0 else f"{info.fingerprint}.{idx}"
             entry = next(e for e in self.entries if e.key == key)
             self._by_token[(id(program), sid)] = entry
+            self._aliases.append(program)  # keep it alive: its id must not be reused
             return entry, False
         scopes.append(sid)
         idx = len(scopes) - 1

@@ -1,0 +1,286 @@
+"""Benchmark: paddle-acp's save/restore/hook costs as ratios against baselines run in the same process.
+
+Figures (each the median over --rounds paired rounds, A and B back to back):
+  1. stall per checkpoint (async) vs Paddle's own save path and vs a raw write + fsync of the same bytes
+  2. synchronous save throughput vs a raw sequential write + fsync of the same bytes
+  3. restore time vs a raw read of the same bytes into preallocated buffers
+  4. Executor.run hook overhead on a tiny program (with vs without the hook; inside an active range)
+  5. end-to-end training with a checkpoint every epoch vs checkpointing off
+
+Usage: python ci/bench.py [--ir pir|legacy|both] [--params 100e6] [--rounds 3] [--json FILE] [--quick]
+Prints one line per figure and writes the figures as JSON.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def median_ratio(pairs):
+    return statistics.median(a / b for a, b in pairs)
+
+
+def bench_one(args):
+    """Runs in a subprocess per IR (the IR is fixed at paddle import)."""
+    import numpy as np
+    import paddle
+
+    import paddle_acp as acp
+    from paddle_acp import epoch_range, hook
+
+    paddle.enable_static()
+    legacy = os.environ.get("FLAGS_enable_pir_api") == "0"
+    ir = "legacy" if legacy else "pir"
+    work = tempfile.mkdtemp(prefix="acp-bench-", dir=args.dir)
+    res = {"ir": ir}
+    width = max(64, int((args.params / 2) ** 0.5))  # two width x width layers
+
+    def build(width, layers=2):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [None, width], "float32")
+            h = x
+            for _ in range(layers):
+                h = paddle.static.nn.fc(h, width)
+            loss = paddle.mean(h * h)
+            paddle.optimizer.Adam(1e-4).minimize(loss)
+        return main, startup, loss
+
+    main, startup, loss = build(width)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    feed = {"x": np.random.rand(2, width).astype("float32")}
+    exe.run(main, feed=feed, fetch_list=[loss])  # create Adam state
+    scope = paddle.static.global_scope()
+    from paddle_acp.programs import program_info
+
+    names = program_info(main).persistables
+    state_bytes = sum(np.array(scope.find_var(n).get_tensor()).nbytes for n in names)
+    res["state_bytes"] = state_bytes
+    log(f"[{ir}] model: 2 x fc({width}x{width}) + Adam, state {state_bytes / 1e9:.2f} GB")
+
+    def raw_write(path):
+        arrays = [np.array(scope.find_var(n).get_tensor()) for n in names]
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            for a in arrays:
+                f.write(memoryview(a).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+        return time.perf_counter() - t0
+
+    def raw_write_only(path):  # the bytes already in host memory: pure write + fsync
+        arrays = [np.array(scope.find_var(n).get_tensor()) for n in names]
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            for a in arrays:
+                f.write(memoryview(a).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+        return time.perf_counter() - t0
+
+    def paddle_save(path):
+        t0 = time.perf_counter()
+        if legacy:
+            # what Paddle's CheckpointSaver(PaddleModel) does for each program: save_persistables
+            from paddle.distributed.io import save_persistables
+
+            save_persistables(exe, path, main)
+        else:
+            vs = [v for v in main.list_vars() if v.persistable]
+            paddle.static.save_vars(exe, path, main, vars=vs, filename="all")
+        return time.perf_counter() - t0
+
+    def fresh(p):
+        shutil.rmtree(p, ignore_errors=True)
+        return p
+
+    # -- 1 and 2: stall and sync throughput, through the real train_epoch_range ---------------
+    def acp_epochs(async_save, epochs, steps, hold=0.0):
+        uri = fresh(os.path.join(work, "acp"))
+        os.environ.update(PADDLE_ACP_CHECKPOINT_URI=uri, PADDLE_ACP_ASYNC="1" if async_save else "0", PADDLE_ACP_MAX_TO_KEEP="1")
+        epoch_range.reset()
+        stalls = []
+        it = acp.train_epoch_range(epochs, save_checkpoint_inter=0)
+        next(it)
+        for e in range(epochs):
+            for _ in range(steps):
+                exe.run(main, feed=feed, fetch_list=[loss])
+            if hold:
+                time.sleep(hold)  # let the background save finish: measure the stall alone
+            t0 = time.perf_counter()
+            try:
+                next(it)
+            except StopIteration:
+                pass
+            stalls.append(time.perf_counter() - t0)
+        os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
+        return stalls[:-1] if len(stalls) > 1 else stalls  # the last includes waiting for the final commit
+
+    hold = max(1.0, state_bytes / 0.3e9)
+    stall_pairs_paddle, stall_pairs_raw, sync_pairs = [], [], []
+    for r in range(args.rounds):
+        stall = statistics.median(acp_epochs(True, 3, 1, hold=hold))
+        t_paddle = paddle_save(fresh(os.path.join(work, "paddle")))
+        t_raw = raw_write(os.path.join(work, "raw.bin"))
+        stall_pairs_paddle.append((stall, t_paddle))
+        stall_pairs_raw.append((stall, t_raw))
+        sync = statistics.median(acp_epochs(False, 2, 1))
+        t_raw2 = raw_write_only(os.path.join(work, "raw.bin"))
+        sync_pairs.append((t_raw2, sync))  # throughput ratio = raw time / our time
+        log(f"[{ir}] round {r}: stall {stall:.3f}s, paddle save {t_paddle:.3f}s, raw write+fsync {t_raw:.3f}s, sync save {sync:.3f}s, raw {t_raw2:.3f}s")
+    res["stall_vs_paddle"] = median_ratio(stall_pairs_paddle)
+    res["stall_vs_raw_write"] = median_ratio(stall_pairs_raw)
+    res["stall_seconds"] = statistics.median(p[0] for p in stall_pairs_paddle)
+    res["paddle_save_seconds"] = statistics.median(p[1] for p in stall_pairs_paddle)
+    res["sync_save_throughput_vs_raw"] = median_ratio(sync_pairs)
+
+    # -- 3: restore vs raw read ---------------------------------------------------------------
+    from paddle_acp.checkpointer import Checkpointer
+    from paddle_acp.snapshot import write_tensors
+    from paddle_acp.storage import open_storage
+
+    uri = os.path.join(work, "acp")
+    ck = Checkpointer(open_storage(uri), "default", "_range_0")
+    bufs = [np.empty_like(np.array(scope.find_var(n).get_tensor())) for n in names]
+    restore_pairs = []
+    for r in range(args.rounds):
+        t0 = time.perf_counter()
+        loaded = ck.load_latest()
+        key = loaded.manifest.programs[0].key
+        write_tensors(scope, paddle.CPUPlace(), loaded.take_program_tensors(key))
+        t_acp = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with open(os.path.join(work, "raw.bin"), "rb") as f:
+            for b in bufs:
+                f.readinto(memoryview(b).cast("B"))
+        t_raw = time.perf_counter() - t0
+        restore_pairs.append((t_raw, t_acp))
+        log(f"[{ir}] round {r}: restore {t_acp:.3f}s, raw read {t_raw:.3f}s")
+    res["restore_throughput_vs_raw_read"] = median_ratio(restore_pairs)
+
+    # -- 4: hook overhead ---------------------------------------------------------------------
+    with paddle.utils.unique_name.guard("tiny_"):
+        tiny_main, tiny_startup, tiny_loss = build(8, layers=1)
+    tscope = paddle.static.Scope()
+    exe.run(tiny_startup, scope=tscope)
+    tfeed = {"x": np.ones((2, 8), "float32")}
+    os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "hook")), PADDLE_ACP_ASYNC="0")
+    epoch_range.reset()
+    it = acp.train_epoch_range(1, save_checkpoint_inter=10**6)
+    next(it)
+    calls = 300 if args.quick else 2000
+    hook_pairs = []
+    for r in range(10 if args.quick else 30):
+        hook.install()
+        t0 = time.perf_counter()
+        for _ in range(calls // 10):
+            exe.run(tiny_main, feed=tfeed, fetch_list=[tiny_loss], scope=tscope)
+        with_hook = time.perf_counter() - t0
+        hook.uninstall()
+        t0 = time.perf_counter()
+        for _ in range(calls // 10):
+            exe.run(tiny_main, feed=tfeed, fetch_list=[tiny_loss], scope=tscope)
+        without = time.perf_counter() - t0
+        hook_pairs.append((with_hook, without))
+    hook.install()
+    it.close()
+    os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
+    res["hook_overhead"] = median_ratio(hook_pairs) - 1.0
+    res["hook_us_per_run_without"] = statistics.median(p[1] for p in hook_pairs) / (calls // 10) * 1e6
+
+    # -- 5: end-to-end ------------------------------------------------------------------------
+    def training_run(on, epochs, steps):
+        if on:
+            os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "e2e")), PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="2")
+        else:
+            os.environ.pop("PADDLE_ACP_CHECKPOINT_URI", None)
+        epoch_range.reset()
+        t0 = time.perf_counter()
+        for _ in acp.train_epoch_range(epochs, save_checkpoint_inter=0):
+            for _ in range(steps):
+                exe.run(main, feed=feed, fetch_list=[loss])
+        return time.perf_counter() - t0
+
+    # steps per epoch so that an epoch lasts ~the time a checkpoint takes to persist, times 10
+    t0 = time.perf_counter()
+    for _ in range(3):
+        exe.run(main, feed=feed, fetch_list=[loss])
+    step = (time.perf_counter() - t0) / 3
+    steps = max(2, int(args.epoch_seconds / step))
+    e2e_pairs = []
+    for r in range(args.rounds):
+        on = training_run(True, 3, steps)
+        off = training_run(False, 3, steps)
+        e2e_pairs.append((on, off))
+        log(f"[{ir}] round {r}: training with checkpoints {on:.2f}s, without {off:.2f}s ({steps} steps/epoch)")
+    res["end_to_end_overhead"] = median_ratio(e2e_pairs) - 1.0
+    res["epoch_seconds"] = steps * step
+    shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ir", choices=["pir", "legacy", "both"], default="both")
+    ap.add_argument("--params", type=float, default=100e6, help="model parameters (float32); Adam triples the state")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epoch-seconds", type=float, default=20.0, help="epoch length for the end-to-end figure")
+    ap.add_argument("--json", default="bench.json")
+    ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
+    ap.add_argument("--quick", action="store_true", help="tiny model, one round: a smoke run")
+    ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.quick:
+        args.params, args.rounds, args.epoch_seconds = min(args.params, 2e5), 1, 0.5
+    if args._child:
+        print("RESULT " + json.dumps(bench_one(args)), flush=True)
+        return 0
+    results = []
+    for ir in (["pir", "legacy"] if args.ir == "both" else [args.ir]):
+        env = dict(os.environ, PADDLE_ACP_LOG_LEVEL="WARNING")
+        env.pop("PADDLE_ACP_CHECKPOINT_URI", None)
+        if ir == "legacy":
+            env["FLAGS_enable_pir_api"] = "0"
+        else:
+            env.pop("FLAGS_enable_pir_api", None)
+        cmd = [sys.executable, os.path.abspath(__file__), "--_child", "--params", str(args.params), "--rounds", str(args.rounds), "--epoch-seconds", str(args.epoch_seconds)]
+        if args.dir:
+            cmd += ["--dir", args.dir]
+        if args.quick:
+            cmd.append("--quick")
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        lines = p.stdout.splitlines()
+        for line in lines:
+            if not line.startswith("RESULT "):
+                print(line, flush=True)
+        if p.returncode != 0 or not lines or not lines[-1].startswith("RESULT "):
+            print(f"bench for {ir} failed (exit {p.returncode})", file=sys.stderr)
+            return 1
+        results.append(json.loads(lines[-1][7:]))
+    for r in results:
+        ir = r["ir"]
+        print(f"{ir}: 1. stall per checkpoint / Paddle's save path = {r['stall_vs_paddle']:.3f} ({r['stall_seconds']:.3f}s vs {r['paddle_save_seconds']:.3f}s; target <= 0.1)")
+        print(f"{ir}: 1. stall per checkpoint / raw write+fsync = {r['stall_vs_raw_write']:.3f}")
+        print(f"{ir}: 2. sync save throughput / raw write+fsync = {r['sync_save_throughput_vs_raw']:.3f} (target >= 0.8)")
+        print(f"{ir}: 3. restore throughput / raw read = {r['restore_throughput_vs_raw_read']:.3f} (target >= 0.8)")
+        print(f"{ir}: 4. hook overhead on a tiny exe.run = {100 * r['hook_overhead']:+.2f}% (target <= 2%)")
+        print(f"{ir}: 5. end-to-end, checkpoint every epoch vs off = {100 * r['end_to_end_overhead']:+.2f}% (target <= 3%)")
+    with open(args.json, "w") as f:
+        json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "results": results}, f, indent=2)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Metrics: one JSON line per save in ``{job}/metrics/trainer-{id}.jsonl`` on the checkpoint storage.
+
+Fields: time, range, number, epoch, step, bytes, stall_s, persist_s, throughput_mb_s, ok, error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import List
+
+import pyarrow
+
+from .errors import StorageError
+from .storage import Storage
+
+logger = logging.getLogger("paddle_acp")
+
+
+def metrics_path(job_id: str, trainer_id: int) -> str:
+    return f"{job_id}/metrics/trainer-{trainer_id}.jsonl"
+
+
+class MetricsLog:
+    def __init__(self, storage: Storage, job_id: str, trainer_id: int = 0):
+        self.storage = storage
+        self.path = metrics_path(job_id, trainer_id)
+
+    def append(self, record: dict) -> None:
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        st = self.storage
+        try:
+            st.makedirs(self.path.rsplit("/", 1)[0])
+            try:
+                with st.fs.open_append_stream(st.full(self.path)) as out:
+                    out.write(line)
+                return
+            except (NotImplementedError, pyarrow.ArrowNotImplementedError):
+                pass  # object stores: rewrite the (small) file
+            old = st.read_bytes(self.path) if st.exists(self.path) else b""
+            st.write_bytes(self.path, old + line)
+        except (StorageError, OSError, pyarrow.ArrowException) as exc:
+            logger.warning("could not append to the metrics file %s: %s", self.path, exc)
+
+
+def read_metrics(storage: Storage, job_id: str, trainer_id: int = 0) -> List[dict]:
+    path = metrics_path(job_id, trainer_id)
+    if not storage.exists(path):
+        return []
+    out = []
+    for line in storage.read_bytes(path).decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a torn last line after a kill
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
