@@ -177,6 +177,8 @@ class Checkpointer:
         committed = [e.number for e in atomic.scan(self.storage, self.dir) if e.committed]
         doomed = sorted(committed)[:-keep] if len(committed) > keep else []
         for n in doomed:
+            # the manifest first: a half-deleted checkpoint is never mistaken for a committed one
+            self.storage.delete_file(f"{self.dir}/{atomic.final_name(n)}/{MANIFEST_NAME}")
             self.storage.delete_dir(f"{self.dir}/{atomic.final_name(n)}")
             logger.debug("retention: deleted checkpoint %d of %s", n, self.dir)
         return doomed

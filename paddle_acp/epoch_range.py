@@ -54,6 +54,11 @@ def _check_main_thread(what: str) -> None:
         )
 
 
+def open_storage_for(cfg: _config.CheckpointConfig):
+    user = cfg.hdfs_ugi.split(",", 1)[0] if cfg.hdfs_ugi else None
+    return open_storage(cfg.uri, hdfs_user=user, hadoop_home=cfg.hdfs_home, cache_dir=cfg.fs_cache)
+
+
 def _next_range_name() -> str:
     global _range_counter
     name = f"_range_{_range_counter}"
@@ -78,7 +83,7 @@ class TrainEpochRange:
         self.restored_from = CONST_MEMORYINIT
         self.restored_number: Optional[int] = None
         self.registry = Registry()
-        self.storage = open_storage(cfg.uri)
+        self.storage = open_storage_for(cfg)
         self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep)
         self.saver = Saver(self._persist, cfg.async_save)
         self._arena = Arena()

@@ -30,15 +30,17 @@ class MetricsLog:
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         st = self.storage
         try:
-            st.makedirs(self.path.rsplit("/", 1)[0])
+            if not st.exists(self.path):
+                st.makedirs(self.path.rsplit("/", 1)[0])
+                st.write_bytes(self.path, line)
+                return
             try:
                 with st.fs.open_append_stream(st.full(self.path)) as out:
                     out.write(line)
                 return
-            except (NotImplementedError, pyarrow.ArrowNotImplementedError):
-                pass  # object stores: rewrite the (small) file
-            old = st.read_bytes(self.path) if st.exists(self.path) else b""
-            st.write_bytes(self.path, old + line)
+            except (NotImplementedError, pyarrow.ArrowException, OSError):
+                pass  # object stores (and some clients) cannot append: rewrite the small file
+            st.write_bytes(self.path, st.read_bytes(self.path) + line)
         except (StorageError, OSError, pyarrow.ArrowException) as exc:
             logger.warning("could not append to the metrics file %s: %s", self.path, exc)
 

@@ -203,18 +203,103 @@ class Storage:
             os.close(fd)
 
 
-def open_storage(uri: str) -> Storage:
-    """Pick the backend from the URI's scheme (the one place that does)."""
+def redact(uri: str) -> str:
+    """The URI without query parameters or user info (they may hold credentials)."""
+    p = urlparse(uri)
+    if not p.scheme or len(p.scheme) == 1:
+        return uri
+    netloc = p.hostname or ""
+    if p.port:
+        netloc += f":{p.port}"
+    return f"{p.scheme}://{netloc}{p.path}"
+
+
+def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optional[str] = None,
+                 cache_dir: Optional[str] = None) -> Storage:
+    """Pick the backend from the URI's scheme (the one place that does).
+
+    ``file://`` or a plain path: the local filesystem. ``hdfs://host:port/path``:
+    HDFS (see :func:`_open_hdfs` for the client choice). ``s3://bucket/prefix``:
+    S3 (credentials and endpoint from the AWS variables or the URI's query).
+    """
     if not isinstance(uri, str) or not uri.strip():
         raise ConfigError(f"checkpoint URI {uri!r} is empty")
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
-    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
+    if scheme in ("", "file"):
         path = parsed.path if scheme == "file" else uri
         if scheme == "file" and parsed.netloc not in ("", "localhost"):
             raise ConfigError(f"checkpoint URI {uri!r}: file:// URIs must not name a host")
         root = os.path.abspath(os.path.expanduser(path))
         return Storage(pafs.LocalFileSystem(), root, uri, atomic_rename=True, local=True)
+    if scheme == "s3":
+        return _open_s3(uri, parsed)
+    if scheme in ("hdfs", "viewfs"):
+        return _open_hdfs(uri, parsed, hdfs_user, hadoop_home, cache_dir)
     raise ConfigError(
-        f"checkpoint URI {uri!r}: unsupported scheme {scheme!r} (supported: a local path or file://)"
+        f"checkpoint URI {redact(uri)!r}: unsupported scheme {scheme!r} (supported: a local path, file://, hdfs://, s3://)"
     )
+
+
+def _open_s3(uri: str, parsed) -> Storage:
+    if not parsed.netloc:
+        raise ConfigError(f"checkpoint URI {redact(uri)!r}: an s3:// URI needs a bucket (s3://bucket/prefix)")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    try:
+        if parsed.query or not endpoint:
+            fs, root = pafs.FileSystem.from_uri(uri)
+        else:
+            ep = urlparse(endpoint)
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            fs = pafs.S3FileSystem(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https", region=region)
+            root = (parsed.netloc + parsed.path).rstrip("/")
+    except (pyarrow.ArrowException, OSError, ValueError) as exc:
+        raise ConfigError(f"checkpoint URI {redact(uri)!r}: cannot configure S3: {exc}") from exc
+    return Storage(fs, root, redact(uri), atomic_rename=False)
+
+
+def _hdfs_clients(forced: Optional[str]):
+    order = ["pyarrow", "hdfs-native", "cli"]
+    if forced:
+        if forced not in order:
+            raise ConfigError(f"PADDLE_ACP_HDFS_CLIENT={forced!r} must be one of {', '.join(order)}")
+        return [forced]
+    return order
+
+
+def _open_hdfs(uri: str, parsed, hdfs_user, hadoop_home, cache_dir) -> Storage:
+    host = parsed.hostname or "default"
+    port = parsed.port or 8020
+    user = hdfs_user or parsed.username or None
+    root = parsed.path.rstrip("/") or "/"
+    display = redact(uri)
+    hadoop_home = hadoop_home or os.environ.get("PADDLE_EDL_HDFS_HOME") or os.environ.get("HADOOP_HOME")
+    why = []
+    for client in _hdfs_clients(os.environ.get("PADDLE_ACP_HDFS_CLIENT")):
+        try:
+            if client == "pyarrow":
+                fs = pafs.HadoopFileSystem(host, port, user=user)
+                reason = "libhdfs and a JVM are available"
+            elif client == "hdfs-native":
+                try:
+                    from hdfs_native.fsspec import HdfsFileSystem
+                except ImportError:
+                    raise StorageError("the hdfs-native package is not installed (pip install paddle-acp[hdfs])") from None
+                fs = pafs.PyFileSystem(pafs.FSSpecHandler(HdfsFileSystem(host=host, port=port)))
+                reason = "no usable libhdfs/JVM; hdfs-native needs neither"
+            else:
+                from .hdfs_cli import HadoopCliHandler
+
+                fs = pafs.PyFileSystem(HadoopCliHandler(hadoop_home, f"hdfs://{host}:{port}", user, cache_dir))
+                reason = "neither libhdfs nor hdfs-native is usable; using the hadoop command line"
+            fs.get_file_info(root)  # connect now: a dead server fails here, not in the middle of a save
+        except Exception as exc:  # each client fails differently (OSError, ImportError, Arrow errors)
+            why.append(f"{client}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            continue
+        if os.environ.get("PADDLE_ACP_HDFS_CLIENT"):
+            reason = "chosen by PADDLE_ACP_HDFS_CLIENT"
+        elif why:
+            reason += " (" + "; ".join(why) + ")"
+        logger.info("HDFS %s: using the %s client: %s", display, client, reason)
+        return Storage(fs, root, display, atomic_rename=True)
+    raise StorageError(f"cannot reach HDFS at {display}: " + " | ".join(why))

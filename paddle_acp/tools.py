@@ -982,7 +982,10 @@ def cmd_gc(args) -> int:
     if not args.dry_run:
         for a in doomed:
             try:
-                a.info.path and storage.delete_dir(a.info.path)
+                if a.info.committed:
+                    # the manifest first: a half-deleted checkpoint never looks committed
+                    storage.delete_file(f"{a.info.path}/{MANIFEST_NAME}")
+                storage.delete_dir(a.info.path)
                 done.append(a)
             except StorageError as exc:
                 errors.append(str(exc))
@@ -1127,7 +1130,7 @@ def cmd_stats(args) -> int:
     wk = max(len(k) for k, _ in rows)
     for k, v in rows:
         _out(f"  {k.ljust(wk)}  {v}")
-    if len(s["ranges"]) > 1 or True:
+    if s["ranges"]:
         _out("")
         trows = []
         for name, b in s["ranges"].items():
