@@ -14,27 +14,32 @@ from .errors import AcpError
 
 logger = logging.getLogger("paddle_acp")
 
-_PADDLE_MODULES = (
-    "paddle.base.incubate.checkpoint.auto_checkpoint",
-    "paddle.incubate.checkpoint.auto_checkpoint",
-)
+_PADDLE_MODULES = {
+    "paddle.base.incubate.checkpoint.auto_checkpoint": "auto_checkpoint",
+    "paddle.incubate.checkpoint.auto_checkpoint": "auto_checkpoint",
+    "paddle.base.incubate.checkpoint.checkpoint_saver": "checkpoint_saver",
+}
 
 
 def redirect_paddle_auto_checkpoint() -> None:
-    """Make Paddle's auto_checkpoint module names resolve to paddle_acp.auto_checkpoint."""
+    """Make Paddle's auto_checkpoint (and checkpoint_saver) module names resolve to ours."""
     import importlib
 
-    from . import auto_checkpoint, install
+    from . import auto_checkpoint, checkpoint_saver, install
 
     install()
-    for name in _PADDLE_MODULES:
+    ours = {"auto_checkpoint": auto_checkpoint, "checkpoint_saver": checkpoint_saver}
+    for name, which in _PADDLE_MODULES.items():
         parent_name, _, leaf = name.rpartition(".")
         try:
             parent = importlib.import_module(parent_name)
         except ImportError:
             continue
-        setattr(parent, leaf, auto_checkpoint)
-        sys.modules[name] = auto_checkpoint
+        setattr(parent, leaf, ours[which])
+        sys.modules[name] = ours[which]
+    coll = sys.modules.get("paddle.incubate.distributed.fleet.collective")
+    if coll is not None:  # fleet imported Paddle's saver names directly
+        coll.CheckpointSaver, coll.PaddleModel = checkpoint_saver.CheckpointSaver, checkpoint_saver.PaddleModel
 
 
 def _cmd_run(args) -> int:

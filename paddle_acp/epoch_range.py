@@ -23,7 +23,7 @@ from .metrics import MetricsLog
 from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver
-from .snapshot import Arena, copy_into, layout
+from .snapshot import Arena, copy_into, layout, write_tensors
 from .storage import open_storage
 
 logger = logging.getLogger("paddle_acp")
@@ -32,6 +32,10 @@ CONST_CHECKPOINT = "checkpoint"
 CONST_MEMORYINIT = "memory_init"
 
 _active: Optional["TrainEpochRange"] = None
+# The range the Executor.run hook feeds: the active one, or an ended one whose restored
+# programs have not run yet (a finished job restarted: its loop yields nothing, but code
+# after the loop must see the restored state).
+_hooked: Optional["TrainEpochRange"] = None
 _range_counter = 0
 _logged_inactive = False
 
@@ -224,6 +228,8 @@ class TrainEpochRange:
         inner = unwrap(program)
         if self.registry.lookup(inner, scope) is not None:
             return
+        if getattr(inner, "_is_distributed", False):
+            return  # parameter-server programs: their state lives on the servers (as in Paddle)
         info = program_info(inner)
         if not info.is_training:
             return
@@ -254,6 +260,38 @@ class TrainEpochRange:
             return
         entry.restore(self._loaded.take_program_tensors(entry.key), rec.lr_scheduler)
         logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
+        if not self._loaded.arrays:
+            self._release_restore()
+
+    def _release_restore(self) -> None:
+        """Every restored program has its state back: drop the loaded arrays."""
+        global _hooked
+        if self._loaded is not None:
+            self._loaded.arrays.clear()
+        if _hooked is self and _active is not self:
+            _hooked = None
+
+    def restore_pending_into_global_scope(self) -> None:
+        """Write the state of restored programs that never ran into the global scope, by name.
+
+        A restarted job whose range has no epochs left runs no program inside
+        it; code after the loop must still see the trained state. (The LR
+        scheduler follows when the program first runs.)
+        """
+        if not self.restore_pending:
+            return
+        import paddle
+
+        scope = paddle.static.global_scope()
+        for p in self._loaded.manifest.programs:
+            tensors = {t.name: (t.dtype, self._loaded.arrays[(p.key, t.name)]) for t in p.tensors if (p.key, t.name) in self._loaded.arrays}
+            if tensors:
+                write_tensors(scope, paddle.CPUPlace(), tensors)
+        logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
+
+    @property
+    def restore_pending(self) -> bool:
+        return self._loaded is not None and bool(self._loaded.arrays)
 
     # -- saving --------------------------------------------------------------
     def save(self, sync: bool = False) -> None:
@@ -330,7 +368,7 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
     (default 900). The last epoch is always saved. A negative
     ``max_epoch_num`` means no end.
     """
-    global _active, _logged_inactive
+    global _active, _hooked, _logged_inactive
     cfg = _config.from_env()
     if not cfg.active:
         if save_checkpoint_inter is not None:
@@ -345,11 +383,13 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
     if _active is not None:
         raise CheckpointError(f"train_epoch_range cannot be nested (range {_active.name} is active)")
     r = TrainEpochRange(max_epoch_num, _next_range_name(), cfg, save_checkpoint_inter)
-    _active = r
+    _active = _hooked = r
     try:
         yield from r.epochs()
     finally:
         _active = None
+        r.restore_pending_into_global_scope()
+        _hooked = r if r.restore_pending else None
         r.close()
 
 
@@ -372,9 +412,9 @@ def resumable(iterable: Iterable, save_every_steps: Optional[int] = None) -> Ite
 
 def reset() -> None:
     """Forget all process state, as a restart would (waits for a pending save first)."""
-    global _active, _range_counter, _logged_inactive
+    global _active, _hooked, _range_counter, _logged_inactive
     if _active is not None:
         _active.close()
-    _active = None
+    _active = _hooked = None
     _range_counter = 0
     _logged_inactive = False

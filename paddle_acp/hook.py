@@ -27,7 +27,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def run(self, *args, **kwargs):
-        r = epoch_range._active
+        r = epoch_range._hooked
         if r is not None:
             program = args[0] if args else kwargs.get("program")
             scope = kwargs.get("scope")

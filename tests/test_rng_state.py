@@ -13,6 +13,16 @@ from paddle_acp import rng_state
 from paddle_acp.errors import CorruptCheckpointError
 
 
+@pytest.fixture(autouse=True)
+def dynamic_mode():
+    """Draw with eager tensors even when another test module switched Paddle to static mode."""
+    was_static = not paddle.in_dynamic_mode()
+    paddle.disable_static()
+    yield
+    if was_static:
+        paddle.enable_static()
+
+
 def _draws():
     return (
         paddle.rand([4]).numpy().tolist(),
