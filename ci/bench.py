@@ -1,6 +1,7 @@
 """Benchmark: paddle-acp's save/restore/hook costs as ratios against baselines run in the same process.
 
-Figures (each the median over --rounds paired rounds, A and B back to back):
+Figures (each the median over --rounds paired rounds, A and B back to back; reads are cold:
+both files are dropped from the page cache first, as after a restart):
   1. stall per checkpoint (async) vs Paddle's own save path and vs a raw write + fsync of the same bytes
   2. synchronous save throughput vs a raw sequential write + fsync of the same bytes
   3. restore time vs a raw read of the same bytes into preallocated buffers
@@ -69,17 +70,19 @@ def bench_one(args):
     res["state_bytes"] = state_bytes
     log(f"[{ir}] model: 2 x fc({width}x{width}) + Adam, state {state_bytes / 1e9:.2f} GB")
 
-    def raw_write(path):
-        arrays = [np.array(scope.find_var(n).get_tensor()) for n in names]
-        t0 = time.perf_counter()
-        with open(path, "wb") as f:
-            for a in arrays:
-                f.write(memoryview(a).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
-        return time.perf_counter() - t0
+    def evict(path):
+        """Drop a file from the page cache so that reads of it are cold, like after a restart."""
+        if not os.path.exists(path):
+            return
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
-    def raw_write_only(path):  # the bytes already in host memory: pure write + fsync
+    def raw_write(path):
+        """The same bytes, already in host memory, written sequentially + fsync."""
         arrays = [np.array(scope.find_var(n).get_tensor()) for n in names]
         t0 = time.perf_counter()
         with open(path, "wb") as f:
@@ -136,7 +139,7 @@ def bench_one(args):
         stall_pairs_paddle.append((stall, t_paddle))
         stall_pairs_raw.append((stall, t_raw))
         sync = statistics.median(acp_epochs(False, 2, 1))
-        t_raw2 = raw_write_only(os.path.join(work, "raw.bin"))
+        t_raw2 = raw_write(os.path.join(work, "raw.bin"))
         sync_pairs.append((t_raw2, sync))  # throughput ratio = raw time / our time
         log(f"[{ir}] round {r}: stall {stall:.3f}s, paddle save {t_paddle:.3f}s, raw write+fsync {t_raw:.3f}s, sync save {sync:.3f}s, raw {t_raw2:.3f}s")
     res["stall_vs_paddle"] = median_ratio(stall_pairs_paddle)
@@ -154,7 +157,11 @@ def bench_one(args):
     ck = Checkpointer(open_storage(uri), "default", "_range_0")
     bufs = [np.empty_like(np.array(scope.find_var(n).get_tensor())) for n in names]
     restore_pairs = []
+    import glob
+
     for r in range(args.rounds):
+        for p in glob.glob(os.path.join(uri, "default", "range", "_range_0", "ckpt-*", "tensors.bin")) + [os.path.join(work, "raw.bin")]:
+            evict(p)
         t0 = time.perf_counter()
         loaded = ck.load_latest()
         key = loaded.manifest.programs[0].key

@@ -305,8 +305,10 @@ class TrainEpochRange:
         programs = [e.views() for e in self.registry.entries]
         size = layout(programs)
         image = None
-        if self.saver.async_save and not sync:
-            # training goes on while the saver writes: copy into the reused arena
+        if (self.saver.async_save and not sync) or self.storage.local:
+            # async: training goes on while the saver writes, so copy into the reused arena;
+            # local disks: the aligned copy lets the write bypass the page cache (O_DIRECT),
+            # which costs far less CPU and time than a buffered write of the views
             image = self._arena.ensure(size)
             copy_into(programs, image)
         snap = Snapshot(
