@@ -17,13 +17,11 @@ Long transfers show progress on stderr when it is a terminal
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
 import pickle
-import posixpath
 import re
 import statistics
 import sys
@@ -36,7 +34,7 @@ from . import atomic
 from .checkpointer import JOB_MARKER, Checkpointer, range_dir
 from .errors import AcpError, CorruptCheckpointError, StorageError
 from .manifest import DATA_NAME, DTYPES, MANIFEST_NAME, Manifest
-from .storage import Storage, open_storage
+from .storage import Storage, open_storage, redact
 
 METRICS_DIR = "metrics"
 _METRICS_RE = re.compile(r"^trainer-(\d+)\.jsonl$")
@@ -194,9 +192,9 @@ def open_root(uri: str) -> Storage:
     try:
         exists = storage.exists("")
     except StorageError as exc:
-        raise ToolError(f"cannot reach storage root {uri!r}: {exc}") from exc
+        raise ToolError(f"cannot reach storage root {redact(uri)!r}: {exc}") from exc
     if not exists:
-        raise ToolError(f"storage root {uri!r} does not exist")
+        raise ToolError(f"storage root {redact(uri)!r} does not exist")
     return storage
 
 
@@ -455,6 +453,8 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
     the number defaults to the checkpoint a restart would load.
     """
     if job is None and range_name is None and number is None:
+        if re.search(r"/ckpt-\d+\.tmp-[0-9a-f]+/?$", ref):
+            raise ToolError(f"{ref} is the leftover of an interrupted save (never committed; `paddle-acp gc` removes it)")
         if "://" in ref:
             parts = urlsplit(ref)
             m = _REF_RE.match(parts.path)
@@ -525,21 +525,21 @@ _ACC_TAIL_RE = re.compile(r"^_[A-Za-z][A-Za-z0-9_]*_\d+$")
 
 
 def tensor_kinds(names: Sequence[str]) -> Dict[str, str]:
-    """name -> "param" or "optimizer", from Paddle's naming of optimizer variables.
+    """name -> "param", "optimizer" or "lr", from Paddle's naming of optimizer variables.
 
     Paddle names an optimizer accumulator ``<parameter>_<accumulator>_<n>``
     (Adam's ``w_moment1_0``, ``w_beta1_pow_acc_0``, AMP's ``w_fp32_master_0``)
-    and the learning-rate variable ``learning_rate_<n>``; counters carry an
-    '@'. A variable is optimizer state when it is named so after another
-    variable of the same program (or is the learning rate); everything else
-    (weights, biases, batch-norm statistics) is a parameter.
+    and the learning-rate variable ``learning_rate_<n>`` ("lr"; counters with
+    an '@' count as "lr" too). A variable is optimizer state when it is named
+    so after another variable of the same program; everything else (weights,
+    biases, batch-norm statistics) is a parameter.
     """
     present = set(names)
     kinds = {}
     for n in names:
         kind = "param"
         if _LR_RE.match(n):
-            kind = "optimizer"
+            kind = "lr"
         else:
             for i, ch in enumerate(n):
                 if ch == "_" and i and n[:i] in present and _ACC_TAIL_RE.match(n[i:]):
@@ -547,6 +547,29 @@ def tensor_kinds(names: Sequence[str]) -> Dict[str, str]:
                     break
         kinds[n] = kind
     return kinds
+
+
+def program_ir(label: str, manifest_ir: str) -> str:
+    """The IR of one program: its label starts with it ("pir: 61 ops, ...")."""
+    head = label.split(":", 1)[0].strip()
+    if head in ("pir", "legacy"):
+        return head
+    return "legacy" if manifest_ir == "legacy" else "pir"
+
+
+def export_split(names: Sequence[str], ir: str) -> Dict[str, str]:
+    """name -> "pdparams" or "pdopt", as ``paddle.static.save`` splits them.
+
+    Under PIR the learning-rate variable is a parameter (``builtin.parameter``)
+    and goes to ``.pdparams``; under the legacy IR it goes to ``.pdopt``.
+    """
+    out = {}
+    for n, kind in tensor_kinds(names).items():
+        if kind == "param" or (kind == "lr" and ir == "pir"):
+            out[n] = "pdparams"
+        else:
+            out[n] = "pdopt"
+    return out
 
 
 # =============================================================================
@@ -604,6 +627,7 @@ def summarize_metrics(records: List[Dict[str, Any]], now: Optional[float] = None
     def block(recs):
         stall, persist, thr = vals("stall_s", recs), vals("persist_s", recs), vals("throughput_mb_s", recs)
         ok = [r for r in recs if r.get("ok", True) is not False]
+        failed = [r for r in recs if r.get("ok", True) is False]
         worst = max((r for r in recs if _num(r.get("stall_s"))), key=lambda r: r["stall_s"], default=None)
         last = recs[-1]["time"] if recs else None
         return {
@@ -619,6 +643,10 @@ def summarize_metrics(records: List[Dict[str, Any]], now: Optional[float] = None
             "throughput_min_mb_s": min(thr) if thr else None,
             "total_bytes": int(sum(vals("bytes", ok))),
             "first_save": recs[0]["time"] if recs else None,
+            "last_failure": (
+                {"time": failed[-1]["time"], "range": failed[-1].get("range"), "error": failed[-1].get("error")}
+                if failed else None
+            ),
             "last_save": last,
             "since_last_save_s": (now - last) if last is not None else None,
         }
@@ -639,24 +667,32 @@ def plot_metrics(records: List[Dict[str, Any]], path: str, title: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ToolError(
-            "--plot needs matplotlib, which is not installed here: `pip install matplotlib` "
-            "(or `pip install paddle-acp[plot]`), or leave out --plot"
+            "--plot needs matplotlib, which is not installed here: `pip install matplotlib`, "
+            "or leave out --plot for the text summary"
         ) from None
     import datetime
 
     fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+
+    def series(recs, key):
+        pts = [(datetime.datetime.fromtimestamp(r["time"]), r[key]) for r in recs if _num(r.get(key))]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
     for name in sorted({str(r.get("range")) for r in records}, key=natural_key):
         recs = [r for r in records if str(r.get("range")) == name]
-        ts = [datetime.datetime.fromtimestamp(r["time"]) for r in recs if _num(r.get("stall_s"))]
-        ax1.plot(ts, [r["stall_s"] for r in recs if _num(r.get("stall_s"))], marker="o", ms=3, label=name)
-        ts = [datetime.datetime.fromtimestamp(r["time"]) for r in recs if _num(r.get("throughput_mb_s"))]
-        ax2.plot(ts, [r["throughput_mb_s"] for r in recs if _num(r.get("throughput_mb_s"))], marker="o", ms=3, label=name)
+        label = f"range {name}"  # matplotlib hides labels that start with '_'
+        ax1.plot(*series(recs, "stall_s"), marker="o", ms=3, label=label)
+        ax2.plot(*series(recs, "throughput_mb_s"), marker="o", ms=3, label=label)
+    failed = [r for r in records if r.get("ok", True) is False]
+    if failed:
+        ax1.plot(*series(failed, "stall_s"), "rx", ms=8, label="failed save")
     ax1.set_ylabel("stall (s)")
     ax2.set_ylabel("throughput (MB/s)")
     ax1.set_title(title)
     ax1.legend(loc="best", fontsize="small")
-    ax2.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-    fig.autofmt_xdate()
+    locator = mdates.AutoDateLocator()
+    ax2.xaxis.set_major_locator(locator)
+    ax2.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     fig.tight_layout()
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
@@ -781,6 +817,7 @@ def cmd_inspect(args) -> int:
     programs = []
     for p in m.programs:
         kinds = tensor_kinds([t.name for t in p.tensors])
+        kinds = {n: {"lr": "learning rate"}.get(k, k) for n, k in kinds.items()}
         programs.append(
             {
                 "key": p.key,
@@ -858,7 +895,7 @@ def cmd_inspect(args) -> int:
         total = sum(t["nbytes"] for t in p["tensors"])
         _out(
             f"  {len(p['tensors'])} variables, {human_bytes(total)}; "
-            f"{n_param} parameters, {len(p['tensors']) - n_param} optimizer variables"
+            f"{n_param} parameters, {len(p['tensors']) - n_param} optimizer variables (learning rate included)"
         )
     return 0
 
@@ -1047,18 +1084,19 @@ def cmd_export(args) -> int:
     ref = resolve_checkpoint(args.checkpoint, args.job, args.range, args.number)
     m = load_manifest(ref)
     prog = _pick_program(m, args.program, ref)
-    kinds = tensor_kinds([t.name for t in prog.tensors])
+    ir = program_ir(prog.label, m.ir)
+    split = export_split([t.name for t in prog.tensors], ir)
     if not args.name or "/" in args.name or args.name in (".", ".."):
         raise ToolError(f"--name {args.name!r} must be a plain file name prefix")
-    want = {(prog.key, t.name) for t in prog.tensors if args.optimizer_state or kinds[t.name] == "param"}
+    want = {(prog.key, t.name) for t in prog.tensors if args.optimizer_state or split[t.name] == "pdparams"}
     try:
         _, arrays = _read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting")
     except CorruptCheckpointError as exc:
         raise ToolError(f"cannot export checkpoint {ref.uri}: it is corrupt ({_short_reason(exc, ref.path)})") from exc
     except StorageError as exc:
         raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
-    params = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors if kinds[t.name] == "param"}
-    opt = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors if kinds[t.name] == "optimizer" and (prog.key, t.name) in arrays}
+    params = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors if split[t.name] == "pdparams"}
+    opt = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors if split[t.name] == "pdopt" and (prog.key, t.name) in arrays}
     try:
         os.makedirs(args.to, exist_ok=True)
     except OSError as exc:
@@ -1076,7 +1114,7 @@ def cmd_export(args) -> int:
             "program": prog.key,
             "label": prog.label,
             "paddle_version": m.paddle_version,
-            "ir": m.ir,
+            "ir": ir,
             "created": m.created,
             "exported": time.time(),
             "parameters": sorted(params),
@@ -1127,6 +1165,9 @@ def cmd_stats(args) -> int:
         ("first save", fmt_time(s["first_save"])),
         ("last save", f"{fmt_time(s['last_save'])} ({fmt_duration(s['since_last_save_s'])} ago)"),
     ]
+    if s["last_failure"]:
+        f = s["last_failure"]
+        rows.append(("last failure", f"{fmt_time(f['time'])} in {f['range']}: {f['error'] or 'no error recorded'}"))
     wk = max(len(k) for k, _ in rows)
     for k, v in rows:
         _out(f"  {k.ljust(wk)}  {v}")
