@@ -24,7 +24,7 @@ import numpy as np
 
 from . import atomic
 from .errors import CorruptCheckpointError, StorageError
-from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord, align
+from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord
 from .snapshot import ProgramSnapshot, layout
 from .storage import Storage
 
@@ -200,15 +200,18 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{path}: manifest belongs to range {m.range.name!r}")
         return m
 
-    def load(self, number: int) -> LoadedCheckpoint:
-        """Read and verify checkpoint ``number`` completely; raises CorruptCheckpointError."""
-        m = self.read_manifest(number)
-        if m.rng is not None:
-            from . import rng_state
+    def check_header(self, number: int) -> Tuple[Manifest, str, str]:
+        """Validate the manifest and the data file's size; returns (manifest, dir, data path).
 
+        Raises CorruptCheckpointError. The tensors' checksums are checked by the reader.
+        """
+        m = self.read_manifest(number)
+        from . import rng_state
+
+        if m.rng is not None:
             rng_state.validate(m.rng)
-            if m.extra.get("epoch_start_rng") is not None:
-                rng_state.validate(m.extra["epoch_start_rng"])
+        if m.extra.get("epoch_start_rng") is not None:
+            rng_state.validate(m.extra["epoch_start_rng"])
         base = f"{self.dir}/{atomic.final_name(number)}"
         data_path = f"{base}/{DATA_NAME}"
         try:
@@ -217,6 +220,11 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{data_path} is missing") from None
         if size != m.data_size:
             raise CorruptCheckpointError(f"{data_path} has {size} bytes, manifest says {m.data_size}")
+        return m, base, data_path
+
+    def load(self, number: int) -> LoadedCheckpoint:
+        """Read and verify checkpoint ``number`` completely; raises CorruptCheckpointError."""
+        m, base, data_path = self.check_header(number)
         image = np.empty(m.data_size, dtype=np.uint8)
         records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
         pending = []

@@ -375,22 +375,7 @@ def _read_checkpoint(storage, job, range_name, number, want, quiet=False, verb="
     """Verify a checkpoint; return (manifest, {(key, name): ndarray} for the tensors in ``want``)."""
     import numpy as np
 
-    from . import rng_state
-
-    ck = Checkpointer(storage, job, range_name)
-    m = ck.read_manifest(number)
-    if m.rng is not None:
-        rng_state.validate(m.rng)
-    if m.extra.get("epoch_start_rng") is not None:
-        rng_state.validate(m.extra["epoch_start_rng"])
-    base = f"{ck.dir}/{atomic.final_name(number)}"
-    data_path = f"{base}/{DATA_NAME}"
-    try:
-        size = storage.size(data_path)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{data_path} is missing") from None
-    if size != m.data_size:
-        raise CorruptCheckpointError(f"{data_path} has {size} bytes, manifest says {m.data_size}")
+    m, base, data_path = Checkpointer(storage, job, range_name).check_header(number)
     records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
     out = {}
     total = sum(t.nbytes for _, _, t in records)

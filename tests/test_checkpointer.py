@@ -2,14 +2,12 @@
 
 import json
 import os
-import zlib
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_acp import atomic
 from paddle_acp.checkpointer import Checkpointer, Snapshot
 from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.manifest import DATA_NAME, DTYPES, MANIFEST_NAME, RangeRecord, seal
