@@ -100,6 +100,7 @@ class TrainEpochRange:
         self._resume_extra: dict = {}
         self._epoch_start_rng: Optional[dict] = None
         self._loader_state = None
+        self.inherited: Optional[TrainEpochRange] = None  # an ended range whose restore is pending
         self.exit_on_preempt = preemption.exit_on_preempt_from_env()
         self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
         if self.is_writer:
@@ -239,16 +240,24 @@ class TrainEpochRange:
         if not is_new:
             return
         logger.info("range %s: registered training program %s (%s)", self.name, entry.key, info.label)
-        if self._loaded is None:
+        if self._loaded is not None and self._restore_entry(entry):
             return
+        prev = self.inherited
+        if prev is not None and prev.restore_pending and prev._loaded.manifest.program(entry.key) is not None:
+            # first run after an earlier, finished range restored from a checkpoint and this
+            # range has none yet: the program continues from the state that range ended with
+            prev._restore_entry(entry)
+
+    def _restore_entry(self, entry) -> bool:
+        """Restore ``entry`` from this range's checkpoint; False when the checkpoint lacks it."""
         m = self._loaded.manifest
         rec = m.program(entry.key)
         if rec is None:
             saved = {t.name for p in m.programs for t in p.tensors}
-            clash = sorted(set(info.persistables) & saved)
+            clash = sorted(set(entry.info.persistables) & saved)
             if clash:
                 raise CheckpointError(
-                    f"training program {entry.key} ({info.label}) does not match any program in checkpoint "
+                    f"training program {entry.key} ({entry.info.label}) does not match any program in checkpoint "
                     f"{m.number} at {self._loaded.path}, yet shares variables with it ({', '.join(clash[:5])}"
                     f"{', ...' if len(clash) > 5 else ''}): the script's model changed since the checkpoint "
                     "was written. Use a new PADDLE_JOB_ID or remove the old checkpoints."
@@ -257,11 +266,12 @@ class TrainEpochRange:
                 "range %s: training program %s is not in checkpoint %d; it starts from its current state",
                 self.name, entry.key, m.number,
             )
-            return
+            return False
         entry.restore(self._loaded.take_program_tensors(entry.key), rec.lr_scheduler)
         logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
         if not self._loaded.arrays:
             self._release_restore()
+        return True
 
     def _release_restore(self) -> None:
         """Every restored program has its state back: drop the loaded arrays."""
@@ -385,6 +395,10 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
     if _active is not None:
         raise CheckpointError(f"train_epoch_range cannot be nested (range {_active.name} is active)")
     r = TrainEpochRange(max_epoch_num, _next_range_name(), cfg, save_checkpoint_inter)
+    prev = _hooked
+    while prev is not None and not prev.restore_pending:
+        prev = prev.inherited
+    r.inherited = prev
     _active = _hooked = r
     try:
         yield from r.epochs()

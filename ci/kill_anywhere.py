@@ -1,0 +1,347 @@
+#!/usr/bin/env python
+"""Kill-anywhere: SIGKILL the end-to-end training script at random moments.
+
+Each trial starts ``tests/scripts/train_script.py`` with checkpointing on
+(every epoch), SIGKILLs its process group at a moment drawn uniformly over
+the duration of an uninterrupted run (so kills land in startup, in training,
+and inside saves), restarts it, and repeats until a process completes.  Then the
+final parameters and the per-epoch loss record must equal an uninterrupted
+run's bit for bit; an epoch that was logged but whose checkpoint had not
+committed is legitimately trained again, and must log the same values again.
+No epoch may be skipped.
+
+The reference is a run WITHOUT the library; an uninterrupted run WITH
+checkpointing must match it too (and gives the duration).
+
+    python ci/kill_anywhere.py --trials 20 --seed 1 --ir both
+    python ci/kill_anywhere.py --trials 200 --ir pir --json /tmp/ka.json
+
+Prints ``N/N trials resumed bit-identically``; exits 1 on any failed trial,
+2 when the reference runs fail.  A failed trial's directory is kept (and
+printed); trial t of IR ir draws its kill times from
+``random.Random("<seed>:<ir>:<t>")``, so it can be replayed.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import e2e_util as eu  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="SIGKILL the training script at "
+                                "random moments and check bit-identical resume")
+    p.add_argument("--trials", type=int, default=20, help="trials per IR")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ir", choices=["pir", "legacy", "both"], default="both")
+    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--steps-per-epoch", type=int, default=1)
+    p.add_argument("--sleep", type=float, default=0.0,
+                   help="sleep per training step in the script (spreads the "
+                        "run's time; keep it small)")
+    p.add_argument("--hidden", type=int, default=32,
+                   help="hidden width of the model (larger: longer saves, "
+                        "so more kills land inside one)")
+    p.add_argument("--ranges", type=int, choices=[1, 2], default=1)
+    p.add_argument("--programs", type=int, choices=[1, 2], default=1)
+    p.add_argument("--uri-root", default=None,
+                   help="work directory for outputs and checkpoints "
+                        "(default: a fresh temporary directory)")
+    p.add_argument("--kill-window", choices=["training", "process"],
+                   default="training",
+                   help="training: kill times uniform over the run after "
+                        "startup (import paddle, building programs); "
+                        "process: over the whole process life")
+    p.add_argument("--max-restarts", type=int, default=50,
+                   help="give up a trial after this many kills")
+    p.add_argument("--timeout", type=float, default=300,
+                   help="seconds one process may run before it counts as hung")
+    p.add_argument("--json", default=None, help="write a JSON report here")
+    p.add_argument("--keep", action="store_true",
+                   help="keep every trial's directory, not only failed ones")
+    return p.parse_args(argv)
+
+
+def script_args(a):
+    return ["--epochs", a.epochs, "--steps-per-epoch", a.steps_per_epoch,
+            "--sleep", a.sleep, "--hidden", a.hidden, "--ranges", a.ranges,
+            "--programs", a.programs, "--interval", 0]
+
+
+def start(out, ckpt, ir, a, log_prefix):
+    """Start one process of the script in its own process group."""
+    fo = open(log_prefix + ".stdout", "w")
+    fe = open(log_prefix + ".stderr", "w")
+    try:
+        p = subprocess.Popen(eu.script_cmd(out, ckpt, *script_args(a)),
+                             env=eu.script_env(ckpt, ir), cwd=eu.REPO,
+                             stdout=fo, stderr=fe, start_new_session=True)
+    finally:
+        fo.close()
+        fe.close()
+    return p
+
+
+def kill_group(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def tail(path, n=3000):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return ""
+
+
+def timed_run(out, ckpt, ir, a, prefix):
+    """Run the script to its end, noting when each epoch line appears.
+    Returns (returncode, total seconds, [seconds of each line])."""
+    os.makedirs(out, exist_ok=True)
+    log = os.path.join(out, "losses.jsonl")
+    t0 = time.monotonic()
+    p = start(out, ckpt, ir, a, prefix)
+    line_times, seen = [], 0
+    while True:
+        done = p.poll() is not None
+        if os.path.exists(log):
+            with open(log) as f:
+                n = f.read().count("\n")
+            while seen < n:
+                line_times.append(time.monotonic() - t0)
+                seen += 1
+        if done:
+            break
+        if time.monotonic() - t0 > a.timeout:
+            kill_group(p)
+            raise RuntimeError("reference run hung (more than %s s)"
+                               % a.timeout)
+        time.sleep(0.003)
+    return p.returncode, time.monotonic() - t0, line_times
+
+
+def reference_runs(ir, a, root):
+    """(reference result, timing model) or raises RuntimeError.
+
+    The reference is an uninterrupted run without the library; an
+    uninterrupted run with checkpointing must equal it, and gives the run's
+    duration.  Startup (interpreter, import paddle, building the programs)
+    is estimated from both runs: the time before the first epoch began.
+    """
+    n_keys = len(eu.all_keys(a.epochs, a.ranges))
+    runs = {}
+    for kind, ckpt in (("pure", None), ("acp", "ckpt")):
+        d = os.path.join(root, "ref-%s-%s" % (ir, kind))
+        out = os.path.join(d, "out")
+        rc, total, lines = timed_run(out, ckpt and os.path.join(d, ckpt), ir,
+                                     a, os.path.join(d, "proc"))
+        if rc != 0 or not eu.is_done(out):
+            raise RuntimeError("uninterrupted run %s the library failed (rc "
+                               "%s):\n%s" % ("without" if ckpt is None else
+                                             "with", rc,
+                                             tail(os.path.join(d, "proc.stderr"))))
+        runs[kind] = (out, total, lines)
+    ref = eu.load_result(runs["pure"][0])
+    diffs = eu.compare_results(eu.load_result(runs["acp"][0]), ref)
+    if diffs:
+        raise RuntimeError("an uninterrupted run with checkpointing differs "
+                           "from the run without it:\n  " + "\n  ".join(diffs))
+    _, total, lines = runs["acp"]
+    if len(lines) >= 2:
+        per_epoch = (lines[-1] - lines[0]) / (len(lines) - 1)
+    else:
+        per_epoch = total / (n_keys + 1)
+    startup = min(max(0.0, r[2][0] - per_epoch) if r[2] else total / 2
+                  for r in runs.values())
+    return ref, {"total_s": total, "startup_s": startup,
+                 "per_epoch_s": per_epoch, "epochs_total": n_keys}
+
+
+def kill_window(model, window):
+    """(lo, hi): kill times are drawn uniformly from it.
+
+    hi is the uninterrupted run's duration plus 10%: a restarted process
+    (fewer epochs left) is killed at a uniform moment of its life or, with a
+    probability that grows as the run nears its end, completes.  lo is 0
+    for --kill-window process (startup included: most kills then land in
+    `import paddle`), and 80% of the startup estimate for --kill-window
+    training, the default: kills spread over restore, training and saves.
+    """
+    hi = model["total_s"] * 1.1
+    lo = 0.0 if window == "process" else 0.8 * model["startup_s"]
+    return lo, max(hi, lo + 0.05)
+
+
+def run_trial(ir, t, a, root, ref, model):
+    rng = random.Random("%d:%s:%d" % (a.seed, ir, t))
+    tdir = os.path.join(root, "%s-trial-%03d" % (ir, t))
+    out, ckpt = os.path.join(tdir, "out"), os.path.join(tdir, "ckpt")
+    os.makedirs(out)
+    rec = {"ir": ir, "trial": t, "ok": False, "kills": 0,
+           "kills_inside_save": 0, "kills_before_first_epoch": 0,
+           "kills_in_training": 0, "kills_after_done": 0, "processes": 0,
+           "kill_delays": [],
+           "rewinds": [], "problems": [], "dir": tdir}
+    t_start = time.monotonic()
+    while True:
+        entries = eu.read_log(out)
+        delay = rng.uniform(*kill_window(model, a.kill_window))
+        tmps_before = {n for n in eu.tree_files(ckpt) if ".tmp" in n}
+        i = rec["processes"]
+        rec["processes"] += 1
+        prefix = os.path.join(tdir, "proc-%02d" % i)
+        p = start(out, ckpt, ir, a, prefix)
+        lines_before = len(entries)
+        try:
+            p.wait(timeout=delay)
+            killed = False
+        except subprocess.TimeoutExpired:
+            kill_group(p)
+            killed = p.returncode == -signal.SIGKILL
+        if not killed:
+            # Ran to its end before the kill time: it must have completed.
+            if p.returncode != 0 or not eu.is_done(out):
+                rec["problems"].append(
+                    "process %d exited with %s without being killed "
+                    "(done=%s):\n%s" % (i, p.returncode, eu.is_done(out),
+                                        tail(prefix + ".stderr")))
+            break
+        rec["kills"] += 1
+        rec["kill_delays"].append(round(delay, 4))
+        # Inside a save: a temporary entry of the checkpoint tree that was
+        # not there before this process started (leftovers of earlier kills
+        # do not count).
+        tmps = {n for n in eu.tree_files(ckpt) if ".tmp" in n}
+        if tmps - tmps_before:
+            rec["kills_inside_save"] += 1
+        # Where the kill landed: before this process logged an epoch
+        # (startup, restore, the first epoch), after it logged one, or
+        # after the script's last line (final.npz and `done` written).
+        if eu.is_done(out):
+            rec["kills_after_done"] += 1
+            os.remove(os.path.join(out, "done"))
+        elif len(eu.read_log(out)) == lines_before:
+            rec["kills_before_first_epoch"] += 1
+        else:
+            rec["kills_in_training"] += 1
+        if rec["kills"] > a.max_restarts:
+            rec["problems"].append("still not finished after %d kills"
+                                   % rec["kills"])
+            break
+    rec["seconds"] = round(time.monotonic() - t_start, 3)
+    if not rec["problems"]:
+        entries = eu.read_log(out)
+        problems, rewinds = eu.check_restart_log(entries, a.epochs, a.ranges)
+        rec["rewinds"] = rewinds
+        rec["problems"] += problems
+        try:
+            rec["problems"] += eu.compare_results(eu.load_result(out), ref)
+        except (OSError, ValueError) as e:
+            rec["problems"].append("cannot load the result: %r" % (e,))
+    rec["ok"] = not rec["problems"]
+    if rec["ok"] and not a.keep:
+        shutil.rmtree(tdir, ignore_errors=True)
+        rec["dir"] = None
+    return rec
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    irs = ["pir", "legacy"] if a.ir == "both" else [a.ir]
+    own_root = a.uri_root is None
+    root = a.uri_root or tempfile.mkdtemp(prefix="kill-anywhere-")
+    os.makedirs(root, exist_ok=True)
+    report = {"seed": a.seed, "trials_per_ir": a.trials,
+              "script_args": [str(x) for x in script_args(a)],
+              "root": root, "irs": {}, "trials": []}
+    total_ok = total = 0
+    exit_code = 0
+    t_all = time.monotonic()
+    for ir in irs:
+        print("[%s] reference runs ..." % ir, flush=True)
+        try:
+            ref, model = reference_runs(ir, a, root)
+        except RuntimeError as e:
+            print("[%s] REFERENCE FAILED: %s" % (ir, e), flush=True)
+            report["irs"][ir] = {"reference_error": str(e)}
+            exit_code = 2
+            continue
+        lo, hi = kill_window(model, a.kill_window)
+        print("[%s] uninterrupted run %.2f s (startup %.2f s, %.3f s/epoch); "
+              "kill times uniform in [%.2f, %.2f] s"
+              % (ir, model["total_s"], model["startup_s"],
+                 model["per_epoch_s"], lo, hi), flush=True)
+        ok = kills = inside = 0
+        recs = []
+        for t in range(a.trials):
+            rec = run_trial(ir, t, a, root, ref, model)
+            recs.append(rec)
+            ok += rec["ok"]
+            kills += rec["kills"]
+            inside += rec["kills_inside_save"]
+            status = "ok" if rec["ok"] else "FAILED"
+            print("[%s] trial %d/%d: %s, %d kill(s) (%d before the process's "
+                  "first epoch, %d in training, %d after done; %d inside a "
+                  "save), %d process(es), rewinds %s, %.1f s"
+                  % (ir, t + 1, a.trials, status, rec["kills"],
+                     rec["kills_before_first_epoch"], rec["kills_in_training"],
+                     rec["kills_after_done"], rec["kills_inside_save"],
+                     rec["processes"], rec["rewinds"], rec["seconds"]),
+                  flush=True)
+            if not rec["ok"]:
+                for prob in rec["problems"]:
+                    print("    " + prob.replace("\n", "\n    "), flush=True)
+                print("    trial dir kept: %s" % rec["dir"], flush=True)
+        report["trials"] += recs
+        report["irs"][ir] = {
+            "trials": a.trials, "ok": ok, "kills": kills,
+            "kills_inside_save": inside,
+            "kills_before_first_epoch": sum(r["kills_before_first_epoch"]
+                                            for r in recs),
+            "kills_in_training": sum(r["kills_in_training"] for r in recs),
+            "kills_after_done": sum(r["kills_after_done"] for r in recs),
+            "max_rewind": max([0] + [x for r in recs for x in r["rewinds"]]),
+            "reference": model}
+        st = report["irs"][ir]
+        print("[%s] %d/%d trials resumed bit-identically (%d kills: %d "
+              "before the process's first epoch, %d in training, %d after "
+              "done; %d inside a save; max rewind %d epoch(s))"
+              % (ir, ok, a.trials, kills, st["kills_before_first_epoch"],
+                 st["kills_in_training"], st["kills_after_done"], inside,
+                 st["max_rewind"]), flush=True)
+        total_ok += ok
+        total += a.trials
+        if ok != a.trials:
+            exit_code = exit_code or 1
+    report["ok"] = total_ok
+    report["total"] = total
+    report["seconds"] = round(time.monotonic() - t_all, 1)
+    report["exit_code"] = exit_code
+    print("%d/%d trials resumed bit-identically" % (total_ok, total),
+          flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if exit_code == 0 and own_root and not a.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    elif exit_code != 0:
+        print("work directory kept: %s" % root, flush=True)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
