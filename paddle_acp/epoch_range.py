@@ -91,6 +91,7 @@ class TrainEpochRange:
         self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep)
         self.saver = Saver(self._persist, cfg.async_save)
         self._arena = Arena()
+        self._arena_thread: Optional[threading.Thread] = None
         self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
@@ -240,6 +241,7 @@ class TrainEpochRange:
         if not is_new:
             return
         logger.info("range %s: registered training program %s (%s)", self.name, entry.key, info.label)
+        self._prepare_arena()
         if self._loaded is not None and self._restore_entry(entry):
             return
         prev = self.inherited
@@ -247,6 +249,23 @@ class TrainEpochRange:
             # first run after an earlier, finished range restored from a checkpoint and this
             # range has none yet: the program continues from the state that range ended with
             prev._restore_entry(entry)
+
+    def _prepare_arena(self) -> None:
+        """Allocate and fault in the snapshot arena in the background, so the first save
+        does not pay for it on the training thread."""
+        if not self.is_writer or not (self.saver.async_save or self.storage.local):
+            return
+        size = layout([e.views() for e in self.registry.entries])
+        self._join_arena()
+        self._arena_thread = threading.Thread(
+            target=self._arena.ensure, args=(size, True), name="paddle-acp-arena", daemon=True
+        )
+        self._arena_thread.start()
+
+    def _join_arena(self) -> None:
+        t, self._arena_thread = self._arena_thread, None
+        if t is not None:
+            t.join()
 
     def _restore_entry(self, entry) -> bool:
         """Restore ``entry`` from this range's checkpoint; False when the checkpoint lacks it."""
@@ -312,6 +331,7 @@ class TrainEpochRange:
         irs = sorted({e.info.ir for e in self.registry.entries})
         import paddle
 
+        self._join_arena()
         programs = [e.views() for e in self.registry.entries]
         size = layout(programs)
         image = None

@@ -78,12 +78,14 @@ class Arena:
         self._raw: Optional[np.ndarray] = None
         self.buf: Optional[np.ndarray] = None
 
-    def ensure(self, size: int) -> np.ndarray:
+    def ensure(self, size: int, prefault: bool = False) -> np.ndarray:
         padded = max(PAGE, (size + PAGE - 1) // PAGE * PAGE)
         if self.buf is None or self.buf.nbytes < padded:
             raw = np.empty(padded + PAGE, dtype=np.uint8)
             start = (-raw.ctypes.data) % PAGE
             self._raw, self.buf = raw, raw[start:start + padded]
+            if prefault:
+                self.buf[::PAGE] = 0  # touch every page now, not during the first save
         return self.buf
 
     @property
@@ -103,18 +105,45 @@ def layout(programs: List[ProgramSnapshot]) -> int:
     return offset
 
 
-def copy_into(programs: List[ProgramSnapshot], image: np.ndarray) -> None:
-    """Copy laid-out tensors into ``image`` (the file's bytes) and point them at their copies."""
+_COPY_CHUNK = 32 << 20
+
+
+def _copy_chunks(jobs) -> None:
+    for dst, src in jobs:
+        np.copyto(dst, src, casting="no")
+
+
+def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int = 2) -> None:
+    """Copy laid-out tensors into ``image`` (the file's bytes) and point them at their copies.
+
+    Large tensors are split into chunks copied by ``threads`` threads (NumPy
+    releases the GIL while copying): the copy is the whole training stall.
+    """
     end = 0
+    jobs = []
     for p in programs:
         for t in p.tensors:
             if t.offset > end:
                 image[end:t.offset] = 0  # padding: keep the file deterministic
             n = t.array.nbytes
-            dst = image[t.offset:t.offset + n].view(t.array.dtype).reshape(t.array.shape)
-            np.copyto(dst, t.array, casting="no")
-            t.array = dst
+            dst = image[t.offset:t.offset + n]
+            src = t.array.reshape(-1).view(np.uint8) if n else t.array
+            for i in range(0, n, _COPY_CHUNK):
+                jobs.append((dst[i:i + _COPY_CHUNK], src[i:i + _COPY_CHUNK]))
+            t.array = dst.view(t.array.dtype).reshape(t.array.shape)
             end = t.offset + n
+    if threads > 1 and len(jobs) > 1:
+        import threading
+
+        parts = [jobs[i::threads] for i in range(threads)]
+        workers = [threading.Thread(target=_copy_chunks, args=(part,)) for part in parts[1:]]
+        for w in workers:
+            w.start()
+        _copy_chunks(parts[0])
+        for w in workers:
+            w.join()
+    else:
+        _copy_chunks(jobs)
 
 
 def find_tensor(scope, name: str):
