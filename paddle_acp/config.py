@@ -13,6 +13,7 @@ Every invalid value raises :class:`ConfigError` naming the variable and value.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from typing import Mapping, Optional
@@ -23,6 +24,10 @@ PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
 DEFAULT_JOB_ID = "default"
 DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
+# Set in every trainer by ``python -m paddle.distributed.launch``, which does NOT pass its --job_id on.
+_LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
+
+logger = logging.getLogger("paddle_acp")
 
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
@@ -153,6 +158,13 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     if uri is not None and uri.strip() != "":
         job_id = env.get("PADDLE_JOB_ID") or DEFAULT_JOB_ID
         validate_job_id(job_id)
+        if not env.get("PADDLE_JOB_ID") and all(env.get(k) for k in _LAUNCHER_MARKERS):
+            logger.warning(
+                "PADDLE_JOB_ID is not set: checkpoints go to job %r under %s, shared with every other job "
+                "that does the same. paddle.distributed.launch does not pass its --job_id to the trainers: "
+                "set PADDLE_JOB_ID=<id> in the launcher's environment (the launcher takes it as its job id too).",
+                DEFAULT_JOB_ID, uri.strip(),
+            )
         return CheckpointConfig(uri=uri.strip(), job_id=job_id, source="PADDLE_ACP_CHECKPOINT_URI", **common)
 
     run_env = env.get("PADDLE_RUNNING_ENV")

@@ -94,3 +94,12 @@ def test_dataclass_validates():
         CheckpointConfig(uri="x", job_id="../etc")
     with pytest.raises(ConfigError, match="save_interval"):
         CheckpointConfig(uri="x", save_interval=-1)
+
+
+def test_launcher_without_job_id_warns(caplog):
+    env = {"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_LOG_DIR": "log", "POD_NAME": "pod0"}
+    assert from_env(env).job_id == "default"
+    assert "PADDLE_JOB_ID is not set" in caplog.text
+    caplog.clear()
+    from_env(dict(env, PADDLE_JOB_ID="j1"))
+    assert "PADDLE_JOB_ID is not set" not in caplog.text
