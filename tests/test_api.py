@@ -1,0 +1,146 @@
+"""Public API edge cases: inactive ranges, threads, nesting, bad arguments, unwritable paths."""
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import paddle_acp as acp
+from paddle_acp import epoch_range
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("PADDLE_ACP_", "PADDLE_EDL_", "PADDLE_RUNNING_", "PADDLE_JOB_ID", "PADDLE_TRAINER_ID")):
+            monkeypatch.delenv(k)
+    acp.simulate_restart()
+    yield
+    acp.simulate_restart()
+
+
+def test_inactive_range_is_plain_range_and_creates_nothing(tmp_path, caplog):
+    os.chdir(tmp_path)
+    assert list(acp.train_epoch_range(4)) == [0, 1, 2, 3]
+    assert list(itertools.islice(acp.train_epoch_range(-1), 5)) == [0, 1, 2, 3, 4]
+    assert "checkpointing is off" in caplog.text
+    assert os.listdir(tmp_path) == []
+    assert acp.active_range() is None
+
+
+def test_range_names_count_from_zero_and_reset(tmp_path, monkeypatch):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))
+    names = []
+    for _ in range(2):
+        for _ in acp.train_epoch_range(1, 0):
+            names.append(acp.active_range().name)
+    assert names == ["_range_0", "_range_1"]
+    acp.simulate_restart()
+    for _ in acp.train_epoch_range(1, 0):
+        assert acp.active_range().name == "_range_0"
+    assert sorted(os.listdir(tmp_path / "default" / "range")) == ["_range_0", "_range_1"]
+
+
+def test_resume_counts_epochs_and_restored_from(tmp_path, monkeypatch):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))
+    monkeypatch.setenv("PADDLE_ACP_ASYNC", "0")
+    seen = []
+    for e in acp.train_epoch_range(5, 0):
+        assert acp.active_range().restored_from == acp.CONST_MEMORYINIT
+        seen.append(e)
+        if e == 2:
+            break  # epoch 2 is not saved
+    acp.simulate_restart()
+    for e in acp.train_epoch_range(5, 0):
+        assert acp.active_range().restored_from == acp.CONST_CHECKPOINT
+        seen.append(e)
+    assert seen == [0, 1, 2, 2, 3, 4]
+
+
+def test_not_main_thread_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))
+    errors = []
+
+    def body():
+        try:
+            list(acp.train_epoch_range(2, 0))
+        except acp.CheckpointError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=body, name="worker-7")
+    t.start()
+    t.join(60)
+    assert not t.is_alive()
+    assert errors and "main thread" in errors[0] and "worker-7" in errors[0]
+
+
+def test_nested_ranges_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))
+    with pytest.raises(acp.CheckpointError, match="nested"):
+        for _ in acp.train_epoch_range(2, 0):
+            for _ in acp.train_epoch_range(2, 0):
+                pass
+
+
+@pytest.mark.parametrize("bad, match", [(-1, "save_checkpoint_inter=-1"), ("often", "save_checkpoint_inter='often'")])
+def test_bad_interval_argument(tmp_path, monkeypatch, bad, match):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))
+    with pytest.raises(acp.ConfigError, match=match):
+        list(acp.train_epoch_range(2, bad))
+    monkeypatch.delenv("PADDLE_ACP_CHECKPOINT_URI")
+    with pytest.raises(acp.ConfigError, match=match):
+        list(acp.train_epoch_range(2, bad))
+
+
+def test_bad_max_epoch_num(tmp_path, monkeypatch):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))
+    with pytest.raises(acp.ConfigError, match="max_epoch_num"):
+        list(acp.train_epoch_range("3", 0))
+
+
+def test_path_under_a_file_names_variable(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(blocker / "ck"))
+    with pytest.raises(acp.ConfigError, match="PADDLE_ACP_CHECKPOINT_URI.*not writable"):
+        list(acp.train_epoch_range(1, 0))
+    assert blocker.read_text() == "not a directory"
+
+
+def test_unsupported_scheme(monkeypatch):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", "gs://bucket/x")
+    with pytest.raises(acp.ConfigError, match="unsupported scheme 'gs'"):
+        list(acp.train_epoch_range(1, 0))
+
+
+def test_trainer_one_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path / "ck"))
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "1")
+    assert list(acp.train_epoch_range(3, 0)) == [0, 1, 2]
+    assert not (tmp_path / "ck").exists()
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "paddle_acp", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_runner_rejects_bad_arguments(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    p = _cli("run", "--checkpoint", str(tmp_path / "ck"), "--interval", "-3", str(script))
+    assert p.returncode == 2 and "--interval" in p.stderr and "ran" not in p.stdout
+    p = _cli("run", "--checkpoint", str(tmp_path / "ck"), "--job-id", "../x", str(script))
+    assert p.returncode == 2 and "--job-id='../x'" in p.stderr
+    p = _cli("run", "--checkpoint", str(tmp_path / "ck"), str(tmp_path / "missing.py"))
+    assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_runner_passes_arguments_and_exit_status(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint('argv', sys.argv[1:], __name__)\nsys.exit(7)\n")
+    p = _cli("run", "--checkpoint", str(tmp_path / "ck"), str(script), "--lr", "0.1", "x")
+    assert p.returncode == 7
+    assert "argv ['--lr', '0.1', 'x'] __main__" in p.stdout
