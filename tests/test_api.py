@@ -9,7 +9,6 @@ import threading
 import pytest
 
 import paddle_acp as acp
-from paddle_acp import epoch_range
 
 
 @pytest.fixture(autouse=True)
