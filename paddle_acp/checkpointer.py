@@ -25,7 +25,7 @@ import numpy as np
 from . import atomic
 from .errors import CorruptCheckpointError, StorageError
 from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord
-from .snapshot import ProgramSnapshot, layout
+from .snapshot import ProgramSnapshot, alloc_buffer, layout
 from .storage import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -225,7 +225,7 @@ class Checkpointer:
     def load(self, number: int) -> LoadedCheckpoint:
         """Read and verify checkpoint ``number`` completely; raises CorruptCheckpointError."""
         m, base, data_path = self.check_header(number)
-        image = np.empty(m.data_size, dtype=np.uint8)
+        image = alloc_buffer(m.data_size)
         records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
         pending = []
         nxt = 0

@@ -258,7 +258,7 @@ class TrainEpochRange:
         size = layout([e.views() for e in self.registry.entries])
         self._join_arena()
         self._arena_thread = threading.Thread(
-            target=self._arena.ensure, args=(size, True), name="paddle-acp-arena", daemon=True
+            target=self._arena.ensure, args=(size,), name="paddle-acp-arena", daemon=True
         )
         self._arena_thread.start()
 
