@@ -186,17 +186,18 @@ def bench_one(args):
     epoch_range.reset()
     it = acp.train_epoch_range(1, save_checkpoint_inter=10**6)
     next(it)
-    calls = 300 if args.quick else 2000
+    # fine-grained interleaving (blocks of 50 runs, many rounds): run-to-run drift cancels out
+    block, rounds = 50, (10 if args.quick else 60)
     hook_pairs = []
-    for r in range(10 if args.quick else 30):
+    for r in range(rounds):
         hook.install()
         t0 = time.perf_counter()
-        for _ in range(calls // 10):
+        for _ in range(block):
             exe.run(tiny_main, feed=tfeed, fetch_list=[tiny_loss], scope=tscope)
         with_hook = time.perf_counter() - t0
         hook.uninstall()
         t0 = time.perf_counter()
-        for _ in range(calls // 10):
+        for _ in range(block):
             exe.run(tiny_main, feed=tfeed, fetch_list=[tiny_loss], scope=tscope)
         without = time.perf_counter() - t0
         hook_pairs.append((with_hook, without))
@@ -204,7 +205,7 @@ def bench_one(args):
     it.close()
     os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
     res["hook_overhead"] = median_ratio(hook_pairs) - 1.0
-    res["hook_us_per_run_without"] = statistics.median(p[1] for p in hook_pairs) / (calls // 10) * 1e6
+    res["hook_us_per_run_without"] = statistics.median(p[1] for p in hook_pairs) / block * 1e6
 
     # -- 5: end-to-end ------------------------------------------------------------------------
     def training_run(on, epochs, steps):

@@ -44,10 +44,16 @@ def active_range() -> Optional["TrainEpochRange"]:
     return _active
 
 
-def _paddle_static():
-    import paddle.static
+_static = None
 
-    return paddle.static
+
+def _paddle_static():
+    global _static
+    if _static is None:
+        import paddle.static
+
+        _static = paddle.static
+    return _static
 
 
 def _check_main_thread(what: str) -> None:
