@@ -332,15 +332,15 @@ def _atexit_stop_all():
 atexit.register(_atexit_stop_all)
 
 
-def _pdeathsig_preexec():
-    # Child receives SIGTERM if the (forking) parent thread dies, e.g. on kill -9 of pytest.
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+# The child gets SIGTERM when this process dies (kill -9 of pytest included). Set by a tiny
+# exec wrapper, not a Python preexec_fn: forking with a preexec_fn in a process that already
+# runs threads (a libhdfs JVM, hdfs-native's runtime, Arrow's pools) can deadlock the child.
+_PDEATH_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(70)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def _spawn(cmd: List[str], log_path: Path, env: Dict[str, str], cwd: Path) -> subprocess.Popen:
@@ -349,11 +349,12 @@ def _spawn(cmd: List[str], log_path: Path, env: Dict[str, str], cwd: Path) -> su
     logf.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(cmd)}\n".encode())
     logf.flush()
     # Only the main thread lives as long as the process: PDEATHSIG is per forking thread.
-    preexec = _pdeathsig_preexec if threading.current_thread() is threading.main_thread() else None
+    if sys.platform.startswith("linux"):
+        cmd = [sys.executable, "-S", "-c", _PDEATH_EXEC, str(os.getpid()), *cmd]
     try:
         return subprocess.Popen(
             cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, cwd=str(cwd), start_new_session=True, preexec_fn=preexec,
+            env=env, cwd=str(cwd), start_new_session=True,
         )
     finally:
         logf.close()
@@ -1079,9 +1080,7 @@ class HDFSServer(_ServerBase):
         with open(log, "wb") as f:
             try:
                 r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self._server_env(),
-                                   cwd=str(self.workdir), timeout=self.startup_timeout,
-                                   preexec_fn=_pdeathsig_preexec
-                                   if threading.current_thread() is threading.main_thread() else None)
+                                   cwd=str(self.workdir), timeout=self.startup_timeout)
             except subprocess.TimeoutExpired as e:
                 raise ServerStartError(f"hdfs namenode -format timed out\n{_tail(log)}") from e
         if r.returncode != 0 or not (name_dir / "current" / "VERSION").exists():

@@ -24,7 +24,7 @@ from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver
 from .snapshot import Arena, copy_into, layout, write_tensors
-from .storage import open_storage
+from .storage import open_storage, redact
 
 logger = logging.getLogger("paddle_acp")
 
@@ -115,7 +115,7 @@ class TrainEpochRange:
                 self.checkpointer.write_job_marker()
             except AcpError as exc:
                 raise ConfigError(
-                    f"checkpoint location {cfg.uri!r} (from {cfg.source}) is not writable: {exc}"
+                    f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not writable: {exc}"
                 ) from exc
         loaded = self.checkpointer.load_latest()
         if loaded is not None:

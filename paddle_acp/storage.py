@@ -21,6 +21,8 @@ from .errors import ConfigError, StorageError
 
 logger = logging.getLogger("paddle_acp")
 
+WRITE_CHUNK = 16 << 20  # largest single write handed to a filesystem (see Storage.write_buffers)
+
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -60,7 +62,7 @@ class Storage:
         return posixpath.join(*parts)
 
     def _wrap(self, what: str, path: str, exc: BaseException) -> StorageError:
-        return StorageError(f"{what} {self.uri}/{path} failed: {exc}")
+        return StorageError(f"{what} {self.uri}/{path} failed: {exc}{_hint(exc)}")
 
     # -- operations ----------------------------------------------------------
     def makedirs(self, path: str) -> None:
@@ -84,16 +86,30 @@ class Storage:
             raise self._wrap("opening for read", path, exc) from exc
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        with self.open_output(path) as out:
-            out.write(data)
-        self.sync(path)
+        self.write_buffers(path, [data])
 
     def write_buffers(self, path: str, buffers: Iterable) -> int:
-        """Stream several buffers into one file; returns the bytes written."""
+        """Stream several buffers into one file; returns the bytes written.
+
+        Large buffers are written in pieces of at most ``WRITE_CHUNK`` bytes: libhdfs
+        copies each write into one Java byte[] (a 1 GB write is a 1 GB array on a
+        client heap that is often 256 MB: OutOfMemoryError)."""
         total = 0
-        with self.open_output(path) as out:
-            for buf in buffers:
-                total += out.write(buf)
+        out = self.open_output(path)
+        try:
+            with out:  # closing uploads the rest (remote stores): it fails like a write
+                for buf in buffers:
+                    mv = memoryview(buf)
+                    if mv.nbytes <= WRITE_CHUNK:
+                        total += out.write(buf)
+                        continue
+                    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+                    for i in range(0, mv.nbytes, WRITE_CHUNK):
+                        total += out.write(mv[i:i + WRITE_CHUNK])
+        except StorageError:
+            raise
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("writing", path, exc) from exc
         self.sync(path)
         return total
 
@@ -129,7 +145,10 @@ class Storage:
 
     def read_bytes(self, path: str) -> bytes:
         with self.open_input(path) as f:
-            return f.read()
+            try:
+                return f.read()
+            except (OSError, pyarrow.ArrowException) as exc:
+                raise self._wrap("reading", path, exc) from exc
 
     def size(self, path: str) -> int:
         info = self.fs.get_file_info(self.full(path))
@@ -155,12 +174,20 @@ class Storage:
             out.append(Entry(info.base_name, info.type == pafs.FileType.Directory, info.size or 0, mtime))
         return sorted(out, key=lambda e: e.name)
 
+    def _missing(self, path: str) -> bool:
+        try:
+            return self.fs.get_file_info(self.full(path)).type == pafs.FileType.NotFound
+        except (OSError, pyarrow.ArrowException):
+            return False
+
     def delete_dir(self, path: str) -> None:
         try:
             self.fs.delete_dir(self.full(path))
         except FileNotFoundError:
             pass
         except (OSError, pyarrow.ArrowException) as exc:
+            if self._missing(path):  # libhdfs reports a missing path as a plain I/O error
+                return
             raise self._wrap("deleting", path, exc) from exc
 
     def delete_file(self, path: str) -> None:
@@ -169,6 +196,8 @@ class Storage:
         except FileNotFoundError:
             pass
         except (OSError, pyarrow.ArrowException) as exc:
+            if self._missing(path):  # libhdfs reports a missing path as a plain I/O error
+                return
             raise self._wrap("deleting", path, exc) from exc
 
     def rename(self, src: str, dst: str) -> None:
@@ -201,6 +230,26 @@ class Storage:
             pass
         finally:
             os.close(fd)
+
+
+# S3 error codes (as pyarrow reports them) that mean "these credentials are not
+# accepted"; a HEAD request's 403 carries no body, so say what it usually means.
+_S3_AUTH_HINTS = (
+    ("SIGNATURE_DOES_NOT_MATCH", "the S3 secret key is wrong (AWS_SECRET_ACCESS_KEY or the URI's secret_key)"),
+    ("INVALID_ACCESS_KEY_ID", "the S3 access key id is unknown to the server (AWS_ACCESS_KEY_ID or the URI's access_key)"),
+    ("ACCESS_DENIED", "S3 denied access: wrong credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) "
+                      "or no permission on this bucket for this key"),
+)
+
+
+def _hint(exc: BaseException) -> str:
+    text = str(exc)
+    for code, hint in _S3_AUTH_HINTS:
+        if code in text:
+            return f" ({hint})"
+    if "HDFS" in text and "errno 255" in text:  # libhdfs: the Java exception went to stderr
+        return " (the HDFS client printed the Java exception with the cause on stderr)"
+    return ""
 
 
 def redact(uri: str) -> str:
@@ -258,6 +307,29 @@ def _open_s3(uri: str, parsed) -> Storage:
     return Storage(fs, root, redact(uri), atomic_rename=False)
 
 
+class _BytesWriter:
+    """hdfs-native's ``FileWriter.write`` copies a ``pyarrow.Buffer`` (what
+    ``pyarrow.PythonFile`` hands it) element by element, at ~6 MB/s; given
+    ``bytes`` it runs at network speed. One memcpy per write call is cheaper."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def write(self, data) -> int:
+        return self._f.write(data if isinstance(data, bytes) else bytes(data))
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+class _HdfsNativeHandler(pafs.FSSpecHandler):
+    def open_output_stream(self, path, metadata):
+        return pyarrow.PythonFile(_BytesWriter(self.fs.open(path, mode="wb")), mode="w")
+
+    def open_append_stream(self, path, metadata):
+        return pyarrow.PythonFile(_BytesWriter(self.fs.open(path, mode="ab")), mode="w")
+
+
 def _hdfs_clients(forced: Optional[str]):
     order = ["pyarrow", "hdfs-native", "cli"]
     if forced:
@@ -285,7 +357,7 @@ def _open_hdfs(uri: str, parsed, hdfs_user, hadoop_home, cache_dir) -> Storage:
                     from hdfs_native.fsspec import HdfsFileSystem
                 except ImportError:
                     raise StorageError("the hdfs-native package is not installed (pip install paddle-acp[hdfs])") from None
-                fs = pafs.PyFileSystem(pafs.FSSpecHandler(HdfsFileSystem(host=host, port=port)))
+                fs = pafs.PyFileSystem(_HdfsNativeHandler(HdfsFileSystem(host=host, port=port)))
                 reason = "no usable libhdfs/JVM; hdfs-native needs neither"
             else:
                 from .hdfs_cli import HadoopCliHandler

@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Benchmark: one checkpoint of ~1 GB of training state per storage backend.
+
+For each backend (local disk; HDFS through pyarrow/libhdfs, hdfs-native and the
+``hadoop fs`` command line; S3), in the same run and on the same bytes:
+
+* paddle-acp save  = ``Checkpointer.save`` of a Snapshot of real-size float32
+  arrays (what the async saver thread does: data file from the page-aligned
+  image, checksums, manifest, atomic commit, retention) vs a plain
+  ``pyarrow.fs`` write of the same bytes through the same filesystem object;
+* paddle-acp restore = ``Checkpointer.load_latest`` (scan, manifest, full read
+  into a new buffer, checksum verification) vs a plain ``pyarrow.fs`` read of the
+  file into a new buffer (32 MB ``readinto`` pieces, like the Checkpointer);
+* HDFS also: Paddle's ``paddle.distributed.fleet.utils.fs.HDFSClient``
+  upload/download of the same file (through the test server's ``bin/hadoop``;
+  run in a fresh Python process, as a Paddle job would).
+
+Ratios are paddle-acp throughput / baseline throughput (> 1: paddle-acp faster).
+Servers are real (ci/servers.py), on 127.0.0.1, started and stopped here. The
+servers' disks are this machine's, so their page cache is warm; local reads are
+made cold with posix_fadvise(DONTNEED), as after a restart. Plain local writes
+are fsynced like paddle-acp's.
+
+Usage: python ci/bench_storage.py [--size-mb 1024] [--backends local,hdfs-pyarrow,...]
+                                  [--json FILE] [--quick]
+Prints one line per figure, then the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+
+import servers  # noqa: E402  (ci/servers.py)
+
+BACKENDS = ["local", "hdfs-pyarrow", "hdfs-native", "hdfs-cli", "s3"]
+MB = 1 << 20
+READ_CHUNK = 32 * MB
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def mbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e6 if seconds > 0 else float("inf")
+
+
+def make_snapshot(size: int):
+    """A Snapshot of ~``size`` bytes shaped like a model + Adam moments, its tensors
+    being views into the page-aligned image the async saver writes from."""
+    import numpy as np
+
+    from paddle_acp.checkpointer import Snapshot
+    from paddle_acp.manifest import RangeRecord
+    from paddle_acp.snapshot import Arena, ProgramSnapshot, TensorData, layout
+
+    # a few large weight matrices, a few biases; each with two Adam moments
+    shares = [0.40, 0.30, 0.15, 0.10, 0.03, 0.02]
+    weights = [max(1, int(size / 3 * s / 4)) for s in shares]
+    tensors = []
+    for i, n in enumerate(weights):
+        for kind in ("", "_moment1", "_moment2"):
+            tensors.append(TensorData(f"fc{i}.w{kind}", "float32", np.empty(n, dtype=np.float32)))
+    tensors.append(TensorData("step", "int64", np.empty(1, dtype=np.int64)))
+    prog = ProgramSnapshot("bench", "benchmark model", tensors, {"last_epoch": 0, "last_lr": 0.001})
+    total = layout([prog])
+    image = Arena().ensure(total)
+    rng = np.random.default_rng(0)
+    for t in tensors:
+        view = image[t.offset:t.offset + t.array.nbytes].view(t.array.dtype)
+        view[...] = rng.random(view.size, dtype=np.float32) if t.array.dtype == np.float32 else 7
+        t.array = view
+    snap = Snapshot(RangeRecord("_range_0", 0, 1), [prog], None, "3.3.1", "pir", image=image, data_size=total)
+    return snap, image, total
+
+
+def drop_local_cache(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def drop_tree_cache(root: str) -> None:
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            drop_local_cache(os.path.join(d, f))
+
+
+def plain_write(fs, path: str, data, fsync_local: bool) -> float:
+    """Sequential writes in the same pieces paddle-acp uses (one 1 GB write would
+    be one 1 GB Java array in libhdfs)."""
+    from paddle_acp.storage import WRITE_CHUNK
+
+    mv = memoryview(data)
+    t0 = time.perf_counter()
+    with fs.open_output_stream(path) as out:
+        for i in range(0, mv.nbytes, WRITE_CHUNK):
+            out.write(mv[i:i + WRITE_CHUNK])
+    if fsync_local:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+def plain_read(fs, path: str, size: int):
+    """Read into a freshly allocated buffer, as a restore must (Checkpointer.load does
+    the same); returns (seconds, buffer)."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    buf = np.empty(size, dtype=np.uint8)
+    with fs.open_input_file(path) as f:
+        pos, n = 0, buf.nbytes
+        while pos < n:
+            got = f.readinto(memoryview(buf[pos:pos + READ_CHUNK]))
+            if got <= 0:
+                raise RuntimeError(f"short read at {pos}")
+            pos += got
+    return time.perf_counter() - t0, buf
+
+
+HDFSCLIENT_CODE = r"""
+import json, os, sys, time
+from paddle.distributed.fleet.utils.fs import HDFSClient
+hadoop_home, fs_name, local, remote, back, rounds = sys.argv[1:7]
+c = HDFSClient(hadoop_home, {"fs.default.name": fs_name})
+ups, downs = [], []
+for r in range(int(rounds)):
+    t0 = time.perf_counter(); c.upload(local, remote, multi_processes=1); ups.append(time.perf_counter() - t0)
+    t0 = time.perf_counter(); c.download(remote, back, multi_processes=1); downs.append(time.perf_counter() - t0)
+    ok = os.path.getsize(back) == os.path.getsize(local)
+    c.delete(remote); os.remove(back)
+    assert ok, "downloaded size differs"
+print("RESULT " + json.dumps({"upload_s": ups, "download_s": downs}))
+"""
+
+
+def paddle_hdfsclient(srv, image, size: int, work: str, rounds: int) -> dict:
+    """Upload + download of the same bytes with Paddle's HDFSClient (fresh process;
+    its delete between rounds is not timed)."""
+    local = os.path.join(work, "hdfsclient-src.bin")
+    back = os.path.join(work, "hdfsclient-back.bin")
+    with open(local, "wb") as f:
+        f.write(memoryview(image)[:size])
+    remote = f"/bench/hdfsclient-{uuid.uuid4().hex[:8]}.bin"
+    srv.hadoop("fs", "-mkdir", "-p", "/bench")
+    env = dict(os.environ, **srv.client_env())
+    env.setdefault("GLOG_minloglevel", "2")
+    try:
+        r = subprocess.run([sys.executable, "-c", HDFSCLIENT_CODE, str(srv.hadoop_home), srv.uri, local, remote,
+                            back, str(rounds)], env=env, capture_output=True, text=True, timeout=3600)
+    finally:
+        for p in (local, back):
+            if os.path.exists(p):
+                os.remove(p)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not line:
+        raise RuntimeError(f"HDFSClient run failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    res = json.loads(line[0][len("RESULT "):])
+    up, down = statistics.median(res["upload_s"]), statistics.median(res["download_s"])
+    return {"upload_mb_s": mbps(size, up), "download_mb_s": mbps(size, down),
+            "upload_s": up, "download_s": down, "runs_s": res}
+
+
+def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds: int) -> dict:
+    """``rounds`` paired rounds (paddle-acp and plain back to back, order alternating);
+    throughputs are medians, ratios medians of the per-round ratios."""
+    import numpy as np
+
+    from paddle_acp.checkpointer import Checkpointer
+    from paddle_acp.storage import open_storage
+
+    if kind.startswith("hdfs-"):
+        client = kind.split("-", 1)[1]
+        os.environ["PADDLE_ACP_HDFS_CLIENT"] = "hdfs-native" if client == "native" else client
+    else:
+        os.environ.pop("PADDLE_ACP_HDFS_CLIENT", None)
+    st = open_storage(uri, cache_dir=os.path.join(work, "fscache"))
+    handler = getattr(st.fs, "handler", None)
+    ck = Checkpointer(st, "bench", "_range_0", max_to_keep=1)
+    plain_dir = st.full("plain")
+    st.fs.create_dir(plain_dir, recursive=True)
+    path = f"{plain_dir}/blob.bin"
+    t0_name = snap.programs[0].tensors[0].name
+    runs = {"acp_save_s": [], "acp_restore_s": [], "plain_write_s": [], "plain_read_s": []}
+    res = {"backend": kind, "bytes": size, "rounds": rounds}
+
+    def acp():
+        c0 = getattr(handler, "commands_run", None)
+        t0 = time.perf_counter()
+        number, written = ck.save(snap)
+        runs["acp_save_s"].append(time.perf_counter() - t0)
+        assert written == size
+        if c0 is not None:
+            res["acp_save_hadoop_commands"] = handler.commands_run - c0
+        if st.local:
+            drop_tree_cache(st.full(ck.dir))
+        c1 = getattr(handler, "commands_run", None)
+        t0 = time.perf_counter()
+        loaded = Checkpointer(st, "bench", "_range_0").load_latest()
+        runs["acp_restore_s"].append(time.perf_counter() - t0)
+        if c1 is not None:
+            res["acp_restore_hadoop_commands"] = handler.commands_run - c1
+        assert loaded is not None and loaded.manifest.number == number
+        got = loaded.arrays[("bench", t0_name)]
+        assert np.array_equal(got[:1000], snap.programs[0].tensors[0].array[:1000])
+
+    def plain():
+        runs["plain_write_s"].append(plain_write(st.fs, path, memoryview(image)[:size], fsync_local=st.local))
+        if st.local:
+            drop_local_cache(path)
+        seconds, buf = plain_read(st.fs, path, size)
+        runs["plain_read_s"].append(seconds)
+        assert np.array_equal(buf[:4096], image[:4096]) and np.array_equal(buf[-4096:], image[size - 4096:size])
+
+    for r in range(rounds):
+        for step in ((acp, plain) if r % 2 == 0 else (plain, acp)):
+            step()
+    res.update({k: statistics.median(v) for k, v in runs.items()})
+    res["runs_s"] = runs
+    res["acp_save_mb_s"] = mbps(size, res["acp_save_s"])
+    res["acp_restore_mb_s"] = mbps(size, res["acp_restore_s"])
+    res["plain_write_mb_s"] = mbps(size, res["plain_write_s"])
+    res["plain_read_mb_s"] = mbps(size, res["plain_read_s"])
+    # ratio of throughputs = inverse ratio of times, per round
+    res["save_ratio"] = statistics.median(p / a for a, p in zip(runs["acp_save_s"], runs["plain_write_s"]))
+    res["restore_ratio"] = statistics.median(p / a for a, p in zip(runs["acp_restore_s"], runs["plain_read_s"]))
+    st.delete_dir("")
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=float, default=1024, help="checkpoint size in MB (default 1024)")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated subset of {BACKENDS}")
+    ap.add_argument("--no-hdfsclient", action="store_true", help="skip Paddle's HDFSClient comparison")
+    ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--dir", default=None, help="local work dir (default: a temp dir)")
+    ap.add_argument("--rounds", type=int, default=3, help="paired rounds per backend (default 3)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 16 MB, one round")
+    args = ap.parse_args(argv)
+    size_mb = 16 if args.quick else args.size_mb
+    rounds = 1 if args.quick else max(1, args.rounds)
+    kinds = [k.strip() for k in args.backends.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in BACKENDS]
+    if bad:
+        ap.error(f"unknown backends {bad}; choose from {BACKENDS}")
+    os.environ.setdefault("PADDLE_ACP_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("PADDLE_ACP_CI_QUIET", "1")
+
+    work = tempfile.mkdtemp(prefix="acp-bench-storage-", dir=args.dir)
+    hdfs = s3 = None
+    results = {"size_mb": size_mb, "rounds": rounds, "backends": {}, "errors": {}}
+    try:
+        # servers first: no client threads (JVM, runtimes) exist yet in this process
+        if any(k.startswith("hdfs") for k in kinds):
+            try:
+                hdfs = servers.HDFSServer().start()
+                hdfs.apply_client_env()  # before the first libhdfs JVM starts in this process
+            except servers.ServerUnavailable as e:
+                results["errors"]["hdfs"] = str(e)
+                log(f"HDFS unavailable, skipped: {e}")
+                kinds = [k for k in kinds if not k.startswith("hdfs")]
+        if "s3" in kinds:
+            try:
+                s3 = servers.S3Server().start()
+                os.environ.update(s3.client_env())
+            except servers.ServerUnavailable as e:
+                results["errors"]["s3"] = str(e)
+                log(f"S3 unavailable, skipped: {e}")
+                kinds.remove("s3")
+
+        t0 = time.perf_counter()
+        snap, image, size = make_snapshot(int(size_mb * MB))
+        log(f"snapshot: {len(snap.programs[0].tensors)} tensors, {size / MB:.0f} MiB "
+            f"(built in {time.perf_counter() - t0:.1f} s)")
+        results["bytes"] = size
+        for kind in kinds:
+            tag = uuid.uuid4().hex[:8]
+            if kind == "local":
+                uri = os.path.join(work, "local", tag)
+            elif kind == "s3":
+                uri = f"s3://{s3.bucket}/bench/{tag}"
+            else:
+                uri = f"{hdfs.uri}/bench/{kind}/{tag}"
+            try:
+                r = bench_backend(kind, uri, snap, image, size, work, rounds)
+            except Exception as e:  # one backend failing must not hide the others
+                results["errors"][kind] = f"{type(e).__name__}: {e}"
+                log(f"{kind:13s} FAILED: {type(e).__name__}: {e}")
+                continue
+            results["backends"][kind] = r
+            extra = ""
+            if "acp_save_hadoop_commands" in r:
+                extra = f"  ({r['acp_save_hadoop_commands']} / {r['acp_restore_hadoop_commands']} hadoop commands)"
+            log(f"{kind:13s} save     paddle-acp {r['acp_save_mb_s']:8.1f} MB/s  plain pyarrow.fs "
+                f"{r['plain_write_mb_s']:8.1f} MB/s  ratio {r['save_ratio']:.2f}{extra}")
+            log(f"{kind:13s} restore  paddle-acp {r['acp_restore_mb_s']:8.1f} MB/s  plain pyarrow.fs "
+                f"{r['plain_read_mb_s']:8.1f} MB/s  ratio {r['restore_ratio']:.2f}")
+        if hdfs is not None and not args.no_hdfsclient:
+            try:
+                hc = paddle_hdfsclient(hdfs, image, size, work, rounds)
+            except Exception as e:
+                results["errors"]["hdfsclient"] = f"{type(e).__name__}: {e}"
+                log(f"HDFSClient FAILED: {e}")
+            else:
+                results["paddle_hdfsclient"] = hc
+                log(f"{'HDFSClient':13s} upload   {hc['upload_mb_s']:8.1f} MB/s  download "
+                    f"{hc['download_mb_s']:8.1f} MB/s  (Paddle's hadoop-fs client, same bytes)")
+                for kind, r in results["backends"].items():
+                    if kind.startswith("hdfs"):
+                        r["save_vs_hdfsclient"] = r["acp_save_mb_s"] / hc["upload_mb_s"]  # medians
+                        r["restore_vs_hdfsclient"] = r["acp_restore_mb_s"] / hc["download_mb_s"]
+                        log(f"{kind:13s} vs HDFSClient  save ratio {r['save_vs_hdfsclient']:.2f}  "
+                            f"restore ratio {r['restore_vs_hdfsclient']:.2f}")
+    finally:
+        for srv in (s3, hdfs):
+            if srv is not None:
+                srv.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
+    text = json.dumps(results, indent=1, sort_keys=True)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 1 if results["errors"] and not results["backends"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

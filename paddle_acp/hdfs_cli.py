@@ -1,0 +1,751 @@
+"""HDFS through the ``hadoop fs`` command line, as Paddle's ``HDFSClient`` used it.
+
+The last-resort HDFS client of :func:`paddle_acp.storage.open_storage` (no
+libhdfs/JVM in-process, no ``hdfs-native``): every operation runs
+``$HADOOP_HOME/bin/hadoop fs -D fs.defaultFS=... <command>`` and data is staged
+through a local cache directory (``PADDLE_EDL_FS_CACHE``, default ``.cache``)::
+
+    fs = pyarrow.fs.PyFileSystem(HadoopCliHandler(hadoop_home, "hdfs://nn:9000", "user", ".cache"))
+
+* writes go to a local temporary file and are uploaded by ``-put -f`` when the
+  stream is closed (``-put`` itself writes ``NAME._COPYING_`` and renames it, so
+  a reader never sees a torn file under the final name);
+* reads ``-get`` the file into a local temporary file and open that;
+* metadata comes from ``-stat`` / ``-ls``.
+
+Each command starts a JVM (about 1-2 s), so the handler keeps the number of
+commands small: paths are batched into one command where FsShell accepts several,
+and directory listings are kept for ``metadata_ttl`` seconds (default 10) so that
+the usual "list a directory, then look at each child" pattern costs one or two
+commands instead of one per child.  Changes made through this handler update
+that cache at once; changes made by *other* processes may take up to
+``metadata_ttl`` seconds to be seen (``metadata_ttl=0`` turns the cache off).
+
+Limitations of the command line (not of HDFS): modification times of listed
+entries have minute resolution (``-ls``); paths may not contain the glob
+characters ``* ? [ ] { } \\`` (FsShell expands them; such paths are refused with
+a clear error); writing to a path that is an existing directory is refused only
+when the handler knows it is one (otherwise ``-put`` stores the file inside it);
+``move`` onto an existing directory moves the source into it (as HDFS rename and
+pyarrow's ``HadoopFileSystem`` do).  The user is passed as ``HADOOP_USER_NAME`` (simple
+authentication); a PaddleCloud UGI ``user,password`` (``ugi=``) is passed as
+``-D hadoop.job.ugi=...`` like ``HDFSClient`` did, and never appears in errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import posixpath
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from urllib.parse import urlparse
+
+import pyarrow as pa
+from pyarrow.fs import FileInfo, FileSelector, FileSystemHandler, FileType
+
+logger = logging.getLogger("paddle_acp")
+
+GLOB_CHARS = set("*?[]{}\\")
+# Seconds a metadata command may take (a dead NameNode makes the client retry).
+META_TIMEOUT = 300.0
+# Minimum seconds for a data transfer; larger files get 1 s per 8 MB on top.
+DATA_TIMEOUT = 600.0
+_MAX_PREFETCH_DIRS = 100
+
+
+class HadoopCliError(OSError):
+    """A ``hadoop fs`` command failed; ``args[1]`` holds the command and its stderr tail."""
+
+
+def _classify(stderr: str):
+    """The OSError subclass (and errno) that fits FsShell's message."""
+    s = stderr
+    if "No such file or directory" in s or "FileNotFoundException" in s or "does not exist" in s:
+        return FileNotFoundError, errno.ENOENT
+    if "File exists" in s or "FileAlreadyExistsException" in s or "already exists" in s:
+        return FileExistsError, errno.EEXIST
+    if "Is a directory" in s:
+        return IsADirectoryError, errno.EISDIR
+    if "Not a directory" in s or "ParentNotDirectoryException" in s:
+        return NotADirectoryError, errno.ENOTDIR
+    if "Permission denied" in s or "AccessControlException" in s:
+        return PermissionError, errno.EACCES
+    if "Connection refused" in s or "ConnectException" in s or "connection exception" in s:
+        return ConnectionRefusedError, errno.ECONNREFUSED
+    if "No space left" in s or "DSQuotaExceededException" in s or "could only be replicated to 0 nodes" in s:
+        return HadoopCliError, errno.ENOSPC
+    return HadoopCliError, errno.EIO
+
+
+def _stderr_tail(stderr: str, lines: int = 8) -> str:
+    """The informative end of a JVM's stderr: no stack frames, no log4j noise."""
+    keep = []
+    for line in stderr.splitlines():
+        t = line.strip()
+        if not t or t.startswith("at ") or t.startswith("... ") or "util.NativeCodeLoader" in t:
+            continue
+        if t.startswith("log4j:"):
+            continue
+        keep.append(t)
+    return " | ".join(keep[-lines:]) if keep else "(no output on stderr)"
+
+
+def _parent(path: str) -> str:
+    return posixpath.dirname(path.rstrip("/")) or "/"
+
+
+def _is_under(path: str, top: str) -> bool:
+    return path == top or top == "/" or path.startswith(top.rstrip("/") + "/")
+
+
+class _StagedOutput:
+    """A write-only stream into a local temporary file, uploaded with ``-put -f`` on close."""
+
+    def __init__(self, handler: "HadoopCliHandler", path: str, append: bool):
+        self.closed = True
+        self._h = handler
+        self._path = path
+        self._append = append
+        self._dir = handler._staging_dir()
+        self._local = os.path.join(self._dir, "data")
+        try:
+            self._f = open(self._local, "wb")
+        except OSError:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        self._pos = 0
+        self.closed = False
+
+    # the file-like protocol pyarrow.PythonFile uses
+    def writable(self):
+        return True
+
+    def readable(self):
+        return False
+
+    def seekable(self):
+        return False
+
+    def tell(self):
+        return self._pos
+
+    def write(self, data) -> int:
+        n = self._f.write(data)
+        self._pos += n
+        return n
+
+    def flush(self):
+        if not self.closed:
+            self._f.flush()
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._f.close()
+            size = os.path.getsize(self._local)
+            h = self._h
+            try:
+                if self._append:
+                    h._run(["-appendToFile", self._local, self._path], what="appending to",
+                           paths=[self._path], timeout=h._data_timeout(size))
+                else:
+                    h._run(["-put", "-f", self._local, self._path], what="uploading to",
+                           paths=[self._path], timeout=h._data_timeout(size))
+            except BaseException:
+                h._invalidate(self._path)
+                raise
+            if self._append:
+                old = h._cached_info(self._path)
+                if old is not None and old.type == FileType.File and old.size is not None:
+                    h._note(self._path, FileInfo(self._path, FileType.File, size=old.size + size))
+                else:
+                    h._invalidate(self._path)
+            else:
+                h._note(self._path, FileInfo(self._path, FileType.File, size=size))
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __del__(self):  # an abandoned stream must not leave its staging file behind
+        if not getattr(self, "closed", True):
+            try:
+                self._f.close()
+            finally:
+                shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class HadoopCliHandler(FileSystemHandler):
+    """A ``pyarrow.fs.FileSystemHandler`` running ``hadoop fs`` commands (see the module doc)."""
+
+    def __init__(self, hadoop_home: Optional[str], default_fs: str, user: Optional[str] = None,
+                 cache_dir: Optional[str] = None, ugi: Optional[str] = None, metadata_ttl: float = 10.0,
+                 extra_conf: Optional[Dict[str, str]] = None):
+        if not hadoop_home:
+            raise HadoopCliError(
+                errno.ENOENT,
+                "the hadoop command line client needs a Hadoop installation: set PADDLE_EDL_HDFS_HOME "
+                "or HADOOP_HOME to the directory holding bin/hadoop",
+            )
+        self.hadoop_home = os.path.abspath(os.path.expanduser(str(hadoop_home)))
+        self.hadoop = os.path.join(self.hadoop_home, "bin", "hadoop")
+        if not os.path.isfile(self.hadoop):
+            raise HadoopCliError(errno.ENOENT, f"hadoop command line client: {self.hadoop} does not exist "
+                                 f"(PADDLE_EDL_HDFS_HOME/HADOOP_HOME={self.hadoop_home!r})")
+        if not os.access(self.hadoop, os.X_OK):
+            raise HadoopCliError(errno.EACCES, f"hadoop command line client: {self.hadoop} is not executable")
+        p = urlparse(default_fs)
+        if p.scheme not in ("hdfs", "viewfs") or not p.netloc:
+            raise ValueError(f"default_fs must look like hdfs://host:port, not {default_fs!r}")
+        self.default_fs = f"{p.scheme}://{p.hostname}" + (f":{p.port}" if p.port else "")
+        self.user = user or None
+        if ugi is None:
+            env_ugi = os.environ.get("PADDLE_EDL_HDFS_UGI")
+            if env_ugi and (self.user is None or env_ugi.split(",", 1)[0] == self.user):
+                ugi = env_ugi
+        self._ugi = ugi or None
+        if self.user is None and self._ugi:
+            self.user = self._ugi.split(",", 1)[0] or None
+        self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir or ".cache"))
+        self.metadata_ttl = float(metadata_ttl)
+        self.extra_conf = dict(extra_conf or {})
+        self._lock = threading.Lock()
+        # dir -> (time, {name: FileInfo}): complete listings; path -> (time, FileInfo)
+        self._listings: Dict[str, Tuple[float, Dict[str, FileInfo]]] = {}
+        self._infos: Dict[str, Tuple[float, FileInfo]] = {}
+        self.commands_run = 0  # for tests and benchmarks
+
+    def __getstate__(self):  # the lock cannot be pickled
+        d = dict(self.__dict__)
+        d.pop("_lock", None)
+        d["_listings"], d["_infos"] = {}, {}
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
+    def __eq__(self, other):
+        if isinstance(other, HadoopCliHandler):
+            return (self.hadoop_home, self.default_fs, self.user) == (other.hadoop_home, other.default_fs, other.user)
+        return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __repr__(self):
+        return f"HadoopCliHandler({self.hadoop_home!r}, {self.default_fs!r}, user={self.user!r})"
+
+    # -- running commands -------------------------------------------------------
+    def _env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        if self.user:
+            env["HADOOP_USER_NAME"] = self.user
+        # paths with non-ASCII characters: the JVM takes its charset from the locale
+        if "UTF-8" not in (env.get("LC_ALL") or env.get("LANG") or "").upper().replace("UTF8", "UTF-8"):
+            env["LC_ALL"] = "C.UTF-8"
+        opts = env.get("HADOOP_CLIENT_OPTS", "")
+        if "-Dfile.encoding" not in opts:
+            env["HADOOP_CLIENT_OPTS"] = (opts + " -Dfile.encoding=UTF-8").strip()
+        return env
+
+    def _base(self) -> List[str]:
+        cmd = [self.hadoop, "fs", "-D", f"fs.defaultFS={self.default_fs}"]
+        if self._ugi:
+            cmd += ["-D", f"hadoop.job.ugi={self._ugi}"]
+        for k, v in self.extra_conf.items():
+            cmd += ["-D", f"{k}={v}"]
+        return cmd
+
+    def _display(self, args: Sequence[str]) -> str:
+        return "hadoop fs " + " ".join(args)
+
+    def _exec(self, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+        cmd = self._base() + list(args)
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                               env=self._env(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(errno.ETIMEDOUT, f"{self._display(args)} on {self.default_fs} did not finish "
+                               f"within {timeout:.0f} s (killed)") from None
+        except OSError as exc:
+            raise HadoopCliError(exc.errno or errno.EIO, f"cannot run {self.hadoop}: {exc}") from None
+        with self._lock:
+            self.commands_run += 1
+        logger.debug("%s: exit %d in %.2f s", self._display(args), r.returncode, time.perf_counter() - t0)
+        return r
+
+    def _run(self, args: Sequence[str], what: str, paths: Sequence[str], timeout: float = META_TIMEOUT,
+             ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess:
+        r = self._exec(args, timeout)
+        if r.returncode not in tuple(ok_codes):
+            raise self._error(r, args, what, paths)
+        return r
+
+    def _error(self, r: subprocess.CompletedProcess, args, what: str, paths: Sequence[str]) -> OSError:
+        stderr = r.stderr.decode("utf-8", "replace")
+        cls, code = _classify(stderr)
+        where = ", ".join(f"{self.default_fs}{p}" for p in paths)
+        msg = f"{what} {where} failed: `{self._display(args)}` exited with {r.returncode}: {_stderr_tail(stderr)}"
+        if self._ugi:
+            msg = msg.replace(self._ugi, "***")
+        return cls(code, msg)
+
+    def _data_timeout(self, size: int) -> float:
+        return DATA_TIMEOUT + size / (8 << 20)
+
+    def _staging_dir(self) -> str:
+        base = os.path.join(self.cache_dir, "hdfs-cli")
+        try:
+            os.makedirs(base, exist_ok=True)
+        except OSError as exc:
+            raise HadoopCliError(exc.errno or errno.EIO,
+                                 f"cannot create the local staging directory {base} (PADDLE_EDL_FS_CACHE): {exc}") from None
+        return tempfile.mkdtemp(prefix="stage-", dir=base)
+
+    # -- paths ------------------------------------------------------------------
+    def _path(self, path: str) -> str:
+        p = self.normalize_path(path)
+        if not p.startswith("/"):
+            p = "/" + p
+        if len(p) > 1:
+            p = p.rstrip("/")
+        bad = sorted(GLOB_CHARS & set(p))
+        if bad:
+            raise ValueError(
+                f"{p!r}: the hadoop command line treats {' '.join(bad)} as glob characters; "
+                "use a path without them (or the pyarrow / hdfs-native HDFS client)"
+            )
+        return p
+
+    # -- metadata cache ----------------------------------------------------------
+    def _fresh(self, t: float) -> bool:
+        return self.metadata_ttl > 0 and time.monotonic() - t <= self.metadata_ttl
+
+    def _store_listing(self, d: str, entries: Dict[str, FileInfo]) -> None:
+        if self.metadata_ttl <= 0:
+            return
+        with self._lock:
+            self._listings[d] = (time.monotonic(), entries)
+
+    def _cached_listing(self, d: str) -> Optional[Dict[str, FileInfo]]:
+        with self._lock:
+            hit = self._listings.get(d)
+        if hit is not None and self._fresh(hit[0]):
+            return hit[1]
+        return None
+
+    def _known_locked(self, path: str) -> Optional[FileInfo]:
+        """_cached_info for callers holding the lock."""
+        hit = self._infos.get(path)
+        if hit is not None and self._fresh(hit[0]):
+            return hit[1]
+        if path != "/":
+            lst = self._listings.get(_parent(path))
+            if lst is not None and self._fresh(lst[0]):
+                return lst[1].get(posixpath.basename(path)) or FileInfo(path, FileType.NotFound)
+        return None
+
+    def _cached_info(self, path: str) -> Optional[FileInfo]:
+        with self._lock:
+            hit = self._infos.get(path)
+        if hit is not None and self._fresh(hit[0]):
+            return hit[1]
+        if path == "/":
+            return None
+        listing = self._cached_listing(_parent(path))
+        if listing is not None:
+            name = posixpath.basename(path)
+            return listing.get(name) or FileInfo(path, FileType.NotFound)
+        return None
+
+    def _invalidate(self, *paths: str) -> None:
+        """Forget everything a change at ``paths`` may have changed: the paths, what is
+        under them, and their ancestors (``mkdir -p`` creates parents).  Used when a
+        command failed and the outcome is unknown."""
+        with self._lock:
+            for p in paths:
+                for cache in (self._listings, self._infos):
+                    for k in [k for k in cache if _is_under(k, p) or _is_under(p, k)]:
+                        del cache[k]
+
+    def _raise_if_known_missing(self, p: str) -> None:
+        known = self._cached_info(p)
+        if known is not None and known.type == FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{p}: No such file or directory")
+
+    def _move_cached(self, src: str, dst: str) -> None:
+        """After renaming ``src`` to ``dst`` (which did not exist): what was known under
+        ``src`` is now known under ``dst``."""
+        if self.metadata_ttl <= 0:
+            return
+        with self._lock:
+            moved = []
+            for cache in (self._listings, self._infos):
+                for k in [k for k in cache if _is_under(k, src)]:
+                    t, v = cache.pop(k)
+                    nk = dst + k[len(src):]
+                    if cache is self._listings:
+                        v = {n: self._as(i, posixpath.join(nk, n)) for n, i in v.items()}
+                    else:
+                        v = self._as(v, nk)
+                    moved.append((cache, nk, (t, v)))
+            for cache, nk, tv in moved:
+                cache[nk] = tv
+
+    def _note(self, path: str, info: FileInfo) -> None:
+        """Record a fact this handler just caused (a file written, a directory made,
+        a path removed): ``path`` and everything under it are replaced, the parent's
+        cached listing (if any) is updated in place."""
+        if self.metadata_ttl <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for cache in (self._listings, self._infos):
+                for k in [k for k in cache if _is_under(k, path) and k != path]:
+                    del cache[k]
+            self._listings.pop(path, None)
+            old = self._known_locked(path)
+            if info.type == FileType.Directory and old is not None:
+                if old.type == FileType.Directory:
+                    info = old  # keep what is known (mtime)
+                elif old.type == FileType.NotFound:
+                    self._listings[path] = (now, {})  # created just now: empty
+            self._infos[path] = (now, info)
+            if path == "/":
+                return
+            parent = _parent(path)
+            hit = self._listings.get(parent)
+            if hit is not None:
+                entries = dict(hit[1])
+                name = posixpath.basename(path)
+                if info.type == FileType.NotFound:
+                    entries.pop(name, None)
+                elif not (info.type == FileType.Directory and name in entries
+                          and entries[name].type == FileType.Directory):
+                    entries[name] = info
+                self._listings[parent] = (hit[0], entries)
+            if info.type == FileType.NotFound:
+                return
+            # the parent exists (as a directory) now, and so does every ancestor
+            a, child = parent, path
+            while True:
+                old = self._known_locked(a)
+                if old is None or old.type != FileType.Directory:
+                    self._infos[a] = (now, FileInfo(a, FileType.Directory))
+                    if old is not None and old.type == FileType.NotFound:  # created just now
+                        self._listings[a] = (now, {posixpath.basename(child): info if child == path else FileInfo(child, FileType.Directory)})
+                if a == "/":
+                    break
+                gp = _parent(a)
+                hit = self._listings.get(gp)
+                name = posixpath.basename(a)
+                if hit is not None and (name not in hit[1] or hit[1][name].type != FileType.Directory):
+                    entries = dict(hit[1])
+                    entries[name] = FileInfo(a, FileType.Directory)
+                    self._listings[gp] = (hit[0], entries)
+                a, child = gp, a
+
+    # -- parsing ----------------------------------------------------------------
+    @staticmethod
+    def _parse_ls(stdout: bytes) -> List[FileInfo]:
+        """Lines of ``hadoop fs -ls``: ``perm repl owner group size date time path``."""
+        out = []
+        for line in stdout.decode("utf-8", "replace").splitlines():
+            if not line or line.startswith("Found ") or line[0] not in "d-l":
+                continue
+            parts = line.split(None, 7)
+            if len(parts) < 8:
+                continue
+            perm, _repl, _owner, _group, size, day, hm, path = parts
+            try:
+                mtime = time.mktime(time.strptime(f"{day} {hm}", "%Y-%m-%d %H:%M"))
+                mtime_ns = int(mtime) * 1_000_000_000
+            except (ValueError, OverflowError):
+                mtime_ns = None
+            if perm.startswith("d"):
+                out.append(FileInfo(path, FileType.Directory, mtime_ns=mtime_ns))
+            else:
+                out.append(FileInfo(path, FileType.File, size=int(size), mtime_ns=mtime_ns))
+        return out
+
+    # -- FileSystemHandler: metadata -----------------------------------------------
+    def get_type_name(self):
+        return "hadoop-cli"
+
+    def normalize_path(self, path):
+        p = urlparse(path)
+        if p.scheme in ("hdfs", "viewfs"):
+            if p.netloc and f"{p.scheme}://{p.netloc}" != self.default_fs:
+                raise ValueError(f"{path!r} is not on {self.default_fs}")
+            return p.path or "/"
+        return path
+
+    def equals(self, other):
+        return isinstance(other, HadoopCliHandler) and self == other
+
+    def get_file_info(self, paths):
+        norm = [self._path(p) for p in paths]
+        result: Dict[str, FileInfo] = {}
+        todo = []
+        for p in norm:
+            hit = self._cached_info(p)
+            if hit is None:
+                hit = self._prefetch_for(p)
+            if hit is not None:
+                result[p] = hit
+            elif p not in todo:
+                todo.append(p)
+        if todo:
+            result.update(self._stat(todo))
+        return [self._as(result[p], orig) for p, orig in zip(norm, paths)]
+
+    @staticmethod
+    def _as(info: FileInfo, path: str) -> FileInfo:
+        if info.path == path:
+            return info
+        if info.type == FileType.NotFound:
+            return FileInfo(path, FileType.NotFound)
+        if info.type == FileType.Directory:
+            return FileInfo(path, FileType.Directory, mtime_ns=info.mtime_ns)
+        return FileInfo(path, info.type, size=info.size, mtime_ns=info.mtime_ns)
+
+    def _prefetch_for(self, path: str) -> Optional[FileInfo]:
+        """``path`` is a child of a child directory of a freshly listed directory (the
+        "list, then look inside each entry" pattern): list all those child
+        directories with one ``-ls GRANDPARENT/*`` and answer from that."""
+        if path == "/":
+            return None
+        parent = _parent(path)
+        if parent == "/":
+            return None
+        grand = _parent(parent)
+        listing = self._cached_listing(grand)
+        if listing is None:
+            return None
+        dirs = [n for n, i in listing.items() if i.type == FileType.Directory]
+        if posixpath.basename(parent) not in dirs or len(dirs) > _MAX_PREFETCH_DIRS:
+            return None
+        glob = (grand.rstrip("/") or "") + "/*"
+        r = self._exec(["-ls", glob], META_TIMEOUT)
+        if r.returncode != 0:
+            return None  # changed meanwhile, or a transient error: stat instead
+        children: Dict[str, Dict[str, FileInfo]] = {posixpath.join(grand, n): {} for n in dirs}
+        for info in self._parse_ls(r.stdout):
+            d = _parent(info.path)
+            if d in children:
+                children[d][posixpath.basename(info.path)] = info
+        for d, entries in children.items():
+            self._store_listing(d, entries)
+        return self._cached_info(path)
+
+    def _stat(self, paths: List[str]) -> Dict[str, FileInfo]:
+        """One ``-stat`` for all ``paths`` (missing ones are reported on stderr, in order)."""
+        r = self._exec(["-stat", "%F\t%b\t%Y\t%n", *paths], META_TIMEOUT)
+        stderr = r.stderr.decode("utf-8", "replace")
+        missing = set()
+        for line in stderr.splitlines():
+            if "No such file or directory" in line and "`" in line:
+                missing.add(line.split("`", 1)[1].rsplit("'", 1)[0])
+        lines = [ln for ln in r.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
+        found = [p for p in paths if p not in missing]
+        if r.returncode != 0 and not missing:  # not a missing path: the command failed
+            raise self._error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
+        if len(lines) != len(found):
+            if len(paths) == 1:
+                raise self._error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
+            out: Dict[str, FileInfo] = {}
+            for p in paths:  # could not match the output to the paths: one at a time
+                out.update(self._stat([p]))
+            return out
+        now = time.monotonic()
+        out = {p: FileInfo(p, FileType.NotFound) for p in missing}
+        for p, line in zip(found, lines):
+            kind, size, mtime_ms, _name = (line.split("\t", 3) + ["", "", "", ""])[:4]
+            mtime_ns = int(mtime_ms) * 1_000_000 if mtime_ms.strip().isdigit() else None
+            if kind == "directory":
+                out[p] = FileInfo(p, FileType.Directory, mtime_ns=mtime_ns)
+            elif kind == "regular file":
+                out[p] = FileInfo(p, FileType.File, size=int(size), mtime_ns=mtime_ns)
+            else:
+                out[p] = FileInfo(p, FileType.Unknown, mtime_ns=mtime_ns)
+        if self.metadata_ttl > 0:
+            with self._lock:
+                for p, info in out.items():
+                    self._infos[p] = (now, info)
+        return out
+
+    def get_file_info_selector(self, selector):
+        base = self._path(selector.base_dir)
+        if not selector.recursive:
+            cached = self._cached_listing(base)
+            if cached is not None:
+                return list(cached.values())
+        known = self._cached_info(base)
+        if known is not None and known.type == FileType.NotFound:
+            if selector.allow_not_found:
+                return []
+            raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{base}: No such file or directory")
+        args = ["-ls", "-R", base] if selector.recursive else ["-ls", base]
+        r = self._exec(args, META_TIMEOUT)
+        if r.returncode != 0:
+            err = self._error(r, args, "listing", [base])
+            if isinstance(err, FileNotFoundError):
+                self._note(base, FileInfo(base, FileType.NotFound))
+                if selector.allow_not_found:
+                    return []
+            raise err
+        infos = self._parse_ls(r.stdout)
+        if len(infos) == 1 and infos[0].path == base and infos[0].type != FileType.Directory:
+            raise NotADirectoryError(errno.ENOTDIR, f"{self.default_fs}{base} is not a directory")
+        if not selector.recursive:
+            infos = [i for i in infos if _parent(i.path) == base]
+            self._store_listing(base, {i.base_name: i for i in infos})
+        return infos
+
+    # -- FileSystemHandler: changes ------------------------------------------------
+    def create_dir(self, path, recursive):
+        p = self._path(path)
+        if recursive:
+            self._run(["-mkdir", "-p", p], "creating directory", [p])
+        else:
+            r = self._exec(["-mkdir", p], META_TIMEOUT)
+            if r.returncode != 0:
+                err = self._error(r, ["-mkdir", p], "creating directory", [p])
+                if not isinstance(err, FileExistsError):
+                    raise err
+                if self._stat([p])[p].type != FileType.Directory:
+                    raise err
+        self._note(p, FileInfo(p, FileType.Directory))
+
+    def delete_dir(self, path):
+        p = self._path(path)
+        if p == "/":
+            raise ValueError("refusing to delete the root directory")
+        self._raise_if_known_missing(p)
+        try:
+            self._run(["-rm", "-r", "-skipTrash", p], "deleting directory", [p])
+        except BaseException:
+            self._invalidate(p)
+            raise
+        self._note(p, FileInfo(p, FileType.NotFound))
+
+    def _delete_contents(self, p: str, missing_dir_ok: bool) -> None:
+        try:
+            children = self.get_file_info_selector(FileSelector(p, allow_not_found=False))
+        except FileNotFoundError:
+            if missing_dir_ok:
+                return
+            raise
+        if children:
+            paths = [self._path(c.path) for c in children]
+            try:
+                self._run(["-rm", "-r", "-skipTrash", *paths], "deleting the contents of", [p])
+            except BaseException:
+                self._invalidate(p)
+                raise
+            for c in paths:
+                self._note(c, FileInfo(c, FileType.NotFound))
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        p = self._path(path)
+        if p == "/":
+            raise ValueError("delete_dir_contents called on the root directory; use delete_root_dir_contents")
+        self._delete_contents(p, missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        self._delete_contents("/", False)
+
+    def delete_file(self, path):
+        p = self._path(path)
+        self._raise_if_known_missing(p)
+        try:
+            self._run(["-rm", "-skipTrash", p], "deleting file", [p])
+        except BaseException:
+            self._invalidate(p)
+            raise
+        self._note(p, FileInfo(p, FileType.NotFound))
+
+    def move(self, src, dest):
+        s, d = self._path(src), self._path(dest)
+        # Like HDFS rename (and pyarrow's HadoopFileSystem): an existing destination
+        # file is replaced, a destination directory receives the source inside it.
+        before_src, before_dst = self._cached_info(s), self._cached_info(d)
+        try:
+            r = self._exec(["-mv", s, d], META_TIMEOUT)
+            if r.returncode != 0:
+                err = self._error(r, ["-mv", s, d], f"renaming {self.default_fs}{s} to", [d])
+                if not isinstance(err, FileExistsError):
+                    raise err
+                infos = self._stat([s, d])
+                if infos[s].type != FileType.File or infos[d].type != FileType.File:
+                    raise err
+                self._run(["-rm", "-skipTrash", d], "replacing", [d])
+                self._run(["-mv", s, d], f"renaming {self.default_fs}{s} to", [d])
+                before_dst = FileInfo(d, FileType.NotFound)
+        except BaseException:
+            self._invalidate(s, d)
+            raise
+        if before_src is not None and before_dst is not None and before_dst.type == FileType.NotFound:
+            self._note(d, self._as(before_src, d))
+            self._move_cached(s, d)
+            self._note(s, FileInfo(s, FileType.NotFound))
+        else:
+            self._note(s, FileInfo(s, FileType.NotFound))
+            self._invalidate(d)
+
+    def copy_file(self, src, dest):
+        s, d = self._path(src), self._path(dest)
+        try:
+            self._run(["-cp", "-f", s, d], f"copying {self.default_fs}{s} to", [d])
+        finally:
+            self._invalidate(d)
+
+    # -- FileSystemHandler: data ------------------------------------------------------
+    def _download(self, path: str):
+        p = self._path(path)
+        d = self._staging_dir()
+        local = os.path.join(d, "data")
+        try:
+            info = self._cached_info(p)
+            if info is not None and info.type == FileType.NotFound:
+                raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{p}: No such file or directory")
+            size = info.size if info is not None and info.size else 0
+            self._run(["-get", p, local], "downloading", [p], timeout=self._data_timeout(size))
+            if os.path.isdir(local):
+                raise IsADirectoryError(errno.EISDIR, f"{self.default_fs}{p} is a directory")
+            f = pa.OSFile(local, "r")
+        finally:
+            shutil.rmtree(d, ignore_errors=True)  # the open file stays readable
+        return f
+
+    def open_input_stream(self, path):
+        return self._download(path)
+
+    def open_input_file(self, path):
+        return self._download(path)
+
+    def _check_not_dir(self, p: str) -> None:
+        # `-put SRC DIR` would store the file *inside* an existing directory: refuse
+        # when that is known (an unknown path is not checked: that would cost a JVM)
+        known = self._cached_info(p)
+        if known is not None and known.type == FileType.Directory:
+            raise IsADirectoryError(errno.EISDIR, f"{self.default_fs}{p} is a directory")
+
+    def open_output_stream(self, path, metadata=None):
+        p = self._path(path)
+        self._check_not_dir(p)
+        return pa.PythonFile(_StagedOutput(self, p, append=False), mode="w")
+
+    def open_append_stream(self, path, metadata=None):
+        p = self._path(path)
+        self._check_not_dir(p)
+        return pa.PythonFile(_StagedOutput(self, p, append=True), mode="w")

@@ -1,0 +1,279 @@
+"""Storage faults with REAL servers (ci/servers.py): servers stopped during saves,
+unreachable at restore, wrong S3 credentials, and secrets kept out of every log
+and file.
+
+What the library promises: a failed save is logged with its cause and training
+goes on; nothing half-written ever becomes a checkpoint that restore would pick;
+the next save after the server is back succeeds (and removes the leftovers);
+restore that cannot reach storage raises a clear error instead of silently
+starting from scratch; credentials are never logged or written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_util import JOB_ID, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
+from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+
+from paddle_acp import atomic  # noqa: E402
+from paddle_acp.checkpointer import Checkpointer, Snapshot  # noqa: E402
+from paddle_acp.errors import StorageError  # noqa: E402
+from paddle_acp.manifest import RangeRecord  # noqa: E402
+from paddle_acp.snapshot import ProgramSnapshot, TensorData  # noqa: E402
+from paddle_acp.storage import open_storage  # noqa: E402
+
+def snapshot(epoch: int, mb: float = 0.01) -> Snapshot:
+    n = max(1, int(mb * (1 << 20) / 4))
+    arr = np.random.default_rng(epoch).standard_normal(n).astype("float32")
+    prog = ProgramSnapshot("p", "fault test", [TensorData("w", "float32", arr)])
+    return Snapshot(RangeRecord("_range_0", epoch, 100), [prog], None, "3.3.1", "pir")
+
+
+def uncommitted(st, ck) -> list:
+    return [e.name for e in atomic.scan(st, ck.dir) if not e.committed]
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    for k, v in s3_server.client_env().items():
+        monkeypatch.setenv(k, v)
+    return s3_server.client_env()
+
+
+def wait_for(cond, timeout: float, what: str, proc=None):
+    deadline = time.time() + timeout
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"training exited (code {proc.returncode}) while waiting for {what}")
+        if time.time() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------------------
+# HDFS: DataNode down in the middle of a training run with async saves
+
+
+def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
+    """Saves fail while the DataNode is down (training goes on, the error is logged
+    with its cause, no partial checkpoint is ever visible); after the DataNode is
+    back the next save succeeds and removes the leftovers of the failed ones."""
+    uri = f"{hdfs_server.uri}/faults/{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "out"
+    epochs = 16
+    args = ("--epochs", epochs, "--steps-per-epoch", 2, "--sleep", 0.3)
+    env = script_env(uri, "pir", hdfs_server.client_env())
+    with open(tmp_path / "stdout", "w") as so, open(tmp_path / "stderr", "w") as se:
+        proc = subprocess.Popen(script_cmd(out, uri, *args), env=env, stdout=so, stderr=se, text=True)
+    try:
+        wait_for(lambda: len(read_log(out)) >= 2, 120, "epoch 1", proc)
+        hdfs_server.stop_datanode(kill=True)  # a crash, not a clean shutdown
+        down_at = len(read_log(out))
+        wait_for(lambda: len(read_log(out)) >= down_at + 3, 120, "3 epochs with the DataNode down", proc)
+        hdfs_server.start_datanode()
+        back_at = len(read_log(out))
+        assert back_at < epochs - 1, "training ended before the DataNode was back: make it longer"
+        proc.wait(180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        hdfs_server.start_datanode()
+    stderr = (tmp_path / "stderr").read_text()
+    stdout = (tmp_path / "stdout").read_text()
+    info = f"--- stdout ---\n{stdout}\n--- stderr (tail) ---\n{stderr[-6000:]}"
+    assert proc.returncode == 0 and is_done(out), info
+    assert len(read_log(out)) == epochs, info  # every epoch trained once: no restart
+    errors = [ln for ln in stderr.splitlines()
+              if "checkpoint save failed; training goes on and the next save retries" in ln]
+    assert errors, info
+    # the library's line names the operation and the file on HDFS ...
+    assert all("failed: " in ln and f"{uri}/{JOB_ID}/range/_range_0/ckpt-" in ln for ln in errors), errors
+    # ... and the HDFS client (libhdfs' JVM) logged the cause: no DataNode to write to
+    assert "replicated to 0 nodes" in stderr or "datanodes" in stderr.lower(), info
+
+    st = open_storage(uri)
+    ck = Checkpointer(st, JOB_ID, "_range_0")
+    latest = ck.load_latest()
+    assert latest.manifest.range.epoch_no == epochs - 1, "the saves after the DataNode came back failed"
+    for n in ck.committed_numbers():
+        ck.load(n)  # every visible checkpoint is complete and verifies
+    assert uncommitted(st, ck) == [], "leftovers of the failed saves were not cleaned up"
+    # (The metrics file lives on the same storage: its appends fail too while the
+    # DataNode is down, with a warning. Whether they work again right after it is
+    # back depends on HDFS lease recovery of a block the crash left open: not checked.)
+
+
+# ---------------------------------------------------------------------------
+# S3: the server dies in the middle of a large upload
+
+
+def test_s3_down_during_save_then_back(s3_server, s3_env):
+    st = open_storage(f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}")
+    ck = Checkpointer(st, "job", "_range_0", max_to_keep=2)
+    assert ck.save(snapshot(0))[0] == 0
+
+    big = snapshot(1, mb=160)
+    result = {}
+
+    def save():
+        try:
+            result["number"] = ck.save(big)
+        except BaseException as exc:  # noqa: BLE001 - what the saver thread would see
+            result["error"] = exc
+
+    t = threading.Thread(target=save)
+    t.start()
+    try:
+        # stop the server once the new checkpoint's upload is under way
+        wait_for(lambda: any(e.name == "ckpt-1" for e in st.listdir(ck.dir)) or not t.is_alive(), 60,
+                 "the upload of checkpoint 1")
+        time.sleep(0.3)
+        s3_server.stop(kill=True)
+        t.join(120)
+        assert not t.is_alive(), "the save hangs with the server down"
+    finally:
+        s3_server.start()
+    if "number" in result:
+        pytest.skip("the 160 MB upload finished before the server was stopped (machine too fast?)")
+    err = result["error"]
+    assert isinstance(err, StorageError), repr(err)
+    assert "s3://" in str(err) and s3_server.secret_key not in str(err)
+
+    # after the restart: the half-written checkpoint is invisible to restore ...
+    reader = Checkpointer(open_storage(st.uri), "job", "_range_0")
+    assert reader.committed_numbers() == [0]
+    assert reader.load_latest().manifest.number == 0
+    # ... and the next save succeeds, past the leftover's number, removing it
+    n, _ = ck.save(snapshot(2))
+    assert n == 2 and ck.committed_numbers() == [0, 2] and uncommitted(st, ck) == []
+    assert ck.load_latest().manifest.range.epoch_no == 2
+
+
+def test_s3_save_and_restore_while_server_is_down(s3_server, s3_env):
+    st = open_storage(f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}")
+    ck = Checkpointer(st, "job", "_range_0")
+    ck.save(snapshot(0))
+    s3_server.stop()
+    try:
+        t0 = time.time()
+        with pytest.raises(StorageError) as save_err:
+            ck.save(snapshot(1))
+        with pytest.raises(StorageError) as load_err:  # not None: that would mean "start from scratch"
+            Checkpointer(open_storage(st.uri), "job", "_range_0").load_latest()
+        assert time.time() - t0 < 60
+    finally:
+        s3_server.start()
+    for e in (save_err.value, load_err.value):
+        assert st.uri in str(e), str(e)
+    assert ck.committed_numbers() == [0]
+    assert ck.save(snapshot(1))[0] == 1
+
+
+def test_restore_with_s3_unreachable_fails_clearly(s3_server, s3_env, tmp_path):
+    """The training script itself, restarted while S3 is down, with checkpoints
+    already there: it must stop with a clear error, not train from scratch."""
+    uri = f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}"
+    ck = Checkpointer(open_storage(uri), JOB_ID, "_range_0")
+    ck.save(snapshot(0))
+    s3_server.stop()
+    try:
+        out = tmp_path / "out"
+        proc = run_script(out, uri, "pir", "--epochs", 3, env=s3_server.client_env(), timeout=180)
+    finally:
+        s3_server.start()
+    assert proc.returncode != 0, describe(proc)
+    assert read_log(out) == [], "trained although the checkpoints could not be read:\n" + describe(proc)
+    assert "StorageError" in proc.stderr or "ConfigError" in proc.stderr, describe(proc)
+    assert uri in proc.stderr, describe(proc)
+
+
+# ---------------------------------------------------------------------------
+# credentials
+
+
+@pytest.mark.parametrize("wrong", ["secret", "access"])
+def test_wrong_s3_credentials_clear_error(s3_server, s3_env, monkeypatch, wrong):
+    if wrong == "secret":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-key-42")
+        want = "AWS_SECRET_ACCESS_KEY"
+    else:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody-here")
+        want = "AWS_ACCESS_KEY_ID"
+    st = open_storage(f"s3://{s3_server.bucket}/faults/creds")
+    ck = Checkpointer(st, "job", "_range_0")
+    for attempt in (ck.write_job_marker, lambda: ck.save(snapshot(0)), ck.load_latest):
+        with pytest.raises(StorageError) as err:
+            attempt()
+        msg = str(err.value)
+        assert want in msg and ("credentials" in msg or "key" in msg), msg
+        assert "not-the-secret-key-42" not in msg and s3_server.secret_key not in msg
+
+
+def test_wrong_s3_credentials_in_training_run(s3_server, tmp_path):
+    uri = f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}"
+    env = dict(s3_server.client_env(), AWS_SECRET_ACCESS_KEY="not-the-secret-key-42")
+    proc = run_script(tmp_path / "out", uri, "pir", "--epochs", 2, env=env, timeout=180)
+    assert proc.returncode != 0, describe(proc)
+    assert "AWS_SECRET_ACCESS_KEY" in proc.stderr, describe(proc)
+    assert "not-the-secret-key-42" not in proc.stdout + proc.stderr
+    assert read_log(tmp_path / "out") == []
+
+
+def test_wrong_s3_credentials_in_uri_not_echoed(s3_server, tmp_path):
+    uri = (f"s3://{s3_server.access_key}:not-the-secret-key-42@{s3_server.bucket}/faults/uri-creds"
+           f"?endpoint_override={s3_server.endpoint}&scheme=http&region={s3_server.region}")
+    env = {k: None for k in s3_server.client_env()}
+    proc = run_script(tmp_path / "out", uri, "pir", "--epochs", 2, env=env, timeout=180)
+    assert proc.returncode != 0, describe(proc)
+    assert "secret key is wrong" in proc.stderr or "S3 denied access" in proc.stderr, describe(proc)
+    assert "not-the-secret-key-42" not in proc.stdout + proc.stderr
+
+
+def _all_stored_bytes(st, path=""):
+    """(relative path, bytes) of every file under ``path``."""
+    for e in st.listdir(path):
+        rel = f"{path}/{e.name}" if path else e.name
+        if e.is_dir:
+            yield from _all_stored_bytes(st, rel)
+        else:
+            yield rel, st.read_bytes(rel)
+
+
+@pytest.mark.parametrize("where", ["env", "uri"])
+def test_secrets_never_logged_or_stored(s3_server, tmp_path, where):
+    """A training run must not put the secret key into its output (at DEBUG level),
+    the checkpoint files, the metrics or the job marker."""
+    prefix = f"faults/secret-{uuid.uuid4().hex[:8]}"
+    env = s3_server.client_env()
+    secret = s3_server.secret_key
+    if where == "env":
+        uri = f"s3://{s3_server.bucket}/{prefix}"
+    else:  # credentials and endpoint in the URI, as pyarrow accepts them
+        uri = (f"s3://{s3_server.access_key}:{secret}@{s3_server.bucket}/{prefix}"
+               f"?endpoint_override={s3_server.endpoint}&scheme=http&region={s3_server.region}")
+        env = {k: None for k in env}
+    proc = run_script(tmp_path / "out", uri, "legacy", "--epochs", 2,
+                      env=dict(env, PADDLE_ACP_LOG_LEVEL="DEBUG"), timeout=180)
+    assert proc.returncode == 0, describe(proc)
+    assert secret not in proc.stdout and secret not in proc.stderr, describe(proc)
+    st = s3_server.filesystem()
+    from paddle_acp.storage import Storage
+
+    stored = dict(_all_stored_bytes(Storage(st, f"{s3_server.bucket}/{prefix}", "s3://x", False)))
+    assert any(p.endswith("manifest.json") for p in stored) and any("metrics" in p for p in stored), sorted(stored)
+    leaks = [p for p, data in stored.items() if secret.encode() in data]
+    assert leaks == [], f"the secret key is stored in {leaks}"
+    for p, data in stored.items():
+        if p.endswith(".json"):
+            json.loads(data)  # sanity: we looked at real manifests / job markers
