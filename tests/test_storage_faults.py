@@ -123,7 +123,7 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
     ck = Checkpointer(st, "job", "_range_0", max_to_keep=2)
     assert ck.save(snapshot(0))[0] == 0
 
-    big = snapshot(1, mb=160)
+    big = snapshot(1, mb=256)
     result = {}
 
     def save():
@@ -135,17 +135,16 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
     t = threading.Thread(target=save)
     t.start()
     try:
-        # stop the server once the new checkpoint's upload is under way
+        # stop the server as soon as the new checkpoint's directory exists: its upload is starting
         wait_for(lambda: any(e.name == "ckpt-1" for e in st.listdir(ck.dir)) or not t.is_alive(), 60,
                  "the upload of checkpoint 1")
-        time.sleep(0.3)
         s3_server.stop(kill=True)
         t.join(120)
         assert not t.is_alive(), "the save hangs with the server down"
     finally:
         s3_server.start()
     if "number" in result:
-        pytest.skip("the 160 MB upload finished before the server was stopped (machine too fast?)")
+        pytest.skip("the 256 MB upload finished before the server was stopped (machine too fast?)")
     err = result["error"]
     assert isinstance(err, StorageError), repr(err)
     assert "s3://" in str(err) and s3_server.secret_key not in str(err)
