@@ -186,6 +186,16 @@ class CheckpointSaver:
         return nos[-1] if nos else -1
 
     # -- save ----------------------------------------------------------------
+    def _fresh_cache(self, local_fs, local_cache_path, number, kind, trainer_id):
+        """An empty local staging directory (a directory: a one-file checkpoint must not become a file)."""
+        path = f"{local_cache_path}/{self._checkpoint_prefix}.{number}.{kind}"
+        if trainer_id is not None:
+            path = f"{path}.{trainer_id}"
+        if local_fs.is_exist(path):
+            local_fs.delete(path)
+        local_fs.mkdirs(path)
+        return path
+
     def save_checkpoint(self, path, slists: Sequence[SerializableBase], trainer_id=None, local_cache_path=".cache") -> Tuple[str, int]:
         """Serialize ``slists`` into a new checkpoint under ``path``; returns (its path, its number).
 
@@ -208,12 +218,7 @@ class CheckpointSaver:
         local_fs = _local_fs()
         cache_path = None
         if remote:
-            cache_path = f"{local_cache_path}/{self._checkpoint_prefix}.{number}.saved_cache"
-            if trainer_id is not None:
-                cache_path = f"{cache_path}.{trainer_id}"
-            if local_fs.is_exist(cache_path):
-                local_fs.delete(cache_path)
-            local_fs.mkdirs(cache_path)
+            cache_path = self._fresh_cache(local_fs, local_cache_path, number, "saved_cache", trainer_id)
             saved_path = cache_path
         else:
             fs.mkdirs(tmp_path)
@@ -287,13 +292,7 @@ class CheckpointSaver:
         cache_path = None
         load_path = real_path
         if fs.need_upload_download():
-            cache_path = f"{local_cache_path}/{self._checkpoint_prefix}.{checkpoint_no}.load_cache"
-            if trainer_id is not None:
-                cache_path = f"{cache_path}.{trainer_id}"
-            if local_fs.is_exist(cache_path):
-                local_fs.delete(cache_path)
-            # An existing directory: a one-file checkpoint must not become a file.
-            local_fs.mkdirs(cache_path)
+            cache_path = self._fresh_cache(local_fs, local_cache_path, checkpoint_no, "load_cache", trainer_id)
             load_path = cache_path
         try:
             if cache_path is not None:

@@ -24,14 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scr
 import compat_scenarios as cs  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def static_mode():
-    """Static-graph mode for this module's tests; the previous mode is restored after them."""
-    was_dynamic = paddle.in_dynamic_mode()
-    paddle.enable_static()
-    yield
-    if was_dynamic:
-        paddle.disable_static()
+pytestmark = pytest.mark.usefixtures("static_mode")
 
 IRS = ("pir", "legacy")
 

@@ -18,14 +18,7 @@ from paddle_acp.checkpoint_saver import CheckpointSaver, PaddleModel, Serializab
 from paddle_acp.errors import CheckpointError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def static_mode():
-    """Static-graph mode for this module's tests; the previous mode is restored after them."""
-    was_dynamic = paddle.in_dynamic_mode()
-    paddle.enable_static()
-    yield
-    if was_dynamic:
-        paddle.disable_static()
+pytestmark = pytest.mark.usefixtures("static_mode")
 
 
 class Blob(SerializableBase):
