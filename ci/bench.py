@@ -150,7 +150,6 @@ def bench_one(args):
 
     # -- 3: restore vs raw read ---------------------------------------------------------------
     from paddle_acp.checkpointer import Checkpointer
-    from paddle_acp.snapshot import write_tensors
     from paddle_acp.storage import open_storage
 
     uri = os.path.join(work, "acp")
@@ -165,7 +164,7 @@ def bench_one(args):
         t0 = time.perf_counter()
         loaded = ck.load_latest()
         key = loaded.manifest.programs[0].key
-        write_tensors(scope, paddle.CPUPlace(), loaded.take_program_tensors(key))
+        loaded.write_program(key, scope, paddle.CPUPlace())  # what a restarted job does at first run
         t_acp = time.perf_counter() - t0
         t0 = time.perf_counter()
         with open(os.path.join(work, "raw.bin"), "rb") as f:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 import zlib
+from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
@@ -25,7 +27,7 @@ import numpy as np
 from . import atomic
 from .errors import CorruptCheckpointError, StorageError
 from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord
-from .snapshot import ProgramSnapshot, alloc_buffer, layout
+from .snapshot import ProgramSnapshot, copy_job, alloc_buffer, chunked, inplace_view, layout, run_parallel, scope_tensor, set_tensor
 from .storage import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -50,22 +52,173 @@ class Snapshot:
     waited_seconds: float = 0.0  # of which waiting for the previous save
 
 
-@dataclasses.dataclass
+class _MemorySource:
+    """Verified tensors held in one in-memory image (remote stores: read once)."""
+
+    def __init__(self, arrays: Dict[Tuple[str, str], np.ndarray]):
+        self._arrays = arrays
+
+    def read(self, key: str, rec: TensorRecord) -> np.ndarray:
+        return self._arrays[(key, rec.name)]
+
+    def read_into(self, items) -> None:
+        jobs: list = []
+        for key, rec, view in items:
+            chunked(view, self._arrays[(key, rec.name)], jobs)
+        run_parallel(copy_job, jobs)
+
+    def close(self) -> None:
+        self._arrays.clear()
+
+
+class _FileSource:
+    """Tensors of a verified local data file, read on demand through an open descriptor.
+
+    The file was read and checksummed in full before this source exists; the
+    descriptor keeps that very file (inode) readable even if it is unlinked
+    (retention, ``paddle-acp gc``) before the program first runs. The second
+    read comes from the page cache.
+    """
+
+    def __init__(self, fd: int, path: str):
+        self._fd = fd
+        self._path = path
+
+    def _pread(self, job) -> None:
+        mv, offset = job
+        pos = 0
+        while pos < mv.nbytes:
+            n = os.preadv(self._fd, [mv[pos:]], offset + pos)
+            if n <= 0:
+                raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified (byte {offset + pos})")
+            pos += n
+
+    def read(self, key: str, rec: TensorRecord) -> np.ndarray:
+        arr = np.empty(rec.shape, DTYPES[rec.dtype])
+        if rec.nbytes:
+            self._pread((memoryview(arr.reshape(-1).view(np.uint8)), rec.offset))
+        return arr
+
+    def read_into(self, items) -> None:
+        jobs = []
+        for _key, rec, view in items:
+            mv = memoryview(view.reshape(-1).view(np.uint8))
+            for i in range(0, rec.nbytes, _READ_CHUNK):
+                jobs.append((mv[i:i + _READ_CHUNK], rec.offset + i))
+        run_parallel(self._pread, jobs)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _PendingArrays(MutableMapping):
+    """``(program key, tensor name) -> array`` over the tensors not yet handed out; reads on access."""
+
+    def __init__(self, loaded: "LoadedCheckpoint"):
+        self._ck = loaded
+
+    def __getitem__(self, k):
+        return self._ck._source.read(k[0], self._ck._pending[k])
+
+    def __setitem__(self, k, v):
+        raise TypeError("the arrays of a loaded checkpoint are read-only")
+
+    def __delitem__(self, k):
+        if k not in self._ck._pending:
+            raise KeyError(k)
+        self._ck._forget(k)
+
+    def __iter__(self):
+        return iter(list(self._ck._pending))
+
+    def __len__(self):
+        return len(self._ck._pending)
+
+    def pop(self, k, *default):
+        if k not in self._ck._pending:
+            if default:
+                return default[0]
+            raise KeyError(k)
+        rec = self._ck._pending[k]
+        arr = self._ck._source.read(k[0], rec)
+        self._ck._forget(k)
+        return arr
+
+
 class LoadedCheckpoint:
-    path: str
-    manifest: Manifest
-    arrays: Dict[Tuple[str, str], np.ndarray]  # (program key, tensor name) -> array
+    """A verified checkpoint whose tensors are handed out once each.
+
+    ``arrays`` maps ``(program key, tensor name)`` to the tensors not yet
+    handed out (read on access); ``write_program`` puts one program's tensors
+    straight into a scope. When every tensor has been handed out the data file
+    (or image) is released.
+    """
+
+    def __init__(self, path: str, manifest: Manifest, source):
+        self.path = path
+        self.manifest = manifest
+        self._source = source
+        self._pending: Dict[Tuple[str, str], TensorRecord] = {
+            (p.key, t.name): t for p in manifest.programs for t in p.tensors
+        }
+        if not self._pending:
+            source.close()
+
+    @property
+    def arrays(self) -> _PendingArrays:
+        return _PendingArrays(self)
+
+    def _forget(self, k) -> None:
+        del self._pending[k]
+        if not self._pending:
+            self._source.close()
+
+    def close(self) -> None:
+        self._pending.clear()
+        self._source.close()
 
     def take_program_tensors(self, key: str) -> Dict[str, Tuple[str, np.ndarray]]:
         """The verified arrays of one program; they are handed over (released here)."""
         rec = self.manifest.program(key)
         if rec is None:
             return {}
-        return {t.name: (t.dtype, self.arrays.pop((key, t.name))) for t in rec.tensors}
+        return {t.name: (t.dtype, self.arrays.pop((key, t.name))) for t in rec.tensors if (key, t.name) in self._pending}
+
+    def write_program(self, key: str, scope, place, consume: bool = True) -> int:
+        """Write program ``key``'s pending tensors into ``scope``; returns how many.
+
+        Tensors the scope already holds with the same dtype and shape on the CPU
+        are filled in place (read straight into them, on two threads); others
+        are replaced. With ``consume`` they are handed out (no longer pending).
+        """
+        rec = self.manifest.program(key)
+        if rec is None:
+            return 0
+        inplace, done = [], 0
+        for t in rec.tensors:
+            if (key, t.name) not in self._pending:
+                continue
+            tensor = scope_tensor(scope, t.name)
+            view = inplace_view(tensor, t.dtype, t.shape)
+            if view is not None:
+                inplace.append((key, t, view))
+            else:
+                set_tensor(tensor, self._source.read(key, t), place)
+            done += 1
+        if inplace:
+            self._source.read_into(inplace)
+        if consume:
+            for t in rec.tensors:
+                if (key, t.name) in self._pending:
+                    self._forget((key, t.name))
+        return done
 
 
 _pool: Optional[ThreadPoolExecutor] = None
 _READ_CHUNK = 32 << 20
+_VERIFY_CHUNK = 8 << 20
 
 
 def _crc_pool() -> ThreadPoolExecutor:
@@ -223,10 +376,76 @@ class Checkpointer:
         return m, base, data_path
 
     def load(self, number: int) -> LoadedCheckpoint:
-        """Read and verify checkpoint ``number`` completely; raises CorruptCheckpointError."""
+        """Read and verify checkpoint ``number`` completely; raises CorruptCheckpointError.
+
+        Every tensor's checksum is checked before this returns, so nothing of a
+        corrupt checkpoint can reach a scope. Local files are checksummed as they
+        stream through small buffers and read again (from the page cache) straight
+        into the scope's tensors; remote files are read once into memory.
+        """
         m, base, data_path = self.check_header(number)
-        image = alloc_buffer(m.data_size)
         records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
+        if self.storage.local:
+            return LoadedCheckpoint(base, m, self._verify_local(m, data_path, records))
+        return LoadedCheckpoint(base, m, self._read_verified(m, data_path, records))
+
+    def _verify_local(self, m: Manifest, data_path: str, records) -> "_FileSource":
+        os_path = self.storage.full(data_path)
+        try:
+            fd = os.open(os_path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{data_path} is missing") from None
+        except OSError as exc:
+            raise StorageError(f"opening {self.storage.uri}/{data_path} failed: {exc}") from exc
+        try:
+            if os.fstat(fd).st_size != m.data_size:
+                raise CorruptCheckpointError(f"{data_path} changed size while it was opened")
+            crcs = [0] * len(records)
+            spans = [(off, off + t.nbytes) for off, _key, t in records]
+
+            def crc_chunk(buf: np.ndarray, start: int, n: int, first: int) -> None:
+                end = start + n
+                i = first
+                while i < len(spans) and spans[i][0] < end:
+                    lo, hi = max(spans[i][0], start), min(spans[i][1], end)
+                    if hi > lo:
+                        crcs[i] = zlib.crc32(buf[lo - start:hi - start], crcs[i])
+                    i += 1
+
+            # read on this thread, checksum on the CRC thread, three rotating buffers
+            bufs = [alloc_buffer(_VERIFY_CHUNK) for _ in range(3)]
+            futs = [None, None, None]
+            pos, first, k = 0, 0, 0
+            while pos < m.data_size:
+                slot = k % 3
+                if futs[slot] is not None:
+                    futs[slot].result()
+                n = min(_VERIFY_CHUNK, m.data_size - pos)
+                got = 0
+                mv = memoryview(bufs[slot])
+                while got < n:
+                    r = os.preadv(fd, [mv[got:n]], pos + got)
+                    if r <= 0:
+                        raise CorruptCheckpointError(f"{data_path}: short read at byte {pos + got}")
+                    got += r
+                while first < len(spans) and spans[first][1] <= pos:
+                    first += 1
+                futs[slot] = _crc_pool().submit(crc_chunk, bufs[slot], pos, n, first)
+                pos += n
+                k += 1
+            for f in futs:
+                if f is not None:
+                    f.result()
+            for (off, key, t), crc in zip(records, crcs):
+                if crc != t.crc32:
+                    raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return _FileSource(fd, data_path)
+
+    def _read_verified(self, m: Manifest, data_path: str, records) -> "_MemorySource":
+        image = alloc_buffer(m.data_size)
         pending = []
         nxt = 0
         with self.storage.open_input(data_path) as f:
@@ -252,7 +471,7 @@ class Checkpointer:
             if fut.result() != t.crc32:
                 raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
             arrays[(key, t.name)] = arr
-        return LoadedCheckpoint(base, m, arrays)
+        return _MemorySource(arrays)
 
     def load_latest(self) -> Optional[LoadedCheckpoint]:
         """The newest checkpoint that verifies; older ones are tried in turn."""

@@ -23,7 +23,7 @@ from .metrics import MetricsLog
 from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver
-from .snapshot import Arena, copy_into, layout, write_tensors
+from .snapshot import Arena, copy_into, layout
 from .storage import open_storage, redact
 
 logger = logging.getLogger("paddle_acp")
@@ -292,7 +292,7 @@ class TrainEpochRange:
                 self.name, entry.key, m.number,
             )
             return False
-        entry.restore(self._loaded.take_program_tensors(entry.key), rec.lr_scheduler)
+        entry.restore(self._loaded, rec.lr_scheduler)
         logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
         if not self._loaded.arrays:
             self._release_restore()
@@ -302,7 +302,7 @@ class TrainEpochRange:
         """Every restored program has its state back: drop the loaded arrays."""
         global _hooked
         if self._loaded is not None:
-            self._loaded.arrays.clear()
+            self._loaded.close()
         if _hooked is self and _active is not self:
             _hooked = None
 
@@ -319,9 +319,7 @@ class TrainEpochRange:
 
         scope = paddle.static.global_scope()
         for p in self._loaded.manifest.programs:
-            tensors = {t.name: (t.dtype, self._loaded.arrays[(p.key, t.name)]) for t in p.tensors if (p.key, t.name) in self._loaded.arrays}
-            if tensors:
-                write_tensors(scope, paddle.CPUPlace(), tensors)
+            self._loaded.write_program(p.key, scope, paddle.CPUPlace(), consume=False)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
     @property

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .errors import CheckpointError
 from .programs import ProgramInfo, lr_scheduler_of
-from .snapshot import ProgramSnapshot, tensor_views, write_tensors
+from .snapshot import ProgramSnapshot, tensor_views
 
 logger = logging.getLogger("paddle_acp")
 
@@ -52,8 +52,9 @@ class ProgramEntry:
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)
 
-    def restore(self, tensors, sched_state) -> None:
-        write_tensors(self.scope, self.place, tensors)
+    def restore(self, loaded, sched_state) -> None:
+        """Write this program's tensors from ``loaded`` (a verified checkpoint) and its LR scheduler."""
+        loaded.write_program(self.key, self.scope, self.place)
         sched = lr_scheduler_of(self.program)
         if sched_state is not None:
             if sched is None:

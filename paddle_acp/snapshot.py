@@ -122,9 +122,48 @@ def layout(programs: List[ProgramSnapshot]) -> int:
 _COPY_CHUNK = 32 << 20
 
 
-def _copy_chunks(jobs) -> None:
-    for dst, src in jobs:
-        np.copyto(dst, src, casting="no")
+def run_parallel(fn, jobs, threads: int = 2) -> None:
+    """Run ``fn(job)`` for every job on ``threads`` threads (the jobs release the GIL).
+
+    The first exception raised by any job is re-raised here, after all threads stopped.
+    """
+    if threads <= 1 or len(jobs) <= 1:
+        for j in jobs:
+            fn(j)
+        return
+    import threading
+
+    errors = []
+
+    def work(part):
+        try:
+            for j in part:
+                fn(j)
+        except BaseException as exc:  # re-raised on the calling thread
+            errors.append(exc)
+
+    parts = [jobs[i::threads] for i in range(threads)]
+    workers = [threading.Thread(target=work, args=(part,)) for part in parts[1:]]
+    for w in workers:
+        w.start()
+    work(parts[0])
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+
+
+def copy_job(job) -> None:
+    dst, src = job
+    np.copyto(dst, src, casting="no")
+
+
+def chunked(dst: np.ndarray, src: np.ndarray, jobs: list) -> None:
+    """Append copy jobs of at most ``_COPY_CHUNK`` bytes that copy ``src`` into ``dst`` (same size)."""
+    d = dst.reshape(-1).view(np.uint8)
+    s = src.reshape(-1).view(np.uint8)
+    for i in range(0, d.nbytes, _COPY_CHUNK):
+        jobs.append((d[i:i + _COPY_CHUNK], s[i:i + _COPY_CHUNK]))
 
 
 def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int = 2) -> None:
@@ -134,30 +173,18 @@ def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int =
     releases the GIL while copying): the copy is the whole training stall.
     """
     end = 0
-    jobs = []
+    jobs: list = []
     for p in programs:
         for t in p.tensors:
             if t.offset > end:
                 image[end:t.offset] = 0  # padding: keep the file deterministic
             n = t.array.nbytes
             dst = image[t.offset:t.offset + n]
-            src = t.array.reshape(-1).view(np.uint8) if n else t.array
-            for i in range(0, n, _COPY_CHUNK):
-                jobs.append((dst[i:i + _COPY_CHUNK], src[i:i + _COPY_CHUNK]))
+            if n:
+                chunked(dst, t.array, jobs)
             t.array = dst.view(t.array.dtype).reshape(t.array.shape)
             end = t.offset + n
-    if threads > 1 and len(jobs) > 1:
-        import threading
-
-        parts = [jobs[i::threads] for i in range(threads)]
-        workers = [threading.Thread(target=_copy_chunks, args=(part,)) for part in parts[1:]]
-        for w in workers:
-            w.start()
-        _copy_chunks(parts[0])
-        for w in workers:
-            w.join()
-    else:
-        _copy_chunks(jobs)
+    run_parallel(copy_job, jobs, threads)
 
 
 def find_tensor(scope, name: str):
@@ -185,20 +212,43 @@ def tensor_views(scope, names) -> List[TensorData]:
     return out
 
 
-def write_tensors(scope, place, tensors: Dict[str, Tuple[str, np.ndarray]]) -> None:
-    """Write restored arrays into the scope, in place where shape and dtype match."""
+def inplace_view(tensor, dtype: str, shape) -> Optional[np.ndarray]:
+    """A writable view of ``tensor`` when it already holds ``dtype``/``shape`` on the CPU, else None."""
+    if not tensor._is_initialized() or not tensor._place().is_cpu_place():
+        return None
+    try:
+        cur_dt, view = tensor_view(tensor)
+    except CheckpointError:
+        return None
+    if cur_dt != dtype or view.shape != tuple(shape) or view.size == 0:
+        return None
+    return view
+
+
+def scope_tensor(scope, name: str):
+    var = scope.find_var(name)
+    if var is None:
+        var = scope.var(name)
+    return var.get_tensor()
+
+
+def set_tensor(tensor, arr: np.ndarray, place) -> None:
+    """Replace ``tensor``'s contents with ``arr`` on ``place`` (the executor's; the CPU if None)."""
+    if place is None:
+        import paddle
+
+        place = paddle.CPUPlace()
+    tensor.set(arr, place)
+
+
+def write_tensors(scope, place, tensors: Dict[str, Tuple[str, np.ndarray]], threads: int = 2) -> None:
+    """Write restored arrays into the scope, in place (on ``threads`` threads) where shape and dtype match."""
+    jobs: list = []
     for name, (dt, arr) in tensors.items():
-        var = scope.find_var(name)
-        if var is None:
-            var = scope.var(name)
-        t = var.get_tensor()
-        if t._is_initialized() and t._place().is_cpu_place():
-            try:
-                cur_dt, view = tensor_view(t)
-            except CheckpointError:
-                cur_dt, view = None, None
-            if cur_dt == dt and view is not None and view.shape == arr.shape and arr.size > 0:
-                np.copyto(view, arr, casting="no")
-                continue
-        target = t._place() if t._is_initialized() else place
-        t.set(arr, target)
+        t = scope_tensor(scope, name)
+        view = inplace_view(t, dt, arr.shape)
+        if view is not None:
+            chunked(view, arr, jobs)
+        else:
+            set_tensor(t, arr, place)
+    run_parallel(copy_job, jobs, threads)
