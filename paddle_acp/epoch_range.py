@@ -98,6 +98,7 @@ class TrainEpochRange:
         self.saver = Saver(self._persist, cfg.async_save)
         self._arena = Arena()
         self._arena_thread: Optional[threading.Thread] = None
+        self._seen_program = self._seen_scope = None  # the last registered (program, scope) run
         self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
@@ -233,8 +234,11 @@ class TrainEpochRange:
             program = _paddle_static().default_main_program()
         if scope is None:
             scope = _paddle_static().global_scope()
+        if program is self._seen_program and scope is self._seen_scope:
+            return  # the same registered program as last time: the common case, kept cheap
         inner = unwrap(program)
         if self.registry.lookup(inner, scope) is not None:
+            self._seen_program, self._seen_scope = program, scope
             return
         if getattr(inner, "_is_distributed", False):
             return  # parameter-server programs: their state lives on the servers (as in Paddle)
