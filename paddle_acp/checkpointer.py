@@ -28,6 +28,7 @@ from . import atomic
 from .errors import CorruptCheckpointError, StorageError
 from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord
 from .snapshot import ProgramSnapshot, copy_job, alloc_buffer, chunked, inplace_view, layout, run_parallel, scope_tensor, set_tensor
+from .saver import lower_thread_priority
 from .storage import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -224,7 +225,7 @@ _VERIFY_CHUNK = 8 << 20
 def _crc_pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle-acp-crc")
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle-acp-crc", initializer=lower_thread_priority)
     return _pool
 
 

@@ -22,7 +22,7 @@ from .manifest import RangeRecord
 from .metrics import MetricsLog
 from .programs import program_info, unwrap
 from .registry import Registry
-from .saver import Saver
+from .saver import Saver, lower_thread_priority
 from .snapshot import Arena, copy_into, layout
 from .storage import open_storage, redact
 
@@ -267,9 +267,11 @@ class TrainEpochRange:
             return
         size = layout([e.views() for e in self.registry.entries])
         self._join_arena()
-        self._arena_thread = threading.Thread(
-            target=self._arena.ensure, args=(size,), name="paddle-acp-arena", daemon=True
-        )
+        def prefault():
+            lower_thread_priority()
+            self._arena.ensure(size)
+
+        self._arena_thread = threading.Thread(target=prefault, name="paddle-acp-arena", daemon=True)
         self._arena_thread.start()
 
     def _join_arena(self) -> None:

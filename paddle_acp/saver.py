@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from typing import Callable, Optional
 
 logger = logging.getLogger("paddle_acp")
+
+BACKGROUND_NICE = 10  # added to the nice value of background (save, checksum, prefault) threads
+
+
+def lower_thread_priority() -> None:
+    """Lower the calling thread's CPU priority (Linux: per-thread nice), so that background
+    checkpoint work yields the cores to training instead of competing with it."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (AttributeError, OSError) as exc:  # not Linux, or not permitted: run at normal priority
+        logger.debug("could not lower the priority of %s: %s", threading.current_thread().name, exc)
 
 
 @dataclasses.dataclass
@@ -34,6 +47,8 @@ class Saver:
         self.stats = SaveStats()
 
     def _run(self, snap) -> None:
+        if threading.current_thread() is not threading.main_thread() and self.async_save:
+            lower_thread_priority()
         try:
             self._persist(snap)
         except BaseException as exc:  # reported on the training thread by wait()
