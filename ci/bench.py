@@ -264,7 +264,7 @@ def main():
     ap.add_argument("--params", type=float, default=100e6, help="model parameters (float32); Adam triples the state")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epoch-seconds", type=float, default=20.0, help="epoch length for the end-to-end figure")
-    ap.add_argument("--e2e-epochs", type=int, default=5, help="epochs per run for the end-to-end figure")
+    ap.add_argument("--e2e-epochs", type=int, default=8, help="epochs per run for the end-to-end figure")
     ap.add_argument("--json", default="bench.json")
     ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
     ap.add_argument("--quick", action="store_true", help="tiny model, one round: a smoke run")
