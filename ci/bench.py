@@ -10,7 +10,7 @@ both files are dropped from the page cache first, as after a restart):
   5. end-to-end training with a checkpoint every epoch vs checkpointing off (--e2e-epochs epochs of
      --epoch-seconds each; the run ends when its last checkpoint is committed)
 
-Usage: python ci/bench.py [--ir pir|legacy|both] [--params 100e6] [--rounds 3] [--json FILE] [--quick]
+Usage: python ci/bench.py [--ir pir|legacy|both] [--params 100e6] [--rounds 3] [--only 3,4] [--json FILE] [--quick]
 Prints one line per figure and writes the figures as JSON.
 """
 
@@ -46,6 +46,10 @@ def bench_one(args):
     ir = "legacy" if legacy else "pir"
     work = tempfile.mkdtemp(prefix="acp-bench-", dir=args.dir)
     res = {"ir": ir}
+    only = {int(x) for x in args.only.split(",")} if args.only else {1, 2, 3, 4, 5}
+
+    def want(figure):
+        return figure in only
     width = max(64, int((args.params / 2) ** 0.5))  # two width x width layers
 
     def build(width, layers=2):
@@ -147,113 +151,127 @@ def bench_one(args):
         run_parallel(copy_job, jobs)
         return time.perf_counter() - t0
 
-    hold = max(1.0, state_bytes / 0.3e9)
-    stall_pairs_paddle, stall_pairs_raw, stall_pairs_copy, sync_pairs = [], [], [], []
-    for r in range(args.rounds):
-        stall = statistics.median(acp_epochs(True, 4, 1, hold=hold))
-        t_copy = statistics.median(bare_copy() for _ in range(3))
-        t_paddle = paddle_save(fresh(os.path.join(work, "paddle")))
-        t_raw = raw_write(os.path.join(work, "raw.bin"))
-        stall_pairs_paddle.append((stall, t_paddle))
-        stall_pairs_raw.append((stall, t_raw))
-        stall_pairs_copy.append((stall, t_copy))
-        sync = statistics.median(acp_epochs(False, 4, 1))
-        t_raw2 = raw_write(os.path.join(work, "raw.bin"))
-        sync_pairs.append((t_raw2, sync))  # throughput ratio = raw time / our time
-        log(f"[{ir}] round {r}: stall {stall:.3f}s, bare memcpy {t_copy:.3f}s, paddle save {t_paddle:.3f}s, raw write+fsync {t_raw:.3f}s, sync save {sync:.3f}s, raw {t_raw2:.3f}s")
-    res["stall_vs_paddle"] = median_ratio(stall_pairs_paddle)
-    res["stall_vs_raw_write"] = median_ratio(stall_pairs_raw)
-    res["stall_vs_bare_memcpy"] = median_ratio(stall_pairs_copy)
-    res["bare_memcpy_seconds"] = statistics.median(p[1] for p in stall_pairs_copy)
-    res["stall_seconds"] = statistics.median(p[0] for p in stall_pairs_paddle)
-    res["paddle_save_seconds"] = statistics.median(p[1] for p in stall_pairs_paddle)
-    res["sync_save_throughput_vs_raw"] = median_ratio(sync_pairs)
+    if want(1) or want(2):
+        hold = max(1.0, state_bytes / 0.3e9)
+        stall_pairs_paddle, stall_pairs_raw, stall_pairs_copy, sync_pairs = [], [], [], []
+        for r in range(args.rounds):
+            stall = statistics.median(acp_epochs(True, 4, 1, hold=hold))
+            t_copy = statistics.median(bare_copy() for _ in range(3))
+            t_paddle = paddle_save(fresh(os.path.join(work, "paddle")))
+            t_raw = raw_write(os.path.join(work, "raw.bin"))
+            stall_pairs_paddle.append((stall, t_paddle))
+            stall_pairs_raw.append((stall, t_raw))
+            stall_pairs_copy.append((stall, t_copy))
+            sync = statistics.median(acp_epochs(False, 4, 1))
+            t_raw2 = raw_write(os.path.join(work, "raw.bin"))
+            sync_pairs.append((t_raw2, sync))  # throughput ratio = raw time / our time
+            log(f"[{ir}] round {r}: stall {stall:.3f}s, bare memcpy {t_copy:.3f}s, paddle save {t_paddle:.3f}s, raw write+fsync {t_raw:.3f}s, sync save {sync:.3f}s, raw {t_raw2:.3f}s")
+        res["stall_vs_paddle"] = median_ratio(stall_pairs_paddle)
+        res["stall_vs_raw_write"] = median_ratio(stall_pairs_raw)
+        res["stall_vs_bare_memcpy"] = median_ratio(stall_pairs_copy)
+        res["bare_memcpy_seconds"] = statistics.median(p[1] for p in stall_pairs_copy)
+        res["stall_seconds"] = statistics.median(p[0] for p in stall_pairs_paddle)
+        res["paddle_save_seconds"] = statistics.median(p[1] for p in stall_pairs_paddle)
+        res["sync_save_throughput_vs_raw"] = median_ratio(sync_pairs)
 
     # -- 3: restore vs raw read ---------------------------------------------------------------
-    from paddle_acp.checkpointer import Checkpointer
-    from paddle_acp.storage import open_storage
+    if want(3):
+        if not (want(1) or want(2)):
+            acp_epochs(False, 2, 1)  # a checkpoint to restore, and the same bytes raw
+            raw_write(os.path.join(work, "raw.bin"))
+        from paddle_acp.checkpointer import Checkpointer
+        from paddle_acp.storage import open_storage
 
-    uri = os.path.join(work, "acp")
-    ck = Checkpointer(open_storage(uri), "default", "_range_0")
-    bufs = [np.ones_like(np.array(scope.find_var(n).get_tensor())) for n in names]  # preallocated, touched
-    restore_pairs = []
-    import glob
+        uri = os.path.join(work, "acp")
+        ck = Checkpointer(open_storage(uri), "default", "_range_0")
+        bufs = [np.ones_like(np.array(scope.find_var(n).get_tensor())) for n in names]  # preallocated, touched
+        restore_pairs = []
+        import glob
 
-    for r in range(args.rounds):
-        for p in glob.glob(os.path.join(uri, "default", "range", "_range_0", "ckpt-*", "tensors.bin")) + [os.path.join(work, "raw.bin")]:
-            evict(p)
-        t0 = time.perf_counter()
-        loaded = ck.load_latest()
-        key = loaded.manifest.programs[0].key
-        loaded.write_program(key, scope, paddle.CPUPlace())  # what a restarted job does at first run
-        t_acp = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with open(os.path.join(work, "raw.bin"), "rb") as f:
-            for b in bufs:
-                f.readinto(memoryview(b).cast("B"))
-        t_raw = time.perf_counter() - t0
-        restore_pairs.append((t_raw, t_acp))
-        log(f"[{ir}] round {r}: restore {t_acp:.3f}s, raw read {t_raw:.3f}s")
-    res["restore_throughput_vs_raw_read"] = median_ratio(restore_pairs)
+        for r in range(args.rounds):
+            for p in glob.glob(os.path.join(uri, "default", "range", "_range_0", "ckpt-*", "tensors.bin")) + [os.path.join(work, "raw.bin")]:
+                evict(p)
+            t0 = time.perf_counter()
+            loaded = ck.load_latest()
+            key = loaded.manifest.programs[0].key
+            loaded.write_program(key, scope, paddle.CPUPlace())  # what a restarted job does at first run
+            t_acp = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            with open(os.path.join(work, "raw.bin"), "rb") as f:
+                for b in bufs:
+                    f.readinto(memoryview(b).cast("B"))
+            t_raw = time.perf_counter() - t0
+            restore_pairs.append((t_raw, t_acp))
+            log(f"[{ir}] round {r}: restore {t_acp:.3f}s, raw read {t_raw:.3f}s")
+        res["restore_throughput_vs_raw_read"] = median_ratio(restore_pairs)
 
     # -- 4: hook overhead ---------------------------------------------------------------------
-    with paddle.utils.unique_name.guard("tiny_"):
-        tiny_main, tiny_startup, tiny_loss = build(8, layers=1)
-    tscope = paddle.static.Scope()
-    exe.run(tiny_startup, scope=tscope)
-    tfeed = {"x": np.ones((2, 8), "float32")}
-    os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "hook")), PADDLE_ACP_ASYNC="0")
-    epoch_range.reset()
-    it = acp.train_epoch_range(1, save_checkpoint_inter=10**6)
-    next(it)
-    # fine-grained interleaving (blocks of 50 runs, many rounds): run-to-run drift cancels out
-    block, rounds = 50, (10 if args.quick else 60)
-    hook_pairs = []
-    for r in range(rounds):
+    if want(4):
+        with paddle.utils.unique_name.guard("tiny_"):
+            tiny_main, tiny_startup, tiny_loss = build(8, layers=1)
+        tscope = paddle.static.Scope()
+        exe.run(tiny_startup, scope=tscope)
+        tfeed = {"x": np.ones((2, 8), "float32")}
+        os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "hook")), PADDLE_ACP_ASYNC="0")
+        epoch_range.reset()
+        it = acp.train_epoch_range(1, save_checkpoint_inter=10**6)
+        next(it)
+        # fine-grained interleaving (blocks of 50 runs, many rounds): run-to-run drift cancels out
+        block, rounds = 50, (10 if args.quick else 200)
+        hook_pairs = []
+        def block_time(hooked):
+            (hook.install if hooked else hook.uninstall)()
+            t0 = time.perf_counter()
+            for _ in range(block):
+                exe.run(tiny_main, feed=tfeed, fetch_list=[tiny_loss], scope=tscope)
+            return time.perf_counter() - t0
+
+        for r in range(rounds):
+            if r % 2 == 0:  # ABBA order: whichever block runs first in a pair gets no systematic edge
+                with_hook = block_time(True)
+                without = block_time(False)
+            else:
+                without = block_time(False)
+                with_hook = block_time(True)
+            hook_pairs.append((with_hook, without))
         hook.install()
-        t0 = time.perf_counter()
-        for _ in range(block):
-            exe.run(tiny_main, feed=tfeed, fetch_list=[tiny_loss], scope=tscope)
-        with_hook = time.perf_counter() - t0
-        hook.uninstall()
-        t0 = time.perf_counter()
-        for _ in range(block):
-            exe.run(tiny_main, feed=tfeed, fetch_list=[tiny_loss], scope=tscope)
-        without = time.perf_counter() - t0
-        hook_pairs.append((with_hook, without))
-    hook.install()
-    it.close()
-    os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
-    res["hook_overhead"] = median_ratio(hook_pairs) - 1.0
-    res["hook_us_per_run_without"] = statistics.median(p[1] for p in hook_pairs) / block * 1e6
+        it.close()
+        os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
+        res["hook_overhead"] = median_ratio(hook_pairs) - 1.0
+        res["hook_us_per_run_without"] = statistics.median(p[1] for p in hook_pairs) / block * 1e6
 
     # -- 5: end-to-end ------------------------------------------------------------------------
-    def training_run(on, epochs, steps):
-        if on:
-            os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "e2e")), PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="2")
-        else:
-            os.environ.pop("PADDLE_ACP_CHECKPOINT_URI", None)
-        epoch_range.reset()
-        t0 = time.perf_counter()
-        for _ in acp.train_epoch_range(epochs, save_checkpoint_inter=0):
-            for _ in range(steps):
-                exe.run(main, feed=feed, fetch_list=[loss])
-        return time.perf_counter() - t0  # the range waits for its last checkpoint to commit
+    if want(5):
+        def training_run(on, epochs, steps):
+            if on:
+                os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "e2e")), PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="2")
+            else:
+                os.environ.pop("PADDLE_ACP_CHECKPOINT_URI", None)
+            epoch_range.reset()
+            t0 = time.perf_counter()
+            for _ in acp.train_epoch_range(epochs, save_checkpoint_inter=0):
+                for _ in range(steps):
+                    exe.run(main, feed=feed, fetch_list=[loss])
+            return time.perf_counter() - t0  # the range waits for its last checkpoint to commit
 
-    # steps per epoch so that an epoch lasts ~the time a checkpoint takes to persist, times 10
-    t0 = time.perf_counter()
-    for _ in range(3):
-        exe.run(main, feed=feed, fetch_list=[loss])
-    step = (time.perf_counter() - t0) / 3
-    steps = max(2, int(args.epoch_seconds / step))
-    e2e_pairs = []
-    for r in range(args.rounds):
-        on = training_run(True, args.e2e_epochs, steps)
-        off = training_run(False, args.e2e_epochs, steps)
-        e2e_pairs.append((on, off))
-        log(f"[{ir}] round {r}: training with checkpoints {on:.2f}s, without {off:.2f}s ({steps} steps/epoch)")
-    res["end_to_end_overhead"] = median_ratio(e2e_pairs) - 1.0
-    res["epoch_seconds"] = steps * step
+        # steps per epoch so that an epoch lasts ~the time a checkpoint takes to persist, times 10
+        t0 = time.perf_counter()
+        for _ in range(3):
+            exe.run(main, feed=feed, fetch_list=[loss])
+        step = (time.perf_counter() - t0) / 3
+        steps = max(2, int(args.epoch_seconds / step))
+        e2e_pairs = []
+        for r in range(args.rounds):
+            if r % 2 == 0:  # ABBA order, as for the hook
+                on = training_run(True, args.e2e_epochs, steps)
+                off = training_run(False, args.e2e_epochs, steps)
+            else:
+                off = training_run(False, args.e2e_epochs, steps)
+                on = training_run(True, args.e2e_epochs, steps)
+            e2e_pairs.append((on, off))
+            log(f"[{ir}] round {r}: training with checkpoints {on:.2f}s, without {off:.2f}s ({steps} steps/epoch)")
+        res["end_to_end_overhead"] = median_ratio(e2e_pairs) - 1.0
+        res["epoch_seconds"] = steps * step
     shutil.rmtree(work, ignore_errors=True)
     return res
 
@@ -265,6 +283,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epoch-seconds", type=float, default=20.0, help="epoch length for the end-to-end figure")
     ap.add_argument("--e2e-epochs", type=int, default=8, help="epochs per run for the end-to-end figure")
+    ap.add_argument("--only", default="", help="comma-separated figure numbers to measure (default: all)")
     ap.add_argument("--json", default="bench.json")
     ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
     ap.add_argument("--quick", action="store_true", help="tiny model, one round: a smoke run")
@@ -283,7 +302,7 @@ def main():
             env["FLAGS_enable_pir_api"] = "0"
         else:
             env.pop("FLAGS_enable_pir_api", None)
-        cmd = [sys.executable, os.path.abspath(__file__), "--_child", "--params", str(args.params), "--rounds", str(args.rounds), "--epoch-seconds", str(args.epoch_seconds), "--e2e-epochs", str(args.e2e_epochs)]
+        cmd = [sys.executable, os.path.abspath(__file__), "--_child", "--params", str(args.params), "--rounds", str(args.rounds), "--epoch-seconds", str(args.epoch_seconds), "--e2e-epochs", str(args.e2e_epochs), "--only", args.only]
         if args.dir:
             cmd += ["--dir", args.dir]
         if args.quick:
@@ -299,13 +318,17 @@ def main():
         results.append(json.loads(lines[-1][7:]))
     for r in results:
         ir = r["ir"]
-        print(f"{ir}: 1. stall per checkpoint / Paddle's save path = {r['stall_vs_paddle']:.3f} ({r['stall_seconds']:.3f}s vs {r['paddle_save_seconds']:.3f}s; target <= 0.1)")
-        print(f"{ir}: 1. stall per checkpoint / raw write+fsync = {r['stall_vs_raw_write']:.3f}")
-        print(f"{ir}: 1. stall per checkpoint / bare memcpy of the state (the floor) = {r['stall_vs_bare_memcpy']:.3f} ({r['bare_memcpy_seconds']:.3f}s)")
-        print(f"{ir}: 2. sync save throughput / raw write+fsync = {r['sync_save_throughput_vs_raw']:.3f} (target >= 0.8)")
-        print(f"{ir}: 3. restore throughput / raw read = {r['restore_throughput_vs_raw_read']:.3f} (target >= 0.8)")
-        print(f"{ir}: 4. hook overhead on a tiny exe.run = {100 * r['hook_overhead']:+.2f}% (target <= 2%)")
-        print(f"{ir}: 5. end-to-end, checkpoint every epoch vs off = {100 * r['end_to_end_overhead']:+.2f}% (target <= 3%)")
+        if "stall_vs_paddle" in r:
+            print(f"{ir}: 1. stall per checkpoint / Paddle's save path = {r['stall_vs_paddle']:.3f} ({r['stall_seconds']:.3f}s vs {r['paddle_save_seconds']:.3f}s; target <= 0.1)")
+            print(f"{ir}: 1. stall per checkpoint / raw write+fsync = {r['stall_vs_raw_write']:.3f}")
+            print(f"{ir}: 1. stall per checkpoint / bare memcpy of the state (the floor) = {r['stall_vs_bare_memcpy']:.3f} ({r['bare_memcpy_seconds']:.3f}s)")
+            print(f"{ir}: 2. sync save throughput / raw write+fsync = {r['sync_save_throughput_vs_raw']:.3f} (target >= 0.8)")
+        if "restore_throughput_vs_raw_read" in r:
+            print(f"{ir}: 3. restore throughput / raw read = {r['restore_throughput_vs_raw_read']:.3f} (target >= 0.8)")
+        if "hook_overhead" in r:
+            print(f"{ir}: 4. hook overhead on a tiny exe.run = {100 * r['hook_overhead']:+.2f}% (target <= 2%)")
+        if "end_to_end_overhead" in r:
+            print(f"{ir}: 5. end-to-end, checkpoint every epoch vs off = {100 * r['end_to_end_overhead']:+.2f}% (target <= 3%)")
     with open(args.json, "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "results": results}, f, indent=2)
     print(f"wrote {args.json}")

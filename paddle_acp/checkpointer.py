@@ -229,6 +229,15 @@ def _crc_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _advise(fd: int, what: str, offset: int, length: int) -> None:
+    advice = getattr(os, what, None)
+    if advice is not None:
+        try:
+            os.posix_fadvise(fd, offset, length, advice)
+        except OSError:  # advice only
+            pass
+
+
 def crc32(arr: np.ndarray) -> int:
     return zlib.crc32(memoryview(arr).cast("B")) & 0xFFFFFFFF if arr.nbytes else 0
 
@@ -401,6 +410,7 @@ class Checkpointer:
         try:
             if os.fstat(fd).st_size != m.data_size:
                 raise CorruptCheckpointError(f"{data_path} changed size while it was opened")
+            _advise(fd, "POSIX_FADV_SEQUENTIAL", 0, 0)  # larger readahead
             crcs = [0] * len(records)
             spans = [(off, off + t.nbytes) for off, _key, t in records]
 
