@@ -137,16 +137,6 @@ class _PendingArrays(MutableMapping):
     def __len__(self):
         return len(self._ck._pending)
 
-    def pop(self, k, *default):
-        if k not in self._ck._pending:
-            if default:
-                return default[0]
-            raise KeyError(k)
-        rec = self._ck._pending[k]
-        arr = self._ck._source.read(k[0], rec)
-        self._ck._forget(k)
-        return arr
-
 
 class LoadedCheckpoint:
     """A verified checkpoint whose tensors are handed out once each.
@@ -179,13 +169,6 @@ class LoadedCheckpoint:
     def close(self) -> None:
         self._pending.clear()
         self._source.close()
-
-    def take_program_tensors(self, key: str) -> Dict[str, Tuple[str, np.ndarray]]:
-        """The verified arrays of one program; they are handed over (released here)."""
-        rec = self.manifest.program(key)
-        if rec is None:
-            return {}
-        return {t.name: (t.dtype, self.arrays.pop((key, t.name))) for t in rec.tensors if (key, t.name) in self._pending}
 
     def write_program(self, key: str, scope, place, consume: bool = True) -> int:
         """Write program ``key``'s pending tensors into ``scope``; returns how many.

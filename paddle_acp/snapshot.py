@@ -255,16 +255,3 @@ def set_tensor(tensor, arr: np.ndarray, place) -> None:
 
         place = paddle.CPUPlace()
     tensor.set(arr, place)
-
-
-def write_tensors(scope, place, tensors: Dict[str, Tuple[str, np.ndarray]], threads: int = 2) -> None:
-    """Write restored arrays into the scope, in place (on ``threads`` threads) where shape and dtype match."""
-    jobs: list = []
-    for name, (dt, arr) in tensors.items():
-        t = scope_tensor(scope, name)
-        view = inplace_view(t, dt, arr.shape)
-        if view is not None:
-            chunked(view, arr, jobs)
-        else:
-            set_tensor(t, arr, place)
-    run_parallel(copy_job, jobs, threads)
