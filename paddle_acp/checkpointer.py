@@ -27,8 +27,8 @@ import numpy as np
 from . import atomic
 from .errors import CorruptCheckpointError, StorageError
 from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord
-from .snapshot import ProgramSnapshot, copy_job, alloc_buffer, chunked, inplace_view, layout, run_parallel, scope_tensor, set_tensor
 from .saver import lower_thread_priority
+from .snapshot import ProgramSnapshot, alloc_buffer, chunked, copy_job, inplace_view, layout, run_parallel, scope_tensor, set_tensor
 from .storage import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -127,9 +127,7 @@ class _PendingArrays(MutableMapping):
         raise TypeError("the arrays of a loaded checkpoint are read-only")
 
     def __delitem__(self, k):
-        if k not in self._ck._pending:
-            raise KeyError(k)
-        self._ck._forget(k)
+        self._ck._forget(k)  # KeyError when not pending
 
     def __iter__(self):
         return iter(list(self._ck._pending))
@@ -210,15 +208,6 @@ def _crc_pool() -> ThreadPoolExecutor:
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle-acp-crc", initializer=lower_thread_priority)
     return _pool
-
-
-def _advise(fd: int, what: str, offset: int, length: int) -> None:
-    advice = getattr(os, what, None)
-    if advice is not None:
-        try:
-            os.posix_fadvise(fd, offset, length, advice)
-        except OSError:  # advice only
-            pass
 
 
 def crc32(arr: np.ndarray) -> int:
@@ -393,7 +382,8 @@ class Checkpointer:
         try:
             if os.fstat(fd).st_size != m.data_size:
                 raise CorruptCheckpointError(f"{data_path} changed size while it was opened")
-            _advise(fd, "POSIX_FADV_SEQUENTIAL", 0, 0)  # larger readahead
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
             crcs = [0] * len(records)
             spans = [(off, off + t.nbytes) for off, _key, t in records]
 

@@ -267,6 +267,7 @@ class TrainEpochRange:
             return
         size = layout([e.views() for e in self.registry.entries])
         self._join_arena()
+
         def prefault():
             lower_thread_priority()
             self._arena.ensure(size)

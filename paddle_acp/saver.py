@@ -47,7 +47,7 @@ class Saver:
         self.stats = SaveStats()
 
     def _run(self, snap) -> None:
-        if threading.current_thread() is not threading.main_thread() and self.async_save:
+        if self.async_save:  # on the background thread (sync saves run on the caller's)
             lower_thread_priority()
         try:
             self._persist(snap)
