@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import time
-import zlib
 from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
@@ -26,7 +25,7 @@ import numpy as np
 
 from . import atomic
 from .errors import CorruptCheckpointError, StorageError
-from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, Manifest, ProgramRecord, RangeRecord, TensorRecord
+from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, VERSION, Manifest, ProgramRecord, RangeRecord, TensorRecord, checksum_function
 from .saver import lower_thread_priority
 from .snapshot import ProgramSnapshot, alloc_buffer, chunked, copy_job, inplace_view, layout, run_parallel, scope_tensor, set_tensor
 from .storage import Storage
@@ -210,8 +209,9 @@ def _crc_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def crc32(arr: np.ndarray) -> int:
-    return zlib.crc32(memoryview(arr).cast("B")) & 0xFFFFFFFF if arr.nbytes else 0
+def checksum(arr: np.ndarray, version: int = VERSION) -> int:
+    """The checksum of a C-contiguous array's bytes, as a manifest of ``version`` records it."""
+    return checksum_function(version)(memoryview(arr).cast("B"), 0) & 0xFFFFFFFF if arr.nbytes else 0
 
 
 def job_dir(job_id: str) -> str:
@@ -269,7 +269,7 @@ class Checkpointer:
         size = snap.data_size
         tensors = [t for p in snap.programs for t in p.tensors]
         # checksums on a second core while this thread writes (both release the GIL)
-        crcs = [_crc_pool().submit(crc32, t.array) for t in tensors]
+        crcs = [_crc_pool().submit(checksum, t.array) for t in tensors]
         path = f"{pending.path}/{DATA_NAME}"
         if snap.image is not None:
             written = st.write_image(path, snap.image, size)
@@ -385,6 +385,7 @@ class Checkpointer:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
             crcs = [0] * len(records)
+            fn = m.checksum
             spans = [(off, off + t.nbytes) for off, _key, t in records]
 
             def crc_chunk(buf: np.ndarray, start: int, n: int, first: int) -> None:
@@ -393,7 +394,7 @@ class Checkpointer:
                 while i < len(spans) and spans[i][0] < end:
                     lo, hi = max(spans[i][0], start), min(spans[i][1], end)
                     if hi > lo:
-                        crcs[i] = zlib.crc32(buf[lo - start:hi - start], crcs[i])
+                        crcs[i] = fn(buf[lo - start:hi - start], crcs[i])
                     i += 1
 
             # read on this thread, checksum on the CRC thread, three rotating buffers
@@ -421,7 +422,7 @@ class Checkpointer:
                 if f is not None:
                     f.result()
             for (off, key, t), crc in zip(records, crcs):
-                if crc != t.crc32:
+                if (crc & 0xFFFFFFFF) != t.checksum:
                     raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
         except BaseException:
             os.close(fd)
@@ -443,16 +444,16 @@ class Checkpointer:
                 while nxt < len(records) and records[nxt][0] + records[nxt][2].nbytes <= pos:
                     off, key, t = records[nxt]
                     arr = image[off:off + t.nbytes].view(DTYPES[t.dtype]).reshape(t.shape)
-                    pending.append((key, t, arr, _crc_pool().submit(crc32, arr)))
+                    pending.append((key, t, arr, _crc_pool().submit(checksum, arr, m.version)))
                     nxt += 1
         while nxt < len(records):  # zero-size tensors at the very end
             off, key, t = records[nxt]
             arr = np.empty(t.shape, DTYPES[t.dtype])
-            pending.append((key, t, arr, _crc_pool().submit(crc32, arr)))
+            pending.append((key, t, arr, _crc_pool().submit(checksum, arr, m.version)))
             nxt += 1
         arrays: Dict[Tuple[str, str], np.ndarray] = {}
         for key, t, arr, fut in pending:
-            if fut.result() != t.crc32:
+            if fut.result() != t.checksum:
                 raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
             arrays[(key, t.name)] = arr
         return _MemorySource(arrays)

@@ -11,14 +11,19 @@ import json
 import math
 import re
 import zlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+import crc32c
 import numpy as np
 
 from .errors import CorruptCheckpointError
 
 FORMAT = "paddle-acp/checkpoint"
-VERSION = 1
+VERSION = 2  # what this paddle-acp writes
+# version -> the checksum of each tensor's bytes (also its JSON key). Version 1 is still read.
+TENSOR_CHECKSUMS: Dict[int, str] = {1: "crc32", 2: "crc32c"}
+# (data, running value) -> value: both release the GIL; CRC32C uses the CPU's crc32 instruction
+_CHECKSUM_FUNCTIONS: Dict[str, Callable[[Any, int], int]] = {"crc32": zlib.crc32, "crc32c": crc32c.crc32c}
 MANIFEST_NAME = "manifest.json"
 DATA_NAME = "tensors.bin"
 ALIGN = 64
@@ -64,6 +69,11 @@ def _get(d: Dict[str, Any], key: str, types, where: str, optional: bool = False)
     return value
 
 
+def checksum_function(version: int) -> Callable[[Any, int], int]:
+    """The tensor checksum of a manifest ``version``: ``f(buffer, running_value) -> int``, chainable."""
+    return _CHECKSUM_FUNCTIONS[TENSOR_CHECKSUMS[version]]
+
+
 def check_file_name(name: str, where: str = "file") -> str:
     if not isinstance(name, str) or not _FILE_RE.match(name) or ".." in name:
         raise _fail(f"{where} name {name!r} is not a plain file name inside the checkpoint")
@@ -77,13 +87,15 @@ class TensorRecord:
     shape: List[int]
     offset: int
     nbytes: int
-    crc32: int
+    checksum: int  # of the tensor's bytes, with the manifest version's algorithm
 
-    def to_json(self):
-        return dataclasses.asdict(self)
+    def to_json(self, version: int = VERSION):
+        d = dataclasses.asdict(self)
+        d[TENSOR_CHECKSUMS[version]] = d.pop("checksum")
+        return d
 
     @classmethod
-    def from_json(cls, d, where):
+    def from_json(cls, d, where, version: int = VERSION):
         name = _get(d, "name", str, where)
         if not name or len(name) > 4096:
             raise _fail(f"{where}.name is empty or too long")
@@ -95,9 +107,10 @@ class TensorRecord:
             raise _fail(f"{where}.shape {shape!r} is not a list of non-negative integers")
         offset = _get(d, "offset", int, where)
         nbytes = _get(d, "nbytes", int, where)
-        crc = _get(d, "crc32", int, where)
+        algorithm = TENSOR_CHECKSUMS[version]
+        crc = _get(d, algorithm, int, where)
         if offset < 0 or nbytes < 0 or not 0 <= crc < 2**32:
-            raise _fail(f"{where}: negative offset/size or bad crc32")
+            raise _fail(f"{where}: negative offset/size or bad {algorithm}")
         expected = math.prod(shape) * DTYPES[dtype].itemsize
         if expected != nbytes:
             raise _fail(f"{where}: nbytes {nbytes} does not match shape {shape} of {dtype} ({expected})")
@@ -111,23 +124,23 @@ class ProgramRecord:
     tensors: List[TensorRecord]
     lr_scheduler: Optional[Dict[str, Any]] = None
 
-    def to_json(self):
+    def to_json(self, version: int = VERSION):
         return {
             "key": self.key,
             "label": self.label,
             "lr_scheduler": self.lr_scheduler,
-            "tensors": [t.to_json() for t in self.tensors],
+            "tensors": [t.to_json(version) for t in self.tensors],
         }
 
     @classmethod
-    def from_json(cls, d, where):
+    def from_json(cls, d, where, version: int = VERSION):
         key = _get(d, "key", str, where)
         if not key:
             raise _fail(f"{where}.key is empty")
         label = _get(d, "label", str, where)
         sched = _get(d, "lr_scheduler", dict, where, optional=True)
         raw = _get(d, "tensors", list, where)
-        tensors = [TensorRecord.from_json(t, f"{where}.tensors[{i}]") for i, t in enumerate(raw)]
+        tensors = [TensorRecord.from_json(t, f"{where}.tensors[{i}]", version) for i, t in enumerate(raw)]
         names = [t.name for t in tensors]
         if len(set(names)) != len(names):
             raise _fail(f"{where} lists a tensor twice")
@@ -168,18 +181,19 @@ class Manifest:
     paddle_version: str = ""
     ir: str = ""
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    version: int = VERSION
 
     def to_json(self) -> Dict[str, Any]:
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": self.version,
             "number": self.number,
             "created": self.created,
             "paddle_version": self.paddle_version,
             "ir": self.ir,
             "range": self.range.to_json(),
             "rng": self.rng,
-            "programs": [p.to_json() for p in self.programs],
+            "programs": [p.to_json(self.version) for p in self.programs],
             "files": {DATA_NAME: {"size": self.data_size}},
             "extra": self.extra,
         }
@@ -192,6 +206,11 @@ class Manifest:
             if p.key == key:
                 return p
         return None
+
+    @property
+    def checksum(self) -> Callable[[Any, int], int]:
+        """The function that checks this manifest's tensors (see :func:`checksum_function`)."""
+        return checksum_function(self.version)
 
     @property
     def total_bytes(self) -> int:
@@ -221,8 +240,9 @@ class Manifest:
         if d.get("format") != FORMAT:
             raise _fail(f"format is {d.get('format')!r}, expected {FORMAT!r}")
         version = _get(d, "version", int, "manifest")
-        if version != VERSION:
-            raise _fail(f"version {version} is not supported (this paddle-acp reads version {VERSION})")
+        if version not in TENSOR_CHECKSUMS:
+            readable = ", ".join(str(v) for v in sorted(TENSOR_CHECKSUMS))
+            raise _fail(f"version {version} is not supported (this paddle-acp reads versions {readable})")
         number = _get(d, "number", int, "manifest")
         created = _get(d, "created", (int, float), "manifest")
         rng = _get(d, "rng", dict, "manifest", optional=True)
@@ -234,7 +254,7 @@ class Manifest:
         data_size = _get(files[DATA_NAME], "size", int, f"files.{DATA_NAME}")
         if data_size < 0:
             raise _fail("negative data size")
-        programs = [ProgramRecord.from_json(p, f"programs[{i}]") for i, p in enumerate(_get(d, "programs", list, "manifest"))]
+        programs = [ProgramRecord.from_json(p, f"programs[{i}]", version) for i, p in enumerate(_get(d, "programs", list, "manifest"))]
         keys = [p.key for p in programs]
         if len(set(keys)) != len(keys):
             raise _fail("a program key is listed twice")
@@ -253,6 +273,7 @@ class Manifest:
             paddle_version=_get(d, "paddle_version", str, "manifest"),
             ir=_get(d, "ir", str, "manifest"),
             extra=extra,
+            version=version,
         )
 
 

@@ -26,7 +26,6 @@ import re
 import statistics
 import sys
 import time
-import zlib
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
@@ -390,6 +389,7 @@ def _read_checkpoint(storage, job, range_name, number, want, quiet=False, verb="
             arr = np.empty(t.shape, DTYPES[t.dtype]) if keep else None
             buf = memoryview(arr).cast("B") if keep and t.nbytes else None
             crc, pos = 0, 0
+            fn = m.checksum
             if t.nbytes:
                 f.seek(off)
             while pos < t.nbytes:
@@ -397,12 +397,12 @@ def _read_checkpoint(storage, job, range_name, number, want, quiet=False, verb="
                 chunk = f.read(n)
                 if len(chunk) != n:
                     raise CorruptCheckpointError(f"{data_path}: short read of tensor {t.name!r}")
-                crc = zlib.crc32(chunk, crc)
+                crc = fn(chunk, crc)
                 if buf is not None:
                     buf[pos : pos + n] = chunk
                 pos += n
                 prog.update(n)
-            if (crc & 0xFFFFFFFF) != t.crc32:
+            if (crc & 0xFFFFFFFF) != t.checksum:
                 raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
             if keep:
                 out[(key, t.name)] = arr

@@ -2,13 +2,14 @@
 
 import json
 import math
+import zlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.manifest import DTYPES, Manifest, ProgramRecord, RangeRecord, TensorRecord, seal
+from paddle_acp.manifest import DTYPES, TENSOR_CHECKSUMS, VERSION, Manifest, ProgramRecord, RangeRecord, TensorRecord, checksum_function, seal
 
 names = st.text(min_size=1, max_size=40)
 dtype_names = st.sampled_from(sorted(DTYPES))
@@ -43,6 +44,7 @@ def manifests(draw):
         paddle_version=draw(st.text(max_size=10)),
         ir=draw(st.sampled_from(["pir", "legacy", "legacy+pir", ""])),
         extra=draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3)),
+        version=draw(st.sampled_from(sorted(TENSOR_CHECKSUMS))),
     )
 
 
@@ -85,9 +87,45 @@ def test_mutated_documents_never_crash(m, data):
         pass
 
 
-def _valid_doc():
+def _valid_doc(version=VERSION):
     t = TensorRecord("w", "float32", [2, 2], 0, 16, 1)
-    return Manifest(1, 0.0, RangeRecord("_range_0", 0, 3), [ProgramRecord("k", "l", [t])], 16).to_json()
+    return Manifest(1, 0.0, RangeRecord("_range_0", 0, 3), [ProgramRecord("k", "l", [t])], 16, version=version).to_json()
+
+
+def test_checksum_key_follows_the_version():
+    """Version 1 (written by paddle-acp 0.1) keys each tensor's zlib CRC32 as "crc32";
+    version 2 keys its CRC32C as "crc32c". Each is read back with its own algorithm."""
+    assert TENSOR_CHECKSUMS == {1: "crc32", 2: "crc32c"} and VERSION == 2
+    for version, key in TENSOR_CHECKSUMS.items():
+        doc = _valid_doc(version)
+        assert doc["version"] == version and doc["programs"][0]["tensors"][0][key] == 1
+        m = Manifest.loads(seal(doc))
+        assert m.version == version and m.programs[0].tensors[0].checksum == 1
+        other = TENSOR_CHECKSUMS[3 - version]
+        doc["programs"][0]["tensors"][0][other] = doc["programs"][0]["tensors"][0].pop(key)
+        with pytest.raises(CorruptCheckpointError, match=f"{key} is missing"):
+            Manifest.loads(seal(doc))
+
+
+def test_checksum_functions_are_the_standard_ones():
+    # the catalogued check values of CRC-32 (zlib) and CRC-32C (Castagnoli) for "123456789"
+    assert checksum_function(1)(b"123456789", 0) == 0xCBF43926
+    assert checksum_function(2)(b"123456789", 0) == 0xE3069283
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3000), st.data(), st.sampled_from(sorted(TENSOR_CHECKSUMS)))
+def test_checksums_chain_across_any_split(data, draw, version):
+    """The restore path checksums a tensor piecewise as it streams: any split gives the same value."""
+    fn = checksum_function(version)
+    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=5)))
+    value, prev = 0, 0
+    for c in cuts + [len(data)]:
+        value = fn(data[prev:c], value)
+        prev = c
+    assert value == fn(data, 0)
+    if version == 1:
+        assert value == zlib.crc32(data)
 
 
 @pytest.mark.parametrize(

@@ -151,3 +151,53 @@ def test_tensor_view_matches_after_restore(static_mode, tmp_path):
     for n, a in saved.items():
         _dt, view = tensor_view(scope.find_var(n).get_tensor())
         assert view.tobytes() == a.tobytes()
+
+
+def rewrite_as_version_1(root, n):
+    """Turn checkpoint ``n`` into what paddle-acp 0.1 wrote: manifest version 1, zlib CRC32 per tensor."""
+    import zlib
+
+    from paddle_acp.manifest import MANIFEST_NAME, Manifest
+
+    mpath = os.path.join(os.path.dirname(data_file(root, n)), MANIFEST_NAME)
+    with open(mpath, "rb") as f:
+        m = Manifest.loads(f.read())
+    with open(data_file(root, n), "rb") as f:
+        data = f.read()
+    for p in m.programs:
+        for t in p.tensors:
+            t.checksum = zlib.crc32(data[t.offset:t.offset + t.nbytes])
+    m.version = 1
+    raw = m.dumps()
+    assert b'"crc32":' in raw and b'"crc32c"' not in raw and b'"version": 1' in raw
+    with open(mpath, "wb") as f:
+        f.write(raw)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_version_1_checkpoints_still_restore_and_verify(tmp_path, local):
+    """Checkpoints written before the switch to CRC32C load, verify, and still catch corruption."""
+    from paddle_acp.tools import verify_checkpoint
+
+    rng = np.random.default_rng(5)
+    arrays = {"w": rng.standard_normal((300, 7)).astype(np.float32), "b": np.arange(9, dtype=np.int64), "e": np.zeros(0, np.float32)}
+    st_ = open_storage(str(tmp_path))
+    st_.local = local
+    ck = Checkpointer(st_, "job", "_range_0")
+    ck.save(snapshot(0, arrays))
+    rewrite_as_version_1(tmp_path, 0)
+    assert ck.read_manifest(0).version == 1
+    assert verify_checkpoint(st_, "job", "_range_0", 0, quiet=True).version == 1
+    loaded = ck.load(0)
+    for name, a in arrays.items():
+        assert loaded.arrays[("k", name)].tobytes() == a.tobytes()
+    loaded.close()
+    with open(data_file(tmp_path, 0), "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch in tensor 'w'"):
+        ck.load(0)
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch in tensor 'w'"):
+        verify_checkpoint(st_, "job", "_range_0", 0, quiet=True)
