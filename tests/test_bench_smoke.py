@@ -15,7 +15,7 @@ def test_bench_quick(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(out.read_text())["results"][0]
     for key in ("stall_vs_paddle", "stall_vs_raw_write", "sync_save_throughput_vs_raw",
-                "restore_throughput_vs_raw_read", "hook_overhead", "end_to_end_overhead"):
+                "restore_throughput_vs_raw_read", "hook_overhead", "hook_us_per_call", "end_to_end_overhead"):
         assert isinstance(res[key], float) and res[key] == res[key]
     assert "5. end-to-end" in p.stdout
 
