@@ -93,7 +93,7 @@ def _valid_doc(version=VERSION):
 
 
 def test_checksum_key_follows_the_version():
-    """Version 1 (written by paddle-acp 0.1) keys each tensor's zlib CRC32 as "crc32";
+    """Version 1 (written before the switch to CRC32C) keys each tensor's zlib CRC32 as "crc32";
     version 2 keys its CRC32C as "crc32c". Each is read back with its own algorithm."""
     assert TENSOR_CHECKSUMS == {1: "crc32", 2: "crc32c"} and VERSION == 2
     for version, key in TENSOR_CHECKSUMS.items():

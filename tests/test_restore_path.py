@@ -154,7 +154,7 @@ def test_tensor_view_matches_after_restore(static_mode, tmp_path):
 
 
 def rewrite_as_version_1(root, n):
-    """Turn checkpoint ``n`` into what paddle-acp 0.1 wrote: manifest version 1, zlib CRC32 per tensor."""
+    """Turn checkpoint ``n`` into what paddle-acp wrote before CRC32C: manifest version 1, zlib CRC32 per tensor."""
     import zlib
 
     from paddle_acp.manifest import MANIFEST_NAME, Manifest
