@@ -376,6 +376,7 @@ def _read_checkpoint(storage, job, range_name, number, want, quiet=False, verb="
 
     m, base, data_path = Checkpointer(storage, job, range_name).check_header(number)
     records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
+    checksum = m.checksum
     out = {}
     total = sum(t.nbytes for _, _, t in records)
     label = f"{verb} {uri_join(storage.uri, base)}"
@@ -389,7 +390,6 @@ def _read_checkpoint(storage, job, range_name, number, want, quiet=False, verb="
             arr = np.empty(t.shape, DTYPES[t.dtype]) if keep else None
             buf = memoryview(arr).cast("B") if keep and t.nbytes else None
             crc, pos = 0, 0
-            fn = m.checksum
             if t.nbytes:
                 f.seek(off)
             while pos < t.nbytes:
@@ -397,12 +397,12 @@ def _read_checkpoint(storage, job, range_name, number, want, quiet=False, verb="
                 chunk = f.read(n)
                 if len(chunk) != n:
                     raise CorruptCheckpointError(f"{data_path}: short read of tensor {t.name!r}")
-                crc = fn(chunk, crc)
+                crc = checksum(chunk, crc)
                 if buf is not None:
                     buf[pos : pos + n] = chunk
                 pos += n
                 prog.update(n)
-            if (crc & 0xFFFFFFFF) != t.checksum:
+            if crc != t.checksum:
                 raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
             if keep:
                 out[(key, t.name)] = arr
