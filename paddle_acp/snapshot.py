@@ -118,6 +118,10 @@ class Arena:
             self.buf = alloc_buffer(padded)
         return self.buf
 
+    def release(self) -> None:
+        """Unmap the buffer now (views into it must be gone), not whenever the cyclic GC runs."""
+        self.buf = None
+
     @property
     def nbytes(self) -> int:
         return 0 if self.buf is None else self.buf.nbytes
