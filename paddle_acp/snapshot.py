@@ -65,6 +65,7 @@ def tensor_view(tensor) -> Tuple[str, np.ndarray]:
 
 
 PAGE = 4096
+HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KB base pages) transparent huge page size
 
 
 _MADV_POPULATE_WRITE = getattr(__import__("mmap"), "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
@@ -79,6 +80,13 @@ def alloc_buffer(size: int) -> np.ndarray:
     (``MADV_POPULATE_WRITE``) so that the training thread's own mmap/munmap
     calls, which need the same address-space lock, are never held up for long
     while this runs in the background; older kernels get ``MAP_POPULATE``.
+
+    The buffer asks for transparent huge pages (``MADV_HUGEPAGE``; 2 MB pages
+    where the kernel grants them). On this project's VMs (free page reporting
+    to the host) a resident 1.2 GB buffer of 4 KB pages kept the kernel
+    reporting Paddle's freed step memory to the host, which Paddle then faulted
+    back in: training steps ran 2-20% slower for as long as the buffer lived.
+    With huge pages nothing was reported and steps ran at their normal speed.
     """
     import mmap
 
@@ -89,6 +97,10 @@ def alloc_buffer(size: int) -> np.ndarray:
         mm = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
     except (OSError, ValueError, TypeError):
         return np.empty(size, dtype=np.uint8)
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)  # see the docstring
+    except (OSError, ValueError, AttributeError):  # no transparent huge pages here
+        pass
     try:
         for off in range(0, size, _POPULATE_CHUNK):
             mm.madvise(_MADV_POPULATE_WRITE, off, min(_POPULATE_CHUNK, size - off))
@@ -112,7 +124,7 @@ class Arena:
         self.buf: Optional[np.ndarray] = None
 
     def ensure(self, size: int) -> np.ndarray:
-        padded = max(PAGE, (size + PAGE - 1) // PAGE * PAGE)
+        padded = max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)  # whole huge pages
         if self.buf is None or self.buf.nbytes < padded:
             self.buf = None  # release the old mapping first
             self.buf = alloc_buffer(padded)
