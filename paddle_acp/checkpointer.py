@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import mmap
 import os
 import time
 from collections.abc import MutableMapping
@@ -75,14 +76,25 @@ class _FileSource:
     """Tensors of a verified local data file, read on demand through an open descriptor.
 
     The file was read and checksummed in full before this source exists; the
-    descriptor keeps that very file (inode) readable even if it is unlinked
-    (retention, ``paddle-acp gc``) before the program first runs. The second
-    read comes from the page cache.
+    descriptor (and the mapping) keep that very file (inode) readable even if
+    it is unlinked (retention, ``paddle-acp gc``) before the program first
+    runs. With ``mapping`` (the file mapped read-only, its page-cache pages
+    already mapped by the verification pass) tensors are copied straight out
+    of the page cache: a plain memcpy on two threads, 1.5-2x faster here than
+    ``preadv`` of the same cached bytes. Without it they are read with ``preadv``.
     """
 
-    def __init__(self, fd: int, path: str):
+    def __init__(self, fd: int, path: str, size: int, mapping=None):
         self._fd = fd
         self._path = path
+        self._size = size
+        self._map = mapping
+        self._bytes = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None else None
+
+    def _check_size(self) -> None:
+        # a mapped file that shrank would fault (SIGBUS) on access: refuse it first
+        if os.fstat(self._fd).st_size < self._size:
+            raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified")
 
     def _pread(self, job) -> None:
         mv, offset = job
@@ -96,11 +108,17 @@ class _FileSource:
     def read(self, key: str, rec: TensorRecord) -> np.ndarray:
         arr = np.empty(rec.shape, DTYPES[rec.dtype])
         if rec.nbytes:
-            self._pread((memoryview(arr.reshape(-1).view(np.uint8)), rec.offset))
+            self.read_into([(key, rec, arr)])
         return arr
 
     def read_into(self, items) -> None:
         jobs = []
+        if self._bytes is not None:
+            self._check_size()
+            for _key, rec, view in items:
+                chunked(view, self._bytes[rec.offset:rec.offset + rec.nbytes], jobs)
+            run_parallel(copy_job, jobs)
+            return
         for _key, rec, view in items:
             mv = memoryview(view.reshape(-1).view(np.uint8))
             for i in range(0, rec.nbytes, _READ_CHUNK):
@@ -108,6 +126,13 @@ class _FileSource:
         run_parallel(self._pread, jobs)
 
     def close(self) -> None:
+        self._bytes = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still alive somewhere: the GC unmaps it with that view
+                pass
+            self._map = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -200,6 +225,32 @@ class LoadedCheckpoint:
 _pool: Optional[ThreadPoolExecutor] = None
 _READ_CHUNK = 32 << 20
 _VERIFY_CHUNK = 8 << 20
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+
+
+def _drain(futs) -> None:
+    """Cancel the futures not started yet and wait for the running ones."""
+    for f in futs:
+        if not f.cancel():
+            f.exception()
+
+
+def _map_file(fd: int, size: int):
+    """The file mapped read-only for the verification pass, or None where that is not
+    possible (empty file, no ``mmap``/``MADV_POPULATE_READ``): then it is read into buffers."""
+    if size <= 0 or not hasattr(mmap, "MAP_SHARED"):
+        return None
+    try:
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
+    try:
+        mapping.madvise(mmap.MADV_SEQUENTIAL)
+        mapping.madvise(_MADV_POPULATE_READ, 0, min(size, mmap.PAGESIZE))  # EINVAL before Linux 5.14
+    except (OSError, ValueError, AttributeError):
+        mapping.close()
+        return None
+    return mapping
 
 
 def _crc_pool() -> ThreadPoolExecutor:
@@ -379,6 +430,7 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{data_path} is missing") from None
         except OSError as exc:
             raise StorageError(f"opening {self.storage.uri}/{data_path} failed: {exc}") from exc
+        mapping = None
         try:
             if os.fstat(fd).st_size != m.data_size:
                 raise CorruptCheckpointError(f"{data_path} changed size while it was opened")
@@ -397,15 +449,60 @@ class Checkpointer:
                         crcs[i] = fn(buf[lo - start:hi - start], crcs[i])
                     i += 1
 
-            # read on this thread, checksum on the CRC thread, three rotating buffers
-            bufs = [alloc_buffer(_VERIFY_CHUNK) for _ in range(3)]
-            futs = [None, None, None]
-            pos, first, k = 0, 0, 0
-            while pos < m.data_size:
+            mapping = _map_file(fd, m.data_size)
+            if mapping is not None:
+                self._verify_mapped(mapping, m.data_size, data_path, spans, crc_chunk)
+            else:
+                self._verify_buffered(fd, m.data_size, data_path, spans, crc_chunk)
+            for (off, key, t), crc in zip(records, crcs):
+                if crc != t.checksum:
+                    raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
+        except BaseException:
+            if mapping is not None:
+                try:
+                    mapping.close()
+                except BufferError:  # a view in the traceback: unmapped with it
+                    pass
+            os.close(fd)
+            raise
+        return _FileSource(fd, data_path, m.data_size, mapping)
+
+    @staticmethod
+    def _verify_mapped(mapping, size: int, data_path: str, spans, crc_chunk) -> None:
+        """Checksum a mapped file: this thread waits for each chunk's pages
+        (``MADV_POPULATE_READ``: read from disk into the page cache and mapped,
+        no copy), the CRC thread checksums them in place."""
+        data = np.frombuffer(mapping, dtype=np.uint8)
+        futs = []
+        first = 0
+        try:
+            for pos in range(0, size, _VERIFY_CHUNK):
+                n = min(_VERIFY_CHUNK, size - pos)
+                try:
+                    mapping.madvise(_MADV_POPULATE_READ, pos, n)
+                except OSError as exc:  # EFAULT: the file shrank under the mapping
+                    raise CorruptCheckpointError(f"{data_path}: short read at byte {pos} ({exc})") from None
+                while first < len(spans) and spans[first][1] <= pos:
+                    first += 1
+                futs.append(_crc_pool().submit(crc_chunk, data[pos:pos + n], pos, n, first))
+        except BaseException:
+            _drain(futs)  # no checksum may touch the mapping after this returns
+            raise
+        for f in futs:
+            f.result()
+
+    @staticmethod
+    def _verify_buffered(fd: int, size: int, data_path: str, spans, crc_chunk) -> None:
+        """Checksum a file read on this thread into three rotating buffers, checksummed on the CRC thread."""
+        bufs = [alloc_buffer(_VERIFY_CHUNK) for _ in range(3)]
+        futs = [None, None, None]
+        pos, first, k = 0, 0, 0
+        try:
+            while pos < size:
                 slot = k % 3
                 if futs[slot] is not None:
                     futs[slot].result()
-                n = min(_VERIFY_CHUNK, m.data_size - pos)
+                n = min(_VERIFY_CHUNK, size - pos)
                 got = 0
                 mv = memoryview(bufs[slot])
                 while got < n:
@@ -418,16 +515,12 @@ class Checkpointer:
                 futs[slot] = _crc_pool().submit(crc_chunk, bufs[slot], pos, n, first)
                 pos += n
                 k += 1
-            for f in futs:
-                if f is not None:
-                    f.result()
-            for (off, key, t), crc in zip(records, crcs):
-                if crc != t.checksum:
-                    raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
         except BaseException:
-            os.close(fd)
+            _drain([f for f in futs if f is not None])  # before the buffers go
             raise
-        return _FileSource(fd, data_path)
+        for f in futs:
+            if f is not None:
+                f.result()
 
     def _read_verified(self, m: Manifest, data_path: str, records) -> "_MemorySource":
         image = alloc_buffer(m.data_size)

@@ -32,10 +32,12 @@ def data_file(root, n):
     chunk_pages=st.integers(1, 3),
     flip=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.floats(0, 1, exclude_max=True))),
     local=st.booleans(),
+    mapped=st.booleans(),
 )
-def test_checksums_span_read_chunks(tmp_path_factory, sizes, chunk_pages, flip, local):
+def test_checksums_span_read_chunks(tmp_path_factory, sizes, chunk_pages, flip, local, mapped):
     """Tensors larger than the verification chunk are checksummed across chunks; any flipped
-    byte anywhere in any tensor is found; intact files load bit-identically."""
+    byte anywhere in any tensor is found; intact files load bit-identically (local files:
+    mapped, or read into buffers where mapping is not possible)."""
     root = tmp_path_factory.mktemp("chunks")
     rng = np.random.default_rng(len(sizes) * 7919 + sum(sizes))
     arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64).astype(np.float32) for i, n in enumerate(sizes)}
@@ -57,6 +59,8 @@ def test_checksums_span_read_chunks(tmp_path_factory, sizes, chunk_pages, flip, 
                 f.write(bytes([b[0] ^ 0x5A]))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ckmod, "_VERIFY_CHUNK", 4096 * chunk_pages)
+        if not mapped:
+            mp.setattr(ckmod, "_map_file", lambda fd, size: None)
         if target is not None:
             with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
                 ck.load(0)
@@ -65,6 +69,30 @@ def test_checksums_span_read_chunks(tmp_path_factory, sizes, chunk_pages, flip, 
     for name, a in arrays.items():
         got = loaded.arrays[("k", name)]
         assert got.tobytes() == a.tobytes()
+    loaded.close()
+
+
+def test_local_restore_maps_the_file(tmp_path):
+    """On Linux >= 5.14 the verification pass maps the file (no copy); the copy into the
+    tensors then comes straight from the page cache."""
+    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
+    ck.save(snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
+    loaded = ck.load(0)
+    assert loaded._source._map is not None
+    assert loaded.arrays[("k", "w")].tobytes() == np.arange(1 << 20, dtype=np.float32).tobytes()
+    del loaded.arrays[("k", "w")]
+    assert loaded._source._map is None  # every tensor handed out: unmapped
+
+
+def test_file_truncated_after_verification_is_an_error_not_a_crash(static_mode, tmp_path):
+    """A mapped file that shrinks would fault (SIGBUS) when copied: it is refused with a clear error."""
+    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
+    ck.save(snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
+    loaded = ck.load(0)
+    os.truncate(data_file(tmp_path, 0), 4096)
+    scope = scope_with({"w": np.zeros(1 << 20, np.float32)})
+    with pytest.raises(CorruptCheckpointError, match="shrank"):
+        loaded.write_program("k", scope, paddle.CPUPlace())
     loaded.close()
 
 
