@@ -273,16 +273,27 @@ def bench_one(args):
     # -- 5: end-to-end ------------------------------------------------------------------------
     if want(5):
         def training_run(on, epochs, steps):
+            """Wall time of the run, and the part of it spent at epoch boundaries (in the range's
+            own code: the stalls and the final commit; the rest is training steps)."""
             if on:
                 os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "e2e")), PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="2")
             else:
                 os.environ.pop("PADDLE_ACP_CHECKPOINT_URI", None)
             epoch_range.reset()
+            boundaries = 0.0
             t0 = time.perf_counter()
-            for _ in acp.train_epoch_range(epochs, save_checkpoint_inter=0):
+            it = iter(acp.train_epoch_range(epochs, save_checkpoint_inter=0))
+            while True:
+                tb = time.perf_counter()
+                try:
+                    next(it)
+                except StopIteration:
+                    boundaries += time.perf_counter() - tb
+                    break
+                boundaries += time.perf_counter() - tb
                 for _ in range(steps):
                     exe.run(main, feed=feed, fetch_list=[loss])
-            return time.perf_counter() - t0  # the range waits for its last checkpoint to commit
+            return time.perf_counter() - t0, boundaries  # the range waits for its last checkpoint to commit
 
         # steps per epoch so that an epoch lasts ~the time a checkpoint takes to persist, times 10
         step_times = []
@@ -292,19 +303,24 @@ def bench_one(args):
             step_times.append(time.perf_counter() - t0)
         step = statistics.median(step_times)  # one slow step must not shorten every epoch
         steps = max(2, int(args.epoch_seconds / step))
-        e2e_pairs = []
+        e2e_pairs, split = [], []
         for r in range(args.rounds):
             if r % 2 == 0:  # ABBA order, as for the hook
-                on = training_run(True, args.e2e_epochs, steps)
-                off = training_run(False, args.e2e_epochs, steps)
+                on, on_b = training_run(True, args.e2e_epochs, steps)
+                off, off_b = training_run(False, args.e2e_epochs, steps)
             else:
-                off = training_run(False, args.e2e_epochs, steps)
-                on = training_run(True, args.e2e_epochs, steps)
+                off, off_b = training_run(False, args.e2e_epochs, steps)
+                on, on_b = training_run(True, args.e2e_epochs, steps)
             e2e_pairs.append((on, off))
-            log(f"[{ir}] round {r}: training with checkpoints {on:.2f}s, without {off:.2f}s ({steps} steps/epoch)")
+            # where the difference went: blocked at boundaries, or slower steps (background contention)
+            split.append((on_b - off_b, (on - on_b) - (off - off_b)))
+            log(f"[{ir}] round {r}: training with checkpoints {on:.2f}s, without {off:.2f}s ({steps} steps/epoch); "
+                f"of the difference: {split[-1][0]:.2f}s blocked at epoch boundaries, {split[-1][1]:+.2f}s in the steps")
         res["end_to_end_overhead"] = median_ratio(e2e_pairs) - 1.0
         # training time lost per checkpoint, one-time costs included: the overhead at other epoch lengths
         res["seconds_lost_per_checkpoint"] = statistics.median((on - off) / args.e2e_epochs for on, off in e2e_pairs)
+        res["seconds_blocked_at_boundaries_per_run"] = statistics.median(b for b, _ in split)
+        res["seconds_steps_slower_per_run"] = statistics.median(d for _, d in split)
         res["epoch_seconds"] = statistics.median(off for _on, off in e2e_pairs) / args.e2e_epochs  # as run
     shutil.rmtree(work, ignore_errors=True)
     return res
@@ -370,7 +386,7 @@ def main():
         if "hook_overhead" in r:
             print(f"{ir}: 4. hook overhead on a tiny exe.run = {100 * r['hook_overhead']:+.2f}% (target <= 2%; the hook itself: {r['hook_us_per_call']:.2f} us per call, {r['hook_us_per_run_without']:.0f} us per exe.run)")
         if "end_to_end_overhead" in r:
-            print(f"{ir}: 5. end-to-end, checkpoint every epoch vs off = {100 * r['end_to_end_overhead']:+.2f}% (target <= 3%; {r['epoch_seconds']:.1f} s epochs, {r['seconds_lost_per_checkpoint']:.2f} s lost per checkpoint)")
+            print(f"{ir}: 5. end-to-end, checkpoint every epoch vs off = {100 * r['end_to_end_overhead']:+.2f}% (target <= 3%; {r['epoch_seconds']:.1f} s epochs, {r['seconds_lost_per_checkpoint']:.2f} s lost per checkpoint; per run {r['seconds_blocked_at_boundaries_per_run']:.2f} s blocked at boundaries, {r['seconds_steps_slower_per_run']:+.2f} s in slower steps)")
     with open(args.json, "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "results": results}, f, indent=2)
     print(f"wrote {args.json}")
