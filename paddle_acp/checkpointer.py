@@ -13,6 +13,7 @@ A checkpoint is written under ``ckpt-{N}.tmp-{id}`` and renamed into place
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import mmap
@@ -233,6 +234,22 @@ def _drain(futs) -> None:
     for f in futs:
         if not f.cancel():
             f.exception()
+
+
+def _populate(mapping, pos: int, n: int, data_path: str) -> None:
+    """Wait until bytes [pos, pos + n) of a mapped file are in the page cache and mapped."""
+    while True:
+        try:
+            mapping.madvise(_MADV_POPULATE_READ, pos, n)
+            return
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EFAULT:  # pages past the end: the file shrank under the mapping
+                raise CorruptCheckpointError(f"{data_path}: short read at byte {pos}") from None
+            raise StorageError(f"reading {data_path} failed at byte {pos}: {exc}") from exc
 
 
 def _map_file(fd: int, size: int):
@@ -478,10 +495,7 @@ class Checkpointer:
         try:
             for pos in range(0, size, _VERIFY_CHUNK):
                 n = min(_VERIFY_CHUNK, size - pos)
-                try:
-                    mapping.madvise(_MADV_POPULATE_READ, pos, n)
-                except OSError as exc:  # EFAULT: the file shrank under the mapping
-                    raise CorruptCheckpointError(f"{data_path}: short read at byte {pos} ({exc})") from None
+                _populate(mapping, pos, n, data_path)
                 while first < len(spans) and spans[first][1] <= pos:
                     first += 1
                 futs.append(_crc_pool().submit(crc_chunk, data[pos:pos + n], pos, n, first))

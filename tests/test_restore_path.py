@@ -96,6 +96,23 @@ def test_file_truncated_after_verification_is_an_error_not_a_crash(static_mode, 
     loaded.close()
 
 
+def test_file_shrinking_during_verification_is_corrupt(tmp_path):
+    """Pages past the end of a mapped file cannot be populated (EFAULT): a corrupt checkpoint, not a crash."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(1 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapping = ckmod._map_file(fd, 1 << 20)
+        assert mapping is not None
+        ckmod._populate(mapping, 0, 8192, "f.bin")
+        os.truncate(path, 4096)
+        with pytest.raises(CorruptCheckpointError, match="short read at byte 8192"):
+            ckmod._populate(mapping, 8192, 8192, "f.bin")
+        mapping.close()
+    finally:
+        os.close(fd)
+
+
 def scope_with(arrays):
     scope = paddle.static.Scope()
     for name, a in arrays.items():
