@@ -242,9 +242,7 @@ def _populate(mapping, pos: int, n: int, data_path: str) -> None:
         try:
             mapping.madvise(_MADV_POPULATE_READ, pos, n)
             return
-        except InterruptedError:
-            continue
-        except BlockingIOError:
+        except (InterruptedError, BlockingIOError):  # EINTR, EAGAIN: try again
             continue
         except OSError as exc:
             if exc.errno == errno.EFAULT:  # pages past the end: the file shrank under the mapping
