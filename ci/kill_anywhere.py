@@ -15,6 +15,18 @@ checkpointing must match it too (and gives the duration).
 
     python ci/kill_anywhere.py --trials 20 --seed 1 --ir both
     python ci/kill_anywhere.py --trials 200 --ir pir --json /tmp/ka.json
+    python ci/kill_anywhere.py --ranks 2 --trials 5 --ir pir   # N ranks, see below
+
+With ``--ranks N`` (N > 1) each trial runs N rank processes of
+``tests/scripts/rank_train.py`` (a tensor-parallel-like job: same program
+and parameter names on every rank, values and data seeded by the rank;
+``--kind pp``: different programs per rank) in lockstep through a file
+barrier, with ``PADDLE_ACP_RANK_STATE=per-rank``. At a moment drawn
+uniformly over an uninterrupted run, one rank drawn at random is SIGKILLed,
+and the others a moment later (as a launcher restarts the whole job); then
+all are restarted. Every rank must end bit-identical to its own
+uninterrupted run without the library, and in every restart all ranks that
+got as far as their first epoch must have resumed from the same checkpoint.
 
 Prints ``N/N trials resumed bit-identically``; exits 1 on any failed trial,
 2 when the reference runs fail.  A failed trial's directory is kept (and
@@ -67,6 +79,13 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds one process may run before it counts as hung")
     p.add_argument("--json", default=None, help="write a JSON report here")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="ranks per job (> 1: the multi-rank harness)")
+    p.add_argument("--kind", choices=["tp", "pp"], default="tp",
+                   help="multi-rank: tp (same names, other values per "
+                        "rank) or pp (other programs per rank)")
+    p.add_argument("--save-every-steps", type=int, default=None,
+                   help="multi-rank: also checkpoint every this many steps")
     p.add_argument("--keep", action="store_true",
                    help="keep every trial's directory, not only failed ones")
     return p.parse_args(argv)
@@ -259,12 +278,256 @@ def run_trial(ir, t, a, root, ref, model):
     return rec
 
 
+RANK_SCRIPT = os.path.join(eu.REPO, "tests", "scripts", "rank_train.py")
+
+
+def rank_env(a, ir, rank, ckpt, gen):
+    env = {"PADDLE_TRAINER_ID": rank, "PADDLE_TRAINERS_NUM": a.ranks,
+           "ACP_TEST_GEN": gen}
+    if ckpt is not None:
+        env.update(PADDLE_ACP_RANK_STATE="per-rank",
+                   PADDLE_ACP_PART_TIMEOUT=60)
+    return eu.script_env(ckpt, ir, env)
+
+
+def rank_cmd(a, out, barrier, no_acp=False):
+    cmd = [sys.executable, RANK_SCRIPT, "--out", out, "--kind", a.kind,
+           "--epochs", str(a.epochs), "--steps-per-epoch",
+           str(a.steps_per_epoch), "--hidden", str(a.hidden)]
+    if a.save_every_steps:
+        cmd += ["--save-every-steps", str(a.save_every_steps)]
+    if barrier:
+        cmd += ["--barrier", barrier]
+    if no_acp:
+        cmd.append("--no-acp")
+    return cmd
+
+
+def start_ranks(a, ir, d, ckpt, gen, prefix, no_acp=False):
+    os.makedirs(d, exist_ok=True)
+    procs = []
+    for r in range(a.ranks):
+        fo = open("%s.r%d.stdout" % (prefix, r), "w")
+        fe = open("%s.r%d.stderr" % (prefix, r), "w")
+        try:
+            procs.append(subprocess.Popen(
+                rank_cmd(a, os.path.join(d, "out", "r%d" % r),
+                         None if no_acp else os.path.join(d, "barrier"),
+                         no_acp),
+                env=rank_env(a, ir, r, ckpt, gen), cwd=eu.REPO, stdout=fo,
+                stderr=fe, start_new_session=True))
+        finally:
+            fo.close()
+            fe.close()
+    return procs
+
+
+def rank_events(out):
+    path = os.path.join(out, "events.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(x) for x in f.read().splitlines() if x.strip()
+                and x.endswith("}")]
+
+
+def multi_reference(ir, a, root):
+    """Per rank: (reference result of an uninterrupted run without the
+    library); and the duration of an uninterrupted job with it."""
+    d = os.path.join(root, "ref-%s-pure" % ir)
+    for p in start_ranks(a, ir, d, None, "ref", os.path.join(d, "proc"),
+                         no_acp=True):
+        p.wait(a.timeout)
+    refs = []
+    for r in range(a.ranks):
+        out = os.path.join(d, "out", "r%d" % r)
+        if not eu.is_done(out):
+            raise RuntimeError("reference rank %d failed:\n%s" % (
+                r, tail(os.path.join(d, "proc.r%d.stderr" % r))))
+        refs.append(eu.load_result(out))
+    d = os.path.join(root, "ref-%s-acp" % ir)
+    t0 = time.monotonic()
+    procs = start_ranks(a, ir, d, os.path.join(d, "ckpt"), "ref",
+                        os.path.join(d, "proc"))
+    first_line = None
+    log0 = os.path.join(d, "out", "r0", "losses.jsonl")
+    while any(p.poll() is None for p in procs):
+        if first_line is None and os.path.exists(log0):
+            first_line = time.monotonic() - t0
+        if time.monotonic() - t0 > a.timeout:
+            for p in procs:
+                kill_group(p)
+            raise RuntimeError("the uninterrupted job hung")
+        time.sleep(0.003)
+    total = time.monotonic() - t0
+    per_epoch = (total - (first_line or 0)) / max(1, a.epochs)
+    startup = max(0.0, (first_line or 0) - per_epoch)
+    for r in range(a.ranks):
+        out = os.path.join(d, "out", "r%d" % r)
+        if not eu.is_done(out):
+            raise RuntimeError("uninterrupted job with the library: rank %d "
+                               "failed:\n%s" % (r, tail(os.path.join(
+                                   d, "proc.r%d.stderr" % r))))
+        diffs = eu.compare_results(eu.load_result(out), refs[r])
+        if diffs:
+            raise RuntimeError("uninterrupted job, rank %d differs from its "
+                               "run without the library:\n  %s"
+                               % (r, "\n  ".join(diffs)))
+    if a.ranks > 1 and not eu.compare_results(refs[0], refs[1]):
+        raise RuntimeError("ranks 0 and 1 hold the same state: the harness "
+                           "would not tell their checkpoints apart")
+    return refs, {"total_s": total, "startup_s": startup,
+                  "window": (0.8 * startup, total * 1.1)}
+
+
+def multi_trial(ir, t, a, root, refs, model):
+    rng = random.Random("%d:%s:%d:ranks%d" % (a.seed, ir, t, a.ranks))
+    tdir = os.path.join(root, "%s-trial-%03d" % (ir, t))
+    ckpt = os.path.join(tdir, "ckpt")
+    outs = [os.path.join(tdir, "out", "r%d" % r) for r in range(a.ranks)]
+    rec = {"ir": ir, "trial": t, "ok": False, "kills": 0,
+           "kills_inside_save": 0, "processes": 0, "resumed_from": [],
+           "problems": [], "dir": tdir, "rewinds": []}
+    t_start = time.monotonic()
+    rnd = 0
+    while True:
+        gen = "t%d-%d" % (t, rnd)
+        delay = rng.uniform(*model["window"])
+        victim = rng.randrange(a.ranks)
+        tmps_before = {n for n in eu.tree_files(ckpt) if ".tmp" in n}
+        procs = start_ranks(a, ir, tdir, ckpt, gen,
+                            os.path.join(tdir, "proc-%02d" % rnd))
+        rec["processes"] += len(procs)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and any(p.poll() is None
+                                                  for p in procs):
+            time.sleep(0.005)
+        killed = False
+        if any(p.poll() is None for p in procs):
+            killed = True
+            kill_group(procs[victim])
+            time.sleep(rng.uniform(0.0, 0.3))
+            for p in procs:
+                kill_group(p)
+        else:
+            for r, p in enumerate(procs):
+                if p.returncode != 0 or not eu.is_done(outs[r]):
+                    rec["problems"].append(
+                        "rank %d exited with %s unkilled:\n%s" % (
+                            r, p.returncode, tail(os.path.join(
+                                tdir, "proc-%02d.r%d.stderr" % (rnd, r)))))
+        starts = {}
+        for r in range(a.ranks):
+            for e in rank_events(outs[r]):
+                if e.get("gen") == gen:
+                    starts[r] = e["restored"]
+        rec["resumed_from"].append(starts)
+        if len(set(map(str, starts.values()))) > 1:
+            rec["problems"].append("restart %d: ranks resumed from different "
+                                   "checkpoints: %s" % (rnd, starts))
+        rnd += 1
+        if not killed or rec["problems"]:
+            break
+        rec["kills"] += 1
+        if {n for n in eu.tree_files(ckpt) if ".tmp" in n} - tmps_before:
+            rec["kills_inside_save"] += 1
+        for out in outs:
+            if eu.is_done(out):
+                os.remove(os.path.join(out, "done"))
+        if rec["kills"] > a.max_restarts:
+            rec["problems"].append("still not finished after %d kills"
+                                   % rec["kills"])
+            break
+    rec["seconds"] = round(time.monotonic() - t_start, 3)
+    if not rec["problems"]:
+        for r in range(a.ranks):
+            problems, rewinds = eu.check_restart_log(eu.read_log(outs[r]),
+                                                     a.epochs)
+            rec["rewinds"] += rewinds
+            rec["problems"] += ["rank %d: %s" % (r, x) for x in problems]
+            try:
+                rec["problems"] += ["rank %d: %s" % (r, x) for x in
+                                    eu.compare_results(eu.load_result(outs[r]),
+                                                       refs[r])]
+            except (OSError, ValueError) as e:
+                rec["problems"].append("rank %d: cannot load the result: %r"
+                                       % (r, e))
+    rec["ok"] = not rec["problems"]
+    if rec["ok"] and not a.keep:
+        shutil.rmtree(tdir, ignore_errors=True)
+        rec["dir"] = None
+    return rec
+
+
+def main_multi(a, irs, root, own_root):
+    report = {"seed": a.seed, "ranks": a.ranks, "kind": a.kind,
+              "trials_per_ir": a.trials, "root": root, "irs": {},
+              "trials": []}
+    total_ok = total = 0
+    exit_code = 0
+    for ir in irs:
+        print("[%s] %d-rank reference runs ..." % (ir, a.ranks), flush=True)
+        try:
+            refs, model = multi_reference(ir, a, root)
+        except RuntimeError as e:
+            print("[%s] REFERENCE FAILED: %s" % (ir, e), flush=True)
+            report["irs"][ir] = {"reference_error": str(e)}
+            exit_code = 2
+            continue
+        print("[%s] uninterrupted %d-rank job %.2f s (startup %.2f s); kill "
+              "times uniform in [%.2f, %.2f] s"
+              % (ir, a.ranks, model["total_s"], model["startup_s"],
+                 model["window"][0], model["window"][1]), flush=True)
+        ok = kills = inside = 0
+        for t in range(a.trials):
+            rec = multi_trial(ir, t, a, root, refs, model)
+            report["trials"].append(rec)
+            ok += rec["ok"]
+            kills += rec["kills"]
+            inside += rec["kills_inside_save"]
+            print("[%s] trial %d/%d: %s, %d kill(s) (%d inside a save), "
+                  "resumed from %s, rewinds %s, %.1f s"
+                  % (ir, t + 1, a.trials, "ok" if rec["ok"] else "FAILED",
+                     rec["kills"], rec["kills_inside_save"],
+                     [sorted(set(map(str, s.values())))
+                      for s in rec["resumed_from"]],
+                     rec["rewinds"], rec["seconds"]), flush=True)
+            if not rec["ok"]:
+                for prob in rec["problems"]:
+                    print("    " + prob.replace("\n", "\n    "), flush=True)
+                print("    trial dir kept: %s" % rec["dir"], flush=True)
+        report["irs"][ir] = {"trials": a.trials, "ok": ok, "kills": kills,
+                             "kills_inside_save": inside,
+                             "reference": model}
+        print("[%s] %d/%d %d-rank trials resumed bit-identically on every "
+              "rank (%d kills, %d inside a save)" % (ir, ok, a.trials,
+                                                     a.ranks, kills, inside),
+              flush=True)
+        total_ok += ok
+        total += a.trials
+        if ok != a.trials:
+            exit_code = exit_code or 1
+    report.update(ok=total_ok, total=total, exit_code=exit_code)
+    print("%d/%d trials resumed bit-identically" % (total_ok, total),
+          flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if exit_code == 0 and own_root and not a.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    elif exit_code != 0:
+        print("work directory kept: %s" % root, flush=True)
+    return exit_code
+
+
 def main(argv=None):
     a = parse_args(argv)
     irs = ["pir", "legacy"] if a.ir == "both" else [a.ir]
     own_root = a.uri_root is None
     root = a.uri_root or tempfile.mkdtemp(prefix="kill-anywhere-")
     os.makedirs(root, exist_ok=True)
+    if a.ranks > 1:
+        return main_multi(a, irs, root, own_root)
     report = {"seed": a.seed, "trials_per_ir": a.trials,
               "script_args": [str(x) for x in script_args(a)],
               "root": root, "irs": {}, "trials": []}

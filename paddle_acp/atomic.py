@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import re
 import uuid
-from typing import List
+from typing import Callable, List, Optional
 
 from .manifest import MANIFEST_NAME
 from .storage import Storage
@@ -66,22 +66,29 @@ def remove_leftovers(storage: Storage, parent: str, entries: List[DirEntry]) -> 
 class Pending:
     """A checkpoint directory being written; ``commit`` makes it visible."""
 
-    def __init__(self, storage: Storage, parent: str, number: int):
+    def __init__(self, storage: Storage, parent: str, number: int, name: Optional[str] = None):
         self.storage = storage
         self.parent = parent
         self.number = number
-        self.final = f"{parent}/{final_name(number)}"
+        name = name or final_name(number)
+        self.final = f"{parent}/{name}"
         if storage.atomic_rename:
-            self.path = f"{parent}/{final_name(number)}.tmp-{uuid.uuid4().hex[:12]}"
+            self.path = f"{parent}/{name}.tmp-{uuid.uuid4().hex[:12]}"
         else:
             self.path = self.final
         storage.makedirs(self.path)
 
-    def commit(self, manifest: bytes) -> None:
+    def commit(self, manifest: bytes, before: Optional[Callable[[], None]] = None) -> None:
+        """Write the manifest and make the directory visible; ``before`` runs (and may
+        raise, e.g. a fenced writer) right before the step that makes it visible."""
         st = self.storage
+        if before is not None and not st.atomic_rename:
+            before()
         st.write_bytes(f"{self.path}/{MANIFEST_NAME}", manifest)
         if st.atomic_rename:
             st.sync_dir(self.path)
+            if before is not None:
+                before()
             st.rename(self.path, self.final)
 
     def abort(self) -> None:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from . import atomic
-from .errors import CorruptCheckpointError, StorageError
+from .errors import CheckpointError, CorruptCheckpointError, StorageError
 from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, VERSION, Manifest, ProgramRecord, RangeRecord, TensorRecord, checksum_function
 from .saver import lower_thread_priority
 from .snapshot import ProgramSnapshot, alloc_buffer, chunked, copy_job, inplace_view, layout, run_parallel, scope_tensor, set_tensor
@@ -50,6 +50,7 @@ class Snapshot:
     extra: dict = dataclasses.field(default_factory=dict)
     image: Optional[np.ndarray] = None  # the file's bytes, tensors already laid out in it
     data_size: int = -1  # set by layout()
+    mode: Optional[str] = None  # several ranks: "replicated" or "per-rank"
     stall_seconds: float = 0.0  # training-thread time spent taking the snapshot
     waited_seconds: float = 0.0  # of which waiting for the previous save
 
@@ -174,6 +175,9 @@ class LoadedCheckpoint:
         self.path = path
         self.manifest = manifest
         self._source = source
+        self.name = path.rsplit("/", 1)[-1]  # ckpt-N, or ckpt-eE[-sS] for a global checkpoint
+        self.global_manifest = None  # a multirank.GlobalManifest for a checkpoint of several ranks
+        self.position_key = None
         self._pending: Dict[Tuple[str, str], TensorRecord] = {
             (p.key, t.name): t for p in manifest.programs for t in p.tensors
         }
@@ -291,8 +295,9 @@ def range_dir(job_id: str, range_name: str) -> str:
 class Checkpointer:
     """Numbered, atomically committed checkpoints of one range of one job."""
 
-    def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3):
+    def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3, fence=None):
         self.storage = storage
+        self.fence = fence  # a fencing.Fence (the writer's generation) or None
         self.job_id = job_id
         self.range_name = range_name
         self.max_to_keep = max_to_keep
@@ -324,7 +329,7 @@ class Checkpointer:
             raise
         try:
             self.apply_retention()
-        except StorageError as exc:  # the new checkpoint is committed; pruning retries next time
+        except (StorageError, CheckpointError) as exc:  # the new checkpoint is committed; pruning retries next time
             logger.warning("retention after checkpoint %d failed: %s", number, exc)
         return number, offset
 
@@ -368,8 +373,13 @@ class Checkpointer:
             ir=snap.ir,
             extra=snap.extra,
         )
-        pending.commit(manifest.dumps())
+        pending.commit(manifest.dumps(), before=self._check_fence("commit checkpoint %d" % number))
         return size
+
+    def _check_fence(self, what: str):
+        if self.fence is None:
+            return None
+        return lambda: self.fence.check(what)
 
     def apply_retention(self, keep: Optional[int] = None) -> List[int]:
         keep = self.max_to_keep if keep is None else keep
@@ -377,6 +387,12 @@ class Checkpointer:
             return []
         committed = [e.number for e in atomic.scan(self.storage, self.dir) if e.committed]
         doomed = sorted(committed)[:-keep] if len(committed) > keep else []
+        if doomed:
+            if self.fence is not None:
+                self.fence.check("delete old checkpoints")
+            from .fencing import check_deletable
+
+            check_deletable(self.storage, self.job_id, self.dir)
         for n in doomed:
             # the manifest first: a half-deleted checkpoint is never mistaken for a committed one
             self.storage.delete_file(f"{self.dir}/{atomic.final_name(n)}/{MANIFEST_NAME}")
@@ -388,12 +404,16 @@ class Checkpointer:
     def committed_numbers(self) -> List[int]:
         return sorted(e.number for e in atomic.scan(self.storage, self.dir) if e.committed)
 
-    def read_manifest(self, number: int) -> Manifest:
-        path = f"{self.dir}/{atomic.final_name(number)}/{MANIFEST_NAME}"
-        try:
-            raw = self.storage.read_bytes(path)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)") from None
+    def read_manifest(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> Manifest:
+        """The manifest of checkpoint ``number`` (in ``base``, default ``ckpt-N``); ``raw``:
+        its bytes, already read (and checked) by the caller."""
+        base = base or f"{self.dir}/{atomic.final_name(number)}"
+        path = f"{base}/{MANIFEST_NAME}"
+        if raw is None:
+            try:
+                raw = self.storage.read_bytes(path)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)") from None
         m = Manifest.loads(raw)
         if m.number != number:
             raise CorruptCheckpointError(f"{path}: manifest says checkpoint {m.number}, directory says {number}")
@@ -401,19 +421,19 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{path}: manifest belongs to range {m.range.name!r}")
         return m
 
-    def check_header(self, number: int) -> Tuple[Manifest, str, str]:
+    def check_header(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> Tuple[Manifest, str, str]:
         """Validate the manifest and the data file's size; returns (manifest, dir, data path).
 
         Raises CorruptCheckpointError. The tensors' checksums are checked by the reader.
         """
-        m = self.read_manifest(number)
+        m = self.read_manifest(number, base, raw)
         from . import rng_state
 
         if m.rng is not None:
             rng_state.validate(m.rng)
         if m.extra.get("epoch_start_rng") is not None:
             rng_state.validate(m.extra["epoch_start_rng"])
-        base = f"{self.dir}/{atomic.final_name(number)}"
+        base = base or f"{self.dir}/{atomic.final_name(number)}"
         data_path = f"{base}/{DATA_NAME}"
         try:
             size = self.storage.size(data_path)
@@ -423,7 +443,7 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{data_path} has {size} bytes, manifest says {m.data_size}")
         return m, base, data_path
 
-    def load(self, number: int) -> LoadedCheckpoint:
+    def load(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> LoadedCheckpoint:
         """Read and verify checkpoint ``number`` completely; raises CorruptCheckpointError.
 
         Every tensor's checksum is checked before this returns, so nothing of a
@@ -431,7 +451,7 @@ class Checkpointer:
         stream through small buffers and read again (from the page cache) straight
         into the scope's tensors; remote files are read once into memory.
         """
-        m, base, data_path = self.check_header(number)
+        m, base, data_path = self.check_header(number, base, raw)
         records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
         if self.storage.local:
             return LoadedCheckpoint(base, m, self._verify_local(m, data_path, records))

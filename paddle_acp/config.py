@@ -24,6 +24,8 @@ PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
 DEFAULT_JOB_ID = "default"
 DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
+DEFAULT_PART_TIMEOUT = 300.0
+RANK_STATE_MODES = ("auto", "replicated", "per-rank")
 # Set in every trainer by ``python -m paddle.distributed.launch``, which does NOT pass its --job_id on.
 _LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
 
@@ -41,6 +43,9 @@ ENV_VARS = (
     "PADDLE_RUNNING_PLATFORM",
     "PADDLE_JOB_ID",
     "PADDLE_TRAINER_ID",
+    "PADDLE_TRAINERS_NUM",
+    "PADDLE_ACP_RANK_STATE",
+    "PADDLE_ACP_PART_TIMEOUT",
     "PADDLE_EDL_HDFS_HOME",
     "PADDLE_EDL_HDFS_NAME",
     "PADDLE_EDL_HDFS_UGI",
@@ -58,6 +63,9 @@ class CheckpointConfig:
     uri: Optional[str] = None
     job_id: str = DEFAULT_JOB_ID
     trainer_id: int = 0
+    world_size: Optional[int] = None  # PADDLE_TRAINERS_NUM; None: not set (only trainer 0 writes, as before)
+    rank_state: str = "auto"  # auto | replicated | per-rank
+    part_timeout: float = DEFAULT_PART_TIMEOUT  # seconds rank 0 waits for the other ranks' parts
     save_interval: float = DEFAULT_SAVE_INTERVAL
     max_to_keep: int = DEFAULT_MAX_TO_KEEP
     async_save: bool = True
@@ -76,10 +84,25 @@ class CheckpointConfig:
     def active(self) -> bool:
         return self.uri is not None
 
+    @property
+    def multi_rank(self) -> bool:
+        """Several ranks, each writing its part of a globally committed checkpoint."""
+        return self.world_size is not None and self.world_size > 1
+
     def __post_init__(self):
         validate_job_id(self.job_id, "job_id")
         if not isinstance(self.trainer_id, int) or self.trainer_id < 0:
             raise ConfigError(f"trainer_id must be an integer >= 0, got {self.trainer_id!r}")
+        if self.world_size is not None and (not isinstance(self.world_size, int) or self.world_size < 1):
+            raise ConfigError(f"world_size must be an integer >= 1, got {self.world_size!r}")
+        if self.world_size is not None and self.trainer_id >= self.world_size:
+            raise ConfigError(
+                f"PADDLE_TRAINER_ID={self.trainer_id} is not below PADDLE_TRAINERS_NUM={self.world_size}: "
+                "set both as paddle.distributed.launch does (ranks 0 .. world size - 1)"
+            )
+        if self.rank_state not in RANK_STATE_MODES:
+            raise ConfigError(f"PADDLE_ACP_RANK_STATE={self.rank_state!r} must be one of {', '.join(RANK_STATE_MODES)}")
+        check_interval(self.part_timeout, "PADDLE_ACP_PART_TIMEOUT")
         check_interval(self.save_interval, "save_interval")
         if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:
             raise ConfigError(f"max_to_keep must be an integer >= 0, got {self.max_to_keep!r}")
@@ -137,6 +160,31 @@ def _interval(env: Mapping[str, str]) -> float:
     return DEFAULT_SAVE_INTERVAL
 
 
+def _world_size(env: Mapping[str, str]) -> Optional[int]:
+    raw = env.get("PADDLE_TRAINERS_NUM")
+    if raw is None or raw.strip() == "":
+        return None
+    return _int(env, "PADDLE_TRAINERS_NUM", 1, minimum=1)
+
+
+def _rank_state(env: Mapping[str, str]) -> str:
+    raw = (env.get("PADDLE_ACP_RANK_STATE") or "").strip().lower()
+    if not raw:
+        return "auto"
+    if raw == "per_rank":
+        raw = "per-rank"
+    if raw not in RANK_STATE_MODES:
+        raise ConfigError(f"PADDLE_ACP_RANK_STATE={env.get('PADDLE_ACP_RANK_STATE')!r} must be one of {', '.join(RANK_STATE_MODES)}")
+    return raw
+
+
+def _part_timeout(env: Mapping[str, str]) -> float:
+    raw = env.get("PADDLE_ACP_PART_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_PART_TIMEOUT
+    return check_interval(raw.strip(), "PADDLE_ACP_PART_TIMEOUT")
+
+
 def _required(env: Mapping[str, str], name: str, why: str) -> str:
     value = env.get(name)
     if value is None or value.strip() == "":
@@ -149,6 +197,9 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     env = os.environ if env is None else env
     common = dict(
         trainer_id=_int(env, "PADDLE_TRAINER_ID", 0),
+        world_size=_world_size(env),
+        rank_state=_rank_state(env),
+        part_timeout=_part_timeout(env),
         save_interval=_interval(env),
         max_to_keep=_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),

@@ -17,13 +17,15 @@ from typing import Iterable, Iterator, Optional
 from . import config as _config
 from . import preemption, rng_state
 from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot
+from .fencing import Fence
 from .errors import AcpError, CheckpointError, ConfigError
 from .manifest import RangeRecord
 from .metrics import MetricsLog
+from .multirank import GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
 from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver, lower_thread_priority
-from .snapshot import Arena, copy_into, layout
+from .snapshot import Arena, ProgramSnapshot, copy_into, layout
 from .storage import open_storage, redact
 
 logger = logging.getLogger("paddle_acp")
@@ -38,6 +40,15 @@ _active: Optional["TrainEpochRange"] = None
 _hooked: Optional["TrainEpochRange"] = None
 _range_counter = 0
 _logged_inactive = False
+_fences: dict = {}  # (storage URI, job id) -> this process's writer Fence (one generation per start)
+
+
+def _fence_for(storage, job_id: str, rank: int) -> Fence:
+    key = (storage.uri, job_id)
+    f = _fences.get(key)
+    if f is None:
+        f = _fences[key] = Fence.take(storage, job_id, rank)
+    return f
 
 
 def active_range() -> Optional["TrainEpochRange"]:
@@ -94,7 +105,16 @@ class TrainEpochRange:
         self.restored_number: Optional[int] = None
         self.registry = Registry()
         self.storage = open_storage_for(cfg)
+        # several ranks (PADDLE_TRAINERS_NUM > 1): every rank writes its part, rank 0 commits
+        self.multi = cfg.multi_rank
+        self.rank = cfg.trainer_id
+        self.fence: Optional[Fence] = None
         self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep)
+        self.gcheckpointer = GlobalCheckpointer(
+            self.storage, cfg.job_id, name, cfg.trainer_id, cfg.world_size or 1, cfg.max_to_keep, cfg.part_timeout
+        )
+        self.mode: Optional[str] = None  # decided at each save (multi-rank)
+        self._mode_logged: Optional[str] = None
         self.saver = Saver(self._persist, cfg.async_save)
         self._arena = Arena()
         self._arena_thread: Optional[threading.Thread] = None
@@ -103,7 +123,8 @@ class TrainEpochRange:
         self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
-        self.is_writer = cfg.trainer_id == 0
+        self._last_bucket = self._bucket()
+        self.is_writer = self.multi or cfg.trainer_id == 0
         self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
         self._resume_step: Optional[int] = None
         self._resume_extra: dict = {}
@@ -112,14 +133,27 @@ class TrainEpochRange:
         self.inherited: Optional[TrainEpochRange] = None  # an ended range whose restore is pending
         self.exit_on_preempt = preemption.exit_on_preempt_from_env()
         self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
-        if self.is_writer:
+        if cfg.trainer_id == 0:
             try:
                 self.checkpointer.write_job_marker()
+                self.fence = _fence_for(self.storage, cfg.job_id, cfg.trainer_id)
             except AcpError as exc:
                 raise ConfigError(
                     f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not writable: {exc}"
                 ) from exc
-        loaded = self.checkpointer.load_latest()
+            self.checkpointer.fence = self.gcheckpointer.fence = self.fence
+        if cfg.trainer_id > 0 and cfg.world_size is None:
+            logger.warning(
+                "PADDLE_TRAINER_ID=%d but PADDLE_TRAINERS_NUM is not set: this trainer restores trainer 0's state "
+                "and writes nothing. Set PADDLE_TRAINERS_NUM (paddle.distributed.launch does) for per-rank state.",
+                cfg.trainer_id,
+            )
+        running = cfg.rank_state if cfg.rank_state != "auto" else (
+            "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
+        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None)
+        if self.multi:
+            self.gcheckpointer.base = loaded.name if loaded is not None else None
+            self.gcheckpointer.discard_newer(loaded.position_key if loaded is not None else None)
         if loaded is not None:
             self._loaded = loaded
             rec = loaded.manifest.range
@@ -143,10 +177,17 @@ class TrainEpochRange:
             elif m.rng is not None:
                 rng_state.restore(m.rng)
             at = f"epoch {start}" + (f", step {self._resume_step}" if self._resume_step is not None else "")
-            logger.info(
-                "range %s of job %s: resuming at %s from checkpoint %d (%s)",
-                self.name, self.cfg.job_id, at, m.number, self._loaded.path,
-            )
+            if self._loaded.global_manifest is not None:
+                logger.info(
+                    "range %s of job %s: rank %d resuming at %s from global checkpoint %s (%s, %s)",
+                    self.name, self.cfg.job_id, self.rank, at, self._loaded.name, self._loaded.path,
+                    self._loaded.global_manifest.topology(),
+                )
+            else:
+                logger.info(
+                    "range %s of job %s: resuming at %s from checkpoint %d (%s)",
+                    self.name, self.cfg.job_id, at, m.number, self._loaded.path,
+                )
         self._last_save = time.monotonic()
         self.watcher.install()
         try:
@@ -170,8 +211,23 @@ class TrainEpochRange:
             self._preempt()
         if not self.is_writer:
             return
-        if last or time.monotonic() - self._last_save >= self.save_interval:
+        if last or self._save_due():
             self.save()
+
+    def _bucket(self) -> int:
+        if self.save_interval <= 0:
+            return 0
+        return int(time.time() // self.save_interval)
+
+    def _save_due(self) -> bool:
+        """Whether ``save_checkpoint_inter`` seconds have passed. Several ranks decide on the
+        wall clock's interval buckets, so that they pick the same boundary without talking
+        (a boundary that falls between two ranks' decisions abandons that one checkpoint)."""
+        if self.save_interval <= 0:
+            return True
+        if self.multi:
+            return self._bucket() != self._last_bucket
+        return time.monotonic() - self._last_save >= self.save_interval
 
     def _preempt(self) -> None:
         signum = self.watcher.received
@@ -217,7 +273,7 @@ class TrainEpochRange:
                     self._preempt()
                 elif self.is_writer and (
                     (save_every_steps is not None and self.step % save_every_steps == 0)
-                    or (self.save_interval > 0 and time.monotonic() - self._last_save >= self.save_interval)
+                    or (self.save_interval > 0 and self._save_due())
                 ):
                     self._loader_state = iterable.state_dict() if stateful else None
                     self.save()
@@ -252,6 +308,8 @@ class TrainEpochRange:
         if not is_new:
             return
         logger.info("range %s: registered training program %s (%s)", self.name, entry.key, info.label)
+        if self.multi and self._loaded is not None:
+            self._check_topology()
         self._prepare_arena()
         if self._loaded is not None and self._restore_entry(entry):
             return
@@ -261,10 +319,32 @@ class TrainEpochRange:
             # range has none yet: the program continues from the state that range ended with
             prev._restore_entry(entry)
 
+    def _check_topology(self) -> None:
+        """A job that keeps per-rank state must not resume from a replicated checkpoint
+        (every rank would silently load rank 0's state)."""
+        mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
+        if mode != "per-rank":
+            return
+        g = self._loaded.global_manifest
+        if g is None:
+            raise CheckpointError(
+                f"rank {self.rank}: checkpoint {self._loaded.name} of range {self.name} (job {self.cfg.job_id}) was written by "
+                f"trainer 0 alone (replicated state), but this job keeps per-rank state ({why}; world size "
+                f"{self.cfg.world_size}): every rank would load rank 0's state. Set PADDLE_ACP_RANK_STATE=replicated if "
+                "the ranks' state is identical, or start a new job (a new PADDLE_JOB_ID)."
+            )
+        if g.mode != "per-rank":
+            raise self.gcheckpointer.topology_error(g, "per-rank", f"this job keeps per-rank state ({why}) and a "
+                                                    "replicated checkpoint holds only rank 0's tensors")
+
+    def _follower(self) -> bool:
+        """A rank other than 0 whose tensors are replicated: its part holds no tensors."""
+        return self.multi and self.rank != 0 and decide_mode(self.cfg.rank_state, self.registry.entries)[0] == "replicated"
+
     def _prepare_arena(self) -> None:
         """Allocate and fault in the snapshot arena in the background, so the first save
         does not pay for it on the training thread."""
-        if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.local):
+        if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.local) or self._follower():
             return
         size = layout([e.views() for e in self.registry.entries])
         self._join_arena()
@@ -345,9 +425,17 @@ class TrainEpochRange:
 
         self._join_arena()
         programs = [e.views() for e in self.registry.entries]
+        mode = None
+        if self.multi:
+            mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
+            if mode != self._mode_logged:
+                logger.info("range %s: rank %d of %d saves %s state (%s)", self.name, self.rank, self.cfg.world_size, mode, why)
+                self._mode_logged = mode
+            if mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
+                programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in programs]
         size = layout(programs)
         image = None
-        if (self.saver.async_save and not sync) or self.storage.local:
+        if size and ((self.saver.async_save and not sync) or self.storage.local):
             # async: training goes on while the saver writes, so copy into the reused arena;
             # local disks: the aligned copy lets the write bypass the page cache (O_DIRECT),
             # which costs far less CPU and time than a buffered write of the views
@@ -362,6 +450,7 @@ class TrainEpochRange:
             paddle_version=paddle.__version__,
             ir="+".join(irs),
             extra=self._step_extra(),
+            mode=mode,
         )
         snap.stall_seconds = time.perf_counter() - t0
         snap.waited_seconds = waited
@@ -369,6 +458,7 @@ class TrainEpochRange:
         if sync:
             self.saver.wait()
         self._last_save = time.monotonic()
+        self._last_bucket = self._bucket()
 
     def _step_extra(self) -> dict:
         if self.step is None:
@@ -381,6 +471,9 @@ class TrainEpochRange:
             "time": time.time(), "range": self.name, "epoch": snap.range.epoch_no, "step": snap.range.step,
             "stall_s": round(snap.stall_seconds, 6), "waited_s": round(snap.waited_seconds, 6),
         }
+        if self.multi:
+            self._persist_part(snap, record, t0)
+            return
         try:
             number, nbytes = self.checkpointer.save(snap)
         except BaseException as exc:
@@ -396,6 +489,26 @@ class TrainEpochRange:
             self.name, number, snap.range.epoch_no, "" if snap.range.step is None else f" step {snap.range.step}",
             nbytes, snap.stall_seconds, dt, mbps,
         )
+
+    def _persist_part(self, snap: Snapshot, record: dict, t0: float) -> None:
+        try:
+            res = self.gcheckpointer.save(snap, snap.mode)
+        except BaseException as exc:
+            record.update(ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
+            self.metrics.append(record)
+            raise
+        dt = time.perf_counter() - t0
+        record.update(ok=res.committed is not False, name=res.name, bytes=res.nbytes, persist_s=round(dt, 6),
+                      rank=self.rank, committed=res.committed, parts_wait_s=round(res.waited, 6))
+        self.metrics.append(record)
+        at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
+        if res.committed is None:
+            logger.info("range %s: rank %d wrote its part of checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s",
+                        self.name, self.rank, res.name, at, res.nbytes, snap.stall_seconds, dt)
+        elif res.committed:
+            logger.info("range %s: saved global checkpoint %s (%s, %d ranks, %s): %d bytes of rank 0, stall %.3f s, "
+                        "persist %.3f s (%.3f s waiting for the other parts)", self.name, res.name, at,
+                        self.cfg.world_size, snap.mode, res.nbytes, snap.stall_seconds, dt, res.waited)
 
     def close(self) -> None:
         """Wait for the pending save to commit, then free the snapshot arena: an ended range
@@ -472,5 +585,6 @@ def reset() -> None:
     if _active is not None:
         _active.close()
     _active = _hooked = None
+    _fences.clear()
     _range_counter = 0
     _logged_inactive = False

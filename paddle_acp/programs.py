@@ -27,6 +27,34 @@ class ProgramInfo:
     label: str = ""
     has_backward: bool = False
     has_optimizer: bool = False
+    parallel_ops: Tuple[str, ...] = ()  # tensor-parallel, pipeline or sharding operators (see PARALLEL_OPS)
+
+
+# Operators that make a rank's state its own, as fleet inserts them (legacy IR op types; PIR
+# names are "pd_op." + the same, in-place variants end in "_"). From Paddle 3.3.1's
+# fleet/layers/mpu/mp_ops.py (tensor parallel: paddle.distributed.split, the meta-parallel
+# layers), incubate/optimizer/pipeline.py (pipeline stages) and
+# fleet/meta_optimizers/sharding/utils.py (sharding). Data-parallel all-reduce ops
+# (c_allreduce_sum, all_reduce) are NOT among them: they keep the ranks' state identical.
+PARALLEL_OPS = {
+    "tensor-parallel": ("c_identity", "c_split", "c_concat", "c_embedding", "mp_allreduce_sum",
+                        "c_softmax_with_cross_entropy", "c_softmax_with_multi_label_cross_entropy"),
+    "pipeline": ("send_v2", "recv_v2", "partial_send", "partial_recv", "partial_allgather", "p_send", "p_recv"),
+    "sharding": ("c_broadcast", "broadcast", "c_reduce_sum", "reduce", "c_reducescatter", "reduce_scatter"),
+}
+_PARALLEL_BY_NAME = {op: kind for kind, ops in PARALLEL_OPS.items() for op in ops}
+
+
+def parallel_kind(op_name: str) -> Optional[str]:
+    """'tensor-parallel', 'pipeline', 'sharding' or None for one operator name (either IR)."""
+    name = op_name[6:] if op_name.startswith("pd_op.") else op_name
+    if name.endswith("_grad_"):
+        name = name[:-6]
+    elif name.endswith("_grad"):
+        name = name[:-5]
+    elif name.endswith("_"):
+        name = name[:-1]
+    return _PARALLEL_BY_NAME.get(name)
 
 
 def unwrap(program):
@@ -114,7 +142,9 @@ def _finish(ir, has_bwd, has_opt, op_names, persist) -> ProgramInfo:
         h.update(("\x00".join(p) + "\x01").encode())
     names = tuple(dict.fromkeys(p[0] for p in persist))
     label = f"{ir}: {len(op_names)} ops, {len(names)} persistables"
+    parallel = tuple(sorted({n for n in op_names if parallel_kind(n) is not None}))
     return ProgramInfo(
+        parallel_ops=parallel,
         is_training=has_bwd and has_opt,
         ir=ir,
         fingerprint=h.hexdigest()[:16],

@@ -1,0 +1,604 @@
+"""Every rank's state, one global commit.
+
+Layout of a checkpoint taken by a job of several ranks (``PADDLE_TRAINERS_NUM`` > 1)::
+
+    {job}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/tensors.bin     rank k's part (its data)
+    {job}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/manifest.json   the part's manifest (written last)
+    {job}/range/{range}/ckpt-e{E}[-s{S}]/global.json              written last, by rank 0: the commit
+
+The checkpoint's name is its training position (epoch ``E`` done, or step ``S``
+of epoch ``E``), which every rank derives alike: a rank that skips or fails a
+save never shifts the others' numbering. Each rank writes its part (renamed
+into place from ``rank-{k}.tmp-<id>`` where renames are atomic; on S3 its
+manifest, written last, commits it). Rank 0 then waits, bounded by
+``PADDLE_ACP_PART_TIMEOUT``, for every rank's part of the same position,
+checks each, and writes ``global.json`` listing every part with the CRC32 of
+its manifest and the topology (world size, mode, each rank's program
+fingerprints). Until then nothing of the checkpoint is visible; a part that
+does not come abandons it. Restore picks the newest checkpoint whose global
+manifest and every part's manifest verify; each rank then verifies and loads
+only its own part (replicated mode: rank 0's tensors, its own RNG and loader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+import zlib
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import atomic
+from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot, range_dir
+from .errors import CheckpointError, CorruptCheckpointError, StorageError
+from .manifest import DATA_NAME, MANIFEST_NAME, Manifest, _doc_checksum, _fail, _get, seal
+from .storage import Storage
+
+logger = logging.getLogger("paddle_acp")
+
+GLOBAL_NAME = "global.json"
+GLOBAL_FORMAT = "paddle-acp/global-checkpoint"
+GLOBAL_VERSION = 3
+MODES = ("replicated", "per-rank")
+MAX_WORLD = 1 << 16
+_NO_STEP = (1 << 32) - 1
+_NAME_RE = re.compile(r"^ckpt-e(\d{1,12})(?:-s(\d{1,12}))?$")
+_PART_RE = re.compile(r"^rank-(\d{1,6})$")
+_PART_TMP_RE = re.compile(r"^rank-(\d{1,6})\.tmp-[0-9a-f]{1,32}$")
+_BAD_RE = re.compile(r"^bad-rank-(\d{1,6})$")
+
+
+# -- positions -------------------------------------------------------------------
+def position_name(epoch_no: int, step: Optional[int]) -> str:
+    return f"ckpt-e{epoch_no}" if step is None else f"ckpt-e{epoch_no}-s{step}"
+
+
+def parse_name(name: str) -> Optional[Tuple[int, Optional[int]]]:
+    m = _NAME_RE.match(name)
+    if not m:
+        return None
+    return int(m.group(1)), (int(m.group(2)) if m.group(2) is not None else None)
+
+
+def position_key(epoch_no: int, step: Optional[int]) -> Tuple[int, int]:
+    """Sort key: step S of epoch E comes before the end of epoch E."""
+    return (epoch_no, _NO_STEP if step is None else step)
+
+
+def position_number(epoch_no: int, step: Optional[int]) -> int:
+    """The checkpoint number recorded in part manifests: the position as one integer."""
+    return ((epoch_no + 1) << 32) | (_NO_STEP if step is None else step)
+
+
+# -- the global manifest -----------------------------------------------------------
+@dataclasses.dataclass
+class PartRecord:
+    rank: int
+    manifest_crc32: int
+    manifest_size: int
+    data_size: int
+    programs: List[str]  # fingerprints (program keys) of the rank's programs
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d, where):
+        rank = _get(d, "rank", int, where)
+        crc = _get(d, "manifest_crc32", int, where)
+        msize = _get(d, "manifest_size", int, where)
+        dsize = _get(d, "data_size", int, where)
+        programs = _get(d, "programs", list, where)
+        if rank < 0 or not 0 <= crc < 2**32 or msize <= 0 or dsize < 0:
+            raise _fail(f"{where}: bad rank, checksum or size")
+        if not all(isinstance(p, str) and 0 < len(p) <= 200 for p in programs):
+            raise _fail(f"{where}.programs must be a list of program keys")
+        return cls(rank, crc, msize, dsize, list(programs))
+
+
+@dataclasses.dataclass
+class GlobalManifest:
+    name: str
+    range_name: str
+    epoch_no: int
+    step: Optional[int]
+    world_size: int
+    mode: str
+    parts: List[PartRecord]
+    created: float = 0.0
+    generation: int = -1
+    base: Optional[str] = None  # the checkpoint the writing incarnation resumed from
+    version: int = GLOBAL_VERSION
+
+    @property
+    def number(self) -> int:
+        return position_number(self.epoch_no, self.step)
+
+    @property
+    def key(self) -> Tuple[int, int]:
+        return position_key(self.epoch_no, self.step)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "format": GLOBAL_FORMAT,
+            "version": self.version,
+            "name": self.name,
+            "range": self.range_name,
+            "position": {"epoch_no": self.epoch_no, "step": self.step},
+            "created": self.created,
+            "generation": self.generation,
+            "base": self.base,
+            "topology": {"world_size": self.world_size, "mode": self.mode},
+            "parts": [p.to_json() for p in self.parts],
+        }
+
+    def dumps(self) -> bytes:
+        return seal(self.to_json())
+
+    def topology(self) -> str:
+        return describe_topology(self.world_size, self.mode)
+
+    @classmethod
+    def loads(cls, raw: bytes) -> "GlobalManifest":
+        try:
+            d = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise _fail(f"global manifest is not valid JSON ({exc})") from None
+        if not isinstance(d, dict):
+            raise _fail("global manifest: top level must be an object")
+        checksum = d.pop("checksum", None)
+        try:
+            actual = _doc_checksum(d)
+        except ValueError:
+            raise _fail("global manifest contains NaN or infinity") from None
+        if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != actual:
+            raise _fail("global manifest checksum mismatch (the file was modified or damaged)")
+        if d.get("format") != GLOBAL_FORMAT:
+            raise _fail(f"format is {d.get('format')!r}, expected {GLOBAL_FORMAT!r}")
+        version = _get(d, "version", int, "global")
+        if version != GLOBAL_VERSION:
+            raise _fail(f"global manifest version {version} is not supported (this paddle-acp reads {GLOBAL_VERSION})")
+        name = _get(d, "name", str, "global")
+        pos = _get(d, "position", dict, "global")
+        epoch_no = _get(pos, "epoch_no", int, "global.position")
+        step = _get(pos, "step", int, "global.position", optional=True)
+        if parse_name(name) != (epoch_no, step):
+            raise _fail(f"global manifest name {name!r} does not match its position ({epoch_no}, {step})")
+        topo = _get(d, "topology", dict, "global")
+        world = _get(topo, "world_size", int, "global.topology")
+        mode = _get(topo, "mode", str, "global.topology")
+        if not 1 <= world <= MAX_WORLD:
+            raise _fail(f"world size {world} out of range")
+        if mode not in MODES:
+            raise _fail(f"mode {mode!r} is not one of {MODES}")
+        raw_parts = _get(d, "parts", list, "global")
+        parts = [PartRecord.from_json(p, f"global.parts[{i}]") for i, p in enumerate(raw_parts)]
+        if [p.rank for p in parts] != list(range(world)):
+            raise _fail(f"parts must list ranks 0..{world - 1} once each, in order")
+        base = _get(d, "base", str, "global", optional=True)
+        return cls(
+            name=name, range_name=_get(d, "range", str, "global"), epoch_no=epoch_no, step=step,
+            world_size=world, mode=mode, parts=parts, created=float(_get(d, "created", (int, float), "global")),
+            generation=_get(d, "generation", int, "global"), base=base, version=version,
+        )
+
+
+def describe_topology(world_size: int, mode: str) -> str:
+    return f"world size {world_size}, {mode}"
+
+
+# -- mode detection ------------------------------------------------------------------
+def fleet_degrees() -> Dict[str, int]:
+    """Model-parallel, pipeline and sharding degrees of the strategy ``fleet.init`` was given
+    ({} when fleet was not initialised). Never imports fleet itself."""
+    mod = sys.modules.get("paddle.distributed.fleet")
+    fleet = getattr(mod, "fleet", None) if mod is not None else None
+    strategy = getattr(fleet, "_user_defined_strategy", None)
+    if strategy is None:
+        return {}
+    out: Dict[str, int] = {}
+
+    def put(name, value):
+        try:
+            v = int(value)
+        except (TypeError, ValueError):
+            return
+        out[name] = max(out.get(name, 1), v)
+
+    try:
+        hybrid = strategy.hybrid_configs
+        for k in ("mp_degree", "pp_degree", "sharding_degree"):
+            if k in hybrid:
+                put(k, hybrid[k])
+        if getattr(strategy, "tensor_parallel", False):
+            put("mp_degree", strategy.tensor_parallel_configs.get("tensor_parallel_degree", 1))
+        if getattr(strategy, "sharding", False):
+            put("sharding_degree", strategy.sharding_configs.get("sharding_degree", 1))
+            put("pp_degree", strategy.sharding_configs.get("pp_degree", 1))
+            put("mp_degree", strategy.sharding_configs.get("mp_degree", 1))
+        if getattr(strategy, "pipeline", False):
+            put("pp_degree", 2)  # a pipeline strategy: stages hold different layers
+    except Exception as exc:  # an unexpected strategy object: say so, decide from the programs
+        logger.debug("cannot read fleet's strategy: %s", exc)
+    return out
+
+
+def decide_mode(setting: str, entries) -> Tuple[str, str]:
+    """('per-rank' | 'replicated', why) for PADDLE_ACP_RANK_STATE ``setting`` and the registered programs."""
+    if setting in MODES:
+        return setting, f"PADDLE_ACP_RANK_STATE={setting}"
+    for e in entries:
+        if e.info.parallel_ops:
+            return "per-rank", f"program {e.key} has {', '.join(e.info.parallel_ops[:4])}"
+    degrees = {k: v for k, v in fleet_degrees().items() if v > 1}
+    if degrees:
+        return "per-rank", "fleet strategy " + ", ".join(f"{k}={v}" for k, v in sorted(degrees.items()))
+    return "replicated", "no tensor-parallel, pipeline or sharding operators and no such fleet degree"
+
+
+# -- the checkpointer ----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GlobalEntry:
+    name: str
+    epoch_no: int
+    step: Optional[int]
+    committed: bool
+
+    @property
+    def key(self):
+        return position_key(self.epoch_no, self.step)
+
+
+@dataclasses.dataclass
+class SaveResult:
+    name: str
+    nbytes: int
+    committed: Optional[bool]  # None: not rank 0 (only wrote its part); False: abandoned
+    waited: float = 0.0
+
+
+class GlobalCheckpointer:
+    """Per-rank parts and rank 0's global commit for one range of one job."""
+
+    def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
+                 max_to_keep: int = 3, part_timeout: float = 300.0, fence=None):
+        self.storage = storage
+        self.job_id = job_id
+        self.range_name = range_name
+        self.rank = rank
+        self.world_size = world_size
+        self.max_to_keep = max_to_keep
+        self.part_timeout = part_timeout
+        self.fence = fence
+        self.dir = range_dir(job_id, range_name)
+        self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
+        self.poll_interval = 0.02
+        self._ck = Checkpointer(storage, job_id, range_name, 0)
+
+    # -- listing ---------------------------------------------------------------
+    def scan(self) -> List[GlobalEntry]:
+        out = []
+        for e in self.storage.listdir(self.dir):
+            pos = parse_name(e.name) if e.is_dir else None
+            if pos is None:
+                continue
+            committed = self.storage.exists(f"{self.dir}/{e.name}/{GLOBAL_NAME}")
+            out.append(GlobalEntry(e.name, pos[0], pos[1], committed))
+        return sorted(out, key=lambda g: g.key)
+
+    def part_dir(self, name: str, rank: int) -> str:
+        return f"{self.dir}/{name}/rank-{rank}"
+
+    def part_committed(self, name: str, rank: int) -> bool:
+        return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
+
+    # -- writing ---------------------------------------------------------------
+    def save(self, snap: Snapshot, mode: str) -> SaveResult:
+        """Write this rank's part; on rank 0 also wait for the others' and commit globally."""
+        name = position_name(snap.range.epoch_no, snap.range.step)
+        number = position_number(snap.range.epoch_no, snap.range.step)
+        ckdir = f"{self.dir}/{name}"
+        st = self.storage
+        if st.exists(f"{ckdir}/{GLOBAL_NAME}"):
+            logger.info("range %s: checkpoint %s is already committed; not written again", self.range_name, name)
+            return SaveResult(name, 0, True)
+        st.makedirs(ckdir)
+        self._remove_own(name)
+        snap.extra = dict(snap.extra)
+        snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base}
+        pending = atomic.Pending(st, ckdir, number, name=f"rank-{self.rank}")
+        try:
+            nbytes = self._ck._write(pending, snap, number)
+        except BaseException:
+            try:
+                pending.abort()
+            except Exception as exc:  # removed by this rank's next save or restart
+                logger.debug("could not remove %s: %s", pending.path, exc)
+            raise
+        if self.rank != 0:
+            return SaveResult(name, nbytes, None)
+        t0 = time.monotonic()
+        committed = self._commit(name, snap, mode)
+        res = SaveResult(name, nbytes, committed, time.monotonic() - t0)
+        if committed:
+            try:
+                self.apply_retention()
+            except (StorageError, CheckpointError) as exc:
+                logger.warning("retention after checkpoint %s failed: %s", name, exc)
+        return res
+
+    def _remove_own(self, name: str) -> None:
+        """Remove this rank's earlier part (or leftovers) at position ``name``."""
+        for e in self.storage.listdir(f"{self.dir}/{name}"):
+            m = _PART_RE.match(e.name) or _PART_TMP_RE.match(e.name)
+            if m and int(m.group(1)) == self.rank:
+                self.storage.delete_dir(f"{self.dir}/{name}/{e.name}")
+
+    def _read_part(self, name: str, rank: int) -> Optional[Tuple[bytes, Manifest]]:
+        """The committed part of ``rank`` at ``name`` when it belongs to this incarnation."""
+        path = f"{self.part_dir(name, rank)}/{MANIFEST_NAME}"
+        try:
+            raw = self.storage.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        try:
+            m = Manifest.loads(raw)
+        except CorruptCheckpointError as exc:
+            if not self.storage.atomic_rename:
+                return None  # S3: possibly still being written
+            logger.warning("part of rank %d of checkpoint %s is invalid: %s", rank, name, exc)
+            return None
+        part = m.extra.get("part") if isinstance(m.extra, dict) else None
+        if not isinstance(part, dict) or part.get("rank") != rank or part.get("base") != self.base:
+            return None  # a leftover of an earlier incarnation: that rank replaces it
+        return raw, m
+
+    def _later_part_exists(self, name: str, rank: int) -> bool:
+        pos = parse_name(name)
+        key = position_key(*pos)
+        for g in self.scan():
+            if g.key > key and self.part_committed(g.name, rank):
+                return True
+        return False
+
+    def _commit(self, name: str, snap: Snapshot, mode: str) -> bool:
+        """Rank 0: wait for every part of ``name``, then write the global manifest."""
+        deadline = time.monotonic() + self.part_timeout
+        parts: Dict[int, Tuple[bytes, Manifest]] = {}
+        delay = self.poll_interval
+        while True:
+            for k in range(self.world_size):
+                if k not in parts:
+                    got = self._read_part(name, k)
+                    if got is not None:
+                        parts[k] = got
+            missing = [k for k in range(self.world_size) if k not in parts]
+            if not missing:
+                break
+            gave_up = [k for k in missing if self._later_part_exists(name, k)]
+            if gave_up or time.monotonic() >= deadline:
+                why = (f"rank(s) {gave_up} already wrote a later checkpoint" if gave_up
+                       else f"no part within {self.part_timeout:g} s (PADDLE_ACP_PART_TIMEOUT)")
+                logger.error(
+                    "range %s: checkpoint %s abandoned: missing the part(s) of rank(s) %s (%s); "
+                    "it stays invisible and training goes on", self.range_name, name, missing, why,
+                )
+                return False
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        records = []
+        for k in range(self.world_size):
+            raw, m = parts[k]
+            records.append(PartRecord(k, zlib.crc32(raw) & 0xFFFFFFFF, len(raw), m.data_size, [p.key for p in m.programs]))
+        g = GlobalManifest(
+            name=name, range_name=self.range_name, epoch_no=snap.range.epoch_no, step=snap.range.step,
+            world_size=self.world_size, mode=mode, parts=records, created=time.time(),
+            generation=self.fence.generation if self.fence is not None else -1, base=self.base,
+        )
+        self._write_global(name, g.dumps())
+        return True
+
+    def _write_global(self, name: str, body: bytes) -> None:
+        st = self.storage
+        path = f"{self.dir}/{name}/{GLOBAL_NAME}"
+        if self.fence is not None:
+            self.fence.check(f"commit checkpoint {name}")
+        if not st.atomic_rename:
+            st.write_bytes(path, body)  # one small object: visible whole or not at all
+            return
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+        st.write_bytes(tmp, body)
+        if self.fence is not None:
+            self.fence.check(f"commit checkpoint {name}")
+        st.rename(tmp, path)
+
+    def apply_retention(self, keep: Optional[int] = None) -> List[str]:
+        """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and
+        abandoned ones older than the newest commit. Returns the names removed."""
+        from .fencing import check_deletable
+
+        keep = self.max_to_keep if keep is None else keep
+        entries = self.scan()
+        committed = [g for g in entries if g.committed]
+        if not committed:
+            return []
+        newest = committed[-1].key
+        doomed = committed[:-keep] if keep > 0 and len(committed) > keep else []
+        doomed += [g for g in entries if not g.committed and g.key < newest]
+        if not doomed:
+            return []
+        if self.fence is not None:
+            self.fence.check("delete old checkpoints")
+        check_deletable(self.storage, self.job_id, self.dir)
+        for g in sorted(doomed, key=lambda g: g.key):
+            # the commit first: a half-deleted checkpoint is never mistaken for a committed one
+            self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
+            self.storage.delete_dir(f"{self.dir}/{g.name}")
+            logger.debug("retention: deleted checkpoint %s of %s", g.name, self.dir)
+        return [g.name for g in doomed]
+
+    def discard_newer(self, key: Optional[Tuple[int, int]]) -> None:
+        """At start: remove what this rank wrote after the checkpoint it resumes from (parts of
+        checkpoints that never became, or are no longer, valid); rank 0 also withdraws their
+        global manifests. Positions newer than ``key`` (every one when None) are re-trained."""
+        for g in self.scan():
+            if key is not None and g.key <= key:
+                continue
+            try:
+                if self.rank == 0 and g.committed:
+                    if self.fence is not None:
+                        self.fence.check(f"withdraw checkpoint {g.name}")
+                    logger.warning("range %s: withdrawing checkpoint %s, newer than the one resumed from", self.range_name, g.name)
+                    self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
+                self._remove_own(g.name)
+            except (StorageError, CheckpointError) as exc:
+                logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
+
+    # -- reading ---------------------------------------------------------------
+    def read_global(self, name: str) -> GlobalManifest:
+        path = f"{self.dir}/{name}/{GLOBAL_NAME}"
+        try:
+            raw = self.storage.read_bytes(path)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{path} is missing (checkpoint not committed)") from None
+        g = GlobalManifest.loads(raw)
+        if g.name != name or g.range_name != self.range_name:
+            raise CorruptCheckpointError(f"{path}: global manifest belongs to {g.range_name}/{g.name}")
+        return g
+
+    def check_global(self, name: str) -> Tuple[GlobalManifest, Dict[int, bytes]]:
+        """The global manifest and every part's manifest bytes, each verified against it
+        (CRC32, size, validity, data file size). Every rank reaches the same verdict."""
+        g = self.read_global(name)
+        bad = [e.name for e in self.storage.listdir(f"{self.dir}/{name}") if _BAD_RE.match(e.name)]
+        if bad:
+            raise CorruptCheckpointError(f"{self.dir}/{name}: marked bad by a rank at restore ({', '.join(bad)})")
+        raws: Dict[int, bytes] = {}
+        for p in g.parts:
+            path = f"{self.part_dir(name, p.rank)}/{MANIFEST_NAME}"
+            try:
+                raw = self.storage.read_bytes(path)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{path} is missing") from None
+            if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
+                raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
+            m = Manifest.loads(raw)
+            if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
+                raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
+            try:
+                size = self.storage.size(f"{self.part_dir(name, p.rank)}/{DATA_NAME}")
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} is missing") from None
+            if size != p.data_size:
+                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
+            raws[p.rank] = raw
+        return g, raws
+
+    def topology_error(self, g: GlobalManifest, running_mode: str, why: str) -> CheckpointError:
+        return CheckpointError(
+            f"rank {self.rank}: checkpoint {g.name} of range {self.range_name} (job {self.job_id}) was written by a job of "
+            f"{g.topology()}, but this job runs with {describe_topology(self.world_size, running_mode)}: {why}. "
+            "A per-rank checkpoint restores only at the world size that wrote it. Restart with "
+            f"PADDLE_TRAINERS_NUM={g.world_size}, or start a new job (a new PADDLE_JOB_ID) to train from scratch."
+        )
+
+    def load(self, name: str, running_mode: Optional[str]) -> LoadedCheckpoint:
+        """Verify checkpoint ``name`` and load this rank's share of it.
+
+        ``running_mode``: the mode this job is known to run in ('per-rank', 'replicated')
+        or None (auto, decided when programs register). Raises CorruptCheckpointError
+        (fall back to an older one) or CheckpointError (topology: never a partial restore).
+        """
+        g, raws = self.check_global(name)
+        own = self.rank if self.rank < g.world_size else None
+        if g.mode == "per-rank":
+            if g.world_size != self.world_size:
+                raise self.topology_error(g, running_mode or "per-rank", "every rank's state is its own")
+            src = self.rank
+        else:
+            if running_mode == "per-rank" and self.world_size > 1:
+                raise self.topology_error(g, "per-rank", "a replicated checkpoint holds only rank 0's tensors")
+            src = 0
+            if g.world_size != self.world_size and g.step is not None:
+                raise self.topology_error(g, running_mode or "replicated",
+                                          "it was taken in the middle of an epoch, and the ranks' loader positions do not "
+                                          "carry over to another world size")
+        base = f"{self.dir}/{name}"
+        own_m = Manifest.loads(raws[own]) if own is not None else Manifest.loads(raws[0])
+        if own is None:
+            logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",
+                           self.rank, name, g.world_size)
+        try:
+            loaded = self._ck.load(g.number, f"{base}/rank-{src}", raws[src])
+        except CorruptCheckpointError as exc:
+            if g.mode == "per-rank" and self.world_size > 1:
+                self._mark_bad(name, exc)
+            raise
+        m = loaded.manifest
+        loaded.manifest = dataclasses.replace(m, rng=own_m.rng, extra=own_m.extra)
+        loaded.path = base
+        loaded.global_manifest = g
+        return loaded
+
+    def _mark_bad(self, name: str, exc: BaseException) -> None:
+        """This rank's own data failed verification while the other ranks may accept the
+        checkpoint: mark it bad, so that after the restart every rank falls back alike."""
+        try:
+            self.storage.write_bytes(f"{self.dir}/{name}/bad-rank-{self.rank}", str(exc)[:1000].encode())
+        except StorageError as err:
+            logger.error("could not mark checkpoint %s bad: %s", name, err)
+        raise CheckpointError(
+            f"rank {self.rank}: its part of checkpoint {self.dir}/{name} failed verification ({exc}), while the other "
+            "ranks may resume from it. The checkpoint is now marked bad: restart the job and every rank falls back "
+            "to the previous global checkpoint."
+        ) from exc
+
+
+def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optional[str]) -> Optional[LoadedCheckpoint]:
+    """The newest checkpoint of either layout that verifies (older ones are tried in turn).
+
+    Single-rank checkpoints (``ckpt-N``, written by rank 0 only) count as replicated;
+    their position is read from their manifest when both layouts are present.
+    Topology mismatches raise CheckpointError instead of falling back.
+    """
+    v3 = [e for e in gck.scan() if e.committed]
+    numbers = v2.committed_numbers()
+    cands: List[Tuple[Tuple[int, int], str, Any]] = [(e.key, "global", e.name) for e in v3]
+    for n in numbers:
+        key: Tuple[int, int] = (-1, n)
+        if v3:
+            try:
+                m = v2.read_manifest(n)
+                key = position_key(m.range.epoch_no, m.range.step)
+            except CorruptCheckpointError:
+                key = (-2, n)
+        cands.append((key, "single", n))
+    cands.sort(key=lambda c: (c[0], c[1] == "global"))
+    for key, kind, ident in reversed(cands):
+        try:
+            if kind == "global":
+                loaded = gck.load(ident, running_mode)
+            else:
+                if running_mode == "per-rank" and gck.world_size > 1:
+                    raise CheckpointError(
+                        f"rank {gck.rank}: checkpoint {ident} of range {gck.range_name} (job {gck.job_id}) was written by "
+                        "trainer 0 alone (replicated state), but this job keeps per-rank state "
+                        f"({describe_topology(gck.world_size, 'per-rank')}): every rank would load rank 0's state. "
+                        "Set PADDLE_ACP_RANK_STATE=replicated if the ranks' state is identical, or start a new job "
+                        "(a new PADDLE_JOB_ID)."
+                    )
+                loaded = v2.load(ident)
+                loaded.global_manifest = None
+            loaded.position_key = key if kind == "global" else position_key(
+                loaded.manifest.range.epoch_no, loaded.manifest.range.step)
+            loaded.name = ident if kind == "global" else atomic.final_name(ident)
+            return loaded
+        except CorruptCheckpointError as exc:
+            logger.warning("skipping checkpoint %s of %s/%s: %s", ident, gck.storage.uri, gck.dir, exc)
+    if cands:
+        logger.error("none of the %d checkpoints of %s/%s is valid: STARTING FROM SCRATCH", len(cands), gck.storage.uri, gck.dir)
+    return None
