@@ -21,7 +21,7 @@ from .fencing import Fence
 from .errors import AcpError, CheckpointError, ConfigError
 from .manifest import RangeRecord
 from .metrics import MetricsLog
-from .multirank import GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
+from .multirank import PREEMPT_PART_WAIT, GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
 from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver, lower_thread_priority
@@ -232,7 +232,7 @@ class TrainEpochRange:
     def _preempt(self) -> None:
         signum = self.watcher.received
         if self.is_writer:
-            self.save(sync=True)
+            self.save(sync=True, preempt=True)
         logger.warning("range %s: preempted by signal %d at epoch %d%s", self.name, signum, self.epoch_no,
                        f" step {self.step}" if self.step is not None else "")
         if self.exit_on_preempt:
@@ -415,7 +415,7 @@ class TrainEpochRange:
         return self._loaded is not None and bool(self._loaded.arrays)
 
     # -- saving --------------------------------------------------------------
-    def save(self, sync: bool = False) -> None:
+    def save(self, sync: bool = False, preempt: bool = False) -> None:
         """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set)."""
         _check_main_thread("checkpointing")
         t0 = time.perf_counter()
@@ -451,6 +451,7 @@ class TrainEpochRange:
             ir="+".join(irs),
             extra=self._step_extra(),
             mode=mode,
+            part_wait=PREEMPT_PART_WAIT if preempt else None,
         )
         snap.stall_seconds = time.perf_counter() - t0
         snap.waited_seconds = waited

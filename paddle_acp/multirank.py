@@ -50,6 +50,7 @@ _NAME_RE = re.compile(r"^ckpt-e(\d{1,12})(?:-s(\d{1,12}))?$")
 _PART_RE = re.compile(r"^rank-(\d{1,6})$")
 _PART_TMP_RE = re.compile(r"^rank-(\d{1,6})\.tmp-[0-9a-f]{1,32}$")
 _BAD_RE = re.compile(r"^bad-rank-(\d{1,6})$")
+PREEMPT_PART_WAIT = 10.0  # seconds rank 0 waits for the parts of a preemption save (the launcher is stopping the job)
 
 
 # -- positions -------------------------------------------------------------------
@@ -322,7 +323,7 @@ class GlobalCheckpointer:
         if self.rank != 0:
             return SaveResult(name, nbytes, None)
         t0 = time.monotonic()
-        committed = self._commit(name, snap, mode)
+        committed = self._commit(name, snap, mode, self.part_timeout if snap.part_wait is None else min(snap.part_wait, self.part_timeout))
         res = SaveResult(name, nbytes, committed, time.monotonic() - t0)
         if committed:
             try:
@@ -365,9 +366,9 @@ class GlobalCheckpointer:
                 return True
         return False
 
-    def _commit(self, name: str, snap: Snapshot, mode: str) -> bool:
+    def _commit(self, name: str, snap: Snapshot, mode: str, timeout: float) -> bool:
         """Rank 0: wait for every part of ``name``, then write the global manifest."""
-        deadline = time.monotonic() + self.part_timeout
+        deadline = time.monotonic() + timeout
         parts: Dict[int, Tuple[bytes, Manifest]] = {}
         delay = self.poll_interval
         while True:
@@ -382,7 +383,8 @@ class GlobalCheckpointer:
             gave_up = [k for k in missing if self._later_part_exists(name, k)]
             if gave_up or time.monotonic() >= deadline:
                 why = (f"rank(s) {gave_up} already wrote a later checkpoint" if gave_up
-                       else f"no part within {self.part_timeout:g} s (PADDLE_ACP_PART_TIMEOUT)")
+                       else f"no part within {timeout:g} s" + (" (PADDLE_ACP_PART_TIMEOUT)" if timeout == self.part_timeout
+                                                                else " (a preemption save waits at most this long)"))
                 logger.error(
                     "range %s: checkpoint %s abandoned: missing the part(s) of rank(s) %s (%s); "
                     "it stays invisible and training goes on", self.range_name, name, missing, why,

@@ -1,0 +1,346 @@
+"""Per-rank parts and the global commit, on real local storage: the global manifest's
+format, the commit protocol (parts in any order, some never), restore of the newest
+globally committed checkpoint, topology checks, writer fencing and safe retention."""
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from paddle_acp.checkpointer import Checkpointer, Snapshot
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError
+from paddle_acp.fencing import Fence, FencedError, check_deletable
+from paddle_acp.manifest import RangeRecord
+from paddle_acp.multirank import (
+    GLOBAL_NAME,
+    GlobalCheckpointer,
+    GlobalManifest,
+    PartRecord,
+    load_newest,
+    parse_name,
+    position_key,
+    position_name,
+)
+from paddle_acp.snapshot import ProgramSnapshot, TensorData
+from paddle_acp.storage import open_storage
+
+JOB, RANGE = "job", "_range_0"
+
+
+def snapshot(rank, epoch, step=None, tensors=True, key=None):
+    """Rank ``rank``'s state at a position: same names on every rank, values its own."""
+    rng = np.random.default_rng(1000 * rank + 10 * epoch + (step or 0))
+    ts = [TensorData("w", "float32", rng.standard_normal(7).astype("float32")),
+          TensorData("rank", "int64", np.array([rank, epoch], dtype="int64"))] if tensors else []
+    prog = ProgramSnapshot(key or "fp-shared", "test", ts, {"last_epoch": epoch})
+    rng_state = {"marker": [rank, epoch]}  # opaque here: validated only by epoch_range's restore
+    return Snapshot(RangeRecord(RANGE, epoch, 100, step), [prog], None, "3.3.1", "pir",
+                    extra={"loader_state": {"rank": rank, "epoch": epoch}, "rng_probe": rng_state})
+
+
+def gck(root, rank, world, timeout=5.0, fence=None, keep=3):
+    g = GlobalCheckpointer(open_storage(str(root)), JOB, RANGE, rank, world, keep, timeout, fence)
+    g.poll_interval = 0.005
+    return g
+
+
+def v2(root, keep=3, fence=None):
+    return Checkpointer(open_storage(str(root)), JOB, RANGE, keep, fence)
+
+
+def save_all(root, world, epoch, mode="per-rank", order=None, missing=(), timeout=5.0):
+    """Ranks write their parts of one position in ``order``; rank 0 commits in a thread.
+    Returns rank 0's SaveResult."""
+    order = list(range(world)) if order is None else order
+    res = {}
+    t = None
+    for r in order:
+        if r in missing:
+            continue
+        if r == 0:
+            t = threading.Thread(target=lambda: res.setdefault(0, gck(root, 0, world, timeout).save(
+                snapshot(0, epoch), mode)))
+            t.start()
+        else:
+            gck(root, r, world, timeout).save(snapshot(r, epoch, tensors=mode == "per-rank"), mode)
+    if t is not None:
+        t.join()
+    return res.get(0)
+
+
+def own_values(loaded):
+    return {name: arr.copy() for (_key, name), arr in loaded.arrays.items()}
+
+
+# -- the global manifest -------------------------------------------------------------
+
+parts_st = st.integers(1, 6).flatmap(lambda w: st.tuples(
+    st.just(w),
+    st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(1, 10**6), st.integers(0, 10**12),
+                       st.lists(st.text("0123456789abcdef.", min_size=1, max_size=20), max_size=3)),
+             min_size=w, max_size=w)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=parts_st, epoch=st.integers(0, 10**9), step=st.one_of(st.none(), st.integers(0, 10**9)),
+       mode=st.sampled_from(["replicated", "per-rank"]), gen=st.integers(-1, 10**6),
+       base=st.one_of(st.none(), st.just("ckpt-e3"), st.just("ckpt-7")), flip=st.integers(0, 10**6))
+def test_global_manifest_round_trip_and_any_edit_is_caught(parts, epoch, step, mode, gen, base, flip):
+    world, recs = parts
+    g = GlobalManifest(position_name(epoch, step), RANGE, epoch, step, world, mode,
+                       [PartRecord(i, *r[:3], list(r[3])) for i, r in enumerate(recs)], 12.5, gen, base)
+    raw = g.dumps()
+    back = GlobalManifest.loads(raw)
+    assert back == g
+    assert parse_name(back.name) == (epoch, step)
+    # any changed byte is refused (JSON error or checksum mismatch), never read as another manifest
+    i = flip % len(raw)
+    bad = raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:]
+    with pytest.raises(CorruptCheckpointError):
+        GlobalManifest.loads(bad)
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (lambda d: d["topology"].update(world_size=3), "ranks 0..2"),
+    (lambda d: d["topology"].update(mode="sharded"), "mode"),
+    (lambda d: d.update(name="ckpt-e9"), "does not match its position"),
+    (lambda d: d["parts"][1].update(rank=0), "ranks 0..1"),
+    (lambda d: d["parts"][0].update(manifest_crc32=-1), "bad rank"),
+    (lambda d: d.update(version=4), "not supported"),
+])
+def test_global_manifest_validation_names_the_problem(edit, msg):
+    from paddle_acp.manifest import seal
+
+    g = GlobalManifest("ckpt-e2", RANGE, 2, None, 2, "per-rank",
+                       [PartRecord(0, 1, 10, 64, ["a"]), PartRecord(1, 2, 10, 64, ["b"])])
+    d = g.to_json()
+    edit(d)
+    with pytest.raises(CorruptCheckpointError, match=msg):
+        GlobalManifest.loads(seal(d))
+
+
+def test_position_names_order_steps_before_the_epoch_end():
+    names = ["ckpt-e2", "ckpt-e2-s5", "ckpt-e10-s0", "ckpt-e1"]
+    keys = sorted(names, key=lambda n: position_key(*parse_name(n)))
+    assert keys == ["ckpt-e1", "ckpt-e2-s5", "ckpt-e2", "ckpt-e10-s0"]
+    for bad in ("ckpt-2", "ckpt-e", "ckpt-e1-s", "ckpt-e1.tmp-ab", "ckpt-e-1"):
+        assert parse_name(bad) is None
+
+
+# -- the commit protocol ---------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_commit_protocol_parts_in_any_order_some_never(tmp_path_factory, data):
+    """Whatever order the parts arrive in, and whichever never arrive, a checkpoint is
+    visible iff every rank's part arrived, and every rank restores the newest such one
+    with its OWN values."""
+    root = tmp_path_factory.mktemp("proto")
+    world = data.draw(st.integers(2, 4), label="world")
+    complete = []
+    for epoch in range(data.draw(st.integers(1, 3), label="positions")):
+        order = data.draw(st.permutations(range(world)), label="order")
+        missing = data.draw(st.sets(st.integers(0, world - 1), max_size=world - 1), label="missing")
+        res = save_all(root, world, epoch, order=order, missing=missing, timeout=0.15)
+        committed = (root / JOB / "range" / RANGE / f"ckpt-e{epoch}" / GLOBAL_NAME).exists()
+        assert committed == (not missing)
+        if 0 not in missing:
+            assert res.committed is (not missing)
+        if not missing:
+            complete.append(epoch)
+    for r in range(world):
+        loaded = load_newest(v2(root), gck(root, r, world), "per-rank")
+        if not complete:
+            assert loaded is None
+            continue
+        assert loaded.global_manifest.epoch_no == complete[-1]
+        vals = own_values(loaded)
+        want = snapshot(r, complete[-1]).programs[0].tensors
+        assert np.array_equal(vals["w"], want[0].array) and vals["rank"].tolist() == [r, complete[-1]]
+        assert loaded.manifest.extra["loader_state"] == {"rank": r, "epoch": complete[-1]}
+        loaded.close()
+
+
+def test_a_rank_that_skips_a_save_abandons_it_at_once_and_the_next_commits(tmp_path):
+    """Rank 1 skips epoch 1 (its previous save still running, say): rank 0 stops waiting
+    as soon as rank 1's part of a later position appears, not after the timeout."""
+    save_all(tmp_path, 2, 0)
+    res = {}
+    t = threading.Thread(target=lambda: res.setdefault(0, gck(tmp_path, 0, 2, timeout=120).save(snapshot(0, 1), "per-rank")))
+    t.start()
+    gck(tmp_path, 1, 2).save(snapshot(1, 2), "per-rank")  # rank 1 is already at epoch 2
+    t.join(60)
+    assert not t.is_alive() and res[0].committed is False
+    assert save_all(tmp_path, 2, 2, order=[1, 0]).committed is True
+    got = [load_newest(v2(tmp_path), gck(tmp_path, r, 2), "per-rank").global_manifest.name for r in (0, 1)]
+    assert got == ["ckpt-e2", "ckpt-e2"]
+    # retention removed the abandoned checkpoint (older than the newest commit)
+    assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e1").exists()
+
+
+def test_a_damaged_part_falls_back_on_every_rank_to_the_previous_global_checkpoint(tmp_path):
+    for e in (0, 1):
+        save_all(tmp_path, 3, e)
+    part = tmp_path / JOB / "range" / RANGE / "ckpt-e1" / "rank-2" / "manifest.json"
+    part.write_bytes(part.read_bytes().replace(b'"last_epoch": 1', b'"last_epoch": 7'))
+    for r in range(3):  # rank 0 and 1 never read rank 2's data, yet they see it is not intact
+        loaded = load_newest(v2(tmp_path), gck(tmp_path, r, 3), None)
+        assert loaded.global_manifest.name == "ckpt-e0"
+        loaded.close()
+    os.remove(part)
+    loaded = load_newest(v2(tmp_path), gck(tmp_path, 1, 3), None)
+    assert loaded.global_manifest.name == "ckpt-e0"
+
+
+def test_own_data_corrupt_marks_the_checkpoint_bad_so_every_rank_falls_back(tmp_path):
+    for e in (0, 1):
+        save_all(tmp_path, 2, e)
+    data = tmp_path / JOB / "range" / RANGE / "ckpt-e1" / "rank-1" / "tensors.bin"
+    raw = bytearray(data.read_bytes())
+    raw[3] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="marked bad"):
+        load_newest(v2(tmp_path), gck(tmp_path, 1, 2), "per-rank")
+    for r in (0, 1):  # after the restart both fall back alike
+        assert load_newest(v2(tmp_path), gck(tmp_path, r, 2), "per-rank").global_manifest.name == "ckpt-e0"
+
+
+def test_world_size_change_of_a_per_rank_checkpoint_fails_clearly_on_every_rank(tmp_path):
+    save_all(tmp_path, 2, 0)
+    for r in range(3):
+        with pytest.raises(CheckpointError) as ei:
+            load_newest(v2(tmp_path), gck(tmp_path, r, 3), None)
+        msg = str(ei.value)
+        assert "world size 2, per-rank" in msg and "world size 3" in msg and "PADDLE_TRAINERS_NUM=2" in msg
+        assert "PADDLE_JOB_ID" in msg
+
+
+def test_replicated_checkpoint_restores_at_another_data_parallel_degree(tmp_path):
+    save_all(tmp_path, 2, 0, mode="replicated")
+    assert (tmp_path / JOB / "range" / RANGE / "ckpt-e0" / "rank-1" / "tensors.bin").stat().st_size == 0
+    for world in (1, 2, 3):
+        for r in range(world):
+            loaded = load_newest(v2(tmp_path), gck(tmp_path, r, world), "replicated")
+            vals = own_values(loaded)
+            assert vals["rank"].tolist() == [0, 0]  # the one copy of the tensors: rank 0's
+            own = r if r < 2 else 0  # RNG and loader position: the rank's own (a new rank: rank 0's)
+            assert loaded.manifest.extra["loader_state"] == {"rank": own, "epoch": 0}
+            loaded.close()
+    # a job that keeps per-rank state must not take it
+    with pytest.raises(CheckpointError, match="replicated"):
+        load_newest(v2(tmp_path), gck(tmp_path, 1, 2), "per-rank")
+
+
+def test_single_rank_checkpoints_still_restore_in_a_multi_rank_job(tmp_path):
+    ck = v2(tmp_path)
+    ck.save(snapshot(0, 4))
+    loaded = load_newest(ck, gck(tmp_path, 1, 2), None)
+    assert loaded.global_manifest is None and loaded.name == "ckpt-0" and loaded.manifest.range.epoch_no == 4
+    loaded.close()
+    with pytest.raises(CheckpointError, match="trainer 0 alone"):
+        load_newest(ck, gck(tmp_path, 1, 2), "per-rank")
+    # a newer global checkpoint wins over it, an older one does not
+    save_all(tmp_path, 2, 3)
+    assert load_newest(ck, gck(tmp_path, 1, 2), None).name == "ckpt-0"
+    save_all(tmp_path, 2, 5)
+    assert load_newest(ck, gck(tmp_path, 1, 2), None).name == "ckpt-e5"
+
+
+def test_discard_newer_removes_what_an_earlier_start_left_past_the_resume_point(tmp_path):
+    for e in (0, 1):
+        save_all(tmp_path, 2, e)
+    gck(tmp_path, 1, 2).save(snapshot(1, 2), "per-rank")  # a part that never got committed
+    rdir = tmp_path / JOB / "range" / RANGE
+    for r in (1, 0):
+        g = gck(tmp_path, r, 2)
+        g.discard_newer(position_key(0, None))  # e.g. ckpt-e1 turned out bad: resume from e0
+    assert not (rdir / "ckpt-e1" / GLOBAL_NAME).exists()
+    assert not (rdir / "ckpt-e1" / "rank-0").exists() and not (rdir / "ckpt-e1" / "rank-1").exists()
+    assert not (rdir / "ckpt-e2" / "rank-1").exists()
+    assert (rdir / "ckpt-e0" / GLOBAL_NAME).exists()
+
+
+def test_parts_of_an_earlier_incarnation_are_never_committed(tmp_path):
+    """Rank 1's part at a position, written by a start that resumed from another checkpoint
+    (its base), is not taken by rank 0: rank 0 waits for this start's part."""
+    old = gck(tmp_path, 1, 2)
+    old.base = "ckpt-e7"
+    old.save(snapshot(1, 0), "per-rank")
+    res = save_all(tmp_path, 2, 0, missing={1}, timeout=0.2)
+    assert res.committed is False
+
+
+# -- fencing and retention -------------------------------------------------------------
+
+def test_older_writer_generation_is_fenced_and_newest_never_goes_backwards(tmp_path, caplog):
+    st_ = open_storage(str(tmp_path))
+    live = Fence.take(st_, JOB)
+    ck_live = v2(tmp_path, keep=2, fence=live)
+    for e in range(3):
+        ck_live.save(snapshot(0, 50 + e))
+    zombie_ck = v2(tmp_path, keep=2, fence=live)
+    newer = Fence.take(st_, JOB)  # a second writer starts: the first is now a zombie
+    assert newer.generation == live.generation + 1
+    ck_new = v2(tmp_path, keep=2, fence=newer)
+    ck_new.save(snapshot(0, 53))
+    with pytest.raises(FencedError, match=f"generation {live.generation} is fenced by generation {newer.generation}"):
+        zombie_ck.save(snapshot(0, 22))
+    assert any("is fenced" in r.message and str(newer.generation) in r.message for r in caplog.records)
+    newest = ck_new.committed_numbers()[-1]
+    assert ck_new.read_manifest(newest).range.epoch_no == 53
+    assert not [p for p in (tmp_path / JOB / "range" / RANGE).iterdir() if ".tmp" in p.name]
+    # fenced for good: its retention deletes nothing either
+    with pytest.raises(FencedError):
+        zombie_ck.apply_retention(keep=1)
+    assert len(ck_new.committed_numbers()) == 2
+    # the global commit is fenced the same way
+    g_old = gck(tmp_path, 0, 2, timeout=1, fence=live)
+    gck(tmp_path, 1, 2).save(snapshot(1, 60), "per-rank")
+    with pytest.raises(FencedError):
+        g_old.save(snapshot(0, 60), "per-rank")
+    assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e60" / GLOBAL_NAME).exists()
+
+
+def test_generations_are_taken_exclusively_under_races(tmp_path):
+    st_ = open_storage(str(tmp_path))
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(Fence.take(st_, JOB).generation)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(8))
+
+
+def test_retention_never_deletes_another_jobs_checkpoints_nor_through_a_symlink(tmp_path):
+    other = v2(tmp_path / "o")  # another job's checkpoints, elsewhere
+    other.storage.makedirs(JOB)
+    other.write_job_marker()
+    for e in range(4):
+        other.save(snapshot(0, e))
+    before = sorted(str(p) for p in (tmp_path / "o").rglob("*"))
+    # our job's range directory is a symlink to that job's range directory
+    (tmp_path / "me" / JOB / "range").mkdir(parents=True)
+    os.symlink(tmp_path / "o" / JOB / "range" / RANGE, tmp_path / "me" / JOB / "range" / RANGE)
+    mine = v2(tmp_path / "me", keep=1)
+    with pytest.raises(CheckpointError, match="symlink"):
+        mine.apply_retention()
+    g = gck(tmp_path / "me", 0, 2, keep=1)
+    save_all(tmp_path / "me", 2, 9)  # commits through the link, but retention refuses to delete
+    save_all(tmp_path / "me", 2, 10)
+    with pytest.raises(CheckpointError, match="symlink"):
+        g.apply_retention()
+    after = sorted(str(p) for p in (tmp_path / "o").rglob("*"))
+    assert set(before) <= set(after)
+    # a job directory whose marker names another job is not ours to prune
+    (tmp_path / "x" / JOB).mkdir(parents=True)
+    (tmp_path / "x" / JOB / "job.json").write_text(json.dumps({"job_id": "someone-else"}))
+    with pytest.raises(CheckpointError, match="names another job"):
+        check_deletable(open_storage(str(tmp_path / "x")), JOB, f"{JOB}/range/{RANGE}")
+    with pytest.raises(CheckpointError, match="not inside"):
+        check_deletable(open_storage(str(tmp_path / "x")), JOB, "otherjob/range")
