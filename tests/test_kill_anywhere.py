@@ -23,3 +23,22 @@ def test_kill_anywhere_three_trials_pir(tmp_path):
     data = json.loads(report.read_text())
     assert data["ok"] == data["total"] == 3
     assert data["irs"]["pir"]["kills"] >= 1, proc.stdout
+
+
+def test_kill_anywhere_two_ranks_tensor_parallel_like(tmp_path):
+    """Two ranks with different values under the same names, a mid-epoch checkpoint every
+    other step: any rank killed at any moment, the whole job restarted, each rank ends
+    bit-identical to its own uninterrupted run and all ranks resume from the same checkpoint."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, HARNESS, "--ranks", "2", "--trials", "2", "--seed", "7", "--ir", "pir",
+         "--epochs", "8", "--steps-per-epoch", "4", "--save-every-steps", "2",
+         "--uri-root", str(tmp_path / "work"), "--json", str(report)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert "2/2 trials resumed bit-identically" in proc.stdout, proc.stdout
+    data = json.loads(report.read_text())
+    assert data["ok"] == data["total"] == 2 and data["ranks"] == 2
+    for t in data["trials"]:
+        for starts in t["resumed_from"]:
+            assert len(set(map(str, starts.values()))) <= 1, t

@@ -29,7 +29,8 @@ Output in ``--out OUT`` (shared by all trainers of the job):
   ``{"event": "end"}`` after the last epoch;
 * ``pids``: one line per trainer process (for the tests' cleanup);
 * ``violations.r<rank>.jsonl``: in a trainer whose rank is not 0, every call
-  of a mutating ``paddle_acp.storage.Storage`` method (there must be none);
+  of a mutating ``paddle_acp.storage.Storage`` method on a path that is not
+  its own (its part ``ckpt-e*/rank-<rank>``, its metrics file): there must be none;
 * ``final.r<rank>.npz``: the parameters at the end; ``done.r<rank>``: last.
 """
 import argparse
@@ -103,10 +104,17 @@ if RANK != 0:
     # Record (and let pass) every write a non-zero trainer makes through paddle-acp's storage layer.
     from paddle_acp import storage as _storage
 
+    import re
+
+    _OWN = re.compile(r"/range/_range_\d+/ckpt-e\d+(-s\d+)?(/rank-%d(\.tmp-[0-9a-f]+)?(/[a-z.]+)?)?$|/metrics(/trainer-%d\.jsonl)?$"
+                      % (RANK, RANK))
+
     def _spy(name, orig):
         def wrapper(self, *a, **k):
-            with open(os.path.join(OUT, f"violations.r{RANK}.jsonl"), "a") as f:
-                f.write(json.dumps({"method": name, "args": [str(x) for x in a], "pid": os.getpid()}) + "\n")
+            paths = [x for x in a if isinstance(x, str)]
+            if not all(_OWN.search(x) for x in paths):
+                with open(os.path.join(OUT, f"violations.r{RANK}.jsonl"), "a") as f:
+                    f.write(json.dumps({"method": name, "args": [str(x) for x in a], "pid": os.getpid()}) + "\n")
             return orig(self, *a, **k)
         return wrapper
 
