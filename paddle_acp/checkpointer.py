@@ -316,6 +316,8 @@ class Checkpointer:
     def save(self, snap: Snapshot) -> Tuple[int, int]:
         """Write and commit one checkpoint; returns (number, bytes written)."""
         st = self.storage
+        if self.fence is not None and self.fence.fenced_by is not None:
+            self.fence.check("write a checkpoint")  # fenced for good: not even the data is written
         entries = atomic.scan(st, self.dir)
         atomic.remove_leftovers(st, self.dir, entries)
         number = atomic.next_number(entries)

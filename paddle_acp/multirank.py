@@ -304,6 +304,8 @@ class GlobalCheckpointer:
         number = position_number(snap.range.epoch_no, snap.range.step)
         ckdir = f"{self.dir}/{name}"
         st = self.storage
+        if self.fence is not None and self.fence.fenced_by is not None:
+            self.fence.check(f"write checkpoint {name}")  # fenced for good
         if st.exists(f"{ckdir}/{GLOBAL_NAME}"):
             logger.info("range %s: checkpoint %s is already committed; not written again", self.range_name, name)
             return SaveResult(name, 0, True)

@@ -122,17 +122,18 @@ def trainer_pids(out):
 class ElasticJob:
     """The launchers of one job (``etcd.LaunchGroup``); ``close()`` kills them and every trainer they started."""
 
-    def __init__(self, tmp, job_id):
+    def __init__(self, tmp, job_id, env_extra=None, args_extra=()):
         self.tmp, self.job_id = Path(tmp), job_id
         self.out, self.ckpt = self.tmp / "out", self.tmp / "ckpt"
         self.out.mkdir(parents=True)
-        env = etcd.launcher_env(job_id, base=trainer_env(), PADDLE_ACP_CHECKPOINT_URI=str(self.ckpt))
+        self.args_extra = list(args_extra)
+        env = etcd.launcher_env(job_id, base=trainer_env(env_extra), PADDLE_ACP_CHECKPOINT_URI=str(self.ckpt))
         self.group = etcd.LaunchGroup(self.tmp, env, relaunch=1)
 
     def launch(self, master_url, *, nnodes, nproc_per_node, rank=None, name="node0"):
         cmd = etcd.launch_command(master_url, SCRIPT,
                                   ["--out", self.out] + TRAIN_ARGS + ["--kill-rank", 1, "--kill-epoch", KILL_EPOCH,
-                                                                      "--kill-step", KILL_STEP],
+                                                                      "--kill-step", KILL_STEP] + self.args_extra,
                                   nnodes=nnodes, nproc_per_node=nproc_per_node, rank=rank, max_restart=3,
                                   log_dir=str(self.tmp / f"log.{name}"))
         return self.group.add(name, cmd)
@@ -195,8 +196,8 @@ def reference(tmp_path_factory):
 def job(tmp_path):
     jobs = []
 
-    def make(job_id):
-        j = ElasticJob(tmp_path, job_id)
+    def make(job_id, **kw):
+        j = ElasticJob(tmp_path, job_id, **kw)
         jobs.append(j)
         return j
 
@@ -360,3 +361,31 @@ def test_trainer1_alone_writes_only_its_own_parts(reference, tmp_path):
     assert start["epoch"] == 3 and start["restored"] is not None
     assert_same_params(params(tmp_path / "out2", 1), ref_params, "trainer 1 resumed from trainer 0's checkpoint")
     assert not (tmp_path / "out2" / "violations.r1.jsonl").exists()
+
+
+def test_tensor_parallel_like_trainers_resume_their_own_state(etcd_server, job, tmp_path):
+    """Under the real launcher: two trainers with the same program, names and shapes but their
+    own initial values and data (PADDLE_ACP_RANK_STATE=per-rank). Trainer 1 dies in epoch 2;
+    after the launcher's restart each ends bit-identical to ITS OWN uninterrupted run, and both
+    resumed from the same global checkpoint."""
+    refs = {}
+    for r in (0, 1):
+        out = tmp_path / f"ref{r}"
+        run_alone(out, "--per-rank-values", env={"PADDLE_TRAINER_ID": str(r)})
+        refs[r] = params(out, r)
+    assert any(not np.array_equal(refs[0][k], refs[1][k]) for k in refs[0]), "the trainers must differ"
+    j = job("elastic-tp", env_extra={"PADDLE_ACP_RANK_STATE": "per-rank"}, args_extra=["--per-rank-values"])
+    j.launch(etcd_server.master_url, nnodes=1, nproc_per_node=2)
+    assert j.wait() == [0], j.describe()
+    starts = {r: [e for e in events(j.out, r) if e["event"] == "start"] for r in (0, 1)}
+    for r in (0, 1):
+        assert (j.out / f"done.r{r}").exists(), j.describe()
+        assert_same_params(params(j.out, r), refs[r], f"trainer {r}")
+        assert len(starts[r]) == 2 and starts[r][1]["restored"] is not None, j.describe()
+    assert (starts[0][1]["restored"], starts[0][1]["epoch"], starts[0][1]["step"]) == \
+        (starts[1][1]["restored"], starts[1][1]["epoch"], starts[1][1]["step"]), j.describe()
+    log0 = (j.tmp / "log.node0" / "workerlog.0").read_text(errors="replace")
+    assert "saves per-rank state (PADDLE_ACP_RANK_STATE=per-rank)" in log0
+    g = json.loads(next((j.ckpt / j.job_id / "range" / "_range_0").glob("ckpt-e*/global.json")).read_text())
+    assert g["topology"] == {"world_size": 2, "mode": "per-rank"}
+    assert not (j.out / "violations.r1.jsonl").exists(), (j.out / "violations.r1.jsonl").read_text()

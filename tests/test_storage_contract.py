@@ -289,3 +289,51 @@ def test_checkpointer_round_trip_retention_and_leftovers(backend):
     assert reader.committed_numbers() == [3]
     assert_same(reader.load_latest(), s3)
     assert [e.number for e in atomic.scan(st, ck.dir)] == [3]
+
+
+def _rank_snapshot(rank, epoch):
+    arr = np.full(5, 10 * rank + epoch, dtype="float32")
+    prog = ProgramSnapshot("fp", "t", [TensorData("w", "float32", arr)], None)
+    return Snapshot(RangeRecord("_range_0", epoch, 10), [prog], None, "3.3.1", "pir", extra={"loader_state": rank})
+
+
+def test_global_commit_and_writer_fencing_on_every_backend(backend):
+    """Per-rank parts, rank 0's global commit (manifest-last on S3, renames elsewhere), an
+    abandoned checkpoint, restore of the newest global one by every rank, and exclusive
+    writer generations: the same contract on every backend."""
+    import threading
+
+    from paddle_acp.fencing import Fence, FencedError, create_exclusive
+    from paddle_acp.multirank import GLOBAL_NAME, GlobalCheckpointer, load_newest
+
+    st = backend.storage()
+    st.makedirs("job")
+    fences = [Fence.take(st, "job"), Fence.take(backend.fresh(), "job")]
+    assert [f.generation for f in fences] == [0, 1]
+    assert not create_exclusive(st, "job/writers/gen-1", b"x")
+
+    def gck(rank, fence=None, timeout=30.0):
+        g = GlobalCheckpointer(st, "job", "_range_0", rank, 2, 3, timeout, fence)
+        g.poll_interval = 0.01
+        return g
+
+    def save(epoch, ranks, fence):
+        res = {}
+        t = threading.Thread(target=lambda: res.setdefault(0, gck(0, fence, timeout=1.0).save(_rank_snapshot(0, epoch), "per-rank")))
+        t.start()
+        for r in ranks:
+            gck(r).save(_rank_snapshot(r, epoch), "per-rank")
+        t.join()
+        return res[0]
+
+    assert save(0, [1], fences[1]).committed is True
+    assert save(1, [], fences[1]).committed is False  # rank 1's part never comes
+    assert not st.exists(f"job/range/_range_0/ckpt-e1/{GLOBAL_NAME}")
+    with pytest.raises(FencedError):
+        save(2, [1], fences[0])  # the older generation commits nothing
+    assert not st.exists(f"job/range/_range_0/ckpt-e2/{GLOBAL_NAME}")
+    for r in (0, 1):
+        loaded = load_newest(Checkpointer(st, "job", "_range_0"), gck(r), "per-rank")
+        assert loaded.name == "ckpt-e0" and loaded.manifest.extra["loader_state"] == r
+        assert [a.tolist() for a in loaded.arrays.values()] == [[10.0 * r] * 5]
+        loaded.close()

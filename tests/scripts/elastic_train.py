@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--kill-step", type=int, default=2)
     p.add_argument("--barrier-timeout", type=float, default=120.0)
     p.add_argument("--no-barrier", action="store_true", help="train alone (no peers to wait for)")
+    p.add_argument("--per-rank-values", action="store_true",
+                   help="tensor-parallel-like: initial values and data seeded by the rank (same names and shapes)")
     return p.parse_args(argv)
 
 
@@ -124,12 +126,13 @@ if RANK != 0:
             setattr(_storage.Storage, _name, _spy(_name, getattr(_storage.Storage, _name)))
 
 paddle.enable_static()
-paddle.seed(7)
-np.random.seed(7)
+SEED = 7 + (RANK if ARGS.per_rank_values else 0)
+paddle.seed(SEED)
+np.random.seed(SEED)
 
 IN, HID, BATCH = 16, 32, 8
 main_prog, startup = paddle.static.Program(), paddle.static.Program()
-main_prog.random_seed = startup.random_seed = 7
+main_prog.random_seed = startup.random_seed = SEED
 with paddle.static.program_guard(main_prog, startup):
     x = paddle.static.data("x", [None, IN], "float32")
     y = paddle.static.data("y", [None, 1], "float32")
@@ -145,7 +148,7 @@ W_TRUE = np.random.RandomState(99).randn(IN, 1).astype("float32")
 
 def batches(epoch):
     for s in range(ARGS.steps):
-        rs = np.random.RandomState(1000 * epoch + s)
+        rs = np.random.RandomState(1000 * epoch + s + (100000 * RANK if ARGS.per_rank_values else 0))
         xb = rs.randn(BATCH, IN).astype("float32")
         yield {"x": xb, "y": (xb @ W_TRUE + 0.1 * rs.randn(BATCH, 1)).astype("float32")}
 
