@@ -127,7 +127,7 @@ class ElasticJob:
         self.out, self.ckpt = self.tmp / "out", self.tmp / "ckpt"
         self.out.mkdir(parents=True)
         self.args_extra = list(args_extra)
-        env = etcd.launcher_env(job_id, base=trainer_env(env_extra), PADDLE_ACP_CHECKPOINT_URI=str(self.ckpt))
+        env = etcd.launcher_env(job_id, base=trainer_env(), PADDLE_ACP_CHECKPOINT_URI=str(self.ckpt), **(env_extra or {}))
         self.group = etcd.LaunchGroup(self.tmp, env, relaunch=1)
 
     def launch(self, master_url, *, nnodes, nproc_per_node, rank=None, name="node0"):

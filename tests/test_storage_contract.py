@@ -319,11 +319,20 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
 
     def save(epoch, ranks, fence):
         res = {}
-        t = threading.Thread(target=lambda: res.setdefault(0, gck(0, fence, timeout=1.0).save(_rank_snapshot(0, epoch), "per-rank")))
+
+        def rank0():
+            try:
+                res[0] = gck(0, fence, timeout=1.0).save(_rank_snapshot(0, epoch), "per-rank")
+            except FencedError as exc:
+                res["error"] = exc
+
+        t = threading.Thread(target=rank0)
         t.start()
         for r in ranks:
             gck(r).save(_rank_snapshot(r, epoch), "per-rank")
         t.join()
+        if "error" in res:
+            raise res["error"]
         return res[0]
 
     assert save(0, [1], fences[1]).committed is True
