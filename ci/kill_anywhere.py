@@ -24,7 +24,11 @@ and parameter names on every rank, values and data seeded by the rank;
 barrier, with ``PADDLE_ACP_RANK_STATE=per-rank``. At a moment drawn
 uniformly over an uninterrupted run, one rank drawn at random is SIGKILLed,
 and the others a moment later (as a launcher restarts the whole job); then
-all are restarted. Every rank must end bit-identical to its own
+all are restarted. (Keep ``--save-every-steps`` from dividing
+``--steps-per-epoch``: a checkpoint taken after an epoch's LAST step is
+restored only when the training program next runs, after the script's eval
+and ``sched.step()`` of that epoch, a known limitation of deferred restore,
+see README.) Every rank must end bit-identical to its own
 uninterrupted run without the library, and in every restart all ranks that
 got as far as their first epoch must have resumed from the same checkpoint.
 
@@ -403,6 +407,12 @@ def multi_trial(ir, t, a, root, refs, model):
                                                   for p in procs):
             time.sleep(0.005)
         killed = False
+        for r, p in enumerate(procs):
+            if p.poll() is not None and p.returncode != 0:
+                rec["problems"].append(
+                    "rank %d exited with %s before the kill:\n%s" % (
+                        r, p.returncode, tail(os.path.join(
+                            tdir, "proc-%02d.r%d.stderr" % (rnd, r)))))
         if any(p.poll() is None for p in procs):
             killed = True
             kill_group(procs[victim])

@@ -32,7 +32,7 @@ def test_kill_anywhere_two_ranks_tensor_parallel_like(tmp_path):
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, HARNESS, "--ranks", "2", "--trials", "2", "--seed", "7", "--ir", "pir",
-         "--epochs", "8", "--steps-per-epoch", "4", "--save-every-steps", "2",
+         "--epochs", "8", "--steps-per-epoch", "5", "--save-every-steps", "2",
          "--uri-root", str(tmp_path / "work"), "--json", str(report)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-8000:]

@@ -20,7 +20,9 @@ earlier start never satisfy a barrier). Rank and world size come from
 Each epoch runs ``--steps-per-epoch`` steps (through ``paddle_acp.resumable``
 with ``--save-every-steps``: mid-epoch checkpoints). Output in ``--out DIR``
 (one directory per rank): ``losses.jsonl`` (one line per epoch, as
-``train_script.py``), ``events.jsonl`` (``{"event": "start", "restored":
+``train_script.py``, with the loss on fixed evaluation data after the epoch: a
+checkpoint taken after an epoch's last step resumes with no step left to
+train), ``events.jsonl`` (``{"event": "start", "restored":
 <the checkpoint the range resumed from, or null>, "epoch": first epoch}``),
 ``final.npz`` and ``done`` (last).
 """
@@ -91,9 +93,15 @@ def build():
         pred = paddle.static.nn.fc(h, 1, weight_attr=paddle.ParamAttr(name=names[2]),
                                    bias_attr=paddle.ParamAttr(name=names[3]))
         loss = paddle.mean(paddle.square(pred - y))
+        if PIR:  # the evaluation program: a forward-only clone (before minimize)
+            mapping = paddle.pir.IrMapping()
+            eval_prog = main.clone(mapping)
+            eval_loss = mapping.look_up(loss)
+        else:
+            eval_prog, eval_loss = main.clone(for_test=True), loss
         sched = paddle.optimizer.lr.StepDecay(learning_rate=0.01, step_size=2, gamma=0.5)
         paddle.optimizer.Adam(learning_rate=sched).minimize(loss)
-    return main, startup, loss, sched, names
+    return main, startup, loss, sched, names, eval_prog, eval_loss
 
 
 def main():
@@ -104,7 +112,10 @@ def main():
     np.random.seed(seed)
     random.seed(seed)
     true_w = np.random.randn(IN_DIM, 1).astype("float32")
-    main_prog, startup, loss, sched, names = build()
+    main_prog, startup, loss, sched, names, eval_prog, eval_loss = build()
+    ers = np.random.RandomState(4321 + RANK)
+    eval_x = ers.randn(32, IN_DIM).astype("float32")
+    eval_y = (eval_x @ true_w).astype("float32")
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
     epochs = range(ARGS.epochs) if ARGS.no_acp else acp.train_epoch_range(ARGS.epochs, save_checkpoint_inter=0)
@@ -118,7 +129,6 @@ def main():
                 f.write(json.dumps({"event": "start", "pid": os.getpid(), "epoch": epoch, "restored": restored,
                                     "gen": os.environ.get("ACP_TEST_GEN")}) + "\n")
         barrier(epoch)
-        last = None
         batches = range(ARGS.steps_per_epoch)
         if not ARGS.no_acp:
             batches = acp.resumable(batches, save_every_steps=ARGS.save_every_steps)
@@ -126,10 +136,11 @@ def main():
             noise = random.uniform(0.05, 0.15)
             x = np.random.randn(BATCH, IN_DIM).astype("float32")
             y = (x @ true_w + noise * np.random.randn(BATCH, 1)).astype("float32")
-            (lv,) = exe.run(main_prog, feed={"x": x, "y": y}, fetch_list=[loss])
-            last = float(np.asarray(lv).reshape(-1)[0])
+            exe.run(main_prog, feed={"x": x, "y": y}, fetch_list=[loss])
+        (ev,) = exe.run(eval_prog, feed={"x": eval_x, "y": eval_y}, fetch_list=[eval_loss])
         sched.step()
-        rec = {"range": 0, "epoch": epoch, "train_loss": float.hex(last), "pid": os.getpid()}
+        rec = {"range": 0, "epoch": epoch, "eval_loss": float.hex(float(np.asarray(ev).reshape(-1)[0])),
+               "pid": os.getpid()}
         with open(os.path.join(out, "losses.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
     scope = paddle.static.global_scope()
