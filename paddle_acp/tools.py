@@ -269,6 +269,7 @@ class CkptInfo:
     status: str = "uncommitted"  # ok | verified | corrupt | uncommitted
     reason: str = ""
     restart: bool = False
+    position: Optional[Tuple[int, int]] = None  # checkpoints of several ranks: (epoch, step) order
 
     @property
     def valid(self) -> bool:
@@ -345,12 +346,61 @@ def scan_range(
         else:
             info.reason = "leftover of an interrupted save" if ".tmp-" in d.name else "no manifest (not committed)"
         infos.append(info)
-    infos.sort(key=lambda i: (i.number, i.committed), reverse=True)
+    glob = _scan_global(storage, job, range_name, verify, quiet_progress, mtimes)
+    if glob:  # both layouts: order by training position, as a restart does
+        def pos(i: CkptInfo):
+            m = i.manifest
+            if i.position is not None:
+                return i.position
+            return (m.range.epoch_no, m.range.step if m.range.step is not None else (1 << 32) - 1) if m is not None else (-2, i.number)
+
+        infos += glob
+        infos.sort(key=lambda i: (pos(i), i.committed), reverse=True)
+    else:
+        infos.sort(key=lambda i: (i.number, i.committed), reverse=True)
     for i in infos:
         if i.committed and i.valid:
             i.restart = True
             break
     return infos
+
+
+def _scan_global(storage: Storage, job: str, range_name: str, verify: bool, quiet: bool, mtimes) -> List[CkptInfo]:
+    """The checkpoints of a job of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
+    "ok" when the global manifest and every part's manifest verify (and the data files have their
+    sizes); with ``verify`` every part's checksums are read too."""
+    from .multirank import GlobalCheckpointer, position_key
+
+    out = []
+    for g in GlobalCheckpointer(storage, job, range_name, 0, 1).scan():
+        path = f"{range_dir(job, range_name)}/{g.name}"
+        gck = GlobalCheckpointer(storage, job, range_name, 0, 1)
+        info = CkptInfo(job, range_name, g.name, 0, g.committed, path)
+        info.position = position_key(g.epoch_no, g.step)
+        info.bytes, newest = 0, mtimes.get(g.name)
+        for e in storage.listdir(path):
+            if e.is_dir:
+                n, _files, t = _dir_stats(storage, f"{path}/{e.name}")
+                info.bytes += n
+                newest = t if t is not None and (newest is None or t > newest) else newest
+        info.mtime = newest
+        if g.committed:
+            try:
+                gm, raws = gck.check_global(g.name)
+                info.number = gm.number
+                info.manifest = Manifest.loads(raws[0])
+                info.status = "ok"
+                info.reason = f"{gm.world_size} ranks, {gm.mode}"
+                if verify:
+                    for rank in raws:
+                        Checkpointer(storage, job, range_name).load(gm.number, f"{path}/rank-{rank}", raws[rank]).close()
+                    info.status = "verified"
+            except CorruptCheckpointError as exc:
+                info.status, info.reason = "corrupt", _short_reason(exc, path)
+        else:
+            info.reason = "no global manifest (not committed, or abandoned)"
+        out.append(info)
+    return out
 
 
 def _short_reason(exc: BaseException, path: str) -> str:
@@ -703,7 +753,7 @@ def _step_cell(m: Optional[Manifest]) -> str:
 
 def _status_cell(i: CkptInfo) -> str:
     if i.status in ("ok", "verified"):
-        return i.status
+        return i.status + (f" ({i.reason})" if i.position is not None and i.reason else "")
     if i.status == "corrupt":
         return f"CORRUPT: {i.reason}"
     return f"uncommitted ({i.reason})"
@@ -719,7 +769,8 @@ def cmd_ls(args) -> int:
         for r in list_ranges(storage, job):
             infos = scan_range(storage, job, r, verify=args.verify)
             restart = next((i.number for i in infos if i.restart), None)
-            ranges.append({"range": r, "restart": restart, "checkpoints": infos})
+            restart_name = next((i.name for i in infos if i.restart), None)
+            ranges.append({"range": r, "restart": restart, "restart_name": restart_name, "checkpoints": infos})
         result.append({"job": job, "created": marker.get("created"), "ranges": ranges})
     if args.json:
         doc = {
@@ -748,7 +799,7 @@ def cmd_ls(args) -> int:
         if not j["ranges"]:
             _out("  (no checkpoints yet)")
         for r in j["ranges"]:
-            restart = f"ckpt-{r['restart']}" if r["restart"] is not None else "nothing (would start from scratch)"
+            restart = r["restart_name"] if r["restart"] is not None else "nothing (would start from scratch)"
             _out(f"  range {r['range']}: a restart loads {restart}")
             rows = []
             for i in r["checkpoints"]:

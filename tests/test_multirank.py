@@ -344,3 +344,32 @@ def test_retention_never_deletes_another_jobs_checkpoints_nor_through_a_symlink(
         check_deletable(open_storage(str(tmp_path / "x")), JOB, f"{JOB}/range/{RANGE}")
     with pytest.raises(CheckpointError, match="not inside"):
         check_deletable(open_storage(str(tmp_path / "x")), JOB, "otherjob/range")
+
+
+def test_ls_and_verify_show_and_check_checkpoints_of_several_ranks(tmp_path):
+    import subprocess
+    import sys
+
+    from e2e_util import REPO
+
+    v2(tmp_path).save(snapshot(0, 0))  # a single-process checkpoint from before, older by position
+    for e in (1, 2):
+        save_all(tmp_path, 2, e)
+    gck(tmp_path, 1, 2).save(snapshot(1, 3), "per-rank")  # an abandoned one
+
+    def tool(*args):
+        return subprocess.run([sys.executable, "-m", "paddle_acp", *args, str(tmp_path)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+    out = tool("ls").stdout
+    assert "a restart loads ckpt-e2" in out, out
+    lines = [x for x in out.splitlines() if "ckpt-" in x and "restart loads" not in x]
+    assert [x.split()[1] if x.split()[0] == "*" else x.split()[0] for x in lines] == ["ckpt-e3", "ckpt-e2", "ckpt-e1", "ckpt-0"]
+    assert "ok (2 ranks, per-rank)" in out and "not committed, or abandoned" in out
+    assert tool("verify").returncode == 0
+    data = tmp_path / JOB / "range" / RANGE / "ckpt-e2" / "rank-1" / "tensors.bin"
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    v = tool("verify")
+    assert v.returncode == 1 and "ckpt-e2 is bad" in v.stdout and "fall back to ckpt-e1" in v.stdout, v.stdout

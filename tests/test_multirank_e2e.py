@@ -159,12 +159,12 @@ def test_auto_mode_detects_parallel_programs_built_with_paddles_own_apis(ir):
 
 
 def test_two_writers_of_one_job_the_older_is_fenced(tmp_path):
-    """A zombie trainer 0 (started first, still running) and a new one of the same job: the
-    new one takes a newer generation; the zombie commits nothing after that, and the newest
-    checkpoint never goes backwards."""
+    """A zombie trainer 0 (started first, still running: 3000 epochs, killed by the test) and a
+    new one of the same job (400 epochs): the new one takes a newer generation; the zombie
+    commits nothing after that, and the newest checkpoint never goes backwards."""
     ckpt, out_z, out_n = tmp_path / "ckpt", tmp_path / "zombie", tmp_path / "new"
     cmd = [sys.executable, os.path.join(REPO, "tests", "scripts", "train_script.py"), "--out", str(out_z),
-           "--epochs", 400, "--steps-per-epoch", 1, "--sleep", 0.02]
+           "--epochs", 3000, "--steps-per-epoch", 1, "--sleep", 0.02]
     zombie = subprocess.Popen([str(c) for c in cmd], env=script_env(ckpt, "pir"), cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
