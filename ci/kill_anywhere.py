@@ -21,8 +21,9 @@ With ``--ranks N`` (N > 1) each trial runs N rank processes of
 ``tests/scripts/rank_train.py`` (a tensor-parallel-like job: same program
 and parameter names on every rank, values and data seeded by the rank;
 ``--kind pp``: different programs per rank) in lockstep through a file
-barrier, with ``PADDLE_ACP_RANK_STATE=per-rank``. At a moment drawn
-uniformly over an uninterrupted run, one rank drawn at random is SIGKILLed,
+barrier, with ``PADDLE_ACP_RANK_STATE=per-rank``. At a moment drawn by
+progress (during startup and restore, or inside a uniformly drawn epoch: the
+machine's load makes clock times meaningless), one rank drawn at random is SIGKILLed,
 and the others a moment later (as a launcher restarts the whole job); then
 all are restarted. (Keep ``--save-every-steps`` from dividing
 ``--steps-per-epoch``: a checkpoint taken after an epoch's LAST step is
@@ -364,7 +365,7 @@ def multi_reference(ir, a, root):
             raise RuntimeError("the uninterrupted job hung")
         time.sleep(0.003)
     total = time.monotonic() - t0
-    per_epoch = (total - (first_line or 0)) / max(1, a.epochs)
+    per_epoch = (total - (first_line or total)) / max(1, a.epochs - 1)
     startup = max(0.0, (first_line or 0) - per_epoch)
     for r in range(a.ranks):
         out = os.path.join(d, "out", "r%d" % r)
@@ -381,7 +382,7 @@ def multi_reference(ir, a, root):
         raise RuntimeError("ranks 0 and 1 hold the same state: the harness "
                            "would not tell their checkpoints apart")
     return refs, {"total_s": total, "startup_s": startup,
-                  "window": (0.8 * startup, total * 1.1)}
+                  "per_epoch_s": max(per_epoch, 0.01)}
 
 
 def multi_trial(ir, t, a, root, refs, model):
@@ -396,15 +397,32 @@ def multi_trial(ir, t, a, root, refs, model):
     rnd = 0
     while True:
         gen = "t%d-%d" % (t, rnd)
-        delay = rng.uniform(*model["window"])
+        # When to kill, in terms of the job's progress rather than of the clock
+        # (this machine's load, and so a process's startup, varies by a factor
+        # of several): with probability 0.15 during startup and restore (a
+        # uniform moment of the reference run's startup), else a uniform moment
+        # inside epoch k of this round, k uniform over the job's epochs: a
+        # round that has fewer epochs left than k completes, which ends the trial.
+        in_startup = rng.random() < 0.15
+        target = rng.randrange(a.epochs)
+        sub = rng.uniform(0.0, model["per_epoch_s"])
         victim = rng.randrange(a.ranks)
+        lines0 = len(eu.read_log(outs[0]))
         tmps_before = {n for n in eu.tree_files(ckpt) if ".tmp" in n}
         procs = start_ranks(a, ir, tdir, ckpt, gen,
                             os.path.join(tdir, "proc-%02d" % rnd))
         rec["processes"] += len(procs)
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline and any(p.poll() is None
-                                                  for p in procs):
+        t0 = time.monotonic()
+        fire = t0 + rng.uniform(0.0, model["startup_s"]) if in_startup else None
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if fire is None and len(eu.read_log(outs[0])) >= lines0 + target:
+                fire = now + sub
+            if fire is not None and now >= fire:
+                break
+            if now - t0 > a.timeout:
+                rec["problems"].append("round %d hung for %s s" % (rnd, a.timeout))
+                break
             time.sleep(0.005)
         killed = False
         for r, p in enumerate(procs):
@@ -484,10 +502,10 @@ def main_multi(a, irs, root, own_root):
             report["irs"][ir] = {"reference_error": str(e)}
             exit_code = 2
             continue
-        print("[%s] uninterrupted %d-rank job %.2f s (startup %.2f s); kill "
-              "times uniform in [%.2f, %.2f] s"
-              % (ir, a.ranks, model["total_s"], model["startup_s"],
-                 model["window"][0], model["window"][1]), flush=True)
+        print("[%s] uninterrupted %d-rank job %.2f s (startup %.2f s, %.3f s "
+              "per epoch)" % (ir, a.ranks, model["total_s"],
+                              model["startup_s"], model["per_epoch_s"]),
+              flush=True)
         ok = kills = inside = 0
         for t in range(a.trials):
             rec = multi_trial(ir, t, a, root, refs, model)
