@@ -14,53 +14,109 @@ import dataclasses
 import logging
 import re
 import uuid
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Set, Tuple
 
-from .manifest import MANIFEST_NAME
-from .storage import Storage
+from .errors import CheckpointError, StorageError
+from .manifest import MANIFEST_NAME, MAX_NUMBER
+from .storage import Entry, Storage
 
 logger = logging.getLogger("paddle_acp")
 
-_FINAL_RE = re.compile(r"^ckpt-(\d{1,18})$")
-_TMP_RE = re.compile(r"^ckpt-(\d{1,18})\.tmp-[0-9a-f]{1,32}$")
+# Strict: canonical decimal (no leading zeros, ASCII digits), at most 15 digits (manifest.MAX_NUMBER).
+_NUM = r"(0|[1-9][0-9]{0,14})"
+_FINAL_RE = re.compile(r"ckpt-" + _NUM, re.ASCII)
+_TMP_RE = re.compile(r"ckpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}", re.ASCII)
+_logged_foreign: Set[Tuple[str, str]] = set()
 
 
 def final_name(number: int) -> str:
     return f"ckpt-{number}"
 
 
+def parse_final(name: str) -> Optional[int]:
+    """The number of a committed checkpoint's directory name ``ckpt-N``, or None."""
+    m = _FINAL_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
 @dataclasses.dataclass(frozen=True)
 class DirEntry:
     name: str
     number: int
-    committed: bool  # a final name holding a manifest
+    committed: bool  # a final name holding a manifest (or one that could not be looked into)
 
 
-def scan(storage: Storage, parent: str) -> List[DirEntry]:
+def _foreign(storage: Storage, parent: str, e: Entry) -> None:
+    key = (storage.uri, f"{parent}/{e.name}")
+    if key in _logged_foreign:
+        return
+    _logged_foreign.add(key)
+    what = "a symbolic link" if e.is_link else "not a directory"
+    logger.warning(
+        "ignoring %s/%s/%s: %s, so not a checkpoint written by paddle-acp (links are never followed); "
+        "checkpoints go on past it", storage.uri, parent, e.name, what,
+    )
+
+
+def _committed(storage: Storage, path: str) -> bool:
+    try:
+        return storage.kind(f"{path}/{MANIFEST_NAME}") != "missing"
+    except StorageError as exc:  # cannot look inside: never a leftover to delete; readers say why
+        logger.debug("cannot check %s: %s", path, exc)
+        return True
+
+
+def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -> List[DirEntry]:
+    """The checkpoint directories (committed or not) of ``parent``, oldest first.
+
+    Only real directories with canonical names count: a file, a symbolic link
+    or an absurd number under a checkpoint's name is foreign (logged once, never
+    read, never deleted)."""
     out = []
-    for e in storage.listdir(parent):
+    for e in storage.listdir(parent) if listing is None else listing:
+        m = _FINAL_RE.fullmatch(e.name)
+        t = None if m else _TMP_RE.fullmatch(e.name)
+        if not (m or t):
+            continue
         if not e.is_dir:
+            _foreign(storage, parent, e)
             continue
-        m = _FINAL_RE.match(e.name)
         if m:
-            committed = storage.exists(f"{parent}/{e.name}/{MANIFEST_NAME}")
-            out.append(DirEntry(e.name, int(m.group(1)), committed))
-            continue
-        m = _TMP_RE.match(e.name)
-        if m:
-            out.append(DirEntry(e.name, int(m.group(1)), False))
+            out.append(DirEntry(e.name, int(m.group(1)), _committed(storage, f"{parent}/{e.name}")))
+        else:
+            out.append(DirEntry(e.name, int(t.group(1)), False))
     return sorted(out, key=lambda d: (d.number, d.name))
 
 
-def next_number(entries: List[DirEntry]) -> int:
-    return max((e.number for e in entries), default=-1) + 1
+def next_number(entries: List[DirEntry], listing: Optional[List[Entry]] = None) -> int:
+    """One past every number in ``entries`` and every ``ckpt-N`` name of ``listing``
+    (a stray file named ``ckpt-N`` must not make the commit of ``ckpt-N`` fail)."""
+    used = [e.number for e in entries]
+    for e in listing or ():
+        n = parse_final(e.name)
+        if n is not None:
+            used.append(n)
+    number = max(used, default=-1) + 1
+    if number > MAX_NUMBER:
+        raise CheckpointError(
+            f"checkpoint numbers are exhausted: ckpt-{number - 1} exists and numbers have at most 15 digits; "
+            "remove that entry (or start a new job with a new PADDLE_JOB_ID)"
+        )
+    return number
 
 
-def remove_leftovers(storage: Storage, parent: str, entries: List[DirEntry]) -> None:
+def remove_leftovers(storage: Storage, parent: str, entries: List[DirEntry]) -> List[DirEntry]:
+    """Delete the uncommitted entries; returns those that could not be deleted (logged)."""
+    stuck = []
     for e in entries:
         if not e.committed:
             logger.info("removing leftover of an interrupted save: %s/%s", parent, e.name)
-            storage.delete_dir(f"{parent}/{e.name}")
+            try:
+                storage.delete_dir(f"{parent}/{e.name}")
+            except StorageError as exc:  # it keeps its name; checkpoints go on past it
+                logger.warning("could not remove %s/%s: %s", parent, e.name, exc)
+                stuck.append(e)
+    return stuck
 
 
 class Pending:

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import atomic
 from .errors import CheckpointError, CorruptCheckpointError, StorageError
-from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, VERSION, Manifest, ProgramRecord, RangeRecord, TensorRecord, checksum_function
+from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, VERSION, Manifest, ProgramRecord, RangeRecord, TensorRecord, checksum_function, max_manifest_size
 from .saver import lower_thread_priority
 from .snapshot import ProgramSnapshot, alloc_buffer, chunked, copy_job, inplace_view, layout, run_parallel, scope_tensor, set_tensor
 from .storage import Storage
@@ -285,6 +285,19 @@ def checksum(arr: np.ndarray, version: int = VERSION) -> int:
     return checksum_function(version)(memoryview(arr).cast("B"), 0) if arr.nbytes else 0  # cast() rejects 0 in shape
 
 
+def _is_out_of_space(exc: BaseException) -> bool:
+    """True when a storage error means the disk (or quota) is full."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(exc)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def job_dir(job_id: str) -> str:
     return job_id
 
@@ -313,28 +326,101 @@ class Checkpointer:
         body = {"format": "paddle-acp/job", "version": 1, "job_id": self.job_id, "created": time.time()}
         self.storage.write_bytes(path, json.dumps(body).encode())
 
+    def check_no_links(self) -> None:
+        """Refuse a job whose ``range`` directory or range directory is a symbolic link:
+        writes would land, and retention would delete, in whatever it points to.
+        (Remote stores have no links.)"""
+        if not self.storage.local:
+            return
+        for path in (f"{self.job_id}/range", self.dir):
+            if self.storage.kind(path) == "link":
+                raise StorageError(
+                    f"{self.storage.uri}/{path} is a symbolic link: paddle-acp never follows links inside a job "
+                    "directory (another job's checkpoints could be read or deleted through it); "
+                    "replace it with a real directory"
+                )
+
     def save(self, snap: Snapshot) -> Tuple[int, int]:
-        """Write and commit one checkpoint; returns (number, bytes written)."""
+        """Write and commit one checkpoint; returns (number, bytes written).
+
+        Stray entries (a file or link named like a checkpoint, a leftover that cannot
+        be removed) never stop it: the number goes past them. When the storage is
+        full, older checkpoints are deleted one by one (never the newest valid one)
+        until the checkpoint fits."""
         st = self.storage
         if self.fence is not None and self.fence.fenced_by is not None:
             self.fence.check("write a checkpoint")  # fenced for good: not even the data is written
-        entries = atomic.scan(st, self.dir)
-        atomic.remove_leftovers(st, self.dir, entries)
-        number = atomic.next_number(entries)
-        pending = atomic.begin(st, self.dir, number)
+        self.check_no_links()
+        listing = st.listdir(self.dir)
+        entries = atomic.scan(st, self.dir, listing)
+        stuck = atomic.remove_leftovers(st, self.dir, entries)
+        others = [e for e in listing if not e.is_dir]  # files and links named ckpt-N keep their names
+        try:  # past removed leftovers too: a number is not reused while a zombie writer may hold it
+            number = atomic.next_number(entries, others)
+        except CheckpointError:  # ... unless a removed stray had an absurd number
+            number = atomic.next_number([e for e in entries if e.committed] + stuck, others)
+        while True:
+            try:
+                offset = self._write_pending(snap, number)
+                break
+            except StorageError as exc:
+                if not _is_out_of_space(exc) or not self._make_space(number, exc):
+                    raise
         try:
-            offset = self._write(pending, snap, number)
+            self.apply_retention()
+        except (StorageError, CheckpointError) as exc:  # the new checkpoint is committed; pruning retries next time
+            logger.warning("retention after checkpoint %d failed: %s", number, exc)
+        return number, offset
+
+    def _write_pending(self, snap: Snapshot, number: int) -> int:
+        pending = atomic.begin(self.storage, self.dir, number)
+        try:
+            return self._write(pending, snap, number)
         except BaseException:
             try:
                 pending.abort()
             except Exception as exc:  # the leftover is removed by the next save
                 logger.debug("could not remove %s: %s", pending.path, exc)
             raise
-        try:
-            self.apply_retention()
-        except (StorageError, CheckpointError) as exc:  # the new checkpoint is committed; pruning retries next time
-            logger.warning("retention after checkpoint %d failed: %s", number, exc)
-        return number, offset
+
+    def _make_space(self, number: int, cause: BaseException) -> bool:
+        """The storage is full: delete the oldest committed checkpoint that is older than
+        the newest valid one (verified in full here). False when there is none."""
+        committed = self.committed_numbers()
+        newest_valid = None
+        for n in reversed(committed):
+            try:
+                self.load(n).close()
+            except (CorruptCheckpointError, StorageError) as exc:
+                logger.debug("checkpoint %d is not usable: %s", n, exc)
+                continue
+            newest_valid = n
+            break
+        older = [n for n in committed if newest_valid is not None and n < newest_valid]
+        if not older:
+            logger.error(
+                "checkpoint %d of %s/%s does not fit (%s) and no older checkpoint can be deleted "
+                "(the newest valid one, %s, is always kept): free space on the storage",
+                number, self.storage.uri, self.dir, cause, newest_valid if newest_valid is not None else "none",
+            )
+            return False
+        if self.fence is not None:
+            self.fence.check("delete an old checkpoint to make space")
+        from .fencing import check_deletable
+
+        check_deletable(self.storage, self.job_id, self.dir)
+        victim = older[0]
+        logger.warning(
+            "storage full while writing checkpoint %d of %s/%s: deleting the oldest checkpoint %d to make space "
+            "(the newest valid one, %d, is kept)", number, self.storage.uri, self.dir, victim, newest_valid,
+        )
+        self._delete(victim)
+        return True
+
+    def _delete(self, n: int) -> None:
+        # the manifest first: a half-deleted checkpoint is never mistaken for a committed one
+        self.storage.delete_file(f"{self.dir}/{atomic.final_name(n)}/{MANIFEST_NAME}")
+        self.storage.delete_dir(f"{self.dir}/{atomic.final_name(n)}")
 
     def _write(self, pending, snap: Snapshot, number: int) -> int:
         st = self.storage
@@ -376,7 +462,15 @@ class Checkpointer:
             ir=snap.ir,
             extra=snap.extra,
         )
-        pending.commit(manifest.dumps(), before=self._check_fence("commit checkpoint %d" % number))
+        raw = manifest.dumps()
+        try:  # what restarts will read: never commit a checkpoint they would reject
+            Manifest.loads(raw, data_file_size=size)
+        except CorruptCheckpointError as exc:
+            raise CheckpointError(
+                f"checkpoint {number} is not written: a restart could not read it back ({exc}); "
+                "the LR scheduler or data loader state is not plain JSON data of bounded size and depth"
+            ) from None
+        pending.commit(raw, before=self._check_fence("commit checkpoint %d" % number))
         return size
 
     def _check_fence(self, what: str):
@@ -397,9 +491,7 @@ class Checkpointer:
 
             check_deletable(self.storage, self.job_id, self.dir)
         for n in doomed:
-            # the manifest first: a half-deleted checkpoint is never mistaken for a committed one
-            self.storage.delete_file(f"{self.dir}/{atomic.final_name(n)}/{MANIFEST_NAME}")
-            self.storage.delete_dir(f"{self.dir}/{atomic.final_name(n)}")
+            self._delete(n)
             logger.debug("retention: deleted checkpoint %d of %s", n, self.dir)
         return doomed
 
@@ -407,17 +499,47 @@ class Checkpointer:
     def committed_numbers(self) -> List[int]:
         return sorted(e.number for e in atomic.scan(self.storage, self.dir) if e.committed)
 
+    def _file_size(self, path: str, what: str) -> Optional[int]:
+        """The size of a regular file of a checkpoint; None when it is missing.
+        CorruptCheckpointError for a directory, a symbolic link or anything else."""
+        kind, size = self.storage.stat(path)
+        if kind == "missing":
+            return None
+        if kind != "file":
+            what_it_is = {"link": "a symbolic link (never followed)", "dir": "a directory"}.get(kind, "not a regular file")
+            raise CorruptCheckpointError(f"{path}: the {what} is {what_it_is}")
+        return size
+
     def read_manifest(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> Manifest:
         """The manifest of checkpoint ``number`` (in ``base``, default ``ckpt-N``); ``raw``:
-        its bytes, already read (and checked) by the caller."""
+        its bytes, already read (and checked) by the caller.
+
+        Untrusted input: a manifest or data file that is a directory or a symbolic
+        link, or a manifest larger than :func:`max_manifest_size` of its data, is
+        refused unread (CorruptCheckpointError)."""
         base = base or f"{self.dir}/{atomic.final_name(number)}"
         path = f"{base}/{MANIFEST_NAME}"
+        data_size = None
         if raw is None:
+            if self.storage.local and self.storage.kind(base) != "dir":
+                raise CorruptCheckpointError(f"{base} is not a directory (a symbolic link is never followed)")
+            size = self._file_size(path, "manifest")
+            if size is None:
+                raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)")
+            data_size = self._file_size(f"{base}/{DATA_NAME}", DATA_NAME) or 0
+            limit = max_manifest_size(data_size)
+            if size > limit:  # refused unread: parsing a huge document costs seconds and gigabytes
+                raise CorruptCheckpointError(
+                    f"{path}: invalid manifest: {size} bytes, more than the {limit} allowed for {data_size} bytes of data"
+                )
             try:
-                raw = self.storage.read_bytes(path)
+                raw = self.storage.read_bytes(path, limit=limit)
             except FileNotFoundError:
                 raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)") from None
-        m = Manifest.loads(raw)
+        try:
+            m = Manifest.loads(raw, data_file_size=data_size)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{path}: {exc}") from None
         if m.number != number:
             raise CorruptCheckpointError(f"{path}: manifest says checkpoint {m.number}, directory says {number}")
         if m.range.name != self.range_name:
@@ -429,19 +551,12 @@ class Checkpointer:
 
         Raises CorruptCheckpointError. The tensors' checksums are checked by the reader.
         """
-        m = self.read_manifest(number, base, raw)
-        from . import rng_state
-
-        if m.rng is not None:
-            rng_state.validate(m.rng)
-        if m.extra.get("epoch_start_rng") is not None:
-            rng_state.validate(m.extra["epoch_start_rng"])
+        m = self.read_manifest(number, base, raw)  # RNG and LR-scheduler states are validated there
         base = base or f"{self.dir}/{atomic.final_name(number)}"
         data_path = f"{base}/{DATA_NAME}"
-        try:
-            size = self.storage.size(data_path)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{data_path} is missing") from None
+        size = self._file_size(data_path, DATA_NAME)
+        if size is None:
+            raise CorruptCheckpointError(f"{data_path} is missing")
         if size != m.data_size:
             raise CorruptCheckpointError(f"{data_path} has {size} bytes, manifest says {m.data_size}")
         return m, base, data_path
@@ -463,10 +578,12 @@ class Checkpointer:
     def _verify_local(self, m: Manifest, data_path: str, records) -> "_FileSource":
         os_path = self.storage.full(data_path)
         try:
-            fd = os.open(os_path, os.O_RDONLY)
+            fd = os.open(os_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{data_path} is missing") from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CorruptCheckpointError(f"{data_path} is a symbolic link (never followed)") from None
             raise StorageError(f"opening {self.storage.uri}/{data_path} failed: {exc}") from exc
         mapping = None
         try:
@@ -586,14 +703,47 @@ class Checkpointer:
             arrays[(key, t.name)] = arr
         return _MemorySource(arrays)
 
-    def load_latest(self) -> Optional[LoadedCheckpoint]:
-        """The newest checkpoint that verifies; older ones are tried in turn."""
+    def load_latest(self, check=None) -> Optional[LoadedCheckpoint]:
+        """The newest checkpoint that verifies; older ones are tried in turn.
+
+        A checkpoint that is corrupt, crafted or unreadable (a read error on it,
+        not on the listing) is skipped with a warning naming it and the cause.
+        When checkpoints exist but none could be read, StorageError: a storage
+        problem never silently restarts training from scratch.
+
+        ``check(loaded)``, when given, may raise CheckpointError for a checkpoint
+        that verifies but does not fit this process: it is skipped too, and when
+        no checkpoint passes, that CheckpointError is raised (never a silent start
+        from scratch)."""
+        self.check_no_links()
         numbers = self.committed_numbers()
+        unreadable, misfits = [], []
         for n in reversed(numbers):
             try:
-                return self.load(n)
+                loaded = self.load(n)
             except CorruptCheckpointError as exc:
                 logger.warning("skipping checkpoint %d of %s/%s: %s", n, self.storage.uri, self.dir, exc)
+            except StorageError as exc:
+                unreadable.append(f"ckpt-{n}: {exc}")
+                logger.warning("skipping checkpoint %d of %s/%s, it cannot be read: %s", n, self.storage.uri, self.dir, exc)
+            else:
+                if check is None:
+                    return loaded
+                try:
+                    check(loaded)
+                    return loaded
+                except CheckpointError as exc:
+                    loaded.close()
+                    misfits.append(exc)
+                    logger.warning("skipping checkpoint %d of %s/%s: %s", n, self.storage.uri, self.dir, exc)
+        if misfits:
+            raise misfits[0]
+        if unreadable:
+            raise StorageError(
+                f"no checkpoint of {self.storage.uri}/{self.dir} could be loaded, and {len(unreadable)} could not be read "
+                f"({'; '.join(unreadable[:3])}): fix the storage (permissions?) rather than train from scratch, "
+                "or remove the unreadable checkpoints"
+            )
         if numbers:
             logger.error(
                 "none of the %d checkpoints of %s/%s is valid: STARTING FROM SCRATCH", len(numbers), self.storage.uri, self.dir

@@ -58,6 +58,11 @@ def _cmd_run(args) -> int:
     sys.argv = [args.script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     runpy.run_path(args.script, run_name="__main__")
+    from .epoch_range import final_save_failures
+
+    if final_save_failures:  # logged already; the exit status says it too
+        print(f"paddle-acp: error: {final_save_failures[-1]}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -31,7 +31,7 @@ _LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
 
 logger = logging.getLogger("paddle_acp")
 
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
 
 # The variables this module reads, for documentation and ``paddle-acp env``.
 ENV_VARS = (
@@ -109,10 +109,10 @@ class CheckpointConfig:
 
 
 def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
-    if not isinstance(value, str) or not value or ".." in value or not _JOB_ID_RE.match(value):
+    if not isinstance(value, str) or not value or ".." in value or not _JOB_ID_RE.fullmatch(value):
         raise ConfigError(
             f"{name}={value!r} is not a valid job id: use letters, digits, '.', '_' "
-            "and '-' only (no '/', no '..', not empty)"
+            "and '-' only (no '/', no '..', not empty, at most 200 characters)"
         )
     return value
 

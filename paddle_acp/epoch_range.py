@@ -40,6 +40,8 @@ _active: Optional["TrainEpochRange"] = None
 _hooked: Optional["TrainEpochRange"] = None
 _range_counter = 0
 _logged_inactive = False
+# One message per range whose final checkpoint failed (``paddle-acp run`` exits 1 when any).
+final_save_failures: list = []
 _fences: dict = {}  # (storage URI, job id) -> this process's writer Fence (one generation per start)
 
 
@@ -87,6 +89,16 @@ def _next_range_name() -> str:
     return name
 
 
+def _fits_this_process(loaded: LoadedCheckpoint) -> None:
+    """CheckpointError when a verified checkpoint's RNG state cannot be restored here."""
+    try:
+        for state in (loaded.manifest.rng, loaded.manifest.extra.get("epoch_start_rng")):
+            if state is not None:
+                rng_state.check_live(state)
+    except CheckpointError as exc:
+        raise CheckpointError(f"checkpoint {loaded.manifest.number} at {loaded.path}: {exc}") from None
+
+
 class TrainEpochRange:
     """The state of one active ``train_epoch_range`` loop."""
 
@@ -131,6 +143,8 @@ class TrainEpochRange:
         self._epoch_start_rng: Optional[dict] = None
         self._loader_state = None
         self.inherited: Optional[TrainEpochRange] = None  # an ended range whose restore is pending
+        self._final_submitted = False  # the save after the last epoch was submitted
+        self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.exit_on_preempt = preemption.exit_on_preempt_from_env()
         self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
         if cfg.trainer_id == 0:
@@ -150,7 +164,8 @@ class TrainEpochRange:
             )
         running = cfg.rank_state if cfg.rank_state != "auto" else (
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
-        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None)
+        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None,
+                             check=_fits_this_process)
         if self.multi:
             self.gcheckpointer.base = loaded.name if loaded is not None else None
             self.gcheckpointer.discard_newer(loaded.position_key if loaded is not None else None)
@@ -213,6 +228,7 @@ class TrainEpochRange:
             return
         if last or self._save_due():
             self.save()
+            self._final_submitted = last
 
     def _bucket(self) -> int:
         if self.save_interval <= 0:
@@ -478,9 +494,11 @@ class TrainEpochRange:
         try:
             number, nbytes = self.checkpointer.save(snap)
         except BaseException as exc:
+            self._last_persist_error = exc
             record.update(ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
             self.metrics.append(record)
             raise
+        self._last_persist_error = None
         dt = time.perf_counter() - t0
         mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
         record.update(ok=True, number=number, bytes=nbytes, persist_s=round(dt, 6), throughput_mb_s=round(mbps, 3))
@@ -495,9 +513,11 @@ class TrainEpochRange:
         try:
             res = self.gcheckpointer.save(snap, snap.mode)
         except BaseException as exc:
+            self._last_persist_error = exc
             record.update(ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
             self.metrics.append(record)
             raise
+        self._last_persist_error = None
         dt = time.perf_counter() - t0
         record.update(ok=res.committed is not False, name=res.name, bytes=res.nbytes, persist_s=round(dt, 6),
                       rank=self.rank, committed=res.committed, parts_wait_s=round(res.waited, 6))
@@ -517,10 +537,28 @@ class TrainEpochRange:
         to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
         try:
             self.saver.wait()
+            if self._final_submitted and self._last_persist_error is not None:
+                self._final_save_failed(self._last_persist_error)
         finally:
             self._closed = True
             self._join_arena()
             self._arena.release()
+
+    def _final_save_failed(self, error: BaseException) -> None:
+        """The checkpoint after the last epoch failed: say so once, loudly, at the end
+        (``paddle-acp run`` also exits with status 1)."""
+        try:
+            numbers = self.checkpointer.committed_numbers()
+        except AcpError:
+            numbers = []
+        then = f"resumes from checkpoint {numbers[-1]}" if numbers else "starts from scratch"
+        msg = (
+            f"range {self.name} of job {self.cfg.job_id}: the FINAL checkpoint (epoch {self.epoch_no}) was NOT saved "
+            f"({error}); a restart {then} and trains the remaining epochs again. "
+            f"Fix the storage at {redact(self.cfg.uri)} (space, permissions)"
+        )
+        final_save_failures.append(msg)
+        logger.error("%s", msg)
 
     def get(self) -> int:
         return self.epoch_no
@@ -589,3 +627,4 @@ def reset() -> None:
     _fences.clear()
     _range_counter = 0
     _logged_inactive = False
+    final_save_failures.clear()

@@ -2,6 +2,15 @@
 
 It is data, never code: no pickle, every field type-checked on load, names
 validated, offsets bounded by the data file's size, dtypes from an allow-list.
+
+The checksum of the document guards against accidents, not edits: a crafted
+manifest (its checksum recomputed) is untrusted input. Before it is parsed its
+size is capped (:func:`max_manifest_size`) and its nesting depth checked (the
+JSON parser recurses); every number is range-checked, every string must be
+encodable, and the RNG and LR-scheduler states are validated in full, so that
+anything accepted here can be restored without an exception, and anything
+else raises :class:`CorruptCheckpointError` (restore then falls back to an
+older checkpoint).
 """
 
 from __future__ import annotations
@@ -44,12 +53,133 @@ DTYPES: Dict[str, np.dtype] = {
     "complex128": np.dtype("complex128"),
 }
 
-_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+_FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}", re.ASCII)
 MAX_NDIM = 16
+
+# Bounds of a manifest (what paddle-acp itself never comes near; anything beyond is rejected).
+MAX_DEPTH = 32  # JSON nesting (paddle-acp writes 6 levels; a data loader's state may add some)
+MAX_MANIFEST_BASE = 4 << 20  # bytes every manifest may have (RNG states, loader state, ...)
+MAX_MANIFEST_PER_DATA_BYTE = 16  # plus this many per byte of tensors.bin (a tensor record is ~250 bytes
+#                                  and a non-empty tensor takes at least 64 aligned bytes of data)
+MAX_MANIFEST_SIZE = 64 << 20  # and never more than this
+MAX_NUMBER = 10**15 - 1  # checkpoint numbers: at most 15 digits (atomic.py parses names the same way)
+MAX_BYTES = 2**62  # sizes and offsets
+MAX_INT = 2**64  # any integer anywhere in a manifest: |x| < 2**64 (RNG seeds are 64-bit)
+MAX_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: `created` must be a time a calendar can show
+MAX_DIM_PRODUCT = 2**56  # the nonzero dimensions of a shape, times the item size (NumPy needs < 2**63)
+MAX_TEXT = 4096  # names, labels, versions
+MAX_TENSORS = 1_000_000  # tensor records in one manifest
 
 
 def _fail(msg: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"invalid manifest: {msg}")
+
+
+def max_manifest_size(data_size: int) -> int:
+    """The largest manifest accepted for a checkpoint whose tensors.bin has ``data_size`` bytes."""
+    return min(MAX_MANIFEST_SIZE, MAX_MANIFEST_BASE + MAX_MANIFEST_PER_DATA_BYTE * max(0, data_size))
+
+
+# a JSON string (escapes included): removed before brackets are counted
+_JSON_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = np.zeros(256, dtype=np.int8)
+_BRACKETS[[ord("["), ord("{")]] = 1
+_BRACKETS[[ord("]"), ord("}")]] = -1
+
+
+def nesting_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays/objects in a JSON text, found without parsing it
+    (the parser recurses: a document nested 100000 deep would raise RecursionError)."""
+    stripped = _JSON_STRING_RE.sub(b"", raw)
+    if not stripped:
+        return 0
+    depth = np.cumsum(_BRACKETS[np.frombuffer(stripped, dtype=np.uint8)], dtype=np.int64)
+    return int(depth.max())
+
+
+def _parse_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):  # 1e400 parses as infinity
+        raise ValueError(f"number {text[:24]} is out of range")
+    return v
+
+
+def _parse_constant(text: str):
+    raise ValueError(f"{text} is not allowed")
+
+
+def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_MANIFEST_SIZE):
+    """``json.loads`` for untrusted bytes: size and nesting capped, NaN/Infinity refused
+    (integers beyond 4300 digits are refused by Python itself; each field bounds its own).
+    Raises CorruptCheckpointError, never RecursionError or MemoryError."""
+    if len(raw) > max_size:
+        raise CorruptCheckpointError(f"invalid {what}: {len(raw)} bytes, more than the {max_size} allowed")
+    depth = nesting_depth(raw)
+    if depth > MAX_DEPTH:
+        raise CorruptCheckpointError(f"invalid {what}: nested {depth} deep (at most {MAX_DEPTH})")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_float=_parse_float, parse_constant=_parse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
+        raise CorruptCheckpointError(f"invalid {what}: not valid JSON ({str(exc)[:200]})") from None
+
+
+def check_text(value, where: str, max_len: int = MAX_TEXT, empty: bool = True) -> str:
+    """A string that can be printed and passed to Paddle: bounded, no lone surrogates."""
+    if not isinstance(value, str):
+        raise _fail(f"{where} must be a string")
+    if len(value) > max_len or (not empty and not value):
+        raise _fail(f"{where} is empty or longer than {max_len} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _fail(f"{where} is not valid text (lone surrogate)") from None
+    return value
+
+
+def _int_in(d, key: str, where: str, lo: int, hi: int, optional: bool = False):
+    v = _get(d, key, int, where, optional=optional)
+    if v is not None and not lo <= v <= hi:
+        raise _fail(f"{where}.{key} = {v} is out of range [{lo}, {hi}]")
+    return v
+
+
+def check_json_data(value, where: str, max_items: int = 100_000) -> None:
+    """JSON data as paddle-acp writes it (LR scheduler, RNG and loader state): plain types,
+    string keys, texts encodable, integers below 2**64 in magnitude, at most ``max_items``
+    values. Depth is bounded by :func:`parse_json` already."""
+    stack, n = [(value, where)], 0
+    while stack:
+        v, w = stack.pop()
+        n += 1
+        if n > max_items:
+            raise _fail(f"{where} holds more than {max_items} values")
+        if v is None or isinstance(v, (bool, float)):
+            continue
+        if isinstance(v, int):
+            if not -MAX_INT < v < MAX_INT:
+                raise _fail(f"{w} = {v} is out of range")
+            continue
+        if isinstance(v, str):
+            check_text(v, w, max_len=1 << 20)
+        elif isinstance(v, list):
+            stack.extend((x, f"{w}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                check_text(k, f"{w} key", max_len=MAX_TEXT)
+                stack.append((x, f"{w}.{k}"))
+        else:
+            raise _fail(f"{w} has the wrong type ({type(v).__name__})")
+
+
+def check_lr_scheduler(state, where: str) -> None:
+    """An LR scheduler state as ``LRScheduler.state_dict()`` gives it: an object of JSON
+    data whose ``last_epoch`` (Paddle's schedulers all have it) is an integer and whose
+    ``last_lr`` is a number. Its keys are compared with the live scheduler's at restore."""
+    if not isinstance(state, dict):
+        raise _fail(f"{where} must be an object")
+    check_json_data(state, where, max_items=10_000)
+    _int_in(state, "last_epoch", where, -(2**62), 2**62, optional=True)
+    _get(state, "last_lr", (int, float), where, optional=True)
 
 
 def _get(d: Dict[str, Any], key: str, types, where: str, optional: bool = False):
@@ -75,7 +205,7 @@ def checksum_function(version: int) -> Callable[[Any, int], int]:
 
 
 def check_file_name(name: str, where: str = "file") -> str:
-    if not isinstance(name, str) or not _FILE_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _FILE_RE.fullmatch(name) or ".." in name:
         raise _fail(f"{where} name {name!r} is not a plain file name inside the checkpoint")
     return name
 
@@ -96,21 +226,19 @@ class TensorRecord:
 
     @classmethod
     def from_json(cls, d, where, version: int = VERSION):
-        name = _get(d, "name", str, where)
-        if not name or len(name) > 4096:
-            raise _fail(f"{where}.name is empty or too long")
+        name = check_text(_get(d, "name", str, where), f"{where}.name", empty=False)
         dtype = _get(d, "dtype", str, where)
         if dtype not in DTYPES:
             raise _fail(f"{where}.dtype {dtype!r} is not an allowed dtype")
         shape = _get(d, "shape", list, where)
-        if len(shape) > MAX_NDIM or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
-            raise _fail(f"{where}.shape {shape!r} is not a list of non-negative integers")
-        offset = _get(d, "offset", int, where)
-        nbytes = _get(d, "nbytes", int, where)
+        if len(shape) > MAX_NDIM or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_BYTES for s in shape):
+            raise _fail(f"{where}.shape {shape!r} is not a list of at most {MAX_NDIM} non-negative integers")
+        if math.prod(s for s in shape if s) * DTYPES[dtype].itemsize > MAX_DIM_PRODUCT:
+            raise _fail(f"{where}.shape {shape!r} is too large")
+        offset = _int_in(d, "offset", where, 0, MAX_BYTES)
+        nbytes = _int_in(d, "nbytes", where, 0, MAX_BYTES)
         algorithm = TENSOR_CHECKSUMS[version]
-        crc = _get(d, algorithm, int, where)
-        if offset < 0 or nbytes < 0 or not 0 <= crc < 2**32:
-            raise _fail(f"{where}: negative offset/size or bad {algorithm}")
+        crc = _int_in(d, algorithm, where, 0, 2**32 - 1)
         expected = math.prod(shape) * DTYPES[dtype].itemsize
         if expected != nbytes:
             raise _fail(f"{where}: nbytes {nbytes} does not match shape {shape} of {dtype} ({expected})")
@@ -134,12 +262,14 @@ class ProgramRecord:
 
     @classmethod
     def from_json(cls, d, where, version: int = VERSION):
-        key = _get(d, "key", str, where)
-        if not key:
-            raise _fail(f"{where}.key is empty")
-        label = _get(d, "label", str, where)
+        key = check_text(_get(d, "key", str, where), f"{where}.key", max_len=256, empty=False)
+        label = check_text(_get(d, "label", str, where), f"{where}.label")
         sched = _get(d, "lr_scheduler", dict, where, optional=True)
+        if sched is not None:
+            check_lr_scheduler(sched, f"{where}.lr_scheduler")
         raw = _get(d, "tensors", list, where)
+        if len(raw) > MAX_TENSORS:
+            raise _fail(f"{where} lists more than {MAX_TENSORS} tensors")
         tensors = [TensorRecord.from_json(t, f"{where}.tensors[{i}]", version) for i, t in enumerate(raw)]
         names = [t.name for t in tensors]
         if len(set(names)) != len(names):
@@ -159,14 +289,10 @@ class RangeRecord:
 
     @classmethod
     def from_json(cls, d, where="range"):
-        name = _get(d, "name", str, where)
-        epoch_no = _get(d, "epoch_no", int, where)
-        max_epoch_num = _get(d, "max_epoch_num", int, where)
-        step = _get(d, "step", int, where, optional=True)
-        if epoch_no < -1:
-            raise _fail(f"{where}.epoch_no {epoch_no} < -1")
-        if step is not None and step < 0:
-            raise _fail(f"{where}.step {step} < 0")
+        name = check_text(_get(d, "name", str, where), f"{where}.name", max_len=256)
+        epoch_no = _int_in(d, "epoch_no", where, -1, 2**62)
+        max_epoch_num = _int_in(d, "max_epoch_num", where, -(2**63), 2**63 - 1)
+        step = _int_in(d, "step", where, 0, 2**62, optional=True)
         return cls(name, epoch_no, max_epoch_num, step)
 
 
@@ -217,21 +343,28 @@ class Manifest:
         return sum(t.nbytes for p in self.programs for t in p.tensors)
 
     @classmethod
-    def loads(cls, raw: bytes) -> "Manifest":
-        try:
-            d = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise _fail(f"not valid JSON ({exc})") from None
+    def loads(cls, raw: bytes, data_file_size: Optional[int] = None) -> "Manifest":
+        """Parse and validate a manifest; raises CorruptCheckpointError only.
+
+        ``data_file_size``: the size of the checkpoint's tensors.bin when known (the
+        manifest may then be at most :func:`max_manifest_size` of it)."""
+        if not isinstance(raw, (bytes, bytearray)):
+            raise _fail("not bytes")
+        limit = MAX_MANIFEST_SIZE if data_file_size is None else max_manifest_size(data_file_size)
+        d = parse_json(bytes(raw), max_size=limit)
         if not isinstance(d, dict):
             raise _fail("top level must be an object")
         checksum = d.pop("checksum", None)
         try:
             actual = _doc_checksum(d)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _fail("contains NaN or infinity") from None
         if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != actual:
             raise _fail("checksum mismatch (the manifest was modified or damaged)")
-        return cls.from_json(d)
+        m = cls.from_json(d)
+        if len(raw) > max_manifest_size(m.data_size):
+            raise _fail(f"{len(raw)} bytes, more than the {max_manifest_size(m.data_size)} allowed for {m.data_size} bytes of data")
+        return m
 
     @classmethod
     def from_json(cls, d) -> "Manifest":
@@ -243,17 +376,19 @@ class Manifest:
         if version not in TENSOR_CHECKSUMS:
             readable = ", ".join(str(v) for v in sorted(TENSOR_CHECKSUMS))
             raise _fail(f"version {version} is not supported (this paddle-acp reads versions {readable})")
-        number = _get(d, "number", int, "manifest")
+        number = _int_in(d, "number", "manifest", 0, MAX_NUMBER)
         created = _get(d, "created", (int, float), "manifest")
+        if not 0 <= created <= MAX_TIME:
+            raise _fail(f"manifest.created = {created!r} is not a time between 1970 and 9999")
         rng = _get(d, "rng", dict, "manifest", optional=True)
+        if rng is not None:
+            _check_rng(rng, "manifest.rng")
         files = _get(d, "files", dict, "manifest")
         if set(files) != {DATA_NAME}:
             raise _fail(f"files must list exactly {DATA_NAME!r}, got {sorted(files)!r}")
         for name in files:
             check_file_name(name)
-        data_size = _get(files[DATA_NAME], "size", int, f"files.{DATA_NAME}")
-        if data_size < 0:
-            raise _fail("negative data size")
+        data_size = _int_in(files[DATA_NAME], "size", f"files.{DATA_NAME}", 0, MAX_BYTES)
         programs = [ProgramRecord.from_json(p, f"programs[{i}]", version) for i, p in enumerate(_get(d, "programs", list, "manifest"))]
         keys = [p.key for p in programs]
         if len(set(keys)) != len(keys):
@@ -262,7 +397,12 @@ class Manifest:
             for t in p.tensors:
                 if t.offset + t.nbytes > data_size:
                     raise _fail(f"tensor {t.name!r} of program {p.key} lies outside {DATA_NAME} ({data_size} bytes)")
+        if sum(len(p.tensors) for p in programs) > MAX_TENSORS:
+            raise _fail(f"more than {MAX_TENSORS} tensors")
         extra = _get(d, "extra", dict, "manifest", optional=True) or {}
+        check_json_data(extra, "manifest.extra", max_items=1_000_000)
+        if extra.get("epoch_start_rng") is not None:
+            _check_rng(extra["epoch_start_rng"], "manifest.extra.epoch_start_rng")
         return cls(
             number=number,
             created=float(created),
@@ -270,11 +410,17 @@ class Manifest:
             programs=programs,
             data_size=data_size,
             rng=rng,
-            paddle_version=_get(d, "paddle_version", str, "manifest"),
-            ir=_get(d, "ir", str, "manifest"),
+            paddle_version=check_text(_get(d, "paddle_version", str, "manifest"), "manifest.paddle_version", max_len=256),
+            ir=check_text(_get(d, "ir", str, "manifest"), "manifest.ir", max_len=256),
             extra=extra,
             version=version,
         )
+
+
+def _check_rng(state, where: str) -> None:
+    from . import rng_state
+
+    rng_state.validate(state)
 
 
 def _doc_checksum(doc: Dict[str, Any]) -> int:

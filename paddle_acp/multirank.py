@@ -562,13 +562,19 @@ class GlobalCheckpointer:
         ) from exc
 
 
-def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optional[str]) -> Optional[LoadedCheckpoint]:
+def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optional[str], check=None) -> Optional[LoadedCheckpoint]:
     """The newest checkpoint of either layout that verifies (older ones are tried in turn).
 
     Single-rank checkpoints (``ckpt-N``, written by rank 0 only) count as replicated;
     their position is read from their manifest when both layouts are present.
     Topology mismatches raise CheckpointError instead of falling back.
+
+    A corrupt, crafted or unreadable checkpoint is skipped with a warning naming it and
+    the cause; so is one that ``check(loaded)`` rejects (CheckpointError: it does not fit
+    this process). When nothing loads, the first such CheckpointError is raised, or
+    StorageError when some could not be read: never a silent start from scratch.
     """
+    v2.check_no_links()
     v3 = [e for e in gck.scan() if e.committed]
     numbers = v2.committed_numbers()
     cands: List[Tuple[Tuple[int, int], str, Any]] = [(e.key, "global", e.name) for e in v3]
@@ -578,10 +584,11 @@ def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optiona
             try:
                 m = v2.read_manifest(n)
                 key = position_key(m.range.epoch_no, m.range.step)
-            except CorruptCheckpointError:
+            except (CorruptCheckpointError, StorageError):
                 key = (-2, n)
         cands.append((key, "single", n))
     cands.sort(key=lambda c: (c[0], c[1] == "global"))
+    unreadable, misfits = [], []
     for key, kind, ident in reversed(cands):
         try:
             if kind == "global":
@@ -600,9 +607,30 @@ def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optiona
             loaded.position_key = key if kind == "global" else position_key(
                 loaded.manifest.range.epoch_no, loaded.manifest.range.step)
             loaded.name = ident if kind == "global" else atomic.final_name(ident)
-            return loaded
         except CorruptCheckpointError as exc:
             logger.warning("skipping checkpoint %s of %s/%s: %s", ident, gck.storage.uri, gck.dir, exc)
+            continue
+        except StorageError as exc:
+            unreadable.append(f"{ident}: {exc}")
+            logger.warning("skipping checkpoint %s of %s/%s, it cannot be read: %s", ident, gck.storage.uri, gck.dir, exc)
+            continue
+        if check is not None:
+            try:
+                check(loaded)
+            except CheckpointError as exc:
+                loaded.close()
+                misfits.append(exc)
+                logger.warning("skipping checkpoint %s of %s/%s: %s", ident, gck.storage.uri, gck.dir, exc)
+                continue
+        return loaded
+    if misfits:
+        raise misfits[0]
+    if unreadable:
+        raise StorageError(
+            f"no checkpoint of {gck.storage.uri}/{gck.dir} could be loaded, and {len(unreadable)} could not be read "
+            f"({'; '.join(unreadable[:3])}): fix the storage (permissions?) rather than train from scratch, "
+            "or remove the unreadable checkpoints"
+        )
     if cands:
         logger.error("none of the %d checkpoints of %s/%s is valid: STARTING FROM SCRATCH", len(cands), gck.storage.uri, gck.dir)
     return None

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .errors import CheckpointError
 from .programs import ProgramInfo, lr_scheduler_of
-from .snapshot import ProgramSnapshot, tensor_views
+from .snapshot import ProgramSnapshot, dtype_name, find_tensor, tensor_views
 
 logger = logging.getLogger("paddle_acp")
 
@@ -52,8 +52,54 @@ class ProgramEntry:
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)
 
+    def check_checkpoint(self, rec, where: str) -> None:
+        """Raise CheckpointError unless program record ``rec`` restores this program exactly:
+        every persistable the scope holds, with the same dtype and shape, nothing else,
+        and an LR scheduler state with the keys this program's scheduler has."""
+        saved = {t.name: t for t in rec.tensors}
+        persist = set(self.info.persistables)
+        missing, extra, differ = [], sorted(set(saved) - persist), []
+        for name in self.info.persistables:
+            t = find_tensor(self.scope, name)
+            rec_t = saved.get(name)
+            if t is None:  # not initialized: nothing to compare it with (it is restored if saved)
+                continue
+            if rec_t is None:
+                missing.append(name)
+                continue
+            try:
+                dtype = dtype_name(t)
+            except CheckpointError:
+                dtype = str(t._dtype())
+            shape = list(t.shape())
+            if dtype != rec_t.dtype or shape != list(rec_t.shape):
+                differ.append(f"{name} is {dtype}{shape} here, {rec_t.dtype}{list(rec_t.shape)} in the checkpoint")
+        problems = []
+        if missing:
+            problems.append(f"missing from it: {_names(missing)}")
+        if extra:
+            problems.append(f"not variables of this program: {_names(extra)}")
+        if differ:
+            problems.append("; ".join(differ[:5]) + (f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""))
+        sched = lr_scheduler_of(self.program)
+        if rec.lr_scheduler is not None and sched is not None:
+            problem = _scheduler_mismatch(jsonable(sched.state_dict(), "lr_scheduler"), rec.lr_scheduler)
+            if problem:
+                problems.append(f"LR scheduler state {problem}")
+        if problems:
+            raise CheckpointError(
+                f"checkpoint {where} cannot restore training program {self.key} ({self.info.label}) exactly: "
+                + "; ".join(problems)
+                + ". Nothing was restored. If the model changed, start a new job (a new PADDLE_JOB_ID); "
+                "if the checkpoint was damaged or edited, remove it (`paddle-acp ls` shows it; restarts then "
+                "use the one before)"
+            )
+
     def restore(self, loaded, sched_state) -> None:
         """Write this program's tensors from ``loaded`` (a verified checkpoint) and its LR scheduler."""
+        rec = loaded.manifest.program(self.key)
+        if rec is not None:
+            self.check_checkpoint(rec, f"{loaded.manifest.number} ({loaded.path})")
         loaded.write_program(self.key, self.scope, self.place)
         sched = lr_scheduler_of(self.program)
         if sched_state is not None:
@@ -61,6 +107,39 @@ class ProgramEntry:
                 logger.warning("checkpoint holds LR scheduler state for program %s but the program has no lr_scheduler", self.key)
             else:
                 sched.set_state_dict(sched_state)
+
+
+def _names(names, limit: int = 8) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _kind(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "number"
+    return type(v).__name__
+
+
+def _scheduler_mismatch(live, saved) -> str:
+    """'' when ``saved`` has the keys and value kinds of the live scheduler's state, else why not."""
+    if not isinstance(live, dict) or not isinstance(saved, dict):
+        return "is not an object" if not isinstance(saved, dict) else ""
+    if set(live) != set(saved):
+        gone, new = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+        return "has other keys than this program's scheduler" + (f" (lacks {_names(gone)})" if gone else "") + (
+            f" (has unknown {_names(new)})" if new else "")
+    for k in sorted(live):
+        a, b = live[k], saved[k]
+        if _kind(a) != _kind(b) and not (a is None or b is None):
+            return f"has a {_kind(b)} for {k!r} where this program's scheduler has a {_kind(a)}"
+        if isinstance(a, dict):
+            inner = _scheduler_mismatch(a, b)
+            if inner:
+                return f"{k}: {inner}"
+    return ""
 
 
 class Registry:

@@ -11,7 +11,8 @@ import dataclasses
 import logging
 import os
 import posixpath
-from typing import Iterable, List, Optional
+import stat as _stat
+from typing import Iterable, List, Optional, Tuple
 from urllib.parse import urlparse
 
 import pyarrow
@@ -30,6 +31,17 @@ class Entry:
     is_dir: bool
     size: int
     mtime: Optional[float]
+    is_link: bool = False  # a symbolic link (local disks): never followed, is_dir is False
+
+
+def _kind_of(mode: int) -> str:
+    if _stat.S_ISLNK(mode):
+        return "link"
+    if _stat.S_ISDIR(mode):
+        return "dir"
+    if _stat.S_ISREG(mode):
+        return "file"
+    return "other"
 
 
 class Storage:
@@ -143,12 +155,76 @@ class Storage:
             os.close(fd)
         return size
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, limit: Optional[int] = None) -> bytes:
+        """The file's bytes; with ``limit``, at most ``limit + 1`` of them (more than
+        ``limit`` returned means the file is larger). Local files are opened without
+        following a symbolic link."""
+        if self.local:
+            return self._read_local(path, limit)
         with self.open_input(path) as f:
             try:
-                return f.read()
+                return f.read() if limit is None else f.read(limit + 1)
             except (OSError, pyarrow.ArrowException) as exc:
                 raise self._wrap("reading", path, exc) from exc
+
+    def _read_local(self, path: str, limit: Optional[int]) -> bytes:
+        try:
+            fd = os.open(self.full(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.uri}/{path}") from None
+        except OSError as exc:
+            raise self._wrap("opening for read", path, exc) from exc
+        try:
+            with os.fdopen(fd, "rb", closefd=True) as f:
+                return f.read() if limit is None else f.read(limit + 1)
+        except OSError as exc:
+            raise self._wrap("reading", path, exc) from exc
+
+    def kind(self, path: str) -> str:
+        """"file", "dir", "link" (a symbolic link, local disks only: never followed),
+        "other" or "missing"."""
+        return self.stat(path)[0]
+
+    def stat(self, path: str) -> Tuple[str, int]:
+        """(kind, size) in one call; kind as :meth:`kind` gives it, size 0 unless a file."""
+        if self.local:
+            try:
+                st = os.lstat(self.full(path))
+            except (FileNotFoundError, NotADirectoryError):
+                return "missing", 0
+            except OSError as exc:
+                raise self._wrap("checking", path, exc) from exc
+            kind = _kind_of(st.st_mode)
+            return kind, st.st_size if kind == "file" else 0
+        try:
+            info = self.fs.get_file_info(self.full(path))
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise self._wrap("checking", path, exc) from exc
+        kind = {pafs.FileType.File: "file", pafs.FileType.Directory: "dir", pafs.FileType.NotFound: "missing"}.get(info.type, "other")
+        return kind, (info.size or 0) if kind == "file" else 0
+
+    def link_below_root(self, path: str) -> Optional[str]:
+        """The first component of ``path`` below its first one (the job directory, which
+        may be a link the operator made) that is a symbolic link, or None.
+
+        Remote stores have no links. Used before deleting: nothing inside a job is
+        ever deleted through a link, nor a link itself."""
+        if not self.local or path in ("", "."):
+            return None
+        parts = path.split("/")
+        for i in range(2, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if self.kind(prefix) == "link":
+                return prefix
+        return None
+
+    def _refuse_links(self, what: str, path: str) -> None:
+        link = self.link_below_root(path)
+        if link is not None:
+            raise StorageError(
+                f"refusing to {what} {self.uri}/{path}: {link} is a symbolic link "
+                "(paddle-acp never follows links inside a job; remove the link)"
+            )
 
     def size(self, path: str) -> int:
         info = self.fs.get_file_info(self.full(path))
@@ -163,7 +239,12 @@ class Storage:
             raise self._wrap("checking", path, exc) from exc
 
     def listdir(self, path: str) -> List[Entry]:
-        """Direct children of ``path``; an empty list when it does not exist."""
+        """Direct children of ``path``; an empty list when it does not exist.
+
+        On local disks a symbolic link is reported as such (``is_link``, not a
+        directory), whatever it points to."""
+        if self.local:
+            return self._listdir_local(path)
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self.full(path), allow_not_found=True))
         except (OSError, pyarrow.ArrowException) as exc:
@@ -174,6 +255,23 @@ class Storage:
             out.append(Entry(info.base_name, info.type == pafs.FileType.Directory, info.size or 0, mtime))
         return sorted(out, key=lambda e: e.name)
 
+    def _listdir_local(self, path: str) -> List[Entry]:
+        out = []
+        try:
+            with os.scandir(self.full(path)) as it:
+                for de in it:
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # removed while listing
+                        continue
+                    kind = _kind_of(st.st_mode)
+                    out.append(Entry(de.name, kind == "dir", st.st_size if kind == "file" else 0, st.st_mtime, kind == "link"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise self._wrap("listing", path, exc) from exc
+        return sorted(out, key=lambda e: e.name)
+
     def _missing(self, path: str) -> bool:
         try:
             return self.fs.get_file_info(self.full(path)).type == pafs.FileType.NotFound
@@ -181,6 +279,8 @@ class Storage:
             return False
 
     def delete_dir(self, path: str) -> None:
+        """Delete a directory tree; never through (or below) a symbolic link."""
+        self._refuse_links("delete", path)
         try:
             self.fs.delete_dir(self.full(path))
         except FileNotFoundError:
@@ -191,6 +291,8 @@ class Storage:
             raise self._wrap("deleting", path, exc) from exc
 
     def delete_file(self, path: str) -> None:
+        """Delete a file; never through a symbolic link (a link itself is not deleted either)."""
+        self._refuse_links("delete", path)
         try:
             self.fs.delete_file(self.full(path))
         except FileNotFoundError:

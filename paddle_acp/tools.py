@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import pickle
@@ -36,9 +37,9 @@ from .manifest import DATA_NAME, DTYPES, MANIFEST_NAME, Manifest
 from .storage import Storage, open_storage, redact
 
 METRICS_DIR = "metrics"
-_METRICS_RE = re.compile(r"^trainer-(\d+)\.jsonl$")
+_METRICS_RE = re.compile(r"trainer-(0|[1-9][0-9]{0,8})\.jsonl", re.ASCII)  # fullmatch
 _CHUNK = 16 << 20
-_JOB_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_JOB_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
 
 
 class ToolError(AcpError):
@@ -62,7 +63,10 @@ def human_bytes(n: Optional[float]) -> str:
 def fmt_time(t: Optional[float]) -> str:
     if t is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # not a time a calendar can show
+        return f"{t!r} (not a valid time)"
 
 
 def fmt_duration(seconds: float) -> str:
@@ -204,7 +208,8 @@ def _is_job_dir(storage: Storage, name: str) -> bool:
 def list_jobs(storage: Storage) -> List[str]:
     jobs = []
     for e in storage.listdir(""):
-        if e.is_dir and _JOB_RE.match(e.name) and _is_job_dir(storage, e.name):
+        # a job directory may be a link the operator made (links inside a job are never followed)
+        if (e.is_dir or e.is_link) and _JOB_RE.fullmatch(e.name) and _is_job_dir(storage, e.name):
             jobs.append(e.name)
     return sorted(jobs, key=natural_key)
 
@@ -221,7 +226,7 @@ def _no_jobs_error(storage: Storage) -> ToolError:
 def select_jobs(storage: Storage, job: Optional[str]) -> List[str]:
     """[job] when it exists, every job without ``job``; ToolError otherwise."""
     if job is not None:
-        if not _JOB_RE.match(job) or ".." in job:
+        if not _JOB_RE.fullmatch(job) or ".." in job:
             raise ToolError(f"{job!r} is not a valid job id")
         if not _is_job_dir(storage, job):
             jobs = list_jobs(storage)
@@ -242,6 +247,11 @@ def single_job(storage: Storage, job: Optional[str]) -> str:
 
 
 def list_ranges(storage: Storage, job: str) -> List[str]:
+    """The range directories of a job (symbolic links are not followed: not listed)."""
+    if storage.kind(f"{job}/range") == "link":
+        logging.getLogger("paddle_acp").warning(
+            "ignoring %s/%s/range: a symbolic link (links inside a job are never followed)", storage.uri, job)
+        return []
     return sorted((e.name for e in storage.listdir(f"{job}/range") if e.is_dir), key=natural_key)
 
 
@@ -319,20 +329,28 @@ def scan_range(
     checkpoints).
     """
     parent = range_dir(job, range_name)
-    mtimes = {e.name: e.mtime for e in storage.listdir(parent)}
+    ck = Checkpointer(storage, job, range_name)
+    ck.check_no_links()
+    listing = storage.listdir(parent)
+    mtimes = {e.name: e.mtime for e in listing}
     infos: List[CkptInfo] = []
-    for d in atomic.scan(storage, parent):
+    for d in atomic.scan(storage, parent, listing):
         path = f"{parent}/{d.name}"
         info = CkptInfo(job, range_name, d.name, d.number, d.committed, path)
-        info.bytes, files, newest = _dir_stats(storage, path)
+        try:
+            info.bytes, files, newest = _dir_stats(storage, path)
+        except StorageError as exc:  # this checkpoint only: the others are still listed
+            files, newest = {}, None
+            if d.committed:
+                info.status, info.reason = "corrupt", f"cannot be read: {_short_reason(exc, path)}"
         info.mtime = newest if newest is not None else mtimes.get(d.name)
-        if d.committed:
+        if d.committed and info.status != "corrupt":
             try:
                 if verify:
                     info.manifest = verify_checkpoint(storage, job, range_name, d.number, quiet=quiet_progress)
                     info.status = "verified"
                 else:
-                    info.manifest = Checkpointer(storage, job, range_name).read_manifest(d.number)
+                    info.manifest = ck.read_manifest(d.number)
                     size = files.get(DATA_NAME)
                     if size is None:
                         raise CorruptCheckpointError(f"{DATA_NAME} is missing")
@@ -343,7 +361,9 @@ def scan_range(
                     info.status = "ok"
             except CorruptCheckpointError as exc:
                 info.status, info.reason = "corrupt", _short_reason(exc, path)
-        else:
+            except StorageError as exc:
+                info.status, info.reason = "corrupt", f"cannot be read: {_short_reason(exc, path)}"
+        elif not d.committed:
             info.reason = "leftover of an interrupted save" if ".tmp-" in d.name else "no manifest (not committed)"
         infos.append(info)
     glob = _scan_global(storage, job, range_name, verify, quiet_progress, mtimes)
@@ -378,13 +398,16 @@ def _scan_global(storage: Storage, job: str, range_name: str, verify: bool, quie
         info = CkptInfo(job, range_name, g.name, 0, g.committed, path)
         info.position = position_key(g.epoch_no, g.step)
         info.bytes, newest = 0, mtimes.get(g.name)
-        for e in storage.listdir(path):
-            if e.is_dir:
-                n, _files, t = _dir_stats(storage, f"{path}/{e.name}")
-                info.bytes += n
-                newest = t if t is not None and (newest is None or t > newest) else newest
+        try:
+            for e in storage.listdir(path):
+                if e.is_dir:
+                    n, _files, t = _dir_stats(storage, f"{path}/{e.name}")
+                    info.bytes += n
+                    newest = t if t is not None and (newest is None or t > newest) else newest
+        except StorageError as exc:  # this checkpoint only
+            info.status, info.reason = "corrupt", f"cannot be read: {_short_reason(exc, path)}"
         info.mtime = newest
-        if g.committed:
+        if g.committed and info.status != "corrupt":
             try:
                 gm, raws = gck.check_global(g.name)
                 info.number = gm.number
@@ -397,10 +420,44 @@ def _scan_global(storage: Storage, job: str, range_name: str, verify: bool, quie
                     info.status = "verified"
             except CorruptCheckpointError as exc:
                 info.status, info.reason = "corrupt", _short_reason(exc, path)
-        else:
+            except StorageError as exc:
+                info.status, info.reason = "corrupt", f"cannot be read: {_short_reason(exc, path)}"
+        elif not g.committed:
             info.reason = "no global manifest (not committed, or abandoned)"
         out.append(info)
     return out
+
+
+def restart_checkpoint(storage: Storage, job: str, range_name: str, infos: List[CkptInfo], quiet: bool = False) -> Optional[int]:
+    """The checkpoint a restart loads, as a restart finds it: the newest committed one
+    whose data verifies (every checksum read); those that fail are marked corrupt."""
+    for i in infos:  # newest first
+        if not i.committed or not i.valid:
+            continue
+        if i.status != "verified":
+            try:
+                if i.position is not None:  # a checkpoint of several ranks: every part
+                    _verify_global(storage, job, range_name, i.name, i.path)
+                else:
+                    verify_checkpoint(storage, job, range_name, i.number, quiet=quiet)
+            except (CorruptCheckpointError, StorageError) as exc:
+                i.status, i.reason, i.restart = "corrupt", _short_reason(exc, i.path), False
+                continue
+            i.status = "verified"
+        for j in infos:
+            j.restart = j is i
+        return i.number
+    for j in infos:
+        j.restart = False
+    return None
+
+
+def _verify_global(storage: Storage, job: str, range_name: str, name: str, path: str) -> None:
+    from .multirank import GlobalCheckpointer
+
+    gm, raws = GlobalCheckpointer(storage, job, range_name, 0, 1).check_global(name)
+    for rank in raws:
+        Checkpointer(storage, job, range_name).load(gm.number, f"{path}/rank-{rank}", raws[rank]).close()
 
 
 def _short_reason(exc: BaseException, path: str) -> str:
@@ -462,7 +519,7 @@ def _read_checkpoint(storage, job, range_name, number, want, quiet=False, verb="
 # =============================================================================
 # checkpoint references (inspect, export)
 # =============================================================================
-_REF_RE = re.compile(r"^(?P<root>.*?)/?(?P<job>[^/]+)/range/(?P<range>[^/]+)/ckpt-(?P<n>\d{1,18})/?$")
+_REF_RE = re.compile(r"(?P<root>.*?)/?(?P<job>[^/]+)/range/(?P<range>[^/]+)/ckpt-(?P<n>0|[1-9][0-9]{0,14})/?", re.ASCII | re.DOTALL)  # fullmatch
 
 
 @dataclasses.dataclass
@@ -492,11 +549,11 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
             raise ToolError(f"{ref} is the leftover of an interrupted save (never committed; `paddle-acp gc` removes it)")
         if "://" in ref:
             parts = urlsplit(ref)
-            m = _REF_RE.match(parts.path)
+            m = _REF_RE.fullmatch(parts.path)
             if m:
                 root = urlunsplit((parts.scheme, parts.netloc, m.group("root") or "/", parts.query, parts.fragment))
         else:
-            m = _REF_RE.match(ref)
+            m = _REF_RE.fullmatch(ref)
             if m:
                 root = m.group("root") or ("/" if ref.startswith("/") else ".")
         if m:
@@ -624,7 +681,7 @@ def read_metrics(storage: Storage, job: str) -> Tuple[List[Dict[str, Any]], int]
     records: List[Dict[str, Any]] = []
     bad = 0
     for e in storage.listdir(f"{job}/{METRICS_DIR}"):
-        m = _METRICS_RE.match(e.name)
+        m = _METRICS_RE.fullmatch(e.name)
         if e.is_dir or not m:
             continue
         try:
@@ -848,7 +905,8 @@ def cmd_inspect(args) -> int:
     except FileNotFoundError:
         pass
     infos = scan_range(ref.storage, ref.job, ref.range)
-    restart = next((i.number for i in infos if i.restart), None)
+    restart = restart_checkpoint(ref.storage, ref.job, ref.range, infos)
+    this = next((i for i in infos if i.number == m.number and i.committed), None)
     rng = _rng_summary(m.rng)
     programs = []
     for p in m.programs:
@@ -875,6 +933,8 @@ def cmd_inspect(args) -> int:
             "data_size": m.data_size,
             "data_file_size": data_size,
             "restart": restart == m.number,
+            "data_status": this.status if this is not None else None,
+            "data_problem": (this.reason or None) if this is not None else None,
             "extra_keys": sorted(m.extra),
             "programs": programs,
         }
@@ -896,6 +956,10 @@ def cmd_inspect(args) -> int:
         data_text = f"{DATA_NAME} MISSING (manifest says {m.data_size} bytes)"
     elif data_size != m.data_size:
         data_text = f"{DATA_NAME} {data_size} bytes, manifest says {m.data_size}: CORRUPT"
+    elif this is not None and this.status == "corrupt":
+        data_text = f"{DATA_NAME} {human_bytes(data_size)}: CORRUPT ({this.reason})"
+    elif this is not None and this.status == "verified":
+        data_text = f"{DATA_NAME} {human_bytes(data_size)} ({data_size} bytes; every checksum verified)"
     else:
         data_text = f"{DATA_NAME} {human_bytes(data_size)} ({data_size} bytes; checksums: run `paddle-acp verify`)"
     rows = [
@@ -939,7 +1003,7 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     storage = open_root(args.uri)
     jobs = select_jobs(storage, args.job)
-    rows, failures, warnings_, n_checked = [], [], [], 0
+    rows, failures, warnings_, n_checked, n_valid = [], [], [], 0, 0
     for job in jobs:
         ranges = list_ranges(storage, job)
         for r in ranges:
@@ -949,6 +1013,7 @@ def cmd_verify(args) -> int:
                 raise ToolError(f"cannot read job {job!r} range {r!r} under {storage.uri!r}: {exc}") from exc
             committed = [i for i in infos if i.committed]
             n_checked += len(committed)
+            n_valid += sum(1 for i in committed if i.valid)
             for i in infos:
                 if i.committed:
                     status = "ok" if i.valid else f"BAD: {i.reason}"
@@ -962,9 +1027,17 @@ def cmd_verify(args) -> int:
                 failures.append(
                     f"{uri_join(storage.uri, newest.path)} is bad ({newest.reason}): a restart of job {job!r} range {r!r} would {then}"
                 )
+            elif infos and not any(i.valid for i in committed):
+                failures.append(
+                    f"job {job!r} range {r!r} has {len(infos)} checkpoint director{'y' if len(infos) == 1 else 'ies'} "
+                    "but no valid (committed) checkpoint: a restart would START FROM SCRATCH"
+                )
             for i in committed[1:]:
                 if not i.valid:
                     warnings_.append(f"{uri_join(storage.uri, i.path)} is bad ({i.reason})")
+    if n_valid == 0 and not failures:
+        which = f"job {args.job!r}" if args.job else f"{len(jobs)} job(s)"
+        failures.append(f"no valid checkpoint in {which} under {storage.uri}: a restart would START FROM SCRATCH")
     if args.json:
         doc = {"uri": storage.uri, "ok": not failures, "failures": failures, "bad_older": warnings_,
                "checked": n_checked, "rows": [dict(zip(["job", "range", "checkpoint", "epoch", "restart", "status"], r)) for r in rows]}
@@ -1001,18 +1074,7 @@ def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float, n
             infos = scan_range(storage, job, r)
             committed = [i for i in infos if i.committed]
             newest_k = {i.number for i in committed[:keep]}
-            newest_valid = None
-            for i in committed:  # newest first; normally the first one verifies
-                if i.status == "corrupt":
-                    continue
-                try:
-                    verify_checkpoint(storage, job, r, i.number)
-                except CorruptCheckpointError as exc:
-                    i.status, i.reason = "corrupt", _short_reason(exc, i.path)
-                    continue
-                i.status = "verified"
-                newest_valid = i.number
-                break
+            newest_valid = restart_checkpoint(storage, job, r, infos)
             for i in infos:
                 if not i.committed:
                     age = now - i.mtime if i.mtime is not None else None

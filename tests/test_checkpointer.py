@@ -251,3 +251,23 @@ def test_restore_returns_newest_intact_committed_state(tmp_path_factory, program
                 newest = max(live)
                 assert loaded is not None and loaded.manifest.number == newest
                 assert_loads(loaded, make_snapshot(live[newest]))
+
+
+def test_a_manifest_restarts_would_reject_is_never_written(tmp_path):
+    """The writer checks its manifest as a reader will: state the reader refuses (a loader state
+    nested too deep, an integer beyond 64 bits) fails the save loudly instead of being written and
+    silently skipped by every later restart."""
+    from paddle_acp.errors import CheckpointError
+
+    c = ckpt(tmp_path)
+    c.save(make_snapshot(0))
+    deep = 1
+    for _ in range(40):
+        deep = [deep]
+    for bad in ({"loader_state": deep}, {"loader_state": 2**70}):
+        snap = make_snapshot(1)
+        snap.extra = bad
+        with pytest.raises(CheckpointError, match="could not read it back"):
+            c.save(snap)
+    assert c.committed_numbers() == [0]
+    assert not [n for n in os.listdir(ckdir(tmp_path, 0).parent) if ".tmp-" in n]  # aborted, nothing left

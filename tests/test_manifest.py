@@ -2,8 +2,10 @@
 
 import json
 import math
+import random
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,31 @@ json_values = st.recursive(json_scalars, lambda c: st.one_of(st.lists(c, max_siz
 
 
 @st.composite
+def rng_states(draw):
+    """RNG states as rng_state.capture() writes them (3-tuples: Paddle 2.6; 4: Paddle 3.x)."""
+    r = random.Random(draw(st.integers(0, 2**32)))
+    words = [r.getrandbits(64) for _ in range(312)] + [draw(st.integers(0, 312))]
+    paddle_states = [[-1, draw(st.integers(0, 2**64 - 1)), draw(st.integers(0, 2**64 - 1)), " ".join(map(str, words))]]
+    for dev in range(draw(st.integers(0, 2))):
+        paddle_states.append([dev, draw(st.integers(0, 2**64 - 1)), draw(st.integers(0, 2**64 - 1)), ""])
+    if draw(st.booleans()):
+        paddle_states = [s[:3] for s in paddle_states]
+    return {
+        "paddle": paddle_states,
+        "numpy": ["MT19937", [r.getrandbits(32) for _ in range(624)], draw(st.integers(0, 624)), draw(st.integers(0, 1)),
+                  draw(st.floats(allow_nan=False, allow_infinity=False))],
+        "python": [3, [r.getrandbits(32) for _ in range(624)] + [draw(st.integers(0, 624))],
+                   draw(st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)))],
+    }
+
+
+lr_states = st.fixed_dictionaries(
+    {"last_epoch": st.integers(-1, 10**6), "last_lr": st.floats(0, 10)},
+    optional={"base_lr": st.floats(0, 10), "step_size": st.integers(1, 100), "milestones": st.lists(st.integers(0, 100), max_size=3)},
+)
+
+
+@st.composite
 def manifests(draw):
     offset = 0
     programs = []
@@ -31,9 +58,9 @@ def manifests(draw):
             nbytes = math.prod(shape) * DTYPES[dt].itemsize
             tensors.append(TensorRecord(name, dt, shape, offset, nbytes, draw(st.integers(0, 2**32 - 1))))
             offset += nbytes + draw(st.integers(0, 64))
-        sched = draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=8), json_values, max_size=3)))
+        sched = draw(st.one_of(st.none(), lr_states))
         programs.append(ProgramRecord(key, draw(st.text(max_size=20)), tensors, sched))
-    rng = draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=8), json_values, max_size=3)))
+    rng = draw(st.one_of(st.none(), rng_states()))
     return Manifest(
         number=draw(st.integers(0, 10**9)),
         created=draw(st.floats(0, 2e9)),
@@ -136,6 +163,19 @@ def test_checksums_chain_across_any_split(data, draw, version):
         (lambda d: d["programs"][0]["tensors"][0].update(dtype="object"), "not an allowed dtype"),
         (lambda d: d["programs"][0]["tensors"][0].update(shape=[3, 3]), "does not match shape"),
         (lambda d: d["programs"][0]["tensors"][0].update(shape=[-2, -8]), "non-negative"),
+        (lambda d: d["programs"][0]["tensors"][0].update(shape=[0, 10**19]), "non-negative integers"),
+        (lambda d: d["programs"][0]["tensors"][0].update(shape=[0, 2**40, 2**40]), "too large"),
+        (lambda d: d.update(created=1e300), "not a time"),
+        (lambda d: d.update(created=-1), "not a time"),
+        (lambda d: d.update(number=10**15), "out of range"),
+        (lambda d: d["range"].update(step=2**63), "out of range"),
+        (lambda d: d["programs"][0]["tensors"][0].update(offset=2**63), "out of range"),
+        (lambda d: d["programs"][0].update(lr_scheduler={"last_epoch": "x", "last_lr": 0.1}), "last_epoch has the wrong type"),
+        (lambda d: d["programs"][0].update(lr_scheduler={"last_epoch": 1, "last_lr": "0.1"}), "last_lr has the wrong type"),
+        (lambda d: d["programs"][0].update(lr_scheduler={"last_epoch": 1, "gamma": 10**30}), "out of range"),
+        (lambda d: d["extra"].update(loader_state={"pos": -(2**64)}), "out of range"),
+        (lambda d: d["programs"][0].update(lr_scheduler=[1]), "wrong type"),
+        (lambda d: d["programs"][0].update(label="\ud800"), "lone surrogate"),
         (lambda d: d["programs"][0]["tensors"][0].update(offset=10), "lies outside"),
         (lambda d: d["programs"][0]["tensors"][0].update(nbytes=True), "wrong type"),
         (lambda d: d.update(version=99), "not supported"),
@@ -161,3 +201,131 @@ def test_any_unsealed_edit_is_detected():
         Manifest.loads(edited)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
         Manifest.loads(json.dumps(doc).encode())  # no checksum at all
+
+
+# -- crafted manifests: the checksum recomputed, as an attacker would (issue 19, items 1-4, 6) ---------
+def _sealed_text(doc_text: str) -> bytes:
+    """A manifest document given as JSON text (e.g. absurdly nested), sealed with a valid checksum."""
+    doc = json.loads(doc_text) if doc_text.count("[") < 500 else None
+    if doc is not None:
+        return seal(doc)
+    # too deep for json (the point): compute the checksum over the canonical text by hand
+    body = doc_text[:-1] + ',"checksum":%d}'
+    canon = doc_text.encode()
+    return (body % (zlib.crc32(canon) & 0xFFFFFFFF)).encode()
+
+
+@pytest.mark.parametrize("where", ["extra", "rng", "top"])
+def test_deep_nesting_is_corrupt_not_recursion_error(where):
+    deep = "[" * 100_000 + "]" * 100_000
+    doc = _valid_doc()
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    if where == "extra":
+        text = text.replace('"extra":{}', '"extra":{"x":%s}' % deep)
+    elif where == "rng":
+        text = text.replace('"rng":null', '"rng":%s' % deep)
+    else:
+        text = deep
+    with pytest.raises(CorruptCheckpointError, match="nested|not valid JSON|top level"):
+        Manifest.loads(_sealed_text(text))
+
+
+def test_nesting_depth_ignores_brackets_in_strings():
+    from paddle_acp.manifest import nesting_depth
+
+    assert nesting_depth(b'{"a": "[[[[{{{{", "b": [[1]], "c": "\\"]]]"}') == 3
+    assert nesting_depth(b"[" * 40 + b"]" * 40) == 40
+    doc = _valid_doc()
+    doc["extra"] = {"k": "[" * 1000}
+    Manifest.loads(seal(doc))  # brackets in a string are text, not nesting
+
+
+@pytest.mark.parametrize("created", ["1" + "0" * 400, "1e400", "-1e400", "1" + "0" * 5000])
+def test_absurd_numbers_are_corrupt(created):
+    doc = _valid_doc()
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":")).replace('"created":0.0', '"created":' + created)
+    assert '"created":' + created in text
+    canon = text.encode()
+    raw = (text[:-1] + ',"checksum":%d}' % (zlib.crc32(canon) & 0xFFFFFFFF)).encode()
+    with pytest.raises(CorruptCheckpointError):
+        Manifest.loads(raw)
+
+
+def test_manifest_size_is_capped_relative_to_the_data():
+    from paddle_acp.manifest import MAX_MANIFEST_SIZE, max_manifest_size
+
+    doc = _valid_doc()
+    doc["extra"] = {"pad": ["x" * 1000] * 5300}  # 5 MB of padding for 16 bytes of tensors
+    raw = seal(doc)
+    assert len(raw) > max_manifest_size(16)
+    with pytest.raises(CorruptCheckpointError, match="more than the .* allowed"):
+        Manifest.loads(raw)
+    with pytest.raises(CorruptCheckpointError, match="more than the .* allowed"):
+        Manifest.loads(raw, data_file_size=16)
+    assert max_manifest_size(10**12) == MAX_MANIFEST_SIZE
+    with pytest.raises(CorruptCheckpointError, match="more than the .* allowed"):
+        Manifest.loads(b" " * (MAX_MANIFEST_SIZE + 1))
+
+
+_PATHS_CACHE = {}
+
+
+def _leaf_paths(node, path=()):
+    """Every path to a value in a JSON document."""
+    yield path
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaf_paths(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaf_paths(v, path + (i,))
+
+
+hostile_values = st.one_of(
+    json_values,
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([10**30, -(10**30), 2**64, 2**63, -1, 0, 1e300, -1e300, 1e-300, "", "x", "\u00e9", [], {}, None, True, 1.5]),
+    st.lists(st.integers(-(2**65), 2**65), max_size=3),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(manifests(), st.data())
+def test_crafted_edits_load_exactly_or_are_corrupt(m, data):
+    """An attacker's edit (any value anywhere replaced, a key dropped or added, the checksum
+    recomputed) is either accepted as a manifest whose every value is in range and that
+    serializes back to the same document, or rejected with CorruptCheckpointError: never
+    another exception."""
+    doc = m.to_json()
+    paths = [p for p in _leaf_paths(doc) if p]
+    path = data.draw(st.sampled_from(paths))
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    action = data.draw(st.sampled_from(["replace", "drop", "add"]))
+    if action == "replace" or not isinstance(parent, dict):
+        parent[path[-1]] = data.draw(hostile_values)
+    elif action == "drop":
+        del parent[path[-1]]
+    else:
+        parent[data.draw(st.text(max_size=8))] = data.draw(hostile_values)
+    try:
+        raw = seal(doc)
+    except (ValueError, TypeError):
+        return  # not a JSON document at all (cannot be written)
+    try:
+        again = Manifest.loads(raw)
+    except CorruptCheckpointError:
+        return
+    # accepted: it means exactly what it says, and every number is one the restore path can use
+    assert Manifest.loads(again.dumps()) == again
+    assert 0 <= again.created <= 253402300799.0 and 0 <= again.number < 10**15
+    for p in again.programs:
+        for t in p.tensors:
+            assert math.prod(t.shape) * DTYPES[t.dtype].itemsize == t.nbytes
+            assert t.offset + t.nbytes <= again.data_size
+            np.empty(t.shape, DTYPES[t.dtype]) if t.nbytes == 0 else None  # a zero-size tensor can be made
+    if again.rng is not None:
+        from paddle_acp import rng_state
+
+        rng_state.validate(again.rng)

@@ -57,10 +57,41 @@ def test_round_trip_through_json_is_exact(seed, burn):
         lambda s: s["python"].__setitem__(1, [1, 2]),
         lambda s: s["paddle"].__setitem__(0, ["x", 1, 2, "abc"]),
         lambda s: s["paddle"][0].__setitem__(3, "é"),
+        # issue 19 item 4: values that passed validation and crashed the restore
+        lambda s: s["paddle"][0].__setitem__(1, 2**70),
+        lambda s: s["paddle"][0].__setitem__(2, -1),
+        lambda s: s["paddle"][0].__setitem__(0, 10**9),
+        lambda s: s["paddle"][0].__setitem__(3, "x"),
+        lambda s: s["paddle"][0].__setitem__(3, s["paddle"][0][3] + " 5"),
+        lambda s: s["python"][1].__setitem__(624, 10**6),
+        lambda s: s["python"].__setitem__(0, 2),
+        lambda s: s["python"].__setitem__(2, "x"),
+        lambda s: s["numpy"].__setitem__(4, "x"),
+        lambda s: s["numpy"].__setitem__(3, 7),
+        lambda s: s["numpy"].__setitem__(2, 625),
+        lambda s: s["paddle"].clear(),
+        lambda s: s.update(extra=1),
     ],
 )
 def test_malformed_state_rejected(mutate):
     state = json.loads(json.dumps(rng_state.capture()))
     mutate(state)
     with pytest.raises(CorruptCheckpointError):
+        rng_state.restore(state)
+
+
+def test_validate_accepts_paddle_2_6_states():
+    """Paddle 2.6 generator states have no engine text: (device, seed, offset)."""
+    state = json.loads(json.dumps(rng_state.capture()))
+    state["paddle"] = [s[:3] for s in state["paddle"]]
+    rng_state.validate(state)
+
+
+def test_another_generator_count_is_a_clear_error():
+    from paddle_acp.errors import CheckpointError
+
+    state = json.loads(json.dumps(rng_state.capture()))
+    state["paddle"].append([0] + state["paddle"][0][1:])
+    rng_state.validate(state)  # well-formed: only this process can tell it does not fit
+    with pytest.raises(CheckpointError, match="2 Paddle generator state.*this process has 1.*PADDLE_JOB_ID"):
         rng_state.restore(state)
