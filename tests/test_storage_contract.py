@@ -322,7 +322,7 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
 
         def rank0():
             try:
-                res[0] = gck(0, fence, timeout=1.0).save(_rank_snapshot(0, epoch), "per-rank")
+                res[0] = gck(0, fence, timeout=120.0 if ranks else 0.5).save(_rank_snapshot(0, epoch), "per-rank")
             except FencedError as exc:
                 res["error"] = exc
 
