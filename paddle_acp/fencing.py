@@ -43,7 +43,7 @@ def newest_generation(storage: Storage, job_id: str) -> int:
     best = -1
     for e in storage.listdir(writers_dir(job_id)):
         m = _GEN_RE.match(e.name)
-        if m and not e.is_dir:
+        if m and not e.is_dir and not e.is_link:
             best = max(best, int(m.group(1)))
     return best
 

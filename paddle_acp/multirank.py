@@ -23,7 +23,6 @@ only its own part (replicated mode: rank 0's tensors, its own RNG and loader).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 import sys
@@ -35,7 +34,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import atomic
 from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot, range_dir
 from .errors import CheckpointError, CorruptCheckpointError, StorageError
-from .manifest import DATA_NAME, MANIFEST_NAME, Manifest, _doc_checksum, _fail, _get, seal
+from .manifest import (
+    DATA_NAME, MANIFEST_NAME, MAX_INT, MAX_MANIFEST_SIZE, MAX_TIME, Manifest, _doc_checksum, _fail, _get,
+    check_text, max_manifest_size, parse_json, seal,
+)
 from .storage import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -45,6 +47,8 @@ GLOBAL_FORMAT = "paddle-acp/global-checkpoint"
 GLOBAL_VERSION = 3
 MODES = ("replicated", "per-rank")
 MAX_WORLD = 1 << 16
+MAX_PROGRAMS = 1024  # program keys one part may list
+MAX_GLOBAL_SIZE = 16 << 20  # bytes of global.json (a part record is ~200 bytes plus its program keys)
 _NO_STEP = (1 << 32) - 1
 _NAME_RE = re.compile(r"^ckpt-e(\d{1,12})(?:-s(\d{1,12}))?$")
 _PART_RE = re.compile(r"^rank-(\d{1,6})$")
@@ -94,9 +98,9 @@ class PartRecord:
         msize = _get(d, "manifest_size", int, where)
         dsize = _get(d, "data_size", int, where)
         programs = _get(d, "programs", list, where)
-        if rank < 0 or not 0 <= crc < 2**32 or msize <= 0 or dsize < 0:
+        if not 0 <= rank < MAX_WORLD or not 0 <= crc < 2**32 or not 0 < msize <= max_manifest_size(dsize) or not 0 <= dsize < 2**62:
             raise _fail(f"{where}: bad rank, checksum or size")
-        if not all(isinstance(p, str) and 0 < len(p) <= 200 for p in programs):
+        if len(programs) > MAX_PROGRAMS or not all(isinstance(p, str) and 0 < len(p) <= 200 for p in programs):
             raise _fail(f"{where}.programs must be a list of program keys")
         return cls(rank, crc, msize, dsize, list(programs))
 
@@ -145,10 +149,9 @@ class GlobalManifest:
 
     @classmethod
     def loads(cls, raw: bytes) -> "GlobalManifest":
-        try:
-            d = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise _fail(f"global manifest is not valid JSON ({exc})") from None
+        if len(raw) > MAX_GLOBAL_SIZE:
+            raise _fail(f"global manifest is larger than {MAX_GLOBAL_SIZE} bytes")
+        d = parse_json(raw, "global manifest", max_size=MAX_GLOBAL_SIZE)
         if not isinstance(d, dict):
             raise _fail("global manifest: top level must be an object")
         checksum = d.pop("checksum", None)
@@ -167,6 +170,7 @@ class GlobalManifest:
         pos = _get(d, "position", dict, "global")
         epoch_no = _get(pos, "epoch_no", int, "global.position")
         step = _get(pos, "step", int, "global.position", optional=True)
+        check_text(name, "global.name")
         if parse_name(name) != (epoch_no, step):
             raise _fail(f"global manifest name {name!r} does not match its position ({epoch_no}, {step})")
         topo = _get(d, "topology", dict, "global")
@@ -177,14 +181,25 @@ class GlobalManifest:
         if mode not in MODES:
             raise _fail(f"mode {mode!r} is not one of {MODES}")
         raw_parts = _get(d, "parts", list, "global")
+        if len(raw_parts) > MAX_WORLD:
+            raise _fail(f"global manifest lists {len(raw_parts)} parts (at most {MAX_WORLD})")
+        created = _get(d, "created", (int, float), "global")
+        generation = _get(d, "generation", int, "global")
+        if isinstance(created, bool) or not 0 <= created <= MAX_TIME:
+            raise _fail(f"global.created {created!r} is not a time")
+        if not -1 <= generation < MAX_INT:
+            raise _fail(f"global.generation {generation!r} out of range")
+        range_name = check_text(_get(d, "range", str, "global"), "global.range")
         parts = [PartRecord.from_json(p, f"global.parts[{i}]") for i, p in enumerate(raw_parts)]
         if [p.rank for p in parts] != list(range(world)):
             raise _fail(f"parts must list ranks 0..{world - 1} once each, in order")
         base = _get(d, "base", str, "global", optional=True)
+        if base is not None:
+            check_text(base, "global.base")
         return cls(
-            name=name, range_name=_get(d, "range", str, "global"), epoch_no=epoch_no, step=step,
-            world_size=world, mode=mode, parts=parts, created=float(_get(d, "created", (int, float), "global")),
-            generation=_get(d, "generation", int, "global"), base=base, version=version,
+            name=name, range_name=range_name, epoch_no=epoch_no, step=step,
+            world_size=world, mode=mode, parts=parts, created=float(created),
+            generation=generation, base=base, version=version,
         )
 
 
@@ -345,7 +360,7 @@ class GlobalCheckpointer:
         """The committed part of ``rank`` at ``name`` when it belongs to this incarnation."""
         path = f"{self.part_dir(name, rank)}/{MANIFEST_NAME}"
         try:
-            raw = self.storage.read_bytes(path)
+            raw = self.storage.read_bytes(path, limit=MAX_MANIFEST_SIZE)
         except FileNotFoundError:
             return None
         try:
@@ -466,7 +481,7 @@ class GlobalCheckpointer:
     def read_global(self, name: str) -> GlobalManifest:
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
         try:
-            raw = self.storage.read_bytes(path)
+            raw = self.storage.read_bytes(path, limit=MAX_GLOBAL_SIZE)
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{path} is missing (checkpoint not committed)") from None
         g = GlobalManifest.loads(raw)
@@ -485,7 +500,7 @@ class GlobalCheckpointer:
         for p in g.parts:
             path = f"{self.part_dir(name, p.rank)}/{MANIFEST_NAME}"
             try:
-                raw = self.storage.read_bytes(path)
+                raw = self.storage.read_bytes(path, limit=p.manifest_size)
             except FileNotFoundError:
                 raise CorruptCheckpointError(f"{path} is missing") from None
             if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:

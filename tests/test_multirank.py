@@ -374,3 +374,94 @@ def test_ls_and_verify_show_and_check_checkpoints_of_several_ranks(tmp_path):
     data.write_bytes(bytes(raw))
     v = tool("verify")
     assert v.returncode == 1 and "ckpt-e2 is bad" in v.stdout and "fall back to ckpt-e1" in v.stdout, v.stdout
+
+
+# -- crafted global manifests (the checksum guards against accidents, not edits) -----------
+
+def _crafted(edit):
+    from paddle_acp.manifest import seal
+
+    g = GlobalManifest("ckpt-e2", RANGE, 2, None, 2, "per-rank",
+                       [PartRecord(0, 1, 10, 64, ["a"]), PartRecord(1, 2, 10, 64, ["b"])], 12.5, 0)
+    d = g.to_json()
+    edit(d)
+    return seal(d)
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (lambda d: d.update(deep=json.loads("[" * 5000 + "]" * 5000)), "nested"),
+    (lambda d: d.update(created=10**400), "created"),
+    (lambda d: d.update(created=1e300), "created"),
+    (lambda d: d.update(generation=2**70), "generation"),
+    (lambda d: d["parts"][0].update(rank=2**40), "ranks 0..1|bad rank"),
+    (lambda d: d["parts"][0].update(data_size=10**30), "bad rank"),
+    (lambda d: d["parts"][0].update(manifest_size=10**9), "bad rank"),
+    (lambda d: d["parts"][0].update(programs=["k"] * 5000), "program keys"),
+    (lambda d: d.update(range="r" * 10**5), "range"),
+])
+def test_crafted_global_manifests_are_refused_as_corrupt(edit, msg):
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20000))  # so that json.dumps can write the crafted document
+    try:
+        raw = _crafted(edit)
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(CorruptCheckpointError, match=msg):
+        GlobalManifest.loads(raw)
+
+
+def test_an_oversized_global_manifest_is_refused_before_it_is_parsed():
+    from paddle_acp.multirank import MAX_GLOBAL_SIZE
+
+    with pytest.raises(CorruptCheckpointError, match="larger than"):
+        GlobalManifest.loads(b" " * (MAX_GLOBAL_SIZE + 1) + b"{}")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.lists(st.sampled_from(["parts", 0, 1, "topology", "position", "world_size", "epoch_no", "step",
+                                      "created", "generation", "rank", "programs", "data_size"]), max_size=3),
+       value=st.recursive(st.none() | st.booleans() | st.integers(-2**80, 2**80) | st.floats(allow_nan=False)
+                          | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+                          max_leaves=8))
+def test_attacker_edits_of_a_global_manifest_load_or_raise_corrupt_only(path, value):
+    """An edit with the checksum recomputed either loads (and re-serialises to a valid manifest)
+    or raises CorruptCheckpointError: never another exception type."""
+
+    def edit(d):
+        node = d
+        for k in path[:-1]:
+            try:
+                node = node[k]
+            except (KeyError, IndexError, TypeError):
+                return
+        if not path:
+            d["extra"] = value
+            return
+        try:
+            node[path[-1]] = value
+        except (IndexError, TypeError):
+            pass
+
+    try:
+        raw = _crafted(edit)
+    except (ValueError, TypeError):
+        return  # not serialisable as JSON (e.g. a huge float): nothing an attacker can write
+    try:
+        g = GlobalManifest.loads(raw)
+    except CorruptCheckpointError:
+        return
+    assert GlobalManifest.loads(g.dumps()) == g
+
+
+def test_a_symlinked_generation_record_is_not_a_writer(tmp_path):
+    from paddle_acp.fencing import newest_generation, writers_dir
+
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "gen-999").write_text("{}")
+    st_ = open_storage(str(tmp_path / "root"))
+    g = Fence.take(st_, JOB).generation
+    os.symlink(other / "gen-999", tmp_path / "root" / writers_dir(JOB) / "gen-999")
+    assert newest_generation(st_, JOB) == g
