@@ -626,6 +626,14 @@ def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optiona
             logger.warning("skipping checkpoint %s of %s/%s: %s", ident, gck.storage.uri, gck.dir, exc)
             continue
         except StorageError as exc:
+            if kind == "global" and gck.world_size > 1:
+                # another rank may read it fine: falling back alone would resume the ranks from
+                # different checkpoints. Fail; the job's restart tries again.
+                raise StorageError(
+                    f"rank {gck.rank}: checkpoint {ident} of {gck.storage.uri}/{gck.dir} cannot be read ({exc}); every "
+                    "rank must resume from the same checkpoint, so this rank does not fall back alone: fix the storage "
+                    "and restart the job"
+                ) from exc
             unreadable.append(f"{ident}: {exc}")
             logger.warning("skipping checkpoint %s of %s/%s, it cannot be read: %s", ident, gck.storage.uri, gck.dir, exc)
             continue
