@@ -17,13 +17,31 @@ variables, see :mod:`paddle_acp.config`); without them the loop is a plain range
 * :func:`install` / :func:`uninstall` – the Executor.run hook (installed on import).
 * :func:`simulate_restart` – forget all in-process state, as a restart would (for tests).
 * :func:`is_training_program` – whether a program would be checkpointed.
-* Errors: :class:`AcpError` and its subclasses.
+* Errors: :class:`AcpError` and its subclasses (:class:`UnsupportedPaddleError`, an ``ImportError``,
+  when Paddle is missing or its version is not supported; see :mod:`paddle_acp.paddle_version`).
 
 Data flows one way: hook -> registry (per range) -> snapshot -> checkpointer -> storage.
 """
 
 import logging as _logging
 import os as _os
+
+from .errors import UnsupportedPaddleError  # noqa: F401  (first: the version gate below needs only it)
+from . import paddle_version as _paddle_version
+
+_logger = _logging.getLogger("paddle_acp")
+if _logger.level == _logging.NOTSET:
+    _level = _os.environ.get("PADDLE_ACP_LOG_LEVEL", "INFO").upper()
+    _logger.setLevel(_level if _level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO")
+if not _logger.handlers and not _logging.getLogger().handlers:
+    _handler = _logging.StreamHandler()
+    _handler.setFormatter(_logging.Formatter("[paddle_acp] %(levelname)s %(message)s"))
+    _logger.addHandler(_handler)
+    _logger.propagate = False
+
+# No Paddle, or an unsupported one: one clear UnsupportedPaddleError (an ImportError) here, before
+# anything else touches Paddle. A newer or development build is used with a warning.
+PADDLE_VERSION = _paddle_version.check()
 
 from .config import CheckpointConfig
 from .config import from_env as config_from_env
@@ -52,20 +70,11 @@ __all__ = [
     "CheckpointError",
     "CorruptCheckpointError",
     "StorageError",
+    "UnsupportedPaddleError",
+    "PADDLE_VERSION",
     "CONST_CHECKPOINT",
     "CONST_MEMORYINIT",
 ]
-
-_logger = _logging.getLogger("paddle_acp")
-if _logger.level == _logging.NOTSET:
-    _level = _os.environ.get("PADDLE_ACP_LOG_LEVEL", "INFO").upper()
-    _logger.setLevel(_level if _level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO")
-if not _logger.handlers and not _logging.getLogger().handlers:
-    _handler = _logging.StreamHandler()
-    _handler.setFormatter(_logging.Formatter("[paddle_acp] %(levelname)s %(message)s"))
-    _logger.addHandler(_handler)
-    _logger.propagate = False
-
 
 def simulate_restart() -> None:
     """Reset paddle-acp's process state as a restart would: ranges are numbered from 0 again.

@@ -37,7 +37,7 @@ from . import config as _config
 from .checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from .epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
 from .epoch_range import TrainEpochRange as _LibTrainEpochRange
-from .errors import CheckpointError
+from .errors import AcpError, CheckpointError
 from .programs import program_info, unwrap
 
 __all__ = [
@@ -480,6 +480,8 @@ def _check_program_oprole(program) -> bool:
     """True when ``program`` has backward and optimizer ops (PIR and legacy IR)."""
     try:
         info = program_info(program)
+    except AcpError:
+        raise  # e.g. a PIR program on Paddle 2.6: refused with its reason, never silently skipped
     except Exception as exc:
         logger.debug("cannot analyse %r: %s", type(program), exc)
         return False

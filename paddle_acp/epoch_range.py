@@ -15,7 +15,7 @@ import time
 from typing import Iterable, Iterator, Optional
 
 from . import config as _config
-from . import preemption, rng_state
+from . import paddle_version, preemption, rng_state
 from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot
 from .fencing import Fence
 from .errors import AcpError, CheckpointError, ConfigError
@@ -584,6 +584,8 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
         yield from range(0, end)
         return
     _check_main_thread("train_epoch_range")
+    paddle_version.refuse_pir_mode()  # Paddle 2.6: legacy IR only
+    paddle_version.warn_rng_limit()  # Paddle 2.6: the CPU engine state cannot be carried across processes
     if _active is not None:
         raise CheckpointError(f"train_epoch_range cannot be nested (range {_active.name} is active)")
     r = TrainEpochRange(max_epoch_num, _next_range_name(), cfg, save_checkpoint_inter)

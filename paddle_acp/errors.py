@@ -22,3 +22,10 @@ class CheckpointError(AcpError, RuntimeError):
 
 class CorruptCheckpointError(AcpError):
     """A checkpoint is incomplete or fails verification; it is never loaded."""
+
+
+class UnsupportedPaddleError(AcpError, ImportError):
+    """No Paddle, or a Paddle version paddle-acp does not support (raised on import).
+
+    The message names the installed version, the supported range and how to install Paddle.
+    """

@@ -11,6 +11,8 @@ import hashlib
 import logging
 from typing import List, Optional, Tuple
 
+from .errors import AcpError, CheckpointError
+
 logger = logging.getLogger("paddle_acp")
 
 _CACHE_ATTR = "_paddle_acp_info"
@@ -155,6 +157,18 @@ def _finish(ir, has_bwd, has_opt, op_names, persist) -> ProgramInfo:
     )
 
 
+def _refuse_unsupported_pir(program) -> None:
+    """Raise CheckpointError for a PIR program on a Paddle whose PIR paddle-acp does not support (2.6)."""
+    from paddle import pir
+
+    if isinstance(program, pir.Program):
+        from .paddle_version import pir_refusal
+
+        reason = pir_refusal()
+        if reason is not None:
+            raise CheckpointError(reason)
+
+
 def program_info(program) -> ProgramInfo:
     """Analyse (once) and return the :class:`ProgramInfo` of a Program/CompiledProgram."""
     program = unwrap(program)
@@ -166,6 +180,7 @@ def program_info(program) -> ProgramInfo:
     if isinstance(program, LegacyProgram):
         info = _legacy_info(program)
     else:
+        _refuse_unsupported_pir(program)
         info = _pir_info(program)
     try:
         setattr(program, _CACHE_ATTR, info)
@@ -178,6 +193,8 @@ def is_training_program(program) -> bool:
     """True when the program has both backward and optimizer ops."""
     try:
         return program_info(program).is_training
+    except AcpError:
+        raise  # a program paddle-acp cannot checkpoint on this Paddle: never silently skipped
     except Exception as exc:  # an unknown object: not ours to checkpoint
         logger.debug("program detection failed for %r: %s", type(program), exc)
         return False

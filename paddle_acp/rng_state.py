@@ -2,26 +2,61 @@
 
 Stored as JSON-safe data. Paddle's generator state is its own
 ``(device, seed, offset, state-bytes)`` tuple; the bytes are ASCII.
+
+Paddle 2.6's ``GeneratorState`` pickles only ``(device, seed, offset)``: the CPU engine
+(``std::mt19937_64``, one draw per element of dropout/uniform) is reachable only as an
+in-process ``Generator.get_state()`` object, and ``__setstate__`` reseeds it from ``seed``.
+There it is stored with an empty state string; after a restore in another process the CPU
+engine restarts from its seed (:func:`paddle_acp.paddle_version.warn_rng_limit` says so once).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from .errors import CheckpointError, CorruptCheckpointError
 
+logger = logging.getLogger("paddle_acp")
+
+_carries: Optional[bool] = None
+_warned_missing = False
+
+
+def carries_cpu_engine() -> bool:
+    """Whether this Paddle's ``GeneratorState`` pickles the engine state (3.x: yes; 2.6: no)."""
+    global _carries
+    if _carries is None:
+        from paddle.framework import core
+
+        _carries = len(core.default_cpu_generator().get_state().__getstate__()) >= 4
+    return _carries
+
+
+def _fields(st) -> list:
+    parts = st.__getstate__()
+    if len(parts) == 4:  # Paddle 3.x: the engine state as a list of ASCII codes
+        device, seed, offset, raw = parts
+        return [int(device), int(seed), int(offset), bytes(raw).decode("ascii")]
+    if len(parts) == 3:  # Paddle 2.6: no engine state
+        device, seed, offset = parts
+        return [int(device), int(seed), int(offset), ""]
+    import paddle
+
+    raise CheckpointError(
+        f"Paddle {paddle.__version__}'s generator state has {len(parts)} fields; paddle-acp knows the "
+        "3 of Paddle 2.6 and the 4 of Paddle 3.x, and cannot save the RNG state of this Paddle"
+    )
+
 
 def capture() -> Dict[str, Any]:
     import paddle
 
-    states = []
-    for st in paddle.get_rng_state():
-        device, seed, offset, raw = st.__getstate__()
-        states.append([int(device), int(seed), int(offset), bytes(raw).decode("ascii")])
+    states = [_fields(st) for st in paddle.get_rng_state()]
     np_state = np.random.get_state()
     py_state = random.getstate()
     return {
@@ -110,13 +145,47 @@ def restore(state: Dict[str, Any]) -> None:
     validate(state)
     check_live(state)
     gens = []
+    carries = carries_cpu_engine()
     for entry in state["paddle"]:
         g = core.GeneratorState.__new__(core.GeneratorState)
         device, seed, offset = entry[:3]
-        g.__setstate__((device, seed, offset, list(entry[3].encode("ascii"))) if len(entry) == 4 else (device, seed, offset))
+        raw = entry[3] if len(entry) == 4 else ""
+        if carries and raw:
+            g.__setstate__((device, seed, offset, list(raw.encode("ascii"))))
+        elif carries:
+            # a checkpoint made by Paddle 2.6 on Paddle 3.x: the engine restarts from ``seed``
+            # (3.0's __setstate__ takes no 3-tuple, so build a freshly seeded engine's state)
+            _warn_missing_engine()
+            g.__setstate__((device, seed, offset, _fresh_engine(seed)))
+        else:  # Paddle 2.6: __setstate__ reseeds the engine from ``seed``
+            g.__setstate__((device, seed, offset))
         gens.append(g)
     paddle.set_rng_state(gens)
     n = state["numpy"]
     np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     p = state["python"]
     random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def _fresh_engine(seed: int) -> list:
+    """The engine state of a CPU generator freshly seeded with ``seed`` (Paddle 3.x)."""
+    from paddle.framework import core
+
+    gen = core.default_cpu_generator()
+    saved = gen.get_state()
+    try:
+        gen.manual_seed(seed)
+        return list(gen.get_state().__getstate__()[3])
+    finally:
+        gen.set_state(saved)
+
+
+def _warn_missing_engine() -> None:
+    global _warned_missing
+    if not _warned_missing:
+        _warned_missing = True
+        logger.warning(
+            "the checkpoint was made with a Paddle that cannot save the CPU random generator's engine "
+            "state (Paddle 2.6): random ops such as dropout draw a different random stream after this "
+            "resume than the interrupted run would have; everything else is restored exactly"
+        )

@@ -1,7 +1,14 @@
 """Fixtures shared by several test modules."""
 
+import os
+
 import paddle
 import pytest
+
+if os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1":  # ci/matrix.py tests the pip-installed copy
+    import paddle_acp
+
+    assert "site-packages" in paddle_acp.__file__, "expected the installed paddle_acp, got %s" % paddle_acp.__file__
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,9 @@ _STRIP_NAMES = ("PADDLE_JOB_ID", "PADDLE_TRAINER_ID", "PADDLE_RUNNING_ENV",
 
 IRS = ("pir", "legacy")
 
+# ci/matrix.py: the training processes import the pip-installed paddle-acp, not the checkout.
+INSTALLED = os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1"
+
 
 def script_env(ckpt_dir=None, ir="pir", env=None, runner=False):
     """Environment for one run of the training script.
@@ -39,8 +42,9 @@ def script_env(ckpt_dir=None, ir="pir", env=None, runner=False):
         raise ValueError("ir must be one of %r, not %r" % (IRS, ir))
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(_STRIP_PREFIXES) and k not in _STRIP_NAMES}
-    e["PYTHONPATH"] = os.pathsep.join(
-        [REPO] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if not INSTALLED:
+        e["PYTHONPATH"] = os.pathsep.join(
+            [REPO] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
     e["PYTHONUNBUFFERED"] = "1"
     e.setdefault("OMP_NUM_THREADS", "1")
     e.setdefault("GLOG_minloglevel", "1")  # hide Paddle's INFO chatter
@@ -86,7 +90,8 @@ def run_script(out_dir, ckpt_dir, ir, *args, env=None, runner=False,
     """
     return subprocess.run(
         script_cmd(out_dir, ckpt_dir, *args, runner=runner),
-        env=script_env(ckpt_dir, ir, env, runner), cwd=REPO,
+        env=script_env(ckpt_dir, ir, env, runner),
+        cwd=os.path.dirname(str(out_dir)) if INSTALLED else REPO,  # `-m paddle_acp` must not see the checkout
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         timeout=timeout)
 

@@ -31,7 +31,7 @@ paddle.enable_static()
 
 IN_DIM, HIDDEN, BATCH = 8, 16, 4
 
-IRS = ("pir", "legacy")
+from paddle_compat import IRS, legacy_ir_guard  # noqa: E402  (the IRs this Paddle supports)
 #: Kinds whose ``main`` is a training program.
 TRAIN_KINDS = ("sgd", "adam", "adamw", "momentum", "adam_lr", "dropout",
                "momentum_clip")
@@ -47,7 +47,7 @@ _MOMENTUM_ACC = ("velocity_0",)
 def ir_mode(ir):
     """Select the IR for building and running programs in this process."""
     if ir == "legacy":
-        guard = paddle.pir_utils.OldIrGuard()
+        guard = legacy_ir_guard()
     elif ir == "pir":
         guard = paddle.pir_utils.IrGuard()
     else:

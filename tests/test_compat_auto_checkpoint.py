@@ -26,7 +26,7 @@ import compat_scenarios as cs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
-IRS = ("pir", "legacy")
+from paddle_compat import IRS, legacy_ir_guard  # noqa: E402  (the IRs this Paddle supports)
 
 _STRIP_PREFIXES = ("PADDLE_ACP_", "PADDLE_EDL_")
 _STRIP_NAMES = ("PADDLE_JOB_ID", "PADDLE_TRAINER_ID", "PADDLE_RUNNING_ENV", "PADDLE_RUNNING_PLATFORM")
@@ -69,7 +69,7 @@ def cloud_env(clean_env, tmp_path):
 
 
 def ir_guard(ir):
-    return paddle.pir_utils.OldIrGuard() if ir == "legacy" else contextlib.nullcontext()
+    return legacy_ir_guard() if ir == "legacy" else contextlib.nullcontext()
 
 
 def run_process(name, ir, restart):

@@ -16,6 +16,7 @@ from paddle.distributed.fleet.utils.fs import LocalFS
 
 from paddle_acp.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from paddle_acp.errors import CheckpointError
+from paddle_compat import IRS, legacy_ir_guard
 
 
 pytestmark = pytest.mark.usefixtures("static_mode")
@@ -207,7 +208,7 @@ def test_remote_incomplete_upload_is_an_error(tmp_path):
 
 # -- PaddleModel in both IRs ---------------------------------------------------------------
 def _build(ir, with_sched):
-    guard = paddle.pir_utils.OldIrGuard() if ir == "legacy" else contextlib.nullcontext()
+    guard = legacy_ir_guard() if ir == "legacy" else contextlib.nullcontext()
     with guard, paddle.utils.unique_name.guard():
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(main, startup):
@@ -223,12 +224,12 @@ def _state(scope, names):
     return {n: np.array(scope.find_var(n).get_tensor()).copy() for n in names}
 
 
-@pytest.mark.parametrize("ir", ["pir", "legacy"])
+@pytest.mark.parametrize("ir", IRS)
 @pytest.mark.parametrize("custom_scope", [False, True])
 def test_paddle_model_round_trip(tmp_path, ir, custom_scope):
     from paddle_acp.programs import program_info
 
-    guard = paddle.pir_utils.OldIrGuard if ir == "legacy" else contextlib.nullcontext
+    guard = legacy_ir_guard if ir == "legacy" else contextlib.nullcontext
     main, startup, loss, sched = _build(ir, with_sched=True)
     exe = paddle.static.Executor(paddle.CPUPlace())
     scope = paddle.static.Scope()

@@ -21,10 +21,15 @@ from e2e_util import (all_keys, assert_no_repeat_no_skip,
                       is_done, load_result, pid_groups, read_log, run_script,
                       tree_files)
 
-EPOCHS = 6
-BASE = ("--epochs", EPOCHS, "--steps-per-epoch", 4)
+from paddle_compat import CARRIES_CPU_RNG, IRS
 
-pytestmark = pytest.mark.parametrize("ir", ["pir", "legacy"])
+EPOCHS = 6
+# Paddle 2.6 cannot carry the CPU generator's engine state across processes, so the dropout stream
+# differs after a resume there (a documented limitation, warned about at start-up): on 2.6 these
+# bit-identity tests train without dropout, and tests/test_paddle_version.py checks dropout on 2.6.
+BASE = ("--epochs", EPOCHS, "--steps-per-epoch", 4) + (() if CARRIES_CPU_RNG else ("--dropout", 0))
+
+pytestmark = pytest.mark.parametrize("ir", IRS)
 
 
 @pytest.fixture(scope="session")
@@ -120,6 +125,9 @@ def test_uninterrupted_with_checkpointing_matches_reference(ir, reference,
     assert "resumed" not in proc.stdout, describe(proc)
     assert_same_as_reference(load_result(out), reference(ir, *BASE))
     assert tree_files(ckpt), "nothing was written to the checkpoint dir"
+    # the Paddle 2.6 RNG warning appears exactly where the limitation exists
+    warned = "cannot save the CPU random generator's engine state" in proc.stdout + proc.stderr
+    assert warned == (not CARRIES_CPU_RNG), describe(proc)
     assert len(pid_groups(read_log(out))) == 1
 
 

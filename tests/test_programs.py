@@ -1,7 +1,7 @@
 """Tests for paddle_acp.programs: training-program detection, fingerprints,
 persistables and the per-program cache, under PIR and legacy IR.
 
-Legacy IR is selected in-process with ``paddle.pir_utils.OldIrGuard()``
+Legacy IR is selected in-process with ``paddle.pir_utils.OldIrGuard()`` (2.6: its default)
 (see ``models.ir_mode``); the guard covers building and running.
 """
 import json
@@ -22,6 +22,10 @@ if HERE not in sys.path:
 
 import models  # noqa: E402
 from models import IRS, KINDS, NON_TRAIN_KINDS, TRAIN_KINDS, ir_mode  # noqa: E402
+from paddle_compat import PIR_SUPPORTED  # noqa: E402
+
+pir_only = pytest.mark.skipif(not PIR_SUPPORTED, reason="PIR programs are refused on Paddle 2.6 "
+                              "(tests/test_paddle_version.py checks the refusal there)")
 
 paddle.enable_static()
 
@@ -270,6 +274,7 @@ def _cond_model(branch):
     return main, startup, loss
 
 
+@pir_only
 def test_pir_training_program_with_backward_inside_cond():
     """PIR: backward ops that live only in the blocks of a ``pd_op.if`` must
     count.  This program trains (the parameter changes on a run)."""
@@ -290,6 +295,7 @@ def test_pir_training_program_with_backward_inside_cond():
         assert is_training_program(main) is True
 
 
+@pir_only
 def test_pir_fingerprint_sees_ops_inside_cond():
     """PIR: two programs that differ only inside a ``cond`` branch must not
     share a fingerprint."""

@@ -1,6 +1,7 @@
 """RNG state capture/restore: JSON-safe and exact."""
 
 import json
+import logging
 import random
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from paddle_acp import rng_state
 from paddle_acp.errors import CorruptCheckpointError
+from paddle_compat import CARRIES_CPU_RNG
 
 
 @pytest.fixture(autouse=True)
@@ -36,6 +38,8 @@ def _draws():
 @given(st.integers(0, 2**31 - 1), st.integers(0, 50))
 def test_round_trip_through_json_is_exact(seed, burn):
     paddle.seed(seed)
+    from_seed = paddle.rand([4]).numpy().tolist()  # what a CPU engine freshly seeded with `seed` draws
+    paddle.seed(seed)
     np.random.seed(seed)
     random.seed(seed)
     for _ in range(burn):
@@ -44,7 +48,33 @@ def test_round_trip_through_json_is_exact(seed, burn):
     expected = _draws()
     _draws()  # move every generator on
     rng_state.restore(state)
-    assert _draws() == expected
+    after = _draws()
+    if CARRIES_CPU_RNG:  # Paddle 3.x: every generator exactly
+        assert rng_state.carries_cpu_engine()
+        assert after == expected
+    else:  # Paddle 2.6: no engine state to save; the CPU engine restarts from its seed
+        assert not rng_state.carries_cpu_engine()
+        assert [s[3] for s in state["paddle"]] == [""]
+        assert after[1:] == expected[1:]
+        assert after[0] == from_seed
+        assert (after[0] == expected[0]) == (burn == 0)
+
+
+@pytest.mark.skipif(not CARRIES_CPU_RNG, reason="the Paddle 3.x branch (2.6 never has an engine state)")
+def test_state_without_engine_restarts_from_seed_and_warns(caplog):
+    """A checkpoint made by Paddle 2.6 (empty engine state) restored on 3.x: seed and offset are
+    restored, the CPU engine restarts from the seed, and a warning names the consequence."""
+    paddle.seed(1234)
+    from_seed = paddle.rand([4]).numpy().tolist()
+    paddle.rand([100])
+    state = json.loads(json.dumps(rng_state.capture()))
+    state["paddle"] = [s[:3] + [""] for s in state["paddle"]]
+    paddle.rand([7])
+    rng_state._warned_missing = False
+    with caplog.at_level(logging.WARNING, logger="paddle_acp"):
+        rng_state.restore(state)
+    assert paddle.rand([4]).numpy().tolist() == from_seed
+    assert any("dropout draw a different random stream" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(

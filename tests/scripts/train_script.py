@@ -55,6 +55,9 @@ def parse_args(argv=None):
                    help="seconds to sleep per step")
     p.add_argument("--hidden", type=int, default=32,
                    help="hidden width (a larger model makes saves longer)")
+    p.add_argument("--dropout", type=float, default=0.3,
+                   help="dropout rate (0: no dropout op; Paddle 2.6 cannot carry the "
+                        "CPU generator's engine state across processes)")
     p.add_argument("--interval", type=float, default=0,
                    help="save_checkpoint_inter passed to train_epoch_range")
     return p.parse_args(argv)
@@ -96,7 +99,8 @@ def build(idx):
             x, HIDDEN, weight_attr=paddle.ParamAttr(name=names[0]),
             bias_attr=paddle.ParamAttr(name=names[1]))
         h = paddle.nn.functional.relu(h)
-        h = paddle.nn.functional.dropout(h, p=0.3, training=True)
+        if ARGS.dropout > 0:
+            h = paddle.nn.functional.dropout(h, p=ARGS.dropout, training=True)
         pred = paddle.static.nn.fc(
             h, 1, weight_attr=paddle.ParamAttr(name=names[2]),
             bias_attr=paddle.ParamAttr(name=names[3]))

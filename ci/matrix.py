@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""The Paddle version matrix: paddle-acp installed beside each supported Paddle, the way a user would.
+
+For every Paddle version (default: 2.6.2, 3.0.0, 3.2.2, 3.3.1) this script
+
+1. keeps a virtual environment with exactly that Paddle (CPU wheel) plus pytest and hypothesis
+   under ``.cache/matrix/paddle-<version>/`` (created once, reused: reruns take seconds);
+2. installs paddle-acp into it with a plain ``pip install <repo>`` (no ``--no-deps``), then checks
+   that the installed Paddle distributions did not change (name and version) and that
+   ``import paddle_acp`` from outside the checkout loads the installed copy;
+3. runs that version's test subset (see ``SUBSETS``) with the environment's ``pytest``, the
+   training subprocesses importing the installed paddle-acp (``PADDLE_ACP_TEST_INSTALLED=1``).
+
+It ends with one summary line per version and exits 1 when anything failed.
+
+    python ci/matrix.py                          # the default matrix
+    python ci/matrix.py --versions 3.1.1,3.3.0   # others
+    python ci/matrix.py --prepare 3.0.0          # only make that environment; prints its path
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("PADDLE_ACP_MATRIX_CACHE", os.path.join(ROOT, ".cache", "matrix"))
+DEFAULT_VERSIONS = ("2.6.2", "3.0.0", "3.2.2", "3.3.1")
+PADDLE_DISTS = ("paddlepaddle", "paddlepaddle-gpu")
+TEST_DEPS = ("pytest>=7", "hypothesis>=6")
+
+# What each version runs. The whole suite runs on 3.3.1 in .venv (ci/test.sh); here:
+# - every version: the version gate and its Paddle-specific branches, the RNG state, program
+#   detection, the compatibility scenarios (Paddle's module names, restarts) and the end-to-end
+#   kill-and-resume tests in every IR the version supports (2.6.2: legacy only);
+# - 3.3.1 additionally proves the plain install next to the Paddle that .venv tests in full, so
+#   its subset is the kill-and-resume core only.
+FULL = ["tests/test_paddle_version.py", "tests/test_rng_state.py", "tests/test_programs.py",
+        "tests/test_e2e_resume.py", "tests/test_compat_scenarios.py"]
+SUBSETS = {
+    "3.3.1": ["tests/test_paddle_version.py", "tests/test_rng_state.py",
+              "tests/test_e2e_resume.py", "-k", "not runner and not two_"],
+}
+
+
+def log(msg: str) -> None:
+    print("[matrix] " + msg, flush=True)
+
+
+def venv_dir(version: str) -> str:
+    return os.path.join(CACHE, "paddle-" + version)
+
+
+def _python() -> str:
+    return os.environ.get("PYTHON_FOR_VENV") or shutil.which("python3.11") or sys.executable
+
+
+@contextlib.contextmanager
+def _lock(path: str):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def ensure_venv(version: str) -> str:
+    """The path of an environment holding Paddle ``version`` (CPU) and the test tools; made once."""
+    d = venv_dir(version)
+    ready = os.path.join(d, ".matrix-ready")
+    with _lock(d + ".lock"):
+        if os.path.exists(ready):
+            return d
+        shutil.rmtree(d, ignore_errors=True)
+        p = _run([_python(), "-m", "venv", d])
+        if p.returncode != 0:
+            raise RuntimeError(f"python -m venv {d} failed:\n{p.stdout}")
+        py = os.path.join(d, "bin", "python")
+        p = _run([py, "-m", "pip", "install", "-q", f"paddlepaddle=={version}", *TEST_DEPS])
+        if p.returncode != 0:
+            raise RuntimeError(f"installing paddlepaddle=={version} failed:\n{p.stdout[-4000:]}")
+        with open(ready, "w") as f:
+            f.write(version + "\n")
+    return d
+
+
+def paddle_dists(py: str) -> dict:
+    """{distribution name: version} of the Paddle distributions installed for ``py``."""
+    p = _run([py, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"])
+    if p.returncode != 0:
+        raise RuntimeError(f"pip list failed:\n{p.stdout}")
+    out = p.stdout[p.stdout.index("["):]
+    return {d["name"].lower(): d["version"] for d in json.loads(out) if d["name"].lower() in PADDLE_DISTS}
+
+
+def _junit_counts(path: str) -> dict:
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            counts["failed"] += 1
+        elif "skipped" in kinds:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    for suite in root.iter("testsuite"):  # collection errors have no testcase
+        counts["failed"] += max(0, int(suite.get("errors", 0)) - sum(
+            1 for c in suite.iter("testcase") if any(ch.tag == "error" for ch in c)))
+    return counts
+
+
+def run_version(version: str, timeout: float) -> dict:
+    t0 = time.monotonic()
+    res = {"version": version, "ok": False, "problems": [], "tests": None}
+    try:
+        d = ensure_venv(version)
+    except RuntimeError as exc:
+        res["problems"].append(str(exc).splitlines()[0])
+        log(str(exc))
+        res["seconds"] = time.monotonic() - t0
+        return res
+    py = os.path.join(d, "bin", "python")
+    before = paddle_dists(py)
+    log(f"{version}: environment {os.path.relpath(d, ROOT)}, Paddle before install: {before}")
+    p = _run([py, "-m", "pip", "install", "-q", ROOT])  # what a user types: no --no-deps
+    if p.returncode != 0:
+        res["problems"].append("pip install of paddle-acp failed")
+        log(p.stdout[-4000:])
+    after = paddle_dists(py)
+    if after != before:
+        res["problems"].append(f"pip install changed Paddle: {before} -> {after}")
+    p = _run([py, "-c", "import paddle, paddle_acp; print(paddle.__version__); print(paddle_acp.__file__)"],
+             cwd="/")
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or len(lines) < 2:
+        res["problems"].append("import paddle_acp failed: " + (lines[-1] if lines else "no output"))
+        log(p.stdout[-3000:])
+    else:
+        if lines[-2] != version:
+            res["problems"].append(f"paddle.__version__ is {lines[-2]}, expected {version}")
+        if not lines[-1].startswith(d):
+            res["problems"].append(f"import paddle_acp loaded {lines[-1]}, not the installed copy")
+    log(f"{version}: after plain `pip install .`: Paddle {after}, paddle_acp from {lines[-1] if lines else '?'}")
+    junit = os.path.join(d, "junit.xml")
+    if os.path.exists(junit):
+        os.remove(junit)
+    args = SUBSETS.get(version, FULL)
+    env = dict(os.environ, PADDLE_ACP_TEST_INSTALLED="1", PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)
+    cmd = [os.path.join(d, "bin", "pytest"), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *args]
+    log(f"{version}: {' '.join(cmd[1:])}")
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+        res["problems"].append(f"tests timed out after {timeout:.0f} s")
+    if os.path.exists(junit):
+        res["tests"] = _junit_counts(junit)
+    if rc not in (0, None):
+        res["problems"].append(f"pytest exited {rc}")
+    if res["tests"] is None or res["tests"]["passed"] == 0:
+        res["problems"].append("no test passed")
+    res["ok"] = not res["problems"]
+    res["seconds"] = time.monotonic() - t0
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--versions", default=",".join(DEFAULT_VERSIONS),
+                    help="comma-separated Paddle versions (default: %(default)s)")
+    ap.add_argument("--prepare", metavar="VERSION", help="only make the environment of VERSION and print its path")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds for one version's tests")
+    args = ap.parse_args(argv)
+    if args.prepare:
+        print(ensure_venv(args.prepare))
+        return 0
+    t0 = time.monotonic()
+    results = [run_version(v.strip(), args.timeout) for v in args.versions.split(",") if v.strip()]
+    print("\n[matrix] summary (Paddle version: result, tests, seconds)", flush=True)
+    for r in results:
+        t = r["tests"] or {}
+        tests = "passed %d, failed %d, skipped %d" % (t.get("passed", 0), t.get("failed", 0), t.get("skipped", 0))
+        line = "  %-7s %s  %s  %5.0f s" % (r["version"], "PASS" if r["ok"] else "FAIL", tests, r["seconds"])
+        if r["problems"]:
+            line += "  -- " + "; ".join(r["problems"])
+        print(line, flush=True)
+    failed = [r["version"] for r in results if not r["ok"]]
+    print("[matrix] %s in %.0f s" % ("FAILED: " + ", ".join(failed) if failed else "all versions passed",
+                                     time.monotonic() - t0), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Which Paddle is installed, and whether paddle-acp supports it.
+
+Paddle is the user's: paddle-acp never installs it (it is not a dependency). Importing
+paddle_acp calls :func:`check` once:
+
+* no Paddle, or one that fails to import: :class:`~paddle_acp.errors.UnsupportedPaddleError`;
+* a version below the supported range, between the supported series, or a pre-release of
+  a supported one: :class:`~paddle_acp.errors.UnsupportedPaddleError` naming it and the range;
+* a version above the tested range (a newer Paddle) and a development build (``0.0.0``, built
+  from source): accepted with one warning, since nothing can say in advance that it breaks;
+  paddle-acp's own checks (program detection, RNG state shape) still raise when it does;
+* Paddle 2.6.x: legacy IR only (PIR programs are refused when they would be checkpointed), and
+  the CPU generator's engine state cannot be saved: :func:`warn_rng_limit` says so once when
+  checkpointing starts.
+
+The check reads ``paddle.__version__`` (paddle-acp imports Paddle anyway), so it costs
+microseconds; it never asks the package metadata, which differs between ``paddlepaddle`` and
+``paddlepaddle-gpu``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Tuple
+
+from .errors import CheckpointError, UnsupportedPaddleError
+
+logger = logging.getLogger("paddle_acp")
+
+#: The tested series: (first supported release, first release above the series).
+SUPPORTED = (((2, 6, 2), (2, 7, 0)), ((3, 0, 0), (3, 4, 0)))
+SUPPORTED_TEXT = "2.6.2 (legacy IR) or 3.0.0 through 3.3.x"
+INSTALL_HINT = (
+    "install it yourself: `pip install paddlepaddle==3.3.1` (CPU), the matching `paddlepaddle-gpu` "
+    "wheel for your CUDA (see paddlepaddle.org.cn), or `pip install paddle-acp[cpu]`"
+)
+
+OK, NEWER, DEV, UNSUPPORTED = "ok", "newer", "dev", "unsupported"
+
+_PRE_TAGS = ("a", "b", "c", "rc", "alpha", "beta", "pre", "preview", "dev")
+
+_warned_rng = False
+
+
+def parse(version: str) -> Optional[Tuple[Tuple[int, int, int], bool]]:
+    """``"3.1.1"`` -> ``((3, 1, 1), False)``; the flag is True for pre-releases (``3.0.0rc1``,
+    ``3.0.0b2``, ``3.0.0.dev20240101``). ``None`` when the string is not a version."""
+    parts = version.strip().split(".", 3)
+    nums = []
+    rest = ""
+    for i, part in enumerate(parts[:3]):
+        digits = len(part) - len(part.lstrip("0123456789"))
+        if digits == 0:
+            rest = "." + ".".join(parts[i:])
+            break
+        nums.append(int(part[:digits]))
+        if digits < len(part):  # "0rc1": the release ends here
+            rest = part[digits:] + "".join("." + p for p in parts[i + 1:])
+            break
+    else:
+        rest = "." + parts[3] if len(parts) > 3 else ""
+    if len(nums) < 2:
+        return None
+    release = (nums[0], nums[1], nums[2] if len(nums) > 2 else 0)
+    tag = rest.lstrip(".-_").lower()
+    return release, any(tag.startswith(t) for t in _PRE_TAGS)
+
+
+def classify(version: str) -> Tuple[str, str]:
+    """``(verdict, message)`` for a Paddle version string; verdict is OK, NEWER, DEV or UNSUPPORTED."""
+    parsed = parse(version)
+    if parsed is None:
+        return UNSUPPORTED, (
+            f"installed Paddle reports version {version!r}, which is not a version number; "
+            f"paddle-acp supports Paddle {SUPPORTED_TEXT}"
+        )
+    release, pre = parsed
+    if release == (0, 0, 0):
+        return DEV, (
+            f"installed Paddle is a development build (version {version}); paddle-acp is tested with "
+            f"Paddle {SUPPORTED_TEXT} and treats it as a newer Paddle: checkpoints are verified, "
+            "but resume has not been tested on this build"
+        )
+    top = SUPPORTED[-1][1]
+    if release >= top:
+        return NEWER, (
+            f"installed Paddle {version} is newer than the versions paddle-acp is tested with "
+            f"({SUPPORTED_TEXT}); it is used, but resume has not been tested on it"
+        )
+    for low, high in SUPPORTED:
+        if low <= release < high and not pre:
+            return OK, ""
+    return UNSUPPORTED, (
+        f"installed Paddle {version} is not supported: paddle-acp supports Paddle {SUPPORTED_TEXT}; "
+        f"{INSTALL_HINT}"
+    )
+
+
+def check() -> str:
+    """Import Paddle and enforce :func:`classify`'s verdict; returns Paddle's version string."""
+    try:
+        import paddle
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("paddle", "paddle.base"):
+            raise UnsupportedPaddleError(
+                f"Paddle is installed but failed to import (missing module {exc.name!r}): {exc}; "
+                f"paddle-acp supports Paddle {SUPPORTED_TEXT}"
+            ) from exc
+        raise UnsupportedPaddleError(
+            f"paddle-acp needs PaddlePaddle, and none is installed in this environment "
+            f"(paddle-acp never installs it); it supports Paddle {SUPPORTED_TEXT}: {INSTALL_HINT}"
+        ) from exc
+    except ImportError as exc:
+        raise UnsupportedPaddleError(
+            f"Paddle is installed but failed to import: {exc}; paddle-acp supports Paddle {SUPPORTED_TEXT}"
+        ) from exc
+    version = str(getattr(paddle, "__version__", "unknown"))
+    verdict, message = classify(version)
+    if verdict == UNSUPPORTED:
+        raise UnsupportedPaddleError(message)
+    if verdict in (NEWER, DEV):
+        logger.warning("%s", message)
+    return version
+
+
+def major() -> int:
+    """Paddle's major version (3 for a development build)."""
+    import paddle
+
+    parsed = parse(str(paddle.__version__))
+    if parsed is None or parsed[0] == (0, 0, 0):
+        return 3
+    return parsed[0][0]
+
+
+def pir_refusal(what: str = "this program") -> Optional[str]:
+    """The reason PIR (``what``) cannot be checkpointed on this Paddle, or ``None``.
+
+    Paddle 2.6's PIR is experimental (its ``Operation`` has no ``str_attr``, its static layers
+    reject PIR values, ``paddle.get_rng_state`` fails in PIR mode); paddle-acp supports 2.6 in
+    the legacy IR only.
+    """
+    if major() >= 3:
+        return None
+    import paddle
+
+    return (
+        f"Paddle {paddle.__version__} runs {what} in PIR, which paddle-acp does not support on "
+        "Paddle 2.6 (PIR is experimental there); build and run it in the legacy IR, the 2.6 default "
+        "(unset FLAGS_enable_pir_api and do not enter paddle.pir_utils.IrGuard), or use Paddle 3.0 or newer"
+    )
+
+
+def refuse_pir_mode() -> None:
+    """Raise CheckpointError when checkpointing would start in PIR mode on Paddle 2.6."""
+    if major() >= 3:
+        return
+    import paddle
+
+    if paddle.framework.in_pir_mode():
+        raise CheckpointError(pir_refusal("the training loop"))
+
+
+def rng_limit_message(version: str) -> str:
+    return (
+        f"Paddle {version} cannot save the CPU random generator's engine state (its GeneratorState keeps "
+        "only the seed and offset), so after a resume random ops such as dropout draw a different "
+        "random stream than an uninterrupted run would; parameters, optimizer state, LR scheduler, "
+        "epoch, NumPy's and Python's RNG are restored exactly. Paddle 3.0 or newer resumes bit-identically"
+    )
+
+
+def warn_rng_limit() -> None:
+    """Warn once per process when this Paddle cannot carry the CPU engine state across processes."""
+    global _warned_rng
+    if _warned_rng:
+        return
+    from . import rng_state
+
+    if rng_state.carries_cpu_engine():
+        return
+    import paddle
+
+    _warned_rng = True
+    logger.warning("%s", rng_limit_message(str(paddle.__version__)))
