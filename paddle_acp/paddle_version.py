@@ -98,6 +98,12 @@ def classify(version: str) -> Tuple[str, str]:
 
 def check() -> str:
     """Import Paddle and enforce :func:`classify`'s verdict; returns Paddle's version string."""
+    # Paddle 2.6.2's libpaddle.so carries its own, older zlib with exported symbols: when the system
+    # libz is first loaded as libpaddle's dependency, libz's internal calls bind to that copy, and
+    # Python's zlib module (and every Cython 3 extension that inflates its strings at import, e.g.
+    # numpy 2.x's numpy.random) crashes afterwards. Loading zlib before Paddle avoids it.
+    import zlib  # noqa: F401
+
     try:
         import paddle
     except ModuleNotFoundError as exc:
