@@ -420,10 +420,13 @@ class TrainEpochRange:
         if not self.restore_pending:
             return
         import paddle
+        from paddle.base import framework
 
         scope = paddle.static.global_scope()
+        # Paddle's default device (a GPU on a GPU build that has one), as the executor would use it
+        place = framework._current_expected_place_()
         for p in self._loaded.manifest.programs:
-            self._loaded.write_program(p.key, scope, paddle.CPUPlace(), consume=False)
+            self._loaded.write_program(p.key, scope, place, consume=False)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
     @property
