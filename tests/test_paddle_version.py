@@ -95,6 +95,46 @@ def test_import_without_paddle_raises_one_clear_error(tmp_path):
     assert p.stdout.strip() == "UnsupportedPaddleError", p.stderr
 
 
+def _not_paddle(tmp_path, body):
+    """A directory holding a package named ``paddle`` that is not Paddle: it reaches the gate's branches
+    that no installable wheel does (there is no Paddle 2.5 wheel for Python 3.11, nor a broken one)."""
+    d = tmp_path / "fake"
+    (d / "paddle").mkdir(parents=True)
+    (d / "paddle" / "__init__.py").write_text(body)
+    return str(d)
+
+
+@pytest.mark.parametrize("body,expected", [
+    ("__version__ = '2.5.2'\n",
+     "paddle_acp.errors.UnsupportedPaddleError: installed Paddle 2.5.2 is not supported: paddle-acp supports "
+     "Paddle " + pv.SUPPORTED_TEXT),
+    ("__version__ = '3.0.0rc1'\n", "installed Paddle 3.0.0rc1 is not supported"),
+    ("import paddle_missing_dependency\n",
+     "Paddle is installed but failed to import (missing module 'paddle_missing_dependency')"),
+    ("raise ImportError('libcudart.so.12: cannot open shared object file')\n",
+     "Paddle is installed but failed to import: libcudart.so.12: cannot open shared object file"),
+])
+def test_import_with_an_unusable_paddle_raises_one_clear_error(tmp_path, body, expected):
+    py = _bare_env_with_checkout(tmp_path)
+    env = dict(os.environ, PYTHONPATH=_not_paddle(tmp_path, body))
+    p = subprocess.run([py, "-c", "import paddle_acp"], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    assert p.returncode == 1
+    assert expected in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+def test_zlib_works_after_importing_paddle_acp_then_paddle():
+    """Paddle 2.6.2 exports its own zlib; paddle_acp loads Python's first, so zlib and NumPy 2's
+    numpy.random (which inflates at import) keep working (they crashed: `python -m paddle_acp run`)."""
+    code = ("import paddle_acp, paddle, zlib\n"
+            "assert zlib.decompress(zlib.compress(b'paddle' * 100)) == b'paddle' * 100\n"
+            "import numpy.random\n"
+            "print(numpy.random.default_rng(1).integers(0, 100, 3).tolist())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_ACP_")}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(os.path.dirname(REPO)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1].startswith("["), p.stdout
+
+
 def test_import_on_this_paddle_is_quiet_and_records_the_version():
     assert paddle_acp.PADDLE_VERSION == paddle.__version__
     assert pv.classify(paddle.__version__)[0] == pv.OK  # every Paddle of the matrix is in range
