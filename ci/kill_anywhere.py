@@ -25,11 +25,7 @@ barrier, with ``PADDLE_ACP_RANK_STATE=per-rank``. At a moment drawn by
 progress (during startup and restore, or inside a uniformly drawn epoch: the
 machine's load makes clock times meaningless), one rank drawn at random is SIGKILLed,
 and the others a moment later (as a launcher restarts the whole job); then
-all are restarted. (Keep ``--save-every-steps`` from dividing
-``--steps-per-epoch``: a checkpoint taken after an epoch's LAST step is
-restored only when the training program next runs, after the script's eval
-and ``sched.step()`` of that epoch, a known limitation of deferred restore,
-see README.) Every rank must end bit-identical to its own
+all are restarted. Every rank must end bit-identical to its own
 uninterrupted run without the library, and in every restart all ranks that
 got as far as their first epoch must have resumed from the same checkpoint.
 

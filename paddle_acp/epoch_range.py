@@ -8,6 +8,7 @@ program to :meth:`TrainEpochRange.on_run`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -245,10 +246,10 @@ class TrainEpochRange:
             return self._bucket() != self._last_bucket
         return time.monotonic() - self._last_save >= self.save_interval
 
-    def _preempt(self) -> None:
+    def _preempt(self, rng: Optional[dict] = None) -> None:
         signum = self.watcher.received
         if self.is_writer:
-            self.save(sync=True, preempt=True)
+            self.save(sync=True, preempt=True, rng=rng)
         logger.warning("range %s: preempted by signal %d at epoch %d%s", self.name, signum, self.epoch_no,
                        f" step {self.step}" if self.step is not None else "")
         if self.exit_on_preempt:
@@ -282,23 +283,58 @@ class TrainEpochRange:
             rng_state.restore(self._loaded.manifest.rng)
         self.step = skip or 0
         first = self.step
+        if skip and self.restore_pending:
+            it = self._check_batches_left(it, skip)
         while True:
+            due = None
             if self.step > first:
                 if self.watcher.received is not None:
-                    self._loader_state = iterable.state_dict() if stateful else None
-                    self._preempt()
+                    due = "preempt"
                 elif self.is_writer and (
                     (save_every_steps is not None and self.step % save_every_steps == 0)
                     or (self.save_interval > 0 and self._save_due())
                 ):
-                    self._loader_state = iterable.state_dict() if stateful else None
-                    self.save()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
+                    due = "save"
+            if due is not None:
+                # A mid-epoch checkpoint is taken only when another batch follows: one taken after
+                # the epoch's last batch would resume with no batch left to run, so the restore
+                # (made when the training program first runs) would come after the code that ends
+                # the epoch (an eval, sched.step()). The epoch's end then saves or preempts instead.
+                # The loader and RNG states are those before the next batch is fetched.
+                loader_state = iterable.state_dict() if stateful else None
+                rng = rng_state.capture()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                self._loader_state = loader_state
+                if due == "preempt":
+                    self._preempt(rng=rng)
+                else:
+                    self.save(rng=rng)
+            else:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
             yield batch
             self.step += 1
+
+    def _check_batches_left(self, it: Iterator, skip: int) -> Iterator:
+        """Refuse to resume silently wrong from a checkpoint taken after an epoch's last batch
+        (earlier builds took such checkpoints): with no batch left, the restore would come too late."""
+        try:
+            first = next(it)
+        except StopIteration:
+            pass
+        else:
+            return itertools.chain([first], it)
+        raise CheckpointError(
+            f"range {self.name}: checkpoint {self._loaded.name if self._loaded else '?'} was taken after the last "
+            f"batch ({skip}) of epoch {self.epoch_no}, so no batch is left to run before the epoch ends and its state "
+            "cannot be restored in time (it was written by an earlier paddle-acp, which took such checkpoints). "
+            "Delete that checkpoint (the previous one is then used) or start a new job (new PADDLE_JOB_ID)."
+        )
 
     # -- hook entry point ----------------------------------------------------
     def on_run(self, exe, program, scope) -> None:
@@ -434,8 +470,9 @@ class TrainEpochRange:
         return self._loaded is not None and bool(self._loaded.arrays)
 
     # -- saving --------------------------------------------------------------
-    def save(self, sync: bool = False, preempt: bool = False) -> None:
-        """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set)."""
+    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None) -> None:
+        """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set); ``rng``:
+        the RNG states to record, when they were captured earlier than now."""
         _check_main_thread("checkpointing")
         t0 = time.perf_counter()
         waited = self.saver.wait()
@@ -465,7 +502,7 @@ class TrainEpochRange:
             programs=programs,
             image=image,
             data_size=size,
-            rng=rng_state.capture(),
+            rng=rng if rng is not None else rng_state.capture(),
             paddle_version=paddle.__version__,
             ir="+".join(irs),
             extra=self._step_extra(),

@@ -107,6 +107,49 @@ def test_other_loaders_resume_mid_epoch(tmp_path, tmp_path_factory, loader):
     assert_same(out, ref)
 
 
+@pytest.mark.parametrize("ir", IRS)
+def test_preemption_after_an_epochs_last_batch_resumes_exactly(tmp_path, tmp_path_factory, ir):
+    """A SIGTERM after the epoch's last batch: the checkpoint is taken at the epoch's end, after
+    the code that ends the epoch (here sched.step()). A mid-epoch checkpoint at that point would
+    resume with no batch left to run, so the restore would come after sched.step(): the LR
+    schedule, and every loss after it, would silently differ."""
+    ref = reference(tmp_path_factory, ir)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    p = run(out, ck, ir, "--term-at", "1:7")  # 8 batches: step 7 is the last
+    assert p.returncode == 143, p.stderr[-3000:]
+    p = run(out, ck, ir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    _, order = steps(out)
+    second = [k for k, pid in order if pid == order[-1][1]]
+    assert second[0] == (2, 0)
+    assert_same(out, ref)
+
+
+def test_step_checkpoints_are_never_taken_after_an_epochs_last_batch(tmp_path):
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    p = run(out, ck, "pir", "--save-every-steps", "4", "--epochs", "2")  # 8 batches: 4 and (not) 8
+    assert p.returncode == 0, p.stderr[-3000:]
+    from paddle_acp.checkpointer import Checkpointer
+    from paddle_acp.storage import open_storage
+
+    steps_seen = set()
+    rng_dir = ck / "default" / "range" / "_range_0"
+    for d in rng_dir.iterdir():
+        m = Checkpointer(open_storage(str(ck)), "default", "_range_0").read_manifest(int(d.name.split("-")[1]))
+        steps_seen.add((m.range.epoch_no, m.range.step))
+    assert all(step in (None, 4) for _, step in steps_seen), steps_seen
+
+
+def test_a_checkpoint_after_the_last_batch_from_an_earlier_build_is_refused_clearly(tmp_path):
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    p = run(out, ck, "pir", "--term-at", "1:6")  # a mid-epoch checkpoint after 7 batches
+    assert p.returncode == 143
+    p = run(out, ck, "pir", "--batches", "7")  # now 7 batches: that checkpoint is after the last one
+    assert p.returncode != 0
+    assert "was taken after the last batch (7) of epoch 1" in p.stderr
+    assert "Traceback" not in p.stderr.split("CheckpointError")[-1]
+
+
 def test_fewer_batches_after_restart_is_a_clear_error(tmp_path):
     out, ck = tmp_path / "out", tmp_path / "ck"
     p = run(out, ck, "pir", "--term-at", "1:6")
