@@ -38,6 +38,7 @@ from .checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from .epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
 from .epoch_range import TrainEpochRange as _LibTrainEpochRange
 from .errors import AcpError, CheckpointError
+from .storage import redact
 from .programs import program_info, unwrap
 
 __all__ = [
@@ -187,7 +188,7 @@ class AutoCheckpointChecker:
             ugi = ugi.split(",", 1)[0] + ",***"
         return (
             f"run_env:{self._run_env} platform:{self._platform} job_id:{self._job_id} "
-            f"hdfs_home:{self._hdfs_home} hdfs_name:{self._hdfs_name} hdfs_ugi:{ugi} "
+            f"hdfs_home:{self._hdfs_home} hdfs_name:{redact(self._hdfs_name) if self._hdfs_name else self._hdfs_name} hdfs_ugi:{ugi} "
             f"hdfs_checkpoint_path:{self._hdfs_checkpoint_path} trainer_id:{self._trainer_id} "
             f"ce_test:{self._ce_test}"
         )

@@ -18,6 +18,7 @@ import json
 import logging
 import mmap
 import os
+import signal
 import time
 from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -276,7 +277,19 @@ def _map_file(fd: int, size: int):
 def _crc_pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle-acp-crc", initializer=lower_thread_priority)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle-acp-crc", initializer=lower_thread_priority)
+        # Start its worker now, with Ctrl-C and SIGTERM held back: a KeyboardInterrupt raised inside
+        # the pool's Thread.start() leaves a worker the pool does not know, and the interpreter then
+        # waits for it forever at exit. A held-back signal is delivered right after (the worker
+        # inherits the mask: signals are the main thread's business anyway).
+        held = {signal.SIGINT, signal.SIGTERM}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
+        try:
+            pool.submit(int).result()
+        finally:
+            if old is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _pool = pool
     return _pool
 
 

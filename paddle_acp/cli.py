@@ -88,5 +88,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.func(args)
     except AcpError as exc:
-        print(f"paddle-acp: error: {exc}", file=sys.stderr)
+        from .storage import scrub
+
+        print(f"paddle-acp: error: {scrub(exc)}", file=sys.stderr)
         return 2

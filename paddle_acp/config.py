@@ -39,6 +39,8 @@ ENV_VARS = (
     "PADDLE_ACP_SAVE_INTERVAL",
     "PADDLE_ACP_MAX_TO_KEEP",
     "PADDLE_ACP_ASYNC",
+    "PADDLE_ACP_LOG_LEVEL",
+    "PADDLE_ACP_CONNECT_TIMEOUT",
     "PADDLE_RUNNING_ENV",
     "PADDLE_RUNNING_PLATFORM",
     "PADDLE_JOB_ID",
@@ -106,6 +108,41 @@ class CheckpointConfig:
         check_interval(self.save_interval, "save_interval")
         if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:
             raise ConfigError(f"max_to_keep must be an integer >= 0, got {self.max_to_keep!r}")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_CONNECT_TIMEOUT = 30.0
+
+
+def log_level_from_env(env: Optional[Mapping[str, str]] = None) -> str:
+    """``PADDLE_ACP_LOG_LEVEL`` (case-insensitive), ``INFO`` when unset or empty."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_LOG_LEVEL")
+    if raw is None or raw.strip() == "":
+        return "INFO"
+    level = raw.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"PADDLE_ACP_LOG_LEVEL={raw!r} is not a log level (use one of {', '.join(LOG_LEVELS)})")
+    return level
+
+
+def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
+    """``PADDLE_TRAINER_ID``: an integer >= 0 (0 when unset). Checked when paddle_acp is imported,
+    before Paddle, whose own logger would otherwise fail on it with a bare ValueError."""
+    env = os.environ if env is None else env
+    return _int(env, "PADDLE_TRAINER_ID", 0)
+
+
+def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
+    """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30)."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_CONNECT_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_CONNECT_TIMEOUT
+    seconds = check_interval(raw.strip(), "PADDLE_ACP_CONNECT_TIMEOUT")
+    if seconds <= 0:
+        raise ConfigError(f"PADDLE_ACP_CONNECT_TIMEOUT={raw!r} must be a number of seconds > 0")
+    return seconds
 
 
 def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
@@ -195,8 +232,10 @@ def _required(env: Mapping[str, str], name: str, why: str) -> str:
 def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     """Build the configuration from environment variables (``os.environ`` by default)."""
     env = os.environ if env is None else env
+    log_level_from_env(env)
+    connect_timeout_from_env(env)
     common = dict(
-        trainer_id=_int(env, "PADDLE_TRAINER_ID", 0),
+        trainer_id=trainer_id_from_env(env),
         world_size=_world_size(env),
         rank_state=_rank_state(env),
         part_timeout=_part_timeout(env),
@@ -205,6 +244,14 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),
         fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
     )
+    from .storage import redact, register_secret, register_uri  # no secret may reach a message
+
+    ugi = env.get("PADDLE_EDL_HDFS_UGI") or ""
+    if "," in ugi:
+        register_secret(ugi.strip())
+        register_secret(ugi.split(",", 1)[1].strip())
+    for name in ("PADDLE_ACP_CHECKPOINT_URI", "PADDLE_EDL_HDFS_NAME", "PADDLE_EDL_HDFS_CHECKPOINT_PATH"):
+        register_uri((env.get(name) or "").strip())
     uri = env.get("PADDLE_ACP_CHECKPOINT_URI")
     if uri is not None and uri.strip() != "":
         job_id = env.get("PADDLE_JOB_ID") or DEFAULT_JOB_ID
@@ -214,7 +261,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
                 "PADDLE_JOB_ID is not set: checkpoints go to job %r under %s, shared with every other job "
                 "that does the same. paddle.distributed.launch does not pass its --job_id to the trainers: "
                 "set PADDLE_JOB_ID=<id> in the launcher's environment (the launcher takes it as its job id too).",
-                DEFAULT_JOB_ID, uri.strip(),
+                DEFAULT_JOB_ID, redact(uri.strip()),
             )
         return CheckpointConfig(uri=uri.strip(), job_id=job_id, source="PADDLE_ACP_CHECKPOINT_URI", **common)
 
@@ -245,10 +292,12 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
             )
         if "://" not in hdfs_name:
             raise ConfigError(
-                f"PADDLE_EDL_HDFS_NAME={hdfs_name!r} must be a filesystem URI such as hdfs://namenode:9000"
+                f"PADDLE_EDL_HDFS_NAME={redact(hdfs_name)!r} must be a filesystem URI such as hdfs://namenode:9000"
             )
         if hdfs_ugi is not None and "," not in hdfs_ugi:
-            raise ConfigError(f"PADDLE_EDL_HDFS_UGI={hdfs_ugi!r} must be 'user,password'")
+            # not echoed: a UGI without its comma may well be a bare password
+            raise ConfigError(f"PADDLE_EDL_HDFS_UGI (a value of {len(hdfs_ugi)} characters, not shown) "
+                              "must be 'user,password'")
         uri = hdfs_name.rstrip("/") + "/" + ckpt_path.lstrip("/")
     return CheckpointConfig(
         uri=uri,

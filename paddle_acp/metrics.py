@@ -12,7 +12,7 @@ from typing import List
 import pyarrow
 
 from .errors import StorageError
-from .storage import Storage
+from .storage import Storage, scrub
 
 logger = logging.getLogger("paddle_acp")
 
@@ -27,7 +27,7 @@ class MetricsLog:
         self.path = metrics_path(job_id, trainer_id)
 
     def append(self, record: dict) -> None:
-        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        line = (scrub(json.dumps(record, sort_keys=True)) + "\n").encode()  # an error text never carries a secret
         st = self.storage
         try:
             if not st.exists(self.path):

@@ -44,6 +44,7 @@ class Saver:
         self._name = name
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
+        self._interrupt: Optional[BaseException] = None
         self.stats = SaveStats()
 
     def _run(self, snap) -> None:
@@ -51,15 +52,39 @@ class Saver:
             lower_thread_priority()
         try:
             self._persist(snap)
-        except BaseException as exc:  # reported on the training thread by wait()
+        except Exception as exc:  # reported on the training thread by wait()
             self._error = exc
+        except BaseException as exc:
+            # KeyboardInterrupt (Ctrl-C) or SystemExit: the checkpointer has removed the partial
+            # checkpoint; the last committed one is intact. On the training thread (synchronous and
+            # preemption saves) it propagates and stops the process; a background thread hands it
+            # to wait(), which raises it on the training thread.
+            self.stats.failures += 1
+            self.stats.last_error = exc
+            logger.warning("checkpoint save interrupted by %s; its partial files were removed, the last "
+                           "committed checkpoint is intact", type(exc).__name__)
+            if not self.async_save or threading.current_thread() is threading.main_thread():
+                raise
+            self._interrupt = exc
 
     def _report(self) -> None:
         exc, self._error = self._error, None
         if exc is not None:
             self.stats.failures += 1
             self.stats.last_error = exc
-            logger.error("checkpoint save failed; training goes on and the next save retries: %s", exc, exc_info=exc)
+            # One line with the cause per failure; the traceback once (later ones at DEBUG), so a
+            # storage outage does not print a screenful every epoch.
+            cause = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+            first = self.stats.failures == 1
+            logger.error("checkpoint save failed (%d so far); training goes on and the next save retries: %s: %s%s",
+                         self.stats.failures, type(exc).__name__, cause,
+                         "" if first else " (traceback at DEBUG level: PADDLE_ACP_LOG_LEVEL=DEBUG)",
+                         exc_info=exc if first else None)
+            if not first and logger.isEnabledFor(logging.DEBUG):
+                logger.debug("traceback of the failed save", exc_info=exc)
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            raise interrupt
 
     @property
     def busy(self) -> bool:

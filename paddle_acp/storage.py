@@ -11,9 +11,10 @@ import dataclasses
 import logging
 import os
 import posixpath
+import re
 import stat as _stat
 from typing import Iterable, List, Optional, Tuple
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, quote, unquote, urlparse
 
 import pyarrow
 import pyarrow.fs as pafs
@@ -54,7 +55,7 @@ class Storage:
     def __init__(self, fs: pafs.FileSystem, root: str, uri: str, atomic_rename: bool, local: bool = False):
         self.fs = fs
         self.root = root.rstrip("/") or "/"
-        self.uri = uri
+        self.uri = redact(uri)  # what messages show: never the user info or query
         self.atomic_rename = atomic_rename
         self.local = local
 
@@ -74,7 +75,7 @@ class Storage:
         return posixpath.join(*parts)
 
     def _wrap(self, what: str, path: str, exc: BaseException) -> StorageError:
-        return StorageError(f"{what} {self.uri}/{path} failed: {exc}{_hint(exc)}")
+        return StorageError(scrub(f"{what} {self.uri}/{path} failed: {exc}{_hint(exc)}"))
 
     # -- operations ----------------------------------------------------------
     def makedirs(self, path: str) -> None:
@@ -351,18 +352,101 @@ def _hint(exc: BaseException) -> str:
             return f" ({hint})"
     if "HDFS" in text and "errno 255" in text:  # libhdfs: the Java exception went to stderr
         return " (the HDFS client printed the Java exception with the cause on stderr)"
+    if "NETWORK_CONNECTION" in text or "curlCode: 28" in text:  # S3: no connection, or it timed out
+        from .config import connect_timeout_from_env
+
+        return (f" (cannot connect to the S3 endpoint; each attempt is bounded by "
+                f"PADDLE_ACP_CONNECT_TIMEOUT={connect_timeout_from_env():g} s)")
     return ""
 
 
 def redact(uri: str) -> str:
-    """The URI without query parameters or user info (they may hold credentials)."""
+    """The URI without query parameters, fragment or user info (they may hold credentials)."""
+    if not isinstance(uri, str):
+        return repr(uri)
+    if "://" not in uri:
+        return uri
     p = urlparse(uri)
     if not p.scheme or len(p.scheme) == 1:
         return uri
-    netloc = p.hostname or ""
-    if p.port:
-        netloc += f":{p.port}"
+    netloc = p.netloc.rpartition("@")[2]  # not .hostname: that lowercases the bucket
     return f"{p.scheme}://{netloc}{p.path}"
+
+
+# Strings that must never reach a message, log line, file or metrics record: the user info and the
+# query values of every URI seen, PaddleCloud's UGI password, AWS_SECRET_ACCESS_KEY. Registered by
+# open_storage and config.from_env; scrub() replaces them, the log filter below applies it to
+# every record of the "paddle_acp" logger.
+_SECRETS: set = set()
+_MIN_SECRET = 3  # shorter values (an "x") would mangle every message; nothing that short is a secret
+
+
+def register_secret(value: Optional[str]) -> None:
+    if isinstance(value, str) and len(value) >= _MIN_SECRET:
+        _SECRETS.add(value)
+        q = quote(value, safe="")
+        if q != value:
+            _SECRETS.add(q)
+
+
+_SECRET_KEY_RE = re.compile(r"key|secret|token|pass|pwd|sig|cred|auth|session", re.IGNORECASE)
+
+
+def uri_secrets(uri: str) -> List[str]:
+    """The parts of ``uri`` that may hold credentials: its user info (and the password alone) and
+    the values of query parameters named like credentials (access_key, secret_key, session_token...)."""
+    if not isinstance(uri, str) or "://" not in uri:
+        return []
+    p = urlparse(uri)
+    out = []
+    userinfo = p.netloc.rpartition("@")[0]
+    if userinfo:
+        out.append(userinfo)
+        user, _, password = userinfo.partition(":")
+        out += [password, unquote(password), unquote(user) if password else ""]
+    for key, value in parse_qsl(p.query, keep_blank_values=True):
+        if _SECRET_KEY_RE.search(key):  # not endpoint_override or scheme: "http" is no secret
+            out.append(value)
+    return [x for x in out if x]
+
+
+def register_uri(uri: str) -> None:
+    for value in uri_secrets(uri):
+        register_secret(value)
+
+
+def scrub(text) -> str:
+    """``text`` with every registered secret replaced by ``***``."""
+    text = str(text)
+    for value in sorted(_SECRETS, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, "***")
+    return text
+
+
+class _ScrubFilter(logging.Filter):
+    """Replaces registered secrets in a record's message and traceback (a backstop: messages
+    are built from redacted URIs in the first place)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _SECRETS:
+            return True
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record: leave it to the handler's own error path
+            return True
+        record.msg, record.args = scrub(msg), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text)
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info)
+        return True
+
+
+if not any(isinstance(f, _ScrubFilter) for f in logger.filters):
+    logger.addFilter(_ScrubFilter())
 
 
 def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optional[str] = None,
@@ -375,12 +459,15 @@ def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optiona
     """
     if not isinstance(uri, str) or not uri.strip():
         raise ConfigError(f"checkpoint URI {uri!r} is empty")
+    register_uri(uri)
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
     if scheme in ("", "file"):
         path = parsed.path if scheme == "file" else uri
         if scheme == "file" and parsed.netloc not in ("", "localhost"):
-            raise ConfigError(f"checkpoint URI {uri!r}: file:// URIs must not name a host")
+            what = "user info (credentials)" if "@" in parsed.netloc else "a host"
+            raise ConfigError(f"checkpoint URI {redact(uri)!r}: file:// URIs must not name {what}; "
+                              "use file:///path or a plain path")
         root = os.path.abspath(os.path.expanduser(path))
         return Storage(pafs.LocalFileSystem(), root, uri, atomic_rename=True, local=True)
     if scheme == "s3":
@@ -396,17 +483,54 @@ def _open_s3(uri: str, parsed) -> Storage:
     if not parsed.netloc:
         raise ConfigError(f"checkpoint URI {redact(uri)!r}: an s3:// URI needs a bucket (s3://bucket/prefix)")
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    register_secret(os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    register_secret(os.environ.get("AWS_SESSION_TOKEN"))
+    bucket = parsed.netloc.rpartition("@")[2]  # user info never becomes part of a path
+    timeouts = _s3_timeouts()
     try:
         if parsed.query or not endpoint:
             fs, root = pafs.FileSystem.from_uri(uri)
+            if timeouts and isinstance(fs, pafs.S3FileSystem):
+                fs = _with_s3_timeouts(uri, parsed, timeouts)
         else:
             ep = urlparse(endpoint)
             region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-            fs = pafs.S3FileSystem(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https", region=region)
-            root = (parsed.netloc + parsed.path).rstrip("/")
-    except (pyarrow.ArrowException, OSError, ValueError) as exc:
-        raise ConfigError(f"checkpoint URI {redact(uri)!r}: cannot configure S3: {exc}") from exc
-    return Storage(fs, root, redact(uri), atomic_rename=False)
+            creds = {}
+            if parsed.password is not None:  # s3://KEY:SECRET@bucket/... (pyarrow's own URI form)
+                creds = dict(access_key=unquote(parsed.username or ""), secret_key=unquote(parsed.password))
+            fs = pafs.S3FileSystem(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https",
+                                   region=region, **creds, **timeouts)
+            root = (bucket + parsed.path).rstrip("/")
+    except (pyarrow.ArrowException, OSError, ValueError, TypeError) as exc:
+        # from None: the original text may quote the URI, credentials included
+        raise ConfigError(f"checkpoint URI {redact(uri)!r}: cannot configure S3: {scrub(exc)}{_CREDENTIALS_HINT}") from None
+    return Storage(fs, root, uri, atomic_rename=False)
+
+
+_CREDENTIALS_HINT = (" (credentials belong in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, not in the URI: "
+                     "a URI is copied into logs, shell histories and job specs)")
+
+
+def _s3_timeouts() -> dict:
+    from .config import connect_timeout_from_env
+
+    t = connect_timeout_from_env()
+    return dict(connect_timeout=t, request_timeout=max(t, 60.0))
+
+
+def _with_s3_timeouts(uri: str, parsed, timeouts: dict):
+    """``FileSystem.from_uri`` cannot set timeouts: rebuild the S3 filesystem from the URI's
+    options (as pyarrow parses them) with ``PADDLE_ACP_CONNECT_TIMEOUT`` added."""
+    opts = {}
+    for key, value in parse_qsl(parsed.query, keep_blank_values=True):
+        if key in ("region", "scheme", "endpoint_override", "access_key", "secret_key", "session_token",
+                   "role_arn", "session_name", "external_id"):
+            opts[key] = value
+        elif key in ("allow_bucket_creation", "allow_bucket_deletion", "force_virtual_addressing"):
+            opts[key] = value.lower() in ("1", "true", "yes")
+    if parsed.password is not None and "access_key" not in opts:
+        opts.update(access_key=unquote(parsed.username or ""), secret_key=unquote(parsed.password))
+    return pafs.S3FileSystem(**opts, **timeouts)
 
 
 class _BytesWriter:
@@ -441,34 +565,95 @@ def _hdfs_clients(forced: Optional[str]):
     return order
 
 
+def hdfs_ipc_conf(timeout: float) -> dict:
+    """Hadoop client settings (libhdfs, the hadoop CLI) that bound connection attempts to about
+    ``timeout`` seconds (Hadoop's defaults retry a refused connection 10 times and a timed-out one
+    45 times, 20 s each)."""
+    retries = max(1, int(timeout // 2))
+    return {
+        "ipc.client.connect.timeout": str(max(1000, int(timeout * 1000 / 3))),
+        "ipc.client.connect.max.retries": str(retries),
+        "ipc.client.connect.retry.interval": "1000",
+        "ipc.client.connect.max.retries.on.timeouts": "2",
+        "dfs.client.retry.policy.enabled": "false",
+    }
+
+
+def hdfs_native_conf(timeout: float) -> dict:
+    """hdfs-native's settings: 3 attempts with short sleeps between them (its defaults take about
+    3 minutes to give up on a namenode that refuses connections)."""
+    return {
+        "dfs.client.failover.max.attempts": "3",
+        "dfs.client.failover.sleep.base.millis": "500",
+        "dfs.client.failover.sleep.max.millis": str(max(500, int(timeout * 1000 / 4))),
+        "dfs.client.socket-timeout": str(max(1000, int(timeout * 1000))),
+    }
+
+
+def _probe(fs, root: str, timeout: float, client: str) -> None:
+    """Connect now (a dead server fails here, not in the middle of a save), within ``timeout``
+    seconds whatever the client's own retry settings do."""
+    import threading
+
+    box: list = []
+
+    def run():
+        try:
+            if fs.get_file_info(root).type == pafs.FileType.NotFound and fs.get_file_info("/").type == pafs.FileType.NotFound:
+                # libhdfs reports a failed call as "not found" (the cause goes to stderr); "/" always exists
+                raise OSError("the namenode did not answer: even / reports missing (the client printed the cause on stderr)")
+            box.append(None)
+        except BaseException as exc:  # handed to the calling thread
+            box.append(exc)
+
+    t = threading.Thread(target=run, name=f"paddle-acp-connect-{client}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not box:
+        raise TimeoutError(f"no answer within {timeout:g} s (PADDLE_ACP_CONNECT_TIMEOUT)")
+    if box[0] is not None:
+        raise box[0]
+
+
 def _open_hdfs(uri: str, parsed, hdfs_user, hadoop_home, cache_dir) -> Storage:
+    import time
+
+    from .config import connect_timeout_from_env
+
     host = parsed.hostname or "default"
     port = parsed.port or 8020
-    user = hdfs_user or parsed.username or None
+    user = hdfs_user or (unquote(parsed.username) if parsed.username else None)
     root = parsed.path.rstrip("/") or "/"
     display = redact(uri)
     hadoop_home = hadoop_home or os.environ.get("PADDLE_EDL_HDFS_HOME") or os.environ.get("HADOOP_HOME")
+    timeout = connect_timeout_from_env()
+    deadline = time.monotonic() + timeout
     why = []
     for client in _hdfs_clients(os.environ.get("PADDLE_ACP_HDFS_CLIENT")):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            why.append(f"{client}: not tried (PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s spent)")
+            continue
         try:
             if client == "pyarrow":
-                fs = pafs.HadoopFileSystem(host, port, user=user)
+                fs = pafs.HadoopFileSystem(host, port, user=user, extra_conf=hdfs_ipc_conf(timeout))
                 reason = "libhdfs and a JVM are available"
             elif client == "hdfs-native":
                 try:
                     from hdfs_native.fsspec import HdfsFileSystem
                 except ImportError:
                     raise StorageError("the hdfs-native package is not installed (pip install paddle-acp[hdfs])") from None
-                fs = pafs.PyFileSystem(_HdfsNativeHandler(HdfsFileSystem(host=host, port=port)))
+                fs = pafs.PyFileSystem(_HdfsNativeHandler(HdfsFileSystem(host=host, port=port, **hdfs_native_conf(timeout))))
                 reason = "no usable libhdfs/JVM; hdfs-native needs neither"
             else:
                 from .hdfs_cli import HadoopCliHandler
 
-                fs = pafs.PyFileSystem(HadoopCliHandler(hadoop_home, f"hdfs://{host}:{port}", user, cache_dir))
+                fs = pafs.PyFileSystem(HadoopCliHandler(hadoop_home, f"hdfs://{host}:{port}", user, cache_dir,
+                                                        extra_conf=hdfs_ipc_conf(timeout)))
                 reason = "neither libhdfs nor hdfs-native is usable; using the hadoop command line"
-            fs.get_file_info(root)  # connect now: a dead server fails here, not in the middle of a save
+            _probe(fs, root, max(left, 1.0), client)
         except Exception as exc:  # each client fails differently (OSError, ImportError, Arrow errors)
-            why.append(f"{client}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            why.append(scrub(f"{client}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"))
             continue
         if os.environ.get("PADDLE_ACP_HDFS_CLIENT"):
             reason = "chosen by PADDLE_ACP_HDFS_CLIENT"
@@ -476,4 +661,5 @@ def _open_hdfs(uri: str, parsed, hdfs_user, hadoop_home, cache_dir) -> Storage:
             reason += " (" + "; ".join(why) + ")"
         logger.info("HDFS %s: using the %s client: %s", display, client, reason)
         return Storage(fs, root, display, atomic_rename=True)
-    raise StorageError(f"cannot reach HDFS at {display}: " + " | ".join(why))
+    raise StorageError(f"cannot reach HDFS at {display}: " + " | ".join(why)
+                       + f" (connection attempts are bounded by PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s)")

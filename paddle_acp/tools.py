@@ -34,7 +34,7 @@ from . import atomic
 from .checkpointer import JOB_MARKER, Checkpointer, range_dir
 from .errors import AcpError, CorruptCheckpointError, StorageError
 from .manifest import DATA_NAME, DTYPES, MANIFEST_NAME, Manifest
-from .storage import Storage, open_storage, redact
+from .storage import Storage, open_storage, redact, scrub
 
 METRICS_DIR = "metrics"
 _METRICS_RE = re.compile(r"trainer-(0|[1-9][0-9]{0,8})\.jsonl", re.ASCII)  # fullmatch
@@ -546,7 +546,7 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
     """
     if job is None and range_name is None and number is None:
         if re.search(r"/ckpt-\d+\.tmp-[0-9a-f]+/?$", ref):
-            raise ToolError(f"{ref} is the leftover of an interrupted save (never committed; `paddle-acp gc` removes it)")
+            raise ToolError(f"{redact(ref)} is the leftover of an interrupted save (never committed; `paddle-acp gc` removes it)")
         if "://" in ref:
             parts = urlsplit(ref)
             m = _REF_RE.fullmatch(parts.path)
@@ -564,7 +564,7 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
     storage = open_root(ref)
     if job is None and range_name is None and number is None and storage.exists(MANIFEST_NAME):
         raise ToolError(
-            f"{ref!r} does not look like URI/JOB/range/RANGE/ckpt-N; give the storage root with --job, --range and --number"
+            f"{redact(ref)!r} does not look like URI/JOB/range/RANGE/ckpt-N; give the storage root with --job, --range and --number"
         )
     job = single_job(storage, job)
     ranges = list_ranges(storage, job)
@@ -797,7 +797,7 @@ def plot_metrics(records: List[Dict[str, Any]], path: str, title: str) -> None:
 # commands
 # =============================================================================
 def _out(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(scrub(text) + "\n")
 
 
 def _epoch_cell(m: Optional[Manifest]) -> str:
@@ -1149,7 +1149,7 @@ def cmd_gc(args) -> int:
     else:
         _out(f"deleted {len(done)} director{'y' if len(done) == 1 else 'ies'}, freed {human_bytes(sum(a.info.bytes for a in done))}")
     for e in errors:
-        print(f"paddle-acp: error: {e}", file=sys.stderr)
+        print(f"paddle-acp: error: {scrub(e)}", file=sys.stderr)
     return 2 if errors else 0
 
 
