@@ -24,15 +24,18 @@ Data flows one way: hook -> registry (per range) -> snapshot -> checkpointer -> 
 """
 
 import logging as _logging
-import os as _os
 
 from .errors import UnsupportedPaddleError  # noqa: F401  (first: the version gate below needs only it)
+from . import config as _config
 from . import paddle_version as _paddle_version
 
+# Checked before anything imports Paddle: an invalid value is a ConfigError naming the variable
+# (Paddle's own logger would fail on PADDLE_TRAINER_ID=x with a bare ValueError).
+_level = _config.log_level_from_env()
+_config.trainer_id_from_env()
 _logger = _logging.getLogger("paddle_acp")
 if _logger.level == _logging.NOTSET:
-    _level = _os.environ.get("PADDLE_ACP_LOG_LEVEL", "INFO").upper()
-    _logger.setLevel(_level if _level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO")
+    _logger.setLevel(_level)
 if not _logger.handlers and not _logging.getLogger().handlers:
     _handler = _logging.StreamHandler()
     _handler.setFormatter(_logging.Formatter("[paddle_acp] %(levelname)s %(message)s"))

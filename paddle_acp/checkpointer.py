@@ -199,7 +199,7 @@ class LoadedCheckpoint:
         self._pending.clear()
         self._source.close()
 
-    def write_program(self, key: str, scope, place, consume: bool = True) -> int:
+    def write_program(self, key: str, scope, place, consume: bool = True, default_place=None) -> int:
         """Write program ``key``'s pending tensors into ``scope``; returns how many.
 
         Tensors the scope already holds with the same dtype and shape on the CPU
@@ -218,7 +218,7 @@ class LoadedCheckpoint:
             if view is not None:
                 inplace.append((key, t, view))
             else:
-                set_tensor(tensor, self._source.read(key, t), place)
+                set_tensor(tensor, self._source.read(key, t), place, default_place)
             done += 1
         if inplace:
             self._source.read_into(inplace)

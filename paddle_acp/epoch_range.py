@@ -26,7 +26,7 @@ from .multirank import PREEMPT_PART_WAIT, GlobalCheckpointer, decide_mode, fleet
 from .programs import program_info, unwrap
 from .registry import Registry
 from .saver import Saver, lower_thread_priority
-from .snapshot import Arena, ProgramSnapshot, copy_into, layout
+from .snapshot import Arena, ProgramSnapshot, copy_into, dtype_name, layout
 from .storage import open_storage, redact
 
 logger = logging.getLogger("paddle_acp")
@@ -146,6 +146,7 @@ class TrainEpochRange:
         self.inherited: Optional[TrainEpochRange] = None  # an ended range whose restore is pending
         self._final_submitted = False  # the save after the last epoch was submitted
         self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
+        self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
         self.exit_on_preempt = preemption.exit_on_preempt_from_env()
         self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
         if cfg.trainer_id == 0:
@@ -204,6 +205,7 @@ class TrainEpochRange:
                     "range %s of job %s: resuming at %s from checkpoint %d (%s)",
                     self.name, self.cfg.job_id, at, m.number, self._loaded.path,
                 )
+        self._log_plan(start, end)
         self._last_save = time.monotonic()
         self.watcher.install()
         try:
@@ -221,6 +223,24 @@ class TrainEpochRange:
                 self._end_of_epoch(last=(i == end - 1))
         finally:
             self.watcher.uninstall()
+
+    def _log_plan(self, start: int, end: int) -> None:
+        """Say at the start when and where checkpoints will be taken (a short run with the default
+        interval of 900 s checkpoints only after its last epoch: a kill before that loses it all)."""
+        where = f"{self.storage.uri.rstrip('/')}/{self.checkpointer.dir}"
+        if not self.is_writer:
+            logger.info("range %s of job %s: trainer %d restores from %s; only trainer 0 writes checkpoints",
+                        self.name, self.cfg.job_id, self.cfg.trainer_id, where)
+            return
+        if start >= end:
+            return
+        if self.save_interval == 0:
+            when = "at the end of every epoch"
+        else:
+            when = (f"at the end of the first epoch ending {self.save_interval:g} s or more after the previous "
+                    "checkpoint (save_checkpoint_inter / PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
+        last = "" if self.max_epoch_num < 0 else f" and after the last epoch ({end - 1})"
+        logger.info("range %s of job %s: checkpoints go to %s %s%s", self.name, self.cfg.job_id, where, when, last)
 
     def _end_of_epoch(self, last: bool) -> None:
         if self.watcher.received is not None:
@@ -339,6 +359,13 @@ class TrainEpochRange:
     # -- hook entry point ----------------------------------------------------
     def on_run(self, exe, program, scope) -> None:
         """Called by the hook before every Executor.run while this range is active."""
+        try:
+            self._on_run(exe, program, scope)
+        except AcpError:
+            self.failed = True  # the error is the user's; nothing more is restored at the loop's end
+            raise
+
+    def _on_run(self, exe, program, scope) -> None:
         if program is None:
             program = _paddle_static().default_main_program()
         if scope is None:
@@ -459,11 +486,50 @@ class TrainEpochRange:
         from paddle.base import framework
 
         scope = paddle.static.global_scope()
-        # Paddle's default device (a GPU on a GPU build that has one), as the executor would use it
-        place = framework._current_expected_place_()
+        self._check_global_scope(scope)
+        # each tensor stays where it lives (a GPU job's parameters on its GPU); one the scope holds
+        # nothing for yet goes to Paddle's default device, as the executor would put it
+        default = framework._current_expected_place_()
         for p in self._loaded.manifest.programs:
-            self._loaded.write_program(p.key, scope, place, consume=False)
+            self._loaded.write_program(p.key, scope, None, consume=False, default_place=default)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
+
+    def _check_global_scope(self, scope) -> None:
+        """The checkpoint's pending tensors must fit the variables the scope already holds (same
+        dtype and shape), as a registered program's fingerprint guarantees mid-run: a model changed
+        since the checkpoint must fail here, not leave the old model in the scope."""
+        m = self._loaded.manifest
+        pending = self._loaded._pending
+        bad = []
+        for p in m.programs:
+            for t in p.tensors:
+                if (p.key, t.name) not in pending:
+                    continue
+                var = scope.find_var(t.name)
+                if var is None:
+                    continue
+                try:
+                    tensor = var.get_tensor()
+                except Exception:  # not a dense tensor (a reader, a list): the program differs
+                    bad.append(f"{t.name}: checkpoint {t.dtype}{list(t.shape)}, scope holds a non-tensor variable")
+                    continue
+                if not tensor._is_initialized():
+                    continue
+                try:
+                    dt = dtype_name(tensor)
+                except CheckpointError:
+                    dt = str(tensor._dtype())
+                shape = list(tensor.shape())
+                if dt != t.dtype or shape != list(t.shape):
+                    bad.append(f"{t.name}: checkpoint {t.dtype}{list(t.shape)}, program {dt}{shape}")
+        if bad:
+            self._release_restore()
+            raise CheckpointError(
+                f"range {self.name} of job {self.cfg.job_id} finished in checkpoint {m.number} at {self._loaded.path}, "
+                f"but the model changed since: {len(bad)} variable(s) differ ({'; '.join(bad[:5])}"
+                f"{'; ...' if len(bad) > 5 else ''}). Nothing was written into the scope. Use a new PADDLE_JOB_ID "
+                "or remove the old checkpoints to train the new model."
+            )
 
     @property
     def restore_pending(self) -> bool:
@@ -634,13 +700,30 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
         prev = prev.inherited
     r.inherited = prev
     _active = _hooked = r
+    closed = False
     try:
         yield from r.epochs()
+    except GeneratorExit:  # the loop was left early (break, or an exception in its body)
+        closed = True
+        raise
     finally:
         _active = None
-        r.restore_pending_into_global_scope()
-        _hooked = r if r.restore_pending else None
-        r.close()
+        try:
+            if r.failed or sys.is_finalizing():
+                pass  # the range already raised its error; at interpreter exit imports fail
+            elif closed:  # an exception raised here would be "ignored" (printed as noise): log it
+                try:
+                    r.restore_pending_into_global_scope()
+                except AcpError as exc:
+                    logger.error("%s", exc)
+            else:
+                r.restore_pending_into_global_scope()
+        finally:
+            _hooked = r if r.restore_pending else None
+            if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
+                r._closed = True
+            else:
+                r.close()
 
 
 def resumable(iterable: Iterable, save_every_steps: Optional[int] = None) -> Iterator:

@@ -264,10 +264,30 @@ def scope_tensor(scope, name: str):
     return var.get_tensor()
 
 
-def set_tensor(tensor, arr: np.ndarray, place) -> None:
-    """Replace ``tensor``'s contents with ``arr`` on ``place`` (the executor's; the CPU if None)."""
-    if place is None:
-        import paddle
+def own_place(tensor, default=None):
+    """The concrete place (``tensor.set`` takes no generic ``Place``) ``tensor`` lives on now;
+    ``default`` (the CPU if None) for a tensor that holds nothing yet."""
+    import paddle
 
-        place = paddle.CPUPlace()
+    if not tensor._is_initialized():
+        return paddle.CPUPlace() if default is None else default
+    p = tensor._place()
+    if p.is_gpu_place():
+        return paddle.CUDAPlace(p.gpu_device_id())
+    if p.is_cuda_pinned_place():
+        return paddle.CUDAPinnedPlace()
+    if p.is_xpu_place():
+        return paddle.XPUPlace(p.xpu_device_id())
+    if p.is_custom_place():
+        return paddle.CustomPlace(p.custom_device_type(), p.custom_device_id())
+    if p.is_ipu_place():
+        return paddle.IPUPlace()
+    return paddle.CPUPlace()
+
+
+def set_tensor(tensor, arr: np.ndarray, place, default_place=None) -> None:
+    """Replace ``tensor``'s contents with ``arr`` on ``place`` (the executor's); with None, on the
+    place the tensor lives on now (``default_place``, else the CPU, for one that holds nothing yet)."""
+    if place is None:
+        place = own_place(tensor, default_place)
     tensor.set(arr, place)
