@@ -2,9 +2,12 @@
 """Kill-anywhere: SIGKILL the end-to-end training script at random moments.
 
 Each trial starts ``tests/scripts/train_script.py`` with checkpointing on
-(every epoch), SIGKILLs its process group at a moment drawn uniformly over
-the duration of an uninterrupted run (so kills land in startup, in training,
-and inside saves), restarts it, and repeats until a process completes.  Then the
+(every epoch), waits until the process shows life (it has imported Paddle and
+built its programs: its ``--ready-file`` exists), SIGKILLs its process group at
+a moment drawn uniformly from then over the rest of an uninterrupted run's
+duration (so kills land in restore, in training and inside saves), restarts
+it, and repeats until a process completes.  After ``--max-restarts`` kills the
+next process runs unkilled, so every trial ends.  Then the
 final parameters and the per-epoch loss record must equal an uninterrupted
 run's bit for bit; an epoch that was logged but whose checkpoint had not
 committed is legitimately trained again, and must log the same values again.
@@ -29,8 +32,12 @@ all are restarted. Every rank must end bit-identical to its own
 uninterrupted run without the library, and in every restart all ranks that
 got as far as their first epoch must have resumed from the same checkpoint.
 
-Prints ``N/N trials resumed bit-identically``; exits 1 on any failed trial,
-2 when the reference runs fail.  A failed trial's directory is kept (and
+Prints ``N/N trials resumed bit-identically``; exits 1 on any failed trial
+(a correctness failure), 2 when the reference runs fail, 3 when a trial had a
+liveness problem only (a process that showed no life within
+``--life-timeout`` seconds, or an unkilled one that did not finish within
+``--timeout``: the machine was too slow or a process hung, which says nothing
+about the checkpoints).  A failed trial's directory is kept (and
 printed); trial t of IR ir draws its kill times from
 ``random.Random("<seed>:<ir>:<t>")``, so it can be replayed.
 """
@@ -73,12 +80,17 @@ def parse_args(argv=None):
     p.add_argument("--kill-window", choices=["training", "process"],
                    default="training",
                    help="training: kill times uniform over the run after "
-                        "startup (import paddle, building programs); "
-                        "process: over the whole process life")
-    p.add_argument("--max-restarts", type=int, default=50,
-                   help="give up a trial after this many kills")
+                        "the process showed life (Paddle imported, programs "
+                        "built); process: over the whole process life")
+    p.add_argument("--max-restarts", type=int, default=20,
+                   help="kills per trial; after this many, the next process "
+                        "runs unkilled to its end (every trial ends)")
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds one process may run before it counts as hung")
+    p.add_argument("--life-timeout", type=float, default=0,
+                   help="seconds a process may take to show life before that "
+                        "is a liveness problem (0: max(120, 20x the "
+                        "reference's startup))")
     p.add_argument("--json", default=None, help="write a JSON report here")
     p.add_argument("--ranks", type=int, default=1,
                    help="ranks per job (> 1: the multi-rank harness)")
@@ -99,11 +111,14 @@ def script_args(a):
 
 
 def start(out, ckpt, ir, a, log_prefix):
-    """Start one process of the script in its own process group."""
+    """Start one process of the script in its own process group; it creates
+    ``log_prefix + ".ready"`` once it shows life."""
     fo = open(log_prefix + ".stdout", "w")
     fe = open(log_prefix + ".stderr", "w")
     try:
-        p = subprocess.Popen(eu.script_cmd(out, ckpt, *script_args(a)),
+        p = subprocess.Popen(eu.script_cmd(out, ckpt, *script_args(a),
+                                           "--ready-file",
+                                           log_prefix + ".ready"),
                              env=eu.script_env(ckpt, ir), cwd=eu.REPO,
                              stdout=fo, stderr=fe, start_new_session=True)
     finally:
@@ -128,15 +143,31 @@ def tail(path, n=3000):
         return ""
 
 
+def wait_for_life(p, prefix, limit):
+    """Seconds until the process showed life (its ready file exists); None
+    when it exited first or showed none within ``limit`` seconds."""
+    t0 = time.monotonic()
+    ready = prefix + ".ready"
+    while True:
+        if os.path.exists(ready):
+            return time.monotonic() - t0
+        if p.poll() is not None or time.monotonic() - t0 > limit:
+            return None
+        time.sleep(0.003)
+
+
 def timed_run(out, ckpt, ir, a, prefix):
     """Run the script to its end, noting when each epoch line appears.
-    Returns (returncode, total seconds, [seconds of each line])."""
+    Returns (returncode, total seconds, [seconds of each line], seconds
+    until it showed life)."""
     os.makedirs(out, exist_ok=True)
     log = os.path.join(out, "losses.jsonl")
     t0 = time.monotonic()
     p = start(out, ckpt, ir, a, prefix)
-    line_times, seen = [], 0
+    line_times, seen, ready_s = [], 0, None
     while True:
+        if ready_s is None and os.path.exists(prefix + ".ready"):
+            ready_s = time.monotonic() - t0
         done = p.poll() is not None
         if os.path.exists(log):
             with open(log) as f:
@@ -151,7 +182,8 @@ def timed_run(out, ckpt, ir, a, prefix):
             raise RuntimeError("reference run hung (more than %s s)"
                                % a.timeout)
         time.sleep(0.003)
-    return p.returncode, time.monotonic() - t0, line_times
+    total = time.monotonic() - t0
+    return p.returncode, total, line_times, total if ready_s is None else ready_s
 
 
 def reference_runs(ir, a, root):
@@ -167,43 +199,50 @@ def reference_runs(ir, a, root):
     for kind, ckpt in (("pure", None), ("acp", "ckpt")):
         d = os.path.join(root, "ref-%s-%s" % (ir, kind))
         out = os.path.join(d, "out")
-        rc, total, lines = timed_run(out, ckpt and os.path.join(d, ckpt), ir,
-                                     a, os.path.join(d, "proc"))
+        rc, total, lines, ready_s = timed_run(out, ckpt and os.path.join(d, ckpt),
+                                              ir, a, os.path.join(d, "proc"))
         if rc != 0 or not eu.is_done(out):
             raise RuntimeError("uninterrupted run %s the library failed (rc "
                                "%s):\n%s" % ("without" if ckpt is None else
                                              "with", rc,
                                              tail(os.path.join(d, "proc.stderr"))))
-        runs[kind] = (out, total, lines)
+        runs[kind] = (out, total, lines, ready_s)
     ref = eu.load_result(runs["pure"][0])
     diffs = eu.compare_results(eu.load_result(runs["acp"][0]), ref)
     if diffs:
         raise RuntimeError("an uninterrupted run with checkpointing differs "
                            "from the run without it:\n  " + "\n  ".join(diffs))
-    _, total, lines = runs["acp"]
+    _, total, lines, ready_s = runs["acp"]
     if len(lines) >= 2:
         per_epoch = (lines[-1] - lines[0]) / (len(lines) - 1)
     else:
         per_epoch = total / (n_keys + 1)
     startup = min(max(0.0, r[2][0] - per_epoch) if r[2] else total / 2
                   for r in runs.values())
-    return ref, {"total_s": total, "startup_s": startup,
+    return ref, {"total_s": total, "startup_s": startup, "ready_s": ready_s,
                  "per_epoch_s": per_epoch, "epochs_total": n_keys}
 
 
 def kill_window(model, window):
     """(lo, hi): kill times are drawn uniformly from it.
 
-    hi is the uninterrupted run's duration plus 10%: a restarted process
-    (fewer epochs left) is killed at a uniform moment of its life or, with a
-    probability that grows as the run nears its end, completes.  lo is 0
-    for --kill-window process (startup included: most kills then land in
-    `import paddle`), and 80% of the startup estimate for --kill-window
-    training, the default: kills spread over restore, training and saves.
+    --kill-window training (the default): seconds after the process showed
+    life (Paddle imported, programs built; on a busy machine that alone can
+    take longer than a whole reference run, which is why the clock starts
+    there), up to the rest of an uninterrupted run plus 10%: kills spread
+    over restore, training and saves, and a restarted process (fewer epochs
+    left) is killed at a uniform moment or, with a probability that grows as
+    the run nears its end, completes.  --kill-window process: seconds after
+    the start, over the whole run plus 10% (most kills land in `import
+    paddle`).
     """
-    hi = model["total_s"] * 1.1
-    lo = 0.0 if window == "process" else 0.8 * model["startup_s"]
-    return lo, max(hi, lo + 0.05)
+    if window == "process":
+        return 0.0, max(model["total_s"] * 1.1, 0.05)
+    return 0.0, max((model["total_s"] - model["ready_s"]) * 1.1, 0.05)
+
+
+def life_timeout(model, a):
+    return a.life_timeout if a.life_timeout > 0 else max(120.0, 20 * model["ready_s"])
 
 
 def run_trial(ir, t, a, root, ref, model):
@@ -211,11 +250,11 @@ def run_trial(ir, t, a, root, ref, model):
     tdir = os.path.join(root, "%s-trial-%03d" % (ir, t))
     out, ckpt = os.path.join(tdir, "out"), os.path.join(tdir, "ckpt")
     os.makedirs(out)
-    rec = {"ir": ir, "trial": t, "ok": False, "kills": 0,
+    rec = {"ir": ir, "trial": t, "ok": False, "outcome": None, "kills": 0,
            "kills_inside_save": 0, "kills_before_first_epoch": 0,
            "kills_in_training": 0, "kills_after_done": 0, "processes": 0,
-           "kill_delays": [],
-           "rewinds": [], "problems": [], "dir": tdir}
+           "kill_delays": [], "unkilled_runs": 0,
+           "rewinds": [], "problems": [], "liveness": [], "dir": tdir}
     t_start = time.monotonic()
     while True:
         entries = eu.read_log(out)
@@ -226,11 +265,32 @@ def run_trial(ir, t, a, root, ref, model):
         prefix = os.path.join(tdir, "proc-%02d" % i)
         p = start(out, ckpt, ir, a, prefix)
         lines_before = len(entries)
+        unkilled = rec["kills"] >= a.max_restarts  # progress is guaranteed
+        if a.kill_window == "training" or unkilled:
+            limit = life_timeout(model, a)
+            if wait_for_life(p, prefix, limit) is None and p.poll() is None:
+                kill_group(p)
+                rec["liveness"].append(
+                    "process %d showed no life (Paddle imported, programs "
+                    "built) within %.0f s: the machine is too slow or the "
+                    "process hangs; this says nothing about the checkpoints"
+                    ":\n%s" % (i, limit, tail(prefix + ".stderr", 1500)))
+                break
         try:
-            p.wait(timeout=delay)
+            if unkilled:
+                rec["unkilled_runs"] += 1
+                p.wait(timeout=a.timeout)
+            else:
+                p.wait(timeout=delay)
             killed = False
         except subprocess.TimeoutExpired:
             kill_group(p)
+            if unkilled:
+                rec["liveness"].append(
+                    "process %d, left unkilled after %d kills, did not finish "
+                    "within --timeout %.0f s:\n%s" % (i, rec["kills"], a.timeout,
+                                                      tail(prefix + ".stderr", 1500)))
+                break
             killed = p.returncode == -signal.SIGKILL
         if not killed:
             # Ran to its end before the kill time: it must have completed.
@@ -258,12 +318,8 @@ def run_trial(ir, t, a, root, ref, model):
             rec["kills_before_first_epoch"] += 1
         else:
             rec["kills_in_training"] += 1
-        if rec["kills"] > a.max_restarts:
-            rec["problems"].append("still not finished after %d kills"
-                                   % rec["kills"])
-            break
     rec["seconds"] = round(time.monotonic() - t_start, 3)
-    if not rec["problems"]:
+    if not rec["problems"] and not rec["liveness"]:
         entries = eu.read_log(out)
         problems, rewinds = eu.check_restart_log(entries, a.epochs, a.ranges)
         rec["rewinds"] = rewinds
@@ -272,7 +328,9 @@ def run_trial(ir, t, a, root, ref, model):
             rec["problems"] += eu.compare_results(eu.load_result(out), ref)
         except (OSError, ValueError) as e:
             rec["problems"].append("cannot load the result: %r" % (e,))
-    rec["ok"] = not rec["problems"]
+    rec["ok"] = not rec["problems"] and not rec["liveness"]
+    rec["outcome"] = ("failed" if rec["problems"] else
+                      "liveness" if rec["liveness"] else "ok")
     if rec["ok"] and not a.keep:
         shutil.rmtree(tdir, ignore_errors=True)
         rec["dir"] = None
@@ -555,8 +613,8 @@ def main(argv=None):
     report = {"seed": a.seed, "trials_per_ir": a.trials,
               "script_args": [str(x) for x in script_args(a)],
               "root": root, "irs": {}, "trials": []}
-    total_ok = total = 0
-    exit_code = 0
+    total_ok = total = total_failed = total_liveness = 0
+    reference_failed = False
     t_all = time.monotonic()
     for ir in irs:
         print("[%s] reference runs ..." % ir, flush=True)
@@ -565,22 +623,30 @@ def main(argv=None):
         except RuntimeError as e:
             print("[%s] REFERENCE FAILED: %s" % (ir, e), flush=True)
             report["irs"][ir] = {"reference_error": str(e)}
-            exit_code = 2
+            reference_failed = True
             continue
         lo, hi = kill_window(model, a.kill_window)
-        print("[%s] uninterrupted run %.2f s (startup %.2f s, %.3f s/epoch); "
-              "kill times uniform in [%.2f, %.2f] s"
-              % (ir, model["total_s"], model["startup_s"],
-                 model["per_epoch_s"], lo, hi), flush=True)
-        ok = kills = inside = 0
+        print("[%s] uninterrupted run %.2f s (startup %.2f s, showed life "
+              "after %.2f s, %.3f s/epoch); kill times uniform in [%.2f, "
+              "%.2f] s after %s; after %d kills a trial's next process runs "
+              "unkilled"
+              % (ir, model["total_s"], model["startup_s"], model["ready_s"],
+                 model["per_epoch_s"], lo, hi,
+                 "the start" if a.kill_window == "process" else
+                 "the process showed life", a.max_restarts), flush=True)
+        ok = kills = inside = failed = liveness = 0
         recs = []
         for t in range(a.trials):
             rec = run_trial(ir, t, a, root, ref, model)
             recs.append(rec)
             ok += rec["ok"]
+            failed += rec["outcome"] == "failed"
+            liveness += rec["outcome"] == "liveness"
             kills += rec["kills"]
             inside += rec["kills_inside_save"]
-            status = "ok" if rec["ok"] else "FAILED"
+            status = {"ok": "ok", "failed": "FAILED",
+                      "liveness": "LIVENESS PROBLEM (not a checkpoint "
+                                  "failure)"}[rec["outcome"]]
             print("[%s] trial %d/%d: %s, %d kill(s) (%d before the process's "
                   "first epoch, %d in training, %d after done; %d inside a "
                   "save), %d process(es), rewinds %s, %.1f s"
@@ -590,12 +656,14 @@ def main(argv=None):
                      rec["processes"], rec["rewinds"], rec["seconds"]),
                   flush=True)
             if not rec["ok"]:
-                for prob in rec["problems"]:
+                for prob in rec["problems"] + rec["liveness"]:
                     print("    " + prob.replace("\n", "\n    "), flush=True)
                 print("    trial dir kept: %s" % rec["dir"], flush=True)
         report["trials"] += recs
         report["irs"][ir] = {
-            "trials": a.trials, "ok": ok, "kills": kills,
+            "trials": a.trials, "ok": ok, "failed": failed,
+            "liveness_problems": liveness, "kills": kills,
+            "unkilled_runs": sum(r["unkilled_runs"] for r in recs),
             "kills_inside_save": inside,
             "kills_before_first_epoch": sum(r["kills_before_first_epoch"]
                                             for r in recs),
@@ -610,16 +678,29 @@ def main(argv=None):
               % (ir, ok, a.trials, kills, st["kills_before_first_epoch"],
                  st["kills_in_training"], st["kills_after_done"], inside,
                  st["max_rewind"]), flush=True)
+        if liveness:
+            print("[%s] %d trial(s) with a liveness problem: a process showed "
+                  "no life in time or hung; the checkpoints were not at fault"
+                  % (ir, liveness), flush=True)
         total_ok += ok
         total += a.trials
-        if ok != a.trials:
-            exit_code = exit_code or 1
+        total_failed += failed
+        total_liveness += liveness
+    # a correctness failure outranks everything; a liveness problem is its own outcome
+    exit_code = (1 if total_failed else 2 if reference_failed else
+                 3 if total_liveness else 0)
     report["ok"] = total_ok
+    report["failed"] = total_failed
+    report["liveness_problems"] = total_liveness
     report["total"] = total
     report["seconds"] = round(time.monotonic() - t_all, 1)
     report["exit_code"] = exit_code
     print("%d/%d trials resumed bit-identically" % (total_ok, total),
           flush=True)
+    if total_liveness:
+        print("LIVENESS: %d trial(s) did not complete for lack of progress "
+              "(exit status 3); %d correctness failure(s)"
+              % (total_liveness, total_failed), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -42,3 +42,34 @@ def test_kill_anywhere_two_ranks_tensor_parallel_like(tmp_path):
     for t in data["trials"]:
         for starts in t["resumed_from"]:
             assert len(set(map(str, starts.values()))) <= 1, t
+
+
+def _harness(tmp_path, *args, timeout=900):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, HARNESS, "--ir", "pir", "--uri-root", str(tmp_path / "work"),
+         "--json", str(report), *map(str, args)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return proc, json.loads(report.read_text())
+
+
+def test_every_trial_ends_after_max_restarts_kills(tmp_path):
+    """After --max-restarts kills the next process runs unkilled: a trial cannot be killed
+    forever (a busy machine once made a trial give up after 51 kills)."""
+    proc, data = _harness(tmp_path, "--trials", 2, "--seed", 3, "--epochs", 6, "--max-restarts", 1)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert data["ok"] == data["total"] == 2 and data["failed"] == data["liveness_problems"] == 0
+    for rec in data["trials"]:
+        assert rec["kills"] <= 1 and rec["outcome"] == "ok", rec
+        assert rec["unkilled_runs"] == rec["kills"], rec  # one kill, then one unkilled run
+
+
+def test_liveness_problem_is_reported_apart_from_correctness(tmp_path):
+    """A process that shows no life within --life-timeout (here deliberately far too short) is a
+    liveness problem: exit status 3 and its own message, not a failed trial."""
+    proc, data = _harness(tmp_path, "--trials", 1, "--seed", 4, "--epochs", 4, "--life-timeout", 0.01)
+    assert proc.returncode == 3, proc.stdout[-8000:]
+    assert "LIVENESS PROBLEM (not a checkpoint failure)" in proc.stdout, proc.stdout[-8000:]
+    assert "showed no life" in proc.stdout and "FAILED" not in proc.stdout, proc.stdout[-8000:]
+    assert data["failed"] == 0 and data["liveness_problems"] == 1 and data["exit_code"] == 3
+    assert data["trials"][0]["outcome"] == "liveness" and data["trials"][0]["problems"] == []

@@ -60,6 +60,10 @@ def parse_args(argv=None):
                         "CPU generator's engine state across processes)")
     p.add_argument("--interval", type=float, default=0,
                    help="save_checkpoint_inter passed to train_epoch_range")
+    p.add_argument("--ready-file", default=None,
+                   help="created once Paddle is imported and the programs are built, "
+                        "just before the first train_epoch_range (the process shows "
+                        "life: ci/kill_anywhere.py draws its kill times from then)")
     return p.parse_args(argv)
 
 
@@ -143,6 +147,9 @@ def main():
         exe.run(p["startup"])
 
     log_path = os.path.join(out, "losses.jsonl")
+    if ARGS.ready_file:
+        with open(ARGS.ready_file, "w") as f:
+            f.write("%d\n" % os.getpid())
     for r in range(ARGS.ranges):
         first = True
         for epoch in acp.train_epoch_range(ARGS.epochs,
