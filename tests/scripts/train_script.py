@@ -60,6 +60,10 @@ def parse_args(argv=None):
                         "CPU generator's engine state across processes)")
     p.add_argument("--interval", type=float, default=0,
                    help="save_checkpoint_inter passed to train_epoch_range")
+    p.add_argument("--hold-range", action="store_true",
+                   help="keep the train_epoch_range generator in a variable "
+                        "(after an uncaught error it then lives until the "
+                        "interpreter exits, as in many scripts)")
     p.add_argument("--ready-file", default=None,
                    help="created once Paddle is imported and the programs are built, "
                         "just before the first train_epoch_range (the process shows "
@@ -152,8 +156,11 @@ def main():
             f.write("%d\n" % os.getpid())
     for r in range(ARGS.ranges):
         first = True
-        for epoch in acp.train_epoch_range(ARGS.epochs,
-                                           save_checkpoint_inter=ARGS.interval):
+        if ARGS.hold_range:
+            epochs = acp.train_epoch_range(ARGS.epochs,
+                                           save_checkpoint_inter=ARGS.interval)
+        for epoch in (epochs if ARGS.hold_range else acp.train_epoch_range(
+                ARGS.epochs, save_checkpoint_inter=ARGS.interval)):
             if first:
                 first = False
                 if epoch > 0:
