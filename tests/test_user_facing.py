@@ -179,20 +179,18 @@ def test_ctrl_c_during_synchronous_save_stops_the_process(tmp_path):
 
 
 # -- 22: places ----------------------------------------------------------------
-def test_restore_pending_writes_each_tensor_to_its_own_place(tmp_path, monkeypatch):
+def test_restore_pending_writes_each_tensor_to_its_own_place():
     """A finished range restarted: the restored state goes into the global scope on the place each
     variable lives on (here the CPU; on a GPU job its GPU), and a variable the scope holds on no
     place yet lands on the CPU."""
     import paddle
 
-    from e2e_util import load_result  # noqa: F401  (same helpers as the e2e tests)
     from paddle_acp.snapshot import own_place, set_tensor
 
-    paddle.enable_static()
-    scope = paddle.static.global_scope()
-    var = scope.var("acp_place_probe")
-    t = var.get_tensor()
-    set_tensor(t, np.arange(6, dtype="float32").reshape(2, 3), None)  # nothing there yet: the CPU
+    scope = paddle.static.Scope()
+    t = scope.var("acp_place_probe").get_tensor()
+    assert isinstance(own_place(t), type(paddle.CPUPlace()))  # holds nothing yet: the CPU
+    set_tensor(t, np.arange(6, dtype="float32").reshape(2, 3), None)
     assert t._place().is_cpu_place()
     assert isinstance(own_place(t), type(paddle.CPUPlace()))
     set_tensor(t, np.ones((3, 2), "float32"), None)  # replaced on the place it lives on
