@@ -90,16 +90,6 @@ def _next_range_name() -> str:
     return name
 
 
-def _fits_this_process(loaded: LoadedCheckpoint) -> None:
-    """CheckpointError when a verified checkpoint's RNG state cannot be restored here."""
-    try:
-        for state in (loaded.manifest.rng, loaded.manifest.extra.get("epoch_start_rng")):
-            if state is not None:
-                rng_state.check_live(state)
-    except CheckpointError as exc:
-        raise CheckpointError(f"checkpoint {loaded.manifest.number} at {loaded.path}: {exc}") from None
-
-
 class TrainEpochRange:
     """The state of one active ``train_epoch_range`` loop."""
 
@@ -166,8 +156,7 @@ class TrainEpochRange:
             )
         running = cfg.rank_state if cfg.rank_state != "auto" else (
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
-        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None,
-                             check=_fits_this_process)
+        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None)
         if self.multi:
             self.gcheckpointer.base = loaded.name if loaded is not None else None
             self.gcheckpointer.discard_newer(loaded.position_key if loaded is not None else None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -123,48 +123,76 @@ def validate(state: Dict[str, Any]) -> None:
         raise _bad("python gauss_next must be null or a finite number")
 
 
-def check_live(state: Dict[str, Any]) -> None:
-    """Raise CheckpointError when ``state`` cannot be restored into this process
-    (it holds another number of Paddle generators: other devices are visible)."""
-    import paddle
+def _generator(entry: list, carries: bool):
+    from paddle.framework import core
 
-    current = paddle.get_rng_state()
-    if len(current) != len(state["paddle"]):
-        raise CheckpointError(
-            f"the checkpoint holds {len(state['paddle'])} Paddle generator state(s) (devices "
-            f"{[s[0] for s in state['paddle']]}), this process has {len(current)}: it was written with other "
-            "devices visible. Run with the same devices, or start a new job (a new PADDLE_JOB_ID) "
-            "to train from scratch"
-        )
+    g = core.GeneratorState.__new__(core.GeneratorState)
+    device, seed, offset = entry[:3]
+    raw = entry[3] if len(entry) == 4 else ""
+    if carries and raw:
+        g.__setstate__((device, seed, offset, list(raw.encode("ascii"))))
+    elif carries:
+        # a checkpoint made by Paddle 2.6 on Paddle 3.x: the engine restarts from ``seed``
+        # (3.0's __setstate__ takes no 3-tuple, so build a freshly seeded engine's state)
+        _warn_missing_engine()
+        g.__setstate__((device, seed, offset, _fresh_engine(seed)))
+    else:  # Paddle 2.6: __setstate__ reseeds the engine from ``seed``
+        g.__setstate__((device, seed, offset))
+    return g
 
 
 def restore(state: Dict[str, Any]) -> None:
+    """Restore every generator this process shares with the checkpoint, NumPy's and Python's.
+
+    Paddle's generators are matched by position and device: the saving run may have seen
+    other devices (another number of visible GPUs). Those that match are restored, the rest
+    keep their current state, and a warning names both sides and the consequence.
+    """
     import paddle
-    from paddle.framework import core
 
     validate(state)
-    check_live(state)
-    gens = []
+    saved = state["paddle"]
+    current = paddle.get_rng_state()
+    here = [int(st.__getstate__()[0]) for st in current]
+    gens = list(current)
     carries = carries_cpu_engine()
-    for entry in state["paddle"]:
-        g = core.GeneratorState.__new__(core.GeneratorState)
-        device, seed, offset = entry[:3]
-        raw = entry[3] if len(entry) == 4 else ""
-        if carries and raw:
-            g.__setstate__((device, seed, offset, list(raw.encode("ascii"))))
-        elif carries:
-            # a checkpoint made by Paddle 2.6 on Paddle 3.x: the engine restarts from ``seed``
-            # (3.0's __setstate__ takes no 3-tuple, so build a freshly seeded engine's state)
-            _warn_missing_engine()
-            g.__setstate__((device, seed, offset, _fresh_engine(seed)))
-        else:  # Paddle 2.6: __setstate__ reseeds the engine from ``seed``
-            g.__setstate__((device, seed, offset))
-        gens.append(g)
+    restored, kept = [], []
+    for i, device in enumerate(here):
+        if i < len(saved) and saved[i][0] == device:
+            gens[i] = _generator(saved[i], carries)
+            restored.append(device)
+        else:
+            kept.append(device)
+    dropped = [s[0] for i, s in enumerate(saved) if i >= len(here) or s[0] != here[i]]
+    if kept or dropped:
+        _warn_partial(here, [s[0] for s in saved], restored, kept, dropped)
     paddle.set_rng_state(gens)
     n = state["numpy"]
     np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     p = state["python"]
     random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+_warned_partial: set = set()
+
+
+def _describe(devices: List[int]) -> str:
+    return ", ".join("cpu" if d == -1 else f"device {d}" for d in devices) or "none"
+
+
+def _warn_partial(here: List[int], saved: List[int], restored: List[int], kept: List[int], dropped: List[int]) -> None:
+    key = (tuple(here), tuple(saved))
+    if key in _warned_partial:
+        return
+    _warned_partial.add(key)
+    logger.warning(
+        "the checkpoint holds Paddle generator states for %s; this process has %s (other devices are visible "
+        "than when it was saved). Restored: %s. Not restored here: %s (they keep their current state, so random "
+        "ops such as dropout on them draw a different stream than the interrupted run would have). Ignored from "
+        "the checkpoint: %s. NumPy's and Python's RNGs and all tensors are restored exactly; run with the same "
+        "visible devices for a bit-identical resume.",
+        _describe(saved), _describe(here), _describe(restored), _describe(kept), _describe(dropped),
+    )
 
 
 def _fresh_engine(seed: int) -> list:

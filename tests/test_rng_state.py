@@ -117,11 +117,34 @@ def test_validate_accepts_paddle_2_6_states():
     rng_state.validate(state)
 
 
-def test_another_generator_count_is_a_clear_error():
-    from paddle_acp.errors import CheckpointError
+def test_another_generator_count_restores_what_matches_and_says_what_did_not(caplog):
+    """A checkpoint saved with other devices visible: the generators that match (by position
+    and device) are restored, the checkpoint's extra ones are ignored, and a warning names both."""
+    import paddle
+
+    paddle.seed(123)
+    state = json.loads(json.dumps(rng_state.capture()))
+    state["paddle"].append([0] + state["paddle"][0][1:])  # as if a GPU 0 had been visible too
+    rng_state.validate(state)
+    before = [s.__getstate__() for s in paddle.get_rng_state()]
+    paddle.seed(7)  # move away, so the restore has something to do
+    with caplog.at_level("WARNING", logger="paddle_acp"):
+        rng_state.restore(state)
+    assert [s.__getstate__() for s in paddle.get_rng_state()] == before
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert "generator states for cpu, device 0; this process has cpu" in msg
+    assert "Restored: cpu. Not restored here: none" in msg and "Ignored from the checkpoint: device 0" in msg
+
+
+def test_a_generator_this_process_has_but_the_checkpoint_lacks_keeps_its_state(caplog):
+    import paddle
 
     state = json.loads(json.dumps(rng_state.capture()))
-    state["paddle"].append([0] + state["paddle"][0][1:])
-    rng_state.validate(state)  # well-formed: only this process can tell it does not fit
-    with pytest.raises(CheckpointError, match="2 Paddle generator state.*this process has 1.*PADDLE_JOB_ID"):
+    state["paddle"][0][0] = 3  # the checkpoint's only generator was device 3's, not the CPU's
+    paddle.seed(5)
+    current = [s.__getstate__() for s in paddle.get_rng_state()]
+    with caplog.at_level("WARNING", logger="paddle_acp"):
         rng_state.restore(state)
+    assert [s.__getstate__() for s in paddle.get_rng_state()] == current
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert "Not restored here: cpu" in msg and "Ignored from the checkpoint: device 3" in msg
