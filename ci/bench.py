@@ -12,6 +12,7 @@ both files are dropped from the page cache first, as after a restart):
      --epoch-seconds each; the run ends when its last checkpoint is committed)
 
 Usage: python ci/bench.py [--ir pir|legacy|both] [--params 100e6] [--rounds 3] [--only 3,4] [--json FILE] [--quick]
+       python ci/bench.py --only 5 --e2e-hdfs ...   # figure 5 with checkpoints on a real HDFS (Hadoop 2.7.3, 127.0.0.1)
 Prints one line per figure and writes the figures as JSON.
 """
 
@@ -276,7 +277,9 @@ def bench_one(args):
             """Wall time of the run, and the part of it spent at epoch boundaries (in the range's
             own code: the stalls and the final commit; the rest is training steps)."""
             if on:
-                os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "e2e")), PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="2")
+                uri = (f"{args.e2e_uri}/e2e-{os.getpid()}-{time.time_ns()}" if args.e2e_uri
+                       else fresh(os.path.join(work, "e2e")))
+                os.environ.update(PADDLE_ACP_CHECKPOINT_URI=uri, PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="2")
             else:
                 os.environ.pop("PADDLE_ACP_CHECKPOINT_URI", None)
             epoch_range.reset()
@@ -337,6 +340,9 @@ def main():
     ap.add_argument("--json", default="bench.json")
     ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
     ap.add_argument("--quick", action="store_true", help="tiny model, one round: a smoke run")
+    ap.add_argument("--e2e-hdfs", action="store_true",
+                    help="figure 5 checkpoints to a real HDFS server (ci/servers.py, started here) instead of a local disk")
+    ap.add_argument("--e2e-uri", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -344,6 +350,23 @@ def main():
     if args._child:
         print("RESULT " + json.dumps(bench_one(args)), flush=True)
         return 0
+    hdfs = None
+    if args.e2e_hdfs:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import servers  # ci/servers.py
+
+        hdfs = servers.HDFSServer().start()
+        os.environ.update(hdfs.client_env())
+        args.e2e_uri = f"{hdfs.uri}/bench"
+        log(f"figure 5 checkpoints to HDFS at {hdfs.uri}")
+    try:
+        return run_children(args)
+    finally:
+        if hdfs is not None:
+            hdfs.cleanup()
+
+
+def run_children(args):
     results = []
     for ir in (["pir", "legacy"] if args.ir == "both" else [args.ir]):
         env = dict(os.environ, PADDLE_ACP_LOG_LEVEL="WARNING")
@@ -364,6 +387,8 @@ def main():
                 cmd += ["--dir", args.dir]
             if args.quick:
                 cmd.append("--quick")
+            if args.e2e_uri:
+                cmd += ["--e2e-uri", args.e2e_uri]
             p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
             lines = p.stdout.splitlines()
             for line in lines:
@@ -388,7 +413,8 @@ def main():
         if "end_to_end_overhead" in r:
             print(f"{ir}: 5. end-to-end, checkpoint every epoch vs off = {100 * r['end_to_end_overhead']:+.2f}% (target <= 3%; {r['epoch_seconds']:.1f} s epochs, {r['seconds_lost_per_checkpoint']:.2f} s lost per checkpoint; per run {r['seconds_blocked_at_boundaries_per_run']:.2f} s blocked at boundaries, {r['seconds_steps_slower_per_run']:+.2f} s in slower steps)")
     with open(args.json, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "results": results}, f, indent=2)
+        json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "e2e_uri"},
+                   "results": results}, f, indent=2)
     print(f"wrote {args.json}")
     return 0
 

@@ -21,8 +21,23 @@ servers' disks are this machine's, so their page cache is warm; local reads are
 made cold with posix_fadvise(DONTNEED), as after a restart. Plain local writes
 are fsynced like paddle-acp's.
 
+With ``--fixed-cost``: the fixed cost of one checkpoint per backend instead (a
+tiny state, ``--checkpoints`` saves per round, paired rounds): the median time of
+one save as the saver thread runs it (write, commit, retention, metrics line), and
+the storage round trips it costs per operation kind (counted by a pass-through
+``pyarrow.fs`` handler around the backend's filesystem; local data files written
+with O_DIRECT and fsyncs bypass it). With ``--before-code DIR`` the paddle_acp of
+another checkout (e.g. ``git worktree add /tmp/before <commit>``) is measured too,
+each round's two runs in processes of their own against the same server.
+
+With ``--training``: training time of the end-to-end script with a checkpoint every
+epoch on HDFS against no checkpointing, paired rounds (tests/scripts/train_script.py
+``--timing``: from the first epoch to the last checkpoint committed).
+
 Usage: python ci/bench_storage.py [--size-mb 1024] [--backends local,hdfs-pyarrow,...]
                                   [--json FILE] [--quick]
+       python ci/bench_storage.py --fixed-cost [--before-code DIR] [--checkpoints 30] [--rounds 3] [--json FILE]
+       python ci/bench_storage.py --training [--epochs 60] [--sleep 0.1] [--hidden 200] [--rounds 3]
 Prints one line per figure, then the JSON.
 """
 from __future__ import annotations
@@ -42,6 +57,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
+if os.environ.get("ACP_BENCH_CODE"):  # --fixed-cost --before-code: a child measuring another checkout
+    sys.path.insert(0, os.environ["ACP_BENCH_CODE"])
 
 import servers  # noqa: E402  (ci/servers.py)
 
@@ -251,6 +268,285 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     return res
 
 
+# -- fixed cost per checkpoint ------------------------------------------------------------
+def counting_storage(st):
+    """``st`` with every filesystem call counted by kind: (storage, counter)."""
+    import collections
+
+    import pyarrow.fs as pafs
+
+    from paddle_acp.storage import Storage
+
+    counts = collections.Counter()
+    inner = st.fs
+
+    class Counting(pafs.FileSystemHandler):
+        def __eq__(self, other):
+            return self is other
+
+        def __ne__(self, other):
+            return self is not other
+
+        def get_type_name(self):
+            return "counting"
+
+        def normalize_path(self, path):
+            return path
+
+        def get_file_info(self, paths):
+            counts["stat"] += len(paths)
+            return inner.get_file_info(paths)
+
+        def get_file_info_selector(self, selector):
+            counts["list"] += 1
+            return inner.get_file_info(selector)
+
+        def create_dir(self, path, recursive):
+            counts["mkdir"] += 1
+            inner.create_dir(path, recursive=recursive)
+
+        def delete_dir(self, path):
+            counts["delete"] += 1
+            inner.delete_dir(path)
+
+        def delete_dir_contents(self, path, missing_dir_ok=False):
+            counts["delete"] += 1
+            inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+        def delete_root_dir_contents(self):
+            raise NotImplementedError
+
+        def delete_file(self, path):
+            counts["delete"] += 1
+            inner.delete_file(path)
+
+        def move(self, src, dest):
+            counts["rename"] += 1
+            inner.move(src, dest)
+
+        def copy_file(self, src, dest):
+            counts["copy"] += 1
+            inner.copy_file(src, dest)
+
+        def open_input_stream(self, path):
+            counts["read"] += 1
+            return inner.open_input_stream(path)
+
+        def open_input_file(self, path):
+            counts["read"] += 1
+            return inner.open_input_file(path)
+
+        def open_output_stream(self, path, metadata):
+            counts["write (create+close)"] += 1
+            return inner.open_output_stream(path)
+
+        def open_append_stream(self, path, metadata):
+            counts["append (open+close)"] += 1
+            return inner.open_append_stream(path)
+
+    return Storage(pafs.PyFileSystem(Counting()), st.root, st.uri, st.atomic_rename, st.local), counts
+
+
+def tiny_snapshot(nbytes: int):
+    import numpy as np
+
+    from paddle_acp.checkpointer import Snapshot
+    from paddle_acp.manifest import RangeRecord
+    from paddle_acp.snapshot import Arena, ProgramSnapshot, TensorData, copy_into, layout
+
+    n = max(1, nbytes // 4 // 6)
+    tensors = [TensorData(f"w{i}", "float32", np.full(n, i, dtype=np.float32)) for i in range(6)]
+    prog = ProgramSnapshot("bench", "benchmark model", tensors, None)
+    size = layout([prog])
+    image = Arena().ensure(size)
+    copy_into([prog], image)
+    return Snapshot(RangeRecord("_range_0", 0, 1), [prog], None, "3.3.1", "pir", image=image, data_size=size)
+
+
+def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -> dict:
+    """One process's measurement (the code under test is whatever ``paddle_acp`` this
+    process imports): round trips per checkpoint, then seconds per checkpoint.
+
+    A checkpoint here is what the saver thread does per save: ``Checkpointer.save`` (list,
+    write, commit, retention) and the metrics line. Code without the issue-21 API (no
+    ``MetricsLog.add``) is driven the way its saver did: a fresh listing per save and a
+    metrics append per save."""
+    from paddle_acp.checkpointer import Checkpointer
+    from paddle_acp.metrics import MetricsLog
+    from paddle_acp.storage import open_storage
+
+    if kind.startswith("hdfs-"):
+        client = kind.split("-", 1)[1]
+        os.environ["PADDLE_ACP_HDFS_CLIENT"] = "hdfs-native" if client == "native" else client
+    else:
+        os.environ.pop("PADDLE_ACP_HDFS_CLIENT", None)
+    new_api = hasattr(MetricsLog, "add")
+    base = open_storage(uri, cache_dir=os.path.join(work, "fscache"))
+    snap = tiny_snapshot(nbytes)
+    warm = 4  # retention starts after max_to_keep (3) checkpoints
+
+    def loop(st, name, on_warm=None):
+        ck = (Checkpointer(st, "bench", name, max_to_keep=3, single_writer=True) if new_api
+              else Checkpointer(st, "bench", name, max_to_keep=3))
+        metrics = MetricsLog(st, "bench", abs(hash(name)) % 100000)
+        times = []
+        for i in range(checkpoints + warm):
+            if i == warm and on_warm:
+                on_warm()
+            snap.range = type(snap.range)(name, i, checkpoints + warm)
+            t0 = time.perf_counter()
+            number, _ = ck.save(snap)
+            rec = {"event": "saved", "time": time.time(), "number": number}
+            if new_api:
+                metrics.add(rec)
+                metrics.flush_due()
+            else:
+                metrics.append(rec)
+            if i >= warm:
+                times.append(time.perf_counter() - t0)
+        if new_api:
+            metrics.flush()
+        return times
+
+    st, counts = counting_storage(base)
+    loop(st, f"_range_count{uuid.uuid4().hex[:6]}", counts.clear)
+    times = loop(base, f"_range_time{uuid.uuid4().hex[:6]}")
+    return {"api": "now" if new_api else "before", "times": times, "bytes": snap.data_size,
+            "ops": {k: v / checkpoints for k, v in sorted(counts.items())}}
+
+
+def fixed_cost_backend(kind: str, uri: str, args, work: str) -> dict:
+    """Paired rounds of the current code ("now") and, with --before-code, the code in that
+    directory ("before"), each in a process of its own against the same server."""
+    code = {"now": REPO}
+    if args.before_code:
+        code["before"] = os.path.abspath(args.before_code)
+    res = {"backend": kind, "checkpoints": args.checkpoints, "rounds": args.rounds}
+    times = {v: [] for v in code}
+    for r in range(args.rounds):
+        order = list(code) if r % 2 == 0 else list(reversed(list(code)))
+        for variant in order:
+            env = dict(os.environ, ACP_BENCH_CODE=code[variant])
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--_fixed-child", kind, f"{uri}/{variant}{r}",
+                 str(args.checkpoints), str(args.state_kb * 1024), work],
+                env=env, cwd=code[variant], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1800)
+            if out.returncode != 0:
+                raise RuntimeError(f"{variant} child failed: {out.stderr[-2000:]}")
+            doc = json.loads(out.stdout.strip().splitlines()[-1])
+            times[variant] += doc["times"]
+            res[f"{variant}_ops_per_checkpoint"] = doc["ops"]
+            res[f"{variant}_ops_total"] = sum(doc["ops"].values())
+            res["bytes"] = doc["bytes"]
+    for variant, ts in times.items():
+        res[f"{variant}_median_s"] = statistics.median(ts)
+        res[f"{variant}_p90_s"] = sorted(ts)[int(0.9 * (len(ts) - 1))]
+    if "before" in times:
+        res["now_vs_before"] = res["now_median_s"] / res["before_median_s"]
+    return res
+
+
+FIXED_BACKENDS = ["local", "hdfs-pyarrow", "hdfs-native", "s3"]
+
+
+def run_fixed_cost(args, kinds, work) -> dict:
+    kinds = [k for k in kinds if k in FIXED_BACKENDS]
+    results = {"mode": "fixed-cost", "checkpoints": args.checkpoints, "rounds": args.rounds,
+               "state_bytes": args.state_kb * 1024, "backends": {}, "errors": {}}
+    hdfs = s3 = None
+    try:
+        if any(k.startswith("hdfs") for k in kinds):
+            try:
+                hdfs = servers.HDFSServer().start()
+                hdfs.apply_client_env()
+            except servers.ServerUnavailable as e:
+                results["errors"]["hdfs"] = str(e)
+                kinds = [k for k in kinds if not k.startswith("hdfs")]
+        if "s3" in kinds:
+            try:
+                s3 = servers.S3Server().start()
+                os.environ.update(s3.client_env())
+            except servers.ServerUnavailable as e:
+                results["errors"]["s3"] = str(e)
+                kinds.remove("s3")
+        for kind in kinds:
+            tag = uuid.uuid4().hex[:8]
+            uri = (os.path.join(work, "local", tag) if kind == "local" else
+                   f"s3://{s3.bucket}/fixed/{tag}" if kind == "s3" else f"{hdfs.uri}/fixed/{kind}/{tag}")
+            try:
+                r = fixed_cost_backend(kind, uri, args, work)
+            except Exception as e:
+                results["errors"][kind] = f"{type(e).__name__}: {e}"
+                log(f"{kind:13s} FAILED: {type(e).__name__}: {e}")
+                continue
+            results["backends"][kind] = r
+    finally:
+        for srv in (s3, hdfs):
+            if srv is not None:
+                srv.cleanup()
+    log("")
+    log(f"fixed cost of one checkpoint ({args.state_kb} KiB state, median of {args.checkpoints} x {args.rounds} "
+        "checkpoints; round trips per checkpoint, steady state)")
+    if args.before_code:
+        log(f"{'backend':13s} {'before':>9s} {'now':>9s} {'ratio':>6s}   round trips before -> now")
+    else:
+        log(f"{'backend':13s} {'now':>9s}   round trips")
+    for kind, r in results["backends"].items():
+        now_ops = r["now_ops_per_checkpoint"]
+        if not args.before_code:
+            ops = ", ".join(f"{k} {v:g}" for k, v in now_ops.items())
+            log(f"{kind:13s} {r['now_median_s'] * 1000:7.1f}ms   {r['now_ops_total']:.1f} ({ops})")
+            continue
+        before_ops = r["before_ops_per_checkpoint"]
+        ops = ", ".join(f"{k} {before_ops.get(k, 0):g}->{now_ops.get(k, 0):g}" for k in sorted(set(before_ops) | set(now_ops)))
+        log(f"{kind:13s} {r['before_median_s'] * 1000:7.1f}ms {r['now_median_s'] * 1000:7.1f}ms "
+            f"{r['now_vs_before']:6.2f}   {r['before_ops_total']:.1f} -> {r['now_ops_total']:.1f} ({ops})")
+    return results
+
+
+# -- training time with a checkpoint every epoch on HDFS ------------------------------------
+def run_training(args, work) -> dict:
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    import e2e_util as eu
+
+    results = {"mode": "training", "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,
+               "rounds": args.rounds, "runs": [], "errors": {}}
+    script_args = ("--epochs", args.epochs, "--steps-per-epoch", 1, "--sleep", args.sleep, "--hidden", args.hidden)
+    with servers.HDFSServer() as hdfs:
+        env = hdfs.client_env()
+
+        def run(kind: str, r: int) -> float:
+            out = os.path.join(work, f"train-{kind}-{r}")
+            timing = os.path.join(work, f"timing-{kind}-{r}.json")
+            ckpt = None if kind == "off" else f"{hdfs.uri}/train/{kind}-{r}-{uuid.uuid4().hex[:6]}"
+            extra = dict(env)
+            if kind in ("skip", "wait", "queue"):
+                extra["PADDLE_ACP_BUSY_POLICY"] = kind
+            proc = eu.run_script(out, ckpt, "pir", *script_args, "--timing", timing, env=extra, timeout=1800)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{kind} run failed: {proc.stderr[-2000:]}")
+            with open(timing) as f:
+                return json.load(f)["train_s"]
+
+        kinds = ["off"] + args.policies.split(",")
+        for r in range(args.rounds):
+            order = kinds if r % 2 == 0 else list(reversed(kinds))
+            row = {k: run(k, r) for k in order}
+            results["runs"].append(row)
+            log("round %d: %s" % (r, ", ".join(f"{k} {v:.2f} s" for k, v in row.items())))
+    for k in args.policies.split(","):
+        ratios = [row[k] / row["off"] for row in results["runs"]]
+        results[f"{k}_vs_off"] = statistics.median(ratios)
+        results[f"{k}_median_s"] = statistics.median(row[k] for row in results["runs"])
+    results["off_median_s"] = statistics.median(row["off"] for row in results["runs"])
+    log(f"training {args.epochs} epochs (~{args.sleep:.2f} s each, hidden {args.hidden}), checkpoint every epoch "
+        f"to HDFS, vs no checkpointing (median of {args.rounds} paired rounds):")
+    for k in args.policies.split(","):
+        log(f"  {k:6s} {results[k + '_median_s']:.2f} s vs {results['off_median_s']:.2f} s: "
+            f"{(results[k + '_vs_off'] - 1) * 100:+.1f}%")
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -261,7 +557,24 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="local work dir (default: a temp dir)")
     ap.add_argument("--rounds", type=int, default=3, help="paired rounds per backend (default 3)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 MB, one round")
+    ap.add_argument("--fixed-cost", action="store_true", help="fixed cost per checkpoint per backend (see above)")
+    ap.add_argument("--checkpoints", type=int, default=30, help="--fixed-cost: checkpoints per round (default 30)")
+    ap.add_argument("--state-kb", type=int, default=39, help="--fixed-cost: state size in KiB (default 39)")
+    ap.add_argument("--before-code", default=None, metavar="DIR",
+                    help="--fixed-cost: also measure the paddle_acp in this checkout (e.g. a git worktree of "
+                         "the commit before a change), paired with the current code")
+    ap.add_argument("--_fixed-child", nargs=5, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--training", action="store_true", help="training time on HDFS vs no checkpointing (see above)")
+    ap.add_argument("--epochs", type=int, default=60, help="--training: epochs per run (default 60)")
+    ap.add_argument("--sleep", type=float, default=0.1, help="--training: seconds of 'work' per epoch (default 0.1)")
+    ap.add_argument("--hidden", type=int, default=200, help="--training: hidden width (200: a ~40 KB state)")
+    ap.add_argument("--policies", default="skip,wait", help="--training: busy policies to compare (default skip,wait)")
     args = ap.parse_args(argv)
+    if args._fixed_child:
+        kind, uri, n, nbytes, work = args._fixed_child
+        os.environ.setdefault("PADDLE_ACP_LOG_LEVEL", "WARNING")
+        print(json.dumps(fixed_child(kind, uri, int(n), int(nbytes), work)))
+        return 0
     size_mb = 16 if args.quick else args.size_mb
     rounds = 1 if args.quick else max(1, args.rounds)
     kinds = [k.strip() for k in args.backends.split(",") if k.strip()]
@@ -272,6 +585,20 @@ def main(argv=None) -> int:
     os.environ.setdefault("PADDLE_ACP_CI_QUIET", "1")
 
     work = tempfile.mkdtemp(prefix="acp-bench-storage-", dir=args.dir)
+    if args.fixed_cost or args.training:
+        try:
+            if args.fixed_cost:
+                results = run_fixed_cost(args, kinds if args.backends != ",".join(BACKENDS) else FIXED_BACKENDS, work)
+            else:
+                results = run_training(args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        text = json.dumps(results, indent=1, sort_keys=True)
+        print(text)
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        return 0
     hdfs = s3 = None
     results = {"size_mb": size_mb, "rounds": rounds, "backends": {}, "errors": {}}
     try:

@@ -19,6 +19,7 @@ checkpointing must match it too (and gives the duration).
     python ci/kill_anywhere.py --trials 20 --seed 1 --ir both
     python ci/kill_anywhere.py --trials 200 --ir pir --json /tmp/ka.json
     python ci/kill_anywhere.py --ranks 2 --trials 5 --ir pir   # N ranks, see below
+    python ci/kill_anywhere.py --trials 5 --ir pir --hdfs       # checkpoints on a real HDFS, see below
 
 With ``--ranks N`` (N > 1) each trial runs N rank processes of
 ``tests/scripts/rank_train.py`` (a tensor-parallel-like job: same program
@@ -31,6 +32,14 @@ and the others a moment later (as a launcher restarts the whole job); then
 all are restarted. Every rank must end bit-identical to its own
 uninterrupted run without the library, and in every restart all ranks that
 got as far as their first epoch must have resumed from the same checkpoint.
+
+With ``--hdfs`` (a Hadoop 2.7.3 server on 127.0.0.1, started here through
+ci/servers.py) or ``--ckpt-uri hdfs://...|s3://...`` (a running server; its
+client variables must be in this process's environment) the checkpoints go
+to remote storage, where a persist takes longer than a tiny epoch: the default
+busy policy then skips saves, and a restart resumes from an older epoch; the
+result must still be bit-identical. Kills inside a save are counted on local
+storage only.
 
 Prints ``N/N trials resumed bit-identically``; exits 1 on any failed trial
 (a correctness failure), 2 when the reference runs fail, 3 when a trial had a
@@ -91,6 +100,15 @@ def parse_args(argv=None):
                    help="seconds a process may take to show life before that "
                         "is a liveness problem (0: max(120, 20x the "
                         "reference's startup))")
+    p.add_argument("--ckpt-uri", default=None,
+                   help="remote checkpoint base URI (hdfs://, s3://); each run "
+                        "gets its own directory under it")
+    p.add_argument("--hdfs", action="store_true",
+                   help="start a real HDFS server (ci/servers.py) and "
+                        "checkpoint to it")
+    p.add_argument("--busy-policy", default=None,
+                   help="PADDLE_ACP_BUSY_POLICY for the training processes "
+                        "(default: the library's, skip)")
     p.add_argument("--json", default=None, help="write a JSON report here")
     p.add_argument("--ranks", type=int, default=1,
                    help="ranks per job (> 1: the multi-rank harness)")
@@ -110,16 +128,30 @@ def script_args(a):
             "--programs", a.programs, "--interval", 0]
 
 
+def ckpt_location(a, local_dir, name):
+    """Where a run checkpoints: ``local_dir``, or a directory named ``name``
+    under the remote base URI."""
+    if a.ckpt_uri:
+        return "%s/%s" % (a.ckpt_uri.rstrip("/"), name)
+    return local_dir
+
+
+def local_tree(ckpt):
+    """Entries of a local checkpoint tree ([] for remote storage)."""
+    return [] if "://" in str(ckpt) else eu.tree_files(ckpt)
+
+
 def start(out, ckpt, ir, a, log_prefix):
     """Start one process of the script in its own process group; it creates
     ``log_prefix + ".ready"`` once it shows life."""
     fo = open(log_prefix + ".stdout", "w")
     fe = open(log_prefix + ".stderr", "w")
+    env = {"PADDLE_ACP_BUSY_POLICY": a.busy_policy} if a.busy_policy else None
     try:
         p = subprocess.Popen(eu.script_cmd(out, ckpt, *script_args(a),
                                            "--ready-file",
                                            log_prefix + ".ready"),
-                             env=eu.script_env(ckpt, ir), cwd=eu.REPO,
+                             env=eu.script_env(ckpt, ir, env), cwd=eu.REPO,
                              stdout=fo, stderr=fe, start_new_session=True)
     finally:
         fo.close()
@@ -199,8 +231,9 @@ def reference_runs(ir, a, root):
     for kind, ckpt in (("pure", None), ("acp", "ckpt")):
         d = os.path.join(root, "ref-%s-%s" % (ir, kind))
         out = os.path.join(d, "out")
-        rc, total, lines, ready_s = timed_run(out, ckpt and os.path.join(d, ckpt),
-                                              ir, a, os.path.join(d, "proc"))
+        loc = ckpt and ckpt_location(a, os.path.join(d, ckpt),
+                                     "ref-%s-%s-%s" % (ir, kind, os.getpid()))
+        rc, total, lines, ready_s = timed_run(out, loc, ir, a, os.path.join(d, "proc"))
         if rc != 0 or not eu.is_done(out):
             raise RuntimeError("uninterrupted run %s the library failed (rc "
                                "%s):\n%s" % ("without" if ckpt is None else
@@ -248,7 +281,9 @@ def life_timeout(model, a):
 def run_trial(ir, t, a, root, ref, model):
     rng = random.Random("%d:%s:%d" % (a.seed, ir, t))
     tdir = os.path.join(root, "%s-trial-%03d" % (ir, t))
-    out, ckpt = os.path.join(tdir, "out"), os.path.join(tdir, "ckpt")
+    out = os.path.join(tdir, "out")
+    ckpt = ckpt_location(a, os.path.join(tdir, "ckpt"),
+                         "%s-trial-%03d-%d" % (ir, t, os.getpid()))
     os.makedirs(out)
     rec = {"ir": ir, "trial": t, "ok": False, "outcome": None, "kills": 0,
            "kills_inside_save": 0, "kills_before_first_epoch": 0,
@@ -259,7 +294,7 @@ def run_trial(ir, t, a, root, ref, model):
     while True:
         entries = eu.read_log(out)
         delay = rng.uniform(*kill_window(model, a.kill_window))
-        tmps_before = {n for n in eu.tree_files(ckpt) if ".tmp" in n}
+        tmps_before = {n for n in local_tree(ckpt) if ".tmp" in n}
         i = rec["processes"]
         rec["processes"] += 1
         prefix = os.path.join(tdir, "proc-%02d" % i)
@@ -305,7 +340,7 @@ def run_trial(ir, t, a, root, ref, model):
         # Inside a save: a temporary entry of the checkpoint tree that was
         # not there before this process started (leftovers of earlier kills
         # do not count).
-        tmps = {n for n in eu.tree_files(ckpt) if ".tmp" in n}
+        tmps = {n for n in local_tree(ckpt) if ".tmp" in n}
         if tmps - tmps_before:
             rec["kills_inside_save"] += 1
         # Where the kill landed: before this process logged an epoch
@@ -604,13 +639,33 @@ def main_multi(a, irs, root, own_root):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.hdfs:
+        if a.ckpt_uri:
+            print("--hdfs and --ckpt-uri exclude each other", flush=True)
+            return 2
+        sys.path.insert(0, HERE)
+        import servers  # ci/servers.py
+
+        with servers.HDFSServer() as srv:
+            srv.apply_client_env()
+            a.ckpt_uri = "%s/kill-anywhere" % srv.uri
+            print("HDFS server at %s" % srv.uri, flush=True)
+            return run_all(a)
+    return run_all(a)
+
+
+def run_all(a):
     irs = ["pir", "legacy"] if a.ir == "both" else [a.ir]
     own_root = a.uri_root is None
     root = a.uri_root or tempfile.mkdtemp(prefix="kill-anywhere-")
     os.makedirs(root, exist_ok=True)
     if a.ranks > 1:
+        if a.ckpt_uri:
+            print("--hdfs/--ckpt-uri: one rank only (--ranks 1)", flush=True)
+            return 2
         return main_multi(a, irs, root, own_root)
     report = {"seed": a.seed, "trials_per_ir": a.trials,
+              "storage": a.ckpt_uri or "local", "busy_policy": a.busy_policy,
               "script_args": [str(x) for x in script_args(a)],
               "root": root, "irs": {}, "trials": []}
     total_ok = total = total_failed = total_liveness = 0

@@ -130,17 +130,28 @@ class Pending:
         self.final = f"{parent}/{name}"
         if storage.atomic_rename:
             self.path = f"{parent}/{name}.tmp-{uuid.uuid4().hex[:12]}"
+            storage.makedirs(self.path)
         else:
+            # object stores: no directory object is needed (a key's prefix is its directory),
+            # and each one would cost a request per checkpoint
             self.path = self.final
-        storage.makedirs(self.path)
 
     def commit(self, manifest: bytes, before: Optional[Callable[[], None]] = None) -> None:
-        """Write the manifest and make the directory visible; ``before`` runs (and may
-        raise, e.g. a fenced writer) right before the step that makes it visible."""
+        """Write the manifest (after the data), then make the checkpoint visible; ``before``
+        runs (and may raise, e.g. a fenced writer) right before the step that makes it visible."""
+        if before is not None and not self.storage.atomic_rename:
+            before()  # the manifest is the commit
+        self.write_manifest(manifest)
+        self.publish(before if self.storage.atomic_rename else None)
+
+    def write_manifest(self, manifest: bytes) -> None:
+        """Where a rename commits, the manifest may be written before or while the data is;
+        on object stores it is the commit and must come last (use ``commit``)."""
+        self.storage.write_bytes(f"{self.path}/{MANIFEST_NAME}", manifest)
+
+    def publish(self, before: Optional[Callable[[], None]] = None) -> None:
+        """Rename the written directory into place (a no-op on object stores: the manifest committed it)."""
         st = self.storage
-        if before is not None and not st.atomic_rename:
-            before()
-        st.write_bytes(f"{self.path}/{MANIFEST_NAME}", manifest)
         if st.atomic_rename:
             st.sync_dir(self.path)
             if before is not None:

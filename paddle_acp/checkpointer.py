@@ -19,6 +19,7 @@ import logging
 import mmap
 import os
 import signal
+import threading
 import time
 from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,10 @@ class Snapshot:
     part_wait: Optional[float] = None  # several ranks: rank 0's wait for the parts (None: the configured timeout)
     stall_seconds: float = 0.0  # training-thread time spent taking the snapshot
     waited_seconds: float = 0.0  # of which waiting for the previous save
+    buffer: int = 0  # which of the range's snapshot buffers holds ``image`` (0, or 1 when queued)
+    durable: bool = False  # the final save of a range or a preemption save: its metrics are written at once
+    queued: bool = False  # it waited in the second buffer behind the previous checkpoint
+    skipped_before: int = 0  # saves skipped since the previous one was taken
 
 
 class _MemorySource:
@@ -322,13 +327,20 @@ def range_dir(job_id: str, range_name: str) -> str:
 class Checkpointer:
     """Numbered, atomically committed checkpoints of one range of one job."""
 
-    def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3, fence=None):
+    def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3, fence=None,
+                 single_writer: bool = False):
         self.storage = storage
         self.fence = fence  # a fencing.Fence (the writer's generation) or None
         self.job_id = job_id
         self.range_name = range_name
         self.max_to_keep = max_to_keep
         self.dir = range_dir(job_id, range_name)
+        # The only writer of this range (the training process): after its first save has
+        # listed the range, it knows the committed checkpoints without listing again (a
+        # listing costs 1 + one stat per checkpoint on remote stores). Any failure forgets
+        # what it knew and the next save lists again.
+        self.single_writer = single_writer
+        self._known: Optional[List[atomic.DirEntry]] = None
 
     # -- writing ---------------------------------------------------------------
     def write_job_marker(self) -> None:
@@ -363,15 +375,23 @@ class Checkpointer:
         st = self.storage
         if self.fence is not None and self.fence.fenced_by is not None:
             self.fence.check("write a checkpoint")  # fenced for good: not even the data is written
-        self.check_no_links()
-        listing = st.listdir(self.dir)
-        entries = atomic.scan(st, self.dir, listing)
-        stuck = atomic.remove_leftovers(st, self.dir, entries)
-        others = [e for e in listing if not e.is_dir]  # files and links named ckpt-N keep their names
-        try:  # past removed leftovers too: a number is not reused while a zombie writer may hold it
-            number = atomic.next_number(entries, others)
-        except CheckpointError:  # ... unless a removed stray had an absurd number
-            number = atomic.next_number([e for e in entries if e.committed] + stuck, others)
+        known, self._known = self._known, None  # forgotten until this save ended well
+        if known is None:
+            self.check_no_links()
+            listing = st.listdir(self.dir)
+            entries = atomic.scan(st, self.dir, listing)
+            stuck = atomic.remove_leftovers(st, self.dir, entries)
+            others = [e for e in listing if not e.is_dir]  # files and links named ckpt-N keep their names
+            try:  # past removed leftovers too: a number is not reused while a zombie writer may hold it
+                number = atomic.next_number(entries, others)
+            except CheckpointError:  # ... unless a removed stray had an absurd number
+                number = atomic.next_number([e for e in entries if e.committed] + stuck, others)
+            committed = [e for e in entries if e.committed]
+        else:  # the single writer's own record: one past its newest, which is past every stray
+            self.check_no_links()
+            committed = known
+            number = atomic.next_number(known)
+        self._space_made = False
         while True:
             try:
                 offset = self._write_pending(snap, number)
@@ -379,10 +399,14 @@ class Checkpointer:
             except StorageError as exc:
                 if not _is_out_of_space(exc) or not self._make_space(number, exc):
                     raise
+        committed = committed + [atomic.DirEntry(atomic.final_name(number), number, True)]
         try:
-            self.apply_retention()
+            doomed = self._retain([e.number for e in committed])
         except (StorageError, CheckpointError) as exc:  # the new checkpoint is committed; pruning retries next time
             logger.warning("retention after checkpoint %d failed: %s", number, exc)
+            return number, offset
+        if self.single_writer and not self._space_made:  # (a deletion to make space: list again)
+            self._known = [e for e in committed if e.number not in doomed]
         return number, offset
 
     def _write_pending(self, snap: Snapshot, number: int) -> int:
@@ -423,6 +447,7 @@ class Checkpointer:
 
         check_deletable(self.storage, self.job_id, self.dir)
         victim = older[0]
+        self._space_made = True
         logger.warning(
             "storage full while writing checkpoint %d of %s/%s: deleting the oldest checkpoint %d to make space "
             "(the newest valid one, %d, is kept)", number, self.storage.uri, self.dir, victim, newest_valid,
@@ -444,9 +469,10 @@ class Checkpointer:
         # checksums on a second core while this thread writes (both release the GIL)
         crcs = [_crc_pool().submit(checksum, t.array) for t in tensors]
         path = f"{pending.path}/{DATA_NAME}"
-        if snap.image is not None:
-            written = st.write_image(path, snap.image, size)
-        else:
+
+        def write_data() -> int:
+            if snap.image is not None:
+                return st.write_image(path, snap.image, size)
             buffers, end = [], 0
             for t in tensors:
                 if t.offset > end:
@@ -456,34 +482,64 @@ class Checkpointer:
                 end = t.offset + t.array.nbytes
             if size > end:
                 buffers.append(_ZEROS[: size - end])
-            written = st.write_buffers(path, buffers)
+            return st.write_buffers(path, buffers)
+
+        def manifest_bytes() -> bytes:
+            it = iter(crcs)
+            programs = [
+                ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it).result()) for t in p.tensors], p.lr_scheduler)
+                for p in snap.programs
+            ]
+            raw = Manifest(
+                number=number,
+                created=time.time(),
+                range=snap.range,
+                programs=programs,
+                data_size=size,
+                rng=snap.rng,
+                paddle_version=snap.paddle_version,
+                ir=snap.ir,
+                extra=snap.extra,
+            ).dumps()
+            try:  # what restarts will read: never commit a checkpoint they would reject
+                Manifest.loads(raw, data_file_size=size)
+            except CorruptCheckpointError as exc:
+                raise CheckpointError(
+                    f"checkpoint {number} is not written: a restart could not read it back ({exc}); "
+                    "the LR scheduler or data loader state is not plain JSON data of bounded size and depth"
+                ) from None
+            return raw
+
+        if st.atomic_rename and not st.local:
+            # The rename commits, so the manifest need not wait for the data: both files are
+            # written at once. On HDFS closing a file waits for the namenode to see its block
+            # (often ~0.4 s, the client's first retry): overlapped, a small checkpoint pays it once.
+            box: list = []
+
+            def data_thread():
+                try:
+                    box.append(write_data())
+                except BaseException as exc:  # re-raised below
+                    box.append(exc)
+
+            t = threading.Thread(target=data_thread, name="paddle-acp-data", daemon=True)
+            t.start()
+            try:
+                pending.write_manifest(manifest_bytes())
+            finally:
+                t.join()
+            written = box[0]
+            if isinstance(written, BaseException):
+                raise written
+        else:
+            written = write_data()
         if written != size:
             raise StorageError(f"short write of {DATA_NAME}: {written} of {size} bytes")
-        it = iter(crcs)
-        programs = [
-            ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it).result()) for t in p.tensors], p.lr_scheduler)
-            for p in snap.programs
-        ]
-        manifest = Manifest(
-            number=number,
-            created=time.time(),
-            range=snap.range,
-            programs=programs,
-            data_size=size,
-            rng=snap.rng,
-            paddle_version=snap.paddle_version,
-            ir=snap.ir,
-            extra=snap.extra,
-        )
-        raw = manifest.dumps()
-        try:  # what restarts will read: never commit a checkpoint they would reject
-            Manifest.loads(raw, data_file_size=size)
-        except CorruptCheckpointError as exc:
-            raise CheckpointError(
-                f"checkpoint {number} is not written: a restart could not read it back ({exc}); "
-                "the LR scheduler or data loader state is not plain JSON data of bounded size and depth"
-            ) from None
-        pending.commit(raw, before=self._check_fence("commit checkpoint %d" % number))
+        before = self._check_fence("commit checkpoint %d" % number)
+        if st.atomic_rename and not st.local:
+            pending.publish(before)
+        else:
+            pending.commit(manifest_bytes(), before=before)
         return size
 
     def _check_fence(self, what: str):
@@ -492,10 +548,16 @@ class Checkpointer:
         return lambda: self.fence.check(what)
 
     def apply_retention(self, keep: Optional[int] = None) -> List[int]:
+        if (self.max_to_keep if keep is None else keep) <= 0:
+            return []
+        committed = [e.number for e in atomic.scan(self.storage, self.dir) if e.committed]
+        return self._retain(committed, keep)
+
+    def _retain(self, committed: List[int], keep: Optional[int] = None) -> List[int]:
+        """Delete all but the newest ``keep`` of the ``committed`` checkpoint numbers."""
         keep = self.max_to_keep if keep is None else keep
         if keep <= 0:
             return []
-        committed = [e.number for e in atomic.scan(self.storage, self.dir) if e.committed]
         doomed = sorted(committed)[:-keep] if len(committed) > keep else []
         if doomed:
             if self.fence is not None:

@@ -26,6 +26,11 @@ DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
 DEFAULT_PART_TIMEOUT = 300.0
 RANK_STATE_MODES = ("auto", "replicated", "per-rank")
+# What a save that comes due while the previous checkpoint is still being written does
+# (asynchronous saves only; the final save of a range, preemption saves and synchronous
+# mode always wait): see saver.busy_action.
+BUSY_POLICIES = ("skip", "queue", "wait")
+DEFAULT_BUSY_POLICY = "skip"
 # Set in every trainer by ``python -m paddle.distributed.launch``, which does NOT pass its --job_id on.
 _LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
 
@@ -41,6 +46,7 @@ ENV_VARS = (
     "PADDLE_ACP_ASYNC",
     "PADDLE_ACP_LOG_LEVEL",
     "PADDLE_ACP_CONNECT_TIMEOUT",
+    "PADDLE_ACP_BUSY_POLICY",
     "PADDLE_RUNNING_ENV",
     "PADDLE_RUNNING_PLATFORM",
     "PADDLE_JOB_ID",
@@ -71,6 +77,7 @@ class CheckpointConfig:
     save_interval: float = DEFAULT_SAVE_INTERVAL
     max_to_keep: int = DEFAULT_MAX_TO_KEEP
     async_save: bool = True
+    busy_policy: str = DEFAULT_BUSY_POLICY
     fs_cache: str = ".cache"
     source: str = "inactive"
     inactive_reason: str = ""
@@ -108,6 +115,8 @@ class CheckpointConfig:
         check_interval(self.save_interval, "save_interval")
         if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:
             raise ConfigError(f"max_to_keep must be an integer >= 0, got {self.max_to_keep!r}")
+        if self.busy_policy not in BUSY_POLICIES:
+            raise ConfigError(f"busy_policy must be one of {', '.join(BUSY_POLICIES)}, got {self.busy_policy!r}")
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -189,6 +198,20 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean (use 1 or 0)")
 
 
+def _busy_policy(env: Mapping[str, str]) -> str:
+    raw = env.get("PADDLE_ACP_BUSY_POLICY")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_BUSY_POLICY
+    value = raw.strip().lower()
+    if value not in BUSY_POLICIES:
+        raise ConfigError(
+            f"PADDLE_ACP_BUSY_POLICY={raw!r} is not a policy: use skip (default: a save that comes due while the "
+            "previous checkpoint is still being written is skipped), queue (it waits in a second host buffer when "
+            "memory allows) or wait (training waits for the previous checkpoint)"
+        )
+    return value
+
+
 def _interval(env: Mapping[str, str]) -> float:
     for name in ("PADDLE_ACP_SAVE_INTERVAL", "PADDLE_EDL_SAVE_CHECKPOINT_INTER"):
         raw = env.get(name)
@@ -242,6 +265,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         save_interval=_interval(env),
         max_to_keep=_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),
+        busy_policy=_busy_policy(env),
         fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
     )
     from .storage import redact, register_secret, register_uri  # no secret may reach a message

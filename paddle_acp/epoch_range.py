@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ from .metrics import MetricsLog
 from .multirank import PREEMPT_PART_WAIT, GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
 from .programs import program_info, unwrap
 from .registry import Registry
-from .saver import Saver, lower_thread_priority
+from .saver import QUEUE, SKIP, WAIT, Saver, busy_action, lower_thread_priority
 from .snapshot import Arena, ProgramSnapshot, copy_into, dtype_name, layout
 from .storage import open_storage, redact
 
@@ -52,6 +53,25 @@ def _fence_for(storage, job_id: str, rank: int) -> Fence:
     if f is None:
         f = _fences[key] = Fence.take(storage, job_id, rank)
     return f
+
+
+_marked_jobs: set = set()  # (storage URI, job id) whose job marker this process wrote or found
+
+# The ``queue`` busy policy allocates its second snapshot buffer only when the host keeps
+# at least this much memory available after it.
+QUEUE_HEADROOM = 1 << 30
+
+
+def mem_available() -> Optional[int]:
+    """MemAvailable of /proc/meminfo in bytes, or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def active_range() -> Optional["TrainEpochRange"]:
@@ -112,7 +132,7 @@ class TrainEpochRange:
         self.multi = cfg.multi_rank
         self.rank = cfg.trainer_id
         self.fence: Optional[Fence] = None
-        self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep)
+        self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep, single_writer=cfg.trainer_id == 0)
         self.gcheckpointer = GlobalCheckpointer(
             self.storage, cfg.job_id, name, cfg.trainer_id, cfg.world_size or 1, cfg.max_to_keep, cfg.part_timeout
         )
@@ -120,6 +140,9 @@ class TrainEpochRange:
         self._mode_logged: Optional[str] = None
         self.saver = Saver(self._persist, cfg.async_save)
         self._arena = Arena()
+        self._arena2 = Arena()  # the ``queue`` policy's second buffer, allocated when first needed
+        self._queue_ok: Optional[bool] = None  # whether that buffer fits in host memory (decided once)
+        self._skip_streak = 0
         self._arena_thread: Optional[threading.Thread] = None
         self._closed = False  # ended: no more saves, the arena is freed
         self._seen_program = self._seen_scope = None  # the last registered (program, scope) run
@@ -140,8 +163,11 @@ class TrainEpochRange:
         self.exit_on_preempt = preemption.exit_on_preempt_from_env()
         self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
         if cfg.trainer_id == 0:
+            marker = (self.storage.uri, cfg.job_id)
             try:
-                self.checkpointer.write_job_marker()
+                if marker not in _marked_jobs:  # once per process, not per range
+                    self.checkpointer.write_job_marker()
+                    _marked_jobs.add(marker)
                 self.fence = _fence_for(self.storage, cfg.job_id, cfg.trainer_id)
             except AcpError as exc:
                 raise ConfigError(
@@ -169,6 +195,16 @@ class TrainEpochRange:
             self._resume_extra = loaded.manifest.extra
             self.restored_from = CONST_CHECKPOINT
             self.restored_number = loaded.manifest.number
+        # Several ranks must take the same checkpoints, and they do not decide together yet
+        # (busy_action is the one place such a decision would go): they wait.
+        self.busy_policy = WAIT if self.multi else cfg.busy_policy
+        if self.multi and cfg.busy_policy != WAIT and self.rank == 0:
+            logger.info("range %s: %d ranks: a save that comes due while the previous checkpoint is being written "
+                        "waits for it (PADDLE_ACP_BUSY_POLICY=%s applies to jobs of one writer)",
+                        name, cfg.world_size, cfg.busy_policy)
+        if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
+            self.metrics.add({"event": "start", "time": time.time(), "pid": os.getpid(), "range": name,
+                              "restored": self.restored_number, "policy": self.busy_policy})
 
     # -- the loop ------------------------------------------------------------
     def epochs(self) -> Iterator[int]:
@@ -236,9 +272,11 @@ class TrainEpochRange:
             self._preempt()
         if not self.is_writer:
             return
-        if last or self._save_due():
+        if last:
+            self.save(final=True)
+            self._final_submitted = True
+        elif self._save_due():
             self.save()
-            self._final_submitted = last
 
     def _bucket(self) -> int:
         if self.save_interval <= 0:
@@ -301,8 +339,10 @@ class TrainEpochRange:
                     due = "preempt"
                 elif self.is_writer and (
                     (save_every_steps is not None and self.step % save_every_steps == 0)
-                    or (self.save_interval > 0 and self._save_due())
+                    or (self.save_interval > 0 and self._save_due() and self._busy_decision(durable=False) != SKIP)
                 ):
+                    # (a save due by time alone that the busy policy would skip stays due: it is
+                    # taken at the first batch boundary after the previous checkpoint is written)
                     due = "save"
             if due is not None:
                 # A mid-epoch checkpoint is taken only when another batch follows: one taken after
@@ -525,12 +565,23 @@ class TrainEpochRange:
         return self._loaded is not None and bool(self._loaded.arrays)
 
     # -- saving --------------------------------------------------------------
-    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None) -> None:
+    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None, final: bool = False) -> None:
         """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set); ``rng``:
-        the RNG states to record, when they were captured earlier than now."""
+        the RNG states to record, when they were captured earlier than now.
+
+        ``sync`` (preemption) and ``final`` (the range's last epoch) saves are durable:
+        they wait for the checkpoint in flight and are committed before this returns
+        (``final`` when the range closes). Any other save that comes due while the
+        previous checkpoint is still being written follows the busy policy
+        (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.saver.busy_action`).
+        """
         _check_main_thread("checkpointing")
         t0 = time.perf_counter()
-        waited = self.saver.wait()
+        action = self._busy_decision(durable=sync or final or not self.saver.async_save)
+        if action == SKIP:
+            self._skip(t0)
+            return
+        waited = self.saver.wait() if action != QUEUE else 0.0
         irs = sorted({e.info.ir for e in self.registry.entries})
         import paddle
 
@@ -546,11 +597,15 @@ class TrainEpochRange:
                 programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in programs]
         size = layout(programs)
         image = None
+        buffer = 0
+        if action == QUEUE:
+            inflight = self.saver.inflight  # it may finish meanwhile; the other buffer stays free
+            buffer = 1 if inflight is None or inflight.buffer == 0 else 0
         if size and ((self.saver.async_save and not sync) or self.storage.local):
             # async: training goes on while the saver writes, so copy into the reused arena;
             # local disks: the aligned copy lets the write bypass the page cache (O_DIRECT),
             # which costs far less CPU and time than a buffered write of the views
-            image = self._arena.ensure(size)
+            image = (self._arena2 if buffer else self._arena).ensure(size)
             copy_into(programs, image)
         snap = Snapshot(
             range=RangeRecord(self.name, self.epoch_no, self.max_epoch_num, self.step),
@@ -563,14 +618,61 @@ class TrainEpochRange:
             extra=self._step_extra(),
             mode=mode,
             part_wait=PREEMPT_PART_WAIT if preempt else None,
+            buffer=buffer,
+            durable=sync or final,
+            queued=action == QUEUE,
+            skipped_before=self._skip_streak,
         )
+        self._skip_streak = 0
         snap.stall_seconds = time.perf_counter() - t0
         snap.waited_seconds = waited
-        self.saver.submit(snap)
+        if action == QUEUE:
+            self.saver.enqueue(snap)
+        else:
+            self.saver.submit(snap)
         if sync:
             self.saver.wait()
         self._last_save = time.monotonic()
         self._last_bucket = self._bucket()
+
+    def _busy_decision(self, durable: bool) -> str:
+        """What a save due now does (``saver.busy_action`` with this range's state)."""
+        busy = self.saver.busy
+        queue_free = busy and self.busy_policy == QUEUE and self.saver.queue_free
+        return busy_action(self.busy_policy, busy, durable, queue_free, queue_free and self._queue_fits())
+
+    def _queue_fits(self) -> bool:
+        """Whether the ``queue`` policy's second buffer (the size of the first) fits in host
+        memory; decided once per range, with one log line when it does not."""
+        if self._queue_ok is None:
+            need = self._arena.nbytes
+            avail = mem_available()
+            self._queue_ok = avail is None or self._arena2.nbytes >= need or avail - need >= QUEUE_HEADROOM
+            if not self._queue_ok:
+                logger.warning(
+                    "range %s: PADDLE_ACP_BUSY_POLICY=queue: a second snapshot buffer of %d bytes would leave less "
+                    "than %d MiB of host memory available (MemAvailable %d bytes); saves that come due while the "
+                    "previous checkpoint is being written are skipped instead",
+                    self.name, need, QUEUE_HEADROOM >> 20, avail,
+                )
+        return self._queue_ok
+
+    def _skip(self, t0: float) -> None:
+        """Do not take this checkpoint: the previous one is still being written."""
+        self.saver.stats.skipped += 1
+        self._skip_streak += 1
+        at = f"epoch {self.epoch_no}" + ("" if self.step is None else f" step {self.step}")
+        if self._skip_streak == 1:
+            logger.info(
+                "range %s: checkpoint at %s skipped: the previous checkpoint is still being written "
+                "(PADDLE_ACP_BUSY_POLICY=%s); the next due one is taken (further skips in a row are not logged)",
+                self.name, at, self.busy_policy,
+            )
+        self.metrics.add({
+            "event": "skipped", "time": time.time(), "pid": os.getpid(), "range": self.name,
+            "epoch": self.epoch_no, "step": self.step, "stall_s": round(time.perf_counter() - t0, 6),
+            "policy": self.busy_policy,
+        })
 
     def _step_extra(self) -> dict:
         if self.step is None:
@@ -580,9 +682,14 @@ class TrainEpochRange:
     def _persist(self, snap: Snapshot) -> None:
         t0 = time.perf_counter()
         record = {
-            "time": time.time(), "range": self.name, "epoch": snap.range.epoch_no, "step": snap.range.step,
-            "stall_s": round(snap.stall_seconds, 6), "waited_s": round(snap.waited_seconds, 6),
+            "time": time.time(), "pid": os.getpid(), "range": self.name, "epoch": snap.range.epoch_no,
+            "step": snap.range.step, "stall_s": round(snap.stall_seconds, 6), "waited_s": round(snap.waited_seconds, 6),
+            "policy": self.busy_policy,
         }
+        if snap.queued:
+            record["queued"] = True
+        if snap.skipped_before:
+            record["skipped_before"] = snap.skipped_before
         if self.multi:
             self._persist_part(snap, record, t0)
             return
@@ -590,14 +697,20 @@ class TrainEpochRange:
             number, nbytes = self.checkpointer.save(snap)
         except BaseException as exc:
             self._last_persist_error = exc
-            record.update(ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
-            self.metrics.append(record)
+            record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
+            self.metrics.add(record)
+            self.metrics.flush_due()
             raise
         self._last_persist_error = None
         dt = time.perf_counter() - t0
         mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
-        record.update(ok=True, number=number, bytes=nbytes, persist_s=round(dt, 6), throughput_mb_s=round(mbps, 3))
-        self.metrics.append(record)
+        record.update(event="saved", ok=True, number=number, bytes=nbytes, persist_s=round(dt, 6),
+                      throughput_mb_s=round(mbps, 3))
+        self.metrics.add(record)
+        if snap.durable:
+            self.metrics.flush()
+        else:
+            self.metrics.flush_due()
         logger.info(
             "range %s: saved checkpoint %d (epoch %d%s): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
             self.name, number, snap.range.epoch_no, "" if snap.range.step is None else f" step {snap.range.step}",
@@ -609,14 +722,20 @@ class TrainEpochRange:
             res = self.gcheckpointer.save(snap, snap.mode)
         except BaseException as exc:
             self._last_persist_error = exc
-            record.update(ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
-            self.metrics.append(record)
+            record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
+            self.metrics.add(record)
+            self.metrics.flush_due()
             raise
         self._last_persist_error = None
         dt = time.perf_counter() - t0
-        record.update(ok=res.committed is not False, name=res.name, bytes=res.nbytes, persist_s=round(dt, 6),
-                      rank=self.rank, committed=res.committed, parts_wait_s=round(res.waited, 6))
-        self.metrics.append(record)
+        record.update(event="saved" if res.committed is not False else "failed", ok=res.committed is not False,
+                      name=res.name, bytes=res.nbytes, persist_s=round(dt, 6), rank=self.rank,
+                      committed=res.committed, parts_wait_s=round(res.waited, 6))
+        self.metrics.add(record)
+        if snap.durable:
+            self.metrics.flush()
+        else:
+            self.metrics.flush_due()
         at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
         if res.committed is None:
             logger.info("range %s: rank %d wrote its part of checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s",
@@ -632,12 +751,15 @@ class TrainEpochRange:
         to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
         try:
             self.saver.wait()
+            if self.is_writer:
+                self.metrics.flush()
             if self._final_submitted and self._last_persist_error is not None:
                 self._final_save_failed(self._last_persist_error)
         finally:
             self._closed = True
             self._join_arena()
             self._arena.release()
+            self._arena2.release()
 
     def _final_save_failed(self, error: BaseException) -> None:
         """The checkpoint after the last epoch failed: say so once, loudly, at the end
@@ -742,3 +864,4 @@ def reset() -> None:
     _range_counter = 0
     _logged_inactive = False
     final_save_failures.clear()
+    _marked_jobs.clear()

@@ -1,12 +1,24 @@
 """Metrics: one JSON line per save in ``{job}/metrics/trainer-{id}.jsonl`` on the checkpoint storage.
 
-Fields: time, range, number, epoch, step, bytes, stall_s, persist_s, throughput_mb_s, ok, error.
+Fields of a save: event ("saved" or "failed"), time, pid, range, number, epoch, step, bytes,
+stall_s (the time the training thread was blocked by this save, waited_s included),
+waited_s (of which waiting for the previous checkpoint), persist_s, throughput_mb_s, ok, error,
+policy, queued (the snapshot waited in the second buffer). ``event: "skipped"`` records a save
+that came due while the previous checkpoint was still being written and was not taken
+(time, pid, range, epoch, step, stall_s, policy); ``event: "start"`` a process that began
+writing checkpoints (time, pid, range, restored).
+
+Lines are written in batches (the first at once, then at most every ``FLUSH_INTERVAL``
+seconds, and whenever a range ends or a preemption save commits), on the saver's
+thread: a metrics line never costs the training thread a storage round trip.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from typing import List
 
 import pyarrow
@@ -21,28 +33,76 @@ def metrics_path(job_id: str, trainer_id: int) -> str:
     return f"{job_id}/metrics/trainer-{trainer_id}.jsonl"
 
 
+FLUSH_INTERVAL = 10.0  # seconds between two metrics writes (batches of lines)
+MAX_PENDING = 10000  # lines kept while the storage is unreachable; older ones are dropped
+
+
 class MetricsLog:
-    def __init__(self, storage: Storage, job_id: str, trainer_id: int = 0):
+    """The metrics file of one trainer; lines are buffered and written in batches."""
+
+    def __init__(self, storage: Storage, job_id: str, trainer_id: int = 0, flush_interval: float = FLUSH_INTERVAL):
         self.storage = storage
         self.path = metrics_path(job_id, trainer_id)
+        self.flush_interval = flush_interval
+        self._pending: List[bytes] = []
+        self._lock = threading.Lock()  # guards _pending
+        self._io = threading.Lock()  # one write at a time
+        self._exists = False  # the file is known to exist (this process wrote it)
+        self._last_flush: float = float("-inf")
+
+    def add(self, record: dict) -> None:
+        """Buffer one record (no storage access: safe on the training thread)."""
+        line = (scrub(json.dumps(record, sort_keys=True)) + "\n").encode()  # an error text never carries a secret
+        with self._lock:
+            self._pending.append(line)
+            if len(self._pending) > MAX_PENDING:
+                del self._pending[: len(self._pending) - MAX_PENDING]
+
+    def flush_due(self) -> None:
+        """Write the buffered lines when the last write is ``flush_interval`` seconds old."""
+        if time.monotonic() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered line now (one append)."""
+        with self._io:
+            with self._lock:
+                lines, self._pending = self._pending, []
+            if not lines:
+                return
+            self._last_flush = time.monotonic()
+            if not self._write(b"".join(lines)):
+                with self._lock:  # retried with the next write
+                    self._pending[:0] = lines
+                    if len(self._pending) > MAX_PENDING:
+                        del self._pending[: len(self._pending) - MAX_PENDING]
 
     def append(self, record: dict) -> None:
-        line = (scrub(json.dumps(record, sort_keys=True)) + "\n").encode()  # an error text never carries a secret
+        """Add one record and write everything buffered now."""
+        self.add(record)
+        self.flush()
+
+    def _write(self, data: bytes) -> bool:
         st = self.storage
         try:
-            if not st.exists(self.path):
+            if not self._exists and not st.exists(self.path):
                 st.makedirs(self.path.rsplit("/", 1)[0])
-                st.write_bytes(self.path, line)
-                return
+                st.write_bytes(self.path, data)
+                self._exists = True
+                return True
+            self._exists = True
             try:
                 with st.fs.open_append_stream(st.full(self.path)) as out:
-                    out.write(line)
-                return
+                    out.write(data)
+                return True
             except (NotImplementedError, pyarrow.ArrowException, OSError):
                 pass  # object stores (and some clients) cannot append: rewrite the small file
-            st.write_bytes(self.path, st.read_bytes(self.path) + line)
+            st.write_bytes(self.path, st.read_bytes(self.path) + data)
+            return True
         except (StorageError, OSError, pyarrow.ArrowException) as exc:
+            self._exists = False
             logger.warning("could not append to the metrics file %s: %s", self.path, exc)
+            return False
 
 
 def read_metrics(storage: Storage, job_id: str, trainer_id: int = 0) -> List[dict]:

@@ -1,7 +1,10 @@
 """Saver: persist snapshots synchronously or on one background thread.
 
-At most one snapshot is in flight. ``wait`` blocks until it is committed and
-reports (logs, counts) a failure on the calling (training) thread.
+At most one snapshot is being written, and at most one more may wait behind it
+(``enqueue``; the ``queue`` busy policy). ``wait`` blocks until both are
+committed and reports (logs, counts) failures on the calling (training) thread.
+What a save that comes due while the saver is busy does is decided by
+:func:`busy_action`, in one place.
 """
 
 from __future__ import annotations
@@ -28,12 +31,39 @@ def lower_thread_priority() -> None:
         logger.debug("could not lower the priority of %s: %s", threading.current_thread().name, exc)
 
 
+SAVE, WAIT, QUEUE, SKIP = "save", "wait", "queue", "skip"
+
+
+def busy_action(policy: str, busy: bool, durable: bool, queue_free: bool, queue_fits: bool) -> str:
+    """What a save that is due now does; the whole busy policy in one function.
+
+    ``busy``: the previous checkpoint is still being written; ``durable``: this
+    save must be committed before training goes on (the final save of a range, a
+    preemption save, synchronous mode); ``queue_free``: no snapshot waits in the
+    second buffer yet; ``queue_fits``: host memory allows a second buffer.
+    Returns ``SAVE`` (the saver is idle: take it), ``WAIT`` (wait for the previous
+    checkpoint, then take it), ``QUEUE`` (copy it into the second buffer; it is
+    written when the previous one is done) or ``SKIP`` (this checkpoint is not
+    taken; the next due one is). A coordinator of several ranks can call it with
+    the combined state of all of them so that every rank decides alike.
+    """
+    if not busy:
+        return SAVE
+    if durable or policy == WAIT:
+        return WAIT
+    if policy == QUEUE and queue_free and queue_fits:
+        return QUEUE
+    return SKIP
+
+
 @dataclasses.dataclass
 class SaveStats:
     saves: int = 0
     failures: int = 0
     waits: int = 0
     wait_seconds: float = 0.0
+    skipped: int = 0
+    queued: int = 0
     last_error: Optional[BaseException] = None
 
 
@@ -43,17 +73,18 @@ class Saver:
         self.async_save = async_save
         self._name = name
         self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self._errors: list = []
+        self._lock = threading.Lock()
+        self._inflight = None  # the snapshot being written (background thread)
+        self._queued = None  # the snapshot waiting behind it
         self._interrupt: Optional[BaseException] = None
         self.stats = SaveStats()
 
     def _run(self, snap) -> None:
-        if self.async_save:  # on the background thread (sync saves run on the caller's)
-            lower_thread_priority()
         try:
             self._persist(snap)
         except Exception as exc:  # reported on the training thread by wait()
-            self._error = exc
+            self._errors.append(exc)
         except BaseException as exc:
             # KeyboardInterrupt (Ctrl-C) or SystemExit: the checkpointer has removed the partial
             # checkpoint; the last committed one is intact. On the training thread (synchronous and
@@ -67,9 +98,17 @@ class Saver:
                 raise
             self._interrupt = exc
 
+    def _loop(self, snap) -> None:
+        lower_thread_priority()
+        while snap is not None:
+            self._run(snap)
+            with self._lock:
+                snap, self._queued = self._queued, None
+                self._inflight = snap
+
     def _report(self) -> None:
-        exc, self._error = self._error, None
-        if exc is not None:
+        errors, self._errors = self._errors, []
+        for exc in errors:
             self.stats.failures += 1
             self.stats.last_error = exc
             # One line with the cause per failure; the traceback once (later ones at DEBUG), so a
@@ -88,20 +127,46 @@ class Saver:
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """A checkpoint is being written (or waits to be)."""
+        with self._lock:
+            return self._inflight is not None
+
+    @property
+    def queue_free(self) -> bool:
+        with self._lock:
+            return self._queued is None
+
+    @property
+    def inflight(self):
+        """The snapshot being written now, or None (its buffers must not be reused)."""
+        with self._lock:
+            return self._inflight
+
+    def enqueue(self, snap) -> None:
+        """Write ``snap`` after the checkpoint in flight (``busy_action`` said QUEUE); when that
+        one finished meanwhile, write it now. Its buffers must differ from the in-flight one's."""
+        with self._lock:
+            if self._inflight is not None and self._queued is None:
+                self._queued = snap
+                self.stats.saves += 1
+                self.stats.queued += 1
+                return
+        self.submit(snap)
 
     def wait(self) -> float:
-        """Block until the in-flight save (if any) finished; returns seconds waited."""
+        """Block until the saves in flight and queued (if any) are committed; returns seconds waited."""
         waited = 0.0
         t = self._thread
         if t is not None:
-            if t.is_alive():
+            if self.busy:
                 start = time.perf_counter()
                 t.join()
                 waited = time.perf_counter() - start
                 self.stats.waits += 1
                 self.stats.wait_seconds += waited
                 logger.info("waited %.3f s for the previous checkpoint to be written", waited)
+            else:
+                t.join()  # done with its last snapshot: at most leaving its loop
             self._thread = None
         self._report()
         return waited
@@ -114,6 +179,7 @@ class Saver:
             self._run(snap)
             self._report()
             return
+        self._inflight = snap
         # Not a daemon: a normal interpreter exit waits for the save to commit.
-        self._thread = threading.Thread(target=self._run, args=(snap,), name=self._name, daemon=False)
+        self._thread = threading.Thread(target=self._loop, args=(snap,), name=self._name, daemon=False)
         self._thread.start()

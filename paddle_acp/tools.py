@@ -667,16 +667,62 @@ def export_split(names: Sequence[str], ir: str) -> Dict[str, str]:
 # =============================================================================
 # metrics
 # =============================================================================
-METRIC_FIELDS = ("time", "range", "number", "epoch", "step", "bytes", "stall_s", "persist_s", "throughput_mb_s", "ok")
+METRIC_FIELDS = ("event", "time", "pid", "range", "number", "epoch", "step", "bytes", "stall_s", "waited_s",
+                 "persist_s", "throughput_mb_s", "ok", "policy")
+EVENTS = ("saved", "failed", "skipped", "start")
+# Numeric fields and the range a real record keeps them in; a line outside it is skipped
+# (a hand-edited or corrupted file must never make the tool fail).
+_TIME_MAX = 32503680000.0  # year 3000
+_BOUNDS = {"time": (0.0, _TIME_MAX), "stall_s": (0.0, 1e7), "waited_s": (0.0, 1e7), "persist_s": (0.0, 1e7),
+           "throughput_mb_s": (0.0, 1e9), "bytes": (0, 1 << 60), "number": (0, 10 ** 18), "epoch": (-1, 1 << 62),
+           "step": (0, 1 << 62), "pid": (0, 1 << 31), "skipped_before": (0, 1 << 62)}
+
+
+def _num(v) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def clean_record(rec) -> Optional[Dict[str, Any]]:
+    """A metrics record with its fields checked, or None when it is unusable.
+
+    Every numeric field present must be a finite number within a real record's range
+    (``null`` stands for absent); ``event`` is one of :data:`EVENTS` (records written
+    before events existed are ``saved`` or, with ``ok: false``, ``failed``).
+    """
+    if not isinstance(rec, dict):
+        return None
+    for key, (lo, hi) in _BOUNDS.items():
+        v = rec.get(key)
+        if v is None and key != "time":
+            continue
+        if not _num(v) or not lo <= v <= hi:
+            return None
+    event = rec.get("event")
+    if event is None:
+        event = "failed" if rec.get("ok", True) is False else "saved"
+    if event not in EVENTS:
+        return None
+    out = dict(rec)
+    out["event"] = event
+    out["range"] = str(rec.get("range"))[:200] if rec.get("range") is not None else "-"
+    if rec.get("error") is not None:
+        out["error"] = str(rec["error"])[:500]
+    return out
 
 
 def read_metrics(storage: Storage, job: str) -> Tuple[List[Dict[str, Any]], int]:
-    """The save records of a job's metrics files, oldest first, and how many lines were unreadable.
+    """The records of a job's metrics files, oldest first, and how many lines were unusable.
 
-    Files: ``JOB/metrics/trainer-<i>.jsonl``, one JSON object per save
-    (``time, range, number, epoch, step, bytes, stall_s, persist_s,
-    throughput_mb_s, ok``); each record gets a ``trainer`` field. A torn or
-    malformed line is skipped and counted.
+    Files: ``JOB/metrics/trainer-<i>.jsonl``, one JSON object per line: saves
+    (``event`` saved/failed: ``time, pid, range, number, epoch, step, bytes, stall_s,
+    waited_s, persist_s, throughput_mb_s, ok``), skipped saves (``event: skipped``) and
+    process starts (``event: start``); each record gets a ``trainer`` field. A torn,
+    malformed or out-of-range line is skipped and counted.
     """
     records: List[Dict[str, Any]] = []
     bad = 0
@@ -692,11 +738,10 @@ def read_metrics(storage: Storage, job: str) -> Tuple[List[Dict[str, Any]], int]
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if not isinstance(rec, dict) or not _num(rec.get("time")):
+                rec = clean_record(json.loads(line))
+            except (ValueError, RecursionError):
+                rec = None
+            if rec is None:
                 bad += 1
                 continue
             rec["trainer"] = int(m.group(1))
@@ -705,30 +750,59 @@ def read_metrics(storage: Storage, job: str) -> Tuple[List[Dict[str, Any]], int]
     return records, bad
 
 
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def saves_of(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [r for r in records if r["event"] in ("saved", "failed")]
+
+
+def restarts_of(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The first record of every process after the first one (a restart): a ``start``
+    record, or for files without them the first record with a new ``pid``."""
+    out, seen, prev = [], set(), None
+    for r in records:
+        pid = (r.get("trainer"), r.get("pid"))
+        if r.get("pid") is None:
+            continue
+        if pid != prev and pid not in seen:
+            if prev is not None:
+                out.append(r)
+            seen.add(pid)
+        prev = pid
+    return out
 
 
 def summarize_metrics(records: List[Dict[str, Any]], now: Optional[float] = None) -> Dict[str, Any]:
-    """count, failures, median/worst stall, persist and throughput, total bytes, time since last save."""
+    """Saves, failures, skipped saves, restarts; the time the training thread was blocked per
+    save (median/worst, and of it waiting for the previous save), persist time, throughput,
+    total bytes, time since the last save."""
     now = time.time() if now is None else now
 
     def vals(key, recs):
         return [r[key] for r in recs if _num(r.get(key))]
 
-    def block(recs):
-        stall, persist, thr = vals("stall_s", recs), vals("persist_s", recs), vals("throughput_mb_s", recs)
-        ok = [r for r in recs if r.get("ok", True) is not False]
-        failed = [r for r in recs if r.get("ok", True) is False]
+    def block(all_recs):
+        recs = saves_of(all_recs)
+        skipped = [r for r in all_recs if r["event"] == "skipped"]
+        stall, persist = vals("stall_s", recs), vals("persist_s", recs)
+        waited = vals("waited_s", recs)
+        # throughput only of checkpoints large enough for it to mean something
+        thr = [r["throughput_mb_s"] for r in recs if _num(r.get("throughput_mb_s")) and _num(r.get("bytes"))
+               and r["bytes"] >= THROUGHPUT_MIN_BYTES]
+        ok = [r for r in recs if r["event"] == "saved"]
+        failed = [r for r in recs if r["event"] == "failed"]
         worst = max((r for r in recs if _num(r.get("stall_s"))), key=lambda r: r["stall_s"], default=None)
         last = recs[-1]["time"] if recs else None
         return {
             "count": len(recs),
             "ok": len(ok),
-            "failed": len(recs) - len(ok),
+            "failed": len(failed),
+            "skipped": len(skipped),
+            "restarts": len(restarts_of(all_recs)),
             "stall_median_s": statistics.median(stall) if stall else None,
             "stall_worst_s": max(stall) if stall else None,
             "stall_worst_at": {"range": worst.get("range"), "number": worst.get("number"), "time": worst["time"]} if worst else None,
+            "waited_median_s": statistics.median(waited) if waited else None,
+            "waited_worst_s": max(waited) if waited else None,
+            "waited_saves": sum(1 for w in waited if w > 0),
             "persist_median_s": statistics.median(persist) if persist else None,
             "persist_worst_s": max(persist) if persist else None,
             "throughput_median_mb_s": statistics.median(thr) if thr else None,
@@ -744,51 +818,111 @@ def summarize_metrics(records: List[Dict[str, Any]], now: Optional[float] = None
         }
 
     out = block(records)
-    ranges = sorted({str(r.get("range")) for r in records}, key=natural_key)
-    out["ranges"] = {name: block([r for r in records if str(r.get("range")) == name]) for name in ranges}
+    ranges = sorted({r["range"] for r in records if r["event"] != "start"}, key=natural_key)
+    out["ranges"] = {name: block([r for r in records if r["range"] == name]) for name in ranges}
     return out
 
 
+THROUGHPUT_MIN_BYTES = 64 << 20  # below this a checkpoint's time is its fixed cost, not bandwidth
+
+
+def _time_axis(span: float):
+    """(unit name, seconds per unit) for an elapsed-time axis of ``span`` seconds."""
+    if span < 180:
+        return "seconds", 1.0
+    if span < 3 * 3600:
+        return "minutes", 60.0
+    if span < 3 * 86400:
+        return "hours", 3600.0
+    return "days", 86400.0
+
+
 def plot_metrics(records: List[Dict[str, Any]], path: str, title: str) -> None:
-    """Stall and throughput over time, as an image (needs matplotlib)."""
+    """Saves over wall time, as an image (needs matplotlib): per save the time the training
+    thread was blocked and the time the write took; failed saves, skipped saves and
+    (re)starts of the training process marked."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.dates as mdates
         import matplotlib.pyplot as plt
+        import matplotlib.ticker as mticker
+        import matplotlib.transforms as mtransforms
     except ImportError:
         raise ToolError(
-            "--plot needs matplotlib, which is not installed here: `pip install matplotlib`, "
-            "or leave out --plot for the text summary"
+            "--plot needs matplotlib, which is not installed here: `pip install matplotlib` "
+            "(or `pip install paddle-acp[plot]`), or leave out --plot for the text summary"
         ) from None
-    import datetime
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-
-    def series(recs, key):
-        pts = [(datetime.datetime.fromtimestamp(r["time"]), r[key]) for r in recs if _num(r.get(key))]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    for name in sorted({str(r.get("range")) for r in records}, key=natural_key):
-        recs = [r for r in records if str(r.get("range")) == name]
-        label = f"range {name}"  # matplotlib hides labels that start with '_'
-        ax1.plot(*series(recs, "stall_s"), marker="o", ms=3, label=label)
-        ax2.plot(*series(recs, "throughput_mb_s"), marker="o", ms=3, label=label)
-    failed = [r for r in records if r.get("ok", True) is False]
-    if failed:
-        ax1.plot(*series(failed, "stall_s"), "rx", ms=8, label="failed save")
-    ax1.set_ylabel("stall (s)")
-    ax2.set_ylabel("throughput (MB/s)")
-    ax1.set_title(title)
-    ax1.legend(loc="best", fontsize="small")
-    locator = mdates.AutoDateLocator()
-    ax2.xaxis.set_major_locator(locator)
-    ax2.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    fig.tight_layout()
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise ToolError(f"cannot write the plot to {path!r}: directory {d!r} does not exist")
+    t0 = records[0]["time"]
+    span = max(records[-1]["time"] - t0, 1.0)
+    unit, per = _time_axis(span)
+
+    def x(r):
+        return (r["time"] - t0) / per
+
+    floor = 1e-4  # log axes: 0.1 ms stands for "no time at all"
+
+    def y(r, key):
+        v = r.get(key)
+        return max(float(v), floor) if _num(v) else None
+
+    s = summarize_metrics(records)
+    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    saved = [r for r in records if r["event"] == "saved"]
+    failed = [r for r in records if r["event"] == "failed"]
+    skipped = [r for r in records if r["event"] == "skipped"]
+    restarts = restarts_of(records)
+    # one line per process and range: lines never join across a restart
+    segments: Dict[Tuple[Any, Any, str], List[Dict[str, Any]]] = {}
+    for r in saved:
+        segments.setdefault((r.get("trainer"), r.get("pid"), r["range"]), []).append(r)
+    ranges = sorted({r["range"] for r in saved}, key=natural_key)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {name: colors[i % len(colors)] for i, name in enumerate(ranges)}
+    labelled = set()
+    for (_tr, _pid, name), recs in segments.items():
+        label = None if name in labelled else f"saved, range {name.lstrip('_')}"  # '_' hides a label
+        labelled.add(name)
+        for ax, key in ((ax1, "stall_s"), (ax2, "persist_s")):
+            pts = [(x(r), y(r, key)) for r in recs if y(r, key) is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=0.8,
+                        color=color[name], label=label if ax is ax1 else None)
+    for ax, key in ((ax1, "stall_s"), (ax2, "persist_s")):
+        pts = [(x(r), y(r, key) or floor) for r in failed]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "x", color="red", ms=9, mew=2,
+                    label=f"failed save ({len(failed)})" if ax is ax1 else None)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_minor_locator(mticker.NullLocator())
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _pos: fmt_seconds(v)))
+        ax.grid(True, which="major", alpha=0.3)
+        # restarts: a dashed line through both panels
+        for i, r in enumerate(restarts):
+            ax.axvline(x(r), color="0.3", ls="--", lw=1,
+                       label=(f"restart ({len(restarts)})" if i == 0 and ax is ax1 else None))
+    if skipped:
+        trans = mtransforms.blended_transform_factory(ax1.transData, ax1.transAxes)
+        ax1.plot([x(r) for r in skipped], [0.03] * len(skipped), "|", color="darkorange", ms=12, mew=1.5,
+                 transform=trans, label=f"skipped save ({len(skipped)}): previous one still being written")
+    ax1.set_ylabel("training thread blocked per save")
+    ax2.set_ylabel("write + commit time per save")
+    ax2.set_xlabel(f"{unit} since {fmt_time(t0)}")
+    ax2.set_xlim(left=min(0.0, ax2.get_xlim()[0]))
+    parts = [f"{s['count']} saves"]
+    if s["failed"]:
+        parts.append(f"{s['failed']} failed")
+    if s["skipped"]:
+        parts.append(f"{s['skipped']} skipped")
+    if restarts:
+        parts.append(f"{len(restarts)} restart(s)")
+    ax1.set_title(title + "\n" + ", ".join(p for p in parts if p), fontsize=11)
+    ax1.legend(loc="upper left", fontsize="small", framealpha=0.85)
+    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -1241,8 +1375,9 @@ def cmd_stats(args) -> int:
     job = single_job(storage, args.job)
     records, bad = read_metrics(storage, job)
     where = uri_join(storage.uri, f"{job}/{METRICS_DIR}/trainer-*.jsonl")
-    if not records:
-        raise ToolError(f"job {job!r} under {storage.uri!r} has no save metrics ({where} is missing or empty)")
+    if not saves_of(records) and not any(r["event"] == "skipped" for r in records):
+        extra = f" ({bad} unusable line(s) skipped)" if bad else ""
+        raise ToolError(f"job {job!r} under {storage.uri!r} has no save metrics ({where} is missing or empty){extra}")
     s = summarize_metrics(records)
     if args.plot:
         plot_metrics(records, args.plot, f"paddle-acp saves of job {job}")
@@ -1251,17 +1386,30 @@ def cmd_stats(args) -> int:
         _out(json.dumps(doc, indent=2))
         return 0
     failed = f", {s['failed']} FAILED" if s["failed"] else ""
-    _out(f"job {job} at {storage.uri}: {s['count']} save(s){failed}")
+    skipped = f", {s['skipped']} skipped (the previous checkpoint was still being written)" if s["skipped"] else ""
+    restarts = f", {s['restarts']} restart(s)" if s["restarts"] else ""
+    _out(f"job {job} at {storage.uri}: {s['count']} save(s){failed}{skipped}{restarts}")
     w = s["stall_worst_at"]
-    worst_where = f" (ckpt-{w['number']} of {w['range']}, {fmt_time(w['time'])})" if w else ""
+    worst_where = f" (ckpt-{w['number']} of {w['range']}, {fmt_time(w['time'])})" if w and w.get("number") is not None else (
+        f" ({w['range']}, {fmt_time(w['time'])})" if w else "")
+    waited = "-"
+    if s["waited_median_s"] is not None:
+        waited = (f"{s['waited_saves']} save(s) waited for the previous one, worst {fmt_seconds(s['waited_worst_s'])}"
+                  if s["waited_saves"] else "no save waited for the previous one")
+    thr = "-" if s["throughput_median_mb_s"] is None else (
+        f"median {s['throughput_median_mb_s']:.1f} MB/s, slowest {s['throughput_min_mb_s']:.1f} MB/s")
+    if s["throughput_median_mb_s"] is None and s["count"]:
+        thr = f"- (no checkpoint of {human_bytes(THROUGHPUT_MIN_BYTES)} or more: smaller ones measure fixed cost)"
     rows = [
-        ("stall", f"median {fmt_seconds(s['stall_median_s'])}, worst {fmt_seconds(s['stall_worst_s'])}{worst_where}"),
+        ("blocked", f"median {fmt_seconds(s['stall_median_s'])}, worst {fmt_seconds(s['stall_worst_s'])}{worst_where}"
+                    "  (training thread, per save)"),
+        ("waited", waited),
         ("persist", f"median {fmt_seconds(s['persist_median_s'])}, worst {fmt_seconds(s['persist_worst_s'])}"),
-        ("throughput", "median " + (f"{s['throughput_median_mb_s']:.1f} MB/s" if s["throughput_median_mb_s"] is not None else "-")
-         + ", slowest " + (f"{s['throughput_min_mb_s']:.1f} MB/s" if s["throughput_min_mb_s"] is not None else "-")),
+        ("throughput", thr),
         ("total written", human_bytes(s["total_bytes"])),
         ("first save", fmt_time(s["first_save"])),
-        ("last save", f"{fmt_time(s['last_save'])} ({fmt_duration(s['since_last_save_s'])} ago)"),
+        ("last save", f"{fmt_time(s['last_save'])} ({fmt_duration(s['since_last_save_s'])} ago)"
+                      if s["last_save"] is not None else "-"),
     ]
     if s["last_failure"]:
         f = s["last_failure"]
@@ -1273,11 +1421,12 @@ def cmd_stats(args) -> int:
         _out("")
         trows = []
         for name, b in s["ranges"].items():
-            trows.append([name, b["count"], b["failed"], fmt_seconds(b["stall_median_s"]), fmt_seconds(b["stall_worst_s"]),
-                          human_bytes(b["total_bytes"]), fmt_time(b["last_save"])])
-        _out(table(["RANGE", "SAVES", "FAILED", "MEDIAN STALL", "WORST STALL", "BYTES", "LAST SAVE"], trows, right=(1, 2, 3, 4, 5), indent="  "))
+            trows.append([name, b["count"], b["failed"], b["skipped"], fmt_seconds(b["stall_median_s"]),
+                          fmt_seconds(b["stall_worst_s"]), human_bytes(b["total_bytes"]), fmt_time(b["last_save"])])
+        _out(table(["RANGE", "SAVES", "FAILED", "SKIPPED", "MEDIAN BLOCKED", "WORST BLOCKED", "BYTES", "LAST SAVE"],
+                   trows, right=(1, 2, 3, 4, 5, 6), indent="  "))
     if bad:
-        _out(f"\nnote: {bad} unreadable line(s) in {where} were skipped")
+        _out(f"\nnote: {bad} unreadable or out-of-range line(s) in {where} were skipped")
     if args.plot:
         _out(f"\nplot written to {args.plot}")
     return 0
@@ -1361,10 +1510,11 @@ def add_subcommands(sub) -> None:
     p.add_argument("--optimizer-state", action="store_true", help="also write the optimizer variables to NAME.pdopt")
     p.set_defaults(func=_guard(cmd_export))
 
-    p = sub.add_parser("stats", help="summarize the save metrics of a job (stall, bytes, throughput)",
+    p = sub.add_parser("stats", help="summarize the save metrics of a job (blocked time, skipped saves, persist time)",
                        description="Summarize the metrics the saves write (JOB/metrics/trainer-*.jsonl).")
     p.add_argument("uri", metavar="URI", help="storage root")
     p.add_argument("--job", help="job id (optional when there is one job)")
-    p.add_argument("--plot", metavar="PNG", help="draw stall and throughput over time (needs matplotlib)")
+    p.add_argument("--plot", metavar="PNG", help="draw the saves over wall time, with failed and skipped saves "
+                   "and restarts marked (needs matplotlib: pip install paddle-acp[plot])")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_guard(cmd_stats))

@@ -179,7 +179,9 @@ def test_ended_range_frees_its_snapshot_arena_without_the_gc(tmp_path, monkeypat
             del buf
         assert refs, "the range never prepared a snapshot arena"
         assert r._arena.buf is None
-        assert r.saver.stats.saves == 3 and r.saver.stats.failures == 0
+        # the default busy policy may skip a save that came due while the previous one was written
+        assert r.saver.stats.saves + r.saver.stats.skipped == 3 and r.saver.stats.failures == 0
+        assert r.saver.stats.saves >= 1
         del r
         assert all(ref() is None for ref in refs), "the arena outlived its range"
         # an ended range that is still hooked (restore pending) prepares no new arena

@@ -54,9 +54,13 @@ def reference(tmp_path_factory):
 
 def mode_env(mode):
     """sync: PADDLE_ACP_ASYNC=0, a checkpoint commits before the next epoch
-    starts; async: the library's default background writes."""
+    starts; async: the library's background writes, with the `wait` busy
+    policy: these tests check exactly which epoch a rerun starts at, which
+    needs every epoch's checkpoint taken (under the default `skip` policy a
+    save that comes due while the previous one is being written is not
+    taken; tests/test_busy_policy.py covers that)."""
     assert mode in ("sync", "async")
-    return {"PADDLE_ACP_ASYNC": "0"} if mode == "sync" else {}
+    return {"PADDLE_ACP_ASYNC": "0"} if mode == "sync" else {"PADDLE_ACP_BUSY_POLICY": "wait"}
 
 
 def kill_and_rerun(tmp_path, ir, *args, mode="sync", runner=False, env=None):

@@ -57,6 +57,9 @@ def remote(request, kind):
 @pytest.mark.parametrize("kind", ["hdfs", "s3"])
 def test_kill_and_resume_on_remote_storage(kind, ir, reference, request, tmp_path, monkeypatch):
     uri, env = remote(request, kind)
+    # every epoch's checkpoint taken (checkpoint number == epoch): the `wait` busy policy;
+    # the default `skip` policy on HDFS is tested in tests/test_busy_policy.py
+    env = dict(env, PADDLE_ACP_BUSY_POLICY="wait")
     out = tmp_path / "out"
     p1 = run_script(out, uri, ir, *ARGS, "--kill-at-epoch", KILL_AT, env=env)
     assert p1.returncode == -signal.SIGKILL, describe(p1)

@@ -68,6 +68,10 @@ def parse_args(argv=None):
                    help="created once Paddle is imported and the programs are built, "
                         "just before the first train_epoch_range (the process shows "
                         "life: ci/kill_anywhere.py draws its kill times from then)")
+    p.add_argument("--timing", default=None,
+                   help="write {train_s, epochs} here: seconds from the start of "
+                        "this process's first epoch to the end of its last "
+                        "range (final checkpoint committed), for benchmarks")
     return p.parse_args(argv)
 
 
@@ -154,6 +158,7 @@ def main():
     if ARGS.ready_file:
         with open(ARGS.ready_file, "w") as f:
             f.write("%d\n" % os.getpid())
+    t_first, n_epochs = None, 0
     for r in range(ARGS.ranges):
         first = True
         if ARGS.hold_range:
@@ -161,6 +166,9 @@ def main():
                                            save_checkpoint_inter=ARGS.interval)
         for epoch in (epochs if ARGS.hold_range else acp.train_epoch_range(
                 ARGS.epochs, save_checkpoint_inter=ARGS.interval)):
+            n_epochs += 1
+            if t_first is None:
+                t_first = time.perf_counter()
             if first:
                 first = False
                 if epoch > 0:
@@ -204,6 +212,10 @@ def main():
                 f.flush()
         if first:
             print("range %d: nothing left to train" % r, flush=True)
+    if ARGS.timing and t_first is not None:
+        with open(ARGS.timing, "w") as f:
+            json.dump({"train_s": time.perf_counter() - t_first,
+                       "epochs": n_epochs}, f)
 
     scope = paddle.static.global_scope()
     params = {}
