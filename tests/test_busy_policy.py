@@ -149,9 +149,12 @@ def test_kill_and_resume_on_hdfs_with_skipped_saves(hdfs, reference, tmp_path):
 
     recs = metrics_of(uri)
     starts = [r for r in recs if r["event"] == "start"]
-    assert len(starts) == 2 and starts[0]["restored"] is None
-    assert (starts[1]["restored"] is None) == (resume_at == 0)
-    assert len(tools.restarts_of(recs)) == 1
+    # the killed process's lines are written with its first save's commit and then in batches:
+    # killed before they were written, it left none
+    assert 1 <= len(starts) <= 2, starts
+    assert len(starts) == 1 or starts[0]["restored"] is None
+    assert (starts[-1]["restored"] is None) == (resume_at == 0)
+    assert len(tools.restarts_of(recs)) == len(starts) - 1
     saved = [r for r in recs if r["event"] == "saved"]
     # numbering continues across the restart: no number is used twice
     assert len({r["number"] for r in saved}) == len(saved)
