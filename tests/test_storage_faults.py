@@ -72,7 +72,9 @@ def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
     out = tmp_path / "out"
     epochs = 16
     args = ("--epochs", epochs, "--steps-per-epoch", 2, "--sleep", 0.3)
-    env = script_env(uri, "pir", hdfs_server.client_env())
+    # every save is attempted (busy policy `wait`): under the default `skip` training runs on
+    # while a save hangs on the dead DataNode, and would end before the DataNode is back
+    env = script_env(uri, "pir", dict(hdfs_server.client_env(), PADDLE_ACP_BUSY_POLICY="wait"))
     with open(tmp_path / "stdout", "w") as so, open(tmp_path / "stderr", "w") as se:
         proc = subprocess.Popen(script_cmd(out, uri, *args), env=env, stdout=so, stderr=se, text=True)
     try:
