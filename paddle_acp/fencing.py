@@ -41,6 +41,7 @@ def writers_dir(job_id: str) -> str:
 def newest_generation(storage: Storage, job_id: str) -> int:
     """The newest generation recorded for the job; -1 when there is none."""
     best = -1
+    storage.forget_cached(writers_dir(job_id))  # other processes' generations must be seen at once
     for e in storage.listdir(writers_dir(job_id)):
         m = _GEN_RE.match(e.name)
         if m and not e.is_dir and not e.is_link:
@@ -65,6 +66,7 @@ def create_exclusive(storage: Storage, path: str, data: bytes) -> bool:
             os.close(fd)
         storage.sync_dir(path.rsplit("/", 1)[0])
         return True
+    storage.forget_cached(path)
     if storage.exists(path):
         return False
     if not storage.atomic_rename:  # S3: no conditional write through pyarrow (documented)
@@ -76,6 +78,7 @@ def create_exclusive(storage: Storage, path: str, data: bytes) -> bool:
         storage.rename(tmp, path)  # HDFS refuses to rename onto an existing file
     except StorageError:
         storage.delete_file(tmp)
+        storage.forget_cached(path)
         if storage.exists(path):
             return False
         raise

@@ -377,6 +377,11 @@ class HadoopCliHandler(FileSystemHandler):
                     for k in [k for k in cache if _is_under(k, p) or _is_under(p, k)]:
                         del cache[k]
 
+    def forget(self, path: str) -> None:
+        """Drop what the metadata cache holds at and under ``path``: the next look-up asks the
+        namenode (for state other processes change, such as writer generations)."""
+        self._invalidate(self._path(path))
+
     def _raise_if_known_missing(self, p: str) -> None:
         known = self._cached_info(p)
         if known is not None and known.type == FileType.NotFound:

@@ -233,6 +233,14 @@ class Storage:
             raise FileNotFoundError(f"{self.uri}/{path}")
         return info.size
 
+    def forget_cached(self, path: str) -> None:
+        """Make the next look-up at or under ``path`` ask the storage itself, not a client-side
+        metadata cache (the hadoop CLI client keeps one): for state other processes change."""
+        handler = getattr(self.fs, "handler", None)
+        forget = getattr(handler, "forget", None)
+        if forget is not None:
+            forget(self.full(path))
+
     def exists(self, path: str) -> bool:
         try:
             return self.fs.get_file_info(self.full(path)).type != pafs.FileType.NotFound
