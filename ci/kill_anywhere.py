@@ -94,6 +94,9 @@ def parse_args(argv=None):
     p.add_argument("--max-restarts", type=int, default=20,
                    help="kills per trial; after this many, the next process "
                         "runs unkilled to its end (every trial ends)")
+    p.add_argument("--round-timeout", type=float, default=None,
+                   help="N ranks: seconds one restart round of a trial may take "
+                        "(default: --timeout); past it the trial is a liveness problem")
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds one process may run before it counts as hung")
     p.add_argument("--life-timeout", type=float, default=0,
@@ -481,7 +484,8 @@ def multi_trial(ir, t, a, root, refs, model):
     outs = [os.path.join(tdir, "out", "r%d" % r) for r in range(a.ranks)]
     rec = {"ir": ir, "trial": t, "ok": False, "kills": 0,
            "kills_inside_save": 0, "processes": 0, "resumed_from": [],
-           "problems": [], "dir": tdir, "rewinds": []}
+           "problems": [], "liveness": [], "unkilled_runs": 0, "dir": tdir,
+           "rewinds": []}
     t_start = time.monotonic()
     rnd = 0
     while True:
@@ -502,17 +506,29 @@ def multi_trial(ir, t, a, root, refs, model):
                             os.path.join(tdir, "proc-%02d" % rnd))
         rec["processes"] += len(procs)
         t0 = time.monotonic()
-        fire = t0 + rng.uniform(0.0, model["startup_s"]) if in_startup else None
+        # progress is guaranteed: after --max-restarts kills the round runs unkilled
+        unkilled = rec["kills"] >= a.max_restarts
+        rec["unkilled_runs"] += unkilled
+        fire = t0 + rng.uniform(0.0, model["startup_s"]) if in_startup and not unkilled else None
+        hung = False
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
-            if fire is None and len(eu.read_log(outs[0])) >= lines0 + target:
+            if fire is None and not unkilled and len(eu.read_log(outs[0])) >= lines0 + target:
                 fire = now + sub
             if fire is not None and now >= fire:
                 break
-            if now - t0 > a.timeout:
-                rec["problems"].append("round %d hung for %s s" % (rnd, a.timeout))
+            if now - t0 > (a.round_timeout or a.timeout):
+                hung = True
                 break
             time.sleep(0.005)
+        if hung:
+            for p in procs:
+                kill_group(p)
+            rec["liveness"].append(
+                "round %d (%s) did not finish within --timeout %s s: the machine is too "
+                "slow or a rank hangs; this says nothing about the checkpoints"
+                % (rnd, "unkilled" if unkilled else "to be killed", a.round_timeout or a.timeout))
+            break
         killed = False
         for r, p in enumerate(procs):
             if p.poll() is not None and p.returncode != 0:
@@ -551,12 +567,8 @@ def multi_trial(ir, t, a, root, refs, model):
         for out in outs:
             if eu.is_done(out):
                 os.remove(os.path.join(out, "done"))
-        if rec["kills"] > a.max_restarts:
-            rec["problems"].append("still not finished after %d kills"
-                                   % rec["kills"])
-            break
     rec["seconds"] = round(time.monotonic() - t_start, 3)
-    if not rec["problems"]:
+    if not rec["problems"] and not rec["liveness"]:
         for r in range(a.ranks):
             problems, rewinds = eu.check_restart_log(eu.read_log(outs[r]),
                                                      a.epochs)
@@ -569,7 +581,9 @@ def multi_trial(ir, t, a, root, refs, model):
             except (OSError, ValueError) as e:
                 rec["problems"].append("rank %d: cannot load the result: %r"
                                        % (r, e))
-    rec["ok"] = not rec["problems"]
+    rec["ok"] = not rec["problems"] and not rec["liveness"]
+    rec["outcome"] = ("failed" if rec["problems"] else "liveness"
+                      if rec["liveness"] else "ok")
     if rec["ok"] and not a.keep:
         shutil.rmtree(tdir, ignore_errors=True)
         rec["dir"] = None
@@ -580,7 +594,7 @@ def main_multi(a, irs, root, own_root):
     report = {"seed": a.seed, "ranks": a.ranks, "kind": a.kind,
               "trials_per_ir": a.trials, "root": root, "irs": {},
               "trials": []}
-    total_ok = total = 0
+    total_ok = total = total_liveness = 0
     exit_code = 0
     for ir in irs:
         print("[%s] %d-rank reference runs ..." % (ir, a.ranks), flush=True)
@@ -595,25 +609,30 @@ def main_multi(a, irs, root, own_root):
               "per epoch)" % (ir, a.ranks, model["total_s"],
                               model["startup_s"], model["per_epoch_s"]),
               flush=True)
-        ok = kills = inside = 0
+        ok = kills = inside = liveness = failed = 0
         for t in range(a.trials):
             rec = multi_trial(ir, t, a, root, refs, model)
             report["trials"].append(rec)
             ok += rec["ok"]
+            liveness += rec["outcome"] == "liveness"
+            failed += rec["outcome"] == "failed"
             kills += rec["kills"]
             inside += rec["kills_inside_save"]
             print("[%s] trial %d/%d: %s, %d kill(s) (%d inside a save), "
                   "resumed from %s, rewinds %s, %.1f s"
-                  % (ir, t + 1, a.trials, "ok" if rec["ok"] else "FAILED",
+                  % (ir, t + 1, a.trials, {"ok": "ok", "failed": "FAILED",
+                                            "liveness": "LIVENESS PROBLEM (not a "
+                                            "checkpoint failure)"}[rec["outcome"]],
                      rec["kills"], rec["kills_inside_save"],
                      [sorted(set(map(str, s.values())))
                       for s in rec["resumed_from"]],
                      rec["rewinds"], rec["seconds"]), flush=True)
             if not rec["ok"]:
-                for prob in rec["problems"]:
+                for prob in rec["problems"] + rec["liveness"]:
                     print("    " + prob.replace("\n", "\n    "), flush=True)
                 print("    trial dir kept: %s" % rec["dir"], flush=True)
-        report["irs"][ir] = {"trials": a.trials, "ok": ok, "kills": kills,
+        report["irs"][ir] = {"trials": a.trials, "ok": ok, "failed": failed,
+                             "liveness_problems": liveness, "kills": kills,
                              "kills_inside_save": inside,
                              "reference": model}
         print("[%s] %d/%d %d-rank trials resumed bit-identically on every "
@@ -622,11 +641,20 @@ def main_multi(a, irs, root, own_root):
               flush=True)
         total_ok += ok
         total += a.trials
-        if ok != a.trials:
-            exit_code = exit_code or 1
-    report.update(ok=total_ok, total=total, exit_code=exit_code)
+        total_liveness += liveness
+        if failed:
+            exit_code = 1
+    # a correctness failure outranks everything; a liveness problem is its own outcome (3)
+    if exit_code == 0 and total_liveness:
+        exit_code = 3
+    report.update(ok=total_ok, total=total, liveness_problems=total_liveness,
+                  exit_code=exit_code)
     print("%d/%d trials resumed bit-identically" % (total_ok, total),
           flush=True)
+    if total_liveness:
+        print("LIVENESS: %d trial(s) did not complete for lack of progress "
+              "(exit status 3); the checkpoints were not at fault"
+              % total_liveness, flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -73,3 +73,20 @@ def test_liveness_problem_is_reported_apart_from_correctness(tmp_path):
     assert "showed no life" in proc.stdout and "FAILED" not in proc.stdout, proc.stdout[-8000:]
     assert data["failed"] == 0 and data["liveness_problems"] == 1 and data["exit_code"] == 3
     assert data["trials"][0]["outcome"] == "liveness" and data["trials"][0]["problems"] == []
+
+
+def test_two_rank_trials_end_after_max_restarts_and_report_liveness_apart(tmp_path):
+    """The N-rank harness guarantees progress the same way (after --max-restarts kills a round
+    runs unkilled) and reports a round that cannot finish in time (here --round-timeout far too short)
+    as a liveness problem, exit status 3, never as a correctness failure."""
+    proc, data = _harness(tmp_path / "a", "--ranks", 2, "--trials", 2, "--seed", 5, "--epochs", 4,
+                          "--steps-per-epoch", 4, "--save-every-steps", 2, "--max-restarts", 0)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    for rec in data["trials"]:
+        assert rec["kills"] == 0 and rec["unkilled_runs"] == 1 and rec["outcome"] == "ok", rec
+    proc, data = _harness(tmp_path / "b", "--ranks", 2, "--trials", 1, "--seed", 5, "--epochs", 4,
+                          "--steps-per-epoch", 4, "--save-every-steps", 2, "--max-restarts", 0,
+                          "--round-timeout", 0.05)
+    assert proc.returncode == 3, proc.stdout[-8000:]
+    assert "LIVENESS PROBLEM (not a checkpoint failure)" in proc.stdout and "FAILED" not in proc.stdout
+    assert data["liveness_problems"] == 1 and data["trials"][0]["problems"] == []
