@@ -88,6 +88,7 @@ def assert_no_secret(what, *texts, secret=SECRET):
 def train(out, uri, env, *args, timeout=300):
     e = dict(env)
     e.setdefault("PADDLE_ACP_LOG_LEVEL", "DEBUG")
+    e.setdefault("PADDLE_ACP_BUSY_POLICY", "wait")  # a checkpoint per epoch: ckpt-0..2, which the tools read
     cmd = script_cmd(out, uri, "--epochs", 3, "--steps-per-epoch", 1, *args)
     proc = subprocess.run(cmd, env=script_env(uri, "pir", e), cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, timeout=timeout)
@@ -191,7 +192,9 @@ def test_storage_down_one_line_per_failed_save_and_no_secret(tmp_path):
         prefix = f"down-{uuid.uuid4().hex[:8]}"
         uri = f"s3://{ACCESS}:{SECRET}@{srv.bucket}/{prefix}"
         out = tmp_path / "out"
-        env = dict(s3_env(srv), PADDLE_ACP_LOG_LEVEL="INFO", PADDLE_ACP_CONNECT_TIMEOUT="3")
+        # every save is attempted (busy policy wait), so that each failure can be counted
+        env = dict(s3_env(srv), PADDLE_ACP_LOG_LEVEL="INFO", PADDLE_ACP_CONNECT_TIMEOUT="3",
+                   PADDLE_ACP_BUSY_POLICY="wait")
         p = subprocess.Popen(script_cmd(out, uri, "--epochs", 7, "--steps-per-epoch", 1, "--sleep", 0.3),
                              env=script_env(uri, "pir", env), cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -97,7 +98,7 @@ def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
     assert proc.returncode == 0 and is_done(out), info
     assert len(read_log(out)) == epochs, info  # every epoch trained once: no restart
     errors = [ln for ln in stderr.splitlines()
-              if "checkpoint save failed; training goes on and the next save retries" in ln]
+              if re.search(r"checkpoint save failed \(\d+ so far\); training goes on and the next save retries", ln)]
     assert errors, info
     # the library's line names the operation and the file on HDFS ...
     assert all("failed: " in ln and f"{uri}/{JOB_ID}/range/_range_0/ckpt-" in ln for ln in errors), errors
@@ -151,13 +152,17 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
     assert isinstance(err, StorageError), repr(err)
     assert "s3://" in str(err) and s3_server.secret_key not in str(err)
 
-    # after the restart: the half-written checkpoint is invisible to restore ...
+    # after the restart: a half-written checkpoint is invisible to restore. (S3 lists a checkpoint's
+    # prefix only once its first object is complete, so the server may stop after the data upload:
+    # then the failure came after the manifest, written last, and checkpoint 1 is whole.)
     reader = Checkpointer(open_storage(st.uri), "job", "_range_0")
-    assert reader.committed_numbers() == [0]
-    assert reader.load_latest().manifest.number == 0
+    committed = reader.committed_numbers()
+    assert committed in ([0], [0, 1]), committed
+    latest = reader.load_latest()  # verifies every checksum
+    assert latest.manifest.number == committed[-1] and latest.manifest.range.epoch_no == committed[-1]
     # ... and the next save succeeds, past the leftover's number, removing it
     n, _ = ck.save(snapshot(2))
-    assert n == 2 and ck.committed_numbers() == [0, 2] and uncommitted(st, ck) == []
+    assert n == 2 and ck.committed_numbers() == committed[-1:] + [2] and uncommitted(st, ck) == []
     assert ck.load_latest().manifest.range.epoch_no == 2
 
 

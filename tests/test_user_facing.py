@@ -106,8 +106,9 @@ def test_finished_job_rerun_with_changed_model_fails_clearly(tmp_path):
 
 def test_midrun_model_change_error_has_no_noise_at_exit(tmp_path):
     ckpt = tmp_path / "ckpt"
+    # every epoch's checkpoint is taken (busy policy wait): the kill at epoch 2 finds one to resume from
     proc = run_script(tmp_path / "a", ckpt, "pir", "--epochs", 4, "--steps-per-epoch", 1, "--hidden", 64,
-                      "--kill-at-epoch", 2)
+                      "--kill-at-epoch", 2, env={"PADDLE_ACP_BUSY_POLICY": "wait"})
     assert proc.returncode == -signal.SIGKILL, describe(proc)
     # the script keeps the generator in a variable: after the uncaught error it lives until the
     # interpreter exits, and was then closed with imports failing ("import of numpy halted")
