@@ -696,10 +696,7 @@ class TrainEpochRange:
         try:
             number, nbytes = self.checkpointer.save(snap)
         except BaseException as exc:
-            self._last_persist_error = exc
-            record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
-            self.metrics.add(record)
-            self.metrics.flush_due()
+            self._record_failure(record, exc, t0)
             raise
         self._last_persist_error = None
         dt = time.perf_counter() - t0
@@ -717,14 +714,17 @@ class TrainEpochRange:
             nbytes, snap.stall_seconds, dt, mbps,
         )
 
+    def _record_failure(self, record: dict, exc: BaseException, t0: float) -> None:
+        self._last_persist_error = exc
+        record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
+        self.metrics.add(record)
+        self.metrics.flush_due()
+
     def _persist_part(self, snap: Snapshot, record: dict, t0: float) -> None:
         try:
             res = self.gcheckpointer.save(snap, snap.mode)
         except BaseException as exc:
-            self._last_persist_error = exc
-            record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
-            self.metrics.add(record)
-            self.metrics.flush_due()
+            self._record_failure(record, exc, t0)
             raise
         self._last_persist_error = None
         dt = time.perf_counter() - t0
