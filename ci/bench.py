@@ -41,7 +41,7 @@ def bench_one(args):
     import paddle
 
     import paddle_acp as acp
-    from paddle_acp import epoch_range, hook
+    from paddle_acp.runtime import epoch_range, hook
 
     paddle.enable_static()
     legacy = os.environ.get("FLAGS_enable_pir_api") == "0"
@@ -71,7 +71,7 @@ def bench_one(args):
     feed = {"x": np.random.rand(2, width).astype("float32")}
     exe.run(main, feed=feed, fetch_list=[loss])  # create Adam state
     scope = paddle.static.global_scope()
-    from paddle_acp.programs import program_info
+    from paddle_acp.adapter.programs import program_info
 
     names = program_info(main).persistables
     state_bytes = sum(np.array(scope.find_var(n).get_tensor()).nbytes for n in names)
@@ -124,7 +124,7 @@ def bench_one(args):
         stalls = []  # steady state: the first save (arena set-up) and the last (final commit) are dropped
         it = acp.train_epoch_range(epochs, save_checkpoint_inter=0)
         next(it)
-        for e in range(epochs):
+        for _e in range(epochs):
             for _ in range(steps):
                 exe.run(main, feed=feed, fetch_list=[loss])
             if hold:
@@ -138,7 +138,7 @@ def bench_one(args):
         os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
         return stalls[1:-1] if len(stalls) > 2 else stalls
 
-    from paddle_acp.snapshot import alloc_buffer, chunked, copy_job, run_parallel, tensor_view
+    from paddle_acp.adapter.tensors import alloc_buffer, chunked, copy_job, run_parallel, tensor_view
 
     floor_buf = alloc_buffer(state_bytes) if want(1) else None
 
@@ -182,7 +182,7 @@ def bench_one(args):
         if not (want(1) or want(2)):
             acp_epochs(False, 2, 1)  # a checkpoint to restore, and the same bytes raw
             raw_write(os.path.join(work, "raw.bin"))
-        from paddle_acp.checkpointer import Checkpointer
+        from paddle_acp.format.checkpointer import Checkpointer
         from paddle_acp.storage import open_storage
 
         uri = os.path.join(work, "acp")

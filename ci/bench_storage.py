@@ -80,9 +80,9 @@ def make_snapshot(size: int):
     being views into the page-aligned image the async saver writes from."""
     import numpy as np
 
-    from paddle_acp.checkpointer import Snapshot
-    from paddle_acp.manifest import RangeRecord
-    from paddle_acp.snapshot import Arena, ProgramSnapshot, TensorData, layout
+    from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, TensorData, layout
+    from paddle_acp.format.checkpointer import Snapshot
+    from paddle_acp.format.manifest import RangeRecord
 
     # a few large weight matrices, a few biases; each with two Adam moments
     shares = [0.40, 0.30, 0.15, 0.10, 0.03, 0.02]
@@ -206,7 +206,7 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     throughputs are medians, ratios medians of the per-round ratios."""
     import numpy as np
 
-    from paddle_acp.checkpointer import Checkpointer
+    from paddle_acp.format.checkpointer import Checkpointer
     from paddle_acp.storage import open_storage
 
     if kind.startswith("hdfs-"):
@@ -350,9 +350,9 @@ def counting_storage(st):
 def tiny_snapshot(nbytes: int):
     import numpy as np
 
-    from paddle_acp.checkpointer import Snapshot
-    from paddle_acp.manifest import RangeRecord
-    from paddle_acp.snapshot import Arena, ProgramSnapshot, TensorData, copy_into, layout
+    from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, TensorData, copy_into, layout
+    from paddle_acp.format.checkpointer import Snapshot
+    from paddle_acp.format.manifest import RangeRecord
 
     n = max(1, nbytes // 4 // 6)
     tensors = [TensorData(f"w{i}", "float32", np.full(n, i, dtype=np.float32)) for i in range(6)]
@@ -371,8 +371,8 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
     write, commit, retention) and the metrics line. Code without the issue-21 API (no
     ``MetricsLog.add``) is driven the way its saver did: a fresh listing per save and a
     metrics append per save."""
-    from paddle_acp.checkpointer import Checkpointer
-    from paddle_acp.metrics import MetricsLog
+    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.format.metrics import MetricsLog
     from paddle_acp.storage import open_storage
 
     if kind.startswith("hdfs-"):

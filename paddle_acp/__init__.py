@@ -18,16 +18,16 @@ variables, see :mod:`paddle_acp.config`); without them the loop is a plain range
 * :func:`simulate_restart` – forget all in-process state, as a restart would (for tests).
 * :func:`is_training_program` – whether a program would be checkpointed.
 * Errors: :class:`AcpError` and its subclasses (:class:`UnsupportedPaddleError`, an ``ImportError``,
-  when Paddle is missing or its version is not supported; see :mod:`paddle_acp.paddle_version`).
+  when Paddle is missing or its version is not supported; see :mod:`paddle_acp.adapter.version`).
 
 Data flows one way: hook -> registry (per range) -> snapshot -> checkpointer -> storage.
 """
 
 import logging as _logging
 
-from .errors import UnsupportedPaddleError  # noqa: F401  (first: the version gate below needs only it)
-from . import config as _config
-from . import paddle_version as _paddle_version
+from paddle_acp import config as _config
+from paddle_acp.adapter import version as _paddle_version
+from paddle_acp.errors import UnsupportedPaddleError  # noqa: F401  (first: the version gate below needs only it)
 
 # Checked before anything imports Paddle: an invalid value is a ConfigError naming the variable
 # (Paddle's own logger would fail on PADDLE_TRAINER_ID=x with a bare ValueError).
@@ -46,13 +46,19 @@ if not _logger.handlers and not _logging.getLogger().handlers:
 # anything else touches Paddle. A newer or development build is used with a warning.
 PADDLE_VERSION = _paddle_version.check()
 
-from .config import CheckpointConfig
-from .config import from_env as config_from_env
-from .epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, resumable, train_epoch_range
-from .errors import AcpError, CheckpointError, ConfigError, CorruptCheckpointError, StorageError
-from .hook import install, installed, uninstall
-from .preemption import Preempted
-from .programs import is_training_program
+from paddle_acp.adapter.programs import is_training_program
+from paddle_acp.config import CheckpointConfig
+from paddle_acp.config import from_env as config_from_env
+from paddle_acp.errors import AcpError, CheckpointError, ConfigError, CorruptCheckpointError, StorageError
+from paddle_acp.runtime.epoch_range import (
+    CONST_CHECKPOINT,
+    CONST_MEMORYINIT,
+    active_range,
+    resumable,
+    train_epoch_range,
+)
+from paddle_acp.runtime.hook import install, installed, uninstall
+from paddle_acp.runtime.preemption import Preempted
 
 __version__ = "0.1.0"
 
@@ -85,7 +91,7 @@ def simulate_restart() -> None:
     Waits for a pending save first. Paddle's scopes are not touched: to resume
     bit-identically in one process, also start from a fresh scope/programs.
     """
-    from . import epoch_range
+    from paddle_acp.runtime import epoch_range
 
     epoch_range.reset()
 

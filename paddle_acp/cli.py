@@ -9,8 +9,8 @@ import runpy
 import sys
 from typing import List, Optional
 
-from . import config as _config
-from .errors import AcpError
+from paddle_acp import config as _config
+from paddle_acp.errors import AcpError
 
 logger = logging.getLogger("paddle_acp")
 
@@ -25,7 +25,8 @@ def redirect_paddle_auto_checkpoint() -> None:
     """Make Paddle's auto_checkpoint (and checkpoint_saver) module names resolve to ours."""
     import importlib
 
-    from . import auto_checkpoint, checkpoint_saver, install
+    from paddle_acp import install
+    from paddle_acp.compat import auto_checkpoint, checkpoint_saver
 
     install()
     ours = {"auto_checkpoint": auto_checkpoint, "checkpoint_saver": checkpoint_saver}
@@ -58,7 +59,7 @@ def _cmd_run(args) -> int:
     sys.argv = [args.script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     runpy.run_path(args.script, run_name="__main__")
-    from .epoch_range import final_save_failures
+    from paddle_acp.runtime.epoch_range import final_save_failures
 
     if final_save_failures:  # logged already; the exit status says it too
         print(f"paddle-acp: error: {final_save_failures[-1]}", file=sys.stderr)
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
     r.set_defaults(func=_cmd_run)
-    from . import tools
+    from paddle_acp import tools
 
     tools.add_subcommands(sub)
     return p
@@ -88,7 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.func(args)
     except AcpError as exc:
-        from .storage import scrub
+        from paddle_acp.storage.base import scrub
 
         print(f"paddle-acp: error: {scrub(exc)}", file=sys.stderr)
         return 2

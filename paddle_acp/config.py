@@ -18,7 +18,7 @@ import os
 import re
 from typing import Mapping, Optional
 
-from .errors import ConfigError
+from paddle_acp.errors import ConfigError
 
 PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
 DEFAULT_JOB_ID = "default"
@@ -268,7 +268,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         busy_policy=_busy_policy(env),
         fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
     )
-    from .storage import redact, register_secret, register_uri  # no secret may reach a message
+    from paddle_acp.storage.base import redact, register_secret, register_uri  # no secret may reach a message
 
     ugi = env.get("PADDLE_EDL_HDFS_UGI") or ""
     if "," in ugi:

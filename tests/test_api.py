@@ -156,7 +156,6 @@ def test_ended_range_frees_its_snapshot_arena_without_the_gc(tmp_path, monkeypat
 
     import numpy as np
     import paddle
-
     from models import build
 
     paddle.enable_static()

@@ -22,13 +22,27 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import (JOB_ID, REPO, check_restart_log, compare_results, describe, is_done,  # noqa: E402
-                      load_result, read_log, run_script, script_cmd, script_env)
+from e2e_util import (  # noqa: E402
+    JOB_ID,
+    REPO,
+    check_restart_log,
+    compare_results,
+    describe,
+    is_done,
+    load_result,
+    read_log,
+    run_script,
+    script_cmd,
+    script_env,
+)
 from server_fixtures import hdfs_server  # noqa: E402,F401  (fixture)
 
-from paddle_acp import cli, tools  # noqa: E402
-from paddle_acp.checkpointer import Checkpointer  # noqa: E402
-from paddle_acp.saver import QUEUE, SAVE, SKIP, WAIT, busy_action  # noqa: E402
+from paddle_acp import (
+    cli,
+    tools,  # noqa: E402
+)
+from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT, busy_action  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 EPOCHS = 40
@@ -283,10 +297,10 @@ def test_queue_falls_back_to_skip_when_host_memory_is_short(hdfs, monkeypatch, c
     import logging
 
     import paddle
+    from models import build
 
     import paddle_acp as acp
-    from models import build
-    from paddle_acp import epoch_range
+    from paddle_acp.runtime import epoch_range
 
     uri, env = hdfs
     for k, v in env.items():

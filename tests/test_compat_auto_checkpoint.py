@@ -1,4 +1,4 @@
-"""paddle_acp.auto_checkpoint: Paddle's auto_checkpoint surface, in-process.
+"""paddle_acp.compat.auto_checkpoint: Paddle's auto_checkpoint surface, in-process.
 
 Paddle's own scenarios (its tests test_auto_checkpoint*.py) run here in one
 process under both IRs, with ``paddle_acp.simulate_restart()`` standing for
@@ -16,13 +16,12 @@ import paddle
 import pytest
 
 import paddle_acp
-from paddle_acp import auto_checkpoint as acp
-from paddle_acp import epoch_range, hook
+from paddle_acp.compat import auto_checkpoint as acp
 from paddle_acp.errors import CheckpointError, ConfigError
+from paddle_acp.runtime import epoch_range, hook
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 import compat_scenarios as cs  # noqa: E402
-
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
@@ -344,7 +343,7 @@ def test_range_view_surface(cloud_env, ir):
 def test_module_surface():
     assert acp.train_epoch_range is paddle_acp.train_epoch_range
     assert (acp.CONST_CHECKPOINT, acp.CONST_MEMORYINIT) == ("checkpoint", "memory_init")
-    from paddle_acp import checkpoint_saver
+    from paddle_acp.compat import checkpoint_saver
 
     assert acp.CheckpointSaver is checkpoint_saver.CheckpointSaver
     assert acp.PaddleModel is checkpoint_saver.PaddleModel

@@ -1,4 +1,4 @@
-"""paddle_acp.checkpoint_saver: Paddle's CheckpointSaver / PaddleModel, fixed for 3.x.
+"""paddle_acp.compat.checkpoint_saver: Paddle's CheckpointSaver / PaddleModel, fixed for 3.x.
 
 Paddle's test_checkpoint_saver.py scenario (names that are not
 ``__paddle_checkpoint__.<int>`` are ignored; cleaning keeps the newest) plus
@@ -13,11 +13,10 @@ import numpy as np
 import paddle
 import pytest
 from paddle.distributed.fleet.utils.fs import LocalFS
-
-from paddle_acp.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
-from paddle_acp.errors import CheckpointError
 from paddle_compat import IRS, legacy_ir_guard
 
+from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
+from paddle_acp.errors import CheckpointError
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
@@ -227,7 +226,7 @@ def _state(scope, names):
 @pytest.mark.parametrize("ir", IRS)
 @pytest.mark.parametrize("custom_scope", [False, True])
 def test_paddle_model_round_trip(tmp_path, ir, custom_scope):
-    from paddle_acp.programs import program_info
+    from paddle_acp.adapter.programs import program_info
 
     guard = legacy_ir_guard if ir == "legacy" else contextlib.nullcontext
     main, startup, loss, sched = _build(ir, with_sched=True)

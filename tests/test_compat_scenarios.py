@@ -19,6 +19,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "compat_scenarios.py")
 from paddle_compat import IRS  # noqa: E402  (the IRs this Paddle supports: legacy only on 2.6)
+
 MAIN_SCENARIOS = ("full", "break0", "break1", "break2", "multi", "checker", "saver")
 TIMEOUT = 240
 
@@ -130,7 +131,7 @@ def assert_same_losses(first, second):
 @pytest.mark.parametrize("ir", IRS)
 def test_paddle_module_names_resolve_to_paddle_acp(results, ir):
     for r in results(ir)["runs"]:
-        assert r["module"] == "paddle_acp.auto_checkpoint"
+        assert r["module"] == "paddle_acp.compat.auto_checkpoint"
         assert r["same_module"]
         assert r["pir"] == (ir == "pir")
     first, second = results(ir)["runs"]

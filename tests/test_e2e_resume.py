@@ -15,12 +15,19 @@ import os
 import signal
 
 import pytest
-
-from e2e_util import (all_keys, assert_no_repeat_no_skip,
-                      assert_same_as_reference, compare_results, describe,
-                      is_done, load_result, pid_groups, read_log, run_script,
-                      tree_files)
-
+from e2e_util import (
+    all_keys,
+    assert_no_repeat_no_skip,
+    assert_same_as_reference,
+    compare_results,
+    describe,
+    is_done,
+    load_result,
+    pid_groups,
+    read_log,
+    run_script,
+    tree_files,
+)
 from paddle_compat import CARRIES_CPU_RNG, IRS
 
 EPOCHS = 6

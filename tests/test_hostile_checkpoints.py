@@ -21,10 +21,10 @@ import zlib
 
 import numpy as np
 import pytest
-
 from e2e_util import JOB_ID, load_result, read_log, run_script, script_env
+
 from paddle_acp import cli
-from paddle_acp.manifest import DATA_NAME, MANIFEST_NAME, seal
+from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal
 
 RANGE = "_range_0"
 EPOCHS = 3

@@ -11,7 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.manifest import DTYPES, TENSOR_CHECKSUMS, VERSION, Manifest, ProgramRecord, RangeRecord, TensorRecord, checksum_function, seal
+from paddle_acp.format.manifest import (
+    DTYPES,
+    TENSOR_CHECKSUMS,
+    VERSION,
+    Manifest,
+    ProgramRecord,
+    RangeRecord,
+    TensorRecord,
+    checksum_function,
+    seal,
+)
 
 names = st.text(min_size=1, max_size=40)
 dtype_names = st.sampled_from(sorted(DTYPES))
@@ -231,7 +241,7 @@ def test_deep_nesting_is_corrupt_not_recursion_error(where):
 
 
 def test_nesting_depth_ignores_brackets_in_strings():
-    from paddle_acp.manifest import nesting_depth
+    from paddle_acp.format.manifest import nesting_depth
 
     assert nesting_depth(b'{"a": "[[[[{{{{", "b": [[1]], "c": "\\"]]]"}') == 3
     assert nesting_depth(b"[" * 40 + b"]" * 40) == 40
@@ -252,7 +262,7 @@ def test_absurd_numbers_are_corrupt(created):
 
 
 def test_manifest_size_is_capped_relative_to_the_data():
-    from paddle_acp.manifest import MAX_MANIFEST_SIZE, max_manifest_size
+    from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, max_manifest_size
 
     doc = _valid_doc()
     doc["extra"] = {"pad": ["x" * 1000] * 5300}  # 5 MB of padding for 16 bytes of tensors
@@ -326,6 +336,6 @@ def test_crafted_edits_load_exactly_or_are_corrupt(m, data):
             assert t.offset + t.nbytes <= again.data_size
             np.empty(t.shape, DTYPES[t.dtype]) if t.nbytes == 0 else None  # a zero-size tensor can be made
     if again.rng is not None:
-        from paddle_acp import rng_state
+        from paddle_acp.adapter import rng as rng_state
 
         rng_state.validate(again.rng)

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_acp.checkpointer import Checkpointer, Snapshot
+from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError
-from paddle_acp.fencing import Fence, FencedError, check_deletable
-from paddle_acp.manifest import RangeRecord
-from paddle_acp.multirank import (
+from paddle_acp.format.checkpointer import Checkpointer, Snapshot
+from paddle_acp.format.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.manifest import RangeRecord
+from paddle_acp.format.multirank import (
     GLOBAL_NAME,
     GlobalCheckpointer,
     GlobalManifest,
@@ -25,7 +26,6 @@ from paddle_acp.multirank import (
     position_key,
     position_name,
 )
-from paddle_acp.snapshot import ProgramSnapshot, TensorData
 from paddle_acp.storage import open_storage
 
 JOB, RANGE = "job", "_range_0"
@@ -115,7 +115,7 @@ def test_global_manifest_round_trip_and_any_edit_is_caught(parts, epoch, step, m
     (lambda d: d.update(version=4), "not supported"),
 ])
 def test_global_manifest_validation_names_the_problem(edit, msg):
-    from paddle_acp.manifest import seal
+    from paddle_acp.format.manifest import seal
 
     g = GlobalManifest("ckpt-e2", RANGE, 2, None, 2, "per-rank",
                        [PartRecord(0, 1, 10, 64, ["a"]), PartRecord(1, 2, 10, 64, ["b"])])
@@ -379,7 +379,7 @@ def test_ls_and_verify_show_and_check_checkpoints_of_several_ranks(tmp_path):
 # -- crafted global manifests (the checksum guards against accidents, not edits) -----------
 
 def _crafted(edit):
-    from paddle_acp.manifest import seal
+    from paddle_acp.format.manifest import seal
 
     g = GlobalManifest("ckpt-e2", RANGE, 2, None, 2, "per-rank",
                        [PartRecord(0, 1, 10, 64, ["a"]), PartRecord(1, 2, 10, 64, ["b"])], 12.5, 0)
@@ -413,7 +413,7 @@ def test_crafted_global_manifests_are_refused_as_corrupt(edit, msg):
 
 
 def test_an_oversized_global_manifest_is_refused_before_it_is_parsed():
-    from paddle_acp.multirank import MAX_GLOBAL_SIZE
+    from paddle_acp.format.multirank import MAX_GLOBAL_SIZE
 
     with pytest.raises(CorruptCheckpointError, match="larger than"):
         GlobalManifest.loads(b" " * (MAX_GLOBAL_SIZE + 1) + b"{}")
@@ -456,7 +456,7 @@ def test_attacker_edits_of_a_global_manifest_load_or_raise_corrupt_only(path, va
 
 
 def test_a_symlinked_generation_record_is_not_a_writer(tmp_path):
-    from paddle_acp.fencing import newest_generation, writers_dir
+    from paddle_acp.format.fencing import newest_generation, writers_dir
 
     other = tmp_path / "elsewhere"
     other.mkdir()

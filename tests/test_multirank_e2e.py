@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from e2e_util import REPO, compare_results, is_done, load_result, read_log, run_script, script_env
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")

@@ -11,17 +11,25 @@ import venv
 
 import paddle
 import pytest
+from e2e_util import (
+    REPO,
+    assert_same_as_reference,
+    describe,
+    is_done,
+    key_of,
+    load_result,
+    read_log,
+    run_script,
+    strip_pid,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paddle_compat import MAJOR
 
 import paddle_acp
-from paddle_acp import paddle_version as pv
+from paddle_acp.adapter import version as pv
+from paddle_acp.adapter.programs import is_training_program, program_info
 from paddle_acp.errors import CheckpointError, UnsupportedPaddleError
-from paddle_acp.programs import is_training_program, program_info
-from paddle_compat import CARRIES_CPU_RNG, MAJOR, PIR_SUPPORTED
-
-from e2e_util import (REPO, assert_same_as_reference, describe, is_done, key_of, load_result,
-                      read_log, run_script, strip_pid)
 
 RNG_WARNING = "cannot save the CPU random generator's engine state"
 on_26 = pytest.mark.skipif(MAJOR != 2, reason="the Paddle 2.6 branch (ci/matrix.py runs it on 2.6.2)")

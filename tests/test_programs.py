@@ -1,4 +1,4 @@
-"""Tests for paddle_acp.programs: training-program detection, fingerprints,
+"""Tests for paddle_acp.adapter.programs: training-program detection, fingerprints,
 persistables and the per-program cache, under PIR and legacy IR.
 
 Legacy IR is selected in-process with ``paddle.pir_utils.OldIrGuard()`` (2.6: its default)
@@ -13,7 +13,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_acp.programs import is_training_program, program_info
+from paddle_acp.adapter.programs import is_training_program, program_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -105,7 +105,7 @@ _FP_SCRIPT = """
 import json, sys
 sys.path.insert(0, %r)
 import models
-from paddle_acp.programs import program_info
+from paddle_acp.adapter.programs import program_info
 out = {}
 for ir in models.IRS:
     with models.ir_mode(ir):

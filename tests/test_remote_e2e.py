@@ -18,11 +18,10 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import (JOB_ID, check_restart_log, compare_results, describe, is_done,  # noqa: E402
-                      load_result, read_log, run_script)
+from e2e_util import JOB_ID, check_restart_log, compare_results, describe, is_done, load_result, read_log, run_script  # noqa: E402
 from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
-from paddle_acp.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 EPOCHS, KILL_AT = 4, 2

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_acp import checkpointer as ckmod
-from paddle_acp.checkpointer import Checkpointer, Snapshot
+from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData, tensor_view
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.manifest import DATA_NAME, RangeRecord
-from paddle_acp.snapshot import ProgramSnapshot, TensorData, tensor_view
+from paddle_acp.format import checkpointer as ckmod
+from paddle_acp.format.checkpointer import Checkpointer, Snapshot
+from paddle_acp.format.manifest import DATA_NAME, RangeRecord
 from paddle_acp.storage import open_storage
 
 
@@ -202,7 +202,7 @@ def rewrite_as_version_1(root, n):
     """Turn checkpoint ``n`` into what paddle-acp wrote before CRC32C: manifest version 1, zlib CRC32 per tensor."""
     import zlib
 
-    from paddle_acp.manifest import MANIFEST_NAME, Manifest
+    from paddle_acp.format.manifest import MANIFEST_NAME, Manifest
 
     mpath = os.path.join(os.path.dirname(data_file(root, n)), MANIFEST_NAME)
     with open(mpath, "rb") as f:

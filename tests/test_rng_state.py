@@ -9,10 +9,10 @@ import paddle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from paddle_acp import rng_state
-from paddle_acp.errors import CorruptCheckpointError
 from paddle_compat import CARRIES_CPU_RNG
+
+from paddle_acp.adapter import rng as rng_state
+from paddle_acp.errors import CorruptCheckpointError
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,9 @@ def test_round_trip_through_json_is_exact(seed, burn):
     np.random.seed(seed)
     random.seed(seed)
     for _ in range(burn):
-        paddle.rand([1]); np.random.randn(); random.random()
+        paddle.rand([1])
+        np.random.randn()
+        random.random()
     state = json.loads(json.dumps(rng_state.capture()))
     expected = _draws()
     _draws()  # move every generator on

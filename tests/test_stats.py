@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paddle_acp import cli, tools
-from paddle_acp.metrics import MetricsLog
+from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.storage import open_storage
 
 JOB = "jobS"

@@ -21,15 +21,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pyarrow.fs as pafs  # noqa: E402
 from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
-import pyarrow.fs as pafs  # noqa: E402
-
-from paddle_acp import atomic  # noqa: E402
-from paddle_acp.checkpointer import Checkpointer, Snapshot  # noqa: E402
+from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData  # noqa: E402
 from paddle_acp.errors import StorageError  # noqa: E402
-from paddle_acp.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
-from paddle_acp.snapshot import ProgramSnapshot, TensorData  # noqa: E402
+from paddle_acp.format import atomic  # noqa: E402
+from paddle_acp.format.checkpointer import Checkpointer, Snapshot  # noqa: E402
+from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
 from paddle_acp.storage import Storage, open_storage  # noqa: E402
 
 BACKENDS = ["local", "hdfs-pyarrow", "hdfs-native", "hdfs-cli", "s3"]
@@ -109,7 +108,7 @@ def test_backend_is_the_one_asked_for(backend):
     elif backend.kind == "hdfs-native":
         assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, pafs.FSSpecHandler)  # (a subclass)
     elif backend.kind == "hdfs-cli":
-        from paddle_acp.hdfs_cli import HadoopCliHandler
+        from paddle_acp.storage.hadoop_cli import HadoopCliHandler
 
         assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, HadoopCliHandler)
     else:
@@ -303,8 +302,8 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
     writer generations: the same contract on every backend."""
     import threading
 
-    from paddle_acp.fencing import Fence, FencedError, create_exclusive
-    from paddle_acp.multirank import GLOBAL_NAME, GlobalCheckpointer, load_newest
+    from paddle_acp.format.fencing import Fence, FencedError, create_exclusive
+    from paddle_acp.format.multirank import GLOBAL_NAME, GlobalCheckpointer, load_newest
 
     st = backend.storage()
     st.makedirs("job")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from paddle_acp import cli, tools
-from paddle_acp.checkpointer import Checkpointer
+from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.storage import open_storage
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_util import JOB_ID, REPO, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
 
-import paddle_acp  # noqa: E402
 from paddle_acp import config  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402
 
@@ -186,7 +185,7 @@ def test_restore_pending_writes_each_tensor_to_its_own_place():
     place yet lands on the CPU."""
     import paddle
 
-    from paddle_acp.snapshot import own_place, set_tensor
+    from paddle_acp.adapter.tensors import own_place, set_tensor
 
     scope = paddle.static.Scope()
     t = scope.var("acp_place_probe").get_tensor()

@@ -6,9 +6,9 @@ Used two ways by ``tests/test_compat_scenarios.py``:
 * as a script, run twice (a real restart) under
   ``python -m paddle_acp run compat_scenarios.py --out result.json --scenario ...``;
   it imports Paddle's module names, which the runner points at
-  ``paddle_acp.auto_checkpoint``;
+  ``paddle_acp.compat.auto_checkpoint``;
 * in-process: the test imports this file and calls :func:`run_scenario` with
-  ``paddle_acp.auto_checkpoint``, calling ``paddle_acp.simulate_restart()``
+  ``paddle_acp.compat.auto_checkpoint``, calling ``paddle_acp.simulate_restart()``
   between the two "processes".
 
 The IR is whatever Paddle is in: legacy IR (``FLAGS_enable_pir_api=0`` or
@@ -247,9 +247,9 @@ def main(argv=None):
     p.add_argument("--restart", action="store_true", help="the run after the restart: no break")
     args = p.parse_args(argv)
 
-    # Paddle's module names: `python -m paddle_acp run` points them at paddle_acp.auto_checkpoint.
-    from paddle.incubate.checkpoint import auto_checkpoint as acp
+    # Paddle's module names: `python -m paddle_acp run` points them at paddle_acp.compat.auto_checkpoint.
     from paddle.base.incubate.checkpoint import auto_checkpoint as acp_base
+    from paddle.incubate.checkpoint import auto_checkpoint as acp
 
     paddle.enable_static()
     base_job = os.environ.get("PADDLE_JOB_ID")

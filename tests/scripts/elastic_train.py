@@ -104,9 +104,9 @@ import paddle_acp as acp  # noqa: E402
 
 if RANK != 0:
     # Record (and let pass) every write a non-zero trainer makes through paddle-acp's storage layer.
-    from paddle_acp import storage as _storage
-
     import re
+
+    from paddle_acp.storage import base as _storage
 
     _OWN = re.compile(r"/range/_range_\d+/ckpt-e\d+(-s\d+)?(/rank-%d(\.tmp-[0-9a-f]+)?(/[a-z.]+)?)?$|/metrics(/trainer-%d\.jsonl)?$"
                       % (RANK, RANK))

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import sys
 
 import numpy as np
 import paddle

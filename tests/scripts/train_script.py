@@ -30,7 +30,6 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 
 

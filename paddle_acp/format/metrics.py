@@ -23,8 +23,8 @@ from typing import List
 
 import pyarrow
 
-from .errors import StorageError
-from .storage import Storage, scrub
+from paddle_acp.errors import StorageError
+from paddle_acp.storage.base import Storage, scrub
 
 logger = logging.getLogger("paddle_acp")
 

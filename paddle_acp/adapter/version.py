@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Optional, Tuple
 
-from .errors import CheckpointError, UnsupportedPaddleError
+from paddle_acp.errors import CheckpointError, UnsupportedPaddleError
 
 logger = logging.getLogger("paddle_acp")
 
@@ -181,7 +181,7 @@ def warn_rng_limit() -> None:
     global _warned_rng
     if _warned_rng:
         return
-    from . import rng_state
+    from paddle_acp.adapter import rng as rng_state
 
     if rng_state.carries_cpu_engine():
         return

@@ -7,7 +7,7 @@ Layout under the storage root::
     {job_id}/range/{range_name}/ckpt-{N}/manifest.json     (written last)
 
 A checkpoint is written under ``ckpt-{N}.tmp-{id}`` and renamed into place
-(see :mod:`paddle_acp.atomic`); on object stores the manifest is the commit.
+(see :mod:`paddle_acp.format.atomic`); on object stores the manifest is the commit.
 """
 
 from __future__ import annotations
@@ -27,12 +27,34 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import atomic
-from .errors import CheckpointError, CorruptCheckpointError, StorageError
-from .manifest import ALIGN, DATA_NAME, DTYPES, MANIFEST_NAME, VERSION, Manifest, ProgramRecord, RangeRecord, TensorRecord, checksum_function, max_manifest_size
-from .saver import lower_thread_priority
-from .snapshot import ProgramSnapshot, alloc_buffer, chunked, copy_job, inplace_view, layout, run_parallel, scope_tensor, set_tensor
-from .storage import Storage
+from paddle_acp.adapter.tensors import (
+    ProgramSnapshot,
+    alloc_buffer,
+    chunked,
+    copy_job,
+    inplace_view,
+    layout,
+    run_parallel,
+    scope_tensor,
+    set_tensor,
+)
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format import atomic
+from paddle_acp.format.manifest import (
+    ALIGN,
+    DATA_NAME,
+    DTYPES,
+    MANIFEST_NAME,
+    VERSION,
+    Manifest,
+    ProgramRecord,
+    RangeRecord,
+    TensorRecord,
+    checksum_function,
+    max_manifest_size,
+)
+from paddle_acp.runtime.saver import lower_thread_priority
+from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
@@ -443,7 +465,7 @@ class Checkpointer:
             return False
         if self.fence is not None:
             self.fence.check("delete an old checkpoint to make space")
-        from .fencing import check_deletable
+        from paddle_acp.format.fencing import check_deletable
 
         check_deletable(self.storage, self.job_id, self.dir)
         victim = older[0]
@@ -562,7 +584,7 @@ class Checkpointer:
         if doomed:
             if self.fence is not None:
                 self.fence.check("delete old checkpoints")
-            from .fencing import check_deletable
+            from paddle_acp.format.fencing import check_deletable
 
             check_deletable(self.storage, self.job_id, self.dir)
         for n in doomed:
@@ -684,7 +706,7 @@ class Checkpointer:
                 self._verify_mapped(mapping, m.data_size, data_path, spans, crc_chunk)
             else:
                 self._verify_buffered(fd, m.data_size, data_path, spans, crc_chunk)
-            for (off, key, t), crc in zip(records, crcs):
+            for (_off, key, t), crc in zip(records, crcs):
                 if crc != t.checksum:
                     raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
         except BaseException:

@@ -31,14 +31,25 @@ import uuid
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import atomic
-from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot, range_dir
-from .errors import CheckpointError, CorruptCheckpointError, StorageError
-from .manifest import (
-    DATA_NAME, MANIFEST_NAME, MAX_INT, MAX_MANIFEST_SIZE, MAX_TIME, Manifest, _doc_checksum, _fail, _get,
-    check_text, max_manifest_size, parse_json, seal,
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format import atomic
+from paddle_acp.format.checkpointer import Checkpointer, LoadedCheckpoint, Snapshot, range_dir
+from paddle_acp.format.manifest import (
+    DATA_NAME,
+    MANIFEST_NAME,
+    MAX_INT,
+    MAX_MANIFEST_SIZE,
+    MAX_TIME,
+    Manifest,
+    _doc_checksum,
+    _fail,
+    _get,
+    check_text,
+    max_manifest_size,
+    parse_json,
+    seal,
 )
-from .storage import Storage
+from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
@@ -438,7 +449,7 @@ class GlobalCheckpointer:
     def apply_retention(self, keep: Optional[int] = None) -> List[str]:
         """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and
         abandoned ones older than the newest commit. Returns the names removed."""
-        from .fencing import check_deletable
+        from paddle_acp.format.fencing import check_deletable
 
         keep = self.max_to_keep if keep is None else keep
         entries = self.scan()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from . import epoch_range
+from paddle_acp.runtime import epoch_range
 
 logger = logging.getLogger("paddle_acp")
 
@@ -66,7 +66,7 @@ def _neutralize_paddle_hook() -> None:
     """
     import paddle.base.executor as executor_mod
 
-    from . import auto_checkpoint
+    from paddle_acp.compat import auto_checkpoint
 
     if hasattr(executor_mod, "acp"):
         executor_mod.acp = auto_checkpoint

@@ -16,9 +16,9 @@ import re
 import uuid
 from typing import Callable, List, Optional, Set, Tuple
 
-from .errors import CheckpointError, StorageError
-from .manifest import MANIFEST_NAME, MAX_NUMBER
-from .storage import Entry, Storage
+from paddle_acp.errors import CheckpointError, StorageError
+from paddle_acp.format.manifest import MANIFEST_NAME, MAX_NUMBER
+from paddle_acp.storage.base import Entry, Storage
 
 logger = logging.getLogger("paddle_acp")
 

@@ -30,11 +30,11 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
-from . import atomic
-from .checkpointer import JOB_MARKER, Checkpointer, range_dir
-from .errors import AcpError, CorruptCheckpointError, StorageError
-from .manifest import DATA_NAME, DTYPES, MANIFEST_NAME, Manifest
-from .storage import Storage, open_storage, redact, scrub
+from paddle_acp.errors import AcpError, CorruptCheckpointError, StorageError
+from paddle_acp.format import atomic
+from paddle_acp.format.checkpointer import JOB_MARKER, Checkpointer, range_dir
+from paddle_acp.format.manifest import DATA_NAME, DTYPES, MANIFEST_NAME, Manifest
+from paddle_acp.storage.base import Storage, open_storage, redact, scrub
 
 METRICS_DIR = "metrics"
 _METRICS_RE = re.compile(r"trainer-(0|[1-9][0-9]{0,8})\.jsonl", re.ASCII)  # fullmatch
@@ -389,7 +389,7 @@ def _scan_global(storage: Storage, job: str, range_name: str, verify: bool, quie
     """The checkpoints of a job of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
     "ok" when the global manifest and every part's manifest verify (and the data files have their
     sizes); with ``verify`` every part's checksums are read too."""
-    from .multirank import GlobalCheckpointer, position_key
+    from paddle_acp.format.multirank import GlobalCheckpointer, position_key
 
     out = []
     for g in GlobalCheckpointer(storage, job, range_name, 0, 1).scan():
@@ -453,7 +453,7 @@ def restart_checkpoint(storage: Storage, job: str, range_name: str, infos: List[
 
 
 def _verify_global(storage: Storage, job: str, range_name: str, name: str, path: str) -> None:
-    from .multirank import GlobalCheckpointer
+    from paddle_acp.format.multirank import GlobalCheckpointer
 
     gm, raws = GlobalCheckpointer(storage, job, range_name, 0, 1).check_global(name)
     for rank in raws:

@@ -16,19 +16,21 @@ import threading
 import time
 from typing import Iterable, Iterator, Optional
 
-from . import config as _config
-from . import paddle_version, preemption, rng_state
-from .checkpointer import Checkpointer, LoadedCheckpoint, Snapshot
-from .fencing import Fence
-from .errors import AcpError, CheckpointError, ConfigError
-from .manifest import RangeRecord
-from .metrics import MetricsLog
-from .multirank import PREEMPT_PART_WAIT, GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
-from .programs import program_info, unwrap
-from .registry import Registry
-from .saver import QUEUE, SKIP, WAIT, Saver, busy_action, lower_thread_priority
-from .snapshot import Arena, ProgramSnapshot, copy_into, dtype_name, layout
-from .storage import open_storage, redact
+from paddle_acp import config as _config
+from paddle_acp.adapter import rng as rng_state
+from paddle_acp.adapter import version as paddle_version
+from paddle_acp.adapter.programs import program_info, unwrap
+from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, copy_into, dtype_name, layout
+from paddle_acp.errors import AcpError, CheckpointError, ConfigError
+from paddle_acp.format.checkpointer import Checkpointer, LoadedCheckpoint, Snapshot
+from paddle_acp.format.fencing import Fence
+from paddle_acp.format.manifest import RangeRecord
+from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
+from paddle_acp.runtime import preemption
+from paddle_acp.runtime.registry import Registry
+from paddle_acp.runtime.saver import QUEUE, SKIP, WAIT, Saver, busy_action, lower_thread_priority
+from paddle_acp.storage.base import open_storage, redact
 
 logger = logging.getLogger("paddle_acp")
 
@@ -573,7 +575,7 @@ class TrainEpochRange:
         they wait for the checkpoint in flight and are committed before this returns
         (``final`` when the range closes). Any other save that comes due while the
         previous checkpoint is still being written follows the busy policy
-        (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.saver.busy_action`).
+        (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.runtime.saver.busy_action`).
         """
         _check_main_thread("checkpointing")
         t0 = time.perf_counter()

@@ -11,7 +11,7 @@ import hashlib
 import logging
 from typing import List, Optional, Tuple
 
-from .errors import AcpError, CheckpointError
+from paddle_acp.errors import AcpError, CheckpointError
 
 logger = logging.getLogger("paddle_acp")
 
@@ -162,7 +162,7 @@ def _refuse_unsupported_pir(program) -> None:
     from paddle import pir
 
     if isinstance(program, pir.Program):
-        from .paddle_version import pir_refusal
+        from paddle_acp.adapter.version import pir_refusal
 
         reason = pir_refusal()
         if reason is not None:

@@ -7,7 +7,7 @@ Paddle 2.6's ``GeneratorState`` pickles only ``(device, seed, offset)``: the CPU
 (``std::mt19937_64``, one draw per element of dropout/uniform) is reachable only as an
 in-process ``Generator.get_state()`` object, and ``__setstate__`` reseeds it from ``seed``.
 There it is stored with an empty state string; after a restore in another process the CPU
-engine restarts from its seed (:func:`paddle_acp.paddle_version.warn_rng_limit` says so once).
+engine restarts from its seed (:func:`paddle_acp.adapter.version.warn_rng_limit` says so once).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .errors import CheckpointError, CorruptCheckpointError
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError
 
 logger = logging.getLogger("paddle_acp")
 

@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import CheckpointError
-from .manifest import DTYPES
+from paddle_acp.errors import CheckpointError
+from paddle_acp.format.manifest import DTYPES
 
 logger = logging.getLogger("paddle_acp")
 
@@ -141,7 +141,7 @@ class Arena:
 
 def layout(programs: List[ProgramSnapshot]) -> int:
     """Assign each tensor its (aligned) offset in the data file; returns the file size."""
-    from .manifest import align
+    from paddle_acp.format.manifest import align
 
     offset = 0
     for p in programs:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 import crc32c
 import numpy as np
 
-from .errors import CorruptCheckpointError
+from paddle_acp.errors import CorruptCheckpointError
 
 FORMAT = "paddle-acp/checkpoint"
 VERSION = 2  # what this paddle-acp writes
@@ -418,7 +418,7 @@ class Manifest:
 
 
 def _check_rng(state, where: str) -> None:
-    from . import rng_state
+    from paddle_acp.adapter import rng as rng_state
 
     rng_state.validate(state)
 

@@ -11,9 +11,9 @@ import logging
 import numbers
 from typing import Dict, List, Optional, Tuple
 
-from .errors import CheckpointError
-from .programs import ProgramInfo, lr_scheduler_of
-from .snapshot import ProgramSnapshot, dtype_name, find_tensor, tensor_views
+from paddle_acp.adapter.programs import ProgramInfo, lr_scheduler_of
+from paddle_acp.adapter.tensors import ProgramSnapshot, dtype_name, find_tensor, tensor_views
+from paddle_acp.errors import CheckpointError
 
 logger = logging.getLogger("paddle_acp")
 

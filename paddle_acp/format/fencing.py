@@ -20,8 +20,8 @@ import time
 import uuid
 from typing import Optional
 
-from .errors import CheckpointError, StorageError
-from .storage import Storage
+from paddle_acp.errors import CheckpointError, StorageError
+from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 

@@ -13,7 +13,7 @@ import signal
 import threading
 from typing import Dict, List, Optional
 
-from .errors import ConfigError
+from paddle_acp.errors import ConfigError
 
 logger = logging.getLogger("paddle_acp")
 

@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlparse
 import pyarrow
 import pyarrow.fs as pafs
 
-from .errors import ConfigError, StorageError
+from paddle_acp.errors import ConfigError, StorageError
 
 logger = logging.getLogger("paddle_acp")
 
@@ -361,7 +361,7 @@ def _hint(exc: BaseException) -> str:
     if "HDFS" in text and "errno 255" in text:  # libhdfs: the Java exception went to stderr
         return " (the HDFS client printed the Java exception with the cause on stderr)"
     if "NETWORK_CONNECTION" in text or "curlCode: 28" in text:  # S3: no connection, or it timed out
-        from .config import connect_timeout_from_env
+        from paddle_acp.config import connect_timeout_from_env
 
         return (f" (cannot connect to the S3 endpoint; each attempt is bounded by "
                 f"PADDLE_ACP_CONNECT_TIMEOUT={connect_timeout_from_env():g} s)")
@@ -520,7 +520,7 @@ _CREDENTIALS_HINT = (" (credentials belong in AWS_ACCESS_KEY_ID / AWS_SECRET_ACC
 
 
 def _s3_timeouts() -> dict:
-    from .config import connect_timeout_from_env
+    from paddle_acp.config import connect_timeout_from_env
 
     t = connect_timeout_from_env()
     return dict(connect_timeout=t, request_timeout=max(t, 60.0))
@@ -626,7 +626,7 @@ def _probe(fs, root: str, timeout: float, client: str) -> None:
 def _open_hdfs(uri: str, parsed, hdfs_user, hadoop_home, cache_dir) -> Storage:
     import time
 
-    from .config import connect_timeout_from_env
+    from paddle_acp.config import connect_timeout_from_env
 
     host = parsed.hostname or "default"
     port = parsed.port or 8020
@@ -654,7 +654,7 @@ def _open_hdfs(uri: str, parsed, hdfs_user, hadoop_home, cache_dir) -> Storage:
                 fs = pafs.PyFileSystem(_HdfsNativeHandler(HdfsFileSystem(host=host, port=port, **hdfs_native_conf(timeout))))
                 reason = "no usable libhdfs/JVM; hdfs-native needs neither"
             else:
-                from .hdfs_cli import HadoopCliHandler
+                from paddle_acp.storage.hadoop_cli import HadoopCliHandler
 
                 fs = pafs.PyFileSystem(HadoopCliHandler(hadoop_home, f"hdfs://{host}:{port}", user, cache_dir,
                                                         extra_conf=hdfs_ipc_conf(timeout)))

@@ -1,0 +1,330 @@
+"""Drop-in for ``paddle.base.incubate.checkpoint.checkpoint_saver``, fixed for Paddle 3.x.
+
+Paddle's fleet code and tests use these classes directly: a list of
+:class:`SerializableBase` objects is written into one numbered checkpoint
+directory ``<path>/__paddle_checkpoint__.<N>`` through a Paddle ``FS`` client
+(``paddle.distributed.fleet.utils.fs.LocalFS`` or ``HDFSClient``).
+
+Differences from Paddle 3.3.1's module (all fixes):
+
+* the temporary directory ``__paddle_checkpoint__.<N>.tmp`` is created on
+  local storage too (3.3.1 only created it when uploading, so saving through
+  ``LocalFS`` failed), and a leftover one from an interrupted save is removed;
+* on upload/download storage the checkpoint stays a directory even when it
+  holds a single file (3.3.1's ``HDFSClient.upload`` of a one-file directory to
+  a missing path created a *file*); the upload is verified;
+* :meth:`CheckpointSaver.clean_redundant_checkpoints` exists again (fleet code
+  calls it; 3.3.1 no longer has it) and can keep the newest N;
+* :class:`PaddleModel` works for PIR programs as well as legacy ones, takes an
+  optional ``scope``, and also saves the program's LR scheduler state;
+* failures raise :class:`paddle_acp.errors.CheckpointError` instead of
+  ``assert`` (which ``python -O`` removes).
+
+This format is Paddle's (``save_vars`` combined file), not paddle-acp's own
+checkpoint format; ``train_epoch_range`` does not use this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from paddle_acp.errors import CheckpointError
+
+logger = logging.getLogger("paddle_acp")
+
+__all__ = ["SerializableBase", "PaddleModel", "CheckpointSaver", "CHECKPOINT_PREFIX"]
+
+CHECKPOINT_PREFIX = "__paddle_checkpoint__"
+
+
+class SerializableBase:
+    """Something that writes itself into, and reads itself from, a local directory."""
+
+    def serialize(self, path):
+        raise NotImplementedError
+
+    def deserialize(self, path):
+        raise NotImplementedError
+
+
+def _inner_program(program):
+    """The Program of a CompiledProgram (or the program itself); PIR and legacy."""
+    import paddle
+
+    if isinstance(program, paddle.static.CompiledProgram):
+        inner = getattr(program, "_program", None)
+        if inner is None:
+            raise CheckpointError(
+                "PaddleModel needs the Program of this CompiledProgram, but it was built from a Graph "
+                "(CompiledProgram._program is None)"
+            )
+        return inner
+    return program
+
+
+class PaddleModel(SerializableBase):
+    """The persistable variables (and LR scheduler state) of one program.
+
+    ``serialize(path)`` writes every persistable variable of ``program`` from
+    ``scope`` (default: the global scope) into the combined file
+    ``path/_paddle_fleet_param__`` with ``paddle.static.save_vars``;
+    ``deserialize(path)`` reads them back with ``paddle.static.load_vars``.
+    Works for PIR and legacy-IR programs and for a legacy ``CompiledProgram``.
+    """
+
+    PARAM_FILE = "_paddle_fleet_param__"
+    LR_SCHEDULER_FILE = "_paddle_acp_lr_scheduler.json"
+
+    def __init__(self, exe, program, scope=None):
+        self._exe = exe
+        self._origin_program = program
+        self._program = _inner_program(program)
+        self._scope = scope
+        self._file_name = self.PARAM_FILE
+
+    def _scope_guard(self):
+        if self._scope is None:
+            return contextlib.nullcontext()
+        import paddle
+
+        return paddle.static.scope_guard(self._scope)
+
+    def _lr_scheduler(self):
+        return getattr(self._program, "lr_scheduler", None)
+
+    def serialize(self, path):
+        import paddle
+
+        os.makedirs(path, exist_ok=True)
+        with self._scope_guard():
+            paddle.static.save_vars(
+                self._exe,
+                path,
+                main_program=self._program,
+                predicate=paddle.static.io.is_persistable,
+                filename=self._file_name,
+            )
+        sched = self._lr_scheduler()
+        if sched is not None:
+            from paddle_acp.runtime.registry import jsonable
+
+            state = jsonable(sched.state_dict(), "lr_scheduler")
+            with open(os.path.join(path, self.LR_SCHEDULER_FILE), "w") as f:
+                json.dump(state, f)
+
+    def deserialize(self, path):
+        import paddle
+
+        param_file = os.path.join(path, self._file_name)
+        if not os.path.isfile(param_file):
+            raise CheckpointError(f"{param_file} does not exist: not a PaddleModel checkpoint")
+        with self._scope_guard():
+            paddle.static.load_vars(
+                self._exe,
+                path,
+                main_program=self._program,
+                predicate=paddle.static.io.is_persistable,
+                filename=self._file_name,
+            )
+        lr_file = os.path.join(path, self.LR_SCHEDULER_FILE)
+        if os.path.isfile(lr_file):
+            sched = self._lr_scheduler()
+            with open(lr_file) as f:
+                state = json.load(f)
+            if sched is None:
+                logger.warning("%s holds LR scheduler state but the program has no lr_scheduler", lr_file)
+            else:
+                sched.set_state_dict(state)
+
+
+def _local_fs():
+    from paddle.distributed.fleet.utils.fs import LocalFS
+
+    return LocalFS()
+
+
+class CheckpointSaver:
+    """Numbered checkpoints ``<path>/__paddle_checkpoint__.<N>`` on a Paddle ``FS``."""
+
+    def __init__(self, fs):
+        self._fs = fs
+        self._checkpoint_prefix = CHECKPOINT_PREFIX
+
+    # -- names ---------------------------------------------------------------
+    def _parse_no(self, name: str) -> Optional[int]:
+        """N for ``__paddle_checkpoint__.N`` (N a plain non-negative integer), else None."""
+        parts = name.split(".")
+        if len(parts) != 2 or parts[0] != self._checkpoint_prefix:
+            return None
+        n = parts[1]
+        if not (n.isascii() and n.isdigit()) or str(int(n)) != n:
+            return None
+        return int(n)
+
+    def _path_of(self, root_path: str, number: int) -> str:
+        return f"{root_path}/{self._checkpoint_prefix}.{number}"
+
+    def get_checkpoint_no(self, root_path) -> List[int]:
+        """The numbers of the committed checkpoints under ``root_path``, ascending.
+
+        Only directories named exactly ``__paddle_checkpoint__.<int>`` count
+        (not ``exe.1``, ``__paddle_checkpoint__.exe`` or ``...<N>.tmp``).
+        """
+        found = []
+        for d in self._fs.list_dirs(root_path):
+            n = self._parse_no(d)
+            if n is not None:
+                found.append(n)
+        return sorted(found)
+
+    def _get_last_checkpoint_no(self, root_path) -> int:
+        nos = self.get_checkpoint_no(root_path)
+        return nos[-1] if nos else -1
+
+    # -- save ----------------------------------------------------------------
+    def _fresh_cache(self, local_fs, local_cache_path, number, kind, trainer_id):
+        """An empty local staging directory (a directory: a one-file checkpoint must not become a file)."""
+        path = f"{local_cache_path}/{self._checkpoint_prefix}.{number}.{kind}"
+        if trainer_id is not None:
+            path = f"{path}.{trainer_id}"
+        if local_fs.is_exist(path):
+            local_fs.delete(path)
+        local_fs.mkdirs(path)
+        return path
+
+    def save_checkpoint(self, path, slists: Sequence[SerializableBase], trainer_id=None, local_cache_path=".cache") -> Tuple[str, int]:
+        """Serialize ``slists`` into a new checkpoint under ``path``; returns (its path, its number).
+
+        The objects write into a directory that is only renamed to its final
+        name once complete, so readers never see a partial checkpoint.
+        """
+        fs = self._fs
+        if not fs.is_exist(path):
+            fs.mkdirs(path)
+        elif not fs.is_dir(path):
+            raise CheckpointError(f"checkpoint path {path} exists and is not a directory")
+
+        number = self._get_last_checkpoint_no(path) + 1
+        real_path = self._path_of(path, number)
+        tmp_path = f"{real_path}.tmp"
+        if fs.is_exist(tmp_path):  # leftover of an interrupted save
+            fs.delete(tmp_path)
+
+        remote = fs.need_upload_download()
+        local_fs = _local_fs()
+        cache_path = None
+        if remote:
+            cache_path = self._fresh_cache(local_fs, local_cache_path, number, "saved_cache", trainer_id)
+            saved_path = cache_path
+        else:
+            fs.mkdirs(tmp_path)
+            saved_path = tmp_path
+
+        try:
+            for s in slists:
+                s.serialize(saved_path)
+            if remote:
+                self._upload_dir(cache_path, tmp_path)
+            fs.mv(tmp_path, real_path)
+        except BaseException:
+            try:
+                fs.delete(tmp_path)
+            except Exception as exc:  # removed by the next save anyway
+                logger.debug("could not remove %s: %s", tmp_path, exc)
+            raise
+        finally:
+            if cache_path is not None:
+                local_fs.delete(cache_path)
+        return real_path, number
+
+    def _upload_dir(self, local_dir: str, remote_dir: str) -> None:
+        """Upload the contents of ``local_dir`` into the directory ``remote_dir``.
+
+        ``remote_dir`` is created first: ``HDFSClient.upload`` puts each entry
+        *into* an existing directory, but turns a lone file into ``remote_dir``
+        itself when the directory does not exist.
+        """
+        fs = self._fs
+        fs.mkdirs(remote_dir)
+        entries = sorted(os.listdir(local_dir))
+        if entries:
+            fs.upload(local_dir, remote_dir)
+        # HDFSClient.upload runs in subprocesses and does not report failures.
+        dirs, files = fs.ls_dir(remote_dir)
+        missing = sorted(set(entries) - set(dirs) - set(files))
+        if missing:
+            raise CheckpointError(f"upload of {local_dir} to {remote_dir} is incomplete: missing {', '.join(missing)}")
+
+    # -- load ----------------------------------------------------------------
+    def load_checkpoint(
+        self,
+        path,
+        slists: Sequence[SerializableBase],
+        trainer_id,
+        local_cache_path=".cache",
+        checkpoint_no=None,
+        ignore_empty=True,
+    ) -> Optional[str]:
+        """Deserialize ``slists`` from checkpoint ``checkpoint_no`` (default: the newest).
+
+        Returns the checkpoint's path, or None when there is none and
+        ``ignore_empty`` (otherwise :class:`CheckpointError`).
+        """
+        fs = self._fs
+        if checkpoint_no is None:
+            checkpoint_no = self._get_last_checkpoint_no(path)
+            if checkpoint_no < 0:
+                if ignore_empty:
+                    return None
+                raise CheckpointError(f"no checkpoint ({self._checkpoint_prefix}.<N>) under {path}")
+        elif isinstance(checkpoint_no, bool) or not isinstance(checkpoint_no, int) or checkpoint_no < 0:
+            raise CheckpointError(f"checkpoint_no={checkpoint_no!r} must be an integer >= 0")
+
+        real_path = self._path_of(path, checkpoint_no)
+        if not fs.is_dir(real_path):
+            raise CheckpointError(f"checkpoint {real_path} does not exist")
+
+        local_fs = _local_fs()
+        cache_path = None
+        load_path = real_path
+        if fs.need_upload_download():
+            cache_path = self._fresh_cache(local_fs, local_cache_path, checkpoint_no, "load_cache", trainer_id)
+            load_path = cache_path
+        try:
+            if cache_path is not None:
+                fs.download(real_path, cache_path)
+            for s in slists:
+                s.deserialize(load_path)
+        finally:
+            if cache_path is not None:
+                local_fs.delete(cache_path)
+        return real_path
+
+    # -- pruning -------------------------------------------------------------
+    def clean_redundant_checkpoints(self, root_path, reserved: Iterable[int] = (), keep_last: Optional[int] = None) -> List[int]:
+        """Delete old checkpoints under ``root_path``; returns the numbers deleted.
+
+        Kept: the numbers in ``reserved`` plus the newest ``keep_last``
+        checkpoints. ``keep_last`` defaults to 1 without ``reserved`` (Paddle's
+        behaviour: only the newest survives) and to 0 with it.
+        """
+        nos = self.get_checkpoint_no(root_path)
+        if not nos:
+            return []
+        keep = {int(n) for n in reserved}
+        if keep_last is None:
+            keep_last = 0 if keep else 1
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+            raise CheckpointError(f"keep_last={keep_last!r} must be an integer >= 0")
+        if keep_last:
+            keep.update(nos[-keep_last:])
+        deleted = []
+        for n in nos:
+            if n not in keep:
+                self._fs.delete(self._path_of(root_path, n))
+                deleted.append(n)
+        return deleted
