@@ -6,4 +6,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/ci/env.sh"
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
+# Lint and import order first (seconds): a layer rule broken is a failed test run.
+"$PYTHON" -m ruff check paddle_acp tests ci
 "$PYTHON" -m pytest -q -p no:cacheprovider "$@" tests
