@@ -13,6 +13,7 @@ Every invalid value raises :class:`ConfigError` naming the variable and value.
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import logging
 import os
 import re
@@ -47,6 +48,7 @@ ENV_VARS = (
     "PADDLE_ACP_LOG_LEVEL",
     "PADDLE_ACP_CONNECT_TIMEOUT",
     "PADDLE_ACP_BUSY_POLICY",
+    "PADDLE_ACP_HOST_MEMORY",
     "PADDLE_RUNNING_ENV",
     "PADDLE_RUNNING_PLATFORM",
     "PADDLE_JOB_ID",
@@ -78,6 +80,9 @@ class CheckpointConfig:
     max_to_keep: int = DEFAULT_MAX_TO_KEEP
     async_save: bool = True
     busy_policy: str = DEFAULT_BUSY_POLICY
+    # PADDLE_ACP_HOST_MEMORY: the bound of the snapshot buffers (see memory_budget_from_env); None: adapt
+    # to the memory available when the first training program registers
+    host_memory: Optional["HostMemory"] = None
     fs_cache: str = ".cache"
     source: str = "inactive"
     inactive_reason: str = ""
@@ -117,6 +122,66 @@ class CheckpointConfig:
             raise ConfigError(f"max_to_keep must be an integer >= 0, got {self.max_to_keep!r}")
         if self.busy_policy not in BUSY_POLICIES:
             raise ConfigError(f"busy_policy must be one of {', '.join(BUSY_POLICIES)}, got {self.busy_policy!r}")
+
+
+# -- PADDLE_ACP_HOST_MEMORY --------------------------------------------------------------------
+MIN_HOST_MEMORY = 16 << 20  # two 8 MiB chunks: below this a streamed save is all overhead
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*|%)", re.ASCII)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """``PADDLE_ACP_HOST_MEMORY``: a number of bytes, or a percentage of the machine's memory."""
+
+    nbytes: Optional[int] = None  # an absolute bound
+    percent: Optional[float] = None  # of MemTotal
+
+    def resolve(self, mem_total: Optional[int]) -> int:
+        """The bound in bytes (a percentage of ``mem_total``; where that is unknown, of 4 GiB)."""
+        if self.nbytes is not None:
+            return self.nbytes
+        total = mem_total if mem_total else 4 << 30
+        return max(MIN_HOST_MEMORY, int(total * (self.percent or 0.0) / 100.0))
+
+
+def parse_host_memory(raw: str, name: str = "PADDLE_ACP_HOST_MEMORY") -> HostMemory:
+    """``512MiB``, ``2GB``, ``1.5g``, ``1073741824`` (bytes) or ``25%`` (of the machine's memory).
+
+    Units: B, k/KB/M/MB/G/GB/T/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024),
+    case-insensitive. Raises ConfigError naming the variable, the value and the way out."""
+    text = raw.strip().lower()
+    m = _MEMORY_RE.fullmatch(text)
+    how = ("use bytes with an optional unit (512MiB, 2GB, 1.5GiB) or a percentage of the machine's memory "
+           "(25%); unset it to adapt to the memory available")
+    if m is None or (m.group(2) not in _UNITS and m.group(2) != "%"):
+        raise ConfigError(f"{name}={raw!r} is not an amount of memory: {how}")
+    number, unit = fractions.Fraction(m.group(1)), m.group(2)  # exact: 3.3GB is 3300000000 bytes
+    if unit == "%":
+        if not 0 < number <= 90:
+            raise ConfigError(f"{name}={raw!r}: a percentage must be above 0 and at most 90 (the rest is the "
+                              f"training's own): {how}")
+        return HostMemory(percent=float(number))
+    nbytes = number * _UNITS[unit]
+    if nbytes >= 2**62:
+        raise ConfigError(f"{name}={raw!r} is absurdly large: {how}")
+    if nbytes < MIN_HOST_MEMORY:
+        raise ConfigError(f"{name}={raw!r} is below the minimum of {MIN_HOST_MEMORY >> 20} MiB "
+                          f"(two chunks of a streamed save): {how}")
+    return HostMemory(nbytes=int(nbytes))
+
+
+def host_memory_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[HostMemory]:
+    """``PADDLE_ACP_HOST_MEMORY``, or None when unset or empty (adapt to MemAvailable)."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_HOST_MEMORY")
+    if raw is None or raw.strip() == "":
+        return None
+    return parse_host_memory(raw)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -266,6 +331,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         max_to_keep=_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),
         busy_policy=_busy_policy(env),
+        host_memory=host_memory_from_env(env),
         fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
     )
     from paddle_acp.storage.base import redact, register_secret, register_uri  # no secret may reach a message
