@@ -20,45 +20,32 @@ variables, see :mod:`paddle_acp.config`); without them the loop is a plain range
 * Errors: :class:`AcpError` and its subclasses (:class:`UnsupportedPaddleError`, an ``ImportError``,
   when Paddle is missing or its version is not supported; see :mod:`paddle_acp.adapter.version`).
 
+Importing the package runs the version gate (it imports Paddle) and installs the hook, as it always
+did. The public names are resolved on first use (PEP 562 ``__getattr__``), each after the gate. The one
+exception is the ``paddle-acp`` console script (:mod:`paddle_acp_cli`, a module outside this package):
+it asks, before importing anything here, for the gate to be deferred, so the operator tools (``ls``,
+``inspect``, ``verify``, ``gc``, ``stats``, every ``--help``) never import Paddle; ``paddle-acp run``
+calls :func:`_activate` itself before it runs the script.
+
 Data flows one way: hook -> registry (per range) -> snapshot -> checkpointer -> storage.
 """
 
+import importlib as _importlib
 import logging as _logging
+import sys as _sys
+from typing import Any as _Any
 
 from paddle_acp import config as _config
-from paddle_acp.adapter import version as _paddle_version
-from paddle_acp.errors import UnsupportedPaddleError  # noqa: F401  (first: the version gate below needs only it)
-
-# Checked before anything imports Paddle: an invalid value is a ConfigError naming the variable
-# (Paddle's own logger would fail on PADDLE_TRAINER_ID=x with a bare ValueError).
-_level = _config.log_level_from_env()
-_config.trainer_id_from_env()
-_logger = _logging.getLogger("paddle_acp")
-if _logger.level == _logging.NOTSET:
-    _logger.setLevel(_level)
-if not _logger.handlers and not _logging.getLogger().handlers:
-    _handler = _logging.StreamHandler()
-    _handler.setFormatter(_logging.Formatter("[paddle_acp] %(levelname)s %(message)s"))
-    _logger.addHandler(_handler)
-    _logger.propagate = False
-
-# No Paddle, or an unsupported one: one clear UnsupportedPaddleError (an ImportError) here, before
-# anything else touches Paddle. A newer or development build is used with a warning.
-PADDLE_VERSION = _paddle_version.check()
-
-from paddle_acp.adapter.programs import is_training_program
 from paddle_acp.config import CheckpointConfig
 from paddle_acp.config import from_env as config_from_env
-from paddle_acp.errors import AcpError, CheckpointError, ConfigError, CorruptCheckpointError, StorageError
-from paddle_acp.runtime.epoch_range import (
-    CONST_CHECKPOINT,
-    CONST_MEMORYINIT,
-    active_range,
-    resumable,
-    train_epoch_range,
+from paddle_acp.errors import (
+    AcpError,
+    CheckpointError,
+    ConfigError,
+    CorruptCheckpointError,
+    StorageError,
+    UnsupportedPaddleError,
 )
-from paddle_acp.runtime.hook import install, installed, uninstall
-from paddle_acp.runtime.preemption import Preempted
 
 __version__ = "0.1.0"
 
@@ -85,6 +72,86 @@ __all__ = [
     "CONST_MEMORYINIT",
 ]
 
+# The public names that need Paddle: name -> (module, attribute), imported on first use, after the gate.
+_LAZY = {
+    "train_epoch_range": ("paddle_acp.runtime.epoch_range", "train_epoch_range"),
+    "resumable": ("paddle_acp.runtime.epoch_range", "resumable"),
+    "active_range": ("paddle_acp.runtime.epoch_range", "active_range"),
+    "CONST_CHECKPOINT": ("paddle_acp.runtime.epoch_range", "CONST_CHECKPOINT"),
+    "CONST_MEMORYINIT": ("paddle_acp.runtime.epoch_range", "CONST_MEMORYINIT"),
+    "Preempted": ("paddle_acp.runtime.preemption", "Preempted"),
+    "install": ("paddle_acp.runtime.hook", "install"),
+    "uninstall": ("paddle_acp.runtime.hook", "uninstall"),
+    "installed": ("paddle_acp.runtime.hook", "installed"),
+    "is_training_program": ("paddle_acp.adapter.programs", "is_training_program"),
+}
+
+_active = False
+
+
+def _gate_deferred() -> bool:
+    """True only inside the ``paddle-acp`` console script, which runs the gate itself when it needs Paddle."""
+    return getattr(_sys.modules.get("paddle_acp_cli"), "DEFER_PADDLE", False) is True
+
+
+def _setup_logging(deferred: bool) -> None:
+    # Checked before anything imports Paddle: an invalid value is a ConfigError naming the variable.
+    # (Deferred, the command line checks it itself and reports it as a one-line error.)
+    try:
+        level = _config.log_level_from_env()
+    except ConfigError:
+        if not deferred:
+            raise
+        level = "INFO"
+    logger = _logging.getLogger("paddle_acp")
+    if logger.level == _logging.NOTSET:
+        logger.setLevel(level)
+    if not logger.handlers and not _logging.getLogger().handlers:
+        handler = _logging.StreamHandler()
+        handler.setFormatter(_logging.Formatter("[paddle_acp] %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def _activate() -> str:
+    """The version gate, then the Executor.run hook; idempotent. Returns Paddle's version.
+
+    No Paddle, or an unsupported one: one clear UnsupportedPaddleError (an ImportError), before
+    anything else touches Paddle. A newer or development build is used with a warning.
+    """
+    global _active
+    if _active:
+        return str(globals()["PADDLE_VERSION"])
+    _config.log_level_from_env()
+    # Paddle's own logger would fail on PADDLE_TRAINER_ID=x with a bare ValueError: a ConfigError first.
+    _config.trainer_id_from_env()
+    from paddle_acp.adapter import version as paddle_version
+
+    version = paddle_version.check()
+    from paddle_acp.runtime.hook import install
+
+    install()
+    globals()["PADDLE_VERSION"] = version
+    _active = True
+    return version
+
+
+def __getattr__(name: str) -> _Any:  # PEP 562: the Paddle-dependent public names, on first use
+    if name == "PADDLE_VERSION":
+        return _activate()
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'paddle_acp' has no attribute {name!r}")
+    _activate()
+    value = getattr(_importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))
+
+
 def simulate_restart() -> None:
     """Reset paddle-acp's process state as a restart would: ranges are numbered from 0 again.
 
@@ -96,4 +163,6 @@ def simulate_restart() -> None:
     epoch_range.reset()
 
 
-install()
+_setup_logging(_gate_deferred())
+if not _gate_deferred():
+    _activate()

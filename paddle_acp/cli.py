@@ -1,4 +1,8 @@
-"""Command line: ``paddle-acp run`` and the operator tools (ls, inspect, verify, gc, export, stats; see :mod:`paddle_acp.tools`)."""
+"""Command line: ``paddle-acp run`` and the operator tools (ls, inspect, verify, gc, export, stats; see :mod:`paddle_acp.tools`).
+
+Nothing here imports Paddle until ``run`` runs (the tools never do): the console script
+(:mod:`paddle_acp_cli`) defers the package's version gate, and ``run`` calls it itself.
+"""
 
 from __future__ import annotations
 
@@ -25,10 +29,10 @@ def redirect_paddle_auto_checkpoint() -> None:
     """Make Paddle's auto_checkpoint (and checkpoint_saver) module names resolve to ours."""
     import importlib
 
-    from paddle_acp import install
+    import paddle_acp
     from paddle_acp.compat import auto_checkpoint, checkpoint_saver
 
-    install()
+    paddle_acp._activate()  # the version gate and the Executor.run hook (deferred by the console script)
     ours = {"auto_checkpoint": auto_checkpoint, "checkpoint_saver": checkpoint_saver}
     for name, which in _PADDLE_MODULES.items():
         parent_name, _, leaf = name.rpartition(".")
@@ -55,6 +59,9 @@ def _cmd_run(args) -> int:
     _config.from_env()  # fail early, naming the variable, on a bad configuration
     if not os.path.isfile(args.script):
         raise AcpError(f"script {args.script!r} does not exist")
+    import paddle_acp
+
+    paddle_acp._activate()  # no or an unsupported Paddle: one UnsupportedPaddleError line, exit status 2
     redirect_paddle_auto_checkpoint()
     sys.argv = [args.script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
@@ -87,6 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _config.log_level_from_env()  # the package leaves a bad value to us when the gate is deferred
         return args.func(args)
     except AcpError as exc:
         from paddle_acp.storage.base import scrub

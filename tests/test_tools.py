@@ -602,3 +602,64 @@ def test_remote_hdfs(hdfs_server, trained, tmp_path, capsys):
     fs = hdfs_server.filesystem()
     base = f"/tools-{os.getpid()}-{int(time.time())}"
     _remote_round(f"hdfs://{hdfs_server.host}:{hdfs_server.port}{base}", fs, base, trained, tmp_path, capsys)
+
+
+# -- the console script never imports Paddle for the tools ------------------------------------------
+def console_script():
+    path = os.path.join(os.path.dirname(sys.executable), "paddle-acp")
+    assert os.path.exists(path), f"no paddle-acp console script next to {sys.executable} (pip install -e .)"
+    return path
+
+
+def imported_modules(stderr):
+    """The module names of ``PYTHONPROFILEIMPORTTIME`` lines ("import time: self | cumulative | name")."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_the_tools_and_every_help_never_import_paddle(trained, tmp_path):
+    root = trained["root"]
+    commands = [["--help"], ["ls", "--help"], ["run", "--help"], ["stats", "--help"], ["ls", root],
+                ["ls", root, "--json", "--verify"], ["inspect", ckpt_path(root, 3)], ["verify", root],
+                ["gc", root, "--keep", "1", "--dry-run"], ["stats", root], ["export", ckpt_path(root, 3), "--to", str(tmp_path)]]
+    procs = cli_many(*[("!", console_script(), *c) for c in commands], env=child_env(PYTHONPROFILEIMPORTTIME=1))
+    for c, p in zip(commands, procs):
+        assert p.returncode == 0, describe(p)
+        mods = imported_modules(p.stderr)
+        assert "paddle_acp.cli" in mods, describe(p)  # the import profile was read
+        assert not [m for m in mods if m == "paddle" or m.startswith("paddle.")], c
+    assert "ckpt-3" in procs[4].stdout and os.path.exists(tmp_path / "model.pdparams")
+    # the same tools through the package (`python -m paddle_acp`) gate as `import paddle_acp` does
+    p = run_cli("ls", root, env=child_env(PYTHONPROFILEIMPORTTIME=1))
+    assert p.returncode == 0 and "paddle" in imported_modules(p.stderr), describe(p)
+
+
+def test_without_a_usable_paddle_the_tools_work_and_everything_else_refuses(trained, tmp_path):
+    fake = tmp_path / "fake" / "paddle"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('libcudart.so.12: cannot open shared object file')\n")
+    env = child_env()
+    env["PYTHONPATH"] = str(tmp_path / "fake") + os.pathsep + env["PYTHONPATH"]
+    why = "Paddle is installed but failed to import: libcudart.so.12: cannot open shared object file"
+    ls, verify, run, imp, late = cli_many(
+        ("!", console_script(), "ls", trained["root"]),
+        ("!", console_script(), "verify", trained["root"]),
+        ("!", console_script(), "run", "--checkpoint", str(tmp_path / "ck"), TRAIN, "--out", str(tmp_path / "o")),
+        ("!", sys.executable, "-c", "import paddle_acp"),
+        # a process that deferred the gate still gets it at the first name that needs Paddle
+        ("!", sys.executable, "-c", "import paddle_acp_cli, paddle_acp\ntry:\n    paddle_acp.train_epoch_range\n"
+         "except ImportError as e:\n    print(type(e).__name__, e)\n"),
+        env=env)
+    assert ls.returncode == 0 and "ckpt-3" in ls.stdout, describe(ls)
+    assert verify.returncode == 0 and "OK: 3 checkpoint(s) verified" in verify.stdout, describe(verify)
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith(f"paddle-acp: error: {why}; paddle-acp supports"), describe(run)
+    assert not os.path.exists(tmp_path / "ck")
+    assert imp.returncode == 1, describe(imp)
+    assert imp.stderr.strip().splitlines()[-1].startswith(f"paddle_acp.errors.UnsupportedPaddleError: {why}"), describe(imp)
+    assert late.returncode == 0 and late.stdout.startswith(f"UnsupportedPaddleError {why}"), describe(late)
+
+
+def test_a_bad_log_level_is_a_one_line_error_of_the_console_script(trained):
+    p = run_cli("!", console_script(), "ls", trained["root"], env=child_env(PADDLE_ACP_LOG_LEVEL="loud"))
+    assert p.returncode == 2, describe(p)
+    assert p.stderr.strip() == ("paddle-acp: error: PADDLE_ACP_LOG_LEVEL='loud' is not a log level "
+                                "(use one of DEBUG, INFO, WARNING, ERROR, CRITICAL)"), describe(p)
