@@ -300,7 +300,7 @@ def test_queue_falls_back_to_skip_when_host_memory_is_short(hdfs, monkeypatch, c
     from models import build
 
     import paddle_acp as acp
-    from paddle_acp.runtime import epoch_range
+    from paddle_acp.runtime import persist
 
     uri, env = hdfs
     for k, v in env.items():
@@ -308,7 +308,7 @@ def test_queue_falls_back_to_skip_when_host_memory_is_short(hdfs, monkeypatch, c
     monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", uri)
     monkeypatch.setenv("PADDLE_JOB_ID", JOB_ID)
     monkeypatch.setenv("PADDLE_ACP_BUSY_POLICY", "queue")
-    monkeypatch.setattr(epoch_range, "QUEUE_HEADROOM", 1 << 62)
+    monkeypatch.setattr(persist, "QUEUE_HEADROOM", 1 << 62)
     acp.simulate_restart()
     paddle.enable_static()
     with paddle.utils.unique_name.guard():

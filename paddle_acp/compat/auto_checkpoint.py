@@ -38,7 +38,7 @@ from paddle_acp.adapter.programs import program_info, unwrap
 from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from paddle_acp.errors import AcpError, CheckpointError
 from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
-from paddle_acp.runtime.epoch_range import TrainEpochRange as _LibTrainEpochRange
+from paddle_acp.runtime.range import EpochRange as _LibTrainEpochRange
 from paddle_acp.storage.base import redact
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Hook: the patch on ``paddle.static.Executor.run`` that feeds programs to the active range.
 
-The fast path (no active range) is one global lookup; Executor.run is called
-thousands of times a second.
+The fast path (no range to feed) is one attribute lookup on the process state
+(:data:`paddle_acp.runtime.state.STATE`); Executor.run is called thousands of times a second.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from paddle_acp.runtime import epoch_range
+from paddle_acp.runtime.state import STATE
 
 logger = logging.getLogger("paddle_acp")
 
@@ -27,7 +27,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def run(self, *args, **kwargs):
-        r = epoch_range._hooked
+        r = STATE.hooked  # the public field of the process state
         if r is not None:
             program = args[0] if args else kwargs.get("program")
             scope = kwargs.get("scope")

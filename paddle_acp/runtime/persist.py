@@ -1,0 +1,313 @@
+"""Saving: take a range's snapshot and persist it (the save and persist orchestration).
+
+:meth:`PersistMixin.save` decides what a due save does (the busy policy), copies the
+registered programs' state into the snapshot arena and hands the :class:`Snapshot` to the
+:class:`~paddle_acp.runtime.saver.Saver`, which calls :meth:`PersistMixin._persist` on its
+thread: the checkpointer writes it (one writer, or this rank's part of a global checkpoint)
+and the metrics log records the outcome. :meth:`PersistMixin.close` waits for the last save
+and frees the arena.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Optional
+
+from paddle_acp.adapter import rng as rng_state
+from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, copy_into, layout
+from paddle_acp.errors import AcpError
+from paddle_acp.format.checkpointer import Checkpointer, Snapshot
+from paddle_acp.format.manifest import RangeRecord
+from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer, decide_mode
+from paddle_acp.runtime.registry import Registry
+from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action, lower_thread_priority
+from paddle_acp.runtime.state import STATE, check_main_thread
+from paddle_acp.storage.base import redact
+
+logger = logging.getLogger("paddle_acp")
+
+# The ``queue`` busy policy allocates its second snapshot buffer only when the host keeps
+# at least this much memory available after it.
+QUEUE_HEADROOM = 1 << 30
+
+
+def mem_available() -> Optional[int]:
+    """MemAvailable of /proc/meminfo in bytes, or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class PersistMixin:
+    """The saving part of :class:`paddle_acp.runtime.range.EpochRange`: what it reads and
+    writes of the range is declared here."""
+
+    name: str
+    cfg: Any
+    epoch_no: int
+    max_epoch_num: int
+    step: Optional[int]
+    storage: Any
+    registry: Registry
+    checkpointer: Checkpointer
+    gcheckpointer: GlobalCheckpointer
+    metrics: MetricsLog
+    saver: Saver
+    multi: bool
+    rank: int
+    is_writer: bool
+    busy_policy: str
+    _arena: Arena
+    _arena2: Arena
+    _queue_ok: Optional[bool]
+    _skip_streak: int
+    _arena_thread: Optional[threading.Thread]
+    _closed: bool
+    _mode_logged: Optional[str]
+    _final_submitted: bool
+    _last_persist_error: Optional[BaseException]
+    _last_save: float
+    _last_bucket: int
+
+    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None, final: bool = False) -> None:
+        """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set); ``rng``:
+        the RNG states to record, when they were captured earlier than now.
+
+        ``sync`` (preemption) and ``final`` (the range's last epoch) saves are durable:
+        they wait for the checkpoint in flight and are committed before this returns
+        (``final`` when the range closes). Any other save that comes due while the
+        previous checkpoint is still being written follows the busy policy
+        (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.runtime.saver.busy_action`).
+        """
+        check_main_thread("checkpointing")
+        t0 = time.perf_counter()
+        action = self._busy_decision(durable=sync or final or not self.saver.async_save)
+        if action == SKIP:
+            self._skip(t0)
+            return
+        waited = self.saver.wait() if action != QUEUE else 0.0
+        irs = sorted({e.info.ir for e in self.registry.entries})
+        import paddle
+
+        self._join_arena()
+        programs = [e.views() for e in self.registry.entries]
+        mode = None
+        if self.multi:
+            mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
+            if mode != self._mode_logged:
+                logger.info("range %s: rank %d of %d saves %s state (%s)", self.name, self.rank, self.cfg.world_size, mode, why)
+                self._mode_logged = mode
+            if mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
+                programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in programs]
+        size = layout(programs)
+        image = None
+        buffer = 0
+        if action == QUEUE:
+            inflight = self.saver.inflight  # it may finish meanwhile; the other buffer stays free
+            buffer = 1 if inflight is None or inflight.buffer == 0 else 0
+        if size and ((self.saver.async_save and not sync) or self.storage.local):
+            # async: training goes on while the saver writes, so copy into the reused arena;
+            # local disks: the aligned copy lets the write bypass the page cache (O_DIRECT),
+            # which costs far less CPU and time than a buffered write of the views
+            image = (self._arena2 if buffer else self._arena).ensure(size)
+            copy_into(programs, image)
+        snap = Snapshot(
+            range=RangeRecord(self.name, self.epoch_no, self.max_epoch_num, self.step),
+            programs=programs,
+            image=image,
+            data_size=size,
+            rng=rng if rng is not None else rng_state.capture(),
+            paddle_version=paddle.__version__,
+            ir="+".join(irs),
+            extra=self._step_extra(),
+            mode=mode,
+            part_wait=PREEMPT_PART_WAIT if preempt else None,
+            buffer=buffer,
+            durable=sync or final,
+            queued=action == QUEUE,
+            skipped_before=self._skip_streak,
+        )
+        self._skip_streak = 0
+        snap.stall_seconds = time.perf_counter() - t0
+        snap.waited_seconds = waited
+        if action == QUEUE:
+            self.saver.enqueue(snap)
+        else:
+            self.saver.submit(snap)
+        if sync:
+            self.saver.wait()
+        self._last_save = time.monotonic()
+        self._last_bucket = self._bucket()
+
+    def _busy_decision(self, durable: bool) -> str:
+        """What a save due now does (``saver.busy_action`` with this range's state)."""
+        busy = self.saver.busy
+        queue_free = busy and self.busy_policy == QUEUE and self.saver.queue_free
+        return busy_action(self.busy_policy, busy, durable, queue_free, queue_free and self._queue_fits())
+
+    def _queue_fits(self) -> bool:
+        """Whether the ``queue`` policy's second buffer (the size of the first) fits in host
+        memory; decided once per range, with one log line when it does not."""
+        if self._queue_ok is None:
+            need = self._arena.nbytes
+            avail = mem_available()
+            self._queue_ok = avail is None or self._arena2.nbytes >= need or avail - need >= QUEUE_HEADROOM
+            if not self._queue_ok:
+                logger.warning(
+                    "range %s: PADDLE_ACP_BUSY_POLICY=queue: a second snapshot buffer of %d bytes would leave less "
+                    "than %d MiB of host memory available (MemAvailable %d bytes); saves that come due while the "
+                    "previous checkpoint is being written are skipped instead",
+                    self.name, need, QUEUE_HEADROOM >> 20, avail,
+                )
+        return self._queue_ok
+
+    def _skip(self, t0: float) -> None:
+        """Do not take this checkpoint: the previous one is still being written."""
+        self.saver.stats.skipped += 1
+        self._skip_streak += 1
+        at = f"epoch {self.epoch_no}" + ("" if self.step is None else f" step {self.step}")
+        if self._skip_streak == 1:
+            logger.info(
+                "range %s: checkpoint at %s skipped: the previous checkpoint is still being written "
+                "(PADDLE_ACP_BUSY_POLICY=%s); the next due one is taken (further skips in a row are not logged)",
+                self.name, at, self.busy_policy,
+            )
+        self.metrics.add({
+            "event": "skipped", "time": time.time(), "pid": os.getpid(), "range": self.name,
+            "epoch": self.epoch_no, "step": self.step, "stall_s": round(time.perf_counter() - t0, 6),
+            "policy": self.busy_policy,
+        })
+
+    def _persist(self, snap: Snapshot) -> None:
+        t0 = time.perf_counter()
+        record = {
+            "time": time.time(), "pid": os.getpid(), "range": self.name, "epoch": snap.range.epoch_no,
+            "step": snap.range.step, "stall_s": round(snap.stall_seconds, 6), "waited_s": round(snap.waited_seconds, 6),
+            "policy": self.busy_policy,
+        }
+        if snap.queued:
+            record["queued"] = True
+        if snap.skipped_before:
+            record["skipped_before"] = snap.skipped_before
+        if self.multi:
+            self._persist_part(snap, record, t0)
+            return
+        try:
+            number, nbytes = self.checkpointer.save(snap)
+        except BaseException as exc:
+            self._record_failure(record, exc, t0)
+            raise
+        self._last_persist_error = None
+        dt = time.perf_counter() - t0
+        mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
+        record.update(event="saved", ok=True, number=number, bytes=nbytes, persist_s=round(dt, 6),
+                      throughput_mb_s=round(mbps, 3))
+        self.metrics.add(record)
+        if snap.durable:
+            self.metrics.flush()
+        else:
+            self.metrics.flush_due()
+        logger.info(
+            "range %s: saved checkpoint %d (epoch %d%s): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
+            self.name, number, snap.range.epoch_no, "" if snap.range.step is None else f" step {snap.range.step}",
+            nbytes, snap.stall_seconds, dt, mbps,
+        )
+
+    def _record_failure(self, record: dict, exc: BaseException, t0: float) -> None:
+        self._last_persist_error = exc
+        record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
+        self.metrics.add(record)
+        self.metrics.flush_due()
+
+    def _persist_part(self, snap: Snapshot, record: dict, t0: float) -> None:
+        try:
+            res = self.gcheckpointer.save(snap, snap.mode)
+        except BaseException as exc:
+            self._record_failure(record, exc, t0)
+            raise
+        self._last_persist_error = None
+        dt = time.perf_counter() - t0
+        record.update(event="saved" if res.committed is not False else "failed", ok=res.committed is not False,
+                      name=res.name, bytes=res.nbytes, persist_s=round(dt, 6), rank=self.rank,
+                      committed=res.committed, parts_wait_s=round(res.waited, 6))
+        self.metrics.add(record)
+        if snap.durable:
+            self.metrics.flush()
+        else:
+            self.metrics.flush_due()
+        at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
+        if res.committed is None:
+            logger.info("range %s: rank %d wrote its part of checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s",
+                        self.name, self.rank, res.name, at, res.nbytes, snap.stall_seconds, dt)
+        elif res.committed:
+            logger.info("range %s: saved global checkpoint %s (%s, %d ranks, %s): %d bytes of rank 0, stall %.3f s, "
+                        "persist %.3f s (%.3f s waiting for the other parts)", self.name, res.name, at,
+                        self.cfg.world_size, snap.mode, res.nbytes, snap.stall_seconds, dt, res.waited)
+
+    def close(self) -> None:
+        """Wait for the pending save to commit, then free the snapshot arena: an ended range
+        saves no more. Freed here, not when the garbage collector gets to the range: left
+        to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
+        try:
+            self.saver.wait()
+            if self.is_writer:
+                self.metrics.flush()
+            if self._final_submitted and self._last_persist_error is not None:
+                self._final_save_failed(self._last_persist_error)
+        finally:
+            self._closed = True
+            self._join_arena()
+            self._arena.release()
+            self._arena2.release()
+
+    def _final_save_failed(self, error: BaseException) -> None:
+        """The checkpoint after the last epoch failed: say so once, loudly, at the end
+        (``paddle-acp run`` also exits with status 1)."""
+        try:
+            numbers = self.checkpointer.committed_numbers()
+        except AcpError:
+            numbers = []
+        then = f"resumes from checkpoint {numbers[-1]}" if numbers else "starts from scratch"
+        msg = (
+            f"range {self.name} of job {self.cfg.job_id}: the FINAL checkpoint (epoch {self.epoch_no}) was NOT saved "
+            f"({error}); a restart {then} and trains the remaining epochs again. "
+            f"Fix the storage at {redact(self.cfg.uri)} (space, permissions)"
+        )
+        STATE.final_save_failures.append(msg)
+        logger.error("%s", msg)
+
+
+    def _follower(self) -> bool:
+        """A rank other than 0 whose tensors are replicated: its part holds no tensors."""
+        return self.multi and self.rank != 0 and decide_mode(self.cfg.rank_state, self.registry.entries)[0] == "replicated"
+
+
+    def _prepare_arena(self) -> None:
+        """Allocate and fault in the snapshot arena in the background, so the first save
+        does not pay for it on the training thread."""
+        if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.local) or self._follower():
+            return
+        size = layout([e.views() for e in self.registry.entries])
+        self._join_arena()
+
+        def prefault():
+            lower_thread_priority()
+            self._arena.ensure(size)
+
+        self._arena_thread = threading.Thread(target=prefault, name="paddle-acp-arena", daemon=True)
+        self._arena_thread.start()
+
+    def _join_arena(self) -> None:
+        t, self._arena_thread = self._arena_thread, None
+        if t is not None:
+            t.join()
+

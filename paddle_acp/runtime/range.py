@@ -1,0 +1,285 @@
+"""The epoch range: one ``train_epoch_range`` loop, its epochs and the programs it feeds on.
+
+:class:`EpochRange` is opened by :meth:`EpochRange.open` (the storage, the job marker and
+writer fence, the checkpoint it resumes from: all I/O happens there, the constructor does
+none) and iterated by :meth:`EpochRange.epochs`. Its parts live beside it:
+:mod:`~paddle_acp.runtime.steps` (mid-epoch steps), :mod:`~paddle_acp.runtime.persist`
+(saving) and :mod:`~paddle_acp.runtime.restore` (restoring).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+from paddle_acp import config as _config
+from paddle_acp.adapter import rng as rng_state
+from paddle_acp.adapter.programs import program_info, unwrap
+from paddle_acp.adapter.tensors import Arena
+from paddle_acp.errors import AcpError, CheckpointError, ConfigError
+from paddle_acp.format.checkpointer import Checkpointer, LoadedCheckpoint
+from paddle_acp.format.fencing import Fence
+from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.multirank import GlobalCheckpointer
+from paddle_acp.runtime import preemption
+from paddle_acp.runtime.persist import PersistMixin
+from paddle_acp.runtime.registry import Registry
+from paddle_acp.runtime.restore import CONST_MEMORYINIT, RestoreMixin
+from paddle_acp.runtime.saver import WAIT, Saver
+from paddle_acp.runtime.state import STATE, check_main_thread
+from paddle_acp.runtime.steps import StepsMixin
+from paddle_acp.storage.base import open_storage, redact
+
+logger = logging.getLogger("paddle_acp")
+
+_static = None
+
+
+def _paddle_static():
+    global _static
+    if _static is None:
+        import paddle.static
+
+        _static = paddle.static
+    return _static
+
+
+def open_storage_for(cfg: _config.CheckpointConfig):
+    user = cfg.hdfs_ugi.split(",", 1)[0] if cfg.hdfs_ugi else None
+    return open_storage(cfg.uri, hdfs_user=user, hadoop_home=cfg.hdfs_home, cache_dir=cfg.fs_cache)
+
+
+class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
+    """The state of one active ``train_epoch_range`` loop (``paddle_acp.active_range()``)."""
+
+    @classmethod
+    def open(cls, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig,
+             save_checkpoint_inter=None) -> "EpochRange":
+        """Open a range: validate the arguments, open the storage, write the job marker and take
+        the writer fence (trainer 0), load the checkpoint it resumes from."""
+        check_range_args(max_epoch_num, save_checkpoint_inter)
+        storage = open_storage_for(cfg)
+        r = cls(max_epoch_num, name, cfg, storage, save_checkpoint_inter)
+        r._open()
+        return r
+
+    def __init__(self, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig, storage,
+                 save_checkpoint_inter=None):
+        """No I/O here: :meth:`open` builds a range and opens it."""
+        check_range_args(max_epoch_num, save_checkpoint_inter)
+        self.max_epoch_num = max_epoch_num
+        self.name = name
+        self.cfg = cfg
+        if save_checkpoint_inter is None:
+            self.save_interval = cfg.save_interval
+        else:
+            self.save_interval = _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
+        self.epoch_no = -1
+        self.restored_from = CONST_MEMORYINIT
+        self.restored_number: Optional[int] = None
+        self.registry = Registry()
+        self.storage = storage
+        # several ranks (PADDLE_TRAINERS_NUM > 1): every rank writes its part, rank 0 commits
+        self.multi = cfg.multi_rank
+        self.rank = cfg.trainer_id
+        self.fence: Optional[Fence] = None
+        self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep, single_writer=cfg.trainer_id == 0)
+        self.gcheckpointer = GlobalCheckpointer(
+            self.storage, cfg.job_id, name, cfg.trainer_id, cfg.world_size or 1, cfg.max_to_keep, cfg.part_timeout
+        )
+        self.mode: Optional[str] = None  # decided at each save (multi-rank)
+        self._mode_logged: Optional[str] = None
+        self.saver = Saver(self._persist, cfg.async_save)
+        self._arena = Arena()
+        self._arena2 = Arena()  # the ``queue`` policy's second buffer, allocated when first needed
+        self._queue_ok: Optional[bool] = None  # whether that buffer fits in host memory (decided once)
+        self._skip_streak = 0
+        self._arena_thread: Optional[threading.Thread] = None
+        self._closed = False  # ended: no more saves, the arena is freed
+        self._seen_program: Any = None  # the last registered (program, scope) run
+        self._seen_scope: Any = None
+        self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
+        self._loaded: Optional[LoadedCheckpoint] = None
+        self._last_save = time.monotonic()
+        self._last_bucket = self._bucket()
+        self.is_writer = self.multi or cfg.trainer_id == 0
+        self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
+        self._resume_step: Optional[int] = None
+        self._resume_extra: dict = {}
+        self._epoch_start_rng: Optional[dict] = None
+        self._loader_state = None
+        self.inherited: Optional[EpochRange] = None  # an ended range whose restore is pending
+        self._final_submitted = False  # the save after the last epoch was submitted
+        self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
+        self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
+        self.exit_on_preempt = preemption.exit_on_preempt_from_env()
+        self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
+        # Several ranks must take the same checkpoints, and they do not decide together yet
+        # (busy_action is the one place such a decision would go): they wait.
+        self.busy_policy = WAIT if self.multi else cfg.busy_policy
+
+    def _open(self) -> None:
+        """The range's I/O before its first epoch: job marker and fence, the checkpoint to resume from."""
+        cfg = self.cfg
+        if cfg.trainer_id == 0:
+            marker = (self.storage.uri, cfg.job_id)
+            try:
+                if marker not in STATE.marked_jobs:  # once per process, not per range
+                    self.checkpointer.write_job_marker()
+                    STATE.marked_jobs.add(marker)
+                self.fence = STATE.fence_for(self.storage, cfg.job_id, cfg.trainer_id)
+            except AcpError as exc:
+                raise ConfigError(
+                    f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not writable: {exc}"
+                ) from exc
+            self.checkpointer.fence = self.gcheckpointer.fence = self.fence
+        if cfg.trainer_id > 0 and cfg.world_size is None:
+            logger.warning(
+                "PADDLE_TRAINER_ID=%d but PADDLE_TRAINERS_NUM is not set: this trainer restores trainer 0's state "
+                "and writes nothing. Set PADDLE_TRAINERS_NUM (paddle.distributed.launch does) for per-rank state.",
+                cfg.trainer_id,
+            )
+        self._load_newest()
+        if self.multi and cfg.busy_policy != WAIT and self.rank == 0:
+            logger.info("range %s: %d ranks: a save that comes due while the previous checkpoint is being written "
+                        "waits for it (PADDLE_ACP_BUSY_POLICY=%s applies to jobs of one writer)",
+                        self.name, cfg.world_size, cfg.busy_policy)
+        if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
+            self.metrics.add({"event": "start", "time": time.time(), "pid": os.getpid(), "range": self.name,
+                              "restored": self.restored_number, "policy": self.busy_policy})
+
+    # -- the loop ------------------------------------------------------------
+    def epochs(self) -> Iterator[int]:
+        check_main_thread("train_epoch_range")
+        end = sys.maxsize if self.max_epoch_num < 0 else self.max_epoch_num
+        start = self.epoch_no + 1
+        self._resume_rng(start)
+        self._log_plan(start, end)
+        self._last_save = time.monotonic()
+        self.watcher.install()
+        try:
+            for i in range(start, end):
+                self.epoch_no = i
+                self.step = None
+                self._epoch_start_rng = rng_state.capture() if self._resume_step is None else self._resume_extra.get("epoch_start_rng")
+                yield i
+                if self._resume_step is not None:
+                    raise CheckpointError(
+                        f"range {self.name}: the checkpoint was taken at step {self._resume_step} of epoch {i}, "
+                        "but this epoch did not iterate its data through paddle_acp.resumable(...)"
+                    )
+                self.step = None
+                self._end_of_epoch(last=(i == end - 1))
+        finally:
+            self.watcher.uninstall()
+
+    def _log_plan(self, start: int, end: int) -> None:
+        """Say at the start when and where checkpoints will be taken (a short run with the default
+        interval of 900 s checkpoints only after its last epoch: a kill before that loses it all)."""
+        where = f"{self.storage.uri.rstrip('/')}/{self.checkpointer.dir}"
+        if not self.is_writer:
+            logger.info("range %s of job %s: trainer %d restores from %s; only trainer 0 writes checkpoints",
+                        self.name, self.cfg.job_id, self.cfg.trainer_id, where)
+            return
+        if start >= end:
+            return
+        if self.save_interval == 0:
+            when = "at the end of every epoch"
+        else:
+            when = (f"at the end of the first epoch ending {self.save_interval:g} s or more after the previous "
+                    "checkpoint (save_checkpoint_inter / PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
+        last = "" if self.max_epoch_num < 0 else f" and after the last epoch ({end - 1})"
+        logger.info("range %s of job %s: checkpoints go to %s %s%s", self.name, self.cfg.job_id, where, when, last)
+
+    def _end_of_epoch(self, last: bool) -> None:
+        if self.watcher.received is not None:
+            self._preempt()
+        if not self.is_writer:
+            return
+        if last:
+            self.save(final=True)
+            self._final_submitted = True
+        elif self._save_due():
+            self.save()
+
+    def _bucket(self) -> int:
+        if self.save_interval <= 0:
+            return 0
+        return int(time.time() // self.save_interval)
+
+    def _save_due(self) -> bool:
+        """Whether ``save_checkpoint_inter`` seconds have passed. Several ranks decide on the
+        wall clock's interval buckets, so that they pick the same boundary without talking
+        (a boundary that falls between two ranks' decisions abandons that one checkpoint)."""
+        if self.save_interval <= 0:
+            return True
+        if self.multi:
+            return self._bucket() != self._last_bucket
+        return time.monotonic() - self._last_save >= self.save_interval
+
+    def _preempt(self, rng: Optional[dict] = None) -> None:
+        signum = self.watcher.received
+        if self.is_writer:
+            self.save(sync=True, preempt=True, rng=rng)
+        logger.warning("range %s: preempted by signal %d at epoch %d%s", self.name, signum, self.epoch_no,
+                       f" step {self.step}" if self.step is not None else "")
+        if self.exit_on_preempt:
+            raise preemption.Preempted(signum)
+        self.watcher.clear()
+
+    # -- hook entry point ----------------------------------------------------
+    def on_run(self, exe, program, scope) -> None:
+        """Called by the hook before every Executor.run while this range is active."""
+        try:
+            self._on_run(exe, program, scope)
+        except AcpError:
+            self.failed = True  # the error is the user's; nothing more is restored at the loop's end
+            raise
+
+    def _on_run(self, exe, program, scope) -> None:
+        if program is None:
+            program = _paddle_static().default_main_program()
+        if scope is None:
+            scope = _paddle_static().global_scope()
+        if program is self._seen_program and scope is self._seen_scope:
+            return  # the same registered program as last time: the common case, kept cheap
+        inner = unwrap(program)
+        if self.registry.lookup(inner, scope) is not None:
+            self._seen_program, self._seen_scope = program, scope
+            return
+        if getattr(inner, "_is_distributed", False):
+            return  # parameter-server programs: their state lives on the servers (as in Paddle)
+        info = program_info(inner)
+        if not info.is_training:
+            return
+        check_main_thread("checkpointing")
+        place = getattr(exe, "place", None)
+        entry, is_new = self.registry.add(info, inner, scope, place)
+        if not is_new:
+            return
+        logger.info("range %s: registered training program %s (%s)", self.name, entry.key, info.label)
+        if self.multi and self._loaded is not None:
+            self._check_topology()
+        self._prepare_arena()
+        if self._loaded is not None and self._restore_entry(entry):
+            return
+        prev = self.inherited
+        if prev is not None and prev.restore_pending and prev._loaded.manifest.program(entry.key) is not None:
+            # first run after an earlier, finished range restored from a checkpoint and this
+            # range has none yet: the program continues from the state that range ended with
+            prev._restore_entry(entry)
+
+    def get(self) -> int:
+        return self.epoch_no
+
+
+def check_range_args(max_epoch_num, save_checkpoint_inter) -> None:
+    """ConfigError for a ``train_epoch_range`` argument that is not what it must be."""
+    if isinstance(max_epoch_num, bool) or not isinstance(max_epoch_num, int):
+        raise ConfigError(f"max_epoch_num={max_epoch_num!r} must be an integer")
+    if save_checkpoint_inter is not None:
+        _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")

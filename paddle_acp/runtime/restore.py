@@ -1,0 +1,199 @@
+"""Restoring: find the checkpoint a range resumes from and write its state back.
+
+:meth:`RestoreMixin._load_newest` (when the range opens) picks the newest valid checkpoint
+(``load_newest``: the single-writer or the global one) and sets the epoch and step the loop
+resumes at; :meth:`RestoreMixin._resume_rng` restores the RNG state when the loop starts.
+Each training program gets its tensors and LR scheduler back on its first ``Executor.run``
+(:meth:`RestoreMixin._restore_entry`); programs that never ran in the range are written
+into the global scope when the loop ends (:meth:`RestoreMixin.restore_pending_into_global_scope`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from paddle_acp.adapter import rng as rng_state
+from paddle_acp.adapter.tensors import dtype_name
+from paddle_acp.errors import CheckpointError
+from paddle_acp.format.checkpointer import Checkpointer, LoadedCheckpoint
+from paddle_acp.format.multirank import GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
+from paddle_acp.runtime.state import STATE
+
+logger = logging.getLogger("paddle_acp")
+
+CONST_CHECKPOINT = "checkpoint"
+CONST_MEMORYINIT = "memory_init"
+
+
+class RestoreMixin:
+    """The restoring part of :class:`paddle_acp.runtime.range.EpochRange`: what it reads and
+    writes of the range is declared here."""
+
+    name: str
+    cfg: Any
+    multi: bool
+    rank: int
+    epoch_no: int
+    checkpointer: Checkpointer
+    gcheckpointer: GlobalCheckpointer
+    restored_from: str
+    restored_number: Optional[int]
+    _loaded: Optional[LoadedCheckpoint]
+    _resume_step: Optional[int]
+    _resume_extra: dict
+    registry: Any
+
+    def _load_newest(self) -> None:
+        """Load the newest valid checkpoint of this range (if any) and resume at its position."""
+        cfg = self.cfg
+        running = cfg.rank_state if cfg.rank_state != "auto" else (
+            "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
+        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None)
+        if self.multi:
+            self.gcheckpointer.base = loaded.name if loaded is not None else None
+            self.gcheckpointer.discard_newer(loaded.position_key if loaded is not None else None)
+        if loaded is not None:
+            self._loaded = loaded
+            rec = loaded.manifest.range
+            # A mid-epoch checkpoint (step set) resumes inside its epoch.
+            self.epoch_no = rec.epoch_no if rec.step is None else rec.epoch_no - 1
+            self._resume_step = rec.step
+            self._resume_extra = loaded.manifest.extra
+            self.restored_from = CONST_CHECKPOINT
+            self.restored_number = loaded.manifest.number
+
+    def _resume_rng(self, start: int) -> None:
+        """At the loop's start: restore the checkpoint's RNG state and say where the loop resumes."""
+        if self._loaded is None:
+            return
+        m = self._loaded.manifest
+        if self._resume_step is not None and self._resume_extra.get("epoch_start_rng") is not None:
+            # mid-epoch: replay the epoch's start; resumable() restores m.rng after fast-forward
+            rng_state.restore(self._resume_extra["epoch_start_rng"])
+        elif m.rng is not None:
+            rng_state.restore(m.rng)
+        at = f"epoch {start}" + (f", step {self._resume_step}" if self._resume_step is not None else "")
+        if self._loaded.global_manifest is not None:
+            logger.info(
+                "range %s of job %s: rank %d resuming at %s from global checkpoint %s (%s, %s)",
+                self.name, self.cfg.job_id, self.rank, at, self._loaded.name, self._loaded.path,
+                self._loaded.global_manifest.topology(),
+            )
+        else:
+            logger.info(
+                "range %s of job %s: resuming at %s from checkpoint %d (%s)",
+                self.name, self.cfg.job_id, at, m.number, self._loaded.path,
+            )
+
+    def _restore_entry(self, entry) -> bool:
+        """Restore ``entry`` from this range's checkpoint; False when the checkpoint lacks it."""
+        m = self._loaded.manifest
+        rec = m.program(entry.key)
+        if rec is None:
+            saved = {t.name for p in m.programs for t in p.tensors}
+            clash = sorted(set(entry.info.persistables) & saved)
+            if clash:
+                raise CheckpointError(
+                    f"training program {entry.key} ({entry.info.label}) does not match any program in checkpoint "
+                    f"{m.number} at {self._loaded.path}, yet shares variables with it ({', '.join(clash[:5])}"
+                    f"{', ...' if len(clash) > 5 else ''}): the script's model changed since the checkpoint "
+                    "was written. Use a new PADDLE_JOB_ID or remove the old checkpoints."
+                )
+            logger.warning(
+                "range %s: training program %s is not in checkpoint %d; it starts from its current state",
+                self.name, entry.key, m.number,
+            )
+            return False
+        entry.restore(self._loaded, rec.lr_scheduler)
+        logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
+        if not self._loaded.arrays:
+            self._release_restore()
+        return True
+
+    def _release_restore(self) -> None:
+        """Every restored program has its state back: drop the loaded arrays."""
+        if self._loaded is not None:
+            self._loaded.close()
+        if STATE.hooked is self and STATE.active is not self:
+            STATE.hooked = None
+
+    def restore_pending_into_global_scope(self) -> None:
+        """Write the state of restored programs that never ran into the global scope, by name.
+
+        A restarted job whose range has no epochs left runs no program inside
+        it; code after the loop must still see the trained state. (The LR
+        scheduler follows when the program first runs.)
+        """
+        if not self.restore_pending:
+            return
+        import paddle
+        from paddle.base import framework
+
+        scope = paddle.static.global_scope()
+        self._check_global_scope(scope)
+        # each tensor stays where it lives (a GPU job's parameters on its GPU); one the scope holds
+        # nothing for yet goes to Paddle's default device, as the executor would put it
+        default = framework._current_expected_place_()
+        for p in self._loaded.manifest.programs:
+            self._loaded.write_program(p.key, scope, None, consume=False, default_place=default)
+        logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
+
+    def _check_global_scope(self, scope) -> None:
+        """The checkpoint's pending tensors must fit the variables the scope already holds (same
+        dtype and shape), as a registered program's fingerprint guarantees mid-run: a model changed
+        since the checkpoint must fail here, not leave the old model in the scope."""
+        m = self._loaded.manifest
+        pending = self._loaded._pending
+        bad = []
+        for p in m.programs:
+            for t in p.tensors:
+                if (p.key, t.name) not in pending:
+                    continue
+                var = scope.find_var(t.name)
+                if var is None:
+                    continue
+                try:
+                    tensor = var.get_tensor()
+                except Exception:  # not a dense tensor (a reader, a list): the program differs
+                    bad.append(f"{t.name}: checkpoint {t.dtype}{list(t.shape)}, scope holds a non-tensor variable")
+                    continue
+                if not tensor._is_initialized():
+                    continue
+                try:
+                    dt = dtype_name(tensor)
+                except CheckpointError:
+                    dt = str(tensor._dtype())
+                shape = list(tensor.shape())
+                if dt != t.dtype or shape != list(t.shape):
+                    bad.append(f"{t.name}: checkpoint {t.dtype}{list(t.shape)}, program {dt}{shape}")
+        if bad:
+            self._release_restore()
+            raise CheckpointError(
+                f"range {self.name} of job {self.cfg.job_id} finished in checkpoint {m.number} at {self._loaded.path}, "
+                f"but the model changed since: {len(bad)} variable(s) differ ({'; '.join(bad[:5])}"
+                f"{'; ...' if len(bad) > 5 else ''}). Nothing was written into the scope. Use a new PADDLE_JOB_ID "
+                "or remove the old checkpoints to train the new model."
+            )
+
+    @property
+    def restore_pending(self) -> bool:
+        return self._loaded is not None and bool(self._loaded.arrays)
+
+    def _check_topology(self) -> None:
+        """A job that keeps per-rank state must not resume from a replicated checkpoint
+        (every rank would silently load rank 0's state)."""
+        mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
+        if mode != "per-rank":
+            return
+        g = self._loaded.global_manifest
+        if g is None:
+            raise CheckpointError(
+                f"rank {self.rank}: checkpoint {self._loaded.name} of range {self.name} (job {self.cfg.job_id}) was written by "
+                f"trainer 0 alone (replicated state), but this job keeps per-rank state ({why}; world size "
+                f"{self.cfg.world_size}): every rank would load rank 0's state. Set PADDLE_ACP_RANK_STATE=replicated if "
+                "the ranks' state is identical, or start a new job (a new PADDLE_JOB_ID)."
+            )
+        if g.mode != "per-rank":
+            raise self.gcheckpointer.topology_error(g, "per-rank", f"this job keeps per-rank state ({why}) and a "
+                                                    "replicated checkpoint holds only rank 0's tensors")

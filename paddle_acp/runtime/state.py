@@ -1,0 +1,74 @@
+"""Process state: everything paddle-acp remembers between ranges of one process, in one object.
+
+A restart (and :func:`paddle_acp.simulate_restart`) starts from a fresh :class:`ProcessState`:
+ranges are numbered from 0 again, the job marker is written again, the writer fence takes a
+new generation. The ``Executor.run`` hook reads :attr:`ProcessState.hooked` on every run
+(one attribute lookup: the fast path of a call made thousands of times a second).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+
+from paddle_acp.errors import CheckpointError
+from paddle_acp.format.fencing import Fence
+
+if TYPE_CHECKING:
+    from paddle_acp.runtime.range import EpochRange
+
+
+class ProcessState:
+    """The process-wide state of the runtime layer (one instance: :data:`STATE`)."""
+
+    def __init__(self) -> None:
+        # The range whose loop runs now (``active_range()``, ``resumable``).
+        self.active: Optional["EpochRange"] = None
+        # The range the Executor.run hook feeds: the active one, or an ended one whose restored
+        # programs have not run yet (a finished job restarted: its loop yields nothing, but code
+        # after the loop must see the restored state).
+        self.hooked: Optional["EpochRange"] = None
+        self.range_counter = 0
+        self.logged_inactive = False  # "checkpointing is off" was logged
+        # One message per range whose final checkpoint failed (``paddle-acp run`` exits 1 when any).
+        self.final_save_failures: List[str] = []
+        # (storage URI, job id) -> this process's writer Fence (one generation per start)
+        self.fences: Dict[Tuple[str, str], Fence] = {}
+        # (storage URI, job id) whose job marker this process wrote or found (once per process, not per range)
+        self.marked_jobs: Set[Tuple[str, str]] = set()
+
+    def next_range_name(self) -> str:
+        name = f"_range_{self.range_counter}"
+        self.range_counter += 1
+        return name
+
+    def fence_for(self, storage, job_id: str, rank: int) -> Fence:
+        """This process's writer fence for ``job_id`` on ``storage`` (taken once per process)."""
+        key = (storage.uri, job_id)
+        f = self.fences.get(key)
+        if f is None:
+            f = self.fences[key] = Fence.take(storage, job_id, rank)
+        return f
+
+    def reset(self) -> None:
+        """Forget everything, as a restart would (waits for the active range's save first)."""
+        if self.active is not None:
+            self.active.close()
+        self.active = self.hooked = None
+        self.fences.clear()
+        self.range_counter = 0
+        self.logged_inactive = False
+        self.final_save_failures.clear()  # cleared in place: callers may hold the list
+        self.marked_jobs.clear()
+
+
+STATE = ProcessState()
+
+
+def check_main_thread(what: str) -> None:
+    """Ranges, saves and program registration run on the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        raise CheckpointError(
+            f"paddle-acp {what} must run on the main thread, not in thread "
+            f"{threading.current_thread().name!r}"
+        )
