@@ -17,7 +17,8 @@ import fractions
 import logging
 import os
 import re
-from typing import Mapping, Optional
+import signal
+from typing import List, Mapping, Optional, Tuple
 
 from paddle_acp.errors import ConfigError
 
@@ -39,7 +40,10 @@ logger = logging.getLogger("paddle_acp")
 
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
 
-# The variables this module reads, for documentation and ``paddle-acp env``.
+# Every environment variable paddle-acp reads, each read in this module only (tests/test_config.py greps
+# the package: a PADDLE_ACP_* name anywhere must be listed here and documented in README.md's table).
+# To add one: list it here, read it in a ``*_from_env(env=None)`` function of this module that raises
+# ConfigError naming it (``parse_bool`` for a boolean), and add a row to README.md's table.
 ENV_VARS = (
     "PADDLE_ACP_CHECKPOINT_URI",
     "PADDLE_ACP_SAVE_INTERVAL",
@@ -49,6 +53,10 @@ ENV_VARS = (
     "PADDLE_ACP_CONNECT_TIMEOUT",
     "PADDLE_ACP_BUSY_POLICY",
     "PADDLE_ACP_HOST_MEMORY",
+    "PADDLE_ACP_PREEMPT_SIGNALS",
+    "PADDLE_ACP_EXIT_ON_PREEMPT",
+    "PADDLE_ACP_HDFS_CLIENT",
+    "PADDLE_ACP_PROGRESS",
     "PADDLE_RUNNING_ENV",
     "PADDLE_RUNNING_PLATFORM",
     "PADDLE_JOB_ID",
@@ -63,6 +71,14 @@ ENV_VARS = (
     "PADDLE_EDL_ONLY_FOR_CE_TEST",
     "PADDLE_EDL_FS_CACHE",
     "PADDLE_EDL_SAVE_CHECKPOINT_INTER",
+    # other tools' variables, read for their clients
+    "HADOOP_HOME",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
 )
 
 
@@ -219,6 +235,89 @@ def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
     return seconds
 
 
+def preempt_signals_from_env(env: Optional[Mapping[str, str]] = None) -> List[int]:
+    """``PADDLE_ACP_PREEMPT_SIGNALS``: comma-separated catchable signals (``SIGTERM`` or ``TERM``),
+    ``SIGTERM`` when unset; empty: none."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_PREEMPT_SIGNALS", "SIGTERM")
+    out = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        name = part.upper() if part.upper().startswith("SIG") else "SIG" + part.upper()
+        sig = getattr(signal, name, None)
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a catchable signal")
+        out.append(int(sig))
+    return out
+
+
+def exit_on_preempt_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
+    """``PADDLE_ACP_EXIT_ON_PREEMPT``: exit after a preemption save (default 1)."""
+    env = os.environ if env is None else env
+    return _bool(env, "PADDLE_ACP_EXIT_ON_PREEMPT", True)
+
+
+def progress_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """``PADDLE_ACP_PROGRESS``: True/False forces the tools' progress line on or off (a boolean, or
+    ``always``/``never``); None (unset, empty or ``auto``): shown when stderr is a terminal."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_PROGRESS")
+    low = (raw or "").strip().lower()
+    if low in ("", "auto"):
+        return None
+    if low in ("always", "never"):
+        return low == "always"
+    return parse_bool(raw, "PADDLE_ACP_PROGRESS", False)
+
+
+HDFS_CLIENTS = ("pyarrow", "hdfs-native", "cli")
+
+
+def hdfs_client_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``PADDLE_ACP_HDFS_CLIENT``: the HDFS client to use (one of :data:`HDFS_CLIENTS`), or None
+    (unset or empty: the first that works)."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_HDFS_CLIENT")
+    if not raw:
+        return None
+    if raw not in HDFS_CLIENTS:
+        raise ConfigError(f"PADDLE_ACP_HDFS_CLIENT={raw!r} must be one of {', '.join(HDFS_CLIENTS)}")
+    return raw
+
+
+def hadoop_home_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The Hadoop installation of the hadoop command line client: ``PADDLE_EDL_HDFS_HOME``, else
+    ``HADOOP_HOME``, else None."""
+    env = os.environ if env is None else env
+    return env.get("PADDLE_EDL_HDFS_HOME") or env.get("HADOOP_HOME") or None
+
+
+def hdfs_ugi_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``PADDLE_EDL_HDFS_UGI`` (``user,password``) as set, or None. A secret: never log it."""
+    env = os.environ if env is None else env
+    return env.get("PADDLE_EDL_HDFS_UGI") or None
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Env:
+    """The AWS variables the S3 client reads (beyond what pyarrow reads itself)."""
+
+    endpoint: Optional[str]  # AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL
+    region: str  # AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1
+    secrets: Tuple[str, ...]  # AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN where set: never in a message
+
+
+def s3_from_env(env: Optional[Mapping[str, str]] = None) -> S3Env:
+    env = os.environ if env is None else env
+    secrets = tuple(v for v in (env.get("AWS_SECRET_ACCESS_KEY"), env.get("AWS_SESSION_TOKEN")) if v)
+    return S3Env(
+        endpoint=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        secrets=secrets,
+    )
+
+
 def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
     if not isinstance(value, str) or not value or ".." in value or not _JOB_ID_RE.fullmatch(value):
         raise ConfigError(
@@ -251,16 +350,25 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_bool(raw: Optional[str], name: str, default: bool) -> bool:
+    """The one boolean parser: ``1/true/yes/on`` and ``0/false/no/off`` (any case, surrounding
+    blanks ignored); ``default`` when ``raw`` is None or blank; else ConfigError naming ``name``."""
     if raw is None or raw.strip() == "":
         return default
     low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
+    if low in TRUE_WORDS:
         return True
-    if low in ("0", "false", "no", "off"):
+    if low in FALSE_WORDS:
         return False
     raise ConfigError(f"{name}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    return parse_bool(env.get(name), name, default)
 
 
 def _busy_policy(env: Mapping[str, str]) -> str:
@@ -401,3 +509,14 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         ce_test=ce_test,
         **common,
     )
+
+
+def paddlecloud_view_from_env(env: Optional[Mapping[str, str]] = None) -> Tuple[Optional[str], CheckpointConfig]:
+    """What Paddle's ``AutoCheckpointChecker`` describes: ``PADDLE_RUNNING_ENV`` and the configuration.
+    Under PaddleCloud (``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT``) that is the PaddleCloud
+    variables' configuration (``PADDLE_ACP_CHECKPOINT_URI`` ignored), as Paddle's checker read it."""
+    env = os.environ if env is None else env
+    run_env = env.get("PADDLE_RUNNING_ENV")
+    if run_env == PADDLECLOUD_RUNNING_ENV:
+        env = {k: v for k, v in env.items() if k != "PADDLE_ACP_CHECKPOINT_URI"}
+    return run_env, from_env(env)

@@ -1,7 +1,14 @@
 """Configuration from the environment: activation, defaults and clear errors."""
 
-import pytest
+import pathlib
+import re
+import signal
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from paddle_acp import config
 from paddle_acp.config import CheckpointConfig, from_env
 from paddle_acp.errors import ConfigError
 
@@ -103,3 +110,82 @@ def test_launcher_without_job_id_warns(caplog):
     caplog.clear()
     from_env(dict(env, PADDLE_JOB_ID="j1"))
     assert "PADDLE_JOB_ID is not set" not in caplog.text
+
+
+# -- every variable in one place --------------------------------------------------------------
+PKG = pathlib.Path(config.__file__).resolve().parent
+README = PKG.parent / "README.md"
+
+
+def _package_sources():
+    return sorted(p for p in PKG.rglob("*.py"))
+
+
+def test_every_paddle_acp_variable_is_listed_and_documented():
+    """A PADDLE_ACP_* name anywhere in the package is in config.ENV_VARS and in README.md's table."""
+    readme_rows = {m.group(1) for m in re.finditer(r"^\| `([A-Z0-9_]+)` \|", README.read_text(), re.M)}
+    seen = {}
+    for path in _package_sources():
+        for name in re.findall(r"\bPADDLE_ACP_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()):
+            seen.setdefault(name, path.relative_to(PKG.parent))
+    assert len(seen) >= 10, seen  # the grep found the package's variables
+    unlisted = {n: str(p) for n, p in seen.items() if n not in config.ENV_VARS}
+    assert not unlisted, f"read but not in config.ENV_VARS: {unlisted}"
+    undocumented = sorted(n for n in config.ENV_VARS if n.startswith("PADDLE_") and n not in readme_rows)
+    assert not undocumented, f"in config.ENV_VARS but no row in README.md's table: {undocumented}"
+    assert len(set(config.ENV_VARS)) == len(config.ENV_VARS)
+
+
+@pytest.mark.parametrize("raw,value", [("1", True), ("true", True), (" Yes ", True), ("ON", True),
+                                       ("0", False), ("false", False), ("no", False), ("Off", False)])
+def test_parse_bool_words(raw, value):
+    assert config.parse_bool(raw, "X", not value) is value
+
+
+@given(st.one_of(st.none(), st.text(alphabet=" \t", max_size=3)), st.booleans())
+def test_parse_bool_unset_or_blank_is_the_default(raw, default):
+    assert config.parse_bool(raw, "X", default) is default
+
+
+@given(st.text(max_size=12).filter(lambda s: s.strip().lower() not in config.TRUE_WORDS + config.FALSE_WORDS
+                                   and s.strip() != ""))
+def test_parse_bool_anything_else_names_the_variable(raw):
+    with pytest.raises(ConfigError, match="PADDLE_ACP_SOMETHING"):
+        config.parse_bool(raw, "PADDLE_ACP_SOMETHING", True)
+
+
+def test_booleans_of_every_reader_share_the_parser():
+    for name, read in [("PADDLE_ACP_ASYNC", lambda e: config.from_env(e).async_save),
+                       ("PADDLE_ACP_EXIT_ON_PREEMPT", config.exit_on_preempt_from_env)]:
+        assert read({name: "off"}) is False and read({name: " YES "}) is True
+        with pytest.raises(ConfigError, match=name):
+            read({name: "maybe"})
+    assert config.exit_on_preempt_from_env({}) is True
+    assert config.progress_from_env({}) is None and config.progress_from_env({"PADDLE_ACP_PROGRESS": "auto"}) is None
+    assert config.progress_from_env({"PADDLE_ACP_PROGRESS": "always"}) is True
+    assert config.progress_from_env({"PADDLE_ACP_PROGRESS": "0"}) is False
+    with pytest.raises(ConfigError, match="PADDLE_ACP_PROGRESS"):
+        config.progress_from_env({"PADDLE_ACP_PROGRESS": "loud"})
+
+
+def test_preempt_signals():
+    assert config.preempt_signals_from_env({}) == [signal.SIGTERM]
+    assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": "TERM, sigusr1"}) == [
+        signal.SIGTERM, signal.SIGUSR1]
+    assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": ""}) == []
+    for bad in ("SIGKILL", "SIGNOPE", "STOP"):
+        with pytest.raises(ConfigError, match="PADDLE_ACP_PREEMPT_SIGNALS"):
+            config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": bad})
+
+
+def test_storage_client_variables():
+    assert config.hdfs_client_from_env({}) is None
+    assert config.hdfs_client_from_env({"PADDLE_ACP_HDFS_CLIENT": "cli"}) == "cli"
+    with pytest.raises(ConfigError, match="PADDLE_ACP_HDFS_CLIENT"):
+        config.hdfs_client_from_env({"PADDLE_ACP_HDFS_CLIENT": "webhdfs"})
+    assert config.hadoop_home_from_env({"HADOOP_HOME": "/h"}) == "/h"
+    assert config.hadoop_home_from_env({"HADOOP_HOME": "/h", "PADDLE_EDL_HDFS_HOME": "/p"}) == "/p"
+    s3 = config.s3_from_env({"AWS_ENDPOINT_URL": "http://a", "AWS_ENDPOINT_URL_S3": "http://b",
+                             "AWS_DEFAULT_REGION": "eu", "AWS_SECRET_ACCESS_KEY": "k"})
+    assert (s3.endpoint, s3.region, s3.secrets) == ("http://b", "eu", ("k",))
+    assert config.s3_from_env({}) == config.S3Env(endpoint=None, region="us-east-1", secrets=())

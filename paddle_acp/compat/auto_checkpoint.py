@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import weakref
 from typing import Dict, Optional
 
@@ -55,28 +54,10 @@ __all__ = [
 
 logger = logging.getLogger("paddle_acp")
 
-# Paddle's names for its two checkpoint modes; paddle-acp only has the loop one.
-CONST_ACP_TYPE = "acp"
-CONST_DACP_TYPE = "dacp"
-
 g_checker: Optional["AutoCheckpointChecker"] = None
 
 
-def _get_logger(log_level=logging.INFO, name="auto_checkpoint"):
-    """Paddle's helper: the logger its tests use (``paddle_acp``'s logger here)."""
-    return logger
-
-
-def _thread_checker() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        raise CheckpointError("auto checkpoint must run on the main thread")
-
-
 # -- the environment ----------------------------------------------------------
-def _env_without_uri(env):
-    return {k: v for k, v in env.items() if k != "PADDLE_ACP_CHECKPOINT_URI"}
-
-
 class AutoCheckpointChecker:
     """The auto-checkpoint environment, read like Paddle's checker.
 
@@ -90,14 +71,7 @@ class AutoCheckpointChecker:
     """
 
     def __init__(self, env=None):
-        import os
-
-        env = os.environ if env is None else env
-        self._run_env = env.get("PADDLE_RUNNING_ENV")
-        if self._run_env == _config.PADDLECLOUD_RUNNING_ENV:
-            cfg = _config.from_env(_env_without_uri(env))
-        else:
-            cfg = _config.from_env(env)
+        self._run_env, cfg = _config.paddlecloud_view_from_env(env)
         self._cfg = cfg
         active = cfg.active
         self._platform = cfg.platform if active else None
@@ -472,11 +446,6 @@ def __getattr__(name):
 
 
 # -- programs ----------------------------------------------------------------------
-def _get_valid_program(prog):
-    """The Program inside a CompiledProgram, or the program itself."""
-    return unwrap(prog)
-
-
 def _check_program_oprole(program) -> bool:
     """True when ``program`` has backward and optimizer ops (PIR and legacy IR)."""
     try:
@@ -494,7 +463,7 @@ def _is_program(prog) -> bool:
     from paddle.base.framework import Program as LegacyProgram
 
     if isinstance(prog, paddle.static.CompiledProgram):
-        return getattr(prog, "_program", None) is not None
+        return unwrap(prog) is not prog  # one built from a Graph has no Program
     return isinstance(prog, (LegacyProgram, paddle.pir.Program))
 
 
@@ -506,10 +475,6 @@ def _can_auto_checkpoint(prog) -> bool:
     if getattr(program, "_is_distributed", False):
         return False
     return _check_program_oprole(program)
-
-
-def _get_running_key(exe_name, program_name):
-    return f"{exe_name}_{program_name}"
 
 
 def _auto_checkpoint(exe, program) -> None:
@@ -526,10 +491,3 @@ def _auto_checkpoint(exe, program) -> None:
 
     r.on_run(exe, program, paddle.static.global_scope())
     return None
-
-
-def _normal_yield(max_epoch_num):
-    import sys
-
-    end = sys.maxsize if max_epoch_num < 0 else max_epoch_num
-    yield from range(0, end)

@@ -32,6 +32,7 @@ import logging
 import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from paddle_acp.adapter.programs import unwrap
 from paddle_acp.errors import CheckpointError
 
 logger = logging.getLogger("paddle_acp")
@@ -55,15 +56,13 @@ def _inner_program(program):
     """The Program of a CompiledProgram (or the program itself); PIR and legacy."""
     import paddle
 
-    if isinstance(program, paddle.static.CompiledProgram):
-        inner = getattr(program, "_program", None)
-        if inner is None:
-            raise CheckpointError(
-                "PaddleModel needs the Program of this CompiledProgram, but it was built from a Graph "
-                "(CompiledProgram._program is None)"
-            )
-        return inner
-    return program
+    inner = unwrap(program)
+    if inner is program and isinstance(program, paddle.static.CompiledProgram):
+        raise CheckpointError(
+            "PaddleModel needs the Program of this CompiledProgram, but it was built from a Graph "
+            "(CompiledProgram._program is None)"
+        )
+    return inner
 
 
 class PaddleModel(SerializableBase):

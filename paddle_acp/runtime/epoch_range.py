@@ -73,7 +73,7 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
         raise CheckpointError(f"train_epoch_range cannot be nested (range {STATE.active.name} is active)")
     r = EpochRange.open(max_epoch_num, STATE.next_range_name(), cfg, save_checkpoint_inter)
     prev = STATE.hooked
-    while prev is not None and not prev.restore_pending:
+    while prev is not None and not prev.has_unrestored_state:
         prev = prev.inherited
     r.inherited = prev
     STATE.active = STATE.hooked = r
@@ -90,13 +90,13 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
                 pass  # the range already raised its error; at interpreter exit imports fail
             elif closed:  # an exception raised here would be "ignored" (printed as noise): log it
                 try:
-                    r.restore_pending_into_global_scope()
+                    r.write_unrestored_into_global_scope()
                 except AcpError as exc:
                     logger.error("%s", exc)
             else:
-                r.restore_pending_into_global_scope()
+                r.write_unrestored_into_global_scope()
         finally:
-            STATE.hooked = r if r.restore_pending else None
+            STATE.hooked = r if r.has_unrestored_state else None
             if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
                 r._closed = True
             else:

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, copy_into, layout
@@ -77,6 +77,10 @@ class PersistMixin:
     _last_persist_error: Optional[BaseException]
     _last_save: float
     _last_bucket: int
+
+    if TYPE_CHECKING:  # defined by the other parts of EpochRange
+        def _bucket(self) -> int: ...
+        def _step_extra(self) -> dict: ...
 
     def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None, final: bool = False) -> None:
         """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set); ``rng``:
@@ -254,7 +258,7 @@ class PersistMixin:
                         self.cfg.world_size, snap.mode, res.nbytes, snap.stall_seconds, dt, res.waited)
 
     def close(self) -> None:
-        """Wait for the pending save to commit, then free the snapshot arena: an ended range
+        """Wait for the save in flight (and a queued one) to commit, then free the snapshot arena: an ended range
         saves no more. Freed here, not when the garbage collector gets to the range: left
         to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
         try:

@@ -1,5 +1,7 @@
 """Preemption: turn SIGTERM (and optionally other signals) into a save at the next safe point.
 
+Which signals, and whether to exit, come from the configuration
+(:func:`paddle_acp.config.preempt_signals_from_env`, :func:`paddle_acp.config.exit_on_preempt_from_env`).
 The handler only records the signal; the training thread saves at the next
 step or epoch boundary and then raises :class:`Preempted` (a ``SystemExit``
 with status 128 + signal number, 143 for SIGTERM) unless told to continue.
@@ -8,12 +10,9 @@ with status 128 + signal number, 143 for SIGTERM) unless told to continue.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from typing import Dict, List, Optional
-
-from paddle_acp.errors import ConfigError
 
 logger = logging.getLogger("paddle_acp")
 
@@ -24,31 +23,6 @@ class Preempted(SystemExit):
     def __init__(self, signum: int):
         super().__init__(128 + signum)
         self.signum = signum
-
-
-def signals_from_env(env=None) -> List[int]:
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_PREEMPT_SIGNALS", "SIGTERM")
-    out = []
-    for part in (p.strip() for p in raw.split(",")):
-        if not part:
-            continue
-        name = part.upper() if part.upper().startswith("SIG") else "SIG" + part.upper()
-        sig = getattr(signal, name, None)
-        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a catchable signal")
-        out.append(int(sig))
-    return out
-
-
-def exit_on_preempt_from_env(env=None) -> bool:
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_EXIT_ON_PREEMPT", "1").strip().lower()
-    if raw in ("1", "true", "yes", "on", ""):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"PADDLE_ACP_EXIT_ON_PREEMPT={raw!r} is not a boolean (use 1 or 0)")
 
 
 class PreemptionWatcher:

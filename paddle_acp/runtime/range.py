@@ -112,12 +112,12 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._resume_extra: dict = {}
         self._epoch_start_rng: Optional[dict] = None
         self._loader_state = None
-        self.inherited: Optional[EpochRange] = None  # an ended range whose restore is pending
+        self.inherited: Optional[EpochRange] = None  # an ended range that still holds unrestored state
         self._final_submitted = False  # the save after the last epoch was submitted
         self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
-        self.exit_on_preempt = preemption.exit_on_preempt_from_env()
-        self.watcher = preemption.PreemptionWatcher(preemption.signals_from_env())
+        self.exit_on_preempt = _config.exit_on_preempt_from_env()
+        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env())
         # Several ranks must take the same checkpoints, and they do not decide together yet
         # (busy_action is the one place such a decision would go): they wait.
         self.busy_policy = WAIT if self.multi else cfg.busy_policy
@@ -268,7 +268,7 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if self._loaded is not None and self._restore_entry(entry):
             return
         prev = self.inherited
-        if prev is not None and prev.restore_pending and prev._loaded.manifest.program(entry.key) is not None:
+        if prev is not None and prev.has_unrestored_state and prev._loaded.manifest.program(entry.key) is not None:
             # first run after an earlier, finished range restored from a checkpoint and this
             # range has none yet: the program continues from the state that range ended with
             prev._restore_entry(entry)

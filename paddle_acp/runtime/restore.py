@@ -5,7 +5,7 @@
 resumes at; :meth:`RestoreMixin._resume_rng` restores the RNG state when the loop starts.
 Each training program gets its tensors and LR scheduler back on its first ``Executor.run``
 (:meth:`RestoreMixin._restore_entry`); programs that never ran in the range are written
-into the global scope when the loop ends (:meth:`RestoreMixin.restore_pending_into_global_scope`).
+into the global scope when the loop ends (:meth:`RestoreMixin.write_unrestored_into_global_scope`).
 """
 
 from __future__ import annotations
@@ -118,14 +118,14 @@ class RestoreMixin:
         if STATE.hooked is self and STATE.active is not self:
             STATE.hooked = None
 
-    def restore_pending_into_global_scope(self) -> None:
+    def write_unrestored_into_global_scope(self) -> None:
         """Write the state of restored programs that never ran into the global scope, by name.
 
         A restarted job whose range has no epochs left runs no program inside
         it; code after the loop must still see the trained state. (The LR
         scheduler follows when the program first runs.)
         """
-        if not self.restore_pending:
+        if not self.has_unrestored_state:
             return
         import paddle
         from paddle.base import framework
@@ -140,15 +140,15 @@ class RestoreMixin:
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
     def _check_global_scope(self, scope) -> None:
-        """The checkpoint's pending tensors must fit the variables the scope already holds (same
+        """The checkpoint's unrestored tensors must fit the variables the scope already holds (same
         dtype and shape), as a registered program's fingerprint guarantees mid-run: a model changed
         since the checkpoint must fail here, not leave the old model in the scope."""
         m = self._loaded.manifest
-        pending = self._loaded._pending
+        unrestored = set(self._loaded.arrays)  # the keys (the arrays are read on access only)
         bad = []
         for p in m.programs:
             for t in p.tensors:
-                if (p.key, t.name) not in pending:
+                if (p.key, t.name) not in unrestored:
                     continue
                 var = scope.find_var(t.name)
                 if var is None:
@@ -177,7 +177,8 @@ class RestoreMixin:
             )
 
     @property
-    def restore_pending(self) -> bool:
+    def has_unrestored_state(self) -> bool:
+        """The checkpoint this range resumed from still holds tensors no program took back yet."""
         return self._loaded is not None and bool(self._loaded.arrays)
 
     def _check_topology(self) -> None:

@@ -10,7 +10,7 @@ RNG, the loader's state) is saved in the manifest's ``extra``.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import CheckpointError, ConfigError
@@ -33,6 +33,15 @@ class StepsMixin:
     watcher: Any
     is_writer: bool
     save_interval: float
+
+    if TYPE_CHECKING:  # defined by the other parts of EpochRange
+        @property
+        def has_unrestored_state(self) -> bool: ...
+        def _save_due(self) -> bool: ...
+        def _busy_decision(self, durable: bool) -> str: ...
+        def _preempt(self, rng: Optional[dict] = None) -> None: ...
+        def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None,
+                 final: bool = False) -> None: ...
 
     def steps(self, iterable: Iterable, save_every_steps: Optional[int] = None) -> Iterator:
         """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume."""
@@ -61,7 +70,7 @@ class StepsMixin:
             rng_state.restore(self._loaded.manifest.rng)
         self.step = skip or 0
         first = self.step
-        if skip and self.restore_pending:
+        if skip and self.has_unrestored_state:
             it = self._check_batches_left(it, skip)
         while True:
             due = None
