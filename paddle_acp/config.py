@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import signal
-from typing import List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from paddle_acp.errors import ConfigError
 
@@ -430,7 +430,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     env = os.environ if env is None else env
     log_level_from_env(env)
     connect_timeout_from_env(env)
-    common = dict(
+    common: Dict[str, Any] = dict(
         trainer_id=trainer_id_from_env(env),
         world_size=_world_size(env),
         rank_state=_rank_state(env),

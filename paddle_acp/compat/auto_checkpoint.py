@@ -37,7 +37,7 @@ from paddle_acp.adapter.programs import program_info, unwrap
 from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from paddle_acp.errors import AcpError, CheckpointError
 from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
-from paddle_acp.runtime.range import EpochRange as _LibTrainEpochRange
+from paddle_acp.runtime.range import EpochRange
 from paddle_acp.storage.base import redact
 
 __all__ = [
@@ -212,7 +212,7 @@ class ExeTrainStatus(SerializableBase):
         eq = self.__eq__(t)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as in Paddle
 
     def _to_dict(self):
         return {
@@ -269,7 +269,7 @@ class _RangeState:
         self.manifest_read = False
 
 
-_states: "weakref.WeakKeyDictionary[_LibTrainEpochRange, _RangeState]" = weakref.WeakKeyDictionary()
+_states: "weakref.WeakKeyDictionary[EpochRange, _RangeState]" = weakref.WeakKeyDictionary()
 _views: "weakref.WeakValueDictionary[int, TrainEpochRange]" = weakref.WeakValueDictionary()
 
 
@@ -278,12 +278,12 @@ class TrainEpochRange:
 
     Obtained from :func:`_get_train_epoch_range`; not built by user code.
     Attributes not defined here are those of
-    :class:`paddle_acp.runtime.epoch_range.TrainEpochRange` (``registry``, ``cfg``, ...),
+    :class:`paddle_acp.runtime.range.EpochRange` (``registry``, ``cfg``, ...),
     also available as :attr:`range`.
     """
 
-    def __init__(self, lib_range: _LibTrainEpochRange):
-        if not isinstance(lib_range, _LibTrainEpochRange):
+    def __init__(self, lib_range: EpochRange):
+        if not isinstance(lib_range, EpochRange):
             raise TypeError(
                 "TrainEpochRange wraps an active paddle-acp range: use train_epoch_range() "
                 "and _get_train_epoch_range(), not TrainEpochRange(...)"
@@ -297,7 +297,7 @@ class TrainEpochRange:
         self._read_restored_manifest()
 
     @property
-    def range(self) -> _LibTrainEpochRange:
+    def range(self) -> EpochRange:
         return self._range
 
     def __getattr__(self, name):
@@ -491,3 +491,11 @@ def _auto_checkpoint(exe, program) -> None:
 
     r.on_run(exe, program, paddle.static.global_scope())
     return None
+
+
+def _normal_yield(max_epoch_num):
+    """Paddle's plain epoch loop (what ``train_epoch_range`` is when checkpointing is off)."""
+    import sys
+
+    end = sys.maxsize if max_epoch_num < 0 else max_epoch_num
+    yield from range(0, end)

@@ -227,6 +227,7 @@ class CheckpointSaver:
             for s in slists:
                 s.serialize(saved_path)
             if remote:
+                assert cache_path is not None  # set above for a remote store
                 self._upload_dir(cache_path, tmp_path)
             fs.mv(tmp_path, real_path)
         except BaseException:

@@ -36,8 +36,8 @@ def install() -> None:
             r.on_run(self, program, scope)
         return original(self, *args, **kwargs)
 
-    run.__paddle_acp_original__ = original
-    Executor.run = run
+    run.__paddle_acp_original__ = original  # type: ignore[attr-defined]
+    Executor.run = run  # type: ignore[method-assign]  # the patch
     _original_run = original
     _neutralize_paddle_hook()
     logger.debug("installed the Executor.run hook")
@@ -49,7 +49,7 @@ def uninstall() -> None:
 
     if _original_run is None:
         return
-    Executor.run = _original_run
+    Executor.run = _original_run  # type: ignore[method-assign]
     _original_run = None
 
 

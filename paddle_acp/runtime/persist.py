@@ -234,6 +234,7 @@ class PersistMixin:
 
     def _persist_part(self, snap: Snapshot, record: dict, t0: float) -> None:
         try:
+            assert snap.mode is not None  # decided by save() for every save of several ranks
             res = self.gcheckpointer.save(snap, snap.mode)
         except BaseException as exc:
             self._record_failure(record, exc, t0)

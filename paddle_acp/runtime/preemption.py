@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 logger = logging.getLogger("paddle_acp")
 
@@ -31,7 +31,7 @@ class PreemptionWatcher:
     def __init__(self, signals: List[int]):
         self.signals = signals
         self.received: Optional[int] = None
-        self._previous: Dict[int, object] = {}
+        self._previous: Dict[int, Any] = {}
 
     def _handle(self, signum, frame):
         first = self.received is None

@@ -49,6 +49,8 @@ def _paddle_static():
 
 
 def open_storage_for(cfg: _config.CheckpointConfig):
+    if cfg.uri is None:
+        raise ConfigError(f"checkpointing is off: {cfg.inactive_reason}")
     user = cfg.hdfs_ugi.split(",", 1)[0] if cfg.hdfs_ugi else None
     return open_storage(cfg.uri, hdfs_user=user, hadoop_home=cfg.hdfs_home, cache_dir=cfg.fs_cache)
 
@@ -268,7 +270,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if self._loaded is not None and self._restore_entry(entry):
             return
         prev = self.inherited
-        if prev is not None and prev.has_unrestored_state and prev._loaded.manifest.program(entry.key) is not None:
+        if (prev is not None and prev._loaded is not None and prev.has_unrestored_state
+                and prev._loaded.manifest.program(entry.key) is not None):
             # first run after an earlier, finished range restored from a checkpoint and this
             # range has none yet: the program continues from the state that range ended with
             prev._restore_entry(entry)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.adapter.programs import ProgramInfo, lr_scheduler_of
 from paddle_acp.adapter.tensors import ProgramSnapshot, dtype_name, find_tensor, tensor_views
@@ -48,7 +48,7 @@ class ProgramEntry:
     def views(self) -> ProgramSnapshot:
         """The program's state as zero-copy views; copy them before Paddle runs again."""
         tensors = tensor_views(self.scope, self.info.persistables)
-        sched = lr_scheduler_of(self.program)
+        sched: Any = lr_scheduler_of(self.program)
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)
 
@@ -81,7 +81,7 @@ class ProgramEntry:
             problems.append(f"not variables of this program: {_names(extra)}")
         if differ:
             problems.append("; ".join(differ[:5]) + (f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""))
-        sched = lr_scheduler_of(self.program)
+        sched: Any = lr_scheduler_of(self.program)
         if rec.lr_scheduler is not None and sched is not None:
             problem = _scheduler_mismatch(jsonable(sched.state_dict(), "lr_scheduler"), rec.lr_scheduler)
             if problem:
@@ -101,7 +101,7 @@ class ProgramEntry:
         if rec is not None:
             self.check_checkpoint(rec, f"{loaded.manifest.number} ({loaded.path})")
         loaded.write_program(self.key, self.scope, self.place)
-        sched = lr_scheduler_of(self.program)
+        sched: Any = lr_scheduler_of(self.program)
         if sched_state is not None:
             if sched is None:
                 logger.warning("checkpoint holds LR scheduler state for program %s but the program has no lr_scheduler", self.key)

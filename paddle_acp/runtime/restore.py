@@ -88,7 +88,7 @@ class RestoreMixin:
 
     def _restore_entry(self, entry) -> bool:
         """Restore ``entry`` from this range's checkpoint; False when the checkpoint lacks it."""
-        m = self._loaded.manifest
+        m = self._resumed.manifest
         rec = m.program(entry.key)
         if rec is None:
             saved = {t.name for p in m.programs for t in p.tensors}
@@ -96,7 +96,7 @@ class RestoreMixin:
             if clash:
                 raise CheckpointError(
                     f"training program {entry.key} ({entry.info.label}) does not match any program in checkpoint "
-                    f"{m.number} at {self._loaded.path}, yet shares variables with it ({', '.join(clash[:5])}"
+                    f"{m.number} at {self._resumed.path}, yet shares variables with it ({', '.join(clash[:5])}"
                     f"{', ...' if len(clash) > 5 else ''}): the script's model changed since the checkpoint "
                     "was written. Use a new PADDLE_JOB_ID or remove the old checkpoints."
                 )
@@ -105,9 +105,9 @@ class RestoreMixin:
                 self.name, entry.key, m.number,
             )
             return False
-        entry.restore(self._loaded, rec.lr_scheduler)
+        entry.restore(self._resumed, rec.lr_scheduler)
         logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
-        if not self._loaded.arrays:
+        if not self._resumed.arrays:
             self._release_restore()
         return True
 
@@ -135,16 +135,16 @@ class RestoreMixin:
         # each tensor stays where it lives (a GPU job's parameters on its GPU); one the scope holds
         # nothing for yet goes to Paddle's default device, as the executor would put it
         default = framework._current_expected_place_()
-        for p in self._loaded.manifest.programs:
-            self._loaded.write_program(p.key, scope, None, consume=False, default_place=default)
+        for p in self._resumed.manifest.programs:
+            self._resumed.write_program(p.key, scope, None, consume=False, default_place=default)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
     def _check_global_scope(self, scope) -> None:
         """The checkpoint's unrestored tensors must fit the variables the scope already holds (same
         dtype and shape), as a registered program's fingerprint guarantees mid-run: a model changed
         since the checkpoint must fail here, not leave the old model in the scope."""
-        m = self._loaded.manifest
-        unrestored = set(self._loaded.arrays)  # the keys (the arrays are read on access only)
+        m = self._resumed.manifest
+        unrestored = set(self._resumed.arrays)  # the keys (the arrays are read on access only)
         bad = []
         for p in m.programs:
             for t in p.tensors:
@@ -170,11 +170,17 @@ class RestoreMixin:
         if bad:
             self._release_restore()
             raise CheckpointError(
-                f"range {self.name} of job {self.cfg.job_id} finished in checkpoint {m.number} at {self._loaded.path}, "
+                f"range {self.name} of job {self.cfg.job_id} finished in checkpoint {m.number} at {self._resumed.path}, "
                 f"but the model changed since: {len(bad)} variable(s) differ ({'; '.join(bad[:5])}"
                 f"{'; ...' if len(bad) > 5 else ''}). Nothing was written into the scope. Use a new PADDLE_JOB_ID "
                 "or remove the old checkpoints to train the new model."
             )
+
+    @property
+    def _resumed(self) -> LoadedCheckpoint:
+        """The checkpoint this range resumed from (called only where the range has one)."""
+        assert self._loaded is not None, "the range resumed from no checkpoint"
+        return self._loaded
 
     @property
     def has_unrestored_state(self) -> bool:
@@ -187,10 +193,10 @@ class RestoreMixin:
         mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
         if mode != "per-rank":
             return
-        g = self._loaded.global_manifest
+        g = self._resumed.global_manifest
         if g is None:
             raise CheckpointError(
-                f"rank {self.rank}: checkpoint {self._loaded.name} of range {self.name} (job {self.cfg.job_id}) was written by "
+                f"rank {self.rank}: checkpoint {self._resumed.name} of range {self.name} (job {self.cfg.job_id}) was written by "
                 f"trainer 0 alone (replicated state), but this job keeps per-rank state ({why}; world size "
                 f"{self.cfg.world_size}): every rank would load rank 0's state. Set PADDLE_ACP_RANK_STATE=replicated if "
                 "the ranks' state is identical, or start a new job (a new PADDLE_JOB_ID)."

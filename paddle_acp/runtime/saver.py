@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 logger = logging.getLogger("paddle_acp")
 
@@ -68,7 +68,7 @@ class SaveStats:
 
 
 class Saver:
-    def __init__(self, persist: Callable[[object], None], async_save: bool, name: str = "paddle-acp-saver"):
+    def __init__(self, persist: Callable[[Any], None], async_save: bool, name: str = "paddle-acp-saver"):
         self._persist = persist
         self.async_save = async_save
         self._name = name

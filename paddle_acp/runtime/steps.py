@@ -10,7 +10,7 @@ RNG, the loader's state) is saved in the manifest's ``extra``.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import CheckpointError, ConfigError
@@ -43,7 +43,7 @@ class StepsMixin:
         def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None,
                  final: bool = False) -> None: ...
 
-    def steps(self, iterable: Iterable, save_every_steps: Optional[int] = None) -> Iterator:
+    def steps(self, iterable: Any, save_every_steps: Optional[int] = None) -> Iterator:
         """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume."""
         check_main_thread("resumable")
         if save_every_steps is not None and (isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int) or save_every_steps < 1):
