@@ -155,12 +155,12 @@ def __dir__() -> list:
 def simulate_restart() -> None:
     """Reset paddle-acp's process state as a restart would: ranges are numbered from 0 again.
 
-    Waits for a pending save first. Paddle's scopes are not touched: to resume
-    bit-identically in one process, also start from a fresh scope/programs.
+    Waits for the active range's save in flight first. Paddle's scopes are not touched: to
+    resume bit-identically in one process, also start from a fresh scope/programs.
     """
-    from paddle_acp.runtime import epoch_range
+    from paddle_acp.runtime.state import STATE
 
-    epoch_range.reset()
+    STATE.reset()
 
 
 _setup_logging(_gate_deferred())

@@ -4,6 +4,9 @@ A restart (and :func:`paddle_acp.simulate_restart`) starts from a fresh :class:`
 ranges are numbered from 0 again, the job marker is written again, the writer fence takes a
 new generation. The ``Executor.run`` hook reads :attr:`ProcessState.hooked` on every run
 (one attribute lookup: the fast path of a call made thousands of times a second).
+
+Not here: the ``Executor.run`` patch itself (:mod:`paddle_acp.runtime.hook`), which a restart
+does not undo, and the once-per-process warnings of the adapter and format layers.
 """
 
 from __future__ import annotations
