@@ -113,7 +113,7 @@ def test_launcher_without_job_id_warns(caplog):
 
 
 # -- every variable in one place --------------------------------------------------------------
-PKG = pathlib.Path(config.__file__).resolve().parent
+PKG = pathlib.Path(config.__file__).resolve().parent.parent  # paddle_acp/ (config is a package)
 README = PKG.parent / "README.md"
 
 

@@ -8,18 +8,45 @@ Two ways to switch checkpointing on:
   variables that Paddle's original ``auto_checkpoint`` read.
 
 Every invalid value raises :class:`ConfigError` naming the variable and value.
+
+This package reads every environment variable paddle-acp uses (:data:`ENV_VARS`): the training
+configuration here (:func:`from_env`), the variables of single components (logging, storage
+clients, preemption, the tools' progress line) in :mod:`paddle_acp.config.components`, and the
+value parsers they share (booleans, seconds, job ids, amounts of memory) in
+:mod:`paddle_acp.config.values`. Everything is importable from ``paddle_acp.config``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fractions
 import logging
 import os
-import re
-import signal
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
+from paddle_acp.config.components import DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONNECT_TIMEOUT
+from paddle_acp.config.components import HDFS_CLIENTS as HDFS_CLIENTS
+from paddle_acp.config.components import LOG_LEVELS as LOG_LEVELS
+from paddle_acp.config.components import S3Env as S3Env
+from paddle_acp.config.components import connect_timeout_from_env as connect_timeout_from_env
+from paddle_acp.config.components import exit_on_preempt_from_env as exit_on_preempt_from_env
+from paddle_acp.config.components import hadoop_home_from_env as hadoop_home_from_env
+from paddle_acp.config.components import hdfs_client_from_env as hdfs_client_from_env
+from paddle_acp.config.components import hdfs_ugi_from_env as hdfs_ugi_from_env
+from paddle_acp.config.components import log_level_from_env as log_level_from_env
+from paddle_acp.config.components import preempt_signals_from_env as preempt_signals_from_env
+from paddle_acp.config.components import progress_from_env as progress_from_env
+from paddle_acp.config.components import s3_from_env as s3_from_env
+from paddle_acp.config.components import trainer_id_from_env as trainer_id_from_env
+from paddle_acp.config.values import FALSE_WORDS as FALSE_WORDS
+from paddle_acp.config.values import MIN_HOST_MEMORY as MIN_HOST_MEMORY
+from paddle_acp.config.values import TRUE_WORDS as TRUE_WORDS
+from paddle_acp.config.values import HostMemory as HostMemory
+from paddle_acp.config.values import check_interval as check_interval
+from paddle_acp.config.values import env_int as env_int
+from paddle_acp.config.values import is_valid_job_id as is_valid_job_id
+from paddle_acp.config.values import parse_bool as parse_bool
+from paddle_acp.config.values import parse_host_memory as parse_host_memory
+from paddle_acp.config.values import validate_job_id as validate_job_id
 from paddle_acp.errors import ConfigError
 
 PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
@@ -38,12 +65,12 @@ _LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
 
 logger = logging.getLogger("paddle_acp")
 
-_JOB_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
 
-# Every environment variable paddle-acp reads, each read in this module only (tests/test_config.py greps
+# Every environment variable paddle-acp reads, each read in this package only (tests/test_config.py greps
 # the package: a PADDLE_ACP_* name anywhere must be listed here and documented in README.md's table).
-# To add one: list it here, read it in a ``*_from_env(env=None)`` function of this module that raises
-# ConfigError naming it (``parse_bool`` for a boolean), and add a row to README.md's table.
+# To add one: list it here, read it in a ``*_from_env(env=None)`` function of this package that raises
+# ConfigError naming it (the parsers of ``config.values``: ``parse_bool`` for a boolean, ...), and add a
+# row to README.md's table.
 ENV_VARS = (
     "PADDLE_ACP_CHECKPOINT_URI",
     "PADDLE_ACP_SAVE_INTERVAL",
@@ -140,57 +167,6 @@ class CheckpointConfig:
             raise ConfigError(f"busy_policy must be one of {', '.join(BUSY_POLICIES)}, got {self.busy_policy!r}")
 
 
-# -- PADDLE_ACP_HOST_MEMORY --------------------------------------------------------------------
-MIN_HOST_MEMORY = 16 << 20  # two 8 MiB chunks: below this a streamed save is all overhead
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-}
-_MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*|%)", re.ASCII)
-
-
-@dataclasses.dataclass(frozen=True)
-class HostMemory:
-    """``PADDLE_ACP_HOST_MEMORY``: a number of bytes, or a percentage of the machine's memory."""
-
-    nbytes: Optional[int] = None  # an absolute bound
-    percent: Optional[float] = None  # of MemTotal
-
-    def resolve(self, mem_total: Optional[int]) -> int:
-        """The bound in bytes (a percentage of ``mem_total``; where that is unknown, of 4 GiB)."""
-        if self.nbytes is not None:
-            return self.nbytes
-        total = mem_total if mem_total else 4 << 30
-        return max(MIN_HOST_MEMORY, int(total * (self.percent or 0.0) / 100.0))
-
-
-def parse_host_memory(raw: str, name: str = "PADDLE_ACP_HOST_MEMORY") -> HostMemory:
-    """``512MiB``, ``2GB``, ``1.5g``, ``1073741824`` (bytes) or ``25%`` (of the machine's memory).
-
-    Units: B, k/KB/M/MB/G/GB/T/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024),
-    case-insensitive. Raises ConfigError naming the variable, the value and the way out."""
-    text = raw.strip().lower()
-    m = _MEMORY_RE.fullmatch(text)
-    how = ("use bytes with an optional unit (512MiB, 2GB, 1.5GiB) or a percentage of the machine's memory "
-           "(25%); unset it to adapt to the memory available")
-    if m is None or (m.group(2) not in _UNITS and m.group(2) != "%"):
-        raise ConfigError(f"{name}={raw!r} is not an amount of memory: {how}")
-    number, unit = fractions.Fraction(m.group(1)), m.group(2)  # exact: 3.3GB is 3300000000 bytes
-    if unit == "%":
-        if not 0 < number <= 90:
-            raise ConfigError(f"{name}={raw!r}: a percentage must be above 0 and at most 90 (the rest is the "
-                              f"training's own): {how}")
-        return HostMemory(percent=float(number))
-    nbytes = number * _UNITS[unit]
-    if nbytes >= 2**62:
-        raise ConfigError(f"{name}={raw!r} is absurdly large: {how}")
-    if nbytes < MIN_HOST_MEMORY:
-        raise ConfigError(f"{name}={raw!r} is below the minimum of {MIN_HOST_MEMORY >> 20} MiB "
-                          f"(two chunks of a streamed save): {how}")
-    return HostMemory(nbytes=int(nbytes))
-
-
 def host_memory_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[HostMemory]:
     """``PADDLE_ACP_HOST_MEMORY``, or None when unset or empty (adapt to MemAvailable)."""
     env = os.environ if env is None else env
@@ -198,173 +174,6 @@ def host_memory_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[Ho
     if raw is None or raw.strip() == "":
         return None
     return parse_host_memory(raw)
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-DEFAULT_CONNECT_TIMEOUT = 30.0
-
-
-def log_level_from_env(env: Optional[Mapping[str, str]] = None) -> str:
-    """``PADDLE_ACP_LOG_LEVEL`` (case-insensitive), ``INFO`` when unset or empty."""
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_LOG_LEVEL")
-    if raw is None or raw.strip() == "":
-        return "INFO"
-    level = raw.strip().upper()
-    if level not in LOG_LEVELS:
-        raise ConfigError(f"PADDLE_ACP_LOG_LEVEL={raw!r} is not a log level (use one of {', '.join(LOG_LEVELS)})")
-    return level
-
-
-def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
-    """``PADDLE_TRAINER_ID``: an integer >= 0 (0 when unset). Checked when paddle_acp is imported,
-    before Paddle, whose own logger would otherwise fail on it with a bare ValueError."""
-    env = os.environ if env is None else env
-    return _int(env, "PADDLE_TRAINER_ID", 0)
-
-
-def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
-    """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30)."""
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_CONNECT_TIMEOUT")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_CONNECT_TIMEOUT
-    seconds = check_interval(raw.strip(), "PADDLE_ACP_CONNECT_TIMEOUT")
-    if seconds <= 0:
-        raise ConfigError(f"PADDLE_ACP_CONNECT_TIMEOUT={raw!r} must be a number of seconds > 0")
-    return seconds
-
-
-def preempt_signals_from_env(env: Optional[Mapping[str, str]] = None) -> List[int]:
-    """``PADDLE_ACP_PREEMPT_SIGNALS``: comma-separated catchable signals (``SIGTERM`` or ``TERM``),
-    ``SIGTERM`` when unset; empty: none."""
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_PREEMPT_SIGNALS", "SIGTERM")
-    out = []
-    for part in (p.strip() for p in raw.split(",")):
-        if not part:
-            continue
-        name = part.upper() if part.upper().startswith("SIG") else "SIG" + part.upper()
-        sig = getattr(signal, name, None)
-        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a catchable signal")
-        out.append(int(sig))
-    return out
-
-
-def exit_on_preempt_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
-    """``PADDLE_ACP_EXIT_ON_PREEMPT``: exit after a preemption save (default 1)."""
-    env = os.environ if env is None else env
-    return _bool(env, "PADDLE_ACP_EXIT_ON_PREEMPT", True)
-
-
-def progress_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
-    """``PADDLE_ACP_PROGRESS``: True/False forces the tools' progress line on or off (a boolean, or
-    ``always``/``never``); None (unset, empty or ``auto``): shown when stderr is a terminal."""
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_PROGRESS")
-    low = (raw or "").strip().lower()
-    if low in ("", "auto"):
-        return None
-    if low in ("always", "never"):
-        return low == "always"
-    return parse_bool(raw, "PADDLE_ACP_PROGRESS", False)
-
-
-HDFS_CLIENTS = ("pyarrow", "hdfs-native", "cli")
-
-
-def hdfs_client_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """``PADDLE_ACP_HDFS_CLIENT``: the HDFS client to use (one of :data:`HDFS_CLIENTS`), or None
-    (unset or empty: the first that works)."""
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_HDFS_CLIENT")
-    if not raw:
-        return None
-    if raw not in HDFS_CLIENTS:
-        raise ConfigError(f"PADDLE_ACP_HDFS_CLIENT={raw!r} must be one of {', '.join(HDFS_CLIENTS)}")
-    return raw
-
-
-def hadoop_home_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The Hadoop installation of the hadoop command line client: ``PADDLE_EDL_HDFS_HOME``, else
-    ``HADOOP_HOME``, else None."""
-    env = os.environ if env is None else env
-    return env.get("PADDLE_EDL_HDFS_HOME") or env.get("HADOOP_HOME") or None
-
-
-def hdfs_ugi_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """``PADDLE_EDL_HDFS_UGI`` (``user,password``) as set, or None. A secret: never log it."""
-    env = os.environ if env is None else env
-    return env.get("PADDLE_EDL_HDFS_UGI") or None
-
-
-@dataclasses.dataclass(frozen=True)
-class S3Env:
-    """The AWS variables the S3 client reads (beyond what pyarrow reads itself)."""
-
-    endpoint: Optional[str]  # AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL
-    region: str  # AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1
-    secrets: Tuple[str, ...]  # AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN where set: never in a message
-
-
-def s3_from_env(env: Optional[Mapping[str, str]] = None) -> S3Env:
-    env = os.environ if env is None else env
-    secrets = tuple(v for v in (env.get("AWS_SECRET_ACCESS_KEY"), env.get("AWS_SESSION_TOKEN")) if v)
-    return S3Env(
-        endpoint=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
-        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
-        secrets=secrets,
-    )
-
-
-def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
-    if not isinstance(value, str) or not value or ".." in value or not _JOB_ID_RE.fullmatch(value):
-        raise ConfigError(
-            f"{name}={value!r} is not a valid job id: use letters, digits, '.', '_' "
-            "and '-' only (no '/', no '..', not empty, at most 200 characters)"
-        )
-    return value
-
-
-def check_interval(value, name: str) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
-    if seconds != seconds or seconds < 0 or seconds == float("inf"):
-        raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0")
-    return seconds
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
-    return value
-
-
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
-
-
-def parse_bool(raw: Optional[str], name: str, default: bool) -> bool:
-    """The one boolean parser: ``1/true/yes/on`` and ``0/false/no/off`` (any case, surrounding
-    blanks ignored); ``default`` when ``raw`` is None or blank; else ConfigError naming ``name``."""
-    if raw is None or raw.strip() == "":
-        return default
-    low = raw.strip().lower()
-    if low in TRUE_WORDS:
-        return True
-    if low in FALSE_WORDS:
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean (use 1 or 0)")
 
 
 def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -397,7 +206,7 @@ def _world_size(env: Mapping[str, str]) -> Optional[int]:
     raw = env.get("PADDLE_TRAINERS_NUM")
     if raw is None or raw.strip() == "":
         return None
-    return _int(env, "PADDLE_TRAINERS_NUM", 1, minimum=1)
+    return env_int(env, "PADDLE_TRAINERS_NUM", 1, minimum=1)
 
 
 def _rank_state(env: Mapping[str, str]) -> str:
@@ -436,7 +245,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         rank_state=_rank_state(env),
         part_timeout=_part_timeout(env),
         save_interval=_interval(env),
-        max_to_keep=_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
+        max_to_keep=env_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),
         busy_policy=_busy_policy(env),
         host_memory=host_memory_from_env(env),

@@ -1,0 +1,133 @@
+"""The variables of single components: logging, the trainer id checked at import, storage clients
+(connect timeout, HDFS client and Hadoop home, the AWS variables), preemption and the tools' progress line.
+
+Each ``*_from_env(env=None)`` reads ``os.environ`` (or ``env``) and raises
+:class:`~paddle_acp.errors.ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from typing import List, Mapping, Optional, Tuple
+
+from paddle_acp.config.values import check_interval, env_int, parse_bool
+from paddle_acp.errors import ConfigError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_CONNECT_TIMEOUT = 30.0
+
+
+def log_level_from_env(env: Optional[Mapping[str, str]] = None) -> str:
+    """``PADDLE_ACP_LOG_LEVEL`` (case-insensitive), ``INFO`` when unset or empty."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_LOG_LEVEL")
+    if raw is None or raw.strip() == "":
+        return "INFO"
+    level = raw.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"PADDLE_ACP_LOG_LEVEL={raw!r} is not a log level (use one of {', '.join(LOG_LEVELS)})")
+    return level
+
+
+def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
+    """``PADDLE_TRAINER_ID``: an integer >= 0 (0 when unset). Checked when paddle_acp is imported,
+    before Paddle, whose own logger would otherwise fail on it with a bare ValueError."""
+    env = os.environ if env is None else env
+    return env_int(env, "PADDLE_TRAINER_ID", 0)
+
+
+def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
+    """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30)."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_CONNECT_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_CONNECT_TIMEOUT
+    seconds = check_interval(raw.strip(), "PADDLE_ACP_CONNECT_TIMEOUT")
+    if seconds <= 0:
+        raise ConfigError(f"PADDLE_ACP_CONNECT_TIMEOUT={raw!r} must be a number of seconds > 0")
+    return seconds
+
+
+def preempt_signals_from_env(env: Optional[Mapping[str, str]] = None) -> List[int]:
+    """``PADDLE_ACP_PREEMPT_SIGNALS``: comma-separated catchable signals (``SIGTERM`` or ``TERM``),
+    ``SIGTERM`` when unset; empty: none."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_PREEMPT_SIGNALS", "SIGTERM")
+    out = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        name = part.upper() if part.upper().startswith("SIG") else "SIG" + part.upper()
+        sig = getattr(signal, name, None)
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a catchable signal")
+        out.append(int(sig))
+    return out
+
+
+def exit_on_preempt_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
+    """``PADDLE_ACP_EXIT_ON_PREEMPT``: exit after a preemption save (default 1)."""
+    env = os.environ if env is None else env
+    return parse_bool(env.get("PADDLE_ACP_EXIT_ON_PREEMPT"), "PADDLE_ACP_EXIT_ON_PREEMPT", True)
+
+
+def progress_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """``PADDLE_ACP_PROGRESS``: True/False forces the tools' progress line on or off (a boolean, or
+    ``always``/``never``); None (unset, empty or ``auto``): shown when stderr is a terminal."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_PROGRESS")
+    low = (raw or "").strip().lower()
+    if low in ("", "auto"):
+        return None
+    if low in ("always", "never"):
+        return low == "always"
+    return parse_bool(raw, "PADDLE_ACP_PROGRESS", False)
+
+
+HDFS_CLIENTS = ("pyarrow", "hdfs-native", "cli")
+
+
+def hdfs_client_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``PADDLE_ACP_HDFS_CLIENT``: the HDFS client to use (one of :data:`HDFS_CLIENTS`), or None
+    (unset or empty: the first that works)."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_HDFS_CLIENT")
+    if not raw:
+        return None
+    if raw not in HDFS_CLIENTS:
+        raise ConfigError(f"PADDLE_ACP_HDFS_CLIENT={raw!r} must be one of {', '.join(HDFS_CLIENTS)}")
+    return raw
+
+
+def hadoop_home_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The Hadoop installation of the hadoop command line client: ``PADDLE_EDL_HDFS_HOME``, else
+    ``HADOOP_HOME``, else None."""
+    env = os.environ if env is None else env
+    return env.get("PADDLE_EDL_HDFS_HOME") or env.get("HADOOP_HOME") or None
+
+
+def hdfs_ugi_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``PADDLE_EDL_HDFS_UGI`` (``user,password``) as set, or None. A secret: never log it."""
+    env = os.environ if env is None else env
+    return env.get("PADDLE_EDL_HDFS_UGI") or None
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Env:
+    """The AWS variables the S3 client reads (beyond what pyarrow reads itself)."""
+
+    endpoint: Optional[str]  # AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL
+    region: str  # AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1
+    secrets: Tuple[str, ...]  # AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN where set: never in a message
+
+
+def s3_from_env(env: Optional[Mapping[str, str]] = None) -> S3Env:
+    env = os.environ if env is None else env
+    secrets = tuple(v for v in (env.get("AWS_SECRET_ACCESS_KEY"), env.get("AWS_SESSION_TOKEN")) if v)
+    return S3Env(
+        endpoint=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        secrets=secrets,
+    )

@@ -1,0 +1,122 @@
+"""Value parsers of the configuration: booleans, seconds, integers, job ids, amounts of memory.
+
+Pure functions of a string (and the variable's name, for the message): no environment is read here.
+Each raises :class:`~paddle_acp.errors.ConfigError` naming the variable, the value and the way out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import re
+from typing import Mapping, Optional
+
+from paddle_acp.errors import ConfigError
+
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
+
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_bool(raw: Optional[str], name: str, default: bool) -> bool:
+    """The one boolean parser: ``1/true/yes/on`` and ``0/false/no/off`` (any case, surrounding
+    blanks ignored); ``default`` when ``raw`` is None or blank; else ConfigError naming ``name``."""
+    if raw is None or raw.strip() == "":
+        return default
+    low = raw.strip().lower()
+    if low in TRUE_WORDS:
+        return True
+    if low in FALSE_WORDS:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def is_valid_job_id(value: object) -> bool:
+    """The job-id rule (also what the operator tools accept as a job directory's name)."""
+    return isinstance(value, str) and bool(value) and ".." not in value and _JOB_ID_RE.fullmatch(value) is not None
+
+
+def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
+    if not is_valid_job_id(value):
+        raise ConfigError(
+            f"{name}={value!r} is not a valid job id: use letters, digits, '.', '_' "
+            "and '-' only (no '/', no '..', not empty, at most 200 characters)"
+        )
+    return value
+
+
+def check_interval(value, name: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0")
+    return seconds
+
+
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    """Variable ``name`` of ``env`` as an integer >= ``minimum``; ``default`` when unset or blank."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+# -- PADDLE_ACP_HOST_MEMORY --------------------------------------------------------------------
+MIN_HOST_MEMORY = 16 << 20  # two 8 MiB chunks: below this a streamed save is all overhead
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*|%)", re.ASCII)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """``PADDLE_ACP_HOST_MEMORY``: a number of bytes, or a percentage of the machine's memory."""
+
+    nbytes: Optional[int] = None  # an absolute bound
+    percent: Optional[float] = None  # of MemTotal
+
+    def resolve(self, mem_total: Optional[int]) -> int:
+        """The bound in bytes (a percentage of ``mem_total``; where that is unknown, of 4 GiB)."""
+        if self.nbytes is not None:
+            return self.nbytes
+        total = mem_total if mem_total else 4 << 30
+        return max(MIN_HOST_MEMORY, int(total * (self.percent or 0.0) / 100.0))
+
+
+def parse_host_memory(raw: str, name: str = "PADDLE_ACP_HOST_MEMORY") -> HostMemory:
+    """``512MiB``, ``2GB``, ``1.5g``, ``1073741824`` (bytes) or ``25%`` (of the machine's memory).
+
+    Units: B, k/KB/M/MB/G/GB/T/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024),
+    case-insensitive. Raises ConfigError naming the variable, the value and the way out."""
+    text = raw.strip().lower()
+    m = _MEMORY_RE.fullmatch(text)
+    how = ("use bytes with an optional unit (512MiB, 2GB, 1.5GiB) or a percentage of the machine's memory "
+           "(25%); unset it to adapt to the memory available")
+    if m is None or (m.group(2) not in _UNITS and m.group(2) != "%"):
+        raise ConfigError(f"{name}={raw!r} is not an amount of memory: {how}")
+    number, unit = fractions.Fraction(m.group(1)), m.group(2)  # exact: 3.3GB is 3300000000 bytes
+    if unit == "%":
+        if not 0 < number <= 90:
+            raise ConfigError(f"{name}={raw!r}: a percentage must be above 0 and at most 90 (the rest is the "
+                              f"training's own): {how}")
+        return HostMemory(percent=float(number))
+    nbytes = number * _UNITS[unit]
+    if nbytes >= 2**62:
+        raise ConfigError(f"{name}={raw!r} is absurdly large: {how}")
+    if nbytes < MIN_HOST_MEMORY:
+        raise ConfigError(f"{name}={raw!r} is below the minimum of {MIN_HOST_MEMORY >> 20} MiB "
+                          f"(two chunks of a streamed save): {how}")
+    return HostMemory(nbytes=int(nbytes))
