@@ -138,7 +138,8 @@ def bench_one(args):
         os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
         return stalls[1:-1] if len(stalls) > 2 else stalls
 
-    from paddle_acp.adapter.tensors import alloc_buffer, chunked, copy_job, run_parallel, tensor_view
+    from paddle_acp.adapter.tensors import tensor_view
+    from paddle_acp.format.arena import alloc_buffer, chunked, copy_job, run_parallel
 
     floor_buf = alloc_buffer(state_bytes) if want(1) else None
 

@@ -80,9 +80,10 @@ def make_snapshot(size: int):
     being views into the page-aligned image the async saver writes from."""
     import numpy as np
 
-    from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, TensorData, layout
-    from paddle_acp.format.checkpointer import Snapshot
+    from paddle_acp.format.arena import Arena
+    from paddle_acp.format.layout import layout
     from paddle_acp.format.manifest import RangeRecord
+    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 
     # a few large weight matrices, a few biases; each with two Adam moments
     shares = [0.40, 0.30, 0.15, 0.10, 0.03, 0.02]
@@ -350,9 +351,10 @@ def counting_storage(st):
 def tiny_snapshot(nbytes: int):
     import numpy as np
 
-    from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, TensorData, copy_into, layout
-    from paddle_acp.format.checkpointer import Snapshot
+    from paddle_acp.format.arena import Arena
+    from paddle_acp.format.layout import layout
     from paddle_acp.format.manifest import RangeRecord
+    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into
 
     n = max(1, nbytes // 4 // 6)
     tensors = [TensorData(f"w{i}", "float32", np.full(n, i, dtype=np.float32)) for i in range(6)]

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format.checkpointer import Checkpointer, Snapshot
+from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.manifest import DATA_NAME, DTYPES, MANIFEST_NAME, RangeRecord, seal
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 

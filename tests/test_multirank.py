@@ -11,21 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError
-from paddle_acp.format.checkpointer import Checkpointer, Snapshot
+from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
+from paddle_acp.format.layout import GLOBAL_NAME, parse_name, position_key, position_name
 from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.format.multirank import (
-    GLOBAL_NAME,
     GlobalCheckpointer,
-    GlobalManifest,
-    PartRecord,
     load_newest,
-    parse_name,
-    position_key,
-    position_name,
 )
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 JOB, RANGE = "job", "_range_0"
@@ -413,7 +409,7 @@ def test_crafted_global_manifests_are_refused_as_corrupt(edit, msg):
 
 
 def test_an_oversized_global_manifest_is_refused_before_it_is_parsed():
-    from paddle_acp.format.multirank import MAX_GLOBAL_SIZE
+    from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE
 
     with pytest.raises(CorruptCheckpointError, match="larger than"):
         GlobalManifest.loads(b" " * (MAX_GLOBAL_SIZE + 1) + b"{}")

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData, tensor_view
+from paddle_acp.adapter.tensors import tensor_view, write_program
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format import checkpointer as ckmod
-from paddle_acp.format.checkpointer import Checkpointer, Snapshot
+from paddle_acp.format import reader as ckmod
+from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.manifest import DATA_NAME, RangeRecord
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 
@@ -92,7 +93,7 @@ def test_file_truncated_after_verification_is_an_error_not_a_crash(static_mode, 
     os.truncate(data_file(tmp_path, 0), 4096)
     scope = scope_with({"w": np.zeros(1 << 20, np.float32)})
     with pytest.raises(CorruptCheckpointError, match="shrank"):
-        loaded.write_program("k", scope, paddle.CPUPlace())
+        write_program(loaded, "k", scope, paddle.CPUPlace())
     loaded.close()
 
 
@@ -142,13 +143,13 @@ def test_write_program_fills_scope_tensors_in_place(static_mode, tmp_path, local
     loaded = ck.load_latest()
     # retention or `paddle-acp gc` may delete the checkpoint before the program first runs
     shutil.rmtree(os.path.dirname(data_file(tmp_path, 0)))
-    assert loaded.write_program("k", scope, paddle.CPUPlace()) == len(saved)
+    assert write_program(loaded, "k", scope, paddle.CPUPlace()) == len(saved)
     got = scope_values(scope, saved)
     for n, a in saved.items():
         assert got[n].dtype == a.dtype and got[n].shape == a.shape and got[n].tobytes() == a.tobytes(), n
     assert scope.find_var("w").get_tensor()._ptr() == ptr_w  # read in place, no reallocation
     assert len(loaded.arrays) == 0  # handed out: the file (or image) is released
-    assert loaded.write_program("k", scope, paddle.CPUPlace()) == 0
+    assert write_program(loaded, "k", scope, paddle.CPUPlace()) == 0
 
 
 def test_write_program_without_consume_keeps_pending(static_mode, tmp_path):
@@ -157,8 +158,8 @@ def test_write_program_without_consume_keeps_pending(static_mode, tmp_path):
     ck.save(snapshot(0, saved))
     loaded = ck.load_latest()
     s1, s2 = scope_with({"w": np.zeros(10, np.float32)}), paddle.static.Scope()
-    assert loaded.write_program("k", s1, paddle.CPUPlace(), consume=False) == 1
-    assert loaded.write_program("k", s2, paddle.CPUPlace()) == 1
+    assert write_program(loaded, "k", s1, paddle.CPUPlace(), consume=False) == 1
+    assert write_program(loaded, "k", s2, paddle.CPUPlace()) == 1
     for s in (s1, s2):
         assert np.array_equal(np.array(s.find_var("w").get_tensor()), saved["w"])
 
@@ -181,7 +182,7 @@ def test_corrupt_newest_never_touches_the_scope(static_mode, tmp_path):
     assert all(not v.any() for v in scope_values(scope, ["a", "z"]).values())
     loaded = ck.load_latest()
     assert loaded.manifest.number == 0
-    loaded.write_program("k", scope, paddle.CPUPlace())
+    write_program(loaded, "k", scope, paddle.CPUPlace())
     got = scope_values(scope, ["a", "z"])
     assert np.array_equal(got["a"], old["a"]) and np.array_equal(got["z"], old["z"])
 
@@ -192,7 +193,7 @@ def test_tensor_view_matches_after_restore(static_mode, tmp_path):
     ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
     ck.save(snapshot(0, saved))
     scope = scope_with({k: np.zeros_like(v) for k, v in saved.items()})
-    ck.load_latest().write_program("k", scope, paddle.CPUPlace())
+    write_program(ck.load_latest(), "k", scope, paddle.CPUPlace())
     for n, a in saved.items():
         _dt, view = tensor_view(scope.find_var(n).get_tensor())
         assert view.tobytes() == a.tobytes()

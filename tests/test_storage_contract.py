@@ -24,11 +24,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pyarrow.fs as pafs  # noqa: E402
 from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
-from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData  # noqa: E402
 from paddle_acp.errors import StorageError  # noqa: E402
 from paddle_acp.format import atomic  # noqa: E402
-from paddle_acp.format.checkpointer import Checkpointer, Snapshot  # noqa: E402
+from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
 from paddle_acp.storage import Storage, open_storage  # noqa: E402
 
 BACKENDS = ["local", "hdfs-pyarrow", "hdfs-native", "hdfs-cli", "s3"]

@@ -26,11 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_util import JOB_ID, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
 from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
-from paddle_acp.adapter.tensors import ProgramSnapshot, TensorData  # noqa: E402
 from paddle_acp.errors import StorageError  # noqa: E402
 from paddle_acp.format import atomic  # noqa: E402
-from paddle_acp.format.checkpointer import Checkpointer, Snapshot  # noqa: E402
+from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.manifest import RangeRecord  # noqa: E402
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 

@@ -1,38 +1,24 @@
-"""Snapshot: copy a program's state out of a Paddle scope into host buffers, and back.
+"""Paddle tensors: views of a scope's tensors for a snapshot, and writes of restored ones.
 
-Buffers are reused from save to save (one pool per program), so after the
-first save a snapshot costs a memcpy per tensor and no allocations.
+The only code that reads or writes a Paddle tensor's memory. The snapshot
+types (:class:`~paddle_acp.format.snapshot.TensorData`, ``ProgramSnapshot``)
+are the format's; host buffers are :mod:`paddle_acp.format.arena`'s.
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.manifest import DTYPES
+from paddle_acp.format.reader import LoadedCheckpoint
+from paddle_acp.format.snapshot import TensorData
 
 logger = logging.getLogger("paddle_acp")
-
-
-@dataclasses.dataclass
-class TensorData:
-    name: str
-    dtype: str  # a key of manifest.DTYPES
-    array: np.ndarray  # C-contiguous, storage dtype
-    offset: int = -1  # position in tensors.bin, set by layout()
-
-
-@dataclasses.dataclass
-class ProgramSnapshot:
-    key: str
-    label: str
-    tensors: List[TensorData]
-    lr_scheduler: Optional[Dict[str, Any]] = None
 
 
 def dtype_name(tensor) -> str:
@@ -62,161 +48,6 @@ def tensor_view(tensor) -> Tuple[str, np.ndarray]:
     if dt == "bfloat16":
         arr = arr.view(np.uint16)
     return dt, np.ascontiguousarray(arr.reshape(shape))
-
-
-PAGE = 4096
-HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KB base pages) transparent huge page size
-
-
-_MADV_POPULATE_WRITE = getattr(__import__("mmap"), "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
-_POPULATE_CHUNK = 32 << 20
-
-
-def alloc_buffer(size: int) -> np.ndarray:
-    """A page-aligned uint8 buffer whose pages are populated by the kernel in bulk.
-
-    Faulting in fresh memory page by page costs ~2 s per GB on this machine
-    kind; populating it in the kernel ~0.3 s. It is populated 32 MB at a time
-    (``MADV_POPULATE_WRITE``) so that the training thread's own mmap/munmap
-    calls, which need the same address-space lock, are never held up for long
-    while this runs in the background; older kernels get ``MAP_POPULATE``.
-
-    The buffer asks for transparent huge pages (``MADV_HUGEPAGE``; 2 MB pages
-    where the kernel grants them). On this project's VMs (free page reporting
-    to the host) a resident 1.2 GB buffer of 4 KB pages kept the kernel
-    reporting Paddle's freed step memory to the host, which Paddle then faulted
-    back in: training steps ran 2-20% slower for as long as the buffer lived.
-    With huge pages nothing was reported and steps ran at their normal speed.
-    """
-    import mmap
-
-    if size <= 0:
-        return np.empty(0, dtype=np.uint8)
-    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    try:
-        mm = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
-    except (OSError, ValueError, TypeError):
-        return np.empty(size, dtype=np.uint8)
-    try:
-        mm.madvise(mmap.MADV_HUGEPAGE)  # see the docstring
-    except (OSError, ValueError, AttributeError):  # no transparent huge pages here
-        pass
-    try:
-        for off in range(0, size, _POPULATE_CHUNK):
-            mm.madvise(_MADV_POPULATE_WRITE, off, min(_POPULATE_CHUNK, size - off))
-    except (OSError, ValueError, AttributeError):
-        mm.close()
-        try:
-            mm = mmap.mmap(-1, size, flags=flags | getattr(mmap, "MAP_POPULATE", 0))
-        except (OSError, ValueError, TypeError):
-            return np.empty(size, dtype=np.uint8)
-    return np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
-
-
-class Arena:
-    """One reusable, page-aligned host buffer holding a checkpoint's file image.
-
-    Reused from save to save (so its pages are faulted in once), and aligned
-    for ``O_DIRECT`` writes.
-    """
-
-    def __init__(self):
-        self.buf: Optional[np.ndarray] = None
-
-    def ensure(self, size: int) -> np.ndarray:
-        padded = max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)  # whole huge pages
-        if self.buf is None or self.buf.nbytes < padded:
-            self.buf = None  # release the old mapping first
-            self.buf = alloc_buffer(padded)
-        return self.buf
-
-    def release(self) -> None:
-        """Unmap the buffer now (views into it must be gone), not whenever the cyclic GC runs."""
-        self.buf = None
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.buf is None else self.buf.nbytes
-
-
-def layout(programs: List[ProgramSnapshot]) -> int:
-    """Assign each tensor its (aligned) offset in the data file; returns the file size."""
-    from paddle_acp.format.manifest import align
-
-    offset = 0
-    for p in programs:
-        for t in p.tensors:
-            t.offset = offset
-            offset += align(t.array.nbytes)
-    return offset
-
-
-_COPY_CHUNK = 32 << 20
-
-
-def run_parallel(fn, jobs, threads: int = 2) -> None:
-    """Run ``fn(job)`` for every job on ``threads`` threads (the jobs release the GIL).
-
-    The first exception raised by any job is re-raised here, after all threads stopped.
-    """
-    if threads <= 1 or len(jobs) <= 1:
-        for j in jobs:
-            fn(j)
-        return
-    import threading
-
-    errors = []
-
-    def work(part):
-        try:
-            for j in part:
-                fn(j)
-        except BaseException as exc:  # re-raised on the calling thread
-            errors.append(exc)
-
-    parts = [jobs[i::threads] for i in range(threads)]
-    workers = [threading.Thread(target=work, args=(part,)) for part in parts[1:]]
-    for w in workers:
-        w.start()
-    work(parts[0])
-    for w in workers:
-        w.join()
-    if errors:
-        raise errors[0]
-
-
-def copy_job(job) -> None:
-    dst, src = job
-    np.copyto(dst, src, casting="no")
-
-
-def chunked(dst: np.ndarray, src: np.ndarray, jobs: list) -> None:
-    """Append copy jobs of at most ``_COPY_CHUNK`` bytes that copy ``src`` into ``dst`` (same size)."""
-    d = dst.reshape(-1).view(np.uint8)
-    s = src.reshape(-1).view(np.uint8)
-    for i in range(0, d.nbytes, _COPY_CHUNK):
-        jobs.append((d[i:i + _COPY_CHUNK], s[i:i + _COPY_CHUNK]))
-
-
-def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int = 2) -> None:
-    """Copy laid-out tensors into ``image`` (the file's bytes) and point them at their copies.
-
-    Large tensors are split into chunks copied by ``threads`` threads (NumPy
-    releases the GIL while copying): the copy is the whole training stall.
-    """
-    end = 0
-    jobs: list = []
-    for p in programs:
-        for t in p.tensors:
-            if t.offset > end:
-                image[end:t.offset] = 0  # padding: keep the file deterministic
-            n = t.array.nbytes
-            dst = image[t.offset:t.offset + n]
-            if n:
-                chunked(dst, t.array, jobs)
-            t.array = dst.view(t.array.dtype).reshape(t.array.shape)
-            end = t.offset + n
-    run_parallel(copy_job, jobs, threads)
 
 
 def find_tensor(scope, name: str):
@@ -291,3 +122,27 @@ def set_tensor(tensor, arr: np.ndarray, place, default_place=None) -> None:
     if place is None:
         place = own_place(tensor, default_place)
     tensor.set(arr, place)
+
+
+def write_program(loaded: LoadedCheckpoint, key: str, scope, place, consume: bool = True, default_place=None) -> int:
+    """Write program ``key``'s pending tensors of ``loaded`` into ``scope``; returns how many.
+
+    Tensors the scope already holds with the same dtype and shape on the CPU
+    are filled in place (read straight into them, on two threads); others
+    are replaced. With ``consume`` they are handed out (no longer pending).
+    """
+    pending = loaded.pending(key)
+    inplace = []
+    for t in pending:
+        tensor = scope_tensor(scope, t.name)
+        view = inplace_view(tensor, t.dtype, t.shape)
+        if view is not None:
+            inplace.append((key, t, view))
+        else:
+            set_tensor(tensor, loaded.read(key, t), place, default_place)
+    if inplace:
+        loaded.read_into(inplace)
+    if consume:
+        for t in pending:
+            loaded.hand_out((key, t.name))
+    return len(pending)

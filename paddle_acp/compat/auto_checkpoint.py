@@ -370,7 +370,7 @@ class TrainEpochRange:
             numbers = []
         if not numbers:
             return None, None
-        from paddle_acp.format.atomic import final_name
+        from paddle_acp.format.layout import final_name
 
         n = numbers[-1]
         return n, r.storage.full(f"{r.checkpointer.dir}/{final_name(n)}")

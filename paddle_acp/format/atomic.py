@@ -12,31 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import uuid
 from typing import Callable, List, Optional, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, StorageError
-from paddle_acp.format.manifest import MANIFEST_NAME, MAX_NUMBER
+from paddle_acp.format.layout import FINAL_RE, MANIFEST_NAME, TMP_RE, final_name, parse_final, tmp_name
+from paddle_acp.format.manifest import MAX_NUMBER
 from paddle_acp.storage.base import Entry, Storage
 
 logger = logging.getLogger("paddle_acp")
 
-# Strict: canonical decimal (no leading zeros, ASCII digits), at most 15 digits (manifest.MAX_NUMBER).
-_NUM = r"(0|[1-9][0-9]{0,14})"
-_FINAL_RE = re.compile(r"ckpt-" + _NUM, re.ASCII)
-_TMP_RE = re.compile(r"ckpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}", re.ASCII)
 _logged_foreign: Set[Tuple[str, str]] = set()
-
-
-def final_name(number: int) -> str:
-    return f"ckpt-{number}"
-
-
-def parse_final(name: str) -> Optional[int]:
-    """The number of a committed checkpoint's directory name ``ckpt-N``, or None."""
-    m = _FINAL_RE.fullmatch(name)
-    return int(m.group(1)) if m else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +60,8 @@ def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -
     read, never deleted)."""
     out = []
     for e in storage.listdir(parent) if listing is None else listing:
-        m = _FINAL_RE.fullmatch(e.name)
-        t = None if m else _TMP_RE.fullmatch(e.name)
+        m = FINAL_RE.fullmatch(e.name)
+        t = None if m else TMP_RE.fullmatch(e.name)
         if not (m or t):
             continue
         if not e.is_dir:
@@ -129,7 +115,7 @@ class Pending:
         name = name or final_name(number)
         self.final = f"{parent}/{name}"
         if storage.atomic_rename:
-            self.path = f"{parent}/{name}.tmp-{uuid.uuid4().hex[:12]}"
+            self.path = f"{parent}/{tmp_name(name, uuid.uuid4().hex[:12])}"
             storage.makedirs(self.path)
         else:
             # object stores: no directory object is needed (a key's prefix is its directory),

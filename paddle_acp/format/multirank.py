@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
-import sys
 import time
 import uuid
 import zlib
@@ -33,238 +31,33 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic
-from paddle_acp.format.checkpointer import Checkpointer, LoadedCheckpoint, Snapshot, range_dir
-from paddle_acp.format.manifest import (
+from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, PartRecord, describe_topology
+from paddle_acp.format.layout import (
+    BAD_RE,
     DATA_NAME,
+    GLOBAL_NAME,
     MANIFEST_NAME,
-    MAX_INT,
-    MAX_MANIFEST_SIZE,
-    MAX_TIME,
-    Manifest,
-    _doc_checksum,
-    _fail,
-    _get,
-    check_text,
-    max_manifest_size,
-    parse_json,
-    seal,
+    PART_RE,
+    PART_TMP_RE,
+    bad_rank,
+    final_name,
+    parse_name,
+    position_key,
+    position_name,
+    position_number,
+    range_dir,
+    rank_part,
 )
+from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, Manifest
+from paddle_acp.format.reader import LoadedCheckpoint
+from paddle_acp.format.retention import delete_checkpoint
+from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
-GLOBAL_NAME = "global.json"
-GLOBAL_FORMAT = "paddle-acp/global-checkpoint"
-GLOBAL_VERSION = 3
-MODES = ("replicated", "per-rank")
-MAX_WORLD = 1 << 16
-MAX_PROGRAMS = 1024  # program keys one part may list
-MAX_GLOBAL_SIZE = 16 << 20  # bytes of global.json (a part record is ~200 bytes plus its program keys)
-_NO_STEP = (1 << 32) - 1
-_NAME_RE = re.compile(r"^ckpt-e(\d{1,12})(?:-s(\d{1,12}))?$")
-_PART_RE = re.compile(r"^rank-(\d{1,6})$")
-_PART_TMP_RE = re.compile(r"^rank-(\d{1,6})\.tmp-[0-9a-f]{1,32}$")
-_BAD_RE = re.compile(r"^bad-rank-(\d{1,6})$")
 PREEMPT_PART_WAIT = 10.0  # seconds rank 0 waits for the parts of a preemption save (the launcher is stopping the job)
-
-
-# -- positions -------------------------------------------------------------------
-def position_name(epoch_no: int, step: Optional[int]) -> str:
-    return f"ckpt-e{epoch_no}" if step is None else f"ckpt-e{epoch_no}-s{step}"
-
-
-def parse_name(name: str) -> Optional[Tuple[int, Optional[int]]]:
-    m = _NAME_RE.match(name)
-    if not m:
-        return None
-    return int(m.group(1)), (int(m.group(2)) if m.group(2) is not None else None)
-
-
-def position_key(epoch_no: int, step: Optional[int]) -> Tuple[int, int]:
-    """Sort key: step S of epoch E comes before the end of epoch E."""
-    return (epoch_no, _NO_STEP if step is None else step)
-
-
-def position_number(epoch_no: int, step: Optional[int]) -> int:
-    """The checkpoint number recorded in part manifests: the position as one integer."""
-    return ((epoch_no + 1) << 32) | (_NO_STEP if step is None else step)
-
-
-# -- the global manifest -----------------------------------------------------------
-@dataclasses.dataclass
-class PartRecord:
-    rank: int
-    manifest_crc32: int
-    manifest_size: int
-    data_size: int
-    programs: List[str]  # fingerprints (program keys) of the rank's programs
-
-    def to_json(self):
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d, where):
-        rank = _get(d, "rank", int, where)
-        crc = _get(d, "manifest_crc32", int, where)
-        msize = _get(d, "manifest_size", int, where)
-        dsize = _get(d, "data_size", int, where)
-        programs = _get(d, "programs", list, where)
-        if not 0 <= rank < MAX_WORLD or not 0 <= crc < 2**32 or not 0 < msize <= max_manifest_size(dsize) or not 0 <= dsize < 2**62:
-            raise _fail(f"{where}: bad rank, checksum or size")
-        if len(programs) > MAX_PROGRAMS or not all(isinstance(p, str) and 0 < len(p) <= 200 for p in programs):
-            raise _fail(f"{where}.programs must be a list of program keys")
-        return cls(rank, crc, msize, dsize, list(programs))
-
-
-@dataclasses.dataclass
-class GlobalManifest:
-    name: str
-    range_name: str
-    epoch_no: int
-    step: Optional[int]
-    world_size: int
-    mode: str
-    parts: List[PartRecord]
-    created: float = 0.0
-    generation: int = -1
-    base: Optional[str] = None  # the checkpoint the writing incarnation resumed from
-    version: int = GLOBAL_VERSION
-
-    @property
-    def number(self) -> int:
-        return position_number(self.epoch_no, self.step)
-
-    @property
-    def key(self) -> Tuple[int, int]:
-        return position_key(self.epoch_no, self.step)
-
-    def to_json(self) -> Dict[str, Any]:
-        return {
-            "format": GLOBAL_FORMAT,
-            "version": self.version,
-            "name": self.name,
-            "range": self.range_name,
-            "position": {"epoch_no": self.epoch_no, "step": self.step},
-            "created": self.created,
-            "generation": self.generation,
-            "base": self.base,
-            "topology": {"world_size": self.world_size, "mode": self.mode},
-            "parts": [p.to_json() for p in self.parts],
-        }
-
-    def dumps(self) -> bytes:
-        return seal(self.to_json())
-
-    def topology(self) -> str:
-        return describe_topology(self.world_size, self.mode)
-
-    @classmethod
-    def loads(cls, raw: bytes) -> "GlobalManifest":
-        if len(raw) > MAX_GLOBAL_SIZE:
-            raise _fail(f"global manifest is larger than {MAX_GLOBAL_SIZE} bytes")
-        d = parse_json(raw, "global manifest", max_size=MAX_GLOBAL_SIZE)
-        if not isinstance(d, dict):
-            raise _fail("global manifest: top level must be an object")
-        checksum = d.pop("checksum", None)
-        try:
-            actual = _doc_checksum(d)
-        except ValueError:
-            raise _fail("global manifest contains NaN or infinity") from None
-        if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != actual:
-            raise _fail("global manifest checksum mismatch (the file was modified or damaged)")
-        if d.get("format") != GLOBAL_FORMAT:
-            raise _fail(f"format is {d.get('format')!r}, expected {GLOBAL_FORMAT!r}")
-        version = _get(d, "version", int, "global")
-        if version != GLOBAL_VERSION:
-            raise _fail(f"global manifest version {version} is not supported (this paddle-acp reads {GLOBAL_VERSION})")
-        name = _get(d, "name", str, "global")
-        pos = _get(d, "position", dict, "global")
-        epoch_no = _get(pos, "epoch_no", int, "global.position")
-        step = _get(pos, "step", int, "global.position", optional=True)
-        check_text(name, "global.name")
-        if parse_name(name) != (epoch_no, step):
-            raise _fail(f"global manifest name {name!r} does not match its position ({epoch_no}, {step})")
-        topo = _get(d, "topology", dict, "global")
-        world = _get(topo, "world_size", int, "global.topology")
-        mode = _get(topo, "mode", str, "global.topology")
-        if not 1 <= world <= MAX_WORLD:
-            raise _fail(f"world size {world} out of range")
-        if mode not in MODES:
-            raise _fail(f"mode {mode!r} is not one of {MODES}")
-        raw_parts = _get(d, "parts", list, "global")
-        if len(raw_parts) > MAX_WORLD:
-            raise _fail(f"global manifest lists {len(raw_parts)} parts (at most {MAX_WORLD})")
-        created = _get(d, "created", (int, float), "global")
-        generation = _get(d, "generation", int, "global")
-        if isinstance(created, bool) or not 0 <= created <= MAX_TIME:
-            raise _fail(f"global.created {created!r} is not a time")
-        if not -1 <= generation < MAX_INT:
-            raise _fail(f"global.generation {generation!r} out of range")
-        range_name = check_text(_get(d, "range", str, "global"), "global.range")
-        parts = [PartRecord.from_json(p, f"global.parts[{i}]") for i, p in enumerate(raw_parts)]
-        if [p.rank for p in parts] != list(range(world)):
-            raise _fail(f"parts must list ranks 0..{world - 1} once each, in order")
-        base = _get(d, "base", str, "global", optional=True)
-        if base is not None:
-            check_text(base, "global.base")
-        return cls(
-            name=name, range_name=range_name, epoch_no=epoch_no, step=step,
-            world_size=world, mode=mode, parts=parts, created=float(created),
-            generation=generation, base=base, version=version,
-        )
-
-
-def describe_topology(world_size: int, mode: str) -> str:
-    return f"world size {world_size}, {mode}"
-
-
-# -- mode detection ------------------------------------------------------------------
-def fleet_degrees() -> Dict[str, int]:
-    """Model-parallel, pipeline and sharding degrees of the strategy ``fleet.init`` was given
-    ({} when fleet was not initialised). Never imports fleet itself."""
-    mod = sys.modules.get("paddle.distributed.fleet")
-    fleet = getattr(mod, "fleet", None) if mod is not None else None
-    strategy = getattr(fleet, "_user_defined_strategy", None)
-    if strategy is None:
-        return {}
-    out: Dict[str, int] = {}
-
-    def put(name, value):
-        try:
-            v = int(value)
-        except (TypeError, ValueError):
-            return
-        out[name] = max(out.get(name, 1), v)
-
-    try:
-        hybrid = strategy.hybrid_configs
-        for k in ("mp_degree", "pp_degree", "sharding_degree"):
-            if k in hybrid:
-                put(k, hybrid[k])
-        if getattr(strategy, "tensor_parallel", False):
-            put("mp_degree", strategy.tensor_parallel_configs.get("tensor_parallel_degree", 1))
-        if getattr(strategy, "sharding", False):
-            put("sharding_degree", strategy.sharding_configs.get("sharding_degree", 1))
-            put("pp_degree", strategy.sharding_configs.get("pp_degree", 1))
-            put("mp_degree", strategy.sharding_configs.get("mp_degree", 1))
-        if getattr(strategy, "pipeline", False):
-            put("pp_degree", 2)  # a pipeline strategy: stages hold different layers
-    except Exception as exc:  # an unexpected strategy object: say so, decide from the programs
-        logger.debug("cannot read fleet's strategy: %s", exc)
-    return out
-
-
-def decide_mode(setting: str, entries) -> Tuple[str, str]:
-    """('per-rank' | 'replicated', why) for PADDLE_ACP_RANK_STATE ``setting`` and the registered programs."""
-    if setting in MODES:
-        return setting, f"PADDLE_ACP_RANK_STATE={setting}"
-    for e in entries:
-        if e.info.parallel_ops:
-            return "per-rank", f"program {e.key} has {', '.join(e.info.parallel_ops[:4])}"
-    degrees = {k: v for k, v in fleet_degrees().items() if v > 1}
-    if degrees:
-        return "per-rank", "fleet strategy " + ", ".join(f"{k}={v}" for k, v in sorted(degrees.items()))
-    return "replicated", "no tensor-parallel, pipeline or sharding operators and no such fleet degree"
 
 
 # -- the checkpointer ----------------------------------------------------------------
@@ -318,7 +111,7 @@ class GlobalCheckpointer:
         return sorted(out, key=lambda g: g.key)
 
     def part_dir(self, name: str, rank: int) -> str:
-        return f"{self.dir}/{name}/rank-{rank}"
+        return f"{self.dir}/{name}/{rank_part(rank)}"
 
     def part_committed(self, name: str, rank: int) -> bool:
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
@@ -339,7 +132,7 @@ class GlobalCheckpointer:
         self._remove_own(name)
         snap.extra = dict(snap.extra)
         snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base}
-        pending = atomic.Pending(st, ckdir, number, name=f"rank-{self.rank}")
+        pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank))
         try:
             nbytes = self._ck._write(pending, snap, number)
         except BaseException:
@@ -363,7 +156,7 @@ class GlobalCheckpointer:
     def _remove_own(self, name: str) -> None:
         """Remove this rank's earlier part (or leftovers) at position ``name``."""
         for e in self.storage.listdir(f"{self.dir}/{name}"):
-            m = _PART_RE.match(e.name) or _PART_TMP_RE.match(e.name)
+            m = PART_RE.match(e.name) or PART_TMP_RE.match(e.name)
             if m and int(m.group(1)) == self.rank:
                 self.storage.delete_dir(f"{self.dir}/{name}/{e.name}")
 
@@ -465,9 +258,7 @@ class GlobalCheckpointer:
             self.fence.check("delete old checkpoints")
         check_deletable(self.storage, self.job_id, self.dir)
         for g in sorted(doomed, key=lambda g: g.key):
-            # the commit first: a half-deleted checkpoint is never mistaken for a committed one
-            self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
-            self.storage.delete_dir(f"{self.dir}/{g.name}")
+            delete_checkpoint(self.storage, f"{self.dir}/{g.name}", GLOBAL_NAME)
             logger.debug("retention: deleted checkpoint %s of %s", g.name, self.dir)
         return [g.name for g in doomed]
 
@@ -504,7 +295,7 @@ class GlobalCheckpointer:
         """The global manifest and every part's manifest bytes, each verified against it
         (CRC32, size, validity, data file size). Every rank reaches the same verdict."""
         g = self.read_global(name)
-        bad = [e.name for e in self.storage.listdir(f"{self.dir}/{name}") if _BAD_RE.match(e.name)]
+        bad = [e.name for e in self.storage.listdir(f"{self.dir}/{name}") if BAD_RE.match(e.name)]
         if bad:
             raise CorruptCheckpointError(f"{self.dir}/{name}: marked bad by a rank at restore ({', '.join(bad)})")
         raws: Dict[int, bytes] = {}
@@ -563,7 +354,7 @@ class GlobalCheckpointer:
             logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",
                            self.rank, name, g.world_size)
         try:
-            loaded = self._ck.load(g.number, f"{base}/rank-{src}", raws[src])
+            loaded = self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
         except CorruptCheckpointError as exc:
             if g.mode == "per-rank" and self.world_size > 1:
                 self._mark_bad(name, exc)
@@ -578,7 +369,7 @@ class GlobalCheckpointer:
         """This rank's own data failed verification while the other ranks may accept the
         checkpoint: mark it bad, so that after the restart every rank falls back alike."""
         try:
-            self.storage.write_bytes(f"{self.dir}/{name}/bad-rank-{self.rank}", str(exc)[:1000].encode())
+            self.storage.write_bytes(f"{self.dir}/{name}/{bad_rank(self.rank)}", str(exc)[:1000].encode())
         except StorageError as err:
             logger.error("could not mark checkpoint %s bad: %s", name, err)
         raise CheckpointError(
@@ -632,7 +423,7 @@ def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optiona
                 loaded.global_manifest = None
             loaded.position_key = key if kind == "global" else position_key(
                 loaded.manifest.range.epoch_no, loaded.manifest.range.step)
-            loaded.name = ident if kind == "global" else atomic.final_name(ident)
+            loaded.name = ident if kind == "global" else final_name(ident)
         except CorruptCheckpointError as exc:
             logger.warning("skipping checkpoint %s of %s/%s: %s", ident, gck.storage.uri, gck.dir, exc)
             continue

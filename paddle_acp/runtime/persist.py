@@ -17,12 +17,15 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from paddle_acp.adapter import rng as rng_state
-from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, copy_into, layout
+from paddle_acp.adapter.fleet import decide_mode
 from paddle_acp.errors import AcpError
-from paddle_acp.format.checkpointer import Checkpointer, Snapshot
+from paddle_acp.format.arena import Arena
+from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.format.metrics import MetricsLog
-from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer, decide_mode
+from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, copy_into
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action, lower_thread_priority
 from paddle_acp.runtime.state import STATE, check_main_thread

@@ -19,12 +19,13 @@ from typing import Any, Iterator, Optional
 from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.programs import program_info, unwrap
-from paddle_acp.adapter.tensors import Arena
 from paddle_acp.errors import AcpError, CheckpointError, ConfigError
-from paddle_acp.format.checkpointer import Checkpointer, LoadedCheckpoint
+from paddle_acp.format.arena import Arena
+from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.multirank import GlobalCheckpointer
+from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import preemption
 from paddle_acp.runtime.persist import PersistMixin
 from paddle_acp.runtime.registry import Registry

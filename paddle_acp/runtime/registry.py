@@ -12,8 +12,9 @@ import numbers
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.adapter.programs import ProgramInfo, lr_scheduler_of
-from paddle_acp.adapter.tensors import ProgramSnapshot, dtype_name, find_tensor, tensor_views
+from paddle_acp.adapter.tensors import dtype_name, find_tensor, tensor_views, write_program
 from paddle_acp.errors import CheckpointError
+from paddle_acp.format.snapshot import ProgramSnapshot
 
 logger = logging.getLogger("paddle_acp")
 
@@ -100,7 +101,7 @@ class ProgramEntry:
         rec = loaded.manifest.program(self.key)
         if rec is not None:
             self.check_checkpoint(rec, f"{loaded.manifest.number} ({loaded.path})")
-        loaded.write_program(self.key, self.scope, self.place)
+        write_program(loaded, self.key, self.scope, self.place)
         sched: Any = lr_scheduler_of(self.program)
         if sched_state is not None:
             if sched is None:

@@ -14,10 +14,12 @@ import logging
 from typing import Any, Optional
 
 from paddle_acp.adapter import rng as rng_state
-from paddle_acp.adapter.tensors import dtype_name
+from paddle_acp.adapter.fleet import decide_mode, fleet_degrees
+from paddle_acp.adapter.tensors import dtype_name, write_program
 from paddle_acp.errors import CheckpointError
-from paddle_acp.format.checkpointer import Checkpointer, LoadedCheckpoint
-from paddle_acp.format.multirank import GlobalCheckpointer, decide_mode, fleet_degrees, load_newest
+from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.multirank import GlobalCheckpointer, load_newest
+from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime.state import STATE
 
 logger = logging.getLogger("paddle_acp")
@@ -136,7 +138,7 @@ class RestoreMixin:
         # nothing for yet goes to Paddle's default device, as the executor would put it
         default = framework._current_expected_place_()
         for p in self._resumed.manifest.programs:
-            self._resumed.write_program(p.key, scope, None, consume=False, default_place=default)
+            write_program(self._resumed, p.key, scope, None, consume=False, default_place=default)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
     def _check_global_scope(self, scope) -> None:

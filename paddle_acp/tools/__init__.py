@@ -32,7 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic
-from paddle_acp.format.checkpointer import JOB_MARKER, Checkpointer, range_dir
+from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.layout import JOB_MARKER, final_name, range_dir
 from paddle_acp.format.manifest import DATA_NAME, DTYPES, MANIFEST_NAME, Manifest
 from paddle_acp.storage.base import Storage, open_storage, redact, scrub
 
@@ -389,7 +390,8 @@ def _scan_global(storage: Storage, job: str, range_name: str, verify: bool, quie
     """The checkpoints of a job of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
     "ok" when the global manifest and every part's manifest verify (and the data files have their
     sizes); with ``verify`` every part's checksums are read too."""
-    from paddle_acp.format.multirank import GlobalCheckpointer, position_key
+    from paddle_acp.format.layout import position_key
+    from paddle_acp.format.multirank import GlobalCheckpointer
 
     out = []
     for g in GlobalCheckpointer(storage, job, range_name, 0, 1).scan():
@@ -531,7 +533,7 @@ class CkptRef:
 
     @property
     def path(self) -> str:
-        return f"{range_dir(self.job, self.range)}/{atomic.final_name(self.number)}"
+        return f"{range_dir(self.job, self.range)}/{final_name(self.number)}"
 
     @property
     def uri(self) -> str:

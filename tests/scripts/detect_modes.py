@@ -13,8 +13,8 @@ paddle.enable_static()
 from paddle.distributed import fleet  # noqa: E402
 from paddle.distributed.fleet.layers.mpu import mp_ops  # noqa: E402
 
+from paddle_acp.adapter.fleet import decide_mode, fleet_degrees  # noqa: E402
 from paddle_acp.adapter.programs import program_info  # noqa: E402
-from paddle_acp.format.multirank import decide_mode, fleet_degrees  # noqa: E402
 
 PIR = bool(paddle.framework.in_pir_mode())
 

@@ -1,0 +1,117 @@
+"""Layout: where a checkpoint's pieces are, by name and by byte offset.
+
+Under the storage root::
+
+    {job_id}/job.json                                            the job marker
+    {job_id}/range/{range}/ckpt-{N}/tensors.bin                  one process's checkpoint N
+    {job_id}/range/{range}/ckpt-{N}/manifest.json                (written last)
+    {job_id}/range/{range}/ckpt-{N}.tmp-{id}/                    being written (renamed into place)
+    {job_id}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/...         rank k's part of a checkpoint of several ranks
+    {job_id}/range/{range}/ckpt-e{E}[-s{S}]/global.json          its global manifest: the commit
+    {job_id}/range/{range}/ckpt-e{E}[-s{S}]/bad-rank-{k}         rank k found its part corrupt at restore
+
+Names are parsed strictly (canonical decimal, ASCII digits, bounded lengths): anything
+else under a checkpoint's name is foreign and never read or deleted. Inside
+``tensors.bin`` every tensor starts at a multiple of :data:`~paddle_acp.format.manifest.ALIGN`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional, Tuple
+
+from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, align
+from paddle_acp.format.snapshot import ProgramSnapshot
+
+__all__ = [
+    "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "bad_rank", "final_name", "layout",
+    "parse_final", "parse_name", "parse_tmp", "position_key", "position_name", "position_number",
+    "range_dir", "rank_part", "tmp_name",
+]
+
+JOB_MARKER = "job.json"
+GLOBAL_NAME = "global.json"
+
+# Strict: canonical decimal (no leading zeros, ASCII digits), at most 15 digits (manifest.MAX_NUMBER).
+_NUM = r"(0|[1-9][0-9]{0,14})"
+FINAL_RE = re.compile(r"ckpt-" + _NUM, re.ASCII)
+TMP_RE = re.compile(r"ckpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}", re.ASCII)
+# a checkpoint of several ranks: its training position; its parts
+POSITION_RE = re.compile(r"^ckpt-e(\d{1,12})(?:-s(\d{1,12}))?$")
+PART_RE = re.compile(r"^rank-(\d{1,6})$")
+PART_TMP_RE = re.compile(r"^rank-(\d{1,6})\.tmp-[0-9a-f]{1,32}$")
+BAD_RE = re.compile(r"^bad-rank-(\d{1,6})$")
+NO_STEP = (1 << 32) - 1
+
+
+def range_dir(job_id: str, range_name: str) -> str:
+    """The directory of one range's checkpoints."""
+    return f"{job_id}/range/{range_name}"
+
+
+def job_marker(job_id: str) -> str:
+    return f"{job_id}/{JOB_MARKER}"
+
+
+# -- one process's checkpoints: ckpt-N ----------------------------------------------
+def final_name(number: int) -> str:
+    return f"ckpt-{number}"
+
+
+def tmp_name(name: str, token: str) -> str:
+    """The name a checkpoint directory (or part, or file) is written under before its rename."""
+    return f"{name}.tmp-{token}"
+
+
+def parse_final(name: str) -> Optional[int]:
+    """The number of a committed checkpoint's directory name ``ckpt-N``, or None."""
+    m = FINAL_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_tmp(name: str) -> Optional[int]:
+    """The number of a directory ``ckpt-N.tmp-<id>`` being written (or left over), or None."""
+    m = TMP_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+# -- checkpoints of several ranks: ckpt-e<E>[-s<S>]/rank-<k> ---------------------------
+def position_name(epoch_no: int, step: Optional[int]) -> str:
+    return f"ckpt-e{epoch_no}" if step is None else f"ckpt-e{epoch_no}-s{step}"
+
+
+def parse_name(name: str) -> Optional[Tuple[int, Optional[int]]]:
+    """(epoch, step or None) of a position name ``ckpt-e<E>[-s<S>]``, or None."""
+    m = POSITION_RE.match(name)
+    if not m:
+        return None
+    return int(m.group(1)), (int(m.group(2)) if m.group(2) is not None else None)
+
+
+def position_key(epoch_no: int, step: Optional[int]) -> Tuple[int, int]:
+    """Sort key: step S of epoch E comes before the end of epoch E."""
+    return (epoch_no, NO_STEP if step is None else step)
+
+
+def position_number(epoch_no: int, step: Optional[int]) -> int:
+    """The checkpoint number recorded in part manifests: the position as one integer."""
+    return ((epoch_no + 1) << 32) | (NO_STEP if step is None else step)
+
+
+def rank_part(rank: int) -> str:
+    return f"rank-{rank}"
+
+
+def bad_rank(rank: int) -> str:
+    return f"bad-rank-{rank}"
+
+
+# -- inside tensors.bin ------------------------------------------------------------------
+def layout(programs: Iterable[ProgramSnapshot]) -> int:
+    """Assign each tensor its (aligned) offset in the data file; returns the file size."""
+    offset = 0
+    for p in programs:
+        for t in p.tensors:
+            t.offset = offset
+            offset += align(t.array.nbytes)
+    return offset

@@ -1,0 +1,125 @@
+"""The writer: one checkpoint's data file and manifest, into a directory being committed.
+
+The tensors' checksums are computed on the CRC thread while this thread writes
+(both release the GIL). The manifest is read back before it is written: a
+checkpoint a restart would reject is never committed.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, List, Optional, Union
+
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format.atomic import Pending
+from paddle_acp.format.crc import checksum, crc_pool
+from paddle_acp.format.layout import DATA_NAME, layout
+from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
+from paddle_acp.format.snapshot import Snapshot
+
+_ZEROS = bytes(ALIGN)
+
+
+def is_out_of_space(exc: Optional[BaseException]) -> bool:
+    """True when a storage error means the disk (or quota) is full."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(exc)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
+                     before_commit: Optional[Callable[[], None]] = None) -> int:
+    """Write ``snap`` as checkpoint ``number`` into ``pending`` and commit it; returns the data size.
+
+    ``before_commit`` runs (and may raise, e.g. a fenced writer) right before the
+    step that makes the checkpoint visible."""
+    st = pending.storage
+    if snap.data_size < 0:
+        snap.data_size = layout(snap.programs)
+    size = snap.data_size
+    tensors = [t for p in snap.programs for t in p.tensors]
+    # checksums on a second core while this thread writes (both release the GIL)
+    crcs: List["Future[int]"] = [crc_pool().submit(checksum, t.array) for t in tensors]
+    path = f"{pending.path}/{DATA_NAME}"
+
+    def write_data() -> int:
+        if snap.image is not None:
+            return st.write_image(path, snap.image, size)
+        buffers: List[Union[bytes, memoryview]] = []
+        end = 0
+        for t in tensors:
+            if t.offset > end:
+                buffers.append(_ZEROS[: t.offset - end])
+            if t.array.nbytes:
+                buffers.append(memoryview(t.array).cast("B"))
+            end = t.offset + t.array.nbytes
+        if size > end:
+            buffers.append(_ZEROS[: size - end])
+        return st.write_buffers(path, buffers)
+
+    def manifest_bytes() -> bytes:
+        it = iter(crcs)
+        programs = [
+            ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it).result()) for t in p.tensors], p.lr_scheduler)
+            for p in snap.programs
+        ]
+        raw = Manifest(
+            number=number,
+            created=time.time(),
+            range=snap.range,
+            programs=programs,
+            data_size=size,
+            rng=snap.rng,
+            paddle_version=snap.paddle_version,
+            ir=snap.ir,
+            extra=snap.extra,
+        ).dumps()
+        try:  # what restarts will read: never commit a checkpoint they would reject
+            Manifest.loads(raw, data_file_size=size)
+        except CorruptCheckpointError as exc:
+            raise CheckpointError(
+                f"checkpoint {number} is not written: a restart could not read it back ({exc}); "
+                "the LR scheduler or data loader state is not plain JSON data of bounded size and depth"
+            ) from None
+        return raw
+
+    written: Union[int, BaseException]
+    if st.atomic_rename and not st.local:
+        # The rename commits, so the manifest need not wait for the data: both files are
+        # written at once. On HDFS closing a file waits for the namenode to see its block
+        # (often ~0.4 s, the client's first retry): overlapped, a small checkpoint pays it once.
+        box: List[Union[int, BaseException]] = []
+
+        def data_thread() -> None:
+            try:
+                box.append(write_data())
+            except BaseException as exc:  # re-raised below
+                box.append(exc)
+
+        t = threading.Thread(target=data_thread, name="paddle-acp-data", daemon=True)
+        t.start()
+        try:
+            pending.write_manifest(manifest_bytes())
+        finally:
+            t.join()
+        written = box[0]
+        if isinstance(written, BaseException):
+            raise written
+    else:
+        written = write_data()
+    if written != size:
+        raise StorageError(f"short write of {DATA_NAME}: {written} of {size} bytes")
+    if st.atomic_rename and not st.local:
+        pending.publish(before_commit)
+    else:
+        pending.commit(manifest_bytes(), before=before_commit)
+    return size
