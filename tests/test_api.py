@@ -188,3 +188,58 @@ def test_ended_range_frees_its_snapshot_arena_without_the_gc(tmp_path, monkeypat
     finally:
         gc.enable()
     assert np.isfinite(exe.run(main, feed=extras["feed"], fetch_list=[extras["loss"]])[0]).all()
+
+
+# -- the runtime's process state and the range's open step -----------------------------------------
+def test_errors_come_at_the_first_iteration_not_at_the_call(tmp_path, monkeypatch):
+    """train_epoch_range(...) only builds the generator: storage, job marker and checkpoint are opened
+    at the first iteration, which raises the configuration errors (as before the open step existed)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(blocker / "ck"))
+    loop = acp.train_epoch_range(2, 0)
+    assert acp.active_range() is None
+    with pytest.raises(acp.ConfigError, match="not writable"):
+        next(loop)
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path / "ck"))
+    loop = acp.train_epoch_range(2, 0)
+    assert not (tmp_path / "ck").exists()
+    assert next(loop) == 0 and (tmp_path / "ck" / "default").is_dir()
+    loop.close()
+
+
+def test_range_constructor_does_no_io_and_open_does(tmp_path):
+    from paddle_acp.config import from_env
+    from paddle_acp.runtime.range import EpochRange, open_storage_for
+
+    cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": str(tmp_path / "ck"), "PADDLE_JOB_ID": "j"})
+    storage = open_storage_for(cfg)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    r = EpochRange(3, "_range_0", cfg, storage, 0)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+    assert r.restored_from == acp.CONST_MEMORYINIT and r.fence is None
+    with pytest.raises(acp.ConfigError, match="max_epoch_num"):
+        EpochRange("3", "_range_0", cfg, storage)
+    opened = EpochRange.open(3, "_range_0", cfg, 0)
+    try:
+        assert (tmp_path / "ck" / "j").is_dir() and opened.fence is not None  # job marker and writer fence
+    finally:
+        opened.close()
+
+
+def test_simulate_restart_resets_the_process_state(tmp_path, monkeypatch):
+    from paddle_acp.runtime.state import STATE
+
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))
+    for _ in acp.train_epoch_range(1, 0):
+        assert STATE.active is acp.active_range() and STATE.hooked is STATE.active
+    fence = next(iter(STATE.fences.values()))
+    assert STATE.range_counter == 1 and STATE.marked_jobs and STATE.active is None
+    failures = STATE.final_save_failures
+    failures.append("x")
+    acp.simulate_restart()
+    assert (STATE.range_counter, STATE.fences, STATE.marked_jobs, STATE.active, STATE.hooked) == (0, {}, set(), None, None)
+    assert failures == [] and STATE.final_save_failures is failures  # the list `paddle-acp run` holds
+    for _ in acp.train_epoch_range(1, 0):
+        pass
+    assert next(iter(STATE.fences.values())).generation > fence.generation  # a restart takes a new generation
