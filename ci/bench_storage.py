@@ -30,6 +30,13 @@ with O_DIRECT and fsyncs bypass it). With ``--before-code DIR`` the paddle_acp o
 another checkout (e.g. ``git worktree add /tmp/before <commit>``) is measured too,
 each round's two runs in processes of their own against the same server.
 
+With ``--cache``: restore time of one checkpoint (``--size-mb``) from HDFS with the node-local cache
+(``PADDLE_ACP_LOCAL_CACHE``: the copy the writer kept, its manifest compared with the remote's, every
+checksum verified) against a restore of the same checkpoint from a local URI and from HDFS without the
+cache, paired rounds in one process (order rotating). A restore is what a restarted job does: the
+newest checkpoint found, verified and written into the program's tensors (a real Paddle scope); the
+local files (the local URI's and the cache's) are evicted from the page cache first.
+
 With ``--training``: training time of the end-to-end script with a checkpoint every
 epoch on HDFS against no checkpointing, paired rounds (tests/scripts/train_script.py
 ``--timing``: from the first epoch to the last checkpoint committed).
@@ -37,6 +44,7 @@ epoch on HDFS against no checkpointing, paired rounds (tests/scripts/train_scrip
 Usage: python ci/bench_storage.py [--size-mb 1024] [--backends local,hdfs-pyarrow,...]
                                   [--json FILE] [--quick]
        python ci/bench_storage.py --fixed-cost [--before-code DIR] [--checkpoints 30] [--rounds 3] [--json FILE]
+       python ci/bench_storage.py --cache [--size-mb 1024] [--rounds 5] [--json FILE]
        python ci/bench_storage.py --training [--epochs 60] [--sleep 0.1] [--hidden 200] [--rounds 3]
 Prints one line per figure, then the JSON.
 """
@@ -506,6 +514,77 @@ def run_fixed_cost(args, kinds, work) -> dict:
     return results
 
 
+# -- restore from HDFS through the node-local cache ------------------------------------------------
+def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
+    import numpy as np
+
+    from paddle_acp.format.cache import LocalCache
+    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.storage import open_storage
+
+    results = {"mode": "cache", "rounds": rounds, "runs": [], "errors": {}}
+    with servers.HDFSServer() as hdfs:
+        hdfs.apply_client_env()  # before the first libhdfs JVM starts in this process
+        import paddle
+
+        paddle.enable_static()
+        snap, _image, size = make_snapshot(int(size_mb * MB))
+        results["bytes"] = size
+        log(f"snapshot: {len(snap.programs[0].tensors)} tensors, {size / MB:.0f} MiB")
+        local_uri = os.path.join(work, "local")
+        hdfs_uri = f"{hdfs.uri}/bench/cache-{uuid.uuid4().hex[:8]}"
+        cache_dir = os.path.join(work, "cache")
+        local_st, hdfs_st = open_storage(local_uri), open_storage(hdfs_uri)
+        Checkpointer(local_st, "bench", "_range_0", max_to_keep=1).save(snap)
+        writer = Checkpointer(hdfs_st, "bench", "_range_0", max_to_keep=1)
+        writer.cache = LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0")
+        t0 = time.perf_counter()
+        writer.save(snap)
+        results["save_with_cache_s"] = time.perf_counter() - t0
+        scope, place = paddle.static.Scope(), paddle.CPUPlace()
+        for t in snap.programs[0].tensors:  # the program's tensors a restarted job writes into
+            scope.var(t.name).get_tensor().set(np.zeros_like(t.array), place)
+        check = snap.programs[0].tensors[0]
+
+        def restore(kind: str) -> float:
+            drop_tree_cache(local_uri)
+            drop_tree_cache(cache_dir)
+            t0 = time.perf_counter()
+            if kind == "local":
+                ck = Checkpointer(local_st, "bench", "_range_0")
+            else:
+                ck = Checkpointer(hdfs_st, "bench", "_range_0")
+                if kind == "hdfs_cache":
+                    cache = LocalCache.open(cache_dir, hdfs_uri, 1)
+                    ck.cache = cache.for_range("bench", "_range_0")
+            loaded = ck.load_latest()
+            loaded.write_program("bench", scope, place)
+            seconds = time.perf_counter() - t0
+            want = "cache" if kind == "hdfs_cache" else ("local" if kind == "local" else "remote")
+            assert loaded.source == want, (kind, loaded.source)
+            got = np.array(scope.find_var(check.name).get_tensor())
+            assert np.array_equal(got, check.array), kind
+            scope.var(check.name).get_tensor().set(np.zeros_like(check.array), place)
+            return seconds
+
+        kinds = ["local", "hdfs_cache", "hdfs"]
+        for r in range(rounds):
+            order = kinds[r % 3:] + kinds[:r % 3]
+            row = {k: restore(k) for k in order}
+            results["runs"].append(row)
+            log("round %d: %s" % (r, ", ".join(f"{k} {row[k]:.3f} s" for k in kinds)))
+    runs = results["runs"]
+    for k in kinds:
+        results[f"{k}_median_s"] = statistics.median(row[k] for row in runs)
+    results["cache_vs_local"] = statistics.median(row["hdfs_cache"] / row["local"] for row in runs)
+    results["hdfs_vs_cache"] = statistics.median(row["hdfs"] / row["hdfs_cache"] for row in runs)
+    log(f"restore of {size / MB:.0f} MiB, median of {rounds} paired rounds: local URI {results['local_median_s']:.3f} s, "
+        f"HDFS with the cache {results['hdfs_cache_median_s']:.3f} s, HDFS without {results['hdfs_median_s']:.3f} s")
+    log(f"  HDFS with the cache / local URI = {results['cache_vs_local']:.2f} (target <= 1.2); "
+        f"HDFS without / with the cache = {results['hdfs_vs_cache']:.2f}x")
+    return results
+
+
 # -- training time with a checkpoint every epoch on HDFS ------------------------------------
 def run_training(args, work) -> dict:
     sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -566,6 +645,7 @@ def main(argv=None) -> int:
                     help="--fixed-cost: also measure the paddle_acp in this checkout (e.g. a git worktree of "
                          "the commit before a change), paired with the current code")
     ap.add_argument("--_fixed-child", nargs=5, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cache", action="store_true", help="restore from HDFS with the node-local cache (see above)")
     ap.add_argument("--training", action="store_true", help="training time on HDFS vs no checkpointing (see above)")
     ap.add_argument("--epochs", type=int, default=60, help="--training: epochs per run (default 60)")
     ap.add_argument("--sleep", type=float, default=0.1, help="--training: seconds of 'work' per epoch (default 0.1)")
@@ -587,9 +667,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("PADDLE_ACP_CI_QUIET", "1")
 
     work = tempfile.mkdtemp(prefix="acp-bench-storage-", dir=args.dir)
-    if args.fixed_cost or args.training:
+    if args.fixed_cost or args.training or args.cache:
         try:
-            if args.fixed_cost:
+            if args.cache:
+                results = run_cache(args, size_mb, rounds, work)
+            elif args.fixed_cost:
                 results = run_fixed_cost(args, kinds if args.backends != ",".join(BACKENDS) else FIXED_BACKENDS, work)
             else:
                 results = run_training(args, work)

@@ -84,6 +84,7 @@ ENV_VARS = (
     "PADDLE_ACP_EXIT_ON_PREEMPT",
     "PADDLE_ACP_HDFS_CLIENT",
     "PADDLE_ACP_PROGRESS",
+    "PADDLE_ACP_LOCAL_CACHE",
     "PADDLE_RUNNING_ENV",
     "PADDLE_RUNNING_PLATFORM",
     "PADDLE_JOB_ID",
@@ -127,6 +128,9 @@ class CheckpointConfig:
     # to the memory available when the first training program registers
     host_memory: Optional["HostMemory"] = None
     fs_cache: str = ".cache"
+    # PADDLE_ACP_LOCAL_CACHE: a local directory keeping a copy of each checkpoint written to a remote
+    # store, read back on a restart on this node when it is the remote's committed checkpoint
+    local_cache: Optional[str] = None
     source: str = "inactive"
     inactive_reason: str = ""
     # PaddleCloud extras (kept for the compat surface and HDFS clients).
@@ -227,6 +231,32 @@ def _part_timeout(env: Mapping[str, str]) -> float:
     return check_interval(raw.strip(), "PADDLE_ACP_PART_TIMEOUT")
 
 
+def local_cache_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``PADDLE_ACP_LOCAL_CACHE``: an absolute directory (``~`` expanded, a relative path taken from
+    the working directory), or None when unset or empty. ConfigError for a value that cannot name a
+    directory (a NUL byte, an existing file). Whether it is writable is found out when a range opens:
+    then one warning and no cache (checkpoints still go to the remote)."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_LOCAL_CACHE")
+    if raw is None or raw.strip() == "":
+        return None
+    if "\0" in raw:
+        raise ConfigError("PADDLE_ACP_LOCAL_CACHE contains a NUL byte: set it to a local directory, e.g. /local/acp-cache")
+    value = raw.strip()
+    if "://" in value:
+        raise ConfigError(
+            f"PADDLE_ACP_LOCAL_CACHE={value!r} is a URI: it must be a directory on this node's own disk "
+            "(e.g. /local/acp-cache); the checkpoint location itself is PADDLE_ACP_CHECKPOINT_URI"
+        )
+    path = os.path.abspath(os.path.expanduser(value))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(
+            f"PADDLE_ACP_LOCAL_CACHE={value!r} exists and is not a directory: point it to a directory "
+            "(it is created when missing) or unset it"
+        )
+    return path
+
+
 def _required(env: Mapping[str, str], name: str, why: str) -> str:
     value = env.get(name)
     if value is None or value.strip() == "":
@@ -250,6 +280,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         busy_policy=_busy_policy(env),
         host_memory=host_memory_from_env(env),
         fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
+        local_cache=local_cache_from_env(env),
     )
     from paddle_acp.storage.base import redact, register_secret, register_uri  # no secret may reach a message
 

@@ -1,0 +1,407 @@
+"""The node-local cache tier of remote checkpoints (``PADDLE_ACP_LOCAL_CACHE=DIR``).
+
+This module owns:
+
+* the cache directory's key and layout: one directory per remote checkpoint
+  location, ``DIR/<key>/`` (:func:`cache_key`), holding ``origin.json`` (the
+  location it caches, credentials never included) and, mirroring the remote::
+
+      <job>/range/<range>/ckpt-<N>/{tensors.bin,manifest.json}              one writer
+      <job>/range/<range>/rank-<k>/ckpt-e<E>[-s<S>]/{tensors.bin,manifest.json}   rank k's part
+
+* writing the local copy of each checkpoint the writer uploads
+  (:meth:`RangeCache.begin`): the data file is written under ``*.tmp-<id>``
+  while the upload runs, and the copy is committed (its manifest written, the
+  same bytes as the remote's, then renamed into place) only after the remote
+  commit succeeded: for one writer the checkpoint's commit, for a rank of
+  several its part's commit (a part is used only once the remote's global
+  manifest names it, see below);
+* retention of the copies (the newest ``keep``; copies at a later position
+  than the one just committed belong to another history and go too), the
+  removal of leftovers, and a free-space check before each copy;
+* the restore decision (:meth:`RangeCache.load`): restore picks its checkpoint
+  on the remote as always (listing, global commit, manifests read from the
+  remote); its data is read from the local copy only when the copy's manifest
+  is byte for byte the remote's committed manifest (for a part: the bytes the
+  remote's ``global.json`` records by CRC32 and size) and the copy then passes
+  the normal verifier (every checksum, before anything reaches a scope).
+  Otherwise (no copy, another copy, a corrupt copy, an unreadable one) the
+  remote is read, with one log line saying why. A corrupt copy is removed.
+
+Correctness never depends on the cache: its bytes are checked against the
+manifest read from the remote at restore time, so a stale, foreign or damaged
+copy can cost a remote read, never a wrong resume. Keys keep jobs and
+locations apart so that one location's retention never deletes another's copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from typing import Any, List, Mapping, Optional, Tuple
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from paddle_acp.adapter.tensors import layout
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
+from paddle_acp.storage.base import Storage, open_storage, redact
+
+logger = logging.getLogger("paddle_acp")
+
+ORIGIN_NAME = "origin.json"
+ORIGIN_FORMAT = "paddle-acp/local-cache"
+ORIGIN_VERSION = 1
+DEFAULT_KEEP = 2  # copies kept per writer: the newest is what a restart uses
+KEY_RE = re.compile(r"[a-z0-9]{1,16}-[A-Za-z0-9._-]{0,48}-[0-9a-f]{32}", re.ASCII)
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
+_SINGLE_RE = re.compile(r"ckpt-(0|[1-9][0-9]{0,14})", re.ASCII)
+_GLOBAL_RE = re.compile(r"ckpt-e([0-9]{1,12})(?:-s([0-9]{1,12}))?", re.ASCII)
+_TMP_RE = re.compile(r".+\.tmp-[0-9a-f]{12}", re.ASCII)
+# query parameters that name a different store (never credentials)
+_IDENTITY_PARAMS = ("endpoint_override", "scheme")
+_HEADROOM = 64 << 20  # free bytes left on the cache's disk after a copy
+_ZEROS = bytes(ALIGN)
+
+
+# -- the key -------------------------------------------------------------------------------
+def canonical_location(uri: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """The remote location ``uri`` names, without what does not change it: user info and
+    credentials (query parameters other than the endpoint), a trailing or doubled ``/``.
+    For ``s3://`` without an ``endpoint_override`` the endpoint of ``AWS_ENDPOINT_URL_S3``
+    / ``AWS_ENDPOINT_URL`` is part of it (the same bucket name on another server)."""
+    env = os.environ if env is None else env
+    p = urlsplit(uri.strip())
+    scheme = p.scheme.lower()
+    netloc = p.netloc.rpartition("@")[2]
+    host = netloc if scheme == "s3" else netloc.lower()  # bucket names are case-sensitive
+    path = "/" + "/".join(seg for seg in p.path.split("/") if seg not in ("", "."))
+    params = sorted((k, v.rpartition("@")[2]) for k, v in parse_qsl(p.query, keep_blank_values=True)
+                    if k in _IDENTITY_PARAMS)
+    if scheme == "s3" and not any(k == "endpoint_override" for k, _v in params):
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            params.append(("endpoint", redact(endpoint.strip())))
+    return f"{scheme}://{host}{path}" + ("?" + urlencode(params) if params else "")
+
+
+def cache_key(uri: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """The name of the cache directory of remote location ``uri``: ``<scheme>-<slug>-<hash>``.
+
+    ``hash``: 32 hex digits of the SHA-256 of :func:`canonical_location` (what keeps
+    locations apart); ``slug``: the host and last path component, filesystem-safe, for
+    people (at most 48 characters). Never holds user info or query values."""
+    canon = canonical_location(uri, env)
+    p = urlsplit(canon)
+    scheme = re.sub(r"[^a-z0-9]", "", p.scheme.lower(), flags=re.ASCII)[:16] or "x"
+    last = p.path.rstrip("/").rpartition("/")[2]
+    slug = _SAFE.sub("_", f"{p.netloc}_{last}" if last else p.netloc).strip("._-")[:48].strip("._-")
+    digest = hashlib.sha256(canon.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{scheme}-{slug}-{digest}"
+
+
+def cache_keep(max_to_keep: int) -> int:
+    """Copies kept per writer: ``PADDLE_ACP_MAX_TO_KEEP``, at most :data:`DEFAULT_KEEP` (0: that)."""
+    return DEFAULT_KEEP if max_to_keep <= 0 else min(max_to_keep, DEFAULT_KEEP)
+
+
+def _position(name: str) -> Optional[Tuple[int, int]]:
+    """Sort key of a committed copy's directory name (``ckpt-N`` or ``ckpt-eE[-sS]``), or None."""
+    m = _SINGLE_RE.fullmatch(name)
+    if m:
+        return (int(m.group(1)), 0)
+    g = _GLOBAL_RE.fullmatch(name)
+    if g:
+        return (int(g.group(1)), (1 << 32) - 1 if g.group(2) is None else int(g.group(2)))
+    return None
+
+
+# -- the cache of one remote location ------------------------------------------------------------
+class LocalCache:
+    """``DIR/<key>``: the local copies of one remote checkpoint location."""
+
+    def __init__(self, storage: Storage, directory: str, remote_uri: str, keep: int):
+        self.storage = storage  # a local Storage rooted at DIR/<key>
+        self.directory = directory
+        self.remote_uri = redact(remote_uri)
+        self.keep = keep
+
+    @classmethod
+    def open(cls, directory: str, remote_uri: str, max_to_keep: int,
+             env: Optional[Mapping[str, str]] = None) -> Optional["LocalCache"]:
+        """The cache of ``remote_uri`` under ``directory``; None, with one warning, when it cannot
+        be used (not creatable, not writable, or its key taken by another location): checkpoints
+        then go to the remote alone, as without the cache."""
+        canon = canonical_location(remote_uri, env)
+        root = os.path.join(directory, cache_key(remote_uri, env))
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            if not os.access(root, os.W_OK | os.X_OK):
+                raise PermissionError(f"{root} is not writable by this user")
+            origin = os.path.join(root, ORIGIN_NAME)
+            if os.path.lexists(origin):
+                with open(origin, "rb") as f:
+                    doc = json.loads(f.read(1 << 16) or b"null")
+                if not isinstance(doc, dict) or doc.get("location") != canon:
+                    raise CheckpointError(f"{origin} names another location; move that directory away")
+            else:
+                tmp = f"{origin}.tmp-{uuid.uuid4().hex[:12]}"
+                with open(tmp, "w") as f:
+                    json.dump({"format": ORIGIN_FORMAT, "version": ORIGIN_VERSION, "location": canon}, f)
+                os.replace(tmp, origin)
+            probe = os.path.join(root, f".probe.tmp-{uuid.uuid4().hex[:12]}")
+            with open(probe, "wb") as f:
+                f.write(b"ok")
+            os.remove(probe)
+            storage = open_storage(root)
+        except (OSError, ValueError, CheckpointError, StorageError) as exc:
+            logger.warning(
+                "PADDLE_ACP_LOCAL_CACHE=%s cannot be used (%s): checkpoints go to %s only, and restarts read them "
+                "from there; make the directory writable (or unset the variable) to keep local copies",
+                directory, exc, redact(remote_uri),
+            )
+            return None
+        return cls(storage, directory, remote_uri, cache_keep(max_to_keep))
+
+    def for_range(self, job_id: str, range_name: str, rank: Optional[int] = None) -> "RangeCache":
+        """The copies of one range: written by one writer (``rank`` None) or by rank ``rank`` of several."""
+        return RangeCache(self, job_id, range_name, rank)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    error: Optional[BaseException] = None
+    skipped: Optional[str] = None  # why no copy is written (no space): said once per streak
+
+
+class RangeCache:
+    """The local copies of one range's checkpoints, written by this process's writer."""
+
+    def __init__(self, cache: LocalCache, job_id: str, range_name: str, rank: Optional[int]):
+        self.cache = cache
+        self.storage = cache.storage
+        self.job_id = job_id
+        self.range_name = range_name
+        self.rank = rank
+        self.range_dir = f"{job_id}/range/{range_name}"
+        self.dir = self.own_dir(rank)
+        self._failing = False  # a copy failed or was skipped: the next failure is not logged again
+
+    def own_dir(self, rank: Optional[int]) -> str:
+        return self.range_dir if rank is None else f"{self.range_dir}/rank-{rank}"
+
+    def location(self, path: str) -> str:
+        return f"{self.storage.root}/{path}"
+
+    # -- writing -----------------------------------------------------------------------------
+    def begin(self, snap: Any) -> "CacheWrite":
+        """Start writing the local copy of ``snap``'s data file (a thread); commit it with
+        :meth:`CacheWrite.commit` after the remote commit, or :meth:`CacheWrite.abort`."""
+        if snap.data_size < 0:  # here, not on the copy's thread: it sets the tensors' offsets
+            snap.data_size = layout(snap.programs)
+        return CacheWrite(self, snap)
+
+    def committed(self, rank: Optional[int] = None) -> List[Tuple[Tuple[int, int], str]]:
+        """(position, name) of the committed copies in ``rank``'s directory, oldest first."""
+        d = self.own_dir(rank)
+        out = []
+        for e in self.storage.listdir(d):
+            pos = _position(e.name)
+            if pos is not None and e.is_dir and self.storage.kind(f"{d}/{e.name}/{MANIFEST_NAME}") == "file":
+                out.append((pos, e.name))
+        return sorted(out)
+
+    def _remove_leftovers(self) -> None:
+        for e in self.storage.listdir(self.dir):
+            if _TMP_RE.fullmatch(e.name) or (_position(e.name) is not None and e.is_dir and
+                                             self.storage.kind(f"{self.dir}/{e.name}/{MANIFEST_NAME}") == "missing"):
+                self.storage.delete_dir(f"{self.dir}/{e.name}")
+
+    def _delete(self, name: str) -> None:
+        # the manifest first: a half-deleted copy is never taken for a committed one
+        self.storage.delete_file(f"{self.dir}/{name}/{MANIFEST_NAME}")
+        self.storage.delete_dir(f"{self.dir}/{name}")
+
+    def _make_room(self, size: int) -> Optional[str]:
+        """None when ``size`` bytes fit with headroom (older copies are deleted if that makes
+        them fit: a new copy supersedes them); otherwise why not."""
+        root = self.storage.root
+
+        def free() -> int:
+            return shutil.disk_usage(root).free
+
+        need = size + _HEADROOM
+        if free() >= need:
+            return None
+        for _pos, name in self.committed(self.rank):
+            self._delete(name)
+            logger.debug("local cache: deleted %s/%s to make room", self.dir, name)
+        have = free()
+        if have >= need:
+            return None
+        return f"{have} bytes free on the disk of {root}, a copy needs {size} (+{_HEADROOM >> 20} MiB kept free)"
+
+    def _retain(self, name: str) -> None:
+        """After ``name`` was committed: keep it and the newest ``keep - 1`` older copies."""
+        new = _position(name)
+        older = []
+        for pos, other in self.committed(self.rank):
+            if other == name or new is None:
+                continue
+            if pos > new:  # another history (the remote was reset, or newer checkpoints withdrawn)
+                self._delete(other)
+            else:
+                older.append(other)
+        for other in older[:max(0, len(older) - (self.cache.keep - 1))]:
+            self._delete(other)
+            logger.debug("local cache: retention deleted %s/%s", self.dir, other)
+
+    def _report(self, what: str) -> None:
+        if not self._failing:
+            logger.warning("local cache %s: %s; the checkpoint is on %s all the same, and restarts read it from there "
+                           "(further failures in a row are not logged)", self.cache.directory, what,
+                           self.cache.remote_uri)
+        self._failing = True
+
+    # -- reading ------------------------------------------------------------------------------
+    def load(self, name: str, number: int, raw: bytes, src_rank: Optional[int] = None) -> Any:
+        """A LoadedCheckpoint of checkpoint ``name`` (manifest ``number``) read from its local copy,
+        or None: the caller reads the remote. ``raw``: the manifest bytes of the remote's committed
+        checkpoint (or part), just read from the remote. ``src_rank``: whose part (several ranks);
+        the copy is looked for in that rank's directory (a rank restoring rank 0's replicated
+        tensors on rank 0's node finds rank 0's copy).
+        Logs exactly one line saying which and why."""
+        from paddle_acp.format.checkpointer import Checkpointer  # (it imports this module)
+
+        d = self.own_dir(src_rank)
+        base = f"{d}/{name}"
+        what = f"checkpoint {name}" + ("" if src_rank is None else f" (part of rank {src_rank})")
+        where = f"{self.cache.remote_uri}/{self.range_dir}"
+
+        def remote(why: str, level: int = logging.INFO) -> None:
+            logger.log(level, "restoring %s of %s from the remote, not the local cache: %s", what, where, why)
+
+        try:
+            kind, size = self.storage.stat(f"{base}/{MANIFEST_NAME}")
+            if kind != "file" or self.storage.kind(base) != "dir":
+                newest = self.committed(src_rank)
+                held = f"it holds {newest[-1][1]}" if newest else "it holds no copy of this range"
+                remote(f"no local copy of it in {self.location(d)} ({held}: the remote moved on, e.g. another "
+                       "writer, or this copy was never committed)")
+                return None
+            cached = self.storage.read_bytes(f"{base}/{MANIFEST_NAME}", limit=len(raw)) if size == len(raw) else b""
+            if cached != raw:
+                remote(f"the local copy in {self.location(base)} is not the remote's committed checkpoint (its manifest "
+                       "differs: another writer or another run wrote this name)")
+                return None
+            loaded = Checkpointer(self.storage, self.job_id, self.range_name).load(number, base, raw)
+        except CorruptCheckpointError as exc:
+            remote(f"the local copy failed verification ({exc}); it is removed", logging.WARNING)
+            if src_rank == self.rank:
+                try:
+                    self._delete(name)
+                except StorageError as err:
+                    logger.debug("could not remove %s: %s", base, err)
+            return None
+        except (StorageError, OSError) as exc:
+            remote(f"the local copy cannot be read ({exc})", logging.WARNING)
+            return None
+        logger.info("restoring %s of %s from the local cache %s: its manifest is the remote's committed manifest, "
+                    "byte for byte, and every checksum verified", what, where, self.location(base))
+        loaded.source = "cache"
+        return loaded
+
+
+class CacheWrite:
+    """One checkpoint's local copy being written (its data file, on a thread of its own)."""
+
+    def __init__(self, rc: RangeCache, snap: Any):
+        self._rc = rc
+        self._tmp: Optional[str] = None
+        self._out = _Outcome()
+        self._thread = threading.Thread(target=self._run, args=(snap,), name="paddle-acp-cache", daemon=True)
+        self._thread.start()
+
+    def _run(self, snap: Any) -> None:
+        rc, st = self._rc, self._rc.storage
+        try:
+            size = int(snap.data_size)
+            rc._remove_leftovers()
+            why = rc._make_room(size)
+            if why is not None:
+                self._out.skipped = why
+                return
+            tmp = f"{rc.dir}/ckpt.tmp-{uuid.uuid4().hex[:12]}"
+            st.makedirs(tmp)
+            self._tmp = tmp
+            path = f"{tmp}/{DATA_NAME}"
+            if snap.image is not None:
+                written = st.write_image(path, snap.image, size)
+            else:
+                written = st.write_buffers(path, _buffers(snap.programs, size))
+            if written != size:
+                raise StorageError(f"short write of {path}: {written} of {size} bytes")
+        except BaseException as exc:  # reported by commit (the remote save is what matters)
+            self._out.error = exc
+
+    def commit(self, name: str, manifest: bytes) -> bool:
+        """The remote committed checkpoint ``name`` with ``manifest``: commit the copy. Never
+        raises for a failed copy (one warning per streak); True when committed."""
+        self._thread.join()
+        rc, st = self._rc, self._rc.storage
+        if self._out.skipped is not None:
+            rc._report(f"no local copy of {name}: {self._out.skipped}")
+            self.abort()
+            return False
+        try:
+            if self._out.error is not None:
+                raise self._out.error
+            assert self._tmp is not None
+            st.write_bytes(f"{self._tmp}/{MANIFEST_NAME}", manifest)
+            st.sync_dir(self._tmp)
+            final = f"{rc.dir}/{name}"
+            if st.kind(final) != "missing":  # an older copy of the same name (another history)
+                rc._delete(name)
+            st.rename(self._tmp, final)
+            self._tmp = None
+            rc._failing = False
+            rc._retain(name)
+        except Exception as exc:
+            rc._report(f"writing the local copy of {name} failed ({exc})")
+            self.abort()
+            return False
+        logger.debug("local cache: committed %s/%s", rc.dir, name)
+        return True
+
+    def abort(self) -> None:
+        """The remote commit did not happen: remove what was written."""
+        self._thread.join()
+        if self._tmp is not None:
+            try:
+                self._rc.storage.delete_dir(self._tmp)
+            except StorageError as exc:  # removed before the next copy
+                logger.debug("could not remove %s: %s", self._tmp, exc)
+            self._tmp = None
+
+
+def _buffers(programs: Any, size: int) -> List[Any]:
+    """The data file's bytes as buffers (the tensors at their offsets, zeros between)."""
+    out: List[Any] = []
+    end = 0
+    for p in programs:
+        for t in p.tensors:
+            if t.offset > end:
+                out.append(_ZEROS[: t.offset - end])
+            if t.array.nbytes:
+                out.append(memoryview(t.array).cast("B"))
+            end = t.offset + t.array.nbytes
+    if size > end:
+        out.append(_ZEROS[: size - end])
+    return out
