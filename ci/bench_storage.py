@@ -578,9 +578,13 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
         results[f"{k}_median_s"] = statistics.median(row[k] for row in runs)
     results["cache_vs_local"] = statistics.median(row["hdfs_cache"] / row["local"] for row in runs)
     results["hdfs_vs_cache"] = statistics.median(row["hdfs"] / row["hdfs_cache"] for row in runs)
+    # this machine's disk alternates between fast and slow phases (a cold 1 GB read takes 0.8 s or
+    # 5 s): also the ratio of the best rounds (each the fastest of its kind, i.e. on the fast disk)
+    results["cache_vs_local_best"] = min(row["hdfs_cache"] for row in runs) / min(row["local"] for row in runs)
     log(f"restore of {size / MB:.0f} MiB, median of {rounds} paired rounds: local URI {results['local_median_s']:.3f} s, "
         f"HDFS with the cache {results['hdfs_cache_median_s']:.3f} s, HDFS without {results['hdfs_median_s']:.3f} s")
-    log(f"  HDFS with the cache / local URI = {results['cache_vs_local']:.2f} (target <= 1.2); "
+    log(f"  HDFS with the cache / local URI = {results['cache_vs_local']:.2f} (median of the rounds' ratios), "
+        f"{results['cache_vs_local_best']:.2f} (best round of each) (target <= 1.2); "
         f"HDFS without / with the cache = {results['hdfs_vs_cache']:.2f}x")
     return results
 
