@@ -518,6 +518,7 @@ def run_fixed_cost(args, kinds, work) -> dict:
 def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
     import numpy as np
 
+    from paddle_acp.adapter.tensors import write_program
     from paddle_acp.format.cache import LocalCache
     from paddle_acp.format.checkpointer import Checkpointer
     from paddle_acp.storage import open_storage
@@ -558,7 +559,7 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
                     cache = LocalCache.open(cache_dir, hdfs_uri, 1)
                     ck.cache = cache.for_range("bench", "_range_0")
             loaded = ck.load_latest()
-            loaded.write_program("bench", scope, place)
+            write_program(loaded, "bench", scope, place)
             seconds = time.perf_counter() - t0
             want = "cache" if kind == "hdfs_cache" else ("local" if kind == "local" else "remote")
             assert loaded.source == want, (kind, loaded.source)

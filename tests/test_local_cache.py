@@ -25,15 +25,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_util import JOB_ID, compare_results, describe, is_done, load_result, run_script  # noqa: E402
 from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
-from paddle_acp.adapter.tensors import Arena, ProgramSnapshot, TensorData, copy_into, layout  # noqa: E402
 from paddle_acp.config import from_env  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402
+from paddle_acp.format.arena import Arena  # noqa: E402
 from paddle_acp.format.cache import KEY_RE, LocalCache, cache_key, canonical_location  # noqa: E402
-from paddle_acp.format.checkpointer import Checkpointer, Snapshot  # noqa: E402
+from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.fencing import Fence, FencedError  # noqa: E402
+from paddle_acp.format.layout import GLOBAL_NAME, layout  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
 from paddle_acp.format.metrics import read_metrics  # noqa: E402
-from paddle_acp.format.multirank import GLOBAL_NAME, GlobalCheckpointer, load_newest  # noqa: E402
+from paddle_acp.format.multirank import GlobalCheckpointer, load_newest  # noqa: E402
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 RANGE = "_range_0"

@@ -48,9 +48,12 @@ import uuid
 from typing import Any, List, Mapping, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from paddle_acp.adapter.tensors import layout
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format import reader
+from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
+from paddle_acp.format.reader import LoadedCheckpoint
+from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot
 from paddle_acp.storage.base import Storage, open_storage, redact
 
 logger = logging.getLogger("paddle_acp")
@@ -201,7 +204,7 @@ class RangeCache:
         return f"{self.storage.root}/{path}"
 
     # -- writing -----------------------------------------------------------------------------
-    def begin(self, snap: Any) -> "CacheWrite":
+    def begin(self, snap: Snapshot) -> "CacheWrite":
         """Start writing the local copy of ``snap``'s data file (a thread); commit it with
         :meth:`CacheWrite.commit` after the remote commit, or :meth:`CacheWrite.abort`."""
         if snap.data_size < 0:  # here, not on the copy's thread: it sets the tensors' offsets
@@ -271,15 +274,13 @@ class RangeCache:
         self._failing = True
 
     # -- reading ------------------------------------------------------------------------------
-    def load(self, name: str, number: int, raw: bytes, src_rank: Optional[int] = None) -> Any:
+    def load(self, name: str, number: int, raw: bytes, src_rank: Optional[int] = None) -> Optional[LoadedCheckpoint]:
         """A LoadedCheckpoint of checkpoint ``name`` (manifest ``number``) read from its local copy,
         or None: the caller reads the remote. ``raw``: the manifest bytes of the remote's committed
         checkpoint (or part), just read from the remote. ``src_rank``: whose part (several ranks);
         the copy is looked for in that rank's directory (a rank restoring rank 0's replicated
         tensors on rank 0's node finds rank 0's copy).
         Logs exactly one line saying which and why."""
-        from paddle_acp.format.checkpointer import Checkpointer  # (it imports this module)
-
         d = self.own_dir(src_rank)
         base = f"{d}/{name}"
         what = f"checkpoint {name}" + ("" if src_rank is None else f" (part of rank {src_rank})")
@@ -301,7 +302,7 @@ class RangeCache:
                 remote(f"the local copy in {self.location(base)} is not the remote's committed checkpoint (its manifest "
                        "differs: another writer or another run wrote this name)")
                 return None
-            loaded = Checkpointer(self.storage, self.job_id, self.range_name).load(number, base, raw)
+            loaded = reader.load(self.storage, base, number, self.range_name, raw)
         except CorruptCheckpointError as exc:
             remote(f"the local copy failed verification ({exc}); it is removed", logging.WARNING)
             if src_rank == self.rank:
@@ -322,14 +323,14 @@ class RangeCache:
 class CacheWrite:
     """One checkpoint's local copy being written (its data file, on a thread of its own)."""
 
-    def __init__(self, rc: RangeCache, snap: Any):
+    def __init__(self, rc: RangeCache, snap: Snapshot):
         self._rc = rc
         self._tmp: Optional[str] = None
         self._out = _Outcome()
         self._thread = threading.Thread(target=self._run, args=(snap,), name="paddle-acp-cache", daemon=True)
         self._thread.start()
 
-    def _run(self, snap: Any) -> None:
+    def _run(self, snap: Snapshot) -> None:
         rc, st = self._rc, self._rc.storage
         try:
             size = int(snap.data_size)
@@ -391,7 +392,7 @@ class CacheWrite:
             self._tmp = None
 
 
-def _buffers(programs: Any, size: int) -> List[Any]:
+def _buffers(programs: List[ProgramSnapshot], size: int) -> List[Any]:
     """The data file's bytes as buffers (the tensors at their offsets, zeros between)."""
     out: List[Any] = []
     end = 0
@@ -400,7 +401,7 @@ def _buffers(programs: Any, size: int) -> List[Any]:
             if t.offset > end:
                 out.append(_ZEROS[: t.offset - end])
             if t.array.nbytes:
-                out.append(memoryview(t.array).cast("B"))
+                out.append(t.array.data.cast("B"))
             end = t.offset + t.array.nbytes
     if size > end:
         out.append(_ZEROS[: size - end])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic, reader
@@ -24,6 +24,9 @@ from paddle_acp.format.retention import delete_checkpoint
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.format.writer import is_out_of_space, write_checkpoint
 from paddle_acp.storage.base import Storage
+
+if TYPE_CHECKING:
+    from paddle_acp.format.cache import RangeCache
 
 logger = logging.getLogger("paddle_acp")
 
@@ -45,6 +48,8 @@ class Checkpointer:
         # what it knew and the next save lists again.
         self.single_writer = single_writer
         self._known: Optional[List[atomic.DirEntry]] = None
+        # the node-local copies of this range (PADDLE_ACP_LOCAL_CACHE, remote storage only)
+        self.cache: Optional["RangeCache"] = None
 
     # -- writing ---------------------------------------------------------------
     def write_job_marker(self) -> None:
@@ -96,13 +101,21 @@ class Checkpointer:
             committed = known
             number = atomic.next_number(known)
         self._space_made = False
-        while True:
-            try:
-                offset = self._write_pending(snap, number)
-                break
-            except StorageError as exc:
-                if not is_out_of_space(exc) or not self._make_space(number, exc):
-                    raise
+        copy = self.cache.begin(snap) if self.cache is not None else None  # written while the upload runs
+        try:
+            while True:
+                try:
+                    offset = self._write_pending(snap, number)
+                    break
+                except StorageError as exc:
+                    if not is_out_of_space(exc) or not self._make_space(number, exc):
+                        raise
+        except BaseException:
+            if copy is not None:
+                copy.abort()
+            raise
+        if copy is not None and snap.manifest is not None:  # committed on the remote: now the copy
+            copy.commit(final_name(number), snap.manifest)
         committed = committed + [atomic.DirEntry(final_name(number), number, True)]
         try:
             doomed = self._retain([e.number for e in committed])
@@ -212,7 +225,16 @@ class Checkpointer:
         return m, base, data_path
 
     def load(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> LoadedCheckpoint:
-        """Read and verify checkpoint ``number`` completely (:func:`reader.load`); raises CorruptCheckpointError."""
+        """Read and verify checkpoint ``number`` completely (:func:`reader.load`); raises CorruptCheckpointError.
+
+        With a node-local cache the data comes from the local copy when that copy is this very
+        checkpoint (see :meth:`paddle_acp.format.cache.RangeCache.load`)."""
+        if self.cache is not None and base is None:
+            _m, raw = reader.read_manifest_raw(self.storage, self.base(number), number, self.range_name, raw)
+            cached = self.cache.load(final_name(number), number, raw)
+            if cached is not None:
+                cached.path = self.base(number)
+                return cached
         return reader.load(self.storage, base or self.base(number), number, self.range_name, raw)
 
     def load_latest(self, check=None) -> Optional[LoadedCheckpoint]:

@@ -27,7 +27,7 @@ import logging
 import time
 import uuid
 import zlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic
@@ -54,6 +54,9 @@ from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.retention import delete_checkpoint
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.storage.base import Storage
+
+if TYPE_CHECKING:
+    from paddle_acp.format.cache import RangeCache
 
 logger = logging.getLogger("paddle_acp")
 
@@ -98,6 +101,8 @@ class GlobalCheckpointer:
         self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
         self.poll_interval = 0.02
         self._ck = Checkpointer(storage, job_id, range_name, 0)
+        # this rank's node-local copies (PADDLE_ACP_LOCAL_CACHE, remote storage only)
+        self.cache: Optional["RangeCache"] = None
 
     # -- listing ---------------------------------------------------------------
     def scan(self) -> List[GlobalEntry]:
@@ -133,14 +138,19 @@ class GlobalCheckpointer:
         snap.extra = dict(snap.extra)
         snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base}
         pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank))
+        copy = self.cache.begin(snap) if self.cache is not None else None  # written while the upload runs
         try:
             nbytes = self._ck._write(pending, snap, number)
         except BaseException:
+            if copy is not None:
+                copy.abort()
             try:
                 pending.abort()
             except Exception as exc:  # removed by this rank's next save or restart
                 logger.debug("could not remove %s: %s", pending.path, exc)
             raise
+        if copy is not None and snap.manifest is not None:  # the part is committed on the remote; restore
+            copy.commit(name, snap.manifest)  # uses the copy only once the global manifest names these bytes
         if self.rank != 0:
             return SaveResult(name, nbytes, None)
         t0 = time.monotonic()
@@ -353,8 +363,9 @@ class GlobalCheckpointer:
         if own is None:
             logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",
                            self.rank, name, g.world_size)
+        cached = self.cache.load(name, g.number, raws[src], src) if self.cache is not None else None
         try:
-            loaded = self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
+            loaded = cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
         except CorruptCheckpointError as exc:
             if g.mode == "per-rank" and self.world_size > 1:
                 self._mark_bad(name, exc)

@@ -171,6 +171,7 @@ class LoadedCheckpoint:
         self.name = path.rsplit("/", 1)[-1]  # ckpt-N, or ckpt-eE[-sS] for a global checkpoint
         self.global_manifest: Any = None  # a global_manifest.GlobalManifest for a checkpoint of several ranks
         self.position_key: Optional[Tuple[int, int]] = None
+        self.source = "local" if isinstance(source, _FileSource) else "remote"  # or "cache": the node-local copy
         self._pending: Dict[Key, TensorRecord] = {
             (p.key, t.name): t for p in manifest.programs for t in p.tensors
         }
@@ -221,8 +222,14 @@ def file_size(storage: Storage, path: str, what: str) -> Optional[int]:
 
 
 def read_manifest(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None) -> Manifest:
-    """The manifest of checkpoint ``number`` in directory ``base`` of range ``range_name``;
-    ``raw``: its bytes, already read (and checked) by the caller.
+    """The manifest of checkpoint ``number`` in directory ``base``; see :func:`read_manifest_raw`."""
+    return read_manifest_raw(storage, base, number, range_name, raw)[0]
+
+
+def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
+                      raw: Optional[bytes] = None) -> Tuple[Manifest, bytes]:
+    """The manifest of checkpoint ``number`` in directory ``base`` of range ``range_name``, and
+    its bytes; ``raw``: its bytes, already read (and checked) by the caller.
 
     Untrusted input: a manifest or data file that is a directory or a symbolic
     link, or a manifest larger than :func:`max_manifest_size` of its data, is
@@ -253,7 +260,7 @@ def read_manifest(storage: Storage, base: str, number: int, range_name: str, raw
         raise CorruptCheckpointError(f"{path}: manifest says checkpoint {m.number}, directory says {number}")
     if m.range.name != range_name:
         raise CorruptCheckpointError(f"{path}: manifest belongs to range {m.range.name!r}")
-    return m
+    return m, raw
 
 
 def check_header(storage: Storage, base: str, number: int, range_name: str,

@@ -53,6 +53,7 @@ class Snapshot:
     durable: bool = False  # the final save of a range or a preemption save: its metrics are written at once
     queued: bool = False  # it waited in the second buffer behind the previous checkpoint
     skipped_before: int = 0  # saves skipped since the previous one was taken
+    manifest: Optional[bytes] = None  # set by the writer: the bytes of the manifest it wrote
 
 
 def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int = 2) -> None:

@@ -83,6 +83,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             ir=snap.ir,
             extra=snap.extra,
         ).dumps()
+        snap.manifest = raw  # (the node-local cache commits its copy with these very bytes)
         try:  # what restarts will read: never commit a checkpoint they would reject
             Manifest.loads(raw, data_file_size=size)
         except CorruptCheckpointError as exc:

@@ -146,6 +146,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
                 "and writes nothing. Set PADDLE_TRAINERS_NUM (paddle.distributed.launch does) for per-rank state.",
                 cfg.trainer_id,
             )
+        cache = STATE.local_cache(cfg, self.storage)
+        if cache is not None:  # local copies of remote checkpoints: written by the writer, read by restore
+            self.checkpointer.cache = cache.for_range(cfg.job_id, self.name)
+            self.gcheckpointer.cache = cache.for_range(cfg.job_id, self.name, cfg.trainer_id)
         self._load_newest()
         if self.multi and cfg.busy_policy != WAIT and self.rank == 0:
             logger.info("range %s: %d ranks: a save that comes due while the previous checkpoint is being written "
@@ -153,7 +157,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
                         self.name, cfg.world_size, cfg.busy_policy)
         if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
             self.metrics.add({"event": "start", "time": time.time(), "pid": os.getpid(), "range": self.name,
-                              "restored": self.restored_number, "policy": self.busy_policy})
+                              "restored": self.restored_number, "policy": self.busy_policy,
+                              "restore_source": self._loaded.source if self._loaded is not None else None})
 
     # -- the loop ------------------------------------------------------------
     def epochs(self) -> Iterator[int]:

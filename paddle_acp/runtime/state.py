@@ -11,11 +11,15 @@ does not undo, and the once-per-process warnings of the adapter and format layer
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 from paddle_acp.errors import CheckpointError
+from paddle_acp.format.cache import LocalCache
 from paddle_acp.format.fencing import Fence
+
+logger = logging.getLogger("paddle_acp")
 
 if TYPE_CHECKING:
     from paddle_acp.runtime.range import EpochRange
@@ -39,6 +43,9 @@ class ProcessState:
         self.fences: Dict[Tuple[str, str], Fence] = {}
         # (storage URI, job id) whose job marker this process wrote or found (once per process, not per range)
         self.marked_jobs: Set[Tuple[str, str]] = set()
+        # (PADDLE_ACP_LOCAL_CACHE, storage URI) -> its LocalCache, or None (a local URI, or unusable:
+        # said once per process, not per range)
+        self.caches: Dict[Tuple[str, str], Optional[LocalCache]] = {}
 
     def next_range_name(self) -> str:
         name = f"_range_{self.range_counter}"
@@ -53,6 +60,21 @@ class ProcessState:
             f = self.fences[key] = Fence.take(storage, job_id, rank)
         return f
 
+    def local_cache(self, cfg, storage) -> Optional[LocalCache]:
+        """The node-local cache tier of a remote checkpoint location (``PADDLE_ACP_LOCAL_CACHE``);
+        None when it is not set, the location is local, or the directory is unusable."""
+        if cfg.local_cache is None:
+            return None
+        key = (cfg.local_cache, storage.uri)
+        if key not in self.caches:
+            if storage.local:
+                logger.info("PADDLE_ACP_LOCAL_CACHE is not used: the checkpoints are on a local disk already (%s)",
+                            storage.uri)
+                self.caches[key] = None
+            else:
+                self.caches[key] = LocalCache.open(cfg.local_cache, cfg.uri or storage.uri, cfg.max_to_keep)
+        return self.caches[key]
+
     def reset(self) -> None:
         """Forget everything, as a restart would (waits for the active range's save first)."""
         if self.active is not None:
@@ -63,6 +85,7 @@ class ProcessState:
         self.logged_inactive = False
         self.final_save_failures.clear()  # cleared in place: callers may hold the list
         self.marked_jobs.clear()
+        self.caches.clear()
 
 
 STATE = ProcessState()
