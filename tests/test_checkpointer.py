@@ -271,3 +271,121 @@ def test_a_manifest_restarts_would_reject_is_never_written(tmp_path):
             c.save(snap)
     assert c.committed_numbers() == [0]
     assert not [n for n in os.listdir(ckdir(tmp_path, 0).parent) if ".tmp-" in n]  # aborted, nothing left
+
+
+# -- the one reader: verify and read_tensors (what every tool uses) -------------------------
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 3000), min_size=0, max_size=6), chunk_pages=st.integers(1, 3),
+       local=st.booleans(), mapped=st.booleans(), pick=st.integers(0, 63),
+       flip=st.none() | st.tuples(st.integers(0, 5), st.floats(0, 0.999)))
+def test_verify_and_read_tensors_on_every_path(tmp_path_factory, sizes, chunk_pages, local, mapped, pick, flip):
+    """reader.verify and reader.read_tensors read the data file once, in chunks, on every path
+    (mapped, read into buffers, a remote store's stream): they return exactly the tensors asked
+    for, report every byte of the file, and refuse a checkpoint with one flipped bit."""
+    from paddle_acp.format import reader
+
+    root = tmp_path_factory.mktemp("reader")
+    rng = np.random.default_rng(len(sizes) * 31 + sum(sizes))
+    arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64) for i, n in enumerate(sizes)}
+    st_ = open_storage(str(root))
+    st_.local = local  # False: the stream a remote store gives
+    c = Checkpointer(st_, "job", "_range_0")
+    c.save(Snapshot(RangeRecord("_range_0", 0, 1), [ProgramSnapshot("k", "", [TensorData(n, "int64", a) for n, a in arrays.items()])], None))
+    base = c.base(0)
+    want = {("k", n) for i, n in enumerate(arrays) if pick >> i & 1}
+    target = None
+    if flip is not None:
+        nonempty = [n for n, a in arrays.items() if a.nbytes]
+        if nonempty:
+            name = nonempty[flip[0] % len(nonempty)]
+            rec = next(t for t in c.read_manifest(0).programs[0].tensors if t.name == name)
+            target = rec.offset + int(flip[1] * rec.nbytes)
+            with open(ckdir(root, 0) / DATA_NAME, "r+b") as f:
+                f.seek(target)
+                b = f.read(1)
+                f.seek(target)
+                f.write(bytes([b[0] ^ 0x01]))
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reader, "_VERIFY_CHUNK", 4096 * chunk_pages)
+        mp.setattr(reader, "_READ_CHUNK", 4096 * chunk_pages)
+        if not mapped:
+            mp.setattr(reader, "_map_file", lambda fd, size: None)
+        if target is not None:
+            with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+                reader.verify(st_, base, 0, "_range_0")
+            with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+                reader.read_tensors(st_, base, 0, "_range_0", want)
+            return
+        m = reader.verify(st_, base, 0, "_range_0", progress=lambda n, total: seen.append((n, total)))
+        m2, got = reader.read_tensors(st_, base, 0, "_range_0", want)
+    assert m.data_size == m2.data_size == sum(n for n, _ in seen)
+    assert all(total == m.data_size for _, total in seen)
+    assert set(got) == want
+    for (_k, name), arr in got.items():
+        assert arr.dtype == arrays[name].dtype and arr.tobytes() == arrays[name].tobytes()
+
+
+def test_reader_checks_the_header_before_any_data(tmp_path):
+    """check_header refuses a data file of the wrong size without reading it; verify and read_tensors
+    refuse it the same way (nothing unverified is handed on)."""
+    from paddle_acp.format import reader
+
+    c = ckpt(tmp_path)
+    c.save(make_snapshot(0))
+    st_ = c.storage
+    m, data_path = reader.check_header(st_, c.base(0), 0, "_range_0")
+    assert data_path.endswith(DATA_NAME) and m.number == 0
+    with open(ckdir(tmp_path, 0) / DATA_NAME, "ab") as f:
+        f.write(b"x")
+    for call in (lambda: reader.check_header(st_, c.base(0), 0, "_range_0"),
+                 lambda: reader.verify(st_, c.base(0), 0, "_range_0"),
+                 lambda: reader.read_tensors(st_, c.base(0), 0, "_range_0", {("abc123", "w0")})):
+        with pytest.raises(CorruptCheckpointError, match="bytes, manifest says"):
+            call()
+    with pytest.raises(CorruptCheckpointError, match="manifest belongs to range"):
+        reader.read_manifest(st_, c.base(0), 0, "_range_1")
+
+
+# -- retention policies and the one deletion ----------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(numbers=st.lists(st.integers(0, 10**6), unique=True, max_size=30), n=st.integers(-2, 12))
+def test_keep_last_n_lets_go_of_exactly_the_oldest(numbers, n):
+    from paddle_acp.format.retention import KeepAll, KeepLast, policy_for
+
+    committed = sorted(numbers)
+    policy = policy_for(n)
+    doomed = policy.doomed(committed)
+    if n <= 0:
+        assert isinstance(policy, KeepAll) and policy.keeps_everything and doomed == []
+    else:
+        assert policy == KeepLast(n) and not policy.keeps_everything
+        assert doomed == committed[:max(0, len(committed) - n)]
+        assert committed[len(doomed):] == committed[-n:]  # the newest n stay, in order
+
+
+def test_delete_checkpoint_removes_the_commit_file_first(tmp_path):
+    """Both layouts: the commit file (manifest.json of ckpt-N, global.json of ckpt-e<E>) goes
+    first. A directory that cannot be removed after that is an uncommitted leftover, not a checkpoint."""
+    from paddle_acp.format import atomic
+    from paddle_acp.format.retention import commit_file, delete_checkpoint
+
+    assert commit_file("job/range/r/ckpt-3") == MANIFEST_NAME
+    assert commit_file("job/range/r/ckpt-e3-s7") == "global.json"
+    c = ckpt(tmp_path)
+    c.save(make_snapshot(0))
+    c.save(make_snapshot(1))
+    delete_checkpoint(c.storage, c.base(0))
+    assert not ckdir(tmp_path, 0).exists() and c.committed_numbers() == [1]
+
+    class StuckDir(type(c.storage)):  # the directory's removal fails (a crash right after the commit file went)
+        def delete_dir(self, path):
+            raise StorageError(f"cannot remove {path}")
+
+    stuck = open_storage(str(tmp_path))
+    stuck.__class__ = StuckDir
+    with pytest.raises(StorageError):
+        delete_checkpoint(stuck, c.base(1))
+    assert ckdir(tmp_path, 1).exists() and not (ckdir(tmp_path, 1) / MANIFEST_NAME).exists()
+    assert [e.committed for e in atomic.scan(c.storage, c.dir)] == [False]  # a leftover, never read
+    assert c.load_latest() is None

@@ -20,7 +20,7 @@ from paddle_acp.format import atomic, reader
 from paddle_acp.format.layout import JOB_MARKER, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.retention import delete_checkpoint
+from paddle_acp.format.retention import delete_checkpoint, policy_for
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.format.writer import is_out_of_space, write_checkpoint
 from paddle_acp.storage.base import Storage
@@ -184,17 +184,16 @@ class Checkpointer:
         return lambda: self.fence.check(what)
 
     def apply_retention(self, keep: Optional[int] = None) -> List[int]:
-        if (self.max_to_keep if keep is None else keep) <= 0:
-            return []
+        """Delete the committed checkpoints the retention policy (keep the newest ``keep``,
+        default ``max_to_keep``) lets go; returns their numbers."""
+        if policy_for(self.max_to_keep if keep is None else keep).keeps_everything:
+            return []  # no listing
         committed = [e.number for e in atomic.scan(self.storage, self.dir) if e.committed]
         return self._retain(committed, keep)
 
     def _retain(self, committed: List[int], keep: Optional[int] = None) -> List[int]:
-        """Delete all but the newest ``keep`` of the ``committed`` checkpoint numbers."""
-        keep = self.max_to_keep if keep is None else keep
-        if keep <= 0:
-            return []
-        doomed = sorted(committed)[:-keep] if len(committed) > keep else []
+        """Delete what the retention policy lets go of the ``committed`` checkpoint numbers."""
+        doomed = policy_for(self.max_to_keep if keep is None else keep).doomed(sorted(committed))
         if doomed:
             if self.fence is not None:
                 self.fence.check("delete old checkpoints")

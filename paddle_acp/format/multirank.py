@@ -30,7 +30,7 @@ import zlib
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic
+from paddle_acp.format import atomic, reader
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, PartRecord, describe_topology
 from paddle_acp.format.layout import (
@@ -51,7 +51,7 @@ from paddle_acp.format.layout import (
 )
 from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, Manifest
 from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.retention import delete_checkpoint
+from paddle_acp.format.retention import delete_checkpoint, policy_for
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.storage.base import Storage
 
@@ -260,15 +260,15 @@ class GlobalCheckpointer:
         if not committed:
             return []
         newest = committed[-1].key
-        doomed = committed[:-keep] if keep > 0 and len(committed) > keep else []
-        doomed += [g for g in entries if not g.committed and g.key < newest]
+        doomed = policy_for(keep).doomed(committed)
+        doomed += [g for g in entries if not g.committed and g.key < newest]  # abandoned: never committed
         if not doomed:
             return []
         if self.fence is not None:
             self.fence.check("delete old checkpoints")
         check_deletable(self.storage, self.job_id, self.dir)
         for g in sorted(doomed, key=lambda g: g.key):
-            delete_checkpoint(self.storage, f"{self.dir}/{g.name}", GLOBAL_NAME)
+            delete_checkpoint(self.storage, f"{self.dir}/{g.name}")
             logger.debug("retention: deleted checkpoint %s of %s", g.name, self.dir)
         return [g.name for g in doomed]
 
@@ -328,6 +328,14 @@ class GlobalCheckpointer:
                 raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
             raws[p.rank] = raw
         return g, raws
+
+    def verify(self, name: str, progress: Optional[reader.Progress] = None) -> GlobalManifest:
+        """Check checkpoint ``name`` completely: the global manifest, every part's manifest and
+        every part's checksums (:func:`reader.verify`, constant memory). CorruptCheckpointError."""
+        g, raws = self.check_global(name)
+        for rank in sorted(raws):
+            reader.verify(self.storage, self.part_dir(name, rank), g.number, self.range_name, raws[rank], progress)
+        return g
 
     def topology_error(self, g: GlobalManifest, running_mode: str, why: str) -> CheckpointError:
         return CheckpointError(

@@ -1,14 +1,23 @@
 """The reader: the one place a checkpoint is read and verified.
 
-Nothing unverified is handed on: :func:`load` checks the manifest (untrusted
-input, refused unread when it is too large), the data file's size and every
-tensor's checksum before it returns a :class:`LoadedCheckpoint`. Restore uses
-it, and so does every tool (``verify_checkpoint``, ``read_tensors``).
+Nothing unverified is handed on. Every entry point checks the manifest first
+(untrusted input: refused unread when it is too large, then validated in full)
+and the data file's size (:func:`check_header`); the data entry points check
+every tensor's checksum before they return anything:
 
-Local files are checksummed as they stream (mapped and populated by the kernel,
-or read into three rotating buffers where mapping is not possible), then read
-again from the page cache straight into the scope's tensors; remote files are
-read once into memory.
+- :func:`load` (restore): a :class:`LoadedCheckpoint` whose tensors are handed
+  out once each. Local files are mapped and checksummed as the kernel reads them
+  in (or read into three rotating buffers where mapping is not possible), then
+  copied again from the page cache straight into the scope's tensors; remote
+  files are read once into memory.
+- :func:`verify` (``paddle-acp verify``, ``ls --verify``, ``gc``): every checksum,
+  nothing kept (constant memory on every backend).
+- :func:`read_tensors` (``paddle-acp export``): every checksum, the asked-for
+  tensors kept.
+
+All three stream the data file once, in order, through one loop
+(:func:`_verify_stream`): this thread reads (or waits for the kernel to read)
+a chunk while the CRC thread checksums the previous ones.
 """
 
 from __future__ import annotations
@@ -18,13 +27,13 @@ import logging
 import mmap
 import os
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, Iterator, List, MutableMapping, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, List, MutableMapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.arena import CopyJob, alloc_buffer, chunked, copy_job, run_parallel
-from paddle_acp.format.crc import checksum, crc_pool, drain
+from paddle_acp.format.crc import crc_pool, drain
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord, max_manifest_size
 from paddle_acp.storage.base import Storage
@@ -38,8 +47,7 @@ _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 Key = Tuple[str, str]  # (program key, tensor name)
 Record = Tuple[int, str, TensorRecord]  # (offset, program key, tensor), sorted by offset
 ReadItem = Tuple[str, TensorRecord, np.ndarray]  # (program key, tensor, the array to fill)
-Span = Tuple[int, int]
-CrcChunk = Callable[[np.ndarray, int, int, int], None]
+Progress = Callable[[int, int], None]  # (bytes just read, bytes of the whole data file)
 
 
 # -- verified sources of tensors -----------------------------------------------------
@@ -111,7 +119,7 @@ class _FileSource:
             return
         reads: List[Tuple[memoryview, int]] = []
         for _key, rec, view in items:
-            mv = memoryview(view.reshape(-1).view(np.uint8))
+            mv = view.reshape(-1).view(np.uint8).data
             for i in range(0, rec.nbytes, _READ_CHUNK):
                 reads.append((mv[i:i + _READ_CHUNK], rec.offset + i))
         run_parallel(self._pread, reads)
@@ -221,9 +229,43 @@ def file_size(storage: Storage, path: str, what: str) -> Optional[int]:
     return size
 
 
+def _read_manifest(storage: Storage, base: str, number: int, range_name: str,
+                   raw: Optional[bytes]) -> Tuple[Manifest, bytes, Optional[int]]:
+    """The validated manifest, its bytes, and the data file's size (None: missing; -1: not
+    looked up, the caller gave the manifest's bytes)."""
+    path = f"{base}/{MANIFEST_NAME}"
+    data_size: Optional[int] = None
+    looked_up = raw is None
+    if raw is None:
+        if storage.local and storage.kind(base) != "dir":
+            raise CorruptCheckpointError(f"{base} is not a directory (a symbolic link is never followed)")
+        size = file_size(storage, path, "manifest")
+        if size is None:
+            raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)")
+        data_size = file_size(storage, f"{base}/{DATA_NAME}", DATA_NAME)
+        limit = max_manifest_size(data_size or 0)
+        if size > limit:  # refused unread: parsing a huge document costs seconds and gigabytes
+            raise CorruptCheckpointError(
+                f"{path}: invalid manifest: {size} bytes, more than the {limit} allowed for {data_size or 0} bytes of data"
+            )
+        try:
+            raw = storage.read_bytes(path, limit=limit)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)") from None
+    try:
+        m = Manifest.loads(raw, data_file_size=(data_size or 0) if looked_up else None)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{path}: {exc}") from None
+    if m.number != number:
+        raise CorruptCheckpointError(f"{path}: manifest says checkpoint {m.number}, directory says {number}")
+    if m.range.name != range_name:
+        raise CorruptCheckpointError(f"{path}: manifest belongs to range {m.range.name!r}")
+    return m, raw, data_size if looked_up else -1
+
+
 def read_manifest(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None) -> Manifest:
     """The manifest of checkpoint ``number`` in directory ``base``; see :func:`read_manifest_raw`."""
-    return read_manifest_raw(storage, base, number, range_name, raw)[0]
+    return _read_manifest(storage, base, number, range_name, raw)[0]
 
 
 def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
@@ -233,45 +275,20 @@ def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
 
     Untrusted input: a manifest or data file that is a directory or a symbolic
     link, or a manifest larger than :func:`max_manifest_size` of its data, is
-    refused unread (CorruptCheckpointError)."""
-    path = f"{base}/{MANIFEST_NAME}"
-    data_size = None
-    if raw is None:
-        if storage.local and storage.kind(base) != "dir":
-            raise CorruptCheckpointError(f"{base} is not a directory (a symbolic link is never followed)")
-        size = file_size(storage, path, "manifest")
-        if size is None:
-            raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)")
-        data_size = file_size(storage, f"{base}/{DATA_NAME}", DATA_NAME) or 0
-        limit = max_manifest_size(data_size)
-        if size > limit:  # refused unread: parsing a huge document costs seconds and gigabytes
-            raise CorruptCheckpointError(
-                f"{path}: invalid manifest: {size} bytes, more than the {limit} allowed for {data_size} bytes of data"
-            )
-        try:
-            raw = storage.read_bytes(path, limit=limit)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)") from None
-    try:
-        m = Manifest.loads(raw, data_file_size=data_size)
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{path}: {exc}") from None
-    if m.number != number:
-        raise CorruptCheckpointError(f"{path}: manifest says checkpoint {m.number}, directory says {number}")
-    if m.range.name != range_name:
-        raise CorruptCheckpointError(f"{path}: manifest belongs to range {m.range.name!r}")
-    return m, raw
+    refused unread (CorruptCheckpointError). The data file is not checked here."""
+    m, raw_bytes, _size = _read_manifest(storage, base, number, range_name, raw)
+    return m, raw_bytes
 
 
 def check_header(storage: Storage, base: str, number: int, range_name: str,
                  raw: Optional[bytes] = None) -> Tuple[Manifest, str]:
-    """Validate the manifest and the data file's size; returns (manifest, data path).
+    """Validate the manifest and the data file's size, reading no data; returns (manifest, data path).
 
-    Raises CorruptCheckpointError. The tensors' checksums are checked by :func:`load`.
-    """
-    m = read_manifest(storage, base, number, range_name, raw)  # RNG and LR-scheduler states are validated there
+    What ``paddle-acp ls`` shows as "ok". Raises CorruptCheckpointError."""
+    m, _raw, size = _read_manifest(storage, base, number, range_name, raw)  # RNG and LR-scheduler states are validated there
     data_path = f"{base}/{DATA_NAME}"
-    size = file_size(storage, data_path, DATA_NAME)
+    if size == -1:  # not looked up yet
+        size = file_size(storage, data_path, DATA_NAME)
     if size is None:
         raise CorruptCheckpointError(f"{data_path} is missing")
     if size != m.data_size:
@@ -279,20 +296,108 @@ def check_header(storage: Storage, base: str, number: int, range_name: str,
     return m, data_path
 
 
-# -- the data file ------------------------------------------------------------------
+# -- the data file: the entry points -------------------------------------------------------
 def load(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None) -> LoadedCheckpoint:
     """Read and verify checkpoint ``number`` (directory ``base``) completely; raises CorruptCheckpointError.
 
     Every tensor's checksum is checked before this returns, so nothing of a
-    corrupt checkpoint can reach a scope. Local files are checksummed as they
-    stream through small buffers and read again (from the page cache) straight
-    into the scope's tensors; remote files are read once into memory.
-    """
+    corrupt checkpoint can reach a scope. Local files stay open (and mapped)
+    for the copy into the scope; remote files are read once into memory."""
     m, data_path = check_header(storage, base, number, range_name, raw)
-    records = sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
-    if storage.local:
-        return LoadedCheckpoint(base, m, _verify_local(storage, m, data_path, records))
-    return LoadedCheckpoint(base, m, _read_verified(storage, m, data_path, records))
+    records = _records(m)
+    os_path = _local_path(storage, data_path)
+    if os_path is not None:
+        fd, mapping = _open_local(storage, os_path, data_path, m.data_size)
+        try:
+            _verify_stream(_local_chunks(fd, mapping, data_path), m, data_path, records)
+        except BaseException:
+            _close_local(fd, mapping)
+            raise
+        return LoadedCheckpoint(base, m, _FileSource(fd, data_path, m.data_size, mapping))
+    image = alloc_buffer(m.data_size)
+    with _open_remote(storage, data_path) as f:
+        _verify_stream(_RemoteChunks(f, data_path, image), m, data_path, records)
+    arrays: Dict[Key, np.ndarray] = {}
+    for off, key, t in records:
+        arrays[(key, t.name)] = (image[off:off + t.nbytes].view(DTYPES[t.dtype]).reshape(t.shape) if t.nbytes
+                                 else np.empty(t.shape, DTYPES[t.dtype]))
+    return LoadedCheckpoint(base, m, _MemorySource(arrays))
+
+
+def verify(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None,
+           progress: Optional[Progress] = None) -> Manifest:
+    """Check checkpoint ``number`` (directory ``base``) completely, keeping nothing; returns its manifest.
+
+    The same checks as :func:`load` in constant memory. Raises CorruptCheckpointError."""
+    return read_tensors(storage, base, number, range_name, (), raw, progress)[0]
+
+
+def read_tensors(storage: Storage, base: str, number: int, range_name: str, want: Collection[Key],
+                 raw: Optional[bytes] = None, progress: Optional[Progress] = None) -> Tuple[Manifest, Dict[Key, np.ndarray]]:
+    """Check checkpoint ``number`` completely; returns its manifest and the tensors ``want`` names
+    (``(program key, tensor name)`` pairs), each a new array. Raises CorruptCheckpointError."""
+    m, data_path = check_header(storage, base, number, range_name, raw)
+    records = _records(m)
+    out = {(key, t.name): np.empty(t.shape, DTYPES[t.dtype]) for _off, key, t in records if (key, t.name) in want}
+    keep = {i: out[(key, t.name)] for i, (_off, key, t) in enumerate(records) if (key, t.name) in out}
+    os_path = _local_path(storage, data_path)
+    if os_path is not None:
+        fd, mapping = _open_local(storage, os_path, data_path, m.data_size)
+        try:
+            _verify_stream(_local_chunks(fd, mapping, data_path), m, data_path, records, keep, progress)
+        finally:
+            _close_local(fd, mapping)
+    else:
+        with _open_remote(storage, data_path) as f:
+            _verify_stream(_RemoteChunks(f, data_path), m, data_path, records, keep, progress)
+    return m, out
+
+
+# -- the data file: where its bytes come from ----------------------------------------------
+def _records(m: Manifest) -> List[Record]:
+    return sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
+
+
+def _local_path(storage: Storage, path: str) -> Optional[str]:
+    """The operating-system path of ``path`` where the storage is a local file system, else None."""
+    return storage.full(path) if storage.local else None
+
+
+def _open_remote(storage: Storage, data_path: str) -> BinaryIO:
+    try:
+        return storage.open_input(data_path)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{data_path} is missing") from None
+
+
+def _open_local(storage: Storage, os_path: str, data_path: str, size: int) -> Tuple[int, Optional[mmap.mmap]]:
+    """The data file opened (never through a link) and, where possible, mapped."""
+    try:
+        fd = os.open(os_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{data_path} is missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptCheckpointError(f"{data_path} is a symbolic link (never followed)") from None
+        raise StorageError(f"opening {storage.uri}/{data_path} failed: {exc}") from exc
+    try:
+        if os.fstat(fd).st_size != size:
+            raise CorruptCheckpointError(f"{data_path} changed size while it was opened")
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
+        return fd, _map_file(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
+    if mapping is not None:
+        try:
+            mapping.close()
+        except BufferError:  # a view in the traceback: unmapped with it
+            pass
+    os.close(fd)
 
 
 def _populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:
@@ -327,132 +432,156 @@ def _map_file(fd: int, size: int) -> Optional[mmap.mmap]:
     return mapping
 
 
-def _verify_local(storage: Storage, m: Manifest, data_path: str, records: List[Record]) -> _FileSource:
-    os_path = storage.full(data_path)
-    try:
-        fd = os.open(os_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{data_path} is missing") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CorruptCheckpointError(f"{data_path} is a symbolic link (never followed)") from None
-        raise StorageError(f"opening {storage.uri}/{data_path} failed: {exc}") from exc
-    mapping = None
-    try:
-        if os.fstat(fd).st_size != m.data_size:
-            raise CorruptCheckpointError(f"{data_path} changed size while it was opened")
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
-        crcs = [0] * len(records)
-        fn = m.checksum
-        spans = [(off, off + t.nbytes) for off, _key, t in records]
+class _Chunks:
+    """Where the bytes of a data file come from, a chunk at a time, in order.
 
-        def crc_chunk(buf: np.ndarray, start: int, n: int, first: int) -> None:
-            end = start + n
-            i = first
-            while i < len(spans) and spans[i][0] < end:
-                lo, hi = max(spans[i][0], start), min(spans[i][1], end)
-                if hi > lo:
-                    crcs[i] = fn(buf[lo - start:hi - start], crcs[i])
-                i += 1
+    ``get(pos, n, slot)`` returns bytes ``[pos, pos + n)``; with ``depth`` set,
+    chunks live in ``depth`` rotating buffers (``slot`` is the one to use, its
+    previous checksum done), else every chunk stays valid until the end."""
 
-        mapping = _map_file(fd, m.data_size)
-        if mapping is not None:
-            _verify_mapped(mapping, m.data_size, data_path, spans, crc_chunk)
-        else:
-            _verify_buffered(fd, m.data_size, data_path, spans, crc_chunk)
-        for (_off, key, t), crc in zip(records, crcs):
-            if crc != t.checksum:
-                raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
-    except BaseException:
-        if mapping is not None:
-            try:
-                mapping.close()
-            except BufferError:  # a view in the traceback: unmapped with it
-                pass
-        os.close(fd)
-        raise
-    return _FileSource(fd, data_path, m.data_size, mapping)
+    depth: Optional[int] = None
+
+    @property
+    def size(self) -> int:
+        return _VERIFY_CHUNK
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        raise NotImplementedError
 
 
-def _verify_mapped(mapping: mmap.mmap, size: int, data_path: str, spans: List[Span], crc_chunk: CrcChunk) -> None:
-    """Checksum a mapped file: this thread waits for each chunk's pages
-    (``MADV_POPULATE_READ``: read from disk into the page cache and mapped,
-    no copy), the CRC thread checksums them in place."""
-    data = np.frombuffer(mapping, dtype=np.uint8)
+class _MappedChunks(_Chunks):
+    """A mapped local file: this thread waits for each chunk's pages (``MADV_POPULATE_READ``:
+    read from disk into the page cache and mapped, no copy); they are checksummed in place."""
+
+    def __init__(self, mapping: mmap.mmap, data_path: str):
+        self._map = mapping
+        self._data = np.frombuffer(mapping, dtype=np.uint8)
+        self._path = data_path
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        _populate(self._map, pos, n, self._path)
+        return self._data[pos:pos + n]
+
+
+class _Buffered(_Chunks):
+    """Chunks read into three rotating buffers."""
+
+    depth: Optional[int] = 3
+
+    def __init__(self, data_path: str):
+        self._path = data_path
+        self._bufs: List[np.ndarray] = []
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        while len(self._bufs) <= slot:
+            self._bufs.append(alloc_buffer(self.size))
+        buf = self._bufs[slot][:n]
+        self._fill(buf.data, pos)
+        return buf
+
+    def _fill(self, mv: memoryview, pos: int) -> None:
+        raise NotImplementedError
+
+
+class _PreadChunks(_Buffered):
+    """A local file that cannot be mapped, read with ``preadv``."""
+
+    def __init__(self, fd: int, data_path: str):
+        super().__init__(data_path)
+        self._fd = fd
+
+    def _fill(self, mv: memoryview, pos: int) -> None:
+        got = 0
+        while got < mv.nbytes:
+            r = os.preadv(self._fd, [mv[got:]], pos + got)
+            if r <= 0:
+                raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
+            got += r
+
+
+class _RemoteChunks(_Buffered):
+    """A remote file read in order: into ``image`` (the whole file, kept) or into rotating buffers."""
+
+    @property
+    def size(self) -> int:
+        return _READ_CHUNK
+
+    def __init__(self, f: BinaryIO, data_path: str, image: Optional[np.ndarray] = None):
+        super().__init__(data_path)
+        self._f = f
+        self._image = image
+        if image is not None:
+            self.depth = None
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        if self._image is None:
+            return super().get(pos, n, slot)
+        buf = self._image[pos:pos + n]
+        self._fill(buf.data, pos)
+        return buf
+
+    def _fill(self, mv: memoryview, pos: int) -> None:
+        got = 0
+        while got < mv.nbytes:
+            r = self._f.readinto(mv[got:])  # type: ignore[attr-defined]
+            if not r or r <= 0:
+                raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
+            got += r
+
+
+def _local_chunks(fd: int, mapping: Optional[mmap.mmap], data_path: str) -> _Chunks:
+    return _MappedChunks(mapping, data_path) if mapping is not None else _PreadChunks(fd, data_path)
+
+
+# -- the data file: the one verification loop ----------------------------------------------
+def _verify_stream(chunks: _Chunks, m: Manifest, data_path: str, records: List[Record],
+                   keep: Optional[Dict[int, np.ndarray]] = None, progress: Optional[Progress] = None) -> None:
+    """Read the data file once, in order, and check every tensor's checksum (CorruptCheckpointError).
+
+    This thread gets each chunk; the CRC thread checksums it, tensor by tensor
+    (a tensor may span chunks: its running value carries over), and copies the
+    bytes of the tensors in ``keep`` (record index -> array) into them."""
+    size = m.data_size
+    fn = m.checksum
+    crcs = [0] * len(records)
+    spans = [(off, off + t.nbytes) for off, _key, t in records]
+    kept = {i: arr.reshape(-1).view(np.uint8) for i, arr in (keep or {}).items()}
+
+    def crc_chunk(buf: np.ndarray, start: int, n: int, first: int) -> None:
+        end = start + n
+        i = first
+        while i < len(spans) and spans[i][0] < end:
+            lo, hi = max(spans[i][0], start), min(spans[i][1], end)
+            if hi > lo:
+                crcs[i] = fn(buf[lo - start:hi - start], crcs[i])
+                dst = kept.get(i)
+                if dst is not None:
+                    dst[lo - spans[i][0]:hi - spans[i][0]] = buf[lo - start:hi - start]
+            i += 1
+
     futs: List["Future[None]"] = []
-    first = 0
-    try:
-        for pos in range(0, size, _VERIFY_CHUNK):
-            n = min(_VERIFY_CHUNK, size - pos)
-            _populate(mapping, pos, n, data_path)
-            while first < len(spans) and spans[first][1] <= pos:
-                first += 1
-            futs.append(crc_pool().submit(crc_chunk, data[pos:pos + n], pos, n, first))
-    except BaseException:
-        drain(futs)  # no checksum may touch the mapping after this returns
-        raise
-    for f in futs:
-        f.result()
-
-
-def _verify_buffered(fd: int, size: int, data_path: str, spans: List[Span], crc_chunk: CrcChunk) -> None:
-    """Checksum a file read on this thread into three rotating buffers, checksummed on the CRC thread."""
-    bufs = [alloc_buffer(_VERIFY_CHUNK) for _ in range(3)]
-    futs: List[Optional["Future[None]"]] = [None, None, None]
     pos, first, k = 0, 0, 0
     try:
         while pos < size:
-            slot = k % 3
-            prev = futs[slot]
-            if prev is not None:
-                prev.result()
-            n = min(_VERIFY_CHUNK, size - pos)
-            got = 0
-            mv = memoryview(bufs[slot])
-            while got < n:
-                r = os.preadv(fd, [mv[got:n]], pos + got)
-                if r <= 0:
-                    raise CorruptCheckpointError(f"{data_path}: short read at byte {pos + got}")
-                got += r
+            n = min(chunks.size, size - pos)
+            slot = 0
+            if chunks.depth is not None:
+                slot = k % chunks.depth
+                if k >= chunks.depth:
+                    futs[k - chunks.depth].result()  # that buffer's previous chunk is checksummed
+            buf = chunks.get(pos, n, slot)
             while first < len(spans) and spans[first][1] <= pos:
                 first += 1
-            futs[slot] = crc_pool().submit(crc_chunk, bufs[slot], pos, n, first)
+            futs.append(crc_pool().submit(crc_chunk, buf, pos, n, first))
+            if progress is not None:
+                progress(n, size)
             pos += n
             k += 1
     except BaseException:
-        drain([f for f in futs if f is not None])  # before the buffers go
+        drain(futs)  # no checksum may touch a mapping or a buffer after this returns
         raise
     for f in futs:
-        if f is not None:
-            f.result()
-
-
-def _read_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record]) -> _MemorySource:
-    image = alloc_buffer(m.data_size)
-    pending: List[Tuple[str, TensorRecord, np.ndarray, "Future[int]"]] = []
-    nxt = 0
-    with storage.open_input(data_path) as f:
-        pos = 0
-        while pos < m.data_size:
-            n = min(_READ_CHUNK, m.data_size - pos)
-            got = f.readinto(memoryview(image[pos:pos + n]))
-            if got <= 0:
-                raise CorruptCheckpointError(f"{data_path}: short read at byte {pos}")
-            pos += got
-            while nxt < len(records) and records[nxt][0] + records[nxt][2].nbytes <= pos:
-                off, key, t = records[nxt]
-                arr = image[off:off + t.nbytes].view(DTYPES[t.dtype]).reshape(t.shape)
-                pending.append((key, t, arr, crc_pool().submit(checksum, arr, m.version)))
-                nxt += 1
-    while nxt < len(records):  # zero-size tensors at the very end
-        off, key, t = records[nxt]
-        arr = np.empty(t.shape, DTYPES[t.dtype])
-        pending.append((key, t, arr, crc_pool().submit(checksum, arr, m.version)))
-        nxt += 1
-    arrays: Dict[Key, np.ndarray] = {}
-    for key, t, arr, fut in pending:
-        if fut.result() != t.checksum:
+        f.result()
+    for (_off, key, t), crc in zip(records, crcs):
+        if crc != t.checksum:
             raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
-        arrays[(key, t.name)] = arr
-    return _MemorySource(arrays)
