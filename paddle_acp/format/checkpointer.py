@@ -144,7 +144,8 @@ class Checkpointer:
         newest_valid = None
         for n in reversed(committed):
             try:
-                self.load(n).close()
+                # the storage's own copy, never a node-local one: it is the storage that is full
+                reader.load(self.storage, self.base(n), n, self.range_name).close()
             except (CorruptCheckpointError, StorageError) as exc:
                 logger.debug("checkpoint %d is not usable: %s", n, exc)
                 continue
