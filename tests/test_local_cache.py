@@ -9,6 +9,7 @@ global commit does not name), with one log line saying why. No mocks: real serve
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -79,6 +80,45 @@ def test_cache_keys_of_different_locations_differ(host, a, b):
     assert cache_key(s3, env={"AWS_ENDPOINT_URL": "http://10.0.0.1:8333"}) != cache_key(
         s3, env={"AWS_ENDPOINT_URL": "http://10.0.0.2:8333"})
     assert cache_key(s3 + "?endpoint_override=h1:1", env={}) != cache_key(s3 + "?endpoint_override=h2:1", env={})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**15 - 1), st.integers(0, 10**12 - 1), st.integers(0, 10**12 - 1),
+       st.one_of(st.none(), st.integers(0, 10**12 - 1)))
+def test_copy_names_parse_and_order_like_the_remote(n, e1, e2, s2):
+    """The names of committed copies are the remote's (``ckpt-N``, ``ckpt-eE[-sS]``) and sort as the
+    remote sorts them; a temporary name, a non-canonical or foreign name is never a committed copy."""
+    from paddle_acp.format.cache import _TMP_RE, _position
+    from paddle_acp.format.layout import position_key, position_name
+
+    assert _position(f"ckpt-{n}") == (n, 0)
+    assert _position(f"ckpt-0{n}") is None and _position(f"ckpt-{n}.tmp-0123456789ab") is None
+    assert _TMP_RE.fullmatch("ckpt.tmp-0123456789ab") and _position("ckpt.tmp-0123456789ab") is None
+    a, b = position_name(e1, None), position_name(e2, s2)
+    assert (_position(a) < _position(b)) == (position_key(e1, None) < position_key(e2, s2))
+    assert _position(a) == _position(b) or a != b
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.binary(max_size=300), st.just(b"[" * 100000),
+                 st.builds(lambda loc: ('{"format": "paddle-acp/local-cache", "version": 1, "location": %s}'
+                                        % json.dumps(loc)).encode(), st.text(max_size=40))))
+def test_hostile_origin_file_is_refused_not_a_crash(raw):
+    """origin.json is untrusted input: anything but this location's record disables the cache
+    (one warning), never an exception, never another location's directory used."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        uri = "hdfs://nn:9000/ck"
+        root = os.path.join(d, cache_key(uri))
+        os.makedirs(root)
+        with open(os.path.join(root, "origin.json"), "wb") as f:
+            f.write(raw)
+        c = LocalCache.open(d, uri, 3)
+        assert c is None or raw == (
+            '{"format": "paddle-acp/local-cache", "version": 1, "location": "hdfs://nn:9000/ck"}').encode()
+        fresh = LocalCache.open(os.path.join(d, "new"), uri, 3)  # what open() writes, it reads back
+        assert fresh is not None and LocalCache.open(os.path.join(d, "new"), uri, 3) is not None
 
 
 # -- configuration ---------------------------------------------------------------------------------

@@ -164,7 +164,7 @@ class LocalCache:
                 f.write(b"ok")
             os.remove(probe)
             storage = open_storage(root)
-        except (OSError, ValueError, CheckpointError, StorageError) as exc:
+        except (OSError, ValueError, RecursionError, CheckpointError, StorageError) as exc:
             logger.warning(
                 "PADDLE_ACP_LOCAL_CACHE=%s cannot be used (%s): checkpoints go to %s only, and restarts read them "
                 "from there; make the directory writable (or unset the variable) to keep local copies",
