@@ -43,7 +43,7 @@ def tensor_view(tensor) -> Tuple[str, np.ndarray]:
     if place.is_cpu_place() and numel > 0:
         nbytes = numel * npdt.itemsize
         raw = (ctypes.c_char * nbytes).from_address(tensor._ptr())
-        return dt, np.frombuffer(raw, dtype=npdt).reshape(shape)
+        return dt, np.frombuffer(raw, dtype=npdt).reshape(shape)  # type: ignore[call-overload]  # a ctypes array has the buffer protocol
     arr = np.array(tensor)
     if dt == "bfloat16":
         arr = arr.view(np.uint16)

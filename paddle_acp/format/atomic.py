@@ -69,7 +69,7 @@ def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -
             continue
         if m:
             out.append(DirEntry(e.name, int(m.group(1)), _committed(storage, f"{parent}/{e.name}")))
-        else:
+        elif t:
             out.append(DirEntry(e.name, int(t.group(1)), False))
     return sorted(out, key=lambda d: (d.number, d.name))
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic, reader
+from paddle_acp.format.fencing import Fence, check_deletable
 from paddle_acp.format.layout import JOB_MARKER, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.format.reader import LoadedCheckpoint
@@ -34,8 +35,8 @@ logger = logging.getLogger("paddle_acp")
 class Checkpointer:
     """Numbered, atomically committed checkpoints of one range of one job."""
 
-    def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3, fence=None,
-                 single_writer: bool = False):
+    def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3, fence: Optional[Fence] = None,
+                 single_writer: bool = False) -> None:
         self.storage = storage
         self.fence = fence  # a fencing.Fence (the writer's generation) or None
         self.job_id = job_id
@@ -179,10 +180,11 @@ class Checkpointer:
     def _write(self, pending: atomic.Pending, snap: Snapshot, number: int) -> int:
         return write_checkpoint(pending, snap, number, self._check_fence("commit checkpoint %d" % number))
 
-    def _check_fence(self, what: str):
-        if self.fence is None:
+    def _check_fence(self, what: str) -> Optional[Callable[[], None]]:
+        fence = self.fence
+        if fence is None:
             return None
-        return lambda: self.fence.check(what)
+        return lambda: fence.check(what)
 
     def apply_retention(self, keep: Optional[int] = None) -> List[int]:
         """Delete the committed checkpoints the retention policy (keep the newest ``keep``,
@@ -198,8 +200,6 @@ class Checkpointer:
         if doomed:
             if self.fence is not None:
                 self.fence.check("delete old checkpoints")
-            from paddle_acp.format.fencing import check_deletable
-
             check_deletable(self.storage, self.job_id, self.dir)
         for n in doomed:
             self._delete(n)
@@ -237,7 +237,7 @@ class Checkpointer:
                 return cached
         return reader.load(self.storage, base or self.base(number), number, self.range_name, raw)
 
-    def load_latest(self, check=None) -> Optional[LoadedCheckpoint]:
+    def load_latest(self, check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
         """The newest checkpoint that verifies; older ones are tried in turn.
 
         A checkpoint that is corrupt, crafted or unreadable (a read error on it,

@@ -36,7 +36,7 @@ def crc_pool() -> ThreadPoolExecutor:
 
 def checksum(arr: np.ndarray, version: int = VERSION) -> int:
     """The checksum of a C-contiguous array's bytes, as a manifest of ``version`` records it."""
-    return checksum_function(version)(memoryview(arr).cast("B"), 0) if arr.nbytes else 0  # cast() rejects 0 in shape
+    return checksum_function(version)(arr.data.cast("B"), 0) if arr.nbytes else 0  # cast() rejects 0 in shape
 
 
 def drain(futs: Iterable["Future[Any]"]) -> None:

@@ -41,11 +41,11 @@ class PartRecord:
     data_size: int
     programs: List[str]  # fingerprints (program keys) of the rank's programs
 
-    def to_json(self):
+    def to_json(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d, where):
+    def from_json(cls, d: Any, where: str) -> "PartRecord":
         rank = _get(d, "rank", int, where)
         crc = _get(d, "manifest_crc32", int, where)
         msize = _get(d, "manifest_size", int, where)

@@ -104,11 +104,11 @@ def _parse_float(text: str) -> float:
     return v
 
 
-def _parse_constant(text: str):
+def _parse_constant(text: str) -> Any:
     raise ValueError(f"{text} is not allowed")
 
 
-def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_MANIFEST_SIZE):
+def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_MANIFEST_SIZE) -> Any:
     """``json.loads`` for untrusted bytes: size and nesting capped, NaN/Infinity refused
     (integers beyond 4300 digits are refused by Python itself; each field bounds its own).
     Raises CorruptCheckpointError, never RecursionError or MemoryError."""
@@ -123,7 +123,7 @@ def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_MANIFEST_
         raise CorruptCheckpointError(f"invalid {what}: not valid JSON ({str(exc)[:200]})") from None
 
 
-def check_text(value, where: str, max_len: int = MAX_TEXT, empty: bool = True) -> str:
+def check_text(value: Any, where: str, max_len: int = MAX_TEXT, empty: bool = True) -> str:
     """A string that can be printed and passed to Paddle: bounded, no lone surrogates."""
     if not isinstance(value, str):
         raise _fail(f"{where} must be a string")
@@ -136,14 +136,14 @@ def check_text(value, where: str, max_len: int = MAX_TEXT, empty: bool = True) -
     return value
 
 
-def _int_in(d, key: str, where: str, lo: int, hi: int, optional: bool = False):
+def _int_in(d: Any, key: str, where: str, lo: int, hi: int, optional: bool = False) -> Any:
     v = _get(d, key, int, where, optional=optional)
     if v is not None and not lo <= v <= hi:
         raise _fail(f"{where}.{key} = {v} is out of range [{lo}, {hi}]")
     return v
 
 
-def check_json_data(value, where: str, max_items: int = 100_000) -> None:
+def check_json_data(value: Any, where: str, max_items: int = 100_000) -> None:
     """JSON data as paddle-acp writes it (LR scheduler, RNG and loader state): plain types,
     string keys, texts encodable, integers below 2**64 in magnitude, at most ``max_items``
     values. Depth is bounded by :func:`parse_json` already."""
@@ -171,7 +171,7 @@ def check_json_data(value, where: str, max_items: int = 100_000) -> None:
             raise _fail(f"{w} has the wrong type ({type(v).__name__})")
 
 
-def check_lr_scheduler(state, where: str) -> None:
+def check_lr_scheduler(state: Any, where: str) -> None:
     """An LR scheduler state as ``LRScheduler.state_dict()`` gives it: an object of JSON
     data whose ``last_epoch`` (Paddle's schedulers all have it) is an integer and whose
     ``last_lr`` is a number. Its keys are compared with the live scheduler's at restore."""
@@ -182,7 +182,7 @@ def check_lr_scheduler(state, where: str) -> None:
     _get(state, "last_lr", (int, float), where, optional=True)
 
 
-def _get(d: Dict[str, Any], key: str, types, where: str, optional: bool = False):
+def _get(d: Any, key: str, types: Any, where: str, optional: bool = False) -> Any:
     if not isinstance(d, dict):
         raise _fail(f"{where} must be an object")
     if key not in d:
@@ -219,13 +219,13 @@ class TensorRecord:
     nbytes: int
     checksum: int  # of the tensor's bytes, with the manifest version's algorithm
 
-    def to_json(self, version: int = VERSION):
+    def to_json(self, version: int = VERSION) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         d[TENSOR_CHECKSUMS[version]] = d.pop("checksum")
         return d
 
     @classmethod
-    def from_json(cls, d, where, version: int = VERSION):
+    def from_json(cls, d: Any, where: str, version: int = VERSION) -> "TensorRecord":
         name = check_text(_get(d, "name", str, where), f"{where}.name", empty=False)
         dtype = _get(d, "dtype", str, where)
         if dtype not in DTYPES:
@@ -252,7 +252,7 @@ class ProgramRecord:
     tensors: List[TensorRecord]
     lr_scheduler: Optional[Dict[str, Any]] = None
 
-    def to_json(self, version: int = VERSION):
+    def to_json(self, version: int = VERSION) -> Dict[str, Any]:
         return {
             "key": self.key,
             "label": self.label,
@@ -261,7 +261,7 @@ class ProgramRecord:
         }
 
     @classmethod
-    def from_json(cls, d, where, version: int = VERSION):
+    def from_json(cls, d: Any, where: str, version: int = VERSION) -> "ProgramRecord":
         key = check_text(_get(d, "key", str, where), f"{where}.key", max_len=256, empty=False)
         label = check_text(_get(d, "label", str, where), f"{where}.label")
         sched = _get(d, "lr_scheduler", dict, where, optional=True)
@@ -284,11 +284,11 @@ class RangeRecord:
     max_epoch_num: int
     step: Optional[int] = None
 
-    def to_json(self):
+    def to_json(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d, where="range"):
+    def from_json(cls, d: Any, where: str = "range") -> "RangeRecord":
         name = check_text(_get(d, "name", str, where), f"{where}.name", max_len=256)
         epoch_no = _int_in(d, "epoch_no", where, -1, 2**62)
         max_epoch_num = _int_in(d, "max_epoch_num", where, -(2**63), 2**63 - 1)
@@ -367,7 +367,7 @@ class Manifest:
         return m
 
     @classmethod
-    def from_json(cls, d) -> "Manifest":
+    def from_json(cls, d: Any) -> "Manifest":
         if not isinstance(d, dict):
             raise _fail("top level must be an object")
         if d.get("format") != FORMAT:
@@ -417,10 +417,10 @@ class Manifest:
         )
 
 
-def _check_rng(state, where: str) -> None:
-    from paddle_acp.adapter import rng as rng_state
+def _check_rng(state: Any, where: str) -> None:
+    from paddle_acp.format.rng_schema import validate
 
-    rng_state.validate(state)
+    validate(state)
 
 
 def _doc_checksum(doc: Dict[str, Any]) -> int:

@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from typing import List
+from typing import Any, Dict, List
 
 import pyarrow
 
@@ -50,7 +50,7 @@ class MetricsLog:
         self._exists = False  # the file is known to exist (this process wrote it)
         self._last_flush: float = float("-inf")
 
-    def add(self, record: dict) -> None:
+    def add(self, record: Dict[str, Any]) -> None:
         """Buffer one record (no storage access: safe on the training thread)."""
         line = (scrub(json.dumps(record, sort_keys=True)) + "\n").encode()  # an error text never carries a secret
         with self._lock:
@@ -77,7 +77,7 @@ class MetricsLog:
                     if len(self._pending) > MAX_PENDING:
                         del self._pending[: len(self._pending) - MAX_PENDING]
 
-    def append(self, record: dict) -> None:
+    def append(self, record: Dict[str, Any]) -> None:
         """Add one record and write everything buffered now."""
         self.add(record)
         self.flush()

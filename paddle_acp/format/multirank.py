@@ -27,11 +27,12 @@ import logging
 import time
 import uuid
 import zlib
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic, reader
 from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.fencing import Fence, check_deletable
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, PartRecord, describe_topology
 from paddle_acp.format.layout import (
     BAD_RE,
@@ -72,7 +73,7 @@ class GlobalEntry:
     committed: bool
 
     @property
-    def key(self):
+    def key(self) -> Tuple[int, int]:
         return position_key(self.epoch_no, self.step)
 
 
@@ -88,7 +89,7 @@ class GlobalCheckpointer:
     """Per-rank parts and rank 0's global commit for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
-                 max_to_keep: int = 3, part_timeout: float = 300.0, fence=None):
+                 max_to_keep: int = 3, part_timeout: float = 300.0, fence: Optional[Fence] = None) -> None:
         self.storage = storage
         self.job_id = job_id
         self.range_name = range_name
@@ -191,6 +192,8 @@ class GlobalCheckpointer:
 
     def _later_part_exists(self, name: str, rank: int) -> bool:
         pos = parse_name(name)
+        if pos is None:
+            return False
         key = position_key(*pos)
         for g in self.scan():
             if g.key > key and self.part_committed(g.name, rank):
@@ -252,8 +255,6 @@ class GlobalCheckpointer:
     def apply_retention(self, keep: Optional[int] = None) -> List[str]:
         """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and
         abandoned ones older than the newest commit. Returns the names removed."""
-        from paddle_acp.format.fencing import check_deletable
-
         keep = self.max_to_keep if keep is None else keep
         entries = self.scan()
         committed = [g for g in entries if g.committed]
@@ -398,7 +399,8 @@ class GlobalCheckpointer:
         ) from exc
 
 
-def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optional[str], check=None) -> Optional[LoadedCheckpoint]:
+def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optional[str],
+                check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
     """The newest checkpoint of either layout that verifies (older ones are tried in turn).
 
     Single-rank checkpoints (``ckpt-N``, written by rank 0 only) count as replicated;

@@ -60,7 +60,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             if t.offset > end:
                 buffers.append(_ZEROS[: t.offset - end])
             if t.array.nbytes:
-                buffers.append(memoryview(t.array).cast("B"))
+                buffers.append(t.array.data.cast("B"))
             end = t.offset + t.array.nbytes
         if size > end:
             buffers.append(_ZEROS[: size - end])
