@@ -225,6 +225,7 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
         os.environ.pop("PADDLE_ACP_HDFS_CLIENT", None)
     st = open_storage(uri, cache_dir=os.path.join(work, "fscache"))
     handler = getattr(st.fs, "handler", None)
+    local = st.local_path("") is not None
     ck = Checkpointer(st, "bench", "_range_0", max_to_keep=1)
     plain_dir = st.full("plain")
     st.fs.create_dir(plain_dir, recursive=True)
@@ -241,7 +242,7 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
         assert written == size
         if c0 is not None:
             res["acp_save_hadoop_commands"] = handler.commands_run - c0
-        if st.local:
+        if local:
             drop_tree_cache(st.full(ck.dir))
         c1 = getattr(handler, "commands_run", None)
         t0 = time.perf_counter()
@@ -254,8 +255,8 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
         assert np.array_equal(got[:1000], snap.programs[0].tensors[0].array[:1000])
 
     def plain():
-        runs["plain_write_s"].append(plain_write(st.fs, path, memoryview(image)[:size], fsync_local=st.local))
-        if st.local:
+        runs["plain_write_s"].append(plain_write(st.fs, path, memoryview(image)[:size], fsync_local=local))
+        if local:
             drop_local_cache(path)
         seconds, buf = plain_read(st.fs, path, size)
         runs["plain_read_s"].append(seconds)
@@ -281,10 +282,9 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
 def counting_storage(st):
     """``st`` with every filesystem call counted by kind: (storage, counter)."""
     import collections
+    import copy
 
     import pyarrow.fs as pafs
-
-    from paddle_acp.storage import Storage
 
     counts = collections.Counter()
     inner = st.fs
@@ -353,7 +353,9 @@ def counting_storage(st):
             counts["append (open+close)"] += 1
             return inner.open_append_stream(path)
 
-    return Storage(pafs.PyFileSystem(Counting()), st.root, st.uri, st.atomic_rename, st.local), counts
+    counted = copy.copy(st)  # the same backend class and capabilities, its filesystem calls counted
+    counted.fs = pafs.PyFileSystem(Counting())
+    return counted, counts
 
 
 def tiny_snapshot(nbytes: int):

@@ -1,13 +1,17 @@
-"""The restore path: verify every checksum first, then read straight into the scope's tensors."""
+"""The restore path: verify every checksum first, then read straight into the scope's tensors.
+
+Tests taking ``backend_storage`` run on every real backend (local disk, HDFS, S3: tests/support.py);
+local files are mapped or read through buffers, remote ones read once into memory."""
 
 import os
-import shutil
+import uuid
 
 import numpy as np
 import paddle
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
 
 from paddle_acp.adapter.tensors import tensor_view, write_program
 from paddle_acp.errors import CorruptCheckpointError
@@ -27,50 +31,60 @@ def data_file(root, n):
     return os.path.join(str(root), "job", "range", "_range_0", f"ckpt-{n}", DATA_NAME)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    sizes=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
-    chunk_pages=st.integers(1, 3),
-    flip=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.floats(0, 1, exclude_max=True))),
-    local=st.booleans(),
-    mapped=st.booleans(),
-)
-def test_checksums_span_read_chunks(tmp_path_factory, sizes, chunk_pages, flip, local, mapped):
+def data_path(n):
+    """The data file of checkpoint ``n``, relative to the storage root."""
+    return f"job/range/_range_0/ckpt-{n}/{DATA_NAME}"
+
+
+# Examples of the property below per backend: a remote save and load cost tens of round trips.
+EXAMPLES = {"local": 60, "hdfs": 12, "s3": 20}
+
+
+def test_checksums_span_read_chunks(backend_storage):
     """Tensors larger than the verification chunk are checksummed across chunks; any flipped
     byte anywhere in any tensor is found; intact files load bit-identically (local files:
-    mapped, or read into buffers where mapping is not possible)."""
-    root = tmp_path_factory.mktemp("chunks")
-    rng = np.random.default_rng(len(sizes) * 7919 + sum(sizes))
-    arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64).astype(np.float32) for i, n in enumerate(sizes)}
-    st_ = open_storage(str(root))
-    st_.local = local  # False: the read-once-into-memory path used for remote stores
-    ck = Checkpointer(st_, "job", "_range_0")
-    ck.save(snapshot(0, arrays))
-    target = None
-    if flip is not None:
-        nonempty = [n for n, a in arrays.items() if a.nbytes]
-        if nonempty:
-            name = nonempty[flip[0] % len(nonempty)]
-            rec = next(t for t in ck.read_manifest(0).programs[0].tensors if t.name == name)
-            target = rec.offset + int(flip[1] * rec.nbytes)
-            with open(data_file(root, 0), "r+b") as f:
-                f.seek(target)
-                b = f.read(1)
-                f.seek(target)
-                f.write(bytes([b[0] ^ 0x5A]))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ckmod, "_VERIFY_CHUNK", 4096 * chunk_pages)
-        if not mapped:
-            mp.setattr(ckmod, "_map_file", lambda fd, size: None)
-        if target is not None:
-            with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-                ck.load(0)
-            return
-        loaded = ck.load(0)
-    for name, a in arrays.items():
-        got = loaded.arrays[("k", name)]
-        assert got.tobytes() == a.tobytes()
-    loaded.close()
+    mapped, or read into buffers where mapping is not possible; remote files: read once)."""
+    kind = type(backend_storage).__name__
+    local = backend_storage.local_path("") is not None
+
+    @settings(max_examples=EXAMPLES[backend_kind(backend_storage)], deadline=None)
+    @given(
+        sizes=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
+        chunk_pages=st.integers(1, 3),
+        flip=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.floats(0, 1, exclude_max=True))),
+        mapped=st.booleans() if local else st.just(False),
+    )
+    def check(sizes, chunk_pages, flip, mapped):
+        st_ = backend_storage.sub(uuid.uuid4().hex[:12])
+        rng = np.random.default_rng(len(sizes) * 7919 + sum(sizes))
+        arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64).astype(np.float32) for i, n in enumerate(sizes)}
+        ck = Checkpointer(st_, "job", "_range_0")
+        ck.save(snapshot(0, arrays))
+        target = None
+        if flip is not None:
+            nonempty = [n for n, a in arrays.items() if a.nbytes]
+            if nonempty:
+                name = nonempty[flip[0] % len(nonempty)]
+                rec = next(t for t in ck.read_manifest(0).programs[0].tensors if t.name == name)
+                target = rec.offset + int(flip[1] * rec.nbytes)
+                flip_byte(st_, data_path(0), target)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ckmod, "_VERIFY_CHUNK", 4096 * chunk_pages)
+            if not mapped:
+                mp.setattr(ckmod, "_map_file", lambda fd, size: None)
+            if target is not None:
+                with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+                    ck.load(0)
+                return
+            loaded = ck.load(0)
+        for name, a in arrays.items():
+            got = loaded.arrays[("k", name)]
+            assert got.tobytes() == a.tobytes(), (kind, name)
+        loaded.close()
+        if not local:
+            st_.delete_dir("")
+
+    check()
 
 
 def test_local_restore_maps_the_file(tmp_path):
@@ -125,8 +139,7 @@ def scope_values(scope, names):
     return {n: np.array(scope.find_var(n).get_tensor()) for n in names}
 
 
-@pytest.mark.parametrize("local", [True, False])
-def test_write_program_fills_scope_tensors_in_place(static_mode, tmp_path, local):
+def test_write_program_fills_scope_tensors_in_place(static_mode, backend_storage):
     saved = {
         "w": np.arange(3 << 20, dtype=np.float32),  # 12 MB: several read chunks, two threads
         "b": np.full(7, 3.5, np.float32),
@@ -134,15 +147,13 @@ def test_write_program_fills_scope_tensors_in_place(static_mode, tmp_path, local
         "lr": np.array([0.25], np.float32),  # the scope holds it with another shape: replaced
         "new": np.ones((2, 3), np.float64),  # not in the scope yet: created
     }
-    st_ = open_storage(str(tmp_path))
-    st_.local = local
-    ck = Checkpointer(st_, "job", "_range_0")
+    ck = Checkpointer(backend_storage, "job", "_range_0")
     ck.save(snapshot(0, saved))
     scope = scope_with({"w": np.zeros(3 << 20, np.float32), "b": np.zeros(7, np.float32), "step": np.zeros(1, np.int64), "lr": np.zeros((), np.float32)})
     ptr_w = scope.find_var("w").get_tensor()._ptr()
     loaded = ck.load_latest()
     # retention or `paddle-acp gc` may delete the checkpoint before the program first runs
-    shutil.rmtree(os.path.dirname(data_file(tmp_path, 0)))
+    backend_storage.delete_dir(os.path.dirname(data_path(0)))
     assert write_program(loaded, "k", scope, paddle.CPUPlace()) == len(saved)
     got = scope_values(scope, saved)
     for n, a in saved.items():
@@ -199,50 +210,41 @@ def test_tensor_view_matches_after_restore(static_mode, tmp_path):
         assert view.tobytes() == a.tobytes()
 
 
-def rewrite_as_version_1(root, n):
+def rewrite_as_version_1(st_, n):
     """Turn checkpoint ``n`` into what paddle-acp wrote before CRC32C: manifest version 1, zlib CRC32 per tensor."""
     import zlib
 
     from paddle_acp.format.manifest import MANIFEST_NAME, Manifest
 
-    mpath = os.path.join(os.path.dirname(data_file(root, n)), MANIFEST_NAME)
-    with open(mpath, "rb") as f:
-        m = Manifest.loads(f.read())
-    with open(data_file(root, n), "rb") as f:
-        data = f.read()
+    mpath = f"{os.path.dirname(data_path(n))}/{MANIFEST_NAME}"
+    m = Manifest.loads(st_.read_bytes(mpath))
+    data = st_.read_bytes(data_path(n))
     for p in m.programs:
         for t in p.tensors:
             t.checksum = zlib.crc32(data[t.offset:t.offset + t.nbytes])
     m.version = 1
     raw = m.dumps()
     assert b'"crc32":' in raw and b'"crc32c"' not in raw and b'"version": 1' in raw
-    with open(mpath, "wb") as f:
-        f.write(raw)
+    st_.write_bytes(mpath, raw)
 
 
-@pytest.mark.parametrize("local", [True, False])
-def test_version_1_checkpoints_still_restore_and_verify(tmp_path, local):
+def test_version_1_checkpoints_still_restore_and_verify(backend_storage):
     """Checkpoints written before the switch to CRC32C load, verify, and still catch corruption."""
     from paddle_acp.tools import verify_checkpoint
 
     rng = np.random.default_rng(5)
     arrays = {"w": rng.standard_normal((300, 7)).astype(np.float32), "b": np.arange(9, dtype=np.int64), "e": np.zeros(0, np.float32)}
-    st_ = open_storage(str(tmp_path))
-    st_.local = local
+    st_ = backend_storage
     ck = Checkpointer(st_, "job", "_range_0")
     ck.save(snapshot(0, arrays))
-    rewrite_as_version_1(tmp_path, 0)
+    rewrite_as_version_1(st_, 0)
     assert ck.read_manifest(0).version == 1
     assert verify_checkpoint(st_, "job", "_range_0", 0, quiet=True).version == 1
     loaded = ck.load(0)
     for name, a in arrays.items():
         assert loaded.arrays[("k", name)].tobytes() == a.tobytes()
     loaded.close()
-    with open(data_file(tmp_path, 0), "r+b") as f:
-        f.seek(100)
-        b = f.read(1)
-        f.seek(100)
-        f.write(bytes([b[0] ^ 1]))
+    flip_byte(st_, data_path(0), 100, 1)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch in tensor 'w'"):
         ck.load(0)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch in tensor 'w'"):

@@ -29,7 +29,15 @@ from paddle_acp.format import atomic  # noqa: E402
 from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
-from paddle_acp.storage import Storage, open_storage  # noqa: E402
+from paddle_acp.storage import (  # noqa: E402
+    MANIFEST_LAST,
+    RENAME,
+    HdfsStorage,
+    LocalStorage,
+    S3Storage,
+    Storage,
+    open_storage,
+)
 
 BACKENDS = ["local", "hdfs-pyarrow", "hdfs-native", "hdfs-cli", "s3"]
 MB = 1 << 20
@@ -54,8 +62,7 @@ class Backend:
 
     def storage(self, name: str = "") -> Storage:
         sub = f"{self.tag}/{name}" if name else self.tag
-        b = self.base
-        return Storage(b.fs, b.full(sub), f"{b.uri}/{sub}", b.atomic_rename, b.local)
+        return self.base.sub(sub)
 
     def fresh(self, name: str = "") -> Storage:
         sub = f"{self.tag}/{name}" if name else self.tag
@@ -99,21 +106,30 @@ def large_blob():
 
 
 def test_backend_is_the_one_asked_for(backend):
+    """The class and client the URI's scheme (and PADDLE_ACP_HDFS_CLIENT) ask for, with the
+    capabilities callers rely on instead of asking which backend it is."""
     st = backend.fresh()
     fs = st.fs
     if backend.kind == "local":
-        assert st.local and isinstance(fs, pafs.LocalFileSystem)
-    elif backend.kind == "hdfs-pyarrow":
-        assert isinstance(fs, pafs.HadoopFileSystem)
-    elif backend.kind == "hdfs-native":
-        assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, pafs.FSSpecHandler)  # (a subclass)
-    elif backend.kind == "hdfs-cli":
-        from paddle_acp.storage.hadoop_cli import HadoopCliHandler
+        assert type(st) is LocalStorage and isinstance(fs, pafs.LocalFileSystem)
+        assert st.local_path("a/b") == os.path.join(st.root, "a", "b") and os.path.isabs(st.root)
+        assert st.has_symlinks and not st.overlap_writes and st.direct_io == hasattr(os, "O_DIRECT")
+    elif backend.kind.startswith("hdfs"):
+        assert type(st) is HdfsStorage and st.client == backend.kind.split("-", 1)[1].replace("native", "hdfs-native")
+        if backend.kind == "hdfs-pyarrow":
+            assert isinstance(fs, pafs.HadoopFileSystem)
+        elif backend.kind == "hdfs-native":
+            assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, pafs.FSSpecHandler)  # (a subclass)
+        else:
+            from paddle_acp.storage.hadoop_cli import HadoopCliHandler
 
-        assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, HadoopCliHandler)
+            assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, HadoopCliHandler)
     else:
-        assert isinstance(fs, pafs.S3FileSystem)
-    assert st.atomic_rename == (backend.kind != "s3")
+        assert type(st) is S3Storage and isinstance(fs, pafs.S3FileSystem)
+    if backend.kind != "local":
+        assert st.local_path("a") is None and not st.has_symlinks and not st.direct_io and st.overlap_writes
+    assert st.commit_style == (MANIFEST_LAST if backend.kind == "s3" else RENAME)
+    assert st.atomic_rename == (st.commit_style == RENAME)
     assert "secret" not in st.uri and "?" not in st.uri
 
 
@@ -233,6 +249,27 @@ def test_write_image(backend):
     assert st.write_image("img/x.bin", image, 5000) == 5000
     assert st.size("img/x.bin") == 5000
     assert st.read_bytes("img/x.bin") == image[:5000].tobytes()
+
+
+def test_append_create_exclusive_and_sub(backend):
+    """Appending (rewritten by callers where an object store cannot), exclusive creation (the
+    writer fence's primitive), and a storage rooted below another sharing its connection."""
+    st = backend.storage()
+    st.makedirs("a")
+    st.write_bytes("a/log", b"one\n")
+    if backend.kind == "s3":
+        with pytest.raises(StorageError, match="appending to"):
+            st.append_bytes("a/log", b"two\n")
+    else:
+        st.append_bytes("a/log", b"two\n")
+        assert st.read_bytes("a/log") == b"one\ntwo\n"
+    assert st.create_exclusive("a/gen-0", b"first") is True
+    assert st.create_exclusive("a/gen-0", b"second") is False
+    assert st.read_bytes("a/gen-0") == b"first"
+    assert [e.name for e in st.listdir("a")] == ["gen-0", "log"]  # no temporary name left behind
+    below = st.sub("a")
+    assert type(below) is type(st) and below.full("log") == st.full("a/log") and below.uri == f"{st.uri}/a"
+    assert below.read_bytes("gen-0") == b"first" and st.root != below.root
 
 
 # -- the Checkpointer on top of each backend --------------------------------------

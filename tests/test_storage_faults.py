@@ -227,6 +227,58 @@ def test_wrong_s3_credentials_clear_error(s3_server, s3_env, monkeypatch, wrong)
         assert "not-the-secret-key-42" not in msg and s3_server.secret_key not in msg
 
 
+def _every_operation(st):
+    """Each storage operation once, on an existing file "f" (and a missing "m")."""
+    return {
+        "size": lambda: st.size("f"), "stat": lambda: st.stat("f"), "exists": lambda: st.exists("f"),
+        "kind": lambda: st.kind("m"), "listdir": lambda: st.listdir(""), "read_bytes": lambda: st.read_bytes("f"),
+        "open_input": lambda: st.open_input("f"), "write_bytes": lambda: st.write_bytes("w", b"1"),
+        "write_image": lambda: st.write_image("w", bytearray(4096), 10), "makedirs": lambda: st.makedirs("d"),
+        "append_bytes": lambda: st.append_bytes("f", b"1"), "create_exclusive": lambda: st.create_exclusive("c", b"1"),
+        "rename": lambda: st.rename("f", "g"), "delete_file": lambda: st.delete_file("f"),
+        "delete_dir": lambda: st.delete_dir("d"),
+    }
+
+
+def test_every_s3_failure_is_a_storage_error(s3_server, s3_env, monkeypatch):
+    """With a secret key the server refuses, every operation fails as a StorageError (never a raw
+    client error: ``size`` once let pyarrow's through) that names the cause, never the secret."""
+    uri = f"s3://{s3_server.bucket}/faults/ops-{uuid.uuid4().hex[:8]}"
+    open_storage(uri).write_bytes("f", b"x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-key-42")
+    st = open_storage(uri)
+    for name, op in _every_operation(st).items():
+        with pytest.raises(StorageError) as err:
+            op()
+        msg = str(err.value)
+        cause = "cannot append" if name == "append_bytes" else "AWS_SECRET_ACCESS_KEY"  # S3 never appends
+        assert cause in msg.replace("not possible to append", "cannot append") and st.uri in msg, (name, msg)
+        assert "not-the-secret-key-42" not in msg and s3_server.secret_key not in msg, (name, msg)
+
+
+def test_every_local_failure_is_a_storage_error(tmp_path):
+    """On a local disk, operations below a file (ENOTDIR) fail as StorageError, or report the
+    path missing where that is the contract (stat, exists, listdir, size, deletes)."""
+    st = open_storage(str(tmp_path))
+    st.write_bytes("f", b"x")
+    below = st.sub("f")  # every path of this storage lies below a file
+    missing = {"size": FileNotFoundError, "stat": ("missing", 0), "exists": False, "kind": "missing",
+               "listdir": [], "delete_file": None, "delete_dir": None}
+    for name, op in _every_operation(below).items():
+        if name in missing:
+            want = missing[name]
+            if want is FileNotFoundError:
+                with pytest.raises(FileNotFoundError):
+                    op()
+            else:
+                assert op() == want, name
+            continue
+        with pytest.raises(StorageError, match="Not a directory|not a directory") as err:
+            op()
+        assert str(tmp_path) in str(err.value), (name, err.value)
+    assert st.read_bytes("f") == b"x"
+
+
 def test_wrong_s3_credentials_in_training_run(s3_server, tmp_path):
     uri = f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}"
     env = dict(s3_server.client_env(), AWS_SECRET_ACCESS_KEY="not-the-secret-key-42")
@@ -275,9 +327,9 @@ def test_secrets_never_logged_or_stored(s3_server, tmp_path, where):
     assert proc.returncode == 0, describe(proc)
     assert secret not in proc.stdout and secret not in proc.stderr, describe(proc)
     st = s3_server.filesystem()
-    from paddle_acp.storage import Storage
+    from paddle_acp.storage import S3Storage
 
-    stored = dict(_all_stored_bytes(Storage(st, f"{s3_server.bucket}/{prefix}", "s3://x", False)))
+    stored = dict(_all_stored_bytes(S3Storage(st, f"{s3_server.bucket}/{prefix}", "s3://x")))
     assert any(p.endswith("manifest.json") for p in stored) and any("metrics" in p for p in stored), sorted(stored)
     leaks = [p for p, data in stored.items() if secret.encode() in data]
     assert leaks == [], f"the secret key is stored in {leaks}"

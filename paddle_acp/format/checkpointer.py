@@ -65,7 +65,7 @@ class Checkpointer:
         """Refuse a job whose ``range`` directory or range directory is a symbolic link:
         writes would land, and retention would delete, in whatever it points to.
         (Remote stores have no links.)"""
-        if not self.storage.local:
+        if not self.storage.has_symlinks:
             return
         for path in (f"{self.job_id}/range", self.dir):
             if self.storage.kind(path) == "link":

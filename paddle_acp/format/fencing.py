@@ -17,7 +17,6 @@ import os
 import re
 import socket
 import time
-import uuid
 from typing import Optional
 
 from paddle_acp.errors import CheckpointError, StorageError
@@ -50,39 +49,9 @@ def newest_generation(storage: Storage, job_id: str) -> int:
 
 
 def create_exclusive(storage: Storage, path: str, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` unless it exists; True when this call created it."""
-    if storage.local:
-        full = storage.full(path)
-        try:
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            raise StorageError(f"creating {storage.uri}/{path} failed: {exc}") from exc
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        storage.sync_dir(path.rsplit("/", 1)[0])
-        return True
-    storage.forget_cached(path)
-    if storage.exists(path):
-        return False
-    if not storage.atomic_rename:  # S3: no conditional write through pyarrow (documented)
-        storage.write_bytes(path, data)
-        return True
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-    storage.write_bytes(tmp, data)
-    try:
-        storage.rename(tmp, path)  # HDFS refuses to rename onto an existing file
-    except StorageError:
-        storage.delete_file(tmp)
-        storage.forget_cached(path)
-        if storage.exists(path):
-            return False
-        raise
-    return True
+    """Create ``path`` holding ``data`` unless it exists; True when this call created it
+    (see :meth:`Storage.create_exclusive`: O_EXCL on local disks, a rename on HDFS)."""
+    return storage.create_exclusive(path, data)
 
 
 class Fence:
@@ -132,11 +101,10 @@ def check_deletable(storage: Storage, job_id: str, path: str) -> None:
     directory, reached through no symlink, and the job marker (when there is one) names this job."""
     if not (path == job_id or path.startswith(job_id + "/")):
         raise CheckpointError(f"refusing to delete {path!r}: not inside the directory of job {job_id!r}")
-    if storage.local:
+    if storage.has_symlinks:
         parts = path.split("/")
         for i in range(1, len(parts) + 1):
-            full = storage.full("/".join(parts[:i]))
-            if os.path.islink(full):
+            if storage.kind("/".join(parts[:i])) == "link":
                 raise CheckpointError(
                     f"refusing to delete under {storage.uri}/{path}: {'/'.join(parts[:i])} is a symlink "
                     "(retention never deletes through a symlink)"

@@ -92,10 +92,9 @@ class MetricsLog:
                 return True
             self._exists = True
             try:
-                with st.fs.open_append_stream(st.full(self.path)) as out:
-                    out.write(data)
+                st.append_bytes(self.path, data)
                 return True
-            except (NotImplementedError, pyarrow.ArrowException, OSError):
+            except StorageError:
                 pass  # object stores (and some clients) cannot append: rewrite the small file
             st.write_bytes(self.path, st.read_bytes(self.path) + data)
             return True

@@ -27,7 +27,7 @@ import logging
 import mmap
 import os
 from concurrent.futures import Future
-from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, List, MutableMapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, Iterator, List, MutableMapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from paddle_acp.format.arena import CopyJob, alloc_buffer, chunked, copy_job, ru
 from paddle_acp.format.crc import crc_pool, drain
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord, max_manifest_size
-from paddle_acp.storage.base import Storage
+from paddle_acp.storage.base import InputFile, Storage
 
 logger = logging.getLogger("paddle_acp")
 
@@ -237,7 +237,7 @@ def _read_manifest(storage: Storage, base: str, number: int, range_name: str,
     data_size: Optional[int] = None
     looked_up = raw is None
     if raw is None:
-        if storage.local and storage.kind(base) != "dir":
+        if storage.has_symlinks and storage.kind(base) != "dir":
             raise CorruptCheckpointError(f"{base} is not a directory (a symbolic link is never followed)")
         size = file_size(storage, path, "manifest")
         if size is None:
@@ -360,12 +360,12 @@ def _records(m: Manifest) -> List[Record]:
 
 def _local_path(storage: Storage, path: str) -> Optional[str]:
     """The operating-system path of ``path`` where the storage is a local file system, else None."""
-    return storage.full(path) if storage.local else None
+    return storage.local_path(path)
 
 
-def _open_remote(storage: Storage, data_path: str) -> BinaryIO:
+def _open_remote(storage: Storage, data_path: str) -> InputFile:
     try:
-        return storage.open_input(data_path)  # type: ignore[no-any-return]
+        return storage.open_input(data_path)
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{data_path} is missing") from None
 
@@ -506,7 +506,7 @@ class _RemoteChunks(_Buffered):
     def size(self) -> int:
         return _READ_CHUNK
 
-    def __init__(self, f: BinaryIO, data_path: str, image: Optional[np.ndarray] = None):
+    def __init__(self, f: InputFile, data_path: str, image: Optional[np.ndarray] = None):
         super().__init__(data_path)
         self._f = f
         self._image = image
@@ -523,7 +523,7 @@ class _RemoteChunks(_Buffered):
     def _fill(self, mv: memoryview, pos: int) -> None:
         got = 0
         while got < mv.nbytes:
-            r = self._f.readinto(mv[got:])  # type: ignore[attr-defined]
+            r = self._f.readinto(mv[got:])
             if not r or r <= 0:
                 raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
             got += r

@@ -19,6 +19,7 @@ from paddle_acp.format.crc import checksum, crc_pool
 from paddle_acp.format.layout import DATA_NAME, layout
 from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
 from paddle_acp.format.snapshot import Snapshot
+from paddle_acp.storage.base import RENAME
 
 _ZEROS = bytes(ALIGN)
 
@@ -94,7 +95,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         return raw
 
     written: Union[int, BaseException]
-    if st.atomic_rename and not st.local:
+    if st.commit_style == RENAME and st.overlap_writes:
         # The rename commits, so the manifest need not wait for the data: both files are
         # written at once. On HDFS closing a file waits for the namenode to see its block
         # (often ~0.4 s, the client's first retry): overlapped, a small checkpoint pays it once.
@@ -119,7 +120,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         written = write_data()
     if written != size:
         raise StorageError(f"short write of {DATA_NAME}: {written} of {size} bytes")
-    if st.atomic_rename and not st.local:
+    if st.commit_style == RENAME and st.overlap_writes:
         pending.publish(before_commit)
     else:
         pending.commit(manifest_bytes(), before=before_commit)

@@ -121,7 +121,7 @@ class PersistMixin:
         if action == QUEUE:
             inflight = self.saver.inflight  # it may finish meanwhile; the other buffer stays free
             buffer = 1 if inflight is None or inflight.buffer == 0 else 0
-        if size and ((self.saver.async_save and not sync) or self.storage.local):
+        if size and ((self.saver.async_save and not sync) or self.storage.direct_io):
             # async: training goes on while the saver writes, so copy into the reused arena;
             # local disks: the aligned copy lets the write bypass the page cache (O_DIRECT),
             # which costs far less CPU and time than a buffered write of the views
@@ -302,7 +302,7 @@ class PersistMixin:
     def _prepare_arena(self) -> None:
         """Allocate and fault in the snapshot arena in the background, so the first save
         does not pay for it on the training thread."""
-        if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.local) or self._follower():
+        if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io) or self._follower():
             return
         size = layout([e.views() for e in self.registry.entries])
         self._join_arena()

@@ -43,11 +43,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyarrow.fs import FileInfo, FileSelector, FileSystemHandler, FileType
+
+from paddle_acp.storage.hadoop_cli_cache import FileInfoT, MetadataCache, _parent, as_path, parse_ls
+from paddle_acp.storage.hadoop_cli_io import HadoopCliError, StagedOutput, classify, stderr_tail
 
 logger = logging.getLogger("paddle_acp")
 
@@ -59,129 +62,7 @@ DATA_TIMEOUT = 600.0
 _MAX_PREFETCH_DIRS = 100
 
 
-class HadoopCliError(OSError):
-    """A ``hadoop fs`` command failed; ``args[1]`` holds the command and its stderr tail."""
-
-
-def _classify(stderr: str):
-    """The OSError subclass (and errno) that fits FsShell's message."""
-    s = stderr
-    if "No such file or directory" in s or "FileNotFoundException" in s or "does not exist" in s:
-        return FileNotFoundError, errno.ENOENT
-    if "File exists" in s or "FileAlreadyExistsException" in s or "already exists" in s:
-        return FileExistsError, errno.EEXIST
-    if "Is a directory" in s:
-        return IsADirectoryError, errno.EISDIR
-    if "Not a directory" in s or "ParentNotDirectoryException" in s:
-        return NotADirectoryError, errno.ENOTDIR
-    if "Permission denied" in s or "AccessControlException" in s:
-        return PermissionError, errno.EACCES
-    if "Connection refused" in s or "ConnectException" in s or "connection exception" in s:
-        return ConnectionRefusedError, errno.ECONNREFUSED
-    if "No space left" in s or "DSQuotaExceededException" in s or "could only be replicated to 0 nodes" in s:
-        return HadoopCliError, errno.ENOSPC
-    return HadoopCliError, errno.EIO
-
-
-def _stderr_tail(stderr: str, lines: int = 8) -> str:
-    """The informative end of a JVM's stderr: no stack frames, no log4j noise."""
-    keep = []
-    for line in stderr.splitlines():
-        t = line.strip()
-        if not t or t.startswith("at ") or t.startswith("... ") or "util.NativeCodeLoader" in t:
-            continue
-        if t.startswith("log4j:"):
-            continue
-        keep.append(t)
-    return " | ".join(keep[-lines:]) if keep else "(no output on stderr)"
-
-
-def _parent(path: str) -> str:
-    return posixpath.dirname(path.rstrip("/")) or "/"
-
-
-def _is_under(path: str, top: str) -> bool:
-    return path == top or top == "/" or path.startswith(top.rstrip("/") + "/")
-
-
-class _StagedOutput:
-    """A write-only stream into a local temporary file, uploaded with ``-put -f`` on close."""
-
-    def __init__(self, handler: "HadoopCliHandler", path: str, append: bool):
-        self.closed = True
-        self._h = handler
-        self._path = path
-        self._append = append
-        self._dir = handler._staging_dir()
-        self._local = os.path.join(self._dir, "data")
-        try:
-            self._f = open(self._local, "wb")
-        except OSError:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            raise
-        self._pos = 0
-        self.closed = False
-
-    # the file-like protocol pyarrow.PythonFile uses
-    def writable(self):
-        return True
-
-    def readable(self):
-        return False
-
-    def seekable(self):
-        return False
-
-    def tell(self):
-        return self._pos
-
-    def write(self, data) -> int:
-        n = self._f.write(data)
-        self._pos += n
-        return n
-
-    def flush(self):
-        if not self.closed:
-            self._f.flush()
-
-    def close(self):
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self._f.close()
-            size = os.path.getsize(self._local)
-            h = self._h
-            try:
-                if self._append:
-                    h._run(["-appendToFile", self._local, self._path], what="appending to",
-                           paths=[self._path], timeout=h._data_timeout(size))
-                else:
-                    h._run(["-put", "-f", self._local, self._path], what="uploading to",
-                           paths=[self._path], timeout=h._data_timeout(size))
-            except BaseException:
-                h._invalidate(self._path)
-                raise
-            if self._append:
-                old = h._cached_info(self._path)
-                if old is not None and old.type == FileType.File and old.size is not None:
-                    h._note(self._path, FileInfo(self._path, FileType.File, size=old.size + size))
-                else:
-                    h._invalidate(self._path)
-            else:
-                h._note(self._path, FileInfo(self._path, FileType.File, size=size))
-        finally:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __del__(self):  # an abandoned stream must not leave its staging file behind
-        if not getattr(self, "closed", True):
-            try:
-                self._f.close()
-            finally:
-                shutil.rmtree(self._dir, ignore_errors=True)
-
-
-class HadoopCliHandler(FileSystemHandler):
+class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc]  # pyarrow is untyped
     """A ``pyarrow.fs.FileSystemHandler`` running ``hadoop fs`` commands (see the module doc)."""
 
     def __init__(self, hadoop_home: Optional[str], default_fs: str, user: Optional[str] = None,
@@ -213,34 +94,30 @@ class HadoopCliHandler(FileSystemHandler):
         if self.user is None and self._ugi:
             self.user = self._ugi.split(",", 1)[0] or None
         self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir or ".cache"))
-        self.metadata_ttl = float(metadata_ttl)
+        MetadataCache.__init__(self, metadata_ttl)
         self.extra_conf = dict(extra_conf or {})
-        self._lock = threading.Lock()
-        # dir -> (time, {name: FileInfo}): complete listings; path -> (time, FileInfo)
-        self._listings: Dict[str, Tuple[float, Dict[str, FileInfo]]] = {}
-        self._infos: Dict[str, Tuple[float, FileInfo]] = {}
         self.commands_run = 0  # for tests and benchmarks
 
-    def __getstate__(self):  # the lock cannot be pickled
+    def __getstate__(self) -> Dict[str, Any]:  # the lock cannot be pickled
         d = dict(self.__dict__)
         d.pop("_lock", None)
         d["_listings"], d["_infos"] = {}, {}
         return d
 
-    def __setstate__(self, d):
+    def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._lock = threading.Lock()
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, HadoopCliHandler):
             return (self.hadoop_home, self.default_fs, self.user) == (other.hadoop_home, other.default_fs, other.user)
         return NotImplemented
 
-    def __ne__(self, other):
+    def __ne__(self, other: object) -> bool:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"HadoopCliHandler({self.hadoop_home!r}, {self.default_fs!r}, user={self.user!r})"
 
     # -- running commands -------------------------------------------------------
@@ -267,7 +144,7 @@ class HadoopCliHandler(FileSystemHandler):
     def _display(self, args: Sequence[str]) -> str:
         return "hadoop fs " + " ".join(args)
 
-    def _exec(self, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+    def _exec(self, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
         cmd = self._base() + list(args)
         t0 = time.perf_counter()
         try:
@@ -284,17 +161,18 @@ class HadoopCliHandler(FileSystemHandler):
         return r
 
     def _run(self, args: Sequence[str], what: str, paths: Sequence[str], timeout: float = META_TIMEOUT,
-             ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess:
+             ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess[bytes]:
         r = self._exec(args, timeout)
         if r.returncode not in tuple(ok_codes):
             raise self._error(r, args, what, paths)
         return r
 
-    def _error(self, r: subprocess.CompletedProcess, args, what: str, paths: Sequence[str]) -> OSError:
+    def _error(self, r: subprocess.CompletedProcess[bytes], args: Sequence[str], what: str,
+               paths: Sequence[str]) -> OSError:
         stderr = r.stderr.decode("utf-8", "replace")
-        cls, code = _classify(stderr)
+        cls, code = classify(stderr)
         where = ", ".join(f"{self.default_fs}{p}" for p in paths)
-        msg = f"{what} {where} failed: `{self._display(args)}` exited with {r.returncode}: {_stderr_tail(stderr)}"
+        msg = f"{what} {where} failed: `{self._display(args)}` exited with {r.returncode}: {stderr_tail(stderr)}"
         if self._ugi:
             msg = msg.replace(self._ugi, "***")
         return cls(code, msg)
@@ -326,57 +204,7 @@ class HadoopCliHandler(FileSystemHandler):
             )
         return p
 
-    # -- metadata cache ----------------------------------------------------------
-    def _fresh(self, t: float) -> bool:
-        return self.metadata_ttl > 0 and time.monotonic() - t <= self.metadata_ttl
-
-    def _store_listing(self, d: str, entries: Dict[str, FileInfo]) -> None:
-        if self.metadata_ttl <= 0:
-            return
-        with self._lock:
-            self._listings[d] = (time.monotonic(), entries)
-
-    def _cached_listing(self, d: str) -> Optional[Dict[str, FileInfo]]:
-        with self._lock:
-            hit = self._listings.get(d)
-        if hit is not None and self._fresh(hit[0]):
-            return hit[1]
-        return None
-
-    def _known_locked(self, path: str) -> Optional[FileInfo]:
-        """_cached_info for callers holding the lock."""
-        hit = self._infos.get(path)
-        if hit is not None and self._fresh(hit[0]):
-            return hit[1]
-        if path != "/":
-            lst = self._listings.get(_parent(path))
-            if lst is not None and self._fresh(lst[0]):
-                return lst[1].get(posixpath.basename(path)) or FileInfo(path, FileType.NotFound)
-        return None
-
-    def _cached_info(self, path: str) -> Optional[FileInfo]:
-        with self._lock:
-            hit = self._infos.get(path)
-        if hit is not None and self._fresh(hit[0]):
-            return hit[1]
-        if path == "/":
-            return None
-        listing = self._cached_listing(_parent(path))
-        if listing is not None:
-            name = posixpath.basename(path)
-            return listing.get(name) or FileInfo(path, FileType.NotFound)
-        return None
-
-    def _invalidate(self, *paths: str) -> None:
-        """Forget everything a change at ``paths`` may have changed: the paths, what is
-        under them, and their ancestors (``mkdir -p`` creates parents).  Used when a
-        command failed and the outcome is unknown."""
-        with self._lock:
-            for p in paths:
-                for cache in (self._listings, self._infos):
-                    for k in [k for k in cache if _is_under(k, p) or _is_under(p, k)]:
-                        del cache[k]
-
+    # -- metadata cache (see MetadataCache) ---------------------------------------
     def forget(self, path: str) -> None:
         """Drop what the metadata cache holds at and under ``path``: the next look-up asks the
         namenode (for state other processes change, such as writer generations)."""
@@ -387,106 +215,11 @@ class HadoopCliHandler(FileSystemHandler):
         if known is not None and known.type == FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{p}: No such file or directory")
 
-    def _move_cached(self, src: str, dst: str) -> None:
-        """After renaming ``src`` to ``dst`` (which did not exist): what was known under
-        ``src`` is now known under ``dst``."""
-        if self.metadata_ttl <= 0:
-            return
-        with self._lock:
-            moved = []
-            for cache in (self._listings, self._infos):
-                for k in [k for k in cache if _is_under(k, src)]:
-                    t, v = cache.pop(k)
-                    nk = dst + k[len(src):]
-                    if cache is self._listings:
-                        v = {n: self._as(i, posixpath.join(nk, n)) for n, i in v.items()}
-                    else:
-                        v = self._as(v, nk)
-                    moved.append((cache, nk, (t, v)))
-            for cache, nk, tv in moved:
-                cache[nk] = tv
-
-    def _note(self, path: str, info: FileInfo) -> None:
-        """Record a fact this handler just caused (a file written, a directory made,
-        a path removed): ``path`` and everything under it are replaced, the parent's
-        cached listing (if any) is updated in place."""
-        if self.metadata_ttl <= 0:
-            return
-        now = time.monotonic()
-        with self._lock:
-            for cache in (self._listings, self._infos):
-                for k in [k for k in cache if _is_under(k, path) and k != path]:
-                    del cache[k]
-            self._listings.pop(path, None)
-            old = self._known_locked(path)
-            if info.type == FileType.Directory and old is not None:
-                if old.type == FileType.Directory:
-                    info = old  # keep what is known (mtime)
-                elif old.type == FileType.NotFound:
-                    self._listings[path] = (now, {})  # created just now: empty
-            self._infos[path] = (now, info)
-            if path == "/":
-                return
-            parent = _parent(path)
-            hit = self._listings.get(parent)
-            if hit is not None:
-                entries = dict(hit[1])
-                name = posixpath.basename(path)
-                if info.type == FileType.NotFound:
-                    entries.pop(name, None)
-                elif not (info.type == FileType.Directory and name in entries
-                          and entries[name].type == FileType.Directory):
-                    entries[name] = info
-                self._listings[parent] = (hit[0], entries)
-            if info.type == FileType.NotFound:
-                return
-            # the parent exists (as a directory) now, and so does every ancestor
-            a, child = parent, path
-            while True:
-                old = self._known_locked(a)
-                if old is None or old.type != FileType.Directory:
-                    self._infos[a] = (now, FileInfo(a, FileType.Directory))
-                    if old is not None and old.type == FileType.NotFound:  # created just now
-                        self._listings[a] = (now, {posixpath.basename(child): info if child == path else FileInfo(child, FileType.Directory)})
-                if a == "/":
-                    break
-                gp = _parent(a)
-                hit = self._listings.get(gp)
-                name = posixpath.basename(a)
-                if hit is not None and (name not in hit[1] or hit[1][name].type != FileType.Directory):
-                    entries = dict(hit[1])
-                    entries[name] = FileInfo(a, FileType.Directory)
-                    self._listings[gp] = (hit[0], entries)
-                a, child = gp, a
-
-    # -- parsing ----------------------------------------------------------------
-    @staticmethod
-    def _parse_ls(stdout: bytes) -> List[FileInfo]:
-        """Lines of ``hadoop fs -ls``: ``perm repl owner group size date time path``."""
-        out = []
-        for line in stdout.decode("utf-8", "replace").splitlines():
-            if not line or line.startswith("Found ") or line[0] not in "d-l":
-                continue
-            parts = line.split(None, 7)
-            if len(parts) < 8:
-                continue
-            perm, _repl, _owner, _group, size, day, hm, path = parts
-            try:
-                mtime = time.mktime(time.strptime(f"{day} {hm}", "%Y-%m-%d %H:%M"))
-                mtime_ns = int(mtime) * 1_000_000_000
-            except (ValueError, OverflowError):
-                mtime_ns = None
-            if perm.startswith("d"):
-                out.append(FileInfo(path, FileType.Directory, mtime_ns=mtime_ns))
-            else:
-                out.append(FileInfo(path, FileType.File, size=int(size), mtime_ns=mtime_ns))
-        return out
-
     # -- FileSystemHandler: metadata -----------------------------------------------
-    def get_type_name(self):
+    def get_type_name(self) -> str:
         return "hadoop-cli"
 
-    def normalize_path(self, path):
+    def normalize_path(self, path: str) -> str:
         p = urlparse(path)
         if p.scheme in ("hdfs", "viewfs"):
             if p.netloc and f"{p.scheme}://{p.netloc}" != self.default_fs:
@@ -494,10 +227,10 @@ class HadoopCliHandler(FileSystemHandler):
             return p.path or "/"
         return path
 
-    def equals(self, other):
+    def equals(self, other: object) -> bool:
         return isinstance(other, HadoopCliHandler) and self == other
 
-    def get_file_info(self, paths):
+    def get_file_info(self, paths: List[str]) -> List[FileInfoT]:
         norm = [self._path(p) for p in paths]
         result: Dict[str, FileInfo] = {}
         todo = []
@@ -511,17 +244,7 @@ class HadoopCliHandler(FileSystemHandler):
                 todo.append(p)
         if todo:
             result.update(self._stat(todo))
-        return [self._as(result[p], orig) for p, orig in zip(norm, paths)]
-
-    @staticmethod
-    def _as(info: FileInfo, path: str) -> FileInfo:
-        if info.path == path:
-            return info
-        if info.type == FileType.NotFound:
-            return FileInfo(path, FileType.NotFound)
-        if info.type == FileType.Directory:
-            return FileInfo(path, FileType.Directory, mtime_ns=info.mtime_ns)
-        return FileInfo(path, info.type, size=info.size, mtime_ns=info.mtime_ns)
+        return [as_path(result[p], orig) for p, orig in zip(norm, paths)]
 
     def _prefetch_for(self, path: str) -> Optional[FileInfo]:
         """``path`` is a child of a child directory of a freshly listed directory (the
@@ -544,7 +267,7 @@ class HadoopCliHandler(FileSystemHandler):
         if r.returncode != 0:
             return None  # changed meanwhile, or a transient error: stat instead
         children: Dict[str, Dict[str, FileInfo]] = {posixpath.join(grand, n): {} for n in dirs}
-        for info in self._parse_ls(r.stdout):
+        for info in parse_ls(r.stdout):
             d = _parent(info.path)
             if d in children:
                 children[d][posixpath.basename(info.path)] = info
@@ -588,7 +311,7 @@ class HadoopCliHandler(FileSystemHandler):
                     self._infos[p] = (now, info)
         return out
 
-    def get_file_info_selector(self, selector):
+    def get_file_info_selector(self, selector: Any) -> List[FileInfoT]:
         base = self._path(selector.base_dir)
         if not selector.recursive:
             cached = self._cached_listing(base)
@@ -608,7 +331,7 @@ class HadoopCliHandler(FileSystemHandler):
                 if selector.allow_not_found:
                     return []
             raise err
-        infos = self._parse_ls(r.stdout)
+        infos = parse_ls(r.stdout)
         if len(infos) == 1 and infos[0].path == base and infos[0].type != FileType.Directory:
             raise NotADirectoryError(errno.ENOTDIR, f"{self.default_fs}{base} is not a directory")
         if not selector.recursive:
@@ -617,7 +340,7 @@ class HadoopCliHandler(FileSystemHandler):
         return infos
 
     # -- FileSystemHandler: changes ------------------------------------------------
-    def create_dir(self, path, recursive):
+    def create_dir(self, path: str, recursive: bool) -> None:
         p = self._path(path)
         if recursive:
             self._run(["-mkdir", "-p", p], "creating directory", [p])
@@ -631,7 +354,7 @@ class HadoopCliHandler(FileSystemHandler):
                     raise err
         self._note(p, FileInfo(p, FileType.Directory))
 
-    def delete_dir(self, path):
+    def delete_dir(self, path: str) -> None:
         p = self._path(path)
         if p == "/":
             raise ValueError("refusing to delete the root directory")
@@ -660,16 +383,16 @@ class HadoopCliHandler(FileSystemHandler):
             for c in paths:
                 self._note(c, FileInfo(c, FileType.NotFound))
 
-    def delete_dir_contents(self, path, missing_dir_ok=False):
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
         p = self._path(path)
         if p == "/":
             raise ValueError("delete_dir_contents called on the root directory; use delete_root_dir_contents")
         self._delete_contents(p, missing_dir_ok)
 
-    def delete_root_dir_contents(self):
+    def delete_root_dir_contents(self) -> None:
         self._delete_contents("/", False)
 
-    def delete_file(self, path):
+    def delete_file(self, path: str) -> None:
         p = self._path(path)
         self._raise_if_known_missing(p)
         try:
@@ -679,7 +402,7 @@ class HadoopCliHandler(FileSystemHandler):
             raise
         self._note(p, FileInfo(p, FileType.NotFound))
 
-    def move(self, src, dest):
+    def move(self, src: str, dest: str) -> None:
         s, d = self._path(src), self._path(dest)
         # Like HDFS rename (and pyarrow's HadoopFileSystem): an existing destination
         # file is replaced, a destination directory receives the source inside it.
@@ -700,14 +423,14 @@ class HadoopCliHandler(FileSystemHandler):
             self._invalidate(s, d)
             raise
         if before_src is not None and before_dst is not None and before_dst.type == FileType.NotFound:
-            self._note(d, self._as(before_src, d))
+            self._note(d, as_path(before_src, d))
             self._move_cached(s, d)
             self._note(s, FileInfo(s, FileType.NotFound))
         else:
             self._note(s, FileInfo(s, FileType.NotFound))
             self._invalidate(d)
 
-    def copy_file(self, src, dest):
+    def copy_file(self, src: str, dest: str) -> None:
         s, d = self._path(src), self._path(dest)
         try:
             self._run(["-cp", "-f", s, d], f"copying {self.default_fs}{s} to", [d])
@@ -715,7 +438,7 @@ class HadoopCliHandler(FileSystemHandler):
             self._invalidate(d)
 
     # -- FileSystemHandler: data ------------------------------------------------------
-    def _download(self, path: str):
+    def _download(self, path: str) -> Any:
         p = self._path(path)
         d = self._staging_dir()
         local = os.path.join(d, "data")
@@ -732,10 +455,10 @@ class HadoopCliHandler(FileSystemHandler):
             shutil.rmtree(d, ignore_errors=True)  # the open file stays readable
         return f
 
-    def open_input_stream(self, path):
+    def open_input_stream(self, path: str) -> Any:
         return self._download(path)
 
-    def open_input_file(self, path):
+    def open_input_file(self, path: str) -> Any:
         return self._download(path)
 
     def _check_not_dir(self, p: str) -> None:
@@ -745,12 +468,12 @@ class HadoopCliHandler(FileSystemHandler):
         if known is not None and known.type == FileType.Directory:
             raise IsADirectoryError(errno.EISDIR, f"{self.default_fs}{p} is a directory")
 
-    def open_output_stream(self, path, metadata=None):
+    def open_output_stream(self, path: str, metadata: Any = None) -> Any:
         p = self._path(path)
         self._check_not_dir(p)
-        return pa.PythonFile(_StagedOutput(self, p, append=False), mode="w")
+        return pa.PythonFile(StagedOutput(self, p, append=False), mode="w")
 
-    def open_append_stream(self, path, metadata=None):
+    def open_append_stream(self, path: str, metadata: Any = None) -> Any:
         p = self._path(path)
         self._check_not_dir(p)
-        return pa.PythonFile(_StagedOutput(self, p, append=True), mode="w")
+        return pa.PythonFile(StagedOutput(self, p, append=True), mode="w")

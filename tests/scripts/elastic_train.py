@@ -106,7 +106,7 @@ if RANK != 0:
     # Record (and let pass) every write a non-zero trainer makes through paddle-acp's storage layer.
     import re
 
-    from paddle_acp.storage import base as _storage
+    from paddle_acp.storage import Storage as _Storage
 
     _OWN = re.compile(r"/range/_range_\d+/ckpt-e\d+(-s\d+)?(/rank-%d(\.tmp-[0-9a-f]+)?(/[a-z.]+)?)?$|/metrics(/trainer-%d\.jsonl)?$"
                       % (RANK, RANK))
@@ -120,10 +120,16 @@ if RANK != 0:
             return orig(self, *a, **k)
         return wrapper
 
-    for _name in ("makedirs", "open_output", "write_bytes", "write_buffers", "write_image", "_write_direct",
-                  "delete_dir", "delete_file", "rename"):
-        if hasattr(_storage.Storage, _name):
-            setattr(_storage.Storage, _name, _spy(_name, getattr(_storage.Storage, _name)))
+    def _backends(cls):  # the interface and every backend class (each defines its own methods)
+        yield cls
+        for sub in cls.__subclasses__():
+            yield from _backends(sub)
+
+    for _cls in set(_backends(_Storage)):
+        for _name in ("makedirs", "open_output", "append_bytes", "write_bytes", "write_buffers", "write_image",
+                      "_write_direct", "create_exclusive", "delete_dir", "delete_file", "rename"):
+            if _name in vars(_cls):
+                setattr(_cls, _name, _spy(_name, vars(_cls)[_name]))
 
 paddle.enable_static()
 SEED = 7 + (RANK if ARGS.per_rank_values else 0)

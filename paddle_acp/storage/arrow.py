@@ -1,0 +1,131 @@
+"""The part of every backend that goes through a ``pyarrow.fs.FileSystem``.
+
+:class:`ArrowStorage` implements the :class:`~paddle_acp.storage.base.Storage` primitives on any
+pyarrow filesystem (S3, HDFS through libhdfs, hdfs-native or the hadoop command line, a local
+disk) and turns every error of the client into a StorageError; the backends subclass it and add
+what is their own (local disks: ``os`` calls; S3: its commit style and error hints).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple, Type, cast
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from paddle_acp.storage.base import MANIFEST_LAST, RENAME, Entry, InputFile, OutputStream, Storage
+
+_KINDS = {pafs.FileType.File: "file", pafs.FileType.Directory: "dir", pafs.FileType.NotFound: "missing"}
+
+
+class ArrowStorage(Storage):
+    """A directory tree under ``root`` on a ``pyarrow.fs.FileSystem``."""
+
+    errors: Tuple[Type[BaseException], ...] = (OSError, pyarrow.ArrowException)
+
+    def __init__(self, fs: Any, root: str, uri: str, commit_style: Optional[str] = None):
+        super().__init__(root, uri)
+        self.fs = fs
+        if commit_style is not None:
+            if commit_style not in (RENAME, MANIFEST_LAST):
+                raise ValueError(f"commit_style {commit_style!r} must be {RENAME!r} or {MANIFEST_LAST!r}")
+            self.commit_style = commit_style
+
+    def _info(self, what: str, path: str) -> Any:
+        try:
+            return self.fs.get_file_info(self.full(path))
+        except self.errors as exc:
+            raise self.wrap(what, path, exc) from exc
+
+    def makedirs(self, path: str) -> None:
+        try:
+            self.fs.create_dir(self.full(path), recursive=True)
+        except self.errors as exc:
+            raise self.wrap("creating directory", path, exc) from exc
+
+    def open_output(self, path: str) -> OutputStream:
+        try:
+            return cast(OutputStream, self.fs.open_output_stream(self.full(path)))
+        except self.errors as exc:
+            raise self.wrap("opening for write", path, exc) from exc
+
+    def append_bytes(self, path: str, data: bytes) -> None:
+        try:
+            with self.fs.open_append_stream(self.full(path)) as out:
+                out.write(data)
+        except NotImplementedError as exc:  # object stores cannot append
+            raise self.wrap("appending to", path, exc) from exc
+        except self.errors as exc:
+            raise self.wrap("appending to", path, exc) from exc
+
+    def open_input(self, path: str) -> InputFile:
+        try:
+            return cast(InputFile, self.fs.open_input_file(self.full(path)))
+        except FileNotFoundError:
+            raise
+        except self.errors as exc:
+            raise self.wrap("opening for read", path, exc) from exc
+
+    def stat(self, path: str) -> Tuple[str, int]:
+        info = self._info("checking", path)
+        kind = _KINDS.get(info.type, "other")
+        return kind, (info.size or 0) if kind == "file" else 0
+
+    def exists(self, path: str) -> bool:
+        return bool(self._info("checking", path).type != pafs.FileType.NotFound)
+
+    def size(self, path: str) -> int:
+        info = self._info("checking", path)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{self.uri}/{path}")
+        return int(info.size or 0)
+
+    def listdir(self, path: str) -> List[Entry]:
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.full(path), allow_not_found=True))
+        except self.errors as exc:
+            raise self.wrap("listing", path, exc) from exc
+        out = []
+        for info in infos:
+            mtime = info.mtime.timestamp() if info.mtime is not None else None
+            out.append(Entry(info.base_name, info.type == pafs.FileType.Directory, info.size or 0, mtime))
+        return sorted(out, key=lambda e: e.name)
+
+    def _missing(self, path: str) -> bool:
+        try:
+            return bool(self.fs.get_file_info(self.full(path)).type == pafs.FileType.NotFound)
+        except self.errors:
+            return False
+
+    def _delete_dir(self, path: str) -> None:
+        try:
+            self.fs.delete_dir(self.full(path))
+        except FileNotFoundError:
+            pass
+        except self.errors as exc:
+            if self._missing(path):  # libhdfs reports a missing path as a plain I/O error
+                return
+            raise self.wrap("deleting", path, exc) from exc
+
+    def _delete_file(self, path: str) -> None:
+        try:
+            self.fs.delete_file(self.full(path))
+        except FileNotFoundError:
+            pass
+        except self.errors as exc:
+            if self._missing(path):  # libhdfs reports a missing path as a plain I/O error
+                return
+            raise self.wrap("deleting", path, exc) from exc
+
+    def _rename(self, src: str, dst: str) -> None:
+        try:
+            self.fs.move(self.full(src), self.full(dst))
+        except self.errors as exc:
+            raise self.wrap(f"renaming to {dst}:", src, exc) from exc
+
+    def forget_cached(self, path: str) -> None:
+        handler = getattr(self.fs, "handler", None)
+        forget = getattr(handler, "forget", None)
+        if forget is not None:
+            forget(self.full(path))
+

@@ -1,0 +1,193 @@
+"""The metadata cache of the ``hadoop fs`` client (:mod:`paddle_acp.storage.hadoop_cli`).
+
+Each ``hadoop fs`` command starts a JVM (about 1-2 s), so listings and ``stat`` results are kept for
+``metadata_ttl`` seconds: the usual "list a directory, then look at each child" pattern costs one
+or two commands instead of one per child. Changes made through the handler update the cache at
+once (:meth:`MetadataCache._note`); a failed command drops what it may have changed
+(:meth:`MetadataCache._invalidate`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from pyarrow.fs import FileInfo, FileType
+
+FileInfoT = Any  # pyarrow.fs.FileInfo (pyarrow has no type information)
+
+
+def _parent(path: str) -> str:
+    return posixpath.dirname(path.rstrip("/")) or "/"
+
+
+def _is_under(path: str, top: str) -> bool:
+    return path == top or top == "/" or path.startswith(top.rstrip("/") + "/")
+
+
+def parse_ls(stdout: bytes) -> List[FileInfoT]:
+    """Lines of ``hadoop fs -ls``: ``perm repl owner group size date time path``."""
+    out = []
+    for line in stdout.decode("utf-8", "replace").splitlines():
+        if not line or line.startswith("Found ") or line[0] not in "d-l":
+            continue
+        parts = line.split(None, 7)
+        if len(parts) < 8:
+            continue
+        perm, _repl, _owner, _group, size, day, hm, path = parts
+        try:
+            mtime = time.mktime(time.strptime(f"{day} {hm}", "%Y-%m-%d %H:%M"))
+            mtime_ns = int(mtime) * 1_000_000_000
+        except (ValueError, OverflowError):
+            mtime_ns = None
+        if perm.startswith("d"):
+            out.append(FileInfo(path, FileType.Directory, mtime_ns=mtime_ns))
+        else:
+            out.append(FileInfo(path, FileType.File, size=int(size), mtime_ns=mtime_ns))
+    return out
+
+
+def as_path(info: FileInfoT, path: str) -> FileInfoT:
+    """``info`` about ``path`` (the same entry named as the caller named it)."""
+    if info.path == path:
+        return info
+    if info.type == FileType.NotFound:
+        return FileInfo(path, FileType.NotFound)
+    if info.type == FileType.Directory:
+        return FileInfo(path, FileType.Directory, mtime_ns=info.mtime_ns)
+    return FileInfo(path, info.type, size=info.size, mtime_ns=info.mtime_ns)
+
+
+class MetadataCache:
+    """Listings and file infos of the last ``metadata_ttl`` seconds (0: no cache), thread-safe."""
+
+    def __init__(self, metadata_ttl: float):
+        self.metadata_ttl = float(metadata_ttl)
+        self._lock = threading.Lock()
+        # dir -> (time, {name: FileInfo}): complete listings; path -> (time, FileInfo)
+        self._listings: Dict[str, Tuple[float, Dict[str, FileInfoT]]] = {}
+        self._infos: Dict[str, Tuple[float, FileInfoT]] = {}
+
+    def _fresh(self, t: float) -> bool:
+        return self.metadata_ttl > 0 and time.monotonic() - t <= self.metadata_ttl
+
+    def _store_listing(self, d: str, entries: Dict[str, FileInfoT]) -> None:
+        if self.metadata_ttl <= 0:
+            return
+        with self._lock:
+            self._listings[d] = (time.monotonic(), entries)
+
+    def _cached_listing(self, d: str) -> Optional[Dict[str, FileInfoT]]:
+        with self._lock:
+            hit = self._listings.get(d)
+        if hit is not None and self._fresh(hit[0]):
+            return hit[1]
+        return None
+
+    def _known_locked(self, path: str) -> Optional[FileInfoT]:
+        """_cached_info for callers holding the lock."""
+        hit = self._infos.get(path)
+        if hit is not None and self._fresh(hit[0]):
+            return hit[1]
+        if path != "/":
+            lst = self._listings.get(_parent(path))
+            if lst is not None and self._fresh(lst[0]):
+                return lst[1].get(posixpath.basename(path)) or FileInfo(path, FileType.NotFound)
+        return None
+
+    def _cached_info(self, path: str) -> Optional[FileInfoT]:
+        with self._lock:
+            hit = self._infos.get(path)
+        if hit is not None and self._fresh(hit[0]):
+            return hit[1]
+        if path == "/":
+            return None
+        listing = self._cached_listing(_parent(path))
+        if listing is not None:
+            name = posixpath.basename(path)
+            return listing.get(name) or FileInfo(path, FileType.NotFound)
+        return None
+
+    def _invalidate(self, *paths: str) -> None:
+        """Forget everything a change at ``paths`` may have changed: the paths, what is
+        under them, and their ancestors (``mkdir -p`` creates parents).  Used when a
+        command failed and the outcome is unknown."""
+        with self._lock:
+            for p in paths:
+                for cache in (self._listings, self._infos):
+                    for k in [k for k in cache if _is_under(k, p) or _is_under(p, k)]:
+                        del cache[k]
+
+    def _move_cached(self, src: str, dst: str) -> None:
+        """After renaming ``src`` to ``dst`` (which did not exist): what was known under
+        ``src`` is now known under ``dst``."""
+        if self.metadata_ttl <= 0:
+            return
+        with self._lock:
+            moved = []
+            for cache in (self._listings, self._infos):
+                for k in [k for k in cache if _is_under(k, src)]:
+                    t, v = cache.pop(k)
+                    nk = dst + k[len(src):]
+                    if cache is self._listings:
+                        v = {n: as_path(i, posixpath.join(nk, n)) for n, i in v.items()}
+                    else:
+                        v = as_path(v, nk)
+                    moved.append((cache, nk, (t, v)))
+            for cache, nk, tv in moved:
+                cache[nk] = tv
+
+    def _note(self, path: str, info: FileInfoT) -> None:
+        """Record a fact this handler just caused (a file written, a directory made,
+        a path removed): ``path`` and everything under it are replaced, the parent's
+        cached listing (if any) is updated in place."""
+        if self.metadata_ttl <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for cache in (self._listings, self._infos):
+                for k in [k for k in cache if _is_under(k, path) and k != path]:
+                    del cache[k]
+            self._listings.pop(path, None)
+            old = self._known_locked(path)
+            if info.type == FileType.Directory and old is not None:
+                if old.type == FileType.Directory:
+                    info = old  # keep what is known (mtime)
+                elif old.type == FileType.NotFound:
+                    self._listings[path] = (now, {})  # created just now: empty
+            self._infos[path] = (now, info)
+            if path == "/":
+                return
+            parent = _parent(path)
+            hit = self._listings.get(parent)
+            if hit is not None:
+                entries = dict(hit[1])
+                name = posixpath.basename(path)
+                if info.type == FileType.NotFound:
+                    entries.pop(name, None)
+                elif not (info.type == FileType.Directory and name in entries
+                          and entries[name].type == FileType.Directory):
+                    entries[name] = info
+                self._listings[parent] = (hit[0], entries)
+            if info.type == FileType.NotFound:
+                return
+            # the parent exists (as a directory) now, and so does every ancestor
+            a, child = parent, path
+            while True:
+                old = self._known_locked(a)
+                if old is None or old.type != FileType.Directory:
+                    self._infos[a] = (now, FileInfo(a, FileType.Directory))
+                    if old is not None and old.type == FileType.NotFound:  # created just now
+                        self._listings[a] = (now, {posixpath.basename(child): info if child == path else FileInfo(child, FileType.Directory)})
+                if a == "/":
+                    break
+                gp = _parent(a)
+                hit = self._listings.get(gp)
+                name = posixpath.basename(a)
+                if hit is not None and (name not in hit[1] or hit[1][name].type != FileType.Directory):
+                    entries = dict(hit[1])
+                    entries[name] = FileInfo(a, FileType.Directory)
+                    self._listings[gp] = (hit[0], entries)
+                a, child = gp, a

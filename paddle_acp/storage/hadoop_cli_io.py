@@ -1,0 +1,129 @@
+"""Pieces of the ``hadoop fs`` client (:mod:`paddle_acp.storage.hadoop_cli`) around a command:
+what its stderr means (the OSError subclass that fits), and the write stream that stages data in a
+local file and uploads it with ``-put -f`` (or ``-appendToFile``) when closed."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from typing import TYPE_CHECKING, Any, Tuple, Type
+
+from pyarrow.fs import FileInfo, FileType
+
+if TYPE_CHECKING:
+    from paddle_acp.storage.hadoop_cli import HadoopCliHandler
+
+
+class HadoopCliError(OSError):
+    """A ``hadoop fs`` command failed; ``args[1]`` holds the command and its stderr tail."""
+
+
+def classify(stderr: str) -> Tuple[Type[OSError], int]:
+    """The OSError subclass (and errno) that fits FsShell's message."""
+    s = stderr
+    if "No such file or directory" in s or "FileNotFoundException" in s or "does not exist" in s:
+        return FileNotFoundError, errno.ENOENT
+    if "File exists" in s or "FileAlreadyExistsException" in s or "already exists" in s:
+        return FileExistsError, errno.EEXIST
+    if "Is a directory" in s:
+        return IsADirectoryError, errno.EISDIR
+    if "Not a directory" in s or "ParentNotDirectoryException" in s:
+        return NotADirectoryError, errno.ENOTDIR
+    if "Permission denied" in s or "AccessControlException" in s:
+        return PermissionError, errno.EACCES
+    if "Connection refused" in s or "ConnectException" in s or "connection exception" in s:
+        return ConnectionRefusedError, errno.ECONNREFUSED
+    if "No space left" in s or "DSQuotaExceededException" in s or "could only be replicated to 0 nodes" in s:
+        return HadoopCliError, errno.ENOSPC
+    return HadoopCliError, errno.EIO
+
+
+def stderr_tail(stderr: str, lines: int = 8) -> str:
+    """The informative end of a JVM's stderr: no stack frames, no log4j noise."""
+    keep = []
+    for line in stderr.splitlines():
+        t = line.strip()
+        if not t or t.startswith("at ") or t.startswith("... ") or "util.NativeCodeLoader" in t:
+            continue
+        if t.startswith("log4j:"):
+            continue
+        keep.append(t)
+    return " | ".join(keep[-lines:]) if keep else "(no output on stderr)"
+
+
+class StagedOutput:
+    """A write-only stream into a local temporary file, uploaded with ``-put -f`` on close."""
+
+    def __init__(self, handler: "HadoopCliHandler", path: str, append: bool):
+        self.closed = True
+        self._h = handler
+        self._path = path
+        self._append = append
+        self._dir = handler._staging_dir()
+        self._local = os.path.join(self._dir, "data")
+        try:
+            self._f = open(self._local, "wb")
+        except OSError:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        self._pos = 0
+        self.closed = False
+
+    # the file-like protocol pyarrow.PythonFile uses
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        n = self._f.write(data)
+        self._pos += n
+        return n
+
+    def flush(self) -> None:
+        if not self.closed:
+            self._f.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._f.close()
+            size = os.path.getsize(self._local)
+            h = self._h
+            try:
+                if self._append:
+                    h._run(["-appendToFile", self._local, self._path], what="appending to",
+                           paths=[self._path], timeout=h._data_timeout(size))
+                else:
+                    h._run(["-put", "-f", self._local, self._path], what="uploading to",
+                           paths=[self._path], timeout=h._data_timeout(size))
+            except BaseException:
+                h._invalidate(self._path)
+                raise
+            if self._append:
+                old = h._cached_info(self._path)
+                if old is not None and old.type == FileType.File and old.size is not None:
+                    h._note(self._path, FileInfo(self._path, FileType.File, size=old.size + size))
+                else:
+                    h._invalidate(self._path)
+            else:
+                h._note(self._path, FileInfo(self._path, FileType.File, size=size))
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __del__(self) -> None:  # an abandoned stream must not leave its staging file behind
+        if not getattr(self, "closed", True):
+            try:
+                self._f.close()
+            finally:
+                shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,57 @@
+"""Which backend serves a URI: one table from scheme to class (the one place that decides)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from urllib.parse import ParseResult, urlparse
+
+from paddle_acp.errors import ConfigError
+from paddle_acp.storage.base import Storage, redact, register_uri
+from paddle_acp.storage.hdfs import HdfsStorage
+from paddle_acp.storage.local import LocalStorage
+from paddle_acp.storage.s3 import S3Storage
+
+Opener = Callable[..., Storage]  # (uri, parsed, **options) -> Storage
+
+_BACKENDS: Dict[str, Opener] = {
+    "": LocalStorage.from_uri,
+    "file": LocalStorage.from_uri,
+    "s3": S3Storage.from_uri,
+    "hdfs": HdfsStorage.from_uri,
+    "viewfs": HdfsStorage.from_uri,
+}
+_OPTIONS: Dict[str, Tuple[str, ...]] = {"hdfs": ("hdfs_user", "hadoop_home", "cache_dir"), "viewfs": ("hdfs_user", "hadoop_home", "cache_dir")}
+
+
+def register_backend(scheme: str, opener: Opener, options: Tuple[str, ...] = ()) -> None:
+    """Serve ``scheme://`` URIs with ``opener(uri, parsed, **options)``; ``options`` names the
+    keyword arguments of :func:`open_storage` it accepts."""
+    _BACKENDS[scheme.lower()] = opener
+    _OPTIONS[scheme.lower()] = tuple(options)
+
+
+def schemes() -> List[str]:
+    return sorted(s for s in _BACKENDS if s)
+
+
+def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optional[str] = None,
+                 cache_dir: Optional[str] = None) -> Storage:
+    """Pick the backend from the URI's scheme.
+
+    ``file://`` or a plain path: the local filesystem. ``hdfs://host:port/path``: HDFS (see
+    :mod:`paddle_acp.storage.hdfs` for the client choice). ``s3://bucket/prefix``: S3 (credentials
+    and endpoint from the AWS variables or the URI's query).
+    """
+    if not isinstance(uri, str) or not uri.strip():
+        raise ConfigError(f"checkpoint URI {uri!r} is empty")
+    register_uri(uri)
+    parsed: ParseResult = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    opener = _BACKENDS.get(scheme)
+    if opener is None:
+        raise ConfigError(
+            f"checkpoint URI {redact(uri)!r}: unsupported scheme {scheme!r} "
+            "(supported: a local path, file://, hdfs://, s3://)"
+        )
+    given: Dict[str, Any] = dict(hdfs_user=hdfs_user, hadoop_home=hadoop_home, cache_dir=cache_dir)
+    return opener(uri, parsed, **{k: given[k] for k in _OPTIONS.get(scheme, ())})

@@ -1,0 +1,110 @@
+"""S3 and S3-compatible object stores (``s3://bucket/prefix``), through ``pyarrow.fs.S3FileSystem``.
+
+No atomic directory rename: a checkpoint is committed by writing its manifest after its data
+(``commit_style = "manifest-last"``). Credentials come from the AWS variables (or, discouraged,
+the URI); the endpoint from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or the URI's query.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Union
+from urllib.parse import ParseResult, parse_qsl, unquote, urlparse
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from paddle_acp.errors import ConfigError
+from paddle_acp.storage.arrow import ArrowStorage
+from paddle_acp.storage.base import MANIFEST_LAST, redact, register_secret, scrub
+
+# S3 error codes (as pyarrow reports them) that mean "these credentials are not
+# accepted"; a HEAD request's 403 carries no body, so say what it usually means.
+_S3_AUTH_HINTS = (
+    ("SIGNATURE_DOES_NOT_MATCH", "the S3 secret key is wrong (AWS_SECRET_ACCESS_KEY or the URI's secret_key)"),
+    ("INVALID_ACCESS_KEY_ID", "the S3 access key id is unknown to the server (AWS_ACCESS_KEY_ID or the URI's access_key)"),
+    ("ACCESS_DENIED", "S3 denied access: wrong credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) "
+                      "or no permission on this bucket for this key"),
+)
+
+_CREDENTIALS_HINT = (" (credentials belong in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, not in the URI: "
+                     "a URI is copied into logs, shell histories and job specs)")
+
+_BOOL_OPTIONS = ("allow_bucket_creation", "allow_bucket_deletion", "force_virtual_addressing")
+_STR_OPTIONS = ("region", "scheme", "endpoint_override", "access_key", "secret_key", "session_token",
+                "role_arn", "session_name", "external_id")
+
+
+def s3_hint(exc: BaseException) -> str:
+    text = str(exc)
+    for code, hint in _S3_AUTH_HINTS:
+        if code in text:
+            return f" ({hint})"
+    if "NETWORK_CONNECTION" in text or "curlCode: 28" in text:  # no connection, or it timed out
+        from paddle_acp.config import connect_timeout_from_env
+
+        return (f" (cannot connect to the S3 endpoint; each attempt is bounded by "
+                f"PADDLE_ACP_CONNECT_TIMEOUT={connect_timeout_from_env():g} s)")
+    return ""
+
+
+class S3Storage(ArrowStorage):
+    """Objects under ``bucket/prefix``; committed manifest-last."""
+
+    commit_style = MANIFEST_LAST
+    overlap_writes = True
+
+    def __init__(self, fs: Any, root: str, uri: str):
+        super().__init__(fs, root, uri)
+
+    def hint(self, exc: BaseException) -> str:
+        return s3_hint(exc)
+
+    @classmethod
+    def from_uri(cls, uri: str, parsed: ParseResult) -> "S3Storage":
+        if not parsed.netloc:
+            raise ConfigError(f"checkpoint URI {redact(uri)!r}: an s3:// URI needs a bucket (s3://bucket/prefix)")
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        register_secret(os.environ.get("AWS_SECRET_ACCESS_KEY"))
+        register_secret(os.environ.get("AWS_SESSION_TOKEN"))
+        bucket = parsed.netloc.rpartition("@")[2]  # user info never becomes part of a path
+        timeouts = _s3_timeouts()
+        try:
+            if parsed.query or not endpoint:
+                fs, root = pafs.FileSystem.from_uri(uri)
+                if timeouts and isinstance(fs, pafs.S3FileSystem):
+                    fs = _with_s3_timeouts(parsed, timeouts)
+            else:
+                ep = urlparse(endpoint)
+                region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+                creds = {}
+                if parsed.password is not None:  # s3://KEY:SECRET@bucket/... (pyarrow's own URI form)
+                    creds = dict(access_key=unquote(parsed.username or ""), secret_key=unquote(parsed.password))
+                fs = pafs.S3FileSystem(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https",
+                                       region=region, **creds, **timeouts)
+                root = (bucket + parsed.path).rstrip("/")
+        except (pyarrow.ArrowException, OSError, ValueError, TypeError) as exc:
+            # from None: the original text may quote the URI, credentials included
+            raise ConfigError(f"checkpoint URI {redact(uri)!r}: cannot configure S3: {scrub(exc)}{_CREDENTIALS_HINT}") from None
+        return cls(fs, str(root), uri)
+
+
+def _s3_timeouts() -> Dict[str, float]:
+    from paddle_acp.config import connect_timeout_from_env
+
+    t = connect_timeout_from_env()
+    return dict(connect_timeout=t, request_timeout=max(t, 60.0))
+
+
+def _with_s3_timeouts(parsed: ParseResult, timeouts: Dict[str, float]) -> Any:
+    """``FileSystem.from_uri`` cannot set timeouts: rebuild the S3 filesystem from the URI's
+    options (as pyarrow parses them) with ``PADDLE_ACP_CONNECT_TIMEOUT`` added."""
+    opts: Dict[str, Union[str, bool]] = {}
+    for key, value in parse_qsl(parsed.query, keep_blank_values=True):
+        if key in _STR_OPTIONS:
+            opts[key] = value
+        elif key in _BOOL_OPTIONS:
+            opts[key] = value.lower() in ("1", "true", "yes")
+    if parsed.password is not None and "access_key" not in opts:
+        opts.update(access_key=unquote(parsed.username or ""), secret_key=unquote(parsed.password))
+    return pafs.S3FileSystem(**opts, **timeouts)
