@@ -382,3 +382,46 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
         assert loaded.name == "ckpt-e0" and loaded.manifest.extra["loader_state"] == r
         assert [a.tolist() for a in loaded.arrays.values()] == [[10.0 * r] * 5]
         loaded.close()
+
+
+# -- paths and URIs: properties of every backend's shared code ------------------------------
+
+def test_paths_stay_below_the_root_and_uris_keep_no_secret(tmp_path):
+    """``full`` and ``sub`` never leave the root (absolute paths and '..' are refused); the
+    URI a storage shows never holds the user info or query the user gave."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    from paddle_acp.storage import redact
+
+    root = open_storage(str(tmp_path / "root"))
+    part = hs.text(hs.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=8).filter(
+        lambda p: p != ".")
+
+    @settings(max_examples=200, deadline=None)
+    @given(parts=hs.lists(part, min_size=1, max_size=5), lead=hs.sampled_from(["", "/"]))
+    def check(parts, lead):
+        path = lead + "/".join(parts)
+        if lead or ".." in parts:
+            with pytest.raises(StorageError, match="outside the storage root"):
+                root.full(path)
+            return
+        full = root.full(path)
+        assert full.startswith(root.root + "/") and full[len(root.root) + 1:] == path
+        below = root.sub(parts[0])
+        assert type(below) is LocalStorage and below.root == root.full(parts[0])
+        assert below.local_path("/".join(parts[1:]) or ".") == (full if len(parts) > 1 else below.root)
+
+    check()
+
+    secret = hs.text(hs.sampled_from("abcXYZ0123456789+=_-"), min_size=6, max_size=20)
+
+    @settings(max_examples=200, deadline=None)
+    @given(user=secret, password=secret, token=secret)
+    def check_uri(user, password, token):
+        uri = f"s3://{user}:{password}@bucket/prefix?session_token={token}&region=x"
+        shown = redact(uri)
+        assert shown == "s3://bucket/prefix"
+        assert password not in shown and token not in shown
+
+    check_uri()
