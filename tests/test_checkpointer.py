@@ -2,11 +2,13 @@
 
 import json
 import os
+import uuid
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.checkpointer import Checkpointer
@@ -274,56 +276,62 @@ def test_a_manifest_restarts_would_reject_is_never_written(tmp_path):
 
 
 # -- the one reader: verify and read_tensors (what every tool uses) -------------------------
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(0, 3000), min_size=0, max_size=6), chunk_pages=st.integers(1, 3),
-       local=st.booleans(), mapped=st.booleans(), pick=st.integers(0, 63),
-       flip=st.none() | st.tuples(st.integers(0, 5), st.floats(0, 0.999)))
-def test_verify_and_read_tensors_on_every_path(tmp_path_factory, sizes, chunk_pages, local, mapped, pick, flip):
+# Examples per backend: a remote save and read cost tens of round trips.
+READER_EXAMPLES = {"local": 40, "hdfs": 10, "s3": 15}
+
+
+def test_verify_and_read_tensors_on_every_path(backend_storage):
     """reader.verify and reader.read_tensors read the data file once, in chunks, on every path
-    (mapped, read into buffers, a remote store's stream): they return exactly the tensors asked
-    for, report every byte of the file, and refuse a checkpoint with one flipped bit."""
+    (local: mapped or read into buffers; HDFS and S3: the remote store's stream): they return
+    exactly the tensors asked for, report every byte of the file, and refuse a checkpoint with one
+    flipped bit."""
     from paddle_acp.format import reader
 
-    root = tmp_path_factory.mktemp("reader")
-    rng = np.random.default_rng(len(sizes) * 31 + sum(sizes))
-    arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64) for i, n in enumerate(sizes)}
-    st_ = open_storage(str(root))
-    st_.local = local  # False: the stream a remote store gives
-    c = Checkpointer(st_, "job", "_range_0")
-    c.save(Snapshot(RangeRecord("_range_0", 0, 1), [ProgramSnapshot("k", "", [TensorData(n, "int64", a) for n, a in arrays.items()])], None))
-    base = c.base(0)
-    want = {("k", n) for i, n in enumerate(arrays) if pick >> i & 1}
-    target = None
-    if flip is not None:
-        nonempty = [n for n, a in arrays.items() if a.nbytes]
-        if nonempty:
-            name = nonempty[flip[0] % len(nonempty)]
-            rec = next(t for t in c.read_manifest(0).programs[0].tensors if t.name == name)
-            target = rec.offset + int(flip[1] * rec.nbytes)
-            with open(ckdir(root, 0) / DATA_NAME, "r+b") as f:
-                f.seek(target)
-                b = f.read(1)
-                f.seek(target)
-                f.write(bytes([b[0] ^ 0x01]))
-    seen = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(reader, "_VERIFY_CHUNK", 4096 * chunk_pages)
-        mp.setattr(reader, "_READ_CHUNK", 4096 * chunk_pages)
-        if not mapped:
-            mp.setattr(reader, "_map_file", lambda fd, size: None)
-        if target is not None:
-            with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-                reader.verify(st_, base, 0, "_range_0")
-            with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-                reader.read_tensors(st_, base, 0, "_range_0", want)
-            return
-        m = reader.verify(st_, base, 0, "_range_0", progress=lambda n, total: seen.append((n, total)))
-        m2, got = reader.read_tensors(st_, base, 0, "_range_0", want)
-    assert m.data_size == m2.data_size == sum(n for n, _ in seen)
-    assert all(total == m.data_size for _, total in seen)
-    assert set(got) == want
-    for (_k, name), arr in got.items():
-        assert arr.dtype == arrays[name].dtype and arr.tobytes() == arrays[name].tobytes()
+    local = backend_storage.local_path("") is not None
+
+    @settings(max_examples=READER_EXAMPLES[backend_kind(backend_storage)], deadline=None)
+    @given(sizes=st.lists(st.integers(0, 3000), min_size=0, max_size=6), chunk_pages=st.integers(1, 3),
+           mapped=st.booleans() if local else st.just(False), pick=st.integers(0, 63),
+           flip=st.none() | st.tuples(st.integers(0, 5), st.floats(0, 0.999)))
+    def check(sizes, chunk_pages, mapped, pick, flip):
+        st_ = backend_storage.sub(uuid.uuid4().hex[:12])
+        rng = np.random.default_rng(len(sizes) * 31 + sum(sizes))
+        arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64) for i, n in enumerate(sizes)}
+        c = Checkpointer(st_, "job", "_range_0")
+        c.save(Snapshot(RangeRecord("_range_0", 0, 1), [ProgramSnapshot("k", "", [TensorData(n, "int64", a) for n, a in arrays.items()])], None))
+        base = c.base(0)
+        want = {("k", n) for i, n in enumerate(arrays) if pick >> i & 1}
+        target = None
+        if flip is not None:
+            nonempty = [n for n, a in arrays.items() if a.nbytes]
+            if nonempty:
+                name = nonempty[flip[0] % len(nonempty)]
+                rec = next(t for t in c.read_manifest(0).programs[0].tensors if t.name == name)
+                target = rec.offset + int(flip[1] * rec.nbytes)
+                flip_byte(st_, f"{base}/{DATA_NAME}", target, 0x01)
+        seen = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(reader, "_VERIFY_CHUNK", 4096 * chunk_pages)
+            mp.setattr(reader, "_READ_CHUNK", 4096 * chunk_pages)
+            if not mapped:
+                mp.setattr(reader, "_map_file", lambda fd, size: None)
+            if target is not None:
+                with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+                    reader.verify(st_, base, 0, "_range_0")
+                with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+                    reader.read_tensors(st_, base, 0, "_range_0", want)
+                return
+            m = reader.verify(st_, base, 0, "_range_0", progress=lambda n, total: seen.append((n, total)))
+            m2, got = reader.read_tensors(st_, base, 0, "_range_0", want)
+        assert m.data_size == m2.data_size == sum(n for n, _ in seen)
+        assert all(total == m.data_size for _, total in seen)
+        assert set(got) == want
+        for (_k, name), arr in got.items():
+            assert arr.dtype == arrays[name].dtype and arr.tobytes() == arrays[name].tobytes()
+        if not local:
+            st_.delete_dir("")
+
+    check()
 
 
 def test_reader_checks_the_header_before_any_data(tmp_path):

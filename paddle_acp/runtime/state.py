@@ -67,7 +67,7 @@ class ProcessState:
             return None
         key = (cfg.local_cache, storage.uri)
         if key not in self.caches:
-            if storage.local:
+            if storage.local_path("") is not None:
                 logger.info("PADDLE_ACP_LOCAL_CACHE is not used: the checkpoints are on a local disk already (%s)",
                             storage.uri)
                 self.caches[key] = None
