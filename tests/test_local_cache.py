@@ -540,3 +540,34 @@ def test_sigkill_while_the_copy_is_uncommitted(hdfs_server, tmp_path, monkeypatc
     assert len(read_log(out)) >= 6
     assert not leftovers(), os.listdir(rdir)
     assert len([n for n in os.listdir(rdir) if n.startswith("ckpt-")]) <= 2, os.listdir(rdir)
+
+
+def test_several_ranks_restart_each_from_its_cached_part(s3_server, tmp_path, monkeypatch):
+    """A job of two ranks holding different state (real processes, per-rank parts on S3, one cache
+    directory on their node) stops after epoch 1 and is started again: each rank restores its own part
+    from its local copy (one log line each, the metrics' start record says so) and ends bit-identical
+    to its own uninterrupted run."""
+    from test_multirank_e2e import events, start_job
+
+    args = ["--kind", "tp", "--epochs", 4]
+    ref = start_job(tmp_path, 2, *args, outs="ref", barrier=False, no_acp=True)
+    assert all(rc == 0 for rc, _ in ref), ref
+    refs = [load_result(tmp_path / "ref" / f"r{r}") for r in (0, 1)]
+    uri = f"s3://{s3_server.bucket}/cache/{uuid.uuid4().hex[:8]}"
+    env = dict(s3_server.client_env(), PADDLE_ACP_RANK_STATE="per-rank", PADDLE_ACP_LOCAL_CACHE=str(tmp_path / "cache"))
+    res = start_job(tmp_path, 2, "--kind", "tp", "--epochs", 2, ckpt=uri, env=env)
+    assert all(rc == 0 for rc, _ in res), res
+    for r in (0, 1):
+        os.remove(tmp_path / "out" / f"r{r}" / "done")
+    res = start_job(tmp_path, 2, *args, ckpt=uri, env=env, gen="g1")
+    assert all(rc == 0 for rc, _ in res), res
+    for k, v in s3_server.client_env().items():
+        monkeypatch.setenv(k, v)
+    for r, (_rc, out) in enumerate(res):
+        used = [ln for ln in out.splitlines() if CACHE_LOG in ln]
+        assert len(used) == 1 and f"checkpoint ckpt-e1 (part of rank {r})" in used[0], out[-3000:]
+        assert REMOTE_LOG not in out, out[-3000:]
+        assert events(tmp_path / "out" / f"r{r}")[-1]["restored"] == "ckpt-e1"
+        starts = [m for m in read_metrics(open_storage(uri), JOB_ID, r) if m.get("event") == "start"]
+        assert [m.get("restore_source") for m in starts] == [None, "cache"], starts
+        assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), refs[r]), r
