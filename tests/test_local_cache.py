@@ -571,3 +571,17 @@ def test_several_ranks_restart_each_from_its_cached_part(s3_server, tmp_path, mo
         starts = [m for m in read_metrics(open_storage(uri), JOB_ID, r) if m.get("event") == "start"]
         assert [m.get("restore_source") for m in starts] == [None, "cache"], starts
         assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), refs[r]), r
+
+
+def test_local_checkpoint_uri_needs_no_cache(tmp_path, caplog):
+    """With a local checkpoint URI the variable is ignored (one line), and nothing is created in DIR."""
+    from paddle_acp.runtime.state import ProcessState
+
+    cache = tmp_path / "cache"
+    cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": str(tmp_path / "ck"), "PADDLE_ACP_LOCAL_CACHE": str(cache)})
+    state = ProcessState()
+    with caplog.at_level(logging.INFO, logger="paddle_acp"):
+        assert state.local_cache(cfg, open_storage(cfg.uri)) is None
+        assert state.local_cache(cfg, open_storage(cfg.uri)) is None  # said once per process
+    assert len(log_lines(caplog, "PADDLE_ACP_LOCAL_CACHE is not used")) == 1
+    assert not cache.exists()
