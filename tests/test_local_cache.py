@@ -511,14 +511,34 @@ def test_sigkill_while_the_copy_is_uncommitted(hdfs_server, tmp_path, monkeypatc
         except FileNotFoundError:
             return []
 
+    def stopped(pid: int) -> bool:
+        """Every thread of ``pid`` is stopped (SIGSTOP took effect)."""
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # the thread ended
+                continue
+        return all(st_ in ("T", "t") for st_ in states)
+
     proc = subprocess.Popen(script_cmd(out, uri, *args), env=script_env(uri, "pir", env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
-        while not (committed() and leftovers()) and proc.poll() is None and time.monotonic() < deadline:
+        frozen = False
+        while not frozen and proc.poll() is None and time.monotonic() < deadline:
+            if committed() and leftovers():
+                # freeze it, then look again: the copy may have been committed in between
+                os.kill(proc.pid, signal.SIGSTOP)
+                while not stopped(proc.pid):
+                    time.sleep(0.001)
+                frozen = bool(leftovers())
+                if not frozen:
+                    os.kill(proc.pid, signal.SIGCONT)
             time.sleep(0.002)
-        assert leftovers(), "never saw a copy being written after the first one was committed"
-        proc.send_signal(signal.SIGKILL)
+        assert frozen, "never caught a copy being written after the first one was committed"
+        proc.send_signal(signal.SIGKILL)  # (a stopped process dies of SIGKILL too)
         proc.wait(30)
     finally:
         if proc.poll() is None:
