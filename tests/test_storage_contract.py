@@ -425,3 +425,31 @@ def test_paths_stay_below_the_root_and_uris_keep_no_secret(tmp_path):
         assert password not in shown and token not in shown
 
     check_uri()
+
+
+def test_registry_picks_the_class_by_scheme(tmp_path):
+    """One table from scheme to backend: plain paths and file:// are local disks, an unknown
+    scheme is a ConfigError naming the supported ones (never the URI's secrets), and a backend
+    registered for a new scheme serves it."""
+    from paddle_acp.errors import ConfigError
+    from paddle_acp.storage import register_backend
+    from paddle_acp.storage.registry import _BACKENDS, _OPTIONS
+
+    assert type(open_storage(str(tmp_path))) is LocalStorage
+    assert open_storage(f"file://{tmp_path}").root == str(tmp_path)
+    with pytest.raises(ConfigError, match="unsupported scheme 'gs'.*s3://") as err:
+        open_storage("gs://user:hunter22@bucket/x")
+    assert "hunter22" not in str(err.value)
+
+    def open_scratch(uri, parsed, cache_dir=None):  # a local directory named by another scheme
+        return LocalStorage(os.path.join(cache_dir, parsed.netloc + parsed.path), uri)
+
+    register_backend("scratch", open_scratch, options=("cache_dir",))
+    try:
+        st = open_storage("scratch://area/sub", cache_dir=str(tmp_path))
+        st.makedirs("")
+        st.write_bytes("f", b"x")
+        assert type(st) is LocalStorage and (tmp_path / "area" / "sub" / "f").read_bytes() == b"x"
+        assert st.uri == "scratch://area/sub"
+    finally:
+        _BACKENDS.pop("scratch"), _OPTIONS.pop("scratch")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import ParseResult, urlparse
 
 from paddle_acp.errors import ConfigError
@@ -20,7 +20,8 @@ _BACKENDS: Dict[str, Opener] = {
     "hdfs": HdfsStorage.from_uri,
     "viewfs": HdfsStorage.from_uri,
 }
-_OPTIONS: Dict[str, Tuple[str, ...]] = {"hdfs": ("hdfs_user", "hadoop_home", "cache_dir"), "viewfs": ("hdfs_user", "hadoop_home", "cache_dir")}
+_HDFS_OPTIONS = ("hdfs_user", "hadoop_home", "cache_dir")
+_OPTIONS: Dict[str, Tuple[str, ...]] = {"hdfs": _HDFS_OPTIONS, "viewfs": _HDFS_OPTIONS}
 
 
 def register_backend(scheme: str, opener: Opener, options: Tuple[str, ...] = ()) -> None:
@@ -28,10 +29,6 @@ def register_backend(scheme: str, opener: Opener, options: Tuple[str, ...] = ())
     keyword arguments of :func:`open_storage` it accepts."""
     _BACKENDS[scheme.lower()] = opener
     _OPTIONS[scheme.lower()] = tuple(options)
-
-
-def schemes() -> List[str]:
-    return sorted(s for s in _BACKENDS if s)
 
 
 def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optional[str] = None,
