@@ -1,28 +1,12 @@
-"""Benchmark: paddle-acp's save/restore/hook costs as ratios against baselines run in the same process.
+"""The figures of ci/bench.py, measured in a child process per IR (the IR is fixed at paddle import).
 
-Figures (each the median over --rounds paired rounds, A and B back to back; reads are cold:
-both files are dropped from the page cache first, as after a restart):
-  1. stall per checkpoint (async) vs Paddle's own save path and vs a raw write + fsync of the same bytes;
-     also vs the floor: a bare two-thread memcpy of the same bytes into a reused, populated buffer
-  2. synchronous save throughput vs a raw sequential write + fsync of the same bytes
-  3. restore time vs a raw read of the same bytes into preallocated buffers
-  4. Executor.run hook overhead on a tiny program (with vs without the hook; inside an active range),
-     and the hook's own cost per call (the same wrapper around a no-op, without Paddle's noise)
-  5. end-to-end training with a checkpoint every epoch vs checkpointing off (--e2e-epochs epochs of
-     --epoch-seconds each; the run ends when its last checkpoint is committed)
-
-Usage: python ci/bench.py [--ir pir|legacy|both] [--params 100e6] [--rounds 3] [--only 3,4] [--json FILE] [--quick]
-       python ci/bench.py --only 5 --e2e-hdfs ...   # figure 5 with checkpoints on a real HDFS (Hadoop 2.7.3, 127.0.0.1)
-Prints one line per figure and writes the figures as JSON.
+Every figure is a ratio of two things measured side by side in this process, in paired rounds
+(A and B back to back); ci/bench.py takes the medians, prints the table and stores the JSON.
 """
 
-import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -33,6 +17,46 @@ def log(msg):
 
 def median_ratio(pairs):
     return statistics.median(a / b for a, b in pairs)
+
+
+def memory_tools():
+    """alloc_buffer, chunked, copy_job, run_parallel, tensor_view."""
+    from paddle_acp.adapter.tensors import tensor_view
+    from paddle_acp.format.arena import alloc_buffer, chunked, copy_job, run_parallel
+
+    return alloc_buffer, chunked, copy_job, run_parallel, tensor_view
+
+
+def evict(path):
+    """Drop a file from the page cache so that reads of it are cold, like after a restart."""
+    if not os.path.exists(path):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path):
+    """fsync every file under ``path`` and the directories: Paddle's save made durable."""
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def tree_size(path):
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _d, fs in os.walk(path) for f in fs)
 
 
 def bench_one(args):
@@ -74,24 +98,14 @@ def bench_one(args):
     from paddle_acp.adapter.programs import program_info
 
     names = program_info(main).persistables
-    state_bytes = sum(np.array(scope.find_var(n).get_tensor()).nbytes for n in names)
+    alloc_buffer, chunked, copy_job, run_parallel, tensor_view = memory_tools()
+    state_bytes = sum(tensor_view(scope.find_var(n).get_tensor())[1].nbytes for n in names)
     res["state_bytes"] = state_bytes
     log(f"[{ir}] model: 2 x fc({width}x{width}) + Adam, state {state_bytes / 1e9:.2f} GB")
 
-    def evict(path):
-        """Drop a file from the page cache so that reads of it are cold, like after a restart."""
-        if not os.path.exists(path):
-            return
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
     def raw_write(path):
         """The same bytes, already in host memory, written sequentially + fsync."""
-        arrays = [np.array(scope.find_var(n).get_tensor()) for n in names]
+        arrays = [tensor_view(scope.find_var(n).get_tensor())[1] for n in names]
         t0 = time.perf_counter()
         with open(path, "wb") as f:
             for a in arrays:
@@ -100,7 +114,8 @@ def bench_one(args):
             os.fsync(f.fileno())
         return time.perf_counter() - t0
 
-    def paddle_save(path):
+    def paddle_save(path, durable=False):
+        """Paddle's own save path: through the page cache, or made durable (+ fsync of its files)."""
         t0 = time.perf_counter()
         if legacy:
             # what Paddle's CheckpointSaver(PaddleModel) does for each program: save_persistables
@@ -110,6 +125,8 @@ def bench_one(args):
         else:
             vs = [v for v in main.list_vars() if v.persistable]
             paddle.static.save_vars(exe, path, main, vars=vs, filename="all")
+        if durable:
+            fsync_tree(path)
         return time.perf_counter() - t0
 
     def fresh(p):
@@ -138,9 +155,6 @@ def bench_one(args):
         os.environ.pop("PADDLE_ACP_CHECKPOINT_URI")
         return stalls[1:-1] if len(stalls) > 2 else stalls
 
-    from paddle_acp.adapter.tensors import tensor_view
-    from paddle_acp.format.arena import alloc_buffer, chunked, copy_job, run_parallel
-
     floor_buf = alloc_buffer(state_bytes) if want(1) else None
 
     def bare_copy():
@@ -156,26 +170,33 @@ def bench_one(args):
 
     if want(1) or want(2):
         hold = max(1.0, state_bytes / 0.3e9)
-        stall_pairs_paddle, stall_pairs_raw, stall_pairs_copy, sync_pairs = [], [], [], []
+        stall_pairs_paddle, stall_pairs_raw, stall_pairs_copy, sync_pairs, durable_pairs = [], [], [], [], []
+        sync_times = []
         for r in range(args.rounds):
             stall = statistics.median(acp_epochs(True, 4, 1, hold=hold))
             t_copy = statistics.median(bare_copy() for _ in range(3))
             t_paddle = paddle_save(fresh(os.path.join(work, "paddle")))
+            t_durable = paddle_save(fresh(os.path.join(work, "paddle")), durable=True)
             t_raw = raw_write(os.path.join(work, "raw.bin"))
             stall_pairs_paddle.append((stall, t_paddle))
+            durable_pairs.append((stall, t_durable))
             stall_pairs_raw.append((stall, t_raw))
             stall_pairs_copy.append((stall, t_copy))
             sync = statistics.median(acp_epochs(False, 4, 1))
             t_raw2 = raw_write(os.path.join(work, "raw.bin"))
-            sync_pairs.append((t_raw2, sync))  # throughput ratio = raw time / our time
-            log(f"[{ir}] round {r}: stall {stall:.3f}s, bare memcpy {t_copy:.3f}s, paddle save {t_paddle:.3f}s, raw write+fsync {t_raw:.3f}s, sync save {sync:.3f}s, raw {t_raw2:.3f}s")
+            sync_pairs.append((t_raw2, sync))
+            sync_times.append(sync)  # throughput ratio = raw time / our time
+            log(f"[{ir}] round {r}: stall {stall:.3f}s, bare memcpy {t_copy:.3f}s, paddle save {t_paddle:.3f}s (+fsync {t_durable:.3f}s), raw write+fsync {t_raw:.3f}s, sync save {sync:.3f}s, raw {t_raw2:.3f}s")
         res["stall_vs_paddle"] = median_ratio(stall_pairs_paddle)
+        res["stall_vs_paddle_durable"] = median_ratio(durable_pairs)
+        res["paddle_durable_save_seconds"] = statistics.median(p[1] for p in durable_pairs)
         res["stall_vs_raw_write"] = median_ratio(stall_pairs_raw)
         res["stall_vs_bare_memcpy"] = median_ratio(stall_pairs_copy)
         res["bare_memcpy_seconds"] = statistics.median(p[1] for p in stall_pairs_copy)
         res["stall_seconds"] = statistics.median(p[0] for p in stall_pairs_paddle)
         res["paddle_save_seconds"] = statistics.median(p[1] for p in stall_pairs_paddle)
         res["sync_save_throughput_vs_raw"] = median_ratio(sync_pairs)
+        res["sync_save_seconds"] = statistics.median(sync_times)
     floor_buf = None  # scaffolding: not mapped during later figures
 
     # -- 3: restore vs raw read ---------------------------------------------------------------
@@ -189,27 +210,57 @@ def bench_one(args):
 
         uri = os.path.join(work, "acp")
         ck = Checkpointer(open_storage(uri), "default", "_range_0")
-        bufs = [np.ones_like(np.array(scope.find_var(n).get_tensor())) for n in names]  # preallocated, touched
+        bufs = [np.ones_like(tensor_view(scope.find_var(n).get_tensor())[1]) for n in names]  # preallocated, touched
         restore_pairs = []
         import glob
 
-        for r in range(args.rounds):
-            for p in glob.glob(os.path.join(uri, "default", "range", "_range_0", "ckpt-*", "tensors.bin")) + [os.path.join(work, "raw.bin")]:
-                evict(p)
+        def restore_acp():
             t0 = time.perf_counter()
             loaded = ck.load_latest()
             key = loaded.manifest.programs[0].key
             write_program(loaded, key, scope, paddle.CPUPlace())  # what a restarted job does at first run
-            t_acp = time.perf_counter() - t0
+            return time.perf_counter() - t0
+
+        def read_plus_memcpy():
+            """The floor of a verified restore: a cold read of the same bytes into preallocated
+            buffers, then one memcpy of them into the scope's tensors (two threads, as the floor of
+            the stall). Returns (read seconds, read + memcpy seconds)."""
             t0 = time.perf_counter()
             with open(os.path.join(work, "raw.bin"), "rb") as f:
                 for b in bufs:
                     f.readinto(memoryview(b).cast("B"))
-            t_raw = time.perf_counter() - t0
-            restore_pairs.append((t_raw, t_acp))
-            log(f"[{ir}] round {r}: restore {t_acp:.3f}s, raw read {t_raw:.3f}s")
+            t_read = time.perf_counter() - t0
+            jobs = []
+            for n, b in zip(names, bufs):
+                _dt, v = tensor_view(scope.find_var(n).get_tensor())
+                chunked(v, b, jobs)
+            run_parallel(copy_job, jobs)
+            return t_read, time.perf_counter() - t0
+
+        files = glob.glob(os.path.join(uri, "default", "range", "_range_0", "ckpt-*", "tensors.bin")) + [os.path.join(work, "raw.bin")]
+        floor_pairs, read_times = [], []
+        for r in range(args.rounds):
+            for p in files:
+                evict(p)
+            if r % 2 == 0:  # ABBA: neither gets a systematic edge from the disk's state
+                t_acp = restore_acp()
+                t_read, t_floor = read_plus_memcpy()
+            else:
+                t_read, t_floor = read_plus_memcpy()
+                t_acp = restore_acp()
+            restore_pairs.append((t_read, t_acp))
+            floor_pairs.append((t_acp, t_floor))
+            read_times.append(t_read)
+            log(f"[{ir}] round {r}: restore {t_acp:.3f}s, raw cold read {t_read:.3f}s, read + memcpy {t_floor:.3f}s")
         res["restore_throughput_vs_raw_read"] = median_ratio(restore_pairs)
-        del bufs, loaded
+        res["restore_vs_read_plus_memcpy"] = median_ratio(floor_pairs)
+        res["restore_seconds"] = statistics.median(p[0] for p in floor_pairs)
+        res["read_plus_memcpy_seconds"] = statistics.median(p[1] for p in floor_pairs)
+        # fast-disk rounds: the raw read within 25% of the fastest one of this run
+        fast = [pr for pr, t in zip(floor_pairs, read_times) if t <= 1.25 * min(read_times)]
+        res["restore_vs_read_plus_memcpy_fast_disk"] = median_ratio(fast)
+        res["restore_fast_disk_rounds"] = len(fast)
+        del bufs
 
     # -- 4: hook overhead ---------------------------------------------------------------------
     if want(4):
@@ -309,7 +360,7 @@ def bench_one(args):
         step = statistics.median(step_times)  # one slow step must not shorten every epoch
         steps = max(2, int(args.epoch_seconds / step))
         e2e_pairs, split = [], []
-        for r in range(args.rounds):
+        for r in range(args.e2e_rounds):
             if r % 2 == 0:  # ABBA order, as for the hook
                 on, on_b = training_run(True, args.e2e_epochs, steps)
                 off, off_b = training_run(False, args.e2e_epochs, steps)
@@ -322,6 +373,7 @@ def bench_one(args):
             log(f"[{ir}] round {r}: training with checkpoints {on:.2f}s, without {off:.2f}s ({steps} steps/epoch); "
                 f"of the difference: {split[-1][0]:.2f}s blocked at epoch boundaries, {split[-1][1]:+.2f}s in the steps")
         res["end_to_end_overhead"] = median_ratio(e2e_pairs) - 1.0
+        res["end_to_end_rounds"] = [on / off - 1.0 for on, off in e2e_pairs]
         # training time lost per checkpoint, one-time costs included: the overhead at other epoch lengths
         res["seconds_lost_per_checkpoint"] = statistics.median((on - off) / args.e2e_epochs for on, off in e2e_pairs)
         res["seconds_blocked_at_boundaries_per_run"] = statistics.median(b for b, _ in split)
@@ -331,95 +383,3 @@ def bench_one(args):
     return res
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ir", choices=["pir", "legacy", "both"], default="both")
-    ap.add_argument("--params", type=float, default=100e6, help="model parameters (float32); Adam triples the state")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--epoch-seconds", type=float, default=20.0, help="epoch length for the end-to-end figure")
-    ap.add_argument("--e2e-epochs", type=int, default=8, help="epochs per run for the end-to-end figure")
-    ap.add_argument("--only", default="", help="comma-separated figure numbers to measure (default: all)")
-    ap.add_argument("--json", default="bench.json")
-    ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
-    ap.add_argument("--quick", action="store_true", help="tiny model, one round: a smoke run")
-    ap.add_argument("--e2e-hdfs", action="store_true",
-                    help="figure 5 checkpoints to a real HDFS server (ci/servers.py, started here) instead of a local disk")
-    ap.add_argument("--e2e-uri", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.quick:
-        args.params, args.rounds, args.epoch_seconds, args.e2e_epochs = min(args.params, 2e5), 1, 0.5, 3
-    if args._child:
-        print("RESULT " + json.dumps(bench_one(args)), flush=True)
-        return 0
-    hdfs = None
-    if args.e2e_hdfs:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import servers  # ci/servers.py
-
-        hdfs = servers.HDFSServer().start()
-        os.environ.update(hdfs.client_env())
-        args.e2e_uri = f"{hdfs.uri}/bench"
-        log(f"figure 5 checkpoints to HDFS at {hdfs.uri}")
-    try:
-        return run_children(args)
-    finally:
-        if hdfs is not None:
-            hdfs.cleanup()
-
-
-def run_children(args):
-    results = []
-    for ir in (["pir", "legacy"] if args.ir == "both" else [args.ir]):
-        env = dict(os.environ, PADDLE_ACP_LOG_LEVEL="WARNING")
-        env.pop("PADDLE_ACP_CHECKPOINT_URI", None)
-        if ir == "legacy":
-            env["FLAGS_enable_pir_api"] = "0"
-        else:
-            env.pop("FLAGS_enable_pir_api", None)
-        # The end-to-end figure runs in a process of its own: the other figures' buffers (the
-        # memcpy floor, the restore baseline's, 1.2 GB each) left mapped changed its result
-        # from +1% to +26% on this machine, which is no part of either measured run.
-        figures = [int(x) for x in args.only.split(",")] if args.only else [1, 2, 3, 4, 5]
-        groups = [g for g in ([f for f in figures if f != 5], [f for f in figures if f == 5]) if g]
-        merged = {}
-        for group in groups:
-            cmd = [sys.executable, os.path.abspath(__file__), "--_child", "--params", str(args.params), "--rounds", str(args.rounds), "--epoch-seconds", str(args.epoch_seconds), "--e2e-epochs", str(args.e2e_epochs), "--only", ",".join(map(str, group))]
-            if args.dir:
-                cmd += ["--dir", args.dir]
-            if args.quick:
-                cmd.append("--quick")
-            if args.e2e_uri:
-                cmd += ["--e2e-uri", args.e2e_uri]
-            p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-            lines = p.stdout.splitlines()
-            for line in lines:
-                if not line.startswith("RESULT "):
-                    print(line, flush=True)
-            if p.returncode != 0 or not lines or not lines[-1].startswith("RESULT "):
-                print(f"bench for {ir} failed (exit {p.returncode})", file=sys.stderr)
-                return 1
-            merged.update(json.loads(lines[-1][7:]))
-        results.append(merged)
-    for r in results:
-        ir = r["ir"]
-        if "stall_vs_paddle" in r:
-            print(f"{ir}: 1. stall per checkpoint / Paddle's save path = {r['stall_vs_paddle']:.3f} ({r['stall_seconds']:.3f}s vs {r['paddle_save_seconds']:.3f}s; target <= 0.1)")
-            print(f"{ir}: 1. stall per checkpoint / raw write+fsync = {r['stall_vs_raw_write']:.3f}")
-            print(f"{ir}: 1. stall per checkpoint / bare memcpy of the state (the floor) = {r['stall_vs_bare_memcpy']:.3f} ({r['bare_memcpy_seconds']:.3f}s)")
-            print(f"{ir}: 2. sync save throughput / raw write+fsync = {r['sync_save_throughput_vs_raw']:.3f} (target >= 0.8)")
-        if "restore_throughput_vs_raw_read" in r:
-            print(f"{ir}: 3. restore throughput / raw read = {r['restore_throughput_vs_raw_read']:.3f} (target >= 0.8)")
-        if "hook_overhead" in r:
-            print(f"{ir}: 4. hook overhead on a tiny exe.run = {100 * r['hook_overhead']:+.2f}% (target <= 2%; the hook itself: {r['hook_us_per_call']:.2f} us per call, {r['hook_us_per_run_without']:.0f} us per exe.run)")
-        if "end_to_end_overhead" in r:
-            print(f"{ir}: 5. end-to-end, checkpoint every epoch vs off = {100 * r['end_to_end_overhead']:+.2f}% (target <= 3%; {r['epoch_seconds']:.1f} s epochs, {r['seconds_lost_per_checkpoint']:.2f} s lost per checkpoint; per run {r['seconds_blocked_at_boundaries_per_run']:.2f} s blocked at boundaries, {r['seconds_steps_slower_per_run']:+.2f} s in slower steps)")
-    with open(args.json, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "e2e_uri"},
-                   "results": results}, f, indent=2)
-    print(f"wrote {args.json}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

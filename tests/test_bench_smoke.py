@@ -13,11 +13,21 @@ def test_bench_quick(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench.py"), "--quick", "--ir", "pir", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    res = json.loads(out.read_text())["results"][0]
-    for key in ("stall_vs_paddle", "stall_vs_raw_write", "sync_save_throughput_vs_raw",
-                "restore_throughput_vs_raw_read", "hook_overhead", "hook_us_per_call", "end_to_end_overhead"):
-        assert isinstance(res[key], float) and res[key] == res[key]
-    assert "5. end-to-end" in p.stdout
+    doc = json.loads(out.read_text())
+    res = doc["results"][0]
+    for key in ("stall_vs_paddle", "stall_vs_paddle_durable", "stall_vs_bare_memcpy", "stall_vs_raw_write",
+                "sync_save_throughput_vs_raw", "restore_throughput_vs_raw_read", "restore_vs_read_plus_memcpy",
+                "hook_overhead", "hook_us_per_call", "end_to_end_overhead"):
+        assert isinstance(res[key], float) and res[key] == res[key], key
+    assert len(res["end_to_end_rounds"]) == 2  # --quick: two paired rounds (the default is 5)
+    sizes = doc["scaling"]["sizes"]
+    assert len(sizes) == 2 and sizes[0]["gb"] < sizes[1]["gb"]
+    for key in ("stall_s_per_gb", "sync_save_s_per_gb", "restore_s_per_gb"):
+        assert isinstance(doc["scaling"][key], float)
+    assert doc["command"].startswith("python") and doc["date"]
+    # the table: each figure beside its target
+    assert "5. end to end, checkpoint every epoch vs off (median)" in p.stdout and "<= +3%" in p.stdout
+    assert "1. stall / Paddle's save made durable (+fsync)" in p.stdout and "6. slope, s per GB" in p.stdout
 
 
 def test_bench_storage_quick_local(tmp_path):
