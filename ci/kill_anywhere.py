@@ -112,6 +112,9 @@ def parse_args(argv=None):
     p.add_argument("--busy-policy", default=None,
                    help="PADDLE_ACP_BUSY_POLICY for the training processes "
                         "(default: the library's, skip)")
+    p.add_argument("--host-memory", default=None,
+                   help="PADDLE_ACP_HOST_MEMORY for the training processes (with a state larger than it, "
+                        "saves stream in chunks and kills land inside streamed saves)")
     p.add_argument("--json", default=None, help="write a JSON report here")
     p.add_argument("--ranks", type=int, default=1,
                    help="ranks per job (> 1: the multi-rank harness)")
@@ -149,7 +152,9 @@ def start(out, ckpt, ir, a, log_prefix):
     ``log_prefix + ".ready"`` once it shows life."""
     fo = open(log_prefix + ".stdout", "w")
     fe = open(log_prefix + ".stderr", "w")
-    env = {"PADDLE_ACP_BUSY_POLICY": a.busy_policy} if a.busy_policy else None
+    env = {"PADDLE_ACP_BUSY_POLICY": a.busy_policy} if a.busy_policy else {}
+    if a.host_memory:
+        env["PADDLE_ACP_HOST_MEMORY"] = a.host_memory
     try:
         p = subprocess.Popen(eu.script_cmd(out, ckpt, *script_args(a),
                                            "--ready-file",
@@ -384,6 +389,8 @@ def rank_env(a, ir, rank, ckpt, gen):
     if ckpt is not None:
         env.update(PADDLE_ACP_RANK_STATE="per-rank",
                    PADDLE_ACP_PART_TIMEOUT=60)
+    if a.host_memory:
+        env["PADDLE_ACP_HOST_MEMORY"] = a.host_memory
     return eu.script_env(ckpt, ir, env)
 
 

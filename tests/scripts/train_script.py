@@ -71,6 +71,8 @@ def parse_args(argv=None):
                    help="write {train_s, epochs} here: seconds from the start of "
                         "this process's first epoch to the end of its last "
                         "range (final checkpoint committed), for benchmarks")
+    p.add_argument("--peak-rss", default=None,
+                   help="write the process's peak resident memory (VmHWM, bytes) here at the end")
     return p.parse_args(argv)
 
 
@@ -224,6 +226,11 @@ def main():
     tmp = os.path.join(out, "final.tmp.npz")
     np.savez(tmp, **params)
     os.replace(tmp, os.path.join(out, "final.npz"))
+    if ARGS.peak_rss:
+        with open("/proc/self/status") as f:
+            hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        with open(ARGS.peak_rss, "w") as f:
+            f.write("%d\n" % hwm)
     with open(os.path.join(out, "done"), "w") as f:
         f.write("%d\n" % os.getpid())
     print("training finished", flush=True)
