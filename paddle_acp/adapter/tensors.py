@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from paddle_acp.errors import CheckpointError
-from paddle_acp.format.manifest import DTYPES
+from paddle_acp.format.manifest import DTYPES, align
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.snapshot import TensorData
 
@@ -48,6 +48,24 @@ def tensor_view(tensor) -> Tuple[str, np.ndarray]:
     if dt == "bfloat16":
         arr = arr.view(np.uint16)
     return dt, np.ascontiguousarray(arr.reshape(shape))
+
+
+def tensor_nbytes(tensor) -> int:
+    """The bytes ``tensor`` holds, from its metadata alone (element count and dtype): no copy,
+    and on an accelerator no device-to-host transfer."""
+    shape = tuple(tensor.shape())
+    numel = int(np.prod(shape)) if shape else 1
+    return numel * DTYPES[dtype_name(tensor)].itemsize
+
+
+def layout_size(scope, names) -> int:
+    """The size of the data file that ``layout()`` gives the named, initialized tensors (metadata only)."""
+    total = 0
+    for name in names:
+        t = find_tensor(scope, name)
+        if t is not None:
+            total += align(tensor_nbytes(t))
+    return total
 
 
 def find_tensor(scope, name: str):

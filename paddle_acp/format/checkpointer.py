@@ -48,6 +48,8 @@ class Checkpointer:
         # listing costs 1 + one stat per checkpoint on remote stores). Any failure forgets
         # what it knew and the next save lists again.
         self.single_writer = single_writer
+        # PADDLE_ACP_HOST_MEMORY in bytes: a restore larger than it is neither mapped nor held in memory
+        self.memory_budget: Optional[int] = None
         self._known: Optional[List[atomic.DirEntry]] = None
         # the node-local copies of this range (PADDLE_ACP_LOCAL_CACHE, remote storage only)
         self.cache: Optional["RangeCache"] = None
@@ -102,7 +104,9 @@ class Checkpointer:
             committed = known
             number = atomic.next_number(known)
         self._space_made = False
-        copy = self.cache.begin(snap) if self.cache is not None else None  # written while the upload runs
+        # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
+        # tensors change once its last chunk is copied: its data exists only as the upload's chunks
+        copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
         try:
             while True:
                 try:
@@ -235,7 +239,7 @@ class Checkpointer:
             if cached is not None:
                 cached.path = self.base(number)
                 return cached
-        return reader.load(self.storage, base or self.base(number), number, self.range_name, raw)
+        return reader.load(self.storage, base or self.base(number), number, self.range_name, raw, self.memory_budget)
 
     def load_latest(self, check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
         """The newest checkpoint that verifies; older ones are tried in turn.

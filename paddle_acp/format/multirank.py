@@ -139,7 +139,9 @@ class GlobalCheckpointer:
         snap.extra = dict(snap.extra)
         snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base}
         pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank))
-        copy = self.cache.begin(snap) if self.cache is not None else None  # written while the upload runs
+        # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
+        # tensors change once its last chunk is copied: its data exists only as the upload's chunks
+        copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
         try:
             nbytes = self._ck._write(pending, snap, number)
         except BaseException:

@@ -36,6 +36,7 @@ from paddle_acp.format.arena import CopyJob, alloc_buffer, chunked, copy_job, ru
 from paddle_acp.format.crc import crc_pool, drain
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord, max_manifest_size
+from paddle_acp.format.spool import spool_verified
 from paddle_acp.storage.base import InputFile, Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -297,17 +298,26 @@ def check_header(storage: Storage, base: str, number: int, range_name: str,
 
 
 # -- the data file: the entry points -------------------------------------------------------
-def load(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None) -> LoadedCheckpoint:
+def load(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None,
+         memory_budget: Optional[int] = None) -> LoadedCheckpoint:
     """Read and verify checkpoint ``number`` (directory ``base``) completely; raises CorruptCheckpointError.
 
     Every tensor's checksum is checked before this returns, so nothing of a
     corrupt checkpoint can reach a scope. Local files stay open (and mapped)
-    for the copy into the scope; remote files are read once into memory."""
+    for the copy into the scope; remote files are read once into memory.
+
+    A data file larger than ``memory_budget`` (``PADDLE_ACP_HOST_MEMORY``) is neither mapped
+    (local: its mapped pages would count in the process's memory; it is read with ``preadv``)
+    nor held in memory (remote: it is verified on its way into an unlinked local spool file,
+    see :mod:`paddle_acp.format.spool`)."""
     m, data_path = check_header(storage, base, number, range_name, raw)
     records = _records(m)
+    over = memory_budget is not None and m.data_size > memory_budget
     os_path = _local_path(storage, data_path)
+    if os_path is None and over:
+        return LoadedCheckpoint(base, m, _spool_verified(storage, m, data_path, records, memory_budget))
     if os_path is not None:
-        fd, mapping = _open_local(storage, os_path, data_path, m.data_size)
+        fd, mapping = _open_local(storage, os_path, data_path, m.data_size, mapped=not over)
         try:
             _verify_stream(_local_chunks(fd, mapping, data_path), m, data_path, records)
         except BaseException:
@@ -370,7 +380,8 @@ def _open_remote(storage: Storage, data_path: str) -> InputFile:
         raise CorruptCheckpointError(f"{data_path} is missing") from None
 
 
-def _open_local(storage: Storage, os_path: str, data_path: str, size: int) -> Tuple[int, Optional[mmap.mmap]]:
+def _open_local(storage: Storage, os_path: str, data_path: str, size: int,
+                mapped: bool = True) -> Tuple[int, Optional[mmap.mmap]]:
     """The data file opened (never through a link) and, where possible, mapped."""
     try:
         fd = os.open(os_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -385,7 +396,7 @@ def _open_local(storage: Storage, os_path: str, data_path: str, size: int) -> Tu
             raise CorruptCheckpointError(f"{data_path} changed size while it was opened")
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
-        return fd, _map_file(fd, size)
+        return fd, (_map_file(fd, size) if mapped else None)
     except BaseException:
         os.close(fd)
         raise
@@ -398,6 +409,17 @@ def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
         except BufferError:  # a view in the traceback: unmapped with it
             pass
     os.close(fd)
+
+
+def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record],
+                    budget: Optional[int]) -> "_FileSource":
+    """A remote data file larger than the host-memory budget: verified on its way into an
+    unlinked local file, then read from there like a local one (no mapping)."""
+    logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
+                "spool file instead of memory", data_path, m.data_size, budget)
+    fd = spool_verified(storage, data_path, m.data_size, [(off, off + t.nbytes) for off, _k, t in records],
+                        [t.checksum for _o, _k, t in records], [t.name for _o, _k, t in records], m.checksum)
+    return _FileSource(fd, data_path, m.data_size)
 
 
 def _populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:

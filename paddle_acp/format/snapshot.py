@@ -9,12 +9,15 @@ copies laid-out tensors into the file's image (an :class:`~paddle_acp.format.are
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from paddle_acp.format.arena import chunked, copy_job, run_parallel
 from paddle_acp.format.manifest import RangeRecord
+
+if TYPE_CHECKING:
+    from paddle_acp.format.stream import ChunkStream
 
 
 @dataclasses.dataclass
@@ -54,6 +57,7 @@ class Snapshot:
     queued: bool = False  # it waited in the second buffer behind the previous checkpoint
     skipped_before: int = 0  # saves skipped since the previous one was taken
     manifest: Optional[bytes] = None  # set by the writer: the bytes of the manifest it wrote
+    stream: Optional["ChunkStream"] = None  # the state is over the host-memory budget: saved in chunks (format/stream.py)
 
 
 def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int = 2) -> None:

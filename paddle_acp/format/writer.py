@@ -19,6 +19,7 @@ from paddle_acp.format.crc import checksum, crc_pool
 from paddle_acp.format.layout import DATA_NAME, layout
 from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
 from paddle_acp.format.snapshot import Snapshot
+from paddle_acp.format.stream import write_stream
 from paddle_acp.storage.base import RENAME
 
 _ZEROS = bytes(ALIGN)
@@ -48,11 +49,18 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         snap.data_size = layout(snap.programs)
     size = snap.data_size
     tensors = [t for p in snap.programs for t in p.tensors]
-    # checksums on a second core while this thread writes (both release the GIL)
-    crcs: List["Future[int]"] = [crc_pool().submit(checksum, t.array) for t in tensors]
+    stream = snap.stream
+    # checksums on a second core while this thread writes (both release the GIL); a streamed
+    # snapshot is checksummed chunk by chunk as it is written (its tensors change meanwhile)
+    crcs: List["Future[int]"] = [] if stream is not None else [crc_pool().submit(checksum, t.array) for t in tensors]
     path = f"{pending.path}/{DATA_NAME}"
 
+    def crc_values() -> List[int]:
+        return stream.checksums() if stream is not None else [f.result() for f in crcs]
+
     def write_data() -> int:
+        if stream is not None:
+            return write_stream(st, path, stream)
         if snap.image is not None:
             return st.write_image(path, snap.image, size)
         buffers: List[Union[bytes, memoryview]] = []
@@ -68,9 +76,9 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         return st.write_buffers(path, buffers)
 
     def manifest_bytes() -> bytes:
-        it = iter(crcs)
+        it = iter(crc_values())
         programs = [
-            ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it).result()) for t in p.tensors], p.lr_scheduler)
+            ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it)) for t in p.tensors], p.lr_scheduler)
             for p in snap.programs
         ]
         raw = Manifest(
@@ -95,7 +103,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         return raw
 
     written: Union[int, BaseException]
-    if st.commit_style == RENAME and st.overlap_writes:
+    if st.commit_style == RENAME and st.overlap_writes and stream is None:
         # The rename commits, so the manifest need not wait for the data: both files are
         # written at once. On HDFS closing a file waits for the namenode to see its block
         # (often ~0.4 s, the client's first retry): overlapped, a small checkpoint pays it once.
@@ -120,7 +128,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         written = write_data()
     if written != size:
         raise StorageError(f"short write of {DATA_NAME}: {written} of {size} bytes")
-    if st.commit_style == RENAME and st.overlap_writes:
+    if st.commit_style == RENAME and st.overlap_writes and stream is None:
         pending.publish(before_commit)
     else:
         pending.commit(manifest_bytes(), before=before_commit)

@@ -26,6 +26,8 @@ from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, copy_into
+from paddle_acp.format.stream import ChunkStream, chunk_size
+from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action, lower_thread_priority
 from paddle_acp.runtime.state import STATE, check_main_thread
@@ -74,6 +76,9 @@ class PersistMixin:
     _queue_ok: Optional[bool]
     _skip_streak: int
     _arena_thread: Optional[threading.Thread]
+    _budget: Optional[host_budget.Budget]
+    _state_size: int
+    _stream_logged: bool
     _closed: bool
     _mode_logged: Optional[str]
     _final_submitted: bool
@@ -121,12 +126,18 @@ class PersistMixin:
         if action == QUEUE:
             inflight = self.saver.inflight  # it may finish meanwhile; the other buffer stays free
             buffer = 1 if inflight is None or inflight.buffer == 0 else 0
+        stream = None
         if size and ((self.saver.async_save and not sync) or self.storage.direct_io):
             # async: training goes on while the saver writes, so copy into the reused arena;
             # local disks: the aligned copy lets the write bypass the page cache (O_DIRECT),
             # which costs far less CPU and time than a buffered write of the views
-            image = (self._arena2 if buffer else self._arena).ensure(size)
-            copy_into(programs, image)
+            arena = self._arena_size(size)
+            if arena < size:  # over the host-memory budget: streamed through the arena in chunks
+                buf = self._arena.ensure(arena)[:arena]
+                stream = ChunkStream([t for p in programs for t in p.tensors], size, buf, chunk_size(arena))
+            else:
+                image = (self._arena2 if buffer else self._arena).ensure(size)
+                copy_into(programs, image)
         snap = Snapshot(
             range=RangeRecord(self.name, self.epoch_no, self.max_epoch_num, self.step),
             programs=programs,
@@ -142,13 +153,22 @@ class PersistMixin:
             durable=sync or final,
             queued=action == QUEUE,
             skipped_before=self._skip_streak,
+            stream=stream,
         )
         self._skip_streak = 0
-        snap.stall_seconds = time.perf_counter() - t0
         snap.waited_seconds = waited
-        if action == QUEUE:
+        if stream is not None:
+            # a copy thread fills the buffer's chunks while the saver writes them; training goes on
+            # once the last chunk is copied (a synchronous saver writes it all within submit())
+            stream.start(t0)
+            try:
+                self.saver.submit(snap)
+            finally:
+                stream.join()
+        snap.stall_seconds = time.perf_counter() - t0
+        if stream is None and action == QUEUE:
             self.saver.enqueue(snap)
-        else:
+        elif stream is None:
             self.saver.submit(snap)
         if sync:
             self.saver.wait()
@@ -163,7 +183,15 @@ class PersistMixin:
 
     def _queue_fits(self) -> bool:
         """Whether the ``queue`` policy's second buffer (the size of the first) fits in host
-        memory; decided once per range, with one log line when it does not."""
+        memory and in the host-memory budget; decided once per range, with one log line when it does not."""
+        b = self._budget.nbytes if self._budget is not None else None
+        if self._queue_ok is None and b is not None and 2 * self._state_size > b and (
+                self.cfg.host_memory is not None or self._state_size > b):
+            self._queue_ok = False
+            logger.warning(
+                "range %s: PADDLE_ACP_BUSY_POLICY=queue: a second snapshot buffer of %d bytes does not fit the "
+                "host-memory budget (%d bytes: %s); saves that come due while the previous checkpoint is being "
+                "written are skipped instead", self.name, self._state_size, b, self._budget.source if self._budget else "")
         if self._queue_ok is None:
             need = self._arena.nbytes
             avail = mem_available()
@@ -205,19 +233,24 @@ class PersistMixin:
             record["queued"] = True
         if snap.skipped_before:
             record["skipped_before"] = snap.skipped_before
-        if self.multi:
-            self._persist_part(snap, record, t0)
-            return
         try:
-            number, nbytes = self.checkpointer.save(snap)
-        except BaseException as exc:
-            self._record_failure(record, exc, t0)
-            raise
+            if self.multi:
+                self._persist_part(snap, record, t0)
+                return
+            try:
+                number, nbytes = self.checkpointer.save(snap)
+            except BaseException as exc:
+                self._record_failure(record, exc, t0)
+                raise
+        finally:
+            if snap.stream is not None:  # a save that failed before its data was written frees the copy
+                snap.stream.abort("the checkpoint was not written")
         self._last_persist_error = None
         dt = time.perf_counter() - t0
         mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
         record.update(event="saved", ok=True, number=number, bytes=nbytes, persist_s=round(dt, 6),
                       throughput_mb_s=round(mbps, 3))
+        stall = self._streamed_record(snap, record)
         self.metrics.add(record)
         if snap.durable:
             self.metrics.flush()
@@ -226,7 +259,7 @@ class PersistMixin:
         logger.info(
             "range %s: saved checkpoint %d (epoch %d%s): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
             self.name, number, snap.range.epoch_no, "" if snap.range.step is None else f" step {snap.range.step}",
-            nbytes, snap.stall_seconds, dt, mbps,
+            nbytes, stall, dt, mbps,
         )
 
     def _record_failure(self, record: dict, exc: BaseException, t0: float) -> None:
@@ -234,6 +267,17 @@ class PersistMixin:
         record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
         self.metrics.add(record)
         self.metrics.flush_due()
+
+    def _streamed_record(self, snap: Snapshot, record: dict) -> float:
+        """The stall of a saved snapshot. A streamed one's ended when its last chunk was copied,
+        during the write: the metrics record gets it, and the stream's figures."""
+        if snap.stream is None:
+            return snap.stall_seconds
+        stall = snap.stream.stall_seconds()
+        record.update(stall_s=round(stall, 6), streamed={
+            "budget": self._budget.nbytes if self._budget else None, "buffer": snap.stream.slots * snap.stream.chunk,
+            "chunk": snap.stream.chunk, "chunks": snap.stream.nchunks})
+        return stall
 
     def _persist_part(self, snap: Snapshot, record: dict, t0: float) -> None:
         try:
@@ -243,6 +287,7 @@ class PersistMixin:
             self._record_failure(record, exc, t0)
             raise
         self._last_persist_error = None
+        stall = self._streamed_record(snap, record)
         dt = time.perf_counter() - t0
         record.update(event="saved" if res.committed is not False else "failed", ok=res.committed is not False,
                       name=res.name, bytes=res.nbytes, persist_s=round(dt, 6), rank=self.rank,
@@ -255,11 +300,11 @@ class PersistMixin:
         at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
         if res.committed is None:
             logger.info("range %s: rank %d wrote its part of checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s",
-                        self.name, self.rank, res.name, at, res.nbytes, snap.stall_seconds, dt)
+                        self.name, self.rank, res.name, at, res.nbytes, stall, dt)
         elif res.committed:
             logger.info("range %s: saved global checkpoint %s (%s, %d ranks, %s): %d bytes of rank 0, stall %.3f s, "
                         "persist %.3f s (%.3f s waiting for the other parts)", self.name, res.name, at,
-                        self.cfg.world_size, snap.mode, res.nbytes, snap.stall_seconds, dt, res.waited)
+                        self.cfg.world_size, snap.mode, res.nbytes, stall, dt, res.waited)
 
     def close(self) -> None:
         """Wait for the save in flight (and a queued one) to commit, then free the snapshot arena: an ended range
@@ -304,15 +349,37 @@ class PersistMixin:
         does not pay for it on the training thread."""
         if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io) or self._follower():
             return
-        size = layout([e.views() for e in self.registry.entries])
+        size = sum(e.nbytes() for e in self.registry.entries)  # metadata only: nothing is copied
+        self._state_size = size
+        if self._budget is None:  # decided once, at the first registration
+            self._budget = host_budget.decide(self.cfg.host_memory)
+        arena = self._arena_size(size)
+        if arena < size and not self._stream_logged:
+            self._stream_logged = True
+            logger.warning(
+                "range %s: the state (%d bytes) is larger than the host-memory budget for checkpoints (%d bytes: "
+                "%s): each save streams it through that buffer in chunks of %d bytes, and training waits while "
+                "most of each checkpoint is written (the stall grows from one copy to about the write time). "
+                "Set PADDLE_ACP_HOST_MEMORY to the memory you can spare (e.g. 8GiB or 30%%) for shorter stalls.",
+                self.name, size, self._budget.nbytes, self._budget.source, chunk_size(arena),
+            )
         self._join_arena()
 
         def prefault():
             lower_thread_priority()
-            self._arena.ensure(size)
+            self._arena.ensure(arena)
 
         self._arena_thread = threading.Thread(target=prefault, name="paddle-acp-arena", daemon=True)
         self._arena_thread.start()
+
+    def _arena_size(self, size: int) -> int:
+        """The snapshot buffer for a state of ``size`` bytes: all of it when it fits the budget,
+        else the budget's whole chunks (at least two)."""
+        b = self._budget.nbytes if self._budget is not None else None
+        if b is None or size <= b:
+            return size
+        chunk = chunk_size(b)
+        return max(2, b // chunk) * chunk
 
     def _join_arena(self) -> None:
         t, self._arena_thread = self._arena_thread, None

@@ -26,6 +26,7 @@ from paddle_acp.format.fencing import Fence
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
+from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import preemption
 from paddle_acp.runtime.persist import PersistMixin
 from paddle_acp.runtime.registry import Registry
@@ -102,6 +103,11 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._queue_ok: Optional[bool] = None  # whether that buffer fits in host memory (decided once)
         self._skip_streak = 0
         self._arena_thread: Optional[threading.Thread] = None
+        # PADDLE_ACP_HOST_MEMORY, or the memory available at the first registration: the bound of
+        # the snapshot buffers; a state larger than it is saved through it in chunks
+        self._budget: Optional[host_budget.Budget] = None
+        self._state_size = 0  # the registered programs' state, from the tensors' metadata
+        self._stream_logged = False
         self._closed = False  # ended: no more saves, the arena is freed
         self._seen_program: Any = None  # the last registered (program, scope) run
         self._seen_scope: Any = None
@@ -150,6 +156,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if cache is not None:  # local copies of remote checkpoints: written by the writer, read by restore
             self.checkpointer.cache = cache.for_range(cfg.job_id, self.name)
             self.gcheckpointer.cache = cache.for_range(cfg.job_id, self.name, cfg.trainer_id)
+        # a restore larger than the budget is neither mapped (local) nor held in memory (remote)
+        self.checkpointer.memory_budget = self.gcheckpointer._ck.memory_budget = host_budget.decide(cfg.host_memory).nbytes
         self._load_newest()
         if self.multi and cfg.busy_policy != WAIT and self.rank == 0:
             logger.info("range %s: %d ranks: a save that comes due while the previous checkpoint is being written "

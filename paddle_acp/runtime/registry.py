@@ -12,7 +12,7 @@ import numbers
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.adapter.programs import ProgramInfo, lr_scheduler_of
-from paddle_acp.adapter.tensors import dtype_name, find_tensor, tensor_views, write_program
+from paddle_acp.adapter.tensors import dtype_name, find_tensor, layout_size, tensor_views, write_program
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.snapshot import ProgramSnapshot
 
@@ -52,6 +52,11 @@ class ProgramEntry:
         sched: Any = lr_scheduler_of(self.program)
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)
+
+    def nbytes(self) -> int:
+        """The bytes this program's state takes in a checkpoint's data file, from the tensors'
+        metadata alone (no copy: on an accelerator a copy is a device-to-host transfer)."""
+        return layout_size(self.scope, self.info.persistables)
 
     def check_checkpoint(self, rec, where: str) -> None:
         """Raise CheckpointError unless program record ``rec`` restores this program exactly:

@@ -1,0 +1,169 @@
+"""Streamed saves (format/stream.py) and sizing the snapshot buffer without copying.
+
+A streamed save writes a checkpoint's data file through a bounded buffer in chunks: the file must
+be byte for byte the image an unbounded save writes (tensors at their offsets, zero padding), with
+the same per-tensor checksums, whatever the tensor sizes and the chunk size; a writer that fails
+midway must never leave the copy waiting.
+"""
+
+import os
+import threading
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paddle_acp.format.arena import alloc_buffer
+from paddle_acp.format.manifest import VERSION, align, checksum_function
+from paddle_acp.format.stream import PAGE, ChunkStream, StreamAborted, chunk_size, write_stream
+from paddle_acp.storage import open_storage
+
+
+def laid_out(sizes, seed):
+    rng = np.random.default_rng(seed)
+    tensors, off = [], 0
+    for n in sizes:
+        tensors.append(types.SimpleNamespace(offset=off, array=rng.integers(0, 256, n, dtype=np.uint8)))
+        off += align(n)
+    image = np.zeros(off, np.uint8)
+    for t in tensors:
+        image[t.offset:t.offset + t.array.nbytes] = t.array
+    return tensors, off, image
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 300_000), min_size=1, max_size=8), st.integers(1, 16), st.integers(2, 4),
+       st.integers(0, 2**32 - 1))
+def test_streamed_file_is_the_image(tmp_path_factory, sizes, pages, slots, seed):
+    tensors, size, image = laid_out(sizes, seed)
+    chunk = pages * PAGE
+    stream = ChunkStream(tensors, size, alloc_buffer(chunk * slots), chunk)
+    root = tmp_path_factory.mktemp("stream")
+    stream.start()
+    written = write_stream(open_storage(str(root)), "tensors.bin", stream)
+    stream.join()
+    assert written == size
+    with open(root / "tensors.bin", "rb") as f:
+        assert f.read() == image.tobytes()
+    fn = checksum_function(VERSION)
+    assert stream.checksums() == [fn(memoryview(t.array), 0) if t.array.nbytes else 0 for t in tensors]
+    assert stream.nchunks == (size + chunk - 1) // chunk
+
+
+def test_chunk_size():
+    assert chunk_size(16 << 20) == 8 << 20
+    assert chunk_size(1 << 30) == 64 << 20
+    assert chunk_size((32 << 20) + 123) % PAGE == 0
+
+
+@pytest.mark.parametrize("fail_at", [0, 2])
+def test_a_failing_writer_never_leaves_the_copy_waiting(tmp_path, fail_at):
+    tensors, size, _image = laid_out([1 << 20] * 6, 1)
+    chunk = 64 << 10
+    stream = ChunkStream(tensors, size, alloc_buffer(2 * chunk), chunk)
+    stream.start()
+
+    def writer():
+        for i, _chunk in enumerate(stream.chunks()):
+            if i == fail_at:
+                raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        writer()
+    done = threading.Event()
+    threading.Thread(target=lambda: (stream.join(), done.set()), daemon=True).start()
+    assert done.wait(30), "the copy still waits for a slot after the writer failed"
+    with pytest.raises(StreamAborted):  # what is left cannot be written as a checkpoint
+        next(stream.chunks())
+
+
+def test_a_writer_that_never_starts_is_released_by_abort(tmp_path):
+    tensors, size, _image = laid_out([1 << 20] * 4, 2)
+    stream = ChunkStream(tensors, size, alloc_buffer(2 * PAGE * 4), PAGE * 4)
+    stream.start()
+    stream.abort("the storage listing failed")  # what the saver does when the save fails before writing
+    stream.join()
+    with pytest.raises(StreamAborted, match="listing failed"):
+        list(stream.chunks())
+
+
+def test_registration_sizes_the_arena_without_copying(tmp_path, monkeypatch):
+    """No tensor is viewed or copied at registration; the buffer is sized from metadata alone."""
+    import paddle
+
+    import paddle_acp as acp
+    from paddle_acp.adapter import tensors as tensors_mod
+    from paddle_acp.format.layout import layout
+    from paddle_acp.runtime import epoch_range
+
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard("sizing_"):
+        x = paddle.static.data("x", [None, 64], "float32")
+        h = paddle.static.nn.fc(x, 300, weight_attr=paddle.ParamAttr(name="sz.w"), bias_attr=paddle.ParamAttr(name="sz.b"))
+        loss = paddle.mean(h * h)
+        paddle.optimizer.Adam(1e-3).minimize(loss)
+    scope = paddle.static.Scope()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup, scope=scope)
+    viewed = []
+    real_view = tensors_mod.tensor_view
+
+    def counting_view(tensor):
+        dt, arr = real_view(tensor)
+        viewed.append(arr.nbytes)
+        return dt, arr
+
+    monkeypatch.setattr(tensors_mod, "tensor_view", counting_view)
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path / "ck"))
+    epoch_range.reset()
+    feed = {"x": np.ones((2, 64), "float32")}
+    it = acp.train_epoch_range(2, save_checkpoint_inter=0)
+    next(it)
+    r = epoch_range.active_range()
+    exe.run(main, feed=feed, fetch_list=[loss], scope=scope)  # registers the program
+    r._join_arena()
+    assert viewed == [], "registration viewed or copied tensors"
+    (entry,) = r.registry.entries
+    views = entry.views()
+    assert entry.nbytes() == layout([views]) > 300 * 64 * 4 * 3
+    assert r._arena.nbytes >= entry.nbytes()
+    viewed.clear()
+    for _ in it:  # the saves view every tensor, as before
+        exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+    assert viewed
+    epoch_range.reset()
+
+
+@pytest.mark.parametrize("flip,victim", [(None, None), (0, "t0"), (123_456, "t2"), ((9 << 20) + 100_000, "t3")])
+def test_spool_verifies_every_tensor_on_its_way(tmp_path, flip, victim):
+    """A remote restore over the budget: the data file is copied into an unlinked local file,
+    every tensor checksummed on the way; one flipped byte anywhere is refused."""
+    from paddle_acp.errors import CorruptCheckpointError
+    from paddle_acp.format.spool import spool_verified
+
+    tensors, size, image = laid_out([100_000, 0, 50_000, 9 << 20, 7], 3)
+    data = image.copy()
+    if flip is not None:
+        data[flip] ^= 1
+    (tmp_path / "tensors.bin").write_bytes(data.tobytes())
+    fn = checksum_function(VERSION)
+    spans = [(t.offset, t.offset + t.array.nbytes) for t in tensors]
+    expected = [fn(memoryview(t.array), 0) if t.array.nbytes else 0 for t in tensors]
+    names = [f"t{i}" for i in range(len(tensors))]
+    st = open_storage(str(tmp_path))
+    if flip is not None:
+        with pytest.raises(CorruptCheckpointError, match=f"checksum mismatch in tensor '{victim}'"):
+            spool_verified(st, "tensors.bin", size, spans, expected, names, fn, str(tmp_path))
+        assert sorted(os.listdir(tmp_path)) == ["tensors.bin"]  # the spool is gone
+        return
+    fd = spool_verified(st, "tensors.bin", size, spans, expected, names, fn, str(tmp_path))
+    try:
+        assert sorted(os.listdir(tmp_path)) == ["tensors.bin"]  # unlinked at once
+        assert os.pread(fd, size + 1, 0) == image.tobytes()
+    finally:
+        os.close(fd)
+    with pytest.raises(CorruptCheckpointError, match="short read"):
+        spool_verified(st, "tensors.bin", size + 4096, spans, expected, names, fn, str(tmp_path))
