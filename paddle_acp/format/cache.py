@@ -48,6 +48,7 @@ import uuid
 from typing import Any, List, Mapping, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from paddle_acp.config import s3_from_env
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import reader
 from paddle_acp.format.layout import layout
@@ -79,7 +80,6 @@ def canonical_location(uri: str, env: Optional[Mapping[str, str]] = None) -> str
     credentials (query parameters other than the endpoint), a trailing or doubled ``/``.
     For ``s3://`` without an ``endpoint_override`` the endpoint of ``AWS_ENDPOINT_URL_S3``
     / ``AWS_ENDPOINT_URL`` is part of it (the same bucket name on another server)."""
-    env = os.environ if env is None else env
     p = urlsplit(uri.strip())
     scheme = p.scheme.lower()
     netloc = p.netloc.rpartition("@")[2]
@@ -88,7 +88,7 @@ def canonical_location(uri: str, env: Optional[Mapping[str, str]] = None) -> str
     params = sorted((k, v.rpartition("@")[2]) for k, v in parse_qsl(p.query, keep_blank_values=True)
                     if k in _IDENTITY_PARAMS)
     if scheme == "s3" and not any(k == "endpoint_override" for k, _v in params):
-        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        endpoint = s3_from_env(env).endpoint
         if endpoint:
             params.append(("endpoint", redact(endpoint.strip())))
     return f"{scheme}://{host}{path}" + ("?" + urlencode(params) if params else "")

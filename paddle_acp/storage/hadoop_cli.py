@@ -87,7 +87,9 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         self.default_fs = f"{p.scheme}://{p.hostname}" + (f":{p.port}" if p.port else "")
         self.user = user or None
         if ugi is None:
-            env_ugi = os.environ.get("PADDLE_EDL_HDFS_UGI")
+            from paddle_acp.config import hdfs_ugi_from_env
+
+            env_ugi = hdfs_ugi_from_env()
             if env_ugi and (self.user is None or env_ugi.split(",", 1)[0] == self.user):
                 ugi = env_ugi
         self._ugi = ugi or None

@@ -14,7 +14,6 @@ middle of a save). A directory rename is atomic: checkpoints are committed by re
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -23,13 +22,12 @@ from urllib.parse import ParseResult, unquote
 import pyarrow
 import pyarrow.fs as pafs
 
-from paddle_acp.errors import ConfigError, StorageError
+from paddle_acp.config import HDFS_CLIENTS as CLIENTS
+from paddle_acp.errors import StorageError
 from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import RENAME, redact, scrub
 
 logger = logging.getLogger("paddle_acp")
-
-CLIENTS = ("pyarrow", "hdfs-native", "cli")
 
 
 class HdfsStorage(ArrowStorage):
@@ -51,15 +49,15 @@ class HdfsStorage(ArrowStorage):
     @classmethod
     def from_uri(cls, uri: str, parsed: ParseResult, hdfs_user: Optional[str] = None,
                  hadoop_home: Optional[str] = None, cache_dir: Optional[str] = None) -> "HdfsStorage":
-        from paddle_acp.config import connect_timeout_from_env
+        from paddle_acp.config import connect_timeout_from_env, hadoop_home_from_env, hdfs_client_from_env
 
         host = parsed.hostname or "default"
         port = parsed.port or 8020
         user = hdfs_user or (unquote(parsed.username) if parsed.username else None)
         root = parsed.path.rstrip("/") or "/"
         display = redact(uri)
-        hadoop_home = hadoop_home or os.environ.get("PADDLE_EDL_HDFS_HOME") or os.environ.get("HADOOP_HOME")
-        forced = os.environ.get("PADDLE_ACP_HDFS_CLIENT")
+        hadoop_home = hadoop_home or hadoop_home_from_env()
+        forced = hdfs_client_from_env()  # validated there: one of CLIENTS, or None
         timeout = connect_timeout_from_env()
         deadline = time.monotonic() + timeout
         why: List[str] = []
@@ -85,11 +83,7 @@ class HdfsStorage(ArrowStorage):
 
 
 def _clients(forced: Optional[str]) -> List[str]:
-    if forced:
-        if forced not in CLIENTS:
-            raise ConfigError(f"PADDLE_ACP_HDFS_CLIENT={forced!r} must be one of {', '.join(CLIENTS)}")
-        return [forced]
-    return list(CLIENTS)
+    return [forced] if forced else list(CLIENTS)
 
 
 def _connect(client: str, host: str, port: int, user: Optional[str], hadoop_home: Optional[str],

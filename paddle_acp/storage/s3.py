@@ -7,7 +7,6 @@ the URI); the endpoint from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or th
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Union
 from urllib.parse import ParseResult, parse_qsl, unquote, urlparse
 
@@ -64,9 +63,12 @@ class S3Storage(ArrowStorage):
     def from_uri(cls, uri: str, parsed: ParseResult) -> "S3Storage":
         if not parsed.netloc:
             raise ConfigError(f"checkpoint URI {redact(uri)!r}: an s3:// URI needs a bucket (s3://bucket/prefix)")
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        register_secret(os.environ.get("AWS_SECRET_ACCESS_KEY"))
-        register_secret(os.environ.get("AWS_SESSION_TOKEN"))
+        from paddle_acp.config import s3_from_env
+
+        aws = s3_from_env()
+        endpoint = aws.endpoint
+        for secret in aws.secrets:
+            register_secret(secret)
         bucket = parsed.netloc.rpartition("@")[2]  # user info never becomes part of a path
         timeouts = _s3_timeouts()
         try:
@@ -76,7 +78,7 @@ class S3Storage(ArrowStorage):
                     fs = _with_s3_timeouts(parsed, timeouts)
             else:
                 ep = urlparse(endpoint)
-                region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+                region = aws.region
                 creds = {}
                 if parsed.password is not None:  # s3://KEY:SECRET@bucket/... (pyarrow's own URI form)
                     creds = dict(access_key=unquote(parsed.username or ""), secret_key=unquote(parsed.password))
