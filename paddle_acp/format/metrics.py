@@ -102,18 +102,3 @@ class MetricsLog:
             self._exists = False
             logger.warning("could not append to the metrics file %s: %s", self.path, exc)
             return False
-
-
-def read_metrics(storage: Storage, job_id: str, trainer_id: int = 0) -> List[dict]:
-    path = metrics_path(job_id, trainer_id)
-    if not storage.exists(path):
-        return []
-    out = []
-    for line in storage.read_bytes(path).decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn last line after a kill
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
