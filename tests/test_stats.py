@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_acp import cli, tools
+from paddle_acp import cli
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.storage import open_storage
+from paddle_acp.tools import metrics, plot
 
 JOB = "jobS"
 
@@ -66,7 +67,7 @@ def test_hostile_lines_are_skipped_and_counted(tmp_path, capsys):
                                                   json.dumps({"event": "skipped", "time": now - 50, "pid": 7,
                                                               "range": "_range_0", "epoch": 5, "step": None,
                                                               "stall_s": 0.0001})])
-    recs, bad = tools.read_metrics(open_storage(root), JOB)
+    recs, bad = metrics.read_metrics(open_storage(root), JOB)
     assert bad == len(HOSTILE)
     assert [r["event"] for r in recs] == ["saved", "failed", "skipped"] or sorted(r["event"] for r in recs) == [
         "failed", "saved", "skipped"]
@@ -109,10 +110,10 @@ def test_any_metrics_file_gives_a_summary_or_a_clear_error(tmp_path_factory, cap
     root = str(tmp_path_factory.mktemp("prop"))
     data = [d.replace("\n", " ").replace("\r", " ") for d in data]
     write_lines(root, data)
-    recs, bad = tools.read_metrics(open_storage(root), JOB)
+    recs, bad = metrics.read_metrics(open_storage(root), JOB)
     assert len(recs) + bad == sum(1 for d in "\n".join(data).splitlines() if d.strip())
     for r in recs:
-        assert r["event"] in tools.EVENTS and tools._num(r["time"]) and 0 <= r["time"] <= tools._TIME_MAX
+        assert r["event"] in metrics.EVENTS and metrics.is_num(r["time"]) and 0 <= r["time"] <= metrics.TIME_MAX
     rc = cli.main(["stats", root, "--job", JOB])
     captured = capsys.readouterr()
     assert rc in (0, 2), captured
@@ -146,7 +147,7 @@ def test_records_written_by_the_library_round_trip(tmp_path_factory, recs):
         if i % 3 == 0:
             log.flush_due()  # the first flushes, the others wait for the interval
     log.flush()
-    got, bad = tools.read_metrics(st_, JOB)
+    got, bad = metrics.read_metrics(st_, JOB)
     assert bad == 0
     assert [{k: v for k, v in g.items() if k != "trainer"} for g in got] == sorted(recs, key=lambda r: r["time"])
 
@@ -170,5 +171,5 @@ def test_plot_marks_restarts_failures_and_skips(tmp_path, capsys):
     assert "1 restart(s)" in out and "20 skipped" in out and "1 FAILED" in out, out
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert tools._time_axis(50) == ("seconds", 1.0) and tools._time_axis(3000)[0] == "minutes"
-    assert tools._time_axis(20000)[0] == "hours" and tools._time_axis(10 ** 6)[0] == "days"
+    assert plot.time_axis(50) == ("seconds", 1.0) and plot.time_axis(3000)[0] == "minutes"
+    assert plot.time_axis(20000)[0] == "hours" and plot.time_axis(10 ** 6)[0] == "days"

@@ -15,10 +15,15 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from paddle_acp import cli, tools
+from paddle_acp import cli, config, tools
+from paddle_acp.errors import ConfigError
 from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.runtime.preemption import exit_on_preempt_from_env
 from paddle_acp.storage import open_storage
+from paddle_acp.tools import refs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "tests", "scripts", "train_script.py")
@@ -513,7 +518,7 @@ def test_tensor_kinds_follow_paddle_naming():
 def test_checkpoint_references():
     with pytest.raises(tools.ToolError, match="does not exist"):
         tools.resolve_checkpoint("/definitely/not/here/job/range/_range_0/ckpt-1")
-    m = tools._REF_RE.match("/a/b/job1/range/_range_0/ckpt-12/")
+    m = refs.REF_RE.match("/a/b/job1/range/_range_0/ckpt-12/")
     assert m and (m.group("root"), m.group("job"), m.group("range"), m.group("n")) == ("/a/b", "job1", "_range_0", "12")
     assert tools.uri_join("s3://bkt/p?endpoint_override=x", "j/range") == "s3://bkt/p/j/range?endpoint_override=x"
 
@@ -663,3 +668,50 @@ def test_a_bad_log_level_is_a_one_line_error_of_the_console_script(trained):
     assert p.returncode == 2, describe(p)
     assert p.stderr.strip() == ("paddle-acp: error: PADDLE_ACP_LOG_LEVEL='loud' is not a log level "
                                 "(use one of DEBUG, INFO, WARNING, ERROR, CRITICAL)"), describe(p)
+
+
+# -- one boolean parser (config) for every boolean variable ----------------------------------------
+def _readers(raw):
+    """Each boolean variable read through its own entry point: (name, value or the ConfigError)."""
+    out = []
+    for name, read in (("PADDLE_ACP_ASYNC", lambda env: config.from_env(env).async_save),
+                       ("PADDLE_ACP_EXIT_ON_PREEMPT", exit_on_preempt_from_env),
+                       ("PADDLE_ACP_PROGRESS", config.progress_from_env)):
+        env = {"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x", name: raw}
+        try:
+            out.append((name, read(env)))
+        except ConfigError as exc:
+            out.append((name, exc))
+    return out
+
+
+@given(st.sampled_from(config.TRUE_WORDS + config.FALSE_WORDS), st.sampled_from(["", " ", "\t"]), st.booleans())
+def test_every_boolean_variable_reads_the_same_words(word, pad, upper):
+    raw = pad + (word.upper() if upper else word) + pad
+    want = word in config.TRUE_WORDS
+    assert config.parse_bool(raw, "X", not want) is want
+    assert [v for _, v in _readers(raw)] == [want, want, want]
+
+
+@given(st.text(max_size=12).filter(lambda s: s.strip() and s.strip().lower() not in
+                                   config.TRUE_WORDS + config.FALSE_WORDS + ("always", "never")))
+def test_every_boolean_variable_refuses_other_words_naming_itself(raw):
+    for name, v in _readers(raw):
+        assert isinstance(v, ConfigError) and str(v).startswith(f"{name}={raw!r} is not a boolean (use 1 or 0"), (name, v)
+
+
+def test_unset_booleans_take_their_defaults():
+    assert [v for _, v in _readers("")] == [True, True, None]  # PROGRESS unset: on a terminal only
+    assert config.progress_from_env({"PADDLE_ACP_PROGRESS": "Always"}) is True
+    assert config.progress_from_env({"PADDLE_ACP_PROGRESS": "never"}) is False
+
+
+def test_job_directories_follow_the_job_id_rule(tmp_path, capsys):
+    """The tools list a directory as a job only when its name is a valid job id (config's rule)."""
+    for name in ("ok-job", "a..b", "-dash", "x" * 201):
+        os.makedirs(tmp_path / name / "range")
+    assert tools.discovery.list_jobs(open_storage(str(tmp_path))) == ["ok-job"]
+    for bad in ("a..b", "-dash", "x/y"):
+        assert config.is_valid_job_id(bad) is False
+        assert cli.main(["ls", str(tmp_path), f"--job={bad}"]) == 2
+        assert f"{bad!r} is not a valid job id" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""``paddle-acp export``: one program's parameters (and with ``--optimizer-state`` its optimizer
+variables) as ``DIR/NAME.pdparams`` (``NAME.pdopt``), the format of ``paddle.static.save``: loadable
+with plain Paddle, without paddle-acp. Every checksum is verified first; only ``--to`` is written."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from paddle_acp.errors import CorruptCheckpointError, StorageError
+from paddle_acp.format.manifest import Manifest, ProgramRecord
+from paddle_acp.tools.discovery import ToolError, short_reason
+from paddle_acp.tools.inspect import add_ref_args
+from paddle_acp.tools.kinds import export_split, program_ir
+from paddle_acp.tools.reading import read_checkpoint
+from paddle_acp.tools.refs import CkptRef, load_manifest, resolve_checkpoint
+from paddle_acp.tools.render import emit, emit_json, human_bytes, table
+
+
+@dataclasses.dataclass
+class ExportResult:
+    uri: str
+    program: str
+    epoch: int
+    prefix: str
+    files: List[Tuple[str, int, int]]  # (path, variables, bytes)
+    info_path: str  # provenance and LR scheduler state
+    optimizer_state: bool
+
+
+def pick_program(m: Manifest, key: Optional[str], ref: CkptRef) -> ProgramRecord:
+    keys = [p.key for p in m.programs]
+    if not keys:
+        raise ToolError(f"checkpoint {ref.uri} holds no programs")
+    if key is None:
+        if len(keys) == 1:
+            return m.programs[0]
+        raise ToolError(f"checkpoint {ref.uri} holds {len(keys)} programs ({', '.join(keys)}): choose one with --program")
+    matches = [p for p in m.programs if p.key == key] or [p for p in m.programs if p.key.startswith(key)]
+    if len(matches) != 1:
+        what = "matches several" if matches else "matches none"
+        raise ToolError(f"--program {key!r} {what} of the programs in {ref.uri} ({', '.join(keys)})")
+    return matches[0]
+
+
+def write_pickle(path: str, obj: Any) -> int:
+    """``obj`` pickled as ``paddle.save``/``paddle.static.save`` write it, atomically; its size."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(obj, f, protocol=4)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return os.path.getsize(path)
+
+
+def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Optional[str] = None,
+           number: Optional[int] = None, program: Optional[str] = None, name: str = "model",
+           optimizer_state: bool = False) -> ExportResult:
+    ref = resolve_checkpoint(checkpoint, job, range_name, number)
+    m = load_manifest(ref)
+    prog = pick_program(m, program, ref)
+    ir = program_ir(prog.label, m.ir)
+    split = export_split([t.name for t in prog.tensors], ir)
+    if not name or "/" in name or name in (".", ".."):
+        raise ToolError(f"--name {name!r} must be a plain file name prefix")
+    want = {(prog.key, t.name) for t in prog.tensors if optimizer_state or split[t.name] == "pdparams"}
+    try:
+        _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting")
+    except CorruptCheckpointError as exc:
+        raise ToolError(f"cannot export checkpoint {ref.uri}: it is corrupt ({short_reason(exc, ref.path)})") from exc
+    except StorageError as exc:
+        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
+    params = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors if split[t.name] == "pdparams"}
+    opt = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors
+           if split[t.name] == "pdopt" and (prog.key, t.name) in arrays}
+    try:
+        os.makedirs(to, exist_ok=True)
+    except OSError as exc:
+        raise ToolError(f"cannot create --to directory {to!r}: {exc}") from exc
+    prefix = os.path.join(to, name)
+    files = []
+    try:
+        files.append((prefix + ".pdparams", len(params), write_pickle(prefix + ".pdparams", params)))
+        if optimizer_state:
+            files.append((prefix + ".pdopt", len(opt), write_pickle(prefix + ".pdopt", opt)))
+        info = {
+            "source": ref.uri,
+            "number": m.number,
+            "range": m.range.to_json(),
+            "program": prog.key,
+            "label": prog.label,
+            "paddle_version": m.paddle_version,
+            "ir": ir,
+            "created": m.created,
+            "exported": time.time(),
+            "parameters": sorted(params),
+            "optimizer_state": sorted(opt) if optimizer_state else None,
+            "lr_scheduler": prog.lr_scheduler,
+        }
+        info_path = prefix + ".export.json"
+        with open(info_path, "w") as f:
+            json.dump(info, f, indent=2)
+    except OSError as exc:
+        raise ToolError(f"cannot write to {to!r}: {exc}") from exc
+    return ExportResult(ref.uri, prog.key, m.range.epoch_no, prefix, files, info_path, optimizer_state)
+
+
+def to_json(res: ExportResult) -> Dict[str, Any]:
+    return {"checkpoint": res.uri, "program": res.program, "epoch": res.epoch, "info": res.info_path,
+            "files": [{"path": p, "variables": n, "bytes": s} for p, n, s in res.files]}
+
+
+def render(res: ExportResult) -> str:
+    rows: List[List[Any]] = [[p, n, human_bytes(s)] for p, n, s in res.files]
+    rows.append([res.info_path, "-", "(provenance, LR scheduler state)"])
+    lines = [f"exported program {res.program} of checkpoint {res.uri} (epoch {res.epoch})",
+             table(["FILE", "VARIABLES", "SIZE"], rows, right=(1,)),
+             "",
+             "load it with plain Paddle (static graph):",
+             f"  paddle.static.set_program_state(program, paddle.load({res.prefix + '.pdparams'!r}, return_numpy=True))"]
+    if res.optimizer_state:
+        lines.append(f"  paddle.static.load(program, {res.prefix!r})   # parameters and optimizer state")
+    else:
+        lines.append(f"  paddle.static.load_program_state({res.prefix!r})   # name -> numpy array")
+    return "\n".join(lines)
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("export", help="write a program's parameters in Paddle's own format (.pdparams/.pdopt)",
+                       description="Write the parameters of one program of a checkpoint (and with --optimizer-state the "
+                       "optimizer variables) as DIR/NAME.pdparams (and NAME.pdopt), the format of paddle.static.save: "
+                       "load them with paddle.static.load, paddle.static.set_program_state or paddle.load, without paddle-acp.")
+    add_ref_args(p)
+    p.add_argument("--program", metavar="KEY", help="program key (or a unique prefix); see `paddle-acp inspect`")
+    p.add_argument("--to", required=True, metavar="DIR", help="local output directory")
+    p.add_argument("--name", default="model", help="file name prefix (default: model)")
+    p.add_argument("--optimizer-state", action="store_true", help="also write the optimizer variables to NAME.pdopt")
+    p.add_argument("--json", action="store_true", help="machine-readable output (the files written)")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    res = export(args.checkpoint, args.to, args.job, args.range, args.number, args.program, args.name,
+                 args.optimizer_state)
+    if args.json:
+        emit_json(to_json(res))
+    else:
+        emit(render(res))
+    return 0

@@ -1,0 +1,162 @@
+"""``paddle-acp gc``: retention by hand. Keeps the newest K committed checkpoints of every range and
+always the newest valid one (the one a restart loads, every checksum read); deletes the older ones and
+the leftovers of interrupted saves untouched for ``--leftover-age`` seconds (a save may be writing them).
+A range without a valid checkpoint loses nothing."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from paddle_acp.errors import StorageError
+from paddle_acp.format.manifest import MANIFEST_NAME
+from paddle_acp.storage.base import Storage, scrub
+from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs
+from paddle_acp.tools.render import emit, emit_json, fmt_duration, human_bytes, plural, table
+from paddle_acp.tools.scan import CORRUPT, CkptInfo, restart_checkpoint, scan_range
+
+KEEP, DELETE, SKIP = "keep", "delete", "skip"
+
+
+@dataclasses.dataclass
+class GcAction:
+    job: str
+    range: str
+    info: CkptInfo
+    action: str  # keep | delete | skip
+    why: str
+
+
+@dataclasses.dataclass
+class GcResult:
+    uri: str
+    keep: int
+    dry_run: bool
+    plan: List[GcAction]
+    deleted: List[GcAction]  # empty on a dry run
+    errors: List[str]
+
+    @property
+    def doomed(self) -> List[GcAction]:
+        return [a for a in self.plan if a.action == DELETE]
+
+
+def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float, now: Optional[float] = None) -> List[GcAction]:
+    """What ``gc`` keeps and deletes; reads (and verifies) but changes nothing."""
+    now = time.time() if now is None else now
+    plan: List[GcAction] = []
+    for job in jobs:
+        for r in list_ranges(storage, job):
+            infos = scan_range(storage, job, r)
+            newest_k = {id(i) for i in [i for i in infos if i.committed][:keep]}
+            newest_valid = restart_checkpoint(storage, job, r, infos)
+            for i in infos:
+                if not i.committed:
+                    age = now - i.mtime if i.mtime is not None else None
+                    if age is not None and age < leftover_age:
+                        plan.append(GcAction(job, r, i, SKIP, f"{i.reason}, but modified {fmt_duration(age)} ago: may be a save in progress"))
+                    else:
+                        plan.append(GcAction(job, r, i, DELETE, i.reason))
+                elif newest_valid is None:
+                    plan.append(GcAction(job, r, i, KEEP, "no valid checkpoint in this range: nothing deleted"))
+                elif i is newest_valid and id(i) not in newest_k:
+                    plan.append(GcAction(job, r, i, KEEP, "newest valid checkpoint (a restart loads it)"))
+                elif id(i) in newest_k:
+                    why = f"among the newest {keep}"
+                    if i is newest_valid:
+                        why += ", a restart loads it"
+                    elif i.status == CORRUPT:
+                        why += f" (CORRUPT: {i.reason})"
+                    plan.append(GcAction(job, r, i, KEEP, why))
+                else:
+                    why = f"older than the newest {keep}"
+                    if i.status == CORRUPT:
+                        why += f" (CORRUPT: {i.reason})"
+                    plan.append(GcAction(job, r, i, DELETE, why))
+    return plan
+
+
+def _delete(storage: Storage, info: CkptInfo) -> None:
+    if info.committed:
+        # the manifest first: a half-deleted checkpoint never looks committed
+        storage.delete_file(f"{info.path}/{MANIFEST_NAME}")
+    storage.delete_dir(info.path)
+
+
+def gc(uri: str, keep: int, dry_run: bool = False, job: Optional[str] = None, leftover_age: float = 600.0) -> GcResult:
+    if keep < 1:
+        raise ToolError(f"--keep must be at least 1, got {keep}")
+    storage = open_root(uri)
+    jobs = select_jobs(storage, job)
+    try:
+        plan = plan_gc(storage, jobs, keep, leftover_age)
+    except StorageError as exc:
+        raise ToolError(f"gc of {storage.uri!r} stopped before deleting anything: {exc}") from exc
+    res = GcResult(storage.uri, keep, dry_run, plan, [], [])
+    if not dry_run:
+        for a in res.doomed:
+            try:
+                _delete(storage, a.info)
+                res.deleted.append(a)
+            except StorageError as exc:
+                res.errors.append(str(exc))
+    return res
+
+
+def to_json(res: GcResult) -> Dict[str, Any]:
+    return {
+        "uri": res.uri,
+        "dry_run": bool(res.dry_run),
+        "keep": res.keep,
+        "actions": [{"job": a.job, "range": a.range, "checkpoint": a.info.name, "action": a.action, "why": a.why,
+                     "bytes": a.info.bytes} for a in res.plan],
+        "deleted": [] if res.dry_run else [a.info.path for a in res.deleted],
+        "freed_bytes": 0 if res.dry_run else sum(a.info.bytes for a in res.deleted),
+        "errors": res.errors,
+    }
+
+
+def render(res: GcResult) -> str:
+    verb = "would delete" if res.dry_run else "delete"
+    lines = [f"gc {res.uri} --keep {res.keep}" + (" (dry run: nothing is changed)" if res.dry_run else "")]
+    rows = [[a.job, a.range, a.info.name, verb if a.action == DELETE else a.action, human_bytes(a.info.bytes), a.why]
+            for a in res.plan]
+    if rows:
+        lines.append(table(["JOB", "RANGE", "CHECKPOINT", "ACTION", "SIZE", "WHY"], rows, right=(4,)))
+    if res.dry_run:
+        n, freed = len(res.doomed), sum(a.info.bytes for a in res.doomed)
+        lines.append(f"dry run: {n} {plural(n, 'directory', 'directories')} ({human_bytes(freed)}) would be deleted; "
+                     "nothing was changed")
+    else:
+        n = len(res.deleted)
+        lines.append(f"deleted {n} {plural(n, 'directory', 'directories')}, "
+                     f"freed {human_bytes(sum(a.info.bytes for a in res.deleted))}")
+    return "\n".join(lines)
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("gc", help="delete old checkpoints and leftovers by hand (keeps the newest valid one)",
+                       description="Keep the newest K committed checkpoints of every range (and always the newest valid "
+                       "one) and delete the older ones and the leftovers of interrupted saves.")
+    p.add_argument("uri", metavar="URI", help="storage root")
+    p.add_argument("--keep", type=int, required=True, metavar="K", help="committed checkpoints to keep per range (>= 1)")
+    p.add_argument("--dry-run", action="store_true", help="only show what would be deleted")
+    p.add_argument("--job", help="only this job")
+    p.add_argument("--leftover-age", type=float, default=600.0, metavar="SECONDS",
+                   help="delete uncommitted leftovers only when untouched this long (default 600: a save may be in progress)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    res = gc(args.uri, args.keep, args.dry_run, args.job, args.leftover_age)
+    if args.json:
+        emit_json(to_json(res))
+        return 2 if res.errors else 0
+    emit(render(res))
+    for e in res.errors:
+        print(f"paddle-acp: error: {scrub(e)}", file=sys.stderr)
+    return 2 if res.errors else 0

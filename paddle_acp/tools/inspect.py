@@ -1,0 +1,169 @@
+"""``paddle-acp inspect``: one checkpoint's manifest (programs, variables and their kinds, LR scheduler,
+RNG, the Paddle version and IR it was made with), its data file, and whether a restart loads it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any, Dict, List, Optional
+
+from paddle_acp.format.manifest import DATA_NAME, Manifest
+from paddle_acp.tools.kinds import tensor_kinds
+from paddle_acp.tools.refs import load_manifest, resolve_checkpoint
+from paddle_acp.tools.render import emit, emit_json, fmt_time, human_bytes, table
+from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, scan_range
+
+
+@dataclasses.dataclass
+class InspectResult:
+    uri: str
+    job: str
+    manifest: Manifest
+    data_file_size: Optional[int]  # None: the data file is missing
+    restart: Optional[int]  # the number of the checkpoint a restart loads (None: none is valid)
+    this: Optional[CkptInfo]  # this checkpoint as the range's scan saw it (its data status)
+    programs: List[Dict[str, Any]]  # key, label, lr_scheduler, tensors (each with its kind)
+
+    @property
+    def loads(self) -> bool:
+        return self.restart == self.manifest.number
+
+
+def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str] = None,
+            number: Optional[int] = None) -> InspectResult:
+    ref = resolve_checkpoint(checkpoint, job, range_name, number)
+    m = load_manifest(ref)
+    data_size = None
+    try:
+        data_size = ref.storage.size(f"{ref.path}/{DATA_NAME}")
+    except FileNotFoundError:
+        pass
+    infos = scan_range(ref.storage, ref.job, ref.range)
+    restart = restart_checkpoint(ref.storage, ref.job, ref.range, infos)
+    this = next((i for i in infos if i.number == m.number and i.committed), None)
+    programs = []
+    for p in m.programs:
+        kinds = {n: {"lr": "learning rate"}.get(k, k) for n, k in tensor_kinds([t.name for t in p.tensors]).items()}
+        programs.append({"key": p.key, "label": p.label, "lr_scheduler": p.lr_scheduler,
+                         "tensors": [dict(t.to_json(), kind=kinds[t.name]) for t in p.tensors]})
+    return InspectResult(ref.uri, ref.job, m, data_size, restart.number if restart else None, this, programs)
+
+
+def rng_summary(rng: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    if not rng:
+        return {"saved": False}
+    return {
+        "saved": True,
+        "paddle_generators": len(rng.get("paddle") or []),
+        "numpy": rng.get("numpy") is not None,
+        "python": rng.get("python") is not None,
+    }
+
+
+def to_json(res: InspectResult) -> Dict[str, Any]:
+    m = res.manifest
+    return {
+        "checkpoint": res.uri,
+        "job": res.job,
+        "range": m.range.to_json(),
+        "number": m.number,
+        "created": m.created,
+        "paddle_version": m.paddle_version,
+        "ir": m.ir,
+        "rng": rng_summary(m.rng),
+        "data_size": m.data_size,
+        "data_file_size": res.data_file_size,
+        "restart": res.loads,
+        "data_status": res.this.status if res.this is not None else None,
+        "data_problem": (res.this.reason or None) if res.this is not None else None,
+        "extra_keys": sorted(m.extra),
+        "programs": res.programs,
+    }
+
+
+def _data_text(res: InspectResult) -> str:
+    m, size, this = res.manifest, res.data_file_size, res.this
+    if size is None:
+        return f"{DATA_NAME} MISSING (manifest says {m.data_size} bytes)"
+    if size != m.data_size:
+        return f"{DATA_NAME} {size} bytes, manifest says {m.data_size}: CORRUPT"
+    if this is not None and this.status == CORRUPT:
+        return f"{DATA_NAME} {human_bytes(size)}: CORRUPT ({this.reason})"
+    if this is not None and this.status == VERIFIED:
+        return f"{DATA_NAME} {human_bytes(size)} ({size} bytes; every checksum verified)"
+    return f"{DATA_NAME} {human_bytes(size)} ({size} bytes; checksums: run `paddle-acp verify`)"
+
+
+def render(res: InspectResult) -> str:
+    m = res.manifest
+    r = m.range
+    where = "end of epoch" if r.step is None else f"mid-epoch, after {r.step} step(s) of epoch {r.epoch_no}"
+    if res.loads:
+        loads = "yes"
+    elif res.restart is None:
+        loads = "no (no valid checkpoint in this range)"
+    else:
+        loads = f"no (a restart loads ckpt-{res.restart})"
+    rng = rng_summary(m.rng)
+    if rng["saved"]:
+        yn = {True: "yes", False: "no"}
+        rng_text = (f"yes (Paddle: {rng['paddle_generators']} generator(s), NumPy: {yn[rng['numpy']]}, "
+                    f"Python: {yn[rng['python']]})")
+    else:
+        rng_text = "no"
+    rows = [
+        ("checkpoint", res.uri),
+        ("number", str(m.number)),
+        ("created", fmt_time(m.created)),
+        ("job / range", f"{res.job} / {r.name}"),
+        ("epoch", f"{r.epoch_no} (max_epoch_num {r.max_epoch_num}), {where}"),
+        ("restart loads it", loads),
+        ("made with", f"Paddle {m.paddle_version or '?'}, IR {m.ir or '?'}"),
+        ("RNG saved", rng_text),
+        ("data", _data_text(res)),
+    ]
+    if m.extra:
+        rows.append(("extra", ", ".join(sorted(m.extra))))
+    w = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(w)}  {v}" for k, v in rows]
+    for p in res.programs:
+        n_param = sum(1 for t in p["tensors"] if t["kind"] == "param")
+        lines += ["", f"program {p['key']}  ({p['label']})"]
+        if p["lr_scheduler"] is not None:
+            sched = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(p["lr_scheduler"].items()))
+            lines.append(f"  LR scheduler: {sched}")
+        else:
+            lines.append("  LR scheduler: none saved")
+        trows = [[t["name"], t["kind"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]", t["nbytes"]]
+                 for t in p["tensors"]]
+        lines.append(table(["VARIABLE", "KIND", "DTYPE", "SHAPE", "BYTES"], trows, right=(4,), indent="  "))
+        total = sum(t["nbytes"] for t in p["tensors"])
+        lines.append(f"  {len(p['tensors'])} variables, {human_bytes(total)}; "
+                     f"{n_param} parameters, {len(p['tensors']) - n_param} optimizer variables (learning rate included)")
+    return "\n".join(lines)
+
+
+def add_ref_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="URI/JOB/range/RANGE/ckpt-N, or the storage root URI with --job/--range/--number")
+    p.add_argument("--job", help="job id (with a storage root URI; optional when there is one job)")
+    p.add_argument("--range", help="range name, e.g. _range_0 (optional when the job has one range)")
+    p.add_argument("--number", type=int, help="checkpoint number (default: the one a restart loads)")
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("inspect", help="show one checkpoint's manifest",
+                       description="Show a checkpoint's programs, variables, LR scheduler, RNG and the Paddle version/IR it was made with.")
+    add_ref_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    res = inspect(args.checkpoint, args.job, args.range, args.number)
+    if args.json:
+        emit_json(to_json(res))
+    else:
+        emit(render(res))
+    return 0

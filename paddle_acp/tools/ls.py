@@ -1,0 +1,131 @@
+"""``paddle-acp ls``: jobs, ranges and checkpoints under a storage root, newest first; ``*`` marks the
+checkpoint a restart would load."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+from paddle_acp.format.manifest import Manifest
+from paddle_acp.tools.discovery import list_ranges, open_root, read_job_marker, select_jobs
+from paddle_acp.tools.render import emit, emit_json, fmt_time, human_bytes, table
+from paddle_acp.tools.scan import CORRUPT, CkptInfo, scan_range
+
+
+@dataclasses.dataclass
+class RangeListing:
+    range: str
+    checkpoints: List[CkptInfo]  # newest first
+
+    @property
+    def restart(self) -> Optional[CkptInfo]:
+        return next((i for i in self.checkpoints if i.restart), None)
+
+
+@dataclasses.dataclass
+class JobListing:
+    job: str
+    created: Optional[float]
+    ranges: List[RangeListing]
+
+
+@dataclasses.dataclass
+class LsResult:
+    uri: str
+    verified: bool
+    jobs: List[JobListing]
+
+
+def ls(uri: str, job: Optional[str] = None, verify: bool = False) -> LsResult:
+    storage = open_root(uri)
+    jobs = []
+    for name in select_jobs(storage, job):
+        marker = read_job_marker(storage, name)
+        ranges = [RangeListing(r, scan_range(storage, name, r, verify=verify)) for r in list_ranges(storage, name)]
+        jobs.append(JobListing(name, marker.get("created"), ranges))
+    return LsResult(storage.uri, verify, jobs)
+
+
+def to_json(res: LsResult) -> Dict[str, Any]:
+    return {
+        "uri": res.uri,
+        "verified": bool(res.verified),
+        "jobs": [
+            {
+                "job": j.job,
+                "created": j.created,
+                "ranges": [
+                    {"range": r.range, "restart": r.restart.number if r.restart else None,
+                     "checkpoints": [i.to_json() for i in r.checkpoints]}
+                    for r in j.ranges
+                ],
+            }
+            for j in res.jobs
+        ],
+    }
+
+
+def epoch_cell(m: Optional[Manifest]) -> str:
+    return "-" if m is None else str(m.range.epoch_no)
+
+
+def step_cell(m: Optional[Manifest]) -> str:
+    return "-" if m is None or m.range.step is None else str(m.range.step)
+
+
+def status_cell(i: CkptInfo) -> str:
+    if i.valid:
+        return i.status + (f" ({i.reason})" if i.multirank and i.reason else "")
+    if i.status == CORRUPT:
+        return f"CORRUPT: {i.reason}"
+    return f"uncommitted ({i.reason})"
+
+
+def render(res: LsResult) -> str:
+    lines = [f"storage {res.uri}"]
+    for j in res.jobs:
+        n_ck = sum(1 for r in j.ranges for i in r.checkpoints if i.committed)
+        created = f", created {fmt_time(j.created)}" if j.created else ""
+        lines += ["", f"job {j.job}: {len(j.ranges)} range(s), {n_ck} checkpoint(s){created}"]
+        if not j.ranges:
+            lines.append("  (no checkpoints yet)")
+        for r in j.ranges:
+            restart = r.restart.name if r.restart else "nothing (would start from scratch)"
+            lines.append(f"  range {r.range}: a restart loads {restart}")
+            rows = []
+            for i in r.checkpoints:
+                m = i.manifest
+                rows.append(["*" if i.restart else "", i.name, epoch_cell(m), step_cell(m), human_bytes(i.bytes),
+                             fmt_time(m.created if m is not None else i.mtime), status_cell(i)])
+            if rows:
+                lines.append(table(["", "CHECKPOINT", "EPOCH", "STEP", "SIZE", "CREATED", "STATUS"], rows,
+                                   right=(2, 3, 4), indent="    "))
+            else:
+                lines.append("    (no checkpoints)")
+    lines.append("")
+    if res.verified:
+        lines.append("* = the checkpoint a restart loads (every checksum verified)")
+    else:
+        lines.append("* = the checkpoint a restart loads (checksums not read: run `paddle-acp verify` to check them)")
+    return "\n".join(lines)
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("ls", help="list jobs, ranges and checkpoints (newest first) under a storage root",
+                       description="List jobs, ranges and checkpoints under a storage root, newest first, "
+                       "and mark (*) the checkpoint a restart would load.")
+    p.add_argument("uri", metavar="URI", help="storage root (the PADDLE_ACP_CHECKPOINT_URI of the job)")
+    p.add_argument("--job", help="only this job")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--verify", action="store_true", help="also read the data and check every checksum (slower)")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    res = ls(args.uri, args.job, verify=args.verify)
+    if args.json:
+        emit_json(to_json(res))
+    else:
+        emit(render(res))
+    return 0

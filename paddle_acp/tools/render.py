@@ -1,0 +1,107 @@
+"""Text rendering shared by the commands: sizes, times, durations, tables, the output line.
+
+Every command computes a result object first; these helpers turn it into today's text. Nothing
+here reads storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Union
+
+from paddle_acp.storage.base import scrub
+
+
+def human_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def fmt_time(t: Optional[float]) -> str:
+    if t is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # not a time a calendar can show
+        return f"{t!r} (not a valid time)"
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+    return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
+
+
+def fmt_seconds(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence[int] = (), indent: str = "") -> str:
+    """A plain-text table; columns in ``right`` are right-aligned."""
+    cells = [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in cells:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+
+    def line(row: Sequence[str]) -> str:
+        out = []
+        for i, c in enumerate(row):
+            out.append(c.rjust(widths[i]) if i in right else c.ljust(widths[i]))
+        return (indent + "  ".join(out)).rstrip()
+
+    return "\n".join([line(headers)] + [line(r) for r in cells])
+
+
+def natural_key(s: str) -> List[Union[int, str]]:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+
+def plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def emit(text: str) -> None:
+    """Write a rendered result (lines joined by newlines) to stdout, secrets scrubbed."""
+    sys.stdout.write(scrub(text) + "\n")
+
+
+def emit_json(doc: Any) -> None:
+    """A result's JSON form on stdout (indented), secrets scrubbed."""
+    emit(json.dumps(doc, indent=2))
+
+
+def guard(fn: Callable[[Any], int]) -> Callable[[Any], int]:
+    """Wrap a command: stdout closed early (``| head``) is not an error."""
+
+    def run(args: Any) -> int:
+        try:
+            return fn(args)
+        except BrokenPipeError:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            except OSError:
+                pass
+            return 0
+
+    run.__name__ = getattr(fn, "__name__", "command")
+    run.__doc__ = fn.__doc__
+    return run

@@ -1,0 +1,116 @@
+"""``paddle-acp verify``: read every committed checkpoint and check its manifest and every checksum.
+
+Fails (exit status 1) when the checkpoint a restart would load first (the newest committed one of a
+range) is bad, when a range has checkpoint directories but none valid, or when nothing is valid at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+from paddle_acp.errors import StorageError
+from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs, uri_join
+from paddle_acp.tools.ls import epoch_cell
+from paddle_acp.tools.render import emit, emit_json, table
+from paddle_acp.tools.scan import CkptInfo, scan_range
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    uri: str
+    job: Optional[str]  # the --job asked for
+    jobs: List[str]
+    checked: int  # committed checkpoints read
+    valid: int
+    ranges: Dict[str, Dict[str, List[CkptInfo]]]  # job -> range -> checkpoints, newest first
+    failures: List[str]  # each a reason the exit status is 1
+    bad_older: List[str]  # bad checkpoints a restart would not try first
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def verify(uri: str, job: Optional[str] = None) -> VerifyResult:
+    storage = open_root(uri)
+    jobs = select_jobs(storage, job)
+    res = VerifyResult(storage.uri, job, jobs, 0, 0, {}, [], [])
+    for j in jobs:
+        res.ranges[j] = {}
+        for r in list_ranges(storage, j):
+            try:
+                infos = scan_range(storage, j, r, verify=True)
+            except StorageError as exc:
+                raise ToolError(f"cannot read job {j!r} range {r!r} under {storage.uri!r}: {exc}") from exc
+            res.ranges[j][r] = infos
+            committed = [i for i in infos if i.committed]
+            res.checked += len(committed)
+            res.valid += sum(1 for i in committed if i.valid)
+            if committed and not committed[0].valid:
+                newest = committed[0]
+                fallback = next((i for i in committed if i.valid), None)
+                then = f"fall back to {fallback.name}" if fallback else "START FROM SCRATCH (no valid checkpoint)"
+                res.failures.append(f"{uri_join(storage.uri, newest.path)} is bad ({newest.reason}): "
+                                    f"a restart of job {j!r} range {r!r} would {then}")
+            elif infos and not any(i.valid for i in committed):
+                res.failures.append(
+                    f"job {j!r} range {r!r} has {len(infos)} checkpoint director{'y' if len(infos) == 1 else 'ies'} "
+                    "but no valid (committed) checkpoint: a restart would START FROM SCRATCH"
+                )
+            for i in committed[1:]:
+                if not i.valid:
+                    res.bad_older.append(f"{uri_join(storage.uri, i.path)} is bad ({i.reason})")
+    if res.valid == 0 and not res.failures:
+        which = f"job {job!r}" if job else f"{len(jobs)} job(s)"
+        res.failures.append(f"no valid checkpoint in {which} under {storage.uri}: a restart would START FROM SCRATCH")
+    return res
+
+
+def _rows(res: VerifyResult) -> List[List[str]]:
+    rows = []
+    for j, ranges in res.ranges.items():
+        for r, infos in ranges.items():
+            for i in infos:
+                status = ("ok" if i.valid else f"BAD: {i.reason}") if i.committed else f"ignored: {i.reason}"
+                rows.append([j, r, i.name, epoch_cell(i.manifest), "*" if i.restart else "", status])
+    return rows
+
+
+def to_json(res: VerifyResult) -> Dict[str, Any]:
+    keys = ["job", "range", "checkpoint", "epoch", "restart", "status"]
+    return {"uri": res.uri, "ok": res.ok, "failures": res.failures, "bad_older": res.bad_older,
+            "checked": res.checked, "rows": [dict(zip(keys, r)) for r in _rows(res)]}
+
+
+def render(res: VerifyResult) -> str:
+    lines = [f"verifying {res.uri}"]
+    rows = _rows(res)
+    if rows:
+        lines.append(table(["JOB", "RANGE", "CHECKPOINT", "EPOCH", "", "STATUS"], rows, right=(3,)))
+    lines += [f"warning: older checkpoint {w}" for w in res.bad_older]
+    if res.failures:
+        lines += [f"FAILED: {f}" for f in res.failures]
+    else:
+        lines.append(f"OK: {res.checked} checkpoint(s) verified; every checkpoint a restart loads (*) is intact")
+    return "\n".join(lines)
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("verify", help="check every checkpoint's checksums (exit 1 if the one a restart loads is bad)",
+                       description="Read every committed checkpoint and check its manifest and checksums. Exit status 1 "
+                       "when the newest committed checkpoint of a range (the one a restart loads) is bad.")
+    p.add_argument("uri", metavar="URI", help="storage root")
+    p.add_argument("--job", help="only this job")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    res = verify(args.uri, args.job)
+    if args.json:
+        emit_json(to_json(res))
+    else:
+        emit(render(res))
+    return 0 if res.ok else 1
