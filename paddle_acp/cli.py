@@ -11,7 +11,7 @@ import logging
 import os
 import runpy
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.errors import AcpError
@@ -42,7 +42,7 @@ def redirect_paddle_auto_checkpoint() -> None:
             continue
         setattr(parent, leaf, ours[which])
         sys.modules[name] = ours[which]
-    coll = sys.modules.get("paddle.incubate.distributed.fleet.collective")
+    coll: Any = sys.modules.get("paddle.incubate.distributed.fleet.collective")
     if coll is not None:  # fleet imported Paddle's saver names directly
         coll.CheckpointSaver, coll.PaddleModel = checkpoint_saver.CheckpointSaver, checkpoint_saver.PaddleModel
 

@@ -19,9 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from paddle_acp import cli, config, tools
-from paddle_acp.errors import ConfigError
+from paddle_acp.errors import ConfigError, StorageError
 from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.runtime.preemption import exit_on_preempt_from_env
 from paddle_acp.storage import open_storage
 from paddle_acp.tools import refs
 
@@ -675,7 +674,7 @@ def _readers(raw):
     """Each boolean variable read through its own entry point: (name, value or the ConfigError)."""
     out = []
     for name, read in (("PADDLE_ACP_ASYNC", lambda env: config.from_env(env).async_save),
-                       ("PADDLE_ACP_EXIT_ON_PREEMPT", exit_on_preempt_from_env),
+                       ("PADDLE_ACP_EXIT_ON_PREEMPT", config.exit_on_preempt_from_env),
                        ("PADDLE_ACP_PROGRESS", config.progress_from_env)):
         env = {"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x", name: raw}
         try:
@@ -694,7 +693,7 @@ def test_every_boolean_variable_reads_the_same_words(word, pad, upper):
 
 
 @given(st.text(max_size=12).filter(lambda s: s.strip() and s.strip().lower() not in
-                                   config.TRUE_WORDS + config.FALSE_WORDS + ("always", "never")))
+                                   config.TRUE_WORDS + config.FALSE_WORDS + ("always", "never", "auto")))
 def test_every_boolean_variable_refuses_other_words_naming_itself(raw):
     for name, v in _readers(raw):
         assert isinstance(v, ConfigError) and str(v).startswith(f"{name}={raw!r} is not a boolean (use 1 or 0"), (name, v)
@@ -715,3 +714,128 @@ def test_job_directories_follow_the_job_id_rule(tmp_path, capsys):
         assert config.is_valid_job_id(bad) is False
         assert cli.main(["ls", str(tmp_path), f"--job={bad}"]) == 2
         assert f"{bad!r} is not a valid job id" in capsys.readouterr().err
+
+
+# -- checkpoints of several ranks (ckpt-e<E>[-s<S>]/rank-<k>/ + global.json) ---------------------------
+def _rank_snapshot(rank, epoch):
+    from paddle_acp.format.manifest import RangeRecord
+    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
+
+    ts = [TensorData("w", "float32", np.full(5, 10 * rank + epoch, dtype="float32")),
+          TensorData("w_moment1_0", "float32", np.full(5, -rank, dtype="float32"))]
+    prog = ProgramSnapshot("fp-shared", "pir: test", ts, {"last_epoch": epoch})
+    return Snapshot(RangeRecord(RANGE, epoch, 100, None), [prog], None, "3.3.1", "pir")
+
+
+def _save_ranks(root, epoch, ranks=(0, 1), world=2):
+    """The ranks write their parts of one position; rank 0 (in a thread) commits when all arrived."""
+    import threading
+
+    from paddle_acp.format.multirank import GlobalCheckpointer
+
+    def gck(rank):
+        g = GlobalCheckpointer(open_storage(str(root)), JOB, RANGE, rank, world, 100, 0.2 if len(ranks) < world else 60.0)
+        g.poll_interval = 0.005
+        return g
+
+    t = None
+    if 0 in ranks:
+        t = threading.Thread(target=lambda: gck(0).save(_rank_snapshot(0, epoch), "per-rank"))
+        t.start()
+    for r in ranks:
+        if r:
+            gck(r).save(_rank_snapshot(r, epoch), "per-rank")
+    if t is not None:
+        t.join()
+
+
+@pytest.fixture
+def ranks_root(tmp_path):
+    """ckpt-0 of one writer (epoch 0), ckpt-e1..e3 of two ranks, ckpt-e4 abandoned (rank 1 only), and
+    ckpt-e0 a link to a directory outside the job."""
+    root = tmp_path / "ranks"
+    Checkpointer(open_storage(str(root)), JOB, RANGE, 100).save(_rank_snapshot(0, 0))
+    for e in (1, 2, 3):
+        _save_ranks(root, e)
+    _save_ranks(root, 4, ranks=(1,))
+    victim = tmp_path / "victim" / "ckpt-e0"
+    victim.mkdir(parents=True)
+    (victim / "global.json").write_text("{}")
+    os.symlink(victim, root / JOB / "range" / RANGE / "ckpt-e0")
+    return root
+
+
+def test_inspect_and_export_read_one_rank_of_a_checkpoint_of_several_ranks(ranks_root, tmp_path, capsys):
+    root = str(ranks_root)
+    assert cli.main(["inspect", root]) == 0
+    out = capsys.readouterr().out
+    assert f"{root}/{JOB}/range/{RANGE}/ckpt-e3" in out and "restart loads it  yes" in out, out
+    assert "written by        2 ranks (per-rank); this is the part of rank 0; --rank 1 shows another" in out, out
+    assert "every checksum verified" in out and "w_moment1_0  optimizer" in out, out
+    assert cli.main(["inspect", f"{root}/{JOB}/range/{RANGE}/ckpt-e2", "--rank", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["part"] == {"rank": 1, "ranks": [0, 1], "world_size": 2, "mode": "per-rank"}
+    assert doc["restart"] is False and doc["range"]["epoch_no"] == 2 and doc["data_status"] == "ok"
+    assert cli.main(["inspect", f"{root}/{JOB}/range/{RANGE}/ckpt-e2", "--rank", "5"]) == 2
+    assert "has no part of rank 5 (it has the parts of ranks 0, 1): choose one with --rank" in capsys.readouterr().err
+    assert cli.main(["inspect", f"{root}/{JOB}/range/{RANGE}/ckpt-0", "--rank", "1"]) == 2
+    assert "was written by one process" in capsys.readouterr().err
+    assert cli.main(["inspect", f"{root}/{JOB}/range/{RANGE}/ckpt-e4"]) == 2  # abandoned: never committed
+    assert "ckpt-e4: global.json is missing (checkpoint not committed)" in capsys.readouterr().err
+
+    for rank in (0, 1):
+        dest = str(tmp_path / f"export-{rank}")
+        assert cli.main(["export", f"{root}/{JOB}/range/{RANGE}/ckpt-e3", "--rank", str(rank), "--to", dest,
+                         "--optimizer-state"]) == 0
+        capsys.readouterr()
+        import pickle
+
+        with open(os.path.join(dest, "model.pdparams"), "rb") as f:
+            params = pickle.load(f)
+        with open(os.path.join(dest, "model.pdopt"), "rb") as f:
+            opt = pickle.load(f)
+        assert sorted(params) == ["w"] and np.array_equal(params["w"], np.full(5, 10 * rank + 3, dtype="float32"))
+        assert sorted(opt) == ["w_moment1_0"] and np.array_equal(opt["w_moment1_0"], np.full(5, -rank, dtype="float32"))
+        with open(os.path.join(dest, "model.export.json")) as f:
+            assert json.load(f)["rank"] == rank
+    # a damaged part: export refuses, naming it
+    data = ranks_root / JOB / "range" / RANGE / "ckpt-e3" / "rank-1" / "tensors.bin"
+    flip_byte(str(data), 0)
+    assert cli.main(["export", f"{root}/{JOB}/range/{RANGE}/ckpt-e3", "--rank", "1", "--to", str(tmp_path / "x")]) == 2
+    assert "it is corrupt (rank-1/tensors.bin: checksum mismatch in tensor 'w'" in capsys.readouterr().err
+
+
+def test_gc_deletes_checkpoints_of_several_ranks_global_manifest_first_never_through_a_link(ranks_root, tmp_path,
+                                                                                          capsys, monkeypatch):
+    root = str(ranks_root)
+    rdir = ranks_root / JOB / "range" / RANGE
+    assert cli.main(["gc", root, "--keep", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    actions = {line.split()[2]: line.split()[3] for line in out.splitlines()[2:-1]}
+    assert actions == {"ckpt-e4": "skip", "ckpt-e3": "keep", "ckpt-e2": "would", "ckpt-e1": "would", "ckpt-0": "would"}, out
+
+    # a deletion that fails half-way leaves no directory that looks committed
+    from paddle_acp.storage.base import Storage
+
+    real = Storage.delete_dir
+
+    def fail_on_e2(self, path):
+        if path.endswith("ckpt-e2"):
+            raise StorageError("injected: the disk went away")
+        return real(self, path)
+
+    monkeypatch.setattr(Storage, "delete_dir", fail_on_e2)
+    assert cli.main(["gc", root, "--keep", "1"]) == 2
+    capsys.readouterr()
+    assert not (rdir / "ckpt-e2" / "global.json").exists() and (rdir / "ckpt-e2" / "rank-0").is_dir()
+    monkeypatch.setattr(Storage, "delete_dir", real)
+    assert cli.main(["ls", root, "--json"]) == 0
+    (rng,) = json.loads(capsys.readouterr().out)["jobs"][0]["ranges"]
+    e2 = next(c for c in rng["checkpoints"] if c["name"] == "ckpt-e2")
+    assert e2["committed"] is False and e2["reason"] == "no global manifest (not committed, or abandoned)"
+
+    assert cli.main(["gc", root, "--keep", "1", "--leftover-age", "0"]) == 0
+    capsys.readouterr()
+    assert sorted(os.listdir(rdir)) == ["ckpt-e0", "ckpt-e3"]
+    assert os.path.islink(rdir / "ckpt-e0") and (tmp_path / "victim" / "ckpt-e0" / "global.json").exists()
+    assert cli.main(["verify", root]) == 0

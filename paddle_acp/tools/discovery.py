@@ -14,8 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.config import is_valid_job_id
 from paddle_acp.errors import AcpError, StorageError
-from paddle_acp.format.checkpointer import JOB_MARKER
-from paddle_acp.format.manifest import MANIFEST_NAME
+from paddle_acp.format.layout import JOB_MARKER, MANIFEST_NAME
 from paddle_acp.storage.base import Storage, open_storage, redact
 from paddle_acp.tools.render import natural_key
 

@@ -61,8 +61,8 @@ def write_pickle(path: str, obj: Any) -> int:
 
 def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Optional[str] = None,
            number: Optional[int] = None, program: Optional[str] = None, name: str = "model",
-           optimizer_state: bool = False) -> ExportResult:
-    ref = resolve_checkpoint(checkpoint, job, range_name, number)
+           optimizer_state: bool = False, rank: Optional[int] = None) -> ExportResult:
+    ref = resolve_checkpoint(checkpoint, job, range_name, number, rank)
     m = load_manifest(ref)
     prog = pick_program(m, program, ref)
     ir = program_ir(prog.label, m.ir)
@@ -71,7 +71,8 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
         raise ToolError(f"--name {name!r} must be a plain file name prefix")
     want = {(prog.key, t.name) for t in prog.tensors if optimizer_state or split[t.name] == "pdparams"}
     try:
-        _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting")
+        _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting",
+                                    base=ref.part_path)
     except CorruptCheckpointError as exc:
         raise ToolError(f"cannot export checkpoint {ref.uri}: it is corrupt ({short_reason(exc, ref.path)})") from exc
     except StorageError as exc:
@@ -91,6 +92,7 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
             files.append((prefix + ".pdopt", len(opt), write_pickle(prefix + ".pdopt", opt)))
         info = {
             "source": ref.uri,
+            **({"rank": ref.rank} if ref.multirank else {}),
             "number": m.number,
             "range": m.range.to_json(),
             "program": prog.key,
@@ -147,7 +149,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     res = export(args.checkpoint, args.to, args.job, args.range, args.number, args.program, args.name,
-                 args.optimizer_state)
+                 args.optimizer_state, args.rank)
     if args.json:
         emit_json(to_json(res))
     else:

@@ -12,7 +12,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from paddle_acp.errors import StorageError
-from paddle_acp.format.manifest import MANIFEST_NAME
+from paddle_acp.format.retention import delete_checkpoint
 from paddle_acp.storage.base import Storage, scrub
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs
 from paddle_acp.tools.render import emit, emit_json, fmt_duration, human_bytes, plural, table
@@ -80,10 +80,12 @@ def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float, n
 
 
 def _delete(storage: Storage, info: CkptInfo) -> None:
-    if info.committed:
-        # the manifest first: a half-deleted checkpoint never looks committed
-        storage.delete_file(f"{info.path}/{MANIFEST_NAME}")
-    storage.delete_dir(info.path)
+    """The commit file first (``manifest.json``, or ``global.json`` of a checkpoint of several ranks): a
+    half-deleted checkpoint never looks committed. Only directories the scan found inside the job's own
+    range directory; never through a symbolic link (the storage refuses)."""
+    if not info.path.startswith(f"{info.job}/range/{info.range}/"):  # pragma: no cover - the scan builds it so
+        raise ToolError(f"refusing to delete {info.path!r}: not inside range {info.range!r} of job {info.job!r}")
+    delete_checkpoint(storage, info.path, info.committed)
 
 
 def gc(uri: str, keep: int, dry_run: bool = False, job: Optional[str] = None, leftover_age: float = 600.0) -> GcResult:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.format.manifest import DATA_NAME, Manifest
 from paddle_acp.tools.kinds import tensor_kinds
-from paddle_acp.tools.refs import load_manifest, resolve_checkpoint
+from paddle_acp.tools.refs import load_manifest, read_part, resolve_checkpoint
 from paddle_acp.tools.render import emit, emit_json, fmt_time, human_bytes, table
 from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, scan_range
 
@@ -21,33 +21,40 @@ class InspectResult:
     job: str
     manifest: Manifest
     data_file_size: Optional[int]  # None: the data file is missing
-    restart: Optional[int]  # the number of the checkpoint a restart loads (None: none is valid)
+    restart: Optional[str]  # the name of the checkpoint a restart loads (None: none is valid)
     this: Optional[CkptInfo]  # this checkpoint as the range's scan saw it (its data status)
     programs: List[Dict[str, Any]]  # key, label, lr_scheduler, tensors (each with its kind)
+    name: str = ""  # the checkpoint's directory name
+    part: Optional[Dict[str, Any]] = None  # several ranks: rank, ranks, world_size, mode of the part shown
 
     @property
     def loads(self) -> bool:
-        return self.restart == self.manifest.number
+        return self.restart == self.name
 
 
 def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str] = None,
-            number: Optional[int] = None) -> InspectResult:
-    ref = resolve_checkpoint(checkpoint, job, range_name, number)
+            number: Optional[int] = None, rank: Optional[int] = None) -> InspectResult:
+    ref = resolve_checkpoint(checkpoint, job, range_name, number, rank)
     m = load_manifest(ref)
+    part = None
+    if ref.multirank:
+        g, raws = read_part(ref)
+        part = {"rank": ref.rank, "ranks": sorted(raws), "world_size": g.world_size, "mode": g.mode}
     data_size = None
     try:
-        data_size = ref.storage.size(f"{ref.path}/{DATA_NAME}")
+        data_size = ref.storage.size(f"{ref.part_path}/{DATA_NAME}")
     except FileNotFoundError:
         pass
     infos = scan_range(ref.storage, ref.job, ref.range)
     restart = restart_checkpoint(ref.storage, ref.job, ref.range, infos)
-    this = next((i for i in infos if i.number == m.number and i.committed), None)
+    this = next((i for i in infos if i.name == ref.dir_name and i.committed), None)
     programs = []
     for p in m.programs:
         kinds = {n: {"lr": "learning rate"}.get(k, k) for n, k in tensor_kinds([t.name for t in p.tensors]).items()}
         programs.append({"key": p.key, "label": p.label, "lr_scheduler": p.lr_scheduler,
                          "tensors": [dict(t.to_json(), kind=kinds[t.name]) for t in p.tensors]})
-    return InspectResult(ref.uri, ref.job, m, data_size, restart.number if restart else None, this, programs)
+    return InspectResult(ref.uri, ref.job, m, data_size, restart.name if restart else None, this, programs,
+                         ref.dir_name, part)
 
 
 def rng_summary(rng: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -79,6 +86,7 @@ def to_json(res: InspectResult) -> Dict[str, Any]:
         "data_problem": (res.this.reason or None) if res.this is not None else None,
         "extra_keys": sorted(m.extra),
         "programs": res.programs,
+        **({"part": res.part} if res.part is not None else {}),
     }
 
 
@@ -95,6 +103,15 @@ def _data_text(res: InspectResult) -> str:
     return f"{DATA_NAME} {human_bytes(size)} ({size} bytes; checksums: run `paddle-acp verify`)"
 
 
+def _part_rows(res: InspectResult) -> List[Tuple[str, str]]:
+    if res.part is None:
+        return []
+    p = res.part
+    others = [r for r in p["ranks"] if r != p["rank"]]
+    more = f"; --rank {others[0]} shows another" if others else ""
+    return [("written by", f"{p['world_size']} ranks ({p['mode']}); this is the part of rank {p['rank']}{more}")]
+
+
 def render(res: InspectResult) -> str:
     m = res.manifest
     r = m.range
@@ -104,7 +121,7 @@ def render(res: InspectResult) -> str:
     elif res.restart is None:
         loads = "no (no valid checkpoint in this range)"
     else:
-        loads = f"no (a restart loads ckpt-{res.restart})"
+        loads = f"no (a restart loads {res.restart})"
     rng = rng_summary(m.rng)
     if rng["saved"]:
         yn = {True: "yes", False: "no"}
@@ -117,6 +134,7 @@ def render(res: InspectResult) -> str:
         ("number", str(m.number)),
         ("created", fmt_time(m.created)),
         ("job / range", f"{res.job} / {r.name}"),
+        *_part_rows(res),
         ("epoch", f"{r.epoch_no} (max_epoch_num {r.max_epoch_num}), {where}"),
         ("restart loads it", loads),
         ("made with", f"Paddle {m.paddle_version or '?'}, IR {m.ir or '?'}"),
@@ -150,6 +168,8 @@ def add_ref_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", help="job id (with a storage root URI; optional when there is one job)")
     p.add_argument("--range", help="range name, e.g. _range_0 (optional when the job has one range)")
     p.add_argument("--number", type=int, help="checkpoint number (default: the one a restart loads)")
+    p.add_argument("--rank", type=int, metavar="K",
+                   help="of a checkpoint of several ranks (ckpt-e<E>[-s<S>]): the part of rank K (default 0)")
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -161,7 +181,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    res = inspect(args.checkpoint, args.job, args.range, args.number)
+    res = inspect(args.checkpoint, args.job, args.range, args.number, args.rank)
     if args.json:
         emit_json(to_json(res))
     else:

@@ -50,7 +50,7 @@ def clean_record(rec: Any) -> Optional[Record]:
         v = rec.get(key)
         if v is None and key != "time":
             continue
-        if not is_num(v) or not lo <= v <= hi:
+        if v is None or not is_num(v) or not lo <= v <= hi:
             return None
     event = rec.get("event")
     if event is None:

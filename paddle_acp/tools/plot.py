@@ -54,7 +54,7 @@ def plot_metrics(records: List[Dict[str, Any]], path: str, title: str) -> None:
 
     def y(r: Record, key: str) -> Optional[float]:
         v = r.get(key)
-        return max(float(v), floor) if is_num(v) else None
+        return max(float(v), floor) if v is not None and is_num(v) else None
 
     s = summarize_metrics(records)
     fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))

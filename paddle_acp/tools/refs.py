@@ -6,32 +6,56 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic
-from paddle_acp.format.checkpointer import Checkpointer, range_dir
-from paddle_acp.format.manifest import MANIFEST_NAME, Manifest
+from paddle_acp.format import reader
+from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.layout import MANIFEST_NAME, final_name, range_dir
+from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage, redact
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, short_reason, single_job, uri_join
 from paddle_acp.tools.scan import scan_range
 
+if TYPE_CHECKING:
+    from paddle_acp.format.global_manifest import GlobalManifest
+
 REF_RE = re.compile(
-    r"(?P<root>.*?)/?(?P<job>[^/]+)/range/(?P<range>[^/]+)/ckpt-(?P<n>0|[1-9][0-9]{0,14})/?", re.ASCII | re.DOTALL
-)  # fullmatch
+    r"(?P<root>.*?)/?(?P<job>[^/]+)/range/(?P<range>[^/]+)/"
+    r"(?P<name>ckpt-(?:(?P<n>0|[1-9][0-9]{0,14})|e[0-9]{1,12}(?:-s[0-9]{1,12})?))/?",
+    re.ASCII | re.DOTALL,
+)  # fullmatch: ckpt-N (one writer) or ckpt-e<E>[-s<S>] (several ranks)
 
 
 @dataclasses.dataclass
 class CkptRef:
+    """One checkpoint: ``ckpt-<number>`` of one writer, or ``name`` (``ckpt-e<E>[-s<S>]``) of several
+    ranks, of which ``rank``'s part is read (``inspect``/``export`` show one part at a time)."""
+
     storage: Storage
     job: str
     range: str
     number: int
+    name: Optional[str] = None  # several ranks: the checkpoint's directory name
+    rank: int = 0
+
+    @property
+    def multirank(self) -> bool:
+        return self.name is not None
+
+    @property
+    def dir_name(self) -> str:
+        return self.name if self.name is not None else final_name(self.number)
 
     @property
     def path(self) -> str:
-        return f"{range_dir(self.job, self.range)}/{atomic.final_name(self.number)}"
+        return f"{range_dir(self.job, self.range)}/{self.dir_name}"
+
+    @property
+    def part_path(self) -> str:
+        """The directory holding the manifest and data file this reference reads."""
+        return f"{self.path}/rank-{self.rank}" if self.multirank else self.path
 
     @property
     def uri(self) -> str:
@@ -53,22 +77,25 @@ def _parse_ref(ref: str) -> Optional[CkptRef]:
         if not m:
             return None
         root = m.group("root") or ("/" if ref.startswith("/") else ".")
+    if m.group("n") is None:  # a checkpoint of several ranks
+        return CkptRef(open_root(root), m.group("job"), m.group("range"), 0, name=m.group("name"))
     return CkptRef(open_root(root), m.group("job"), m.group("range"), int(m.group("n")))
 
 
 def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional[str] = None,
-                       number: Optional[int] = None) -> CkptRef:
-    """A checkpoint from ``URI/JOB/range/RANGE/ckpt-N`` or from ``URI`` plus job/range/number.
+                       number: Optional[int] = None, rank: Optional[int] = None) -> CkptRef:
+    """A checkpoint from ``URI/JOB/range/RANGE/ckpt-N`` (or ``.../ckpt-e<E>[-s<S>]``) or from ``URI``
+    plus job/range/number.
 
     With ``URI``, the job (and range) may be left out when there is only one;
-    the number defaults to the checkpoint a restart would load.
+    the number defaults to the checkpoint a restart would load. ``rank``: which part of a
+    checkpoint of several ranks (default 0); refused for a checkpoint of one writer.
     """
     bare = job is None and range_name is None and number is None
     if bare:
         parsed = _parse_ref(ref)
         if parsed is not None:
-            _check_ref(parsed)
-            return parsed
+            return _with_rank(parsed, rank)
     storage = open_root(ref)
     if bare and storage.exists(MANIFEST_NAME):
         raise ToolError(
@@ -92,10 +119,19 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
         pick = next((i for i in infos if i.restart), None)
         if pick is None:
             raise ToolError(f"range {range_name!r} of job {job!r} under {storage.uri!r} has no valid checkpoint")
+        if pick.multirank:
+            return _with_rank(CkptRef(storage, job, range_name, pick.number, name=pick.name), rank)
         number = pick.number
-    ref_obj = CkptRef(storage, job, range_name, number)
-    _check_ref(ref_obj)
-    return ref_obj
+    return _with_rank(CkptRef(storage, job, range_name, number), rank)
+
+
+def _with_rank(ref: CkptRef, rank: Optional[int]) -> CkptRef:
+    _check_ref(ref)
+    if rank is not None:
+        if not ref.multirank:
+            raise ToolError(f"--rank {rank}: checkpoint {ref.uri} was written by one process (it has no parts of ranks)")
+        ref.rank = rank
+    return ref
 
 
 def _check_ref(ref: CkptRef) -> None:
@@ -108,9 +144,26 @@ def _check_ref(ref: CkptRef) -> None:
         raise ToolError(f"checkpoint {ref.uri} does not exist{extra}")
 
 
+def read_part(ref: CkptRef) -> Tuple[GlobalManifest, Dict[int, bytes]]:
+    """A checkpoint of several ranks: its global manifest and every part's manifest bytes, each checked
+    against it; CorruptCheckpointError otherwise."""
+    from paddle_acp.format.multirank import GlobalCheckpointer
+
+    return GlobalCheckpointer(ref.storage, ref.job, ref.range, 0, 1).check_global(ref.dir_name)
+
+
 def load_manifest(ref: CkptRef) -> Manifest:
+    """The manifest ``ref`` reads (of a checkpoint of several ranks: its rank's part, checked against the
+    global manifest); ToolError when it cannot be read or is corrupt."""
     try:
-        return Checkpointer(ref.storage, ref.job, ref.range).read_manifest(ref.number)
+        if ref.multirank:
+            g, raws = read_part(ref)
+            if ref.rank not in raws:
+                raise ToolError(f"checkpoint {ref.uri} has no part of rank {ref.rank} (it has the parts of ranks "
+                                f"{', '.join(map(str, sorted(raws)))}): choose one with --rank")
+            ref.number = g.number
+            return reader.read_manifest(ref.storage, ref.part_path, g.number, ref.range, raws[ref.rank])
+        return reader.read_manifest(ref.storage, ref.path, ref.number, ref.range)
     except CorruptCheckpointError as exc:
         raise ToolError(f"cannot read checkpoint {ref.uri}: {short_reason(exc, ref.path)}") from exc
     except StorageError as exc:

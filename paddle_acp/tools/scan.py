@@ -11,9 +11,10 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic
-from paddle_acp.format.checkpointer import Checkpointer, range_dir
-from paddle_acp.format.manifest import DATA_NAME, Manifest
+from paddle_acp.format import atomic, reader
+from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.layout import position_key, range_dir
+from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage
 from paddle_acp.tools.discovery import short_reason
 from paddle_acp.tools.reading import verify_checkpoint
@@ -93,8 +94,7 @@ def scan_range(
     checkpoints).
     """
     parent = range_dir(job, range_name)
-    ck = Checkpointer(storage, job, range_name)
-    ck.check_no_links()
+    Checkpointer(storage, job, range_name).check_no_links()
     listing = storage.listdir(parent)
     mtimes = {e.name: e.mtime for e in listing}
     infos: List[CkptInfo] = []
@@ -102,9 +102,9 @@ def scan_range(
         path = f"{parent}/{d.name}"
         info = CkptInfo(job, range_name, d.name, d.number, d.committed, path)
         try:
-            info.bytes, files, newest = dir_stats(storage, path)
+            info.bytes, _files, newest = dir_stats(storage, path)
         except StorageError as exc:  # this checkpoint only: the others are still listed
-            files, newest = {}, None
+            newest = None
             if d.committed:
                 info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
         info.mtime = newest if newest is not None else mtimes.get(d.name)
@@ -113,18 +113,12 @@ def scan_range(
                 if verify:
                     info.manifest = verify_checkpoint(storage, job, range_name, d.number, quiet=quiet_progress)
                     info.status = VERIFIED
-                else:
-                    info.manifest = ck.read_manifest(d.number)
-                    size = files.get(DATA_NAME)
-                    if size is None:
-                        raise CorruptCheckpointError(f"{DATA_NAME} is missing")
-                    if size != info.manifest.data_size:
-                        raise CorruptCheckpointError(
-                            f"{DATA_NAME} has {size} bytes, manifest says {info.manifest.data_size}"
-                        )
+                else:  # the manifest and the data file's size, as a restore checks them first
+                    info.manifest, _ = reader.check_header(storage, path, d.number, range_name)
                     info.status = OK
             except CorruptCheckpointError as exc:
                 info.status, info.reason = CORRUPT, short_reason(exc, path)
+                info.manifest = _manifest_if_valid(storage, path, d.number, range_name)  # shown where it is
             except StorageError as exc:
                 info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
         elif not d.committed:
@@ -151,12 +145,20 @@ def scan_range(
     return infos
 
 
+def _manifest_if_valid(storage: Storage, path: str, number: int, range_name: str) -> Optional[Manifest]:
+    """The manifest of a corrupt checkpoint when the manifest itself is valid (the data is what is not)."""
+    try:
+        return reader.read_manifest(storage, path, number, range_name)
+    except (CorruptCheckpointError, StorageError):
+        return None
+
+
 def _scan_global(storage: Storage, job: str, range_name: str, verify: bool,
                  mtimes: Dict[str, Optional[float]]) -> List[CkptInfo]:
     """The checkpoints of a job of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
     "ok" when the global manifest and every part's manifest verify (and the data files have their
     sizes); with ``verify`` every part's checksums are read too."""
-    from paddle_acp.format.multirank import GlobalCheckpointer, position_key
+    from paddle_acp.format.multirank import GlobalCheckpointer
 
     out = []
     gck = GlobalCheckpointer(storage, job, range_name, 0, 1)
@@ -183,8 +185,7 @@ def _scan_global(storage: Storage, job: str, range_name: str, verify: bool,
                 info.status = OK
                 info.reason = f"{gm.world_size} ranks, {gm.mode}"
                 if verify:
-                    for rank in raws:
-                        Checkpointer(storage, job, range_name).load(gm.number, f"{path}/rank-{rank}", raws[rank]).close()
+                    gck.verify(g.name)
                     info.status = VERIFIED
             except CorruptCheckpointError as exc:
                 info.status, info.reason = CORRUPT, short_reason(exc, path)
@@ -225,7 +226,4 @@ def verify_global(storage: Storage, job: str, range_name: str, name: str) -> Non
     """Every part of a checkpoint of several ranks, every checksum; CorruptCheckpointError otherwise."""
     from paddle_acp.format.multirank import GlobalCheckpointer
 
-    path = f"{range_dir(job, range_name)}/{name}"
-    gm, raws = GlobalCheckpointer(storage, job, range_name, 0, 1).check_global(name)
-    for rank in raws:
-        Checkpointer(storage, job, range_name).load(gm.number, f"{path}/rank-{rank}", raws[rank]).close()
+    GlobalCheckpointer(storage, job, range_name, 0, 1).verify(name)
