@@ -136,6 +136,21 @@ def test_every_paddle_acp_variable_is_listed_and_documented():
     assert len(set(config.ENV_VARS)) == len(config.ENV_VARS)
 
 
+def test_environment_is_read_in_config_only():
+    """No module outside paddle_acp.config reads os.environ / getenv (handing a copy of the environment to a
+    subprocess, and setting a variable, are not reads)."""
+    read = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=[^=])|environ\.get\(|"
+                      r"os\.environ if env is None")
+    offenders = []
+    for path in _package_sources():
+        if PKG / "config" in path.parents:
+            continue
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            if read.search(line):
+                offenders.append(f"{path.relative_to(PKG.parent)}:{no}: {line.strip()}")
+    assert not offenders, "environment read outside paddle_acp/config/:\n" + "\n".join(offenders)
+
+
 @pytest.mark.parametrize("raw,value", [("1", True), ("true", True), (" Yes ", True), ("ON", True),
                                        ("0", False), ("false", False), ("no", False), ("Off", False)])
 def test_parse_bool_words(raw, value):
