@@ -57,7 +57,7 @@ def capture() -> Dict[str, Any]:
     import paddle
 
     states = [_fields(st) for st in paddle.get_rng_state()]
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple (numpy types it as a dict too)
     py_state = random.getstate()
     return {
         "paddle": states,
