@@ -1,15 +1,22 @@
 """Atomic commit: a checkpoint directory becomes visible whole or not at all.
 
-Where the storage renames directories atomically (local disks, HDFS) a
-checkpoint is written under ``ckpt-N.tmp-<id>`` and renamed to ``ckpt-N``. On
-object stores (S3) it is written in place and its manifest, written last, is
-the commit marker. Either way readers accept only ``ckpt-N`` holding a
-manifest; everything else is a leftover of an interrupted save, removed by the
-writer before its next save.
+Two commit strategies, chosen by the storage's capability (``Storage.commit_style``)
+or by option (:func:`strategy_for`), like Orbax's ``atomicity`` module:
+
+- :class:`RenameCommit` (local disks, HDFS): the checkpoint is written under
+  ``ckpt-N.tmp-<id>`` and renamed to ``ckpt-N``;
+- :class:`ManifestLastCommit` (object stores, S3): it is written in place and
+  its manifest, written last, is the commit marker.
+
+Either way readers accept only ``ckpt-N`` holding a manifest; everything else is
+a leftover of an interrupted save, removed by the writer before its next save
+(:func:`scan`, :func:`remove_leftovers`). The global manifest of a checkpoint of
+several ranks is committed the same way (:meth:`CommitStrategy.write_file`).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 import uuid
@@ -18,7 +25,7 @@ from typing import Callable, List, Optional, Set, Tuple
 from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.format.layout import FINAL_RE, MANIFEST_NAME, TMP_RE, final_name, parse_final, tmp_name
 from paddle_acp.format.manifest import MAX_NUMBER
-from paddle_acp.storage.base import Entry, Storage
+from paddle_acp.storage.base import MANIFEST_LAST, RENAME, Entry, Storage
 
 logger = logging.getLogger("paddle_acp")
 
@@ -105,48 +112,162 @@ def remove_leftovers(storage: Storage, parent: str, entries: List[DirEntry]) -> 
     return stuck
 
 
-class Pending:
-    """A checkpoint directory being written; ``commit`` makes it visible."""
+# -- commit strategies ------------------------------------------------------------------------
+class CommitStrategy(abc.ABC):
+    """How what a writer wrote becomes visible whole or not at all.
 
-    def __init__(self, storage: Storage, parent: str, number: int, name: Optional[str] = None):
+    Chosen by the storage's capability (:func:`strategy_for`): a directory
+    rename where renames are atomic, else the commit file written last. Either
+    way ``before`` (e.g. the writer's fence check) runs right before the one
+    step that makes the result visible, and may raise to stop it."""
+
+    name: str = ""
+    #: the directory is written under its final name: a reader may see it while it is
+    #: being written (only its commit file, written last, says it is whole)
+    in_place: bool = False
+
+    @abc.abstractmethod
+    def begin(self, storage: Storage, final: str) -> str:
+        """Where to write the directory that becomes ``final``."""
+
+    @abc.abstractmethod
+    def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,
+               before: Optional[Callable[[], None]] = None) -> None:
+        """Write ``body`` as ``commit_file`` of the written directory ``path`` and make it ``final``."""
+
+    @abc.abstractmethod
+    def commit_file_early(self, storage: Storage, path: str, commit_file: str, body: bytes) -> bool:
+        """Write the commit file now, before (or while) the data is written, where that does not
+        commit anything yet; False (nothing written) where the commit file is the commit."""
+
+    @abc.abstractmethod
+    def publish(self, storage: Storage, path: str, final: str, before: Optional[Callable[[], None]] = None) -> None:
+        """Make ``path``, whose commit file is already written (:meth:`commit_file_early`), ``final``."""
+
+    @abc.abstractmethod
+    def write_file(self, storage: Storage, path: str, body: bytes, before: Optional[Callable[[], None]] = None) -> None:
+        """Write one small file so that readers see all of it or nothing (``global.json``)."""
+
+
+class RenameCommit(CommitStrategy):
+    """Local disks, HDFS: write under ``<final>.tmp-<id>``, make it durable, rename it into place."""
+
+    name = RENAME
+
+    def begin(self, storage: Storage, final: str) -> str:
+        parent, _, base = final.rpartition("/")
+        path = f"{parent}/{tmp_name(base, uuid.uuid4().hex[:12])}"
+        storage.makedirs(path)
+        return path
+
+    def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,
+               before: Optional[Callable[[], None]] = None) -> None:
+        self.commit_file_early(storage, path, commit_file, body)
+        self.publish(storage, path, final, before)
+
+    def commit_file_early(self, storage: Storage, path: str, commit_file: str, body: bytes) -> bool:
+        storage.write_bytes(f"{path}/{commit_file}", body)  # invisible until the rename
+        return True
+
+    def publish(self, storage: Storage, path: str, final: str, before: Optional[Callable[[], None]] = None) -> None:
+        storage.sync_dir(path)
+        if before is not None:
+            before()
+        storage.rename(path, final)
+
+    def write_file(self, storage: Storage, path: str, body: bytes, before: Optional[Callable[[], None]] = None) -> None:
+        _write_file(storage, path, body, before)
+
+
+def _write_file(storage: Storage, path: str, body: bytes, before: Optional[Callable[[], None]]) -> None:
+    """Write one small file whole or not at all: where the storage renames (a file system), under a
+    temporary name renamed into place (a process killed mid-write leaves no partial file under
+    ``path``); on an object store one object is visible whole or not at all already."""
+    if storage.commit_style != RENAME:
+        if before is not None:
+            before()
+        storage.write_bytes(path, body)
+        return
+    tmp = tmp_name(path, uuid.uuid4().hex[:12])
+    storage.write_bytes(tmp, body)
+    if before is not None:
+        before()
+    storage.rename(tmp, path)
+
+
+class ManifestLastCommit(CommitStrategy):
+    """Object stores (S3): write in place, the commit file last; its presence is the commit.
+
+    On an object store no directory object is made (a key's prefix is its directory,
+    and each would cost a request per checkpoint); one object is visible whole or not
+    at all. It works on a file system too (chosen by option): there the directory is
+    made and the commit file is renamed into place."""
+
+    name = MANIFEST_LAST
+    in_place = True
+
+    def begin(self, storage: Storage, final: str) -> str:
+        if storage.commit_style == RENAME:  # a file system: files need their directory
+            storage.makedirs(final)
+        return final
+
+    def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,
+               before: Optional[Callable[[], None]] = None) -> None:
+        self.write_file(storage, f"{path}/{commit_file}", body, before)
+
+    def commit_file_early(self, storage: Storage, path: str, commit_file: str, body: bytes) -> bool:
+        return False  # it is the commit: after the data
+
+    def publish(self, storage: Storage, path: str, final: str, before: Optional[Callable[[], None]] = None) -> None:
+        raise CheckpointError(f"{final}: a manifest-last commit is made by its commit file alone (use commit)")
+
+    def write_file(self, storage: Storage, path: str, body: bytes, before: Optional[Callable[[], None]] = None) -> None:
+        _write_file(storage, path, body, before)
+
+
+def strategy_for(storage: Storage, preferred: Optional[str] = None) -> CommitStrategy:
+    """The commit strategy of ``storage``: its capability (:attr:`Storage.commit_style`), or
+    ``preferred`` ("rename" or "manifest-last"). Manifest-last works everywhere; a rename
+    commit only where the storage renames directories atomically."""
+    style = storage.commit_style if preferred is None else preferred
+    if style == RENAME:
+        if storage.commit_style != RENAME:
+            raise CheckpointError(f"{storage.uri} cannot commit by renaming (its commit style is {storage.commit_style!r})")
+        return RenameCommit()
+    if style == MANIFEST_LAST:
+        return ManifestLastCommit()
+    raise CheckpointError(f"unknown commit style {style!r} (expected {RENAME!r} or {MANIFEST_LAST!r})")
+
+
+class Pending:
+    """A checkpoint directory (or a rank's part) being written; ``commit`` makes it visible."""
+
+    def __init__(self, storage: Storage, parent: str, number: int, name: Optional[str] = None,
+                 strategy: Optional[CommitStrategy] = None):
         self.storage = storage
         self.parent = parent
         self.number = number
-        name = name or final_name(number)
-        self.final = f"{parent}/{name}"
-        if storage.atomic_rename:
-            self.path = f"{parent}/{tmp_name(name, uuid.uuid4().hex[:12])}"
-            storage.makedirs(self.path)
-        else:
-            # object stores: no directory object is needed (a key's prefix is its directory),
-            # and each one would cost a request per checkpoint
-            self.path = self.final
+        self.strategy = strategy or strategy_for(storage)
+        self.final = f"{parent}/{name or final_name(number)}"
+        self.path = self.strategy.begin(storage, self.final)
 
     def commit(self, manifest: bytes, before: Optional[Callable[[], None]] = None) -> None:
         """Write the manifest (after the data), then make the checkpoint visible; ``before``
         runs (and may raise, e.g. a fenced writer) right before the step that makes it visible."""
-        if before is not None and not self.storage.atomic_rename:
-            before()  # the manifest is the commit
-        self.write_manifest(manifest)
-        self.publish(before if self.storage.atomic_rename else None)
+        self.strategy.commit(self.storage, self.path, self.final, MANIFEST_NAME, manifest, before)
 
-    def write_manifest(self, manifest: bytes) -> None:
-        """Where a rename commits, the manifest may be written before or while the data is;
-        on object stores it is the commit and must come last (use ``commit``)."""
-        self.storage.write_bytes(f"{self.path}/{MANIFEST_NAME}", manifest)
+    def write_manifest_early(self, manifest: bytes) -> bool:
+        """Write the manifest before or while the data is written, where that commits nothing
+        (then :meth:`publish` commits); False where the manifest is the commit (use :meth:`commit`)."""
+        return self.strategy.commit_file_early(self.storage, self.path, MANIFEST_NAME, manifest)
 
     def publish(self, before: Optional[Callable[[], None]] = None) -> None:
-        """Rename the written directory into place (a no-op on object stores: the manifest committed it)."""
-        st = self.storage
-        if st.atomic_rename:
-            st.sync_dir(self.path)
-            if before is not None:
-                before()
-            st.rename(self.path, self.final)
+        """Make the checkpoint visible after :meth:`write_manifest_early`."""
+        self.strategy.publish(self.storage, self.path, self.final, before)
 
     def abort(self) -> None:
         self.storage.delete_dir(self.path)
 
 
-def begin(storage: Storage, parent: str, number: int) -> Pending:
-    return Pending(storage, parent, number)
+def begin(storage: Storage, parent: str, number: int, strategy: Optional[CommitStrategy] = None) -> Pending:
+    return Pending(storage, parent, number, strategy=strategy)

@@ -36,13 +36,15 @@ class Checkpointer:
     """Numbered, atomically committed checkpoints of one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3, fence: Optional[Fence] = None,
-                 single_writer: bool = False) -> None:
+                 single_writer: bool = False, commit: Optional[atomic.CommitStrategy] = None) -> None:
         self.storage = storage
         self.fence = fence  # a fencing.Fence (the writer's generation) or None
         self.job_id = job_id
         self.range_name = range_name
         self.max_to_keep = max_to_keep
         self.dir = range_dir(job_id, range_name)
+        # how a checkpoint becomes visible: the storage's capability unless given (atomic.strategy_for)
+        self.commit_strategy = commit or atomic.strategy_for(storage)
         # The only writer of this range (the training process): after its first save has
         # listed the range, it knows the committed checkpoints without listing again (a
         # listing costs 1 + one stat per checkpoint on remote stores). Any failure forgets
@@ -132,7 +134,7 @@ class Checkpointer:
         return number, offset
 
     def _write_pending(self, snap: Snapshot, number: int) -> int:
-        pending = atomic.begin(self.storage, self.dir, number)
+        pending = atomic.begin(self.storage, self.dir, number, self.commit_strategy)
         try:
             return self._write(pending, snap, number)
         except BaseException:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 import zlib
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
@@ -102,6 +101,7 @@ class GlobalCheckpointer:
         self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
         self.poll_interval = 0.02
         self._ck = Checkpointer(storage, job_id, range_name, 0)
+        self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
         # this rank's node-local copies (PADDLE_ACP_LOCAL_CACHE, remote storage only)
         self.cache: Optional["RangeCache"] = None
 
@@ -138,7 +138,7 @@ class GlobalCheckpointer:
         self._remove_own(name)
         snap.extra = dict(snap.extra)
         snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base}
-        pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank))
+        pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy)
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
@@ -183,8 +183,8 @@ class GlobalCheckpointer:
         try:
             m = Manifest.loads(raw)
         except CorruptCheckpointError as exc:
-            if not self.storage.atomic_rename:
-                return None  # S3: possibly still being written
+            if self.commit_strategy.in_place:
+                return None  # written in place (S3): possibly still being written
             logger.warning("part of rank %d of checkpoint %s is invalid: %s", rank, name, exc)
             return None
         part = m.extra.get("part") if isinstance(m.extra, dict) else None
@@ -241,18 +241,16 @@ class GlobalCheckpointer:
         return True
 
     def _write_global(self, name: str, body: bytes) -> None:
-        st = self.storage
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
-        if self.fence is not None:
-            self.fence.check(f"commit checkpoint {name}")
-        if not st.atomic_rename:
-            st.write_bytes(path, body)  # one small object: visible whole or not at all
-            return
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-        st.write_bytes(tmp, body)
-        if self.fence is not None:
-            self.fence.check(f"commit checkpoint {name}")
-        st.rename(tmp, path)
+        fence = self.fence
+        before = None
+        if fence is not None:
+            if not self.commit_strategy.in_place:  # a fenced writer writes not even the temporary file
+                fence.check(f"commit checkpoint {name}")
+
+            def before() -> None:
+                fence.check(f"commit checkpoint {name}")
+        self.commit_strategy.write_file(self.storage, path, body, before)
 
     def apply_retention(self, keep: Optional[int] = None) -> List[str]:
         """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and

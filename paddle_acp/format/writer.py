@@ -20,7 +20,6 @@ from paddle_acp.format.layout import DATA_NAME, layout
 from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.format.stream import write_stream
-from paddle_acp.storage.base import RENAME
 
 _ZEROS = bytes(ALIGN)
 
@@ -103,7 +102,8 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         return raw
 
     written: Union[int, BaseException]
-    if st.commit_style == RENAME and st.overlap_writes and stream is None:
+    overlap = st.overlap_writes and not pending.strategy.in_place and stream is None
+    if overlap:
         # The rename commits, so the manifest need not wait for the data: both files are
         # written at once. On HDFS closing a file waits for the namenode to see its block
         # (often ~0.4 s, the client's first retry): overlapped, a small checkpoint pays it once.
@@ -118,7 +118,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         t = threading.Thread(target=data_thread, name="paddle-acp-data", daemon=True)
         t.start()
         try:
-            pending.write_manifest(manifest_bytes())
+            pending.write_manifest_early(manifest_bytes())
         finally:
             t.join()
         written = box[0]
@@ -128,7 +128,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         written = write_data()
     if written != size:
         raise StorageError(f"short write of {DATA_NAME}: {written} of {size} bytes")
-    if st.commit_style == RENAME and st.overlap_writes and stream is None:
+    if overlap:
         pending.publish(before_commit)
     else:
         pending.commit(manifest_bytes(), before=before_commit)
