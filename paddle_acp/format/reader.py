@@ -250,14 +250,14 @@ def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
 
 
 def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record],
-                    budget: Optional[int]) -> "_FileSource":
+                    budget: Optional[int]) -> FileSource:
     """A remote data file larger than the host-memory budget: verified on its way into an
     unlinked local file, then read from there like a local one (no mapping)."""
     logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
                 "spool file instead of memory", data_path, m.data_size, budget)
     fd = spool_verified(storage, data_path, m.data_size, [(off, off + t.nbytes) for off, _k, t in records],
                         [t.checksum for _o, _k, t in records], [t.name for _o, _k, t in records], m.checksum)
-    return _FileSource(fd, data_path, m.data_size)
+    return FileSource(fd, data_path, m.data_size)
 
 
 def _populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:
