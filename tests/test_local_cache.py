@@ -34,10 +34,16 @@ from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.fencing import Fence, FencedError  # noqa: E402
 from paddle_acp.format.layout import GLOBAL_NAME, layout  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
-from paddle_acp.format.metrics import read_metrics  # noqa: E402
 from paddle_acp.format.multirank import GlobalCheckpointer, load_newest  # noqa: E402
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
+from paddle_acp.tools.metrics import read_metrics as _read_job_metrics  # noqa: E402
+
+
+def read_metrics(storage, job, trainer):
+    """The metrics records of one trainer, through the tools' one reader."""
+    records, _bad = _read_job_metrics(storage, job)
+    return [r for r in records if r["trainer"] == trainer]
 
 RANGE = "_range_0"
 CACHE_LOG = "from the local cache"

@@ -1,10 +1,8 @@
 """Drop-in for ``paddle.base.incubate.checkpoint.auto_checkpoint``, fixed for Paddle 3.x.
 
-``python -m paddle_acp run`` makes Paddle's module names
-(``paddle.base.incubate.checkpoint.auto_checkpoint`` and
-``paddle.incubate.checkpoint.auto_checkpoint``) resolve here, so scripts
-written for Paddle's API run unchanged. The names and their meaning are
-Paddle's; the work is paddle-acp's:
+``python -m paddle_acp run`` makes Paddle's module names (``paddle.base.incubate.checkpoint.auto_checkpoint``
+and ``paddle.incubate.checkpoint.auto_checkpoint``) resolve here, so scripts written for Paddle's API
+run unchanged. The names and their meaning are Paddle's; the work is paddle-acp's:
 
 * :func:`train_epoch_range` is paddle-acp's loop (saves every epoch end once
   ``save_checkpoint_inter`` seconds passed, the last epoch included).
@@ -38,7 +36,7 @@ from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, Ser
 from paddle_acp.errors import AcpError, CheckpointError
 from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
 from paddle_acp.runtime.range import EpochRange
-from paddle_acp.storage.base import redact
+from paddle_acp.secrets import redact
 
 __all__ = [
     "train_epoch_range",

@@ -282,7 +282,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
         local_cache=local_cache_from_env(env),
     )
-    from paddle_acp.storage.base import redact, register_secret, register_uri  # no secret may reach a message
+    from paddle_acp.secrets import redact, register_secret, register_uri  # no secret may reach a message
 
     ugi = env.get("PADDLE_EDL_HDFS_UGI") or ""
     if "," in ugi:

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from paddle_acp.format.manifest import VERSION, checksum_function
-from paddle_acp.runtime.saver import lower_thread_priority
+from paddle_acp.threads import lower_thread_priority
 
 _pool: Optional[ThreadPoolExecutor] = None
 

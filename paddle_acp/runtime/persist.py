@@ -29,9 +29,10 @@ from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, copy_into
 from paddle_acp.format.stream import ChunkStream, chunk_size
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime.registry import Registry
-from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action, lower_thread_priority
+from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.storage.base import redact
+from paddle_acp.threads import lower_thread_priority
 
 logger = logging.getLogger("paddle_acp")
 

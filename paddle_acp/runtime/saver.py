@@ -11,25 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, Optional
 
+from paddle_acp.threads import lower_thread_priority
+
 logger = logging.getLogger("paddle_acp")
-
-BACKGROUND_NICE = 10  # added to the nice value of background (save, checksum, prefault) threads
-
-
-def lower_thread_priority() -> None:
-    """Lower the calling thread's CPU priority (Linux: per-thread nice), so that background
-    checkpoint work yields the cores to training instead of competing with it."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
-    except (AttributeError, OSError) as exc:  # not Linux, or not permitted: run at normal priority
-        logger.debug("could not lower the priority of %s: %s", threading.current_thread().name, exc)
-
 
 SAVE, WAIT, QUEUE, SKIP = "save", "wait", "queue", "skip"
 

@@ -32,7 +32,7 @@ import uuid
 from typing import Any, Iterable, List, Optional, Protocol, Tuple, Type, cast
 
 from paddle_acp.errors import StorageError
-from paddle_acp.storage.secrets import redact, register_secret, register_uri, scrub
+from paddle_acp.secrets import redact, register_secret, register_uri, scrub
 
 __all__ = ["WRITE_CHUNK", "RENAME", "MANIFEST_LAST", "Entry", "Storage", "open_storage",
            "redact", "register_secret", "register_uri", "scrub"]

@@ -1,0 +1,107 @@
+"""The package's layers, held by a test: which layer may import which, and module sizes.
+
+Read from the source (every ``import`` statement, at module level or inside a function), so a
+dependency that goes the wrong way fails here, not in a reader's head:
+
+    storage  <-  format  <-  adapter  <-  runtime  <-  compat
+       ^           ^
+       +--- tools -+            (tools never import the runtime, the adapter or Paddle)
+
+``errors``, ``secrets``, ``config`` and ``threads`` are below every layer. Only the adapter, the runtime and the
+compat surfaces may import Paddle.
+"""
+
+import ast
+import pathlib
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "paddle_acp"
+
+BASE = {"errors", "config", "threads", "secrets"}
+ALLOWED: Dict[str, Set[str]] = {
+    "errors": set(),
+    "threads": set(),
+    "config": {"errors", "secrets"},
+    "secrets": set(),
+    "storage": BASE,
+    "format": BASE | {"storage"},
+    "adapter": BASE | {"format"},
+    "runtime": BASE | {"storage", "format", "adapter", "compat"},
+    "tools": BASE | {"storage", "format"},
+    "compat": BASE | {"storage", "format", "adapter", "runtime", "package"},
+    "cli": BASE | {"package", "tools", "runtime", "compat", "storage"},
+    "package": BASE | {"adapter", "runtime"},
+}
+MAY_IMPORT_PADDLE = {"adapter", "runtime", "compat"}
+# runtime -> compat: the hook points Paddle's own dead auto-checkpoint call at the compat module.
+MAX_LINES = 500
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "package"
+    name = parts[1]
+    if name in ("__main__", "auto_checkpoint", "checkpoint_saver"):
+        return {"__main__": "cli", "auto_checkpoint": "compat", "checkpoint_saver": "compat"}[name]
+    return name
+
+
+def _modules() -> List[Tuple[str, pathlib.Path]]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out.append((".".join(parts), path))
+    return out
+
+
+def _imports(path: pathlib.Path) -> List[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from X import a`: the module X.a when it is one, else X itself
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                names.append(full if full in MODULE_NAMES else node.module)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import (the package uses absolute imports)")
+    return names
+
+
+MODULES = _modules()
+MODULE_NAMES = {m for m, _ in MODULES}
+
+
+def test_every_module_has_a_layer_and_a_docstring_saying_what_it_owns():
+    for module, path in MODULES:
+        assert _layer(module) in ALLOWED, f"{module}: not in a known layer"
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        assert doc and doc.strip(), f"{module}: no module docstring"
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_imports_go_down_the_layers(module, path):
+    src = _layer(module)
+    for name in _imports(path):
+        top = name.split(".")[0]
+        if top == "paddle":
+            assert src in MAY_IMPORT_PADDLE, f"{module} imports Paddle ({name}); only {sorted(MAY_IMPORT_PADDLE)} may"
+        if top != "paddle_acp":
+            continue
+        dst = _layer(name)  # `from paddle_acp import x` of a public name: the package
+        if dst == src:
+            continue
+        assert dst in ALLOWED[src], f"{module} ({src}) imports {name} ({dst}); {src} may import {sorted(ALLOWED[src])}"
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_no_module_over_the_size_limit(module, path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module}: {lines} lines (limit {MAX_LINES}): split it by what it owns"
