@@ -27,7 +27,19 @@ it asks, before importing anything here, for the gate to be deferred, so the ope
 ``inspect``, ``verify``, ``gc``, ``stats``, every ``--help``) never import Paddle; ``paddle-acp run``
 calls :func:`_activate` itself before it runs the script.
 
-Data flows one way: hook -> registry (per range) -> snapshot -> checkpointer -> storage.
+Where everything lives (one subpackage per layer; imports only go down; README "Architecture"):
+
+* :mod:`paddle_acp.runtime` – the training process: the hook, epoch ranges, the saver, preemption.
+* :mod:`paddle_acp.adapter` – the only code that touches Paddle's internals.
+* :mod:`paddle_acp.format` – what a checkpoint is on storage: layout, manifests, writer, THE reader.
+* :mod:`paddle_acp.storage` – one interface, a class per backend chosen by URI scheme.
+* :mod:`paddle_acp.tools` – the operator commands (never import Paddle).
+* :mod:`paddle_acp.compat` – Paddle's ``auto_checkpoint`` and ``checkpoint_saver`` surfaces.
+* below every layer: :mod:`~paddle_acp.errors`, :mod:`~paddle_acp.secrets`, :mod:`~paddle_acp.threads`,
+  :mod:`~paddle_acp.config` (every environment variable).
+
+A save flows runtime -> adapter (tensor views) -> format (arena, writer, commit) -> storage; a
+restore storage -> format (the reader verifies every byte) -> adapter (writes into scopes).
 """
 
 import importlib as _importlib
