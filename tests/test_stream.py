@@ -139,31 +139,44 @@ def test_registration_sizes_the_arena_without_copying(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flip,victim", [(None, None), (0, "t0"), (123_456, "t2"), ((9 << 20) + 100_000, "t3")])
 def test_spool_verifies_every_tensor_on_its_way(tmp_path, flip, victim):
-    """A remote restore over the budget: the data file is copied into an unlinked local file,
-    every tensor checksummed on the way; one flipped byte anywhere is refused."""
+    """A remote restore over the budget: the reader's one verification loop copies the data file
+    into an unlinked local spool file, every tensor checksummed on the way; one flipped byte
+    anywhere is refused and leaves no spool behind."""
     from paddle_acp.errors import CorruptCheckpointError
-    from paddle_acp.format.spool import spool_verified
+    from paddle_acp.format import reader
+    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.format.manifest import DATA_NAME, RangeRecord
+    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 
-    tensors, size, image = laid_out([100_000, 0, 50_000, 9 << 20, 7], 3)
-    data = image.copy()
+    rng = np.random.default_rng(7)
+    arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in (100_000, 0, 50_000, 9 << 20, 7)]
+    st_ = open_storage(str(tmp_path / "root"))
+    ck = Checkpointer(st_, "job", "_range_0")
+    ck.save(Snapshot(RangeRecord("_range_0", 0, 1),
+                     [ProgramSnapshot("k", "", [TensorData(f"t{i}", "uint8", a) for i, a in enumerate(arrays)])], None))
+    base = ck.base(0)
+    data_file = tmp_path / "root" / base / DATA_NAME
+    image = data_file.read_bytes()
+    m, data_path = reader.check_header(st_, base, 0, "_range_0")
     if flip is not None:
-        data[flip] ^= 1
-    (tmp_path / "tensors.bin").write_bytes(data.tobytes())
-    fn = checksum_function(VERSION)
-    spans = [(t.offset, t.offset + t.array.nbytes) for t in tensors]
-    expected = [fn(memoryview(t.array), 0) if t.array.nbytes else 0 for t in tensors]
-    names = [f"t{i}" for i in range(len(tensors))]
-    st = open_storage(str(tmp_path))
+        offset = next(t.offset for t in m.programs[0].tensors if t.name == victim)
+        raw = bytearray(image)
+        raw[offset + flip % max(1, arrays[int(victim[1:])].nbytes)] ^= 1
+        data_file.write_bytes(bytes(raw))
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
     if flip is not None:
         with pytest.raises(CorruptCheckpointError, match=f"checksum mismatch in tensor '{victim}'"):
-            spool_verified(st, "tensors.bin", size, spans, expected, names, fn, str(tmp_path))
-        assert sorted(os.listdir(tmp_path)) == ["tensors.bin"]  # the spool is gone
+            reader._spool_verified(st_, m, data_path, reader._records(m), 1, str(spool_dir))
+        assert os.listdir(spool_dir) == []  # the spool is gone
         return
-    fd = spool_verified(st, "tensors.bin", size, spans, expected, names, fn, str(tmp_path))
+    src = reader._spool_verified(st_, m, data_path, reader._records(m), 1, str(spool_dir))
     try:
-        assert sorted(os.listdir(tmp_path)) == ["tensors.bin"]  # unlinked at once
-        assert os.pread(fd, size + 1, 0) == image.tobytes()
+        assert os.listdir(spool_dir) == []  # unlinked at once
+        assert os.pread(src._fd, len(image) + 1, 0) == image
     finally:
-        os.close(fd)
-    with pytest.raises(CorruptCheckpointError, match="short read"):
-        spool_verified(st, "tensors.bin", size + 4096, spans, expected, names, fn, str(tmp_path))
+        os.close(src._fd)
+    with open(data_file, "ab") as f:  # a data file whose size the manifest does not state
+        f.write(b"x" * 4096)
+    with pytest.raises(CorruptCheckpointError):
+        reader.check_header(st_, base, 0, "_range_0")

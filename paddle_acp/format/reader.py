@@ -37,7 +37,7 @@ from paddle_acp.format.crc import crc_pool, drain
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.loaded import FileSource, Key, LoadedCheckpoint, MemorySource
 from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord, max_manifest_size
-from paddle_acp.format.spool import spool_verified
+from paddle_acp.format.spool import open_spool, spool_writer
 from paddle_acp.storage.base import InputFile, Storage
 
 __all__ = [
@@ -250,13 +250,19 @@ def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
 
 
 def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record],
-                    budget: Optional[int]) -> FileSource:
-    """A remote data file larger than the host-memory budget: verified on its way into an
-    unlinked local file, then read from there like a local one (no mapping)."""
+                    budget: Optional[int], spool_dir: Optional[str] = None) -> FileSource:
+    """A remote data file larger than the host-memory budget: verified by the one loop on its
+    way into an unlinked local spool file (:mod:`paddle_acp.format.spool`), then read from there
+    like a local one (no mapping)."""
     logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
                 "spool file instead of memory", data_path, m.data_size, budget)
-    fd = spool_verified(storage, data_path, m.data_size, [(off, off + t.nbytes) for off, _k, t in records],
-                        [t.checksum for _o, _k, t in records], [t.name for _o, _k, t in records], m.checksum)
+    fd = open_spool(data_path, spool_dir)
+    try:
+        with _open_remote(storage, data_path) as f:
+            _verify_stream(_RemoteChunks(f, data_path), m, data_path, records, sink=spool_writer(fd, data_path))
+    except BaseException:
+        os.close(fd)
+        raise
     return FileSource(fd, data_path, m.data_size)
 
 
@@ -395,12 +401,14 @@ def _local_chunks(fd: int, mapping: Optional[mmap.mmap], data_path: str) -> _Chu
 
 # -- the data file: the one verification loop ----------------------------------------------
 def _verify_stream(chunks: _Chunks, m: Manifest, data_path: str, records: List[Record],
-                   keep: Optional[Dict[int, np.ndarray]] = None, progress: Optional[Progress] = None) -> None:
+                   keep: Optional[Dict[int, np.ndarray]] = None, progress: Optional[Progress] = None,
+                   sink: Optional[Callable[[np.ndarray, int], None]] = None) -> None:
     """Read the data file once, in order, and check every tensor's checksum (CorruptCheckpointError).
 
-    This thread gets each chunk; the CRC thread checksums it, tensor by tensor
-    (a tensor may span chunks: its running value carries over), and copies the
-    bytes of the tensors in ``keep`` (record index -> array) into them."""
+    This thread gets each chunk (and hands it to ``sink(chunk, offset)``, the spool of a
+    restore over the memory budget); the CRC thread checksums it, tensor by tensor (a
+    tensor may span chunks: its running value carries over), and copies the bytes of the
+    tensors in ``keep`` (record index -> array) into them."""
     size = m.data_size
     fn = m.checksum
     crcs = [0] * len(records)
@@ -430,6 +438,8 @@ def _verify_stream(chunks: _Chunks, m: Manifest, data_path: str, records: List[R
                 if k >= chunks.depth:
                     futs[k - chunks.depth].result()  # that buffer's previous chunk is checksummed
             buf = chunks.get(pos, n, slot)
+            if sink is not None:
+                sink(buf, pos)
             while first < len(spans) and spans[first][1] <= pos:
                 first += 1
             futs.append(crc_pool().submit(crc_chunk, buf, pos, n, first))
