@@ -595,7 +595,7 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
 # -- training time with a checkpoint every epoch on HDFS ------------------------------------
 def run_training(args, work) -> dict:
     sys.path.insert(0, os.path.join(REPO, "tests"))
-    import e2e_util as eu
+    from support import e2e as eu
 
     results = {"mode": "training", "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,
                "rounds": args.rounds, "runs": [], "errors": {}}

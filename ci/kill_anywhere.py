@@ -64,7 +64,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-import e2e_util as eu  # noqa: E402
+from support import e2e as eu  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -156,7 +156,7 @@ def test_ended_range_frees_its_snapshot_arena_without_the_gc(tmp_path, monkeypat
 
     import numpy as np
     import paddle
-    from models import build
+    from support.models import build
 
     paddle.enable_static()
     monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path))

@@ -1,7 +1,7 @@
 """A save that comes due while the previous checkpoint is still being written (issue 21).
 
 Real training processes checkpoint every epoch to a REAL HDFS server (Hadoop 2.7.3 on
-127.0.0.1, tests/server_fixtures.py) with epochs far shorter than one persist (one
+127.0.0.1, tests/support/server_fixtures.py) with epochs far shorter than one persist (one
 step of a small MLP against a remote write, create/close round trips to the namenode).
 What is asserted comes from the metrics records the processes write, never from
 wall-clock thresholds: under the default ``skip`` policy saves are skipped rather than
@@ -22,7 +22,7 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import (  # noqa: E402
+from support.e2e import (  # noqa: E402
     JOB_ID,
     REPO,
     check_restart_log,
@@ -35,7 +35,7 @@ from e2e_util import (  # noqa: E402
     script_cmd,
     script_env,
 )
-from server_fixtures import hdfs_server  # noqa: E402,F401  (fixture)
+from support.server_fixtures import hdfs_server  # noqa: E402,F401  (fixture)
 
 from paddle_acp import (
     cli,
@@ -297,7 +297,7 @@ def test_queue_falls_back_to_skip_when_host_memory_is_short(hdfs, monkeypatch, c
     import logging
 
     import paddle
-    from models import build
+    from support.models import build
 
     import paddle_acp as acp
     from paddle_acp.runtime import persist

@@ -25,7 +25,7 @@ import compat_scenarios as cs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
-from paddle_compat import IRS, legacy_ir_guard  # noqa: E402  (the IRs this Paddle supports)
+from support.paddle_compat import IRS, legacy_ir_guard  # noqa: E402  (the IRs this Paddle supports)
 
 _STRIP_PREFIXES = ("PADDLE_ACP_", "PADDLE_EDL_")
 _STRIP_NAMES = ("PADDLE_JOB_ID", "PADDLE_TRAINER_ID", "PADDLE_RUNNING_ENV", "PADDLE_RUNNING_PLATFORM")

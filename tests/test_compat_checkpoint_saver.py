@@ -13,7 +13,7 @@ import numpy as np
 import paddle
 import pytest
 from paddle.distributed.fleet.utils.fs import LocalFS
-from paddle_compat import IRS, legacy_ir_guard
+from support.paddle_compat import IRS, legacy_ir_guard
 
 from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from paddle_acp.errors import CheckpointError

@@ -18,7 +18,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "compat_scenarios.py")
-from paddle_compat import IRS  # noqa: E402  (the IRs this Paddle supports: legacy only on 2.6)
+from support.paddle_compat import IRS  # noqa: E402  (the IRs this Paddle supports: legacy only on 2.6)
 
 MAIN_SCENARIOS = ("full", "break0", "break1", "break2", "multi", "checker", "saver")
 TIMEOUT = 240

@@ -15,7 +15,7 @@ import os
 import signal
 
 import pytest
-from e2e_util import (
+from support.e2e import (
     all_keys,
     assert_no_repeat_no_skip,
     assert_same_as_reference,
@@ -28,7 +28,7 @@ from e2e_util import (
     run_script,
     tree_files,
 )
-from paddle_compat import CARRIES_CPU_RNG, IRS
+from support.paddle_compat import CARRIES_CPU_RNG, IRS
 
 EPOCHS = 6
 # Paddle 2.6 cannot carry the CPU generator's engine state across processes, so the dropout stream

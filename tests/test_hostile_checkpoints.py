@@ -21,7 +21,7 @@ import zlib
 
 import numpy as np
 import pytest
-from e2e_util import JOB_ID, load_result, read_log, run_script, script_env
+from support.e2e import JOB_ID, load_result, read_log, run_script, script_env
 
 from paddle_acp import cli
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from e2e_util import REPO
+from support.e2e import REPO
 
 HARNESS = os.path.join(REPO, "ci", "kill_anywhere.py")
 

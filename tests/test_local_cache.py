@@ -5,7 +5,7 @@ restart on the same node reads the data from that copy only when its manifest is
 byte the remote's committed manifest and every checksum verifies, and from the remote
 otherwise (a stale copy, a corrupt one, a checkpoint the remote no longer has, a part the
 global commit does not name), with one log line saying why. No mocks: real servers
-(tests/server_fixtures.py), real files, real training processes killed with SIGKILL.
+(tests/support/server_fixtures.py), real files, real training processes killed with SIGKILL.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import JOB_ID, compare_results, describe, is_done, load_result, run_script  # noqa: E402
-from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+from support.e2e import JOB_ID, compare_results, describe, is_done, load_result, run_script  # noqa: E402
+from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.config import from_env  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402
@@ -492,7 +492,7 @@ def test_sigkill_while_the_copy_is_uncommitted(hdfs_server, tmp_path, monkeypatc
     import subprocess
     import time
 
-    from e2e_util import read_log, script_cmd, script_env
+    from support.e2e import read_log, script_cmd, script_env
 
     args = ("--epochs", 6, "--steps-per-epoch", 1, "--hidden", 400000, "--dropout", 0)
     ref_out = tmp_path / "ref"

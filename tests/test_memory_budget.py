@@ -19,8 +19,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import assert_same_as_reference, describe, is_done, load_result, run_script  # noqa: E402
-from server_fixtures import s3_server  # noqa: E402,F401  (fixture)
+from support.e2e import assert_same_as_reference, describe, is_done, load_result, run_script  # noqa: E402
+from support.server_fixtures import s3_server  # noqa: E402,F401  (fixture)
 
 HIDDEN = 800_000  # 16 -> 800000 -> 1 MLP with Adam: ~173 MB of state
 STATE = (16 * HIDDEN + HIDDEN + HIDDEN + 1) * 4 * 3  # parameters and Adam's two moments (float32)
@@ -41,7 +41,7 @@ def train(tmp_path, name, ckpt, env=None, *extra):
 
 
 def metrics(ckpt):
-    from e2e_util import JOB_ID
+    from support.e2e import JOB_ID
 
     path = os.path.join(str(ckpt), JOB_ID, "metrics", "trainer-0.jsonl")
     with open(path) as f:

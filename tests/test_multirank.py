@@ -347,7 +347,7 @@ def test_ls_and_verify_show_and_check_checkpoints_of_several_ranks(tmp_path):
     import subprocess
     import sys
 
-    from e2e_util import REPO
+    from support.e2e import REPO
 
     v2(tmp_path).save(snapshot(0, 0))  # a single-process checkpoint from before, older by position
     for e in (1, 2):

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from e2e_util import REPO, compare_results, is_done, load_result, read_log, run_script, script_env
+from support.e2e import REPO, compare_results, is_done, load_result, read_log, run_script, script_env
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
 DETECT_SCRIPT = os.path.join(REPO, "tests", "scripts", "detect_modes.py")

@@ -11,7 +11,9 @@ import venv
 
 import paddle
 import pytest
-from e2e_util import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.e2e import (
     REPO,
     assert_same_as_reference,
     describe,
@@ -22,9 +24,7 @@ from e2e_util import (
     run_script,
     strip_pid,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from paddle_compat import MAJOR
+from support.paddle_compat import MAJOR
 
 import paddle_acp
 from paddle_acp.adapter import version as pv

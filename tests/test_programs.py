@@ -20,9 +20,9 @@ REPO = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-import models  # noqa: E402
-from models import IRS, KINDS, NON_TRAIN_KINDS, TRAIN_KINDS, ir_mode  # noqa: E402
-from paddle_compat import PIR_SUPPORTED  # noqa: E402
+from support import models  # noqa: E402
+from support.models import IRS, KINDS, NON_TRAIN_KINDS, TRAIN_KINDS, ir_mode  # noqa: E402
+from support.paddle_compat import PIR_SUPPORTED  # noqa: E402
 
 pir_only = pytest.mark.skipif(not PIR_SUPPORTED, reason="PIR programs are refused on Paddle 2.6 "
                               "(tests/test_paddle_version.py checks the refusal there)")
@@ -104,7 +104,7 @@ def test_fingerprint_stable_across_builds(ir, kind):
 _FP_SCRIPT = """
 import json, sys
 sys.path.insert(0, %r)
-import models
+from support import models
 from paddle_acp.adapter.programs import program_info
 out = {}
 for ir in models.IRS:

@@ -5,7 +5,7 @@ The training script (tests/scripts/train_script.py) checkpoints every epoch to
 pyarrow/libhdfs, JVM in the training process) or ``s3://bucket/...`` (SeaweedFS),
 SIGKILLs itself at the start of an epoch, and is run again: the rerun must
 resume from the remote checkpoint and end bit-identical to an uninterrupted run
-without the library. Servers: ci/servers.py via tests/server_fixtures.py
+without the library. Servers: ci/servers.py via tests/support/server_fixtures.py
 (skipped with the reason when they cannot be prepared here).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import JOB_ID, check_restart_log, compare_results, describe, is_done, load_result, read_log, run_script  # noqa: E402
-from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+from support.e2e import JOB_ID, check_restart_log, compare_results, describe, is_done, load_result, read_log, run_script  # noqa: E402
+from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402

@@ -9,7 +9,7 @@ import paddle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paddle_compat import CARRIES_CPU_RNG
+from support.paddle_compat import CARRIES_CPU_RNG
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import CorruptCheckpointError

@@ -23,8 +23,8 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import REPO, describe, read_log, script_cmd, script_env  # noqa: E402
-from server_fixtures import _start, hdfs_server, servers  # noqa: E402,F401  (fixtures)
+from support.e2e import REPO, describe, read_log, script_cmd, script_env  # noqa: E402
+from support.server_fixtures import _start, hdfs_server, servers  # noqa: E402,F401  (fixtures)
 
 SECRET = "Pl4ntedS3cr3t" + uuid.uuid4().hex[:12]
 ACCESS = "plantedaccess"

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 pafs = pytest.importorskip("pyarrow.fs")
 

@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pyarrow.fs as pafs  # noqa: E402
-from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.errors import StorageError  # noqa: E402
 from paddle_acp.format import atomic  # noqa: E402

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import JOB_ID, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
-from server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+from support.e2e import JOB_ID, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
+from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.errors import StorageError  # noqa: E402
 from paddle_acp.format import atomic  # noqa: E402

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_util import JOB_ID, REPO, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
+from support.e2e import JOB_ID, REPO, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
 
 from paddle_acp import config  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402

@@ -1,7 +1,7 @@
 """Helpers shared by test modules.
 
 Storage backends: ``backend_storage`` is a pytest fixture parametrised over the REAL backends
-(a local disk, HDFS and S3 on the servers of server_fixtures.py); a test that takes it runs once
+(a local disk, HDFS and S3 on the servers of support/server_fixtures.py); a test that takes it runs once
 per backend, on a fresh empty root. Import it with the server fixtures it needs::
 
     from support import backend_storage, hdfs_server, s3_server  # noqa: F401 (pytest fixtures)
@@ -17,9 +17,9 @@ import uuid
 from typing import Dict, Tuple
 
 import pytest
-from server_fixtures import hdfs_server, s3_server  # noqa: F401  (pytest fixtures, re-exported)
 
 from paddle_acp.storage import Storage, open_storage
+from support.server_fixtures import hdfs_server, s3_server  # noqa: F401  (pytest fixtures, re-exported)
 
 BACKENDS = ("local", "hdfs", "s3")
 

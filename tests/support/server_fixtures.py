@@ -2,7 +2,7 @@
 
 Use from a test module::
 
-    from server_fixtures import hdfs_server, s3_server  # noqa: F401 (pytest fixtures)
+    from support.server_fixtures import hdfs_server, s3_server  # noqa: F401 (pytest fixtures)
 
 Both fixtures are module-scoped. If a server cannot be fetched/built/started the
 test is skipped with the reason, or fails when PADDLE_ACP_REQUIRE_SERVERS=1.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 if str(REPO / "ci") not in sys.path:
     sys.path.insert(0, str(REPO / "ci"))
 

@@ -31,7 +31,7 @@ paddle.enable_static()
 
 IN_DIM, HIDDEN, BATCH = 8, 16, 4
 
-from paddle_compat import IRS, legacy_ir_guard  # noqa: E402  (the IRs this Paddle supports)
+from support.paddle_compat import IRS, legacy_ir_guard  # noqa: E402  (the IRs this Paddle supports)
 
 #: Kinds whose ``main`` is a training program.
 TRAIN_KINDS = ("sgd", "adam", "adamw", "momentum", "adam_lr", "dropout",
