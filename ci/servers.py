@@ -521,9 +521,15 @@ class HadoopDist:
     def classpath(self, conf_dir: Optional[Path] = None, explicit: bool = False) -> str:
         """Classpath: conf dir, resources dir, jars (``explicit`` lists every jar: needed
         for CLASSPATH of libhdfs, which does not expand wildcards)."""
-        conf = conf_dir or (self.hadoop_home / "etc" / "hadoop")
+        own = self.hadoop_home / "etc" / "hadoop"
+        conf = conf_dir or own
         jars = [str(j) for j in self.jars] if explicit else [str(self.jars_dir / "*")]
-        return os.pathsep.join([str(conf), str(self.res_dir)] + jars)
+        # The dist's own client configuration (single-DataNode settings: replication 1, no datanode
+        # replacement on append) comes next: a JVM keeps the CLASSPATH of its first start, and when
+        # that server's conf dir is gone (its test module ended) it is what the next clients read.
+        # Without it they get Hadoop's defaults, and an append on one DataNode fails.
+        fallback = [str(own)] if own != conf else []
+        return os.pathsep.join([str(conf)] + fallback + [str(self.res_dir)] + jars)
 
     def libjvm_dir(self) -> Path:
         p = _libjvm(self.java_home)
