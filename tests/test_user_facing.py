@@ -179,7 +179,7 @@ def test_ctrl_c_during_synchronous_save_stops_the_process(tmp_path):
 
 
 # -- 22: places ----------------------------------------------------------------
-def test_restore_pending_writes_each_tensor_to_its_own_place():
+def test_unrestored_state_is_written_to_each_tensors_own_place():
     """A finished range restarted: the restored state goes into the global scope on the place each
     variable lives on (here the CPU; on a GPU job its GPU), and a variable the scope holds on no
     place yet lands on the CPU."""

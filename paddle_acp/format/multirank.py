@@ -105,6 +105,15 @@ class GlobalCheckpointer:
         # this rank's node-local copies (PADDLE_ACP_LOCAL_CACHE, remote storage only)
         self.cache: Optional["RangeCache"] = None
 
+    @property
+    def memory_budget(self) -> Optional[int]:
+        """The host-memory budget of this rank's restores (``PADDLE_ACP_HOST_MEMORY``)."""
+        return self._ck.memory_budget
+
+    @memory_budget.setter
+    def memory_budget(self, nbytes: Optional[int]) -> None:
+        self._ck.memory_budget = nbytes
+
     # -- listing ---------------------------------------------------------------
     def scan(self) -> List[GlobalEntry]:
         out = []

@@ -157,7 +157,7 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             self.checkpointer.cache = cache.for_range(cfg.job_id, self.name)
             self.gcheckpointer.cache = cache.for_range(cfg.job_id, self.name, cfg.trainer_id)
         # a restore larger than the budget is neither mapped (local) nor held in memory (remote)
-        self.checkpointer.memory_budget = self.gcheckpointer._ck.memory_budget = host_budget.decide(cfg.host_memory).nbytes
+        self.checkpointer.memory_budget = self.gcheckpointer.memory_budget = host_budget.decide(cfg.host_memory).nbytes
         self._load_newest()
         if self.multi and cfg.busy_policy != WAIT and self.rank == 0:
             logger.info("range %s: %d ranks: a save that comes due while the previous checkpoint is being written "
