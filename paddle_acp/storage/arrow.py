@@ -8,7 +8,7 @@ what is their own (local disks: ``os`` calls; S3: its commit style and error hin
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple, Type, cast
+from typing import Any, Callable, List, Optional, Tuple, Type, cast
 
 import pyarrow
 import pyarrow.fs as pafs
@@ -97,9 +97,10 @@ class ArrowStorage(Storage):
         except self.errors:
             return False
 
-    def _delete_dir(self, path: str) -> None:
+    def _delete(self, delete: Callable[[str], None], path: str) -> None:
+        """``delete`` (the filesystem's delete_dir or delete_file) of ``path``; a missing path is no error."""
         try:
-            self.fs.delete_dir(self.full(path))
+            delete(self.full(path))
         except FileNotFoundError:
             pass
         except self.errors as exc:
@@ -107,15 +108,11 @@ class ArrowStorage(Storage):
                 return
             raise self.wrap("deleting", path, exc) from exc
 
+    def _delete_dir(self, path: str) -> None:
+        self._delete(self.fs.delete_dir, path)
+
     def _delete_file(self, path: str) -> None:
-        try:
-            self.fs.delete_file(self.full(path))
-        except FileNotFoundError:
-            pass
-        except self.errors as exc:
-            if self._missing(path):  # libhdfs reports a missing path as a plain I/O error
-                return
-            raise self.wrap("deleting", path, exc) from exc
+        self._delete(self.fs.delete_file, path)
 
     def _rename(self, src: str, dst: str) -> None:
         try:
