@@ -45,6 +45,18 @@ class MemorySource:
         self._arrays.clear()
 
 
+def pread_into(fd: int, mv: memoryview, offset: int) -> int:
+    """Fill ``mv`` from byte ``offset`` of file ``fd`` (``preadv`` until full or the end of the file);
+    returns how many bytes were read (fewer than ``mv.nbytes`` only at the end of the file)."""
+    got = 0
+    while got < mv.nbytes:
+        n = os.preadv(fd, [mv[got:]], offset + got)
+        if n <= 0:
+            break
+        got += n
+    return got
+
+
 class FileSource:
     """Tensors of a verified local data file, read on demand through an open descriptor.
 
@@ -71,12 +83,9 @@ class FileSource:
 
     def _pread(self, job: Tuple[memoryview, int]) -> None:
         mv, offset = job
-        pos = 0
-        while pos < mv.nbytes:
-            n = os.preadv(self._fd, [mv[pos:]], offset + pos)
-            if n <= 0:
-                raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified (byte {offset + pos})")
-            pos += n
+        got = pread_into(self._fd, mv, offset)
+        if got < mv.nbytes:
+            raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified (byte {offset + got})")
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray:
         arr = np.empty(rec.shape, DTYPES[rec.dtype])

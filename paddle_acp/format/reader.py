@@ -35,7 +35,7 @@ from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.arena import alloc_buffer
 from paddle_acp.format.crc import crc_pool, drain
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
-from paddle_acp.format.loaded import FileSource, Key, LoadedCheckpoint, MemorySource
+from paddle_acp.format.loaded import FileSource, Key, LoadedCheckpoint, MemorySource, pread_into
 from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord, max_manifest_size
 from paddle_acp.format.spool import open_spool, spool_writer
 from paddle_acp.storage.base import InputFile, Storage
@@ -357,12 +357,9 @@ class _PreadChunks(_Buffered):
         self._fd = fd
 
     def _fill(self, mv: memoryview, pos: int) -> None:
-        got = 0
-        while got < mv.nbytes:
-            r = os.preadv(self._fd, [mv[got:]], pos + got)
-            if r <= 0:
-                raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
-            got += r
+        got = pread_into(self._fd, mv, pos)
+        if got < mv.nbytes:
+            raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
 
 
 class _RemoteChunks(_Buffered):
