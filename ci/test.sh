@@ -7,7 +7,7 @@ source "$ROOT/ci/env.sh"
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
 # Lint and import order first (seconds): a layer rule broken is a failed test run.
-"$PYTHON" -m ruff check paddle_acp paddle_acp_cli.py tests ci
+"$PYTHON" -m ruff check paddle_acp paddle_acp_cli.py tests ci examples
 # Types: the whole package, with mypy's strict flags for the format and storage layers (pyproject.toml).
 "$PYTHON" -m mypy
 "$PYTHON" -m pytest -q -p no:cacheprovider "$@" tests
