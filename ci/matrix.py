@@ -5,7 +5,8 @@ For every Paddle version (default: 2.6.2, 3.0.0, 3.2.2, 3.3.1) this script
 
 1. keeps a virtual environment with exactly that Paddle (CPU wheel) plus pytest and hypothesis
    under ``.cache/matrix/paddle-<version>/`` (created once, reused: reruns take seconds);
-2. installs paddle-acp into it with a plain ``pip install <repo>`` (no ``--no-deps``), then checks
+2. builds paddle-acp's wheel once (``pip wheel --no-deps``, into ``.cache/matrix/dist/``) and installs it
+   into each environment with a plain ``pip install <wheel>`` (no ``--no-deps``), then checks
    that the installed Paddle distributions did not change (name and version) and that
    ``import paddle_acp`` from outside the checkout loads the installed copy;
 3. runs that version's test subset (see :func:`subset`) with the environment's ``pytest``, the
@@ -132,7 +133,19 @@ def _junit_counts(path: str) -> dict:
     return counts
 
 
-def run_version(version: str, timeout: float) -> dict:
+def build_wheel() -> str:
+    """Build paddle-acp's wheel from this checkout (as a release would) and return its path."""
+    dist = os.path.join(CACHE, "dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    os.makedirs(dist)
+    p = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, ROOT])
+    wheels = [f for f in os.listdir(dist) if f.endswith(".whl")] if p.returncode == 0 else []
+    if len(wheels) != 1:
+        raise RuntimeError(f"building the paddle-acp wheel failed:\n{p.stdout[-4000:]}")
+    return os.path.join(dist, wheels[0])
+
+
+def run_version(version: str, timeout: float, wheel: str) -> dict:
     t0 = time.monotonic()
     res = {"version": version, "ok": False, "problems": [], "tests": None}
     try:
@@ -145,7 +158,8 @@ def run_version(version: str, timeout: float) -> dict:
     py = os.path.join(d, "bin", "python")
     before = paddle_dists(py)
     log(f"{version}: environment {os.path.relpath(d, ROOT)}, Paddle before install: {before}")
-    p = _run([py, "-m", "pip", "install", "-q", ROOT])  # what a user types: no --no-deps
+    _run([py, "-m", "pip", "uninstall", "-q", "-y", "paddle-acp"])  # a reused environment: install anew
+    p = _run([py, "-m", "pip", "install", "-q", wheel])  # what a user types: no --no-deps
     if p.returncode != 0:
         res["problems"].append("pip install of paddle-acp failed")
         log(p.stdout[-4000:])
@@ -163,7 +177,7 @@ def run_version(version: str, timeout: float) -> dict:
             res["problems"].append(f"paddle.__version__ is {lines[-2]}, expected {version}")
         if not lines[-1].startswith(d):
             res["problems"].append(f"import paddle_acp loaded {lines[-1]}, not the installed copy")
-    log(f"{version}: after plain `pip install .`: Paddle {after}, paddle_acp from {lines[-1] if lines else '?'}")
+    log(f"{version}: after plain `pip install {os.path.basename(wheel)}`: Paddle {after}, paddle_acp from {lines[-1] if lines else '?'}")
     junit = os.path.join(d, "junit.xml")
     if os.path.exists(junit):
         os.remove(junit)
@@ -200,7 +214,9 @@ def main(argv=None) -> int:
         print(ensure_venv(args.prepare))
         return 0
     t0 = time.monotonic()
-    results = [run_version(v.strip(), args.timeout) for v in args.versions.split(",") if v.strip()]
+    wheel = build_wheel()
+    log(f"built {os.path.relpath(wheel, ROOT)}")
+    results = [run_version(v.strip(), args.timeout, wheel) for v in args.versions.split(",") if v.strip()]
     print("\n[matrix] summary (Paddle version: result, tests, seconds)", flush=True)
     for r in results:
         t = r["tests"] or {}
