@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (once) the project's virtual environment in .venv and install paddle-acp into it.
-# Sourced by ci/demo.sh and ci/test.sh; needs only Python 3.11 (or 3.9+) on PATH.
+# Sourced by ci/demo.sh and ci/test.sh; needs only Python 3.11 (or 3.10+) on PATH.
 # Paddle is not a dependency of paddle-acp: a venv without Paddle gets the CPU wheel
 # (PADDLE_ACP_PADDLE_SPEC, default paddlepaddle==3.3.1); a Paddle already there (any supported
 # version, CPU or GPU) is never replaced, and the install fails if anything tried to.
