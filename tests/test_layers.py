@@ -105,3 +105,63 @@ def test_imports_go_down_the_layers(module, path):
 def test_no_module_over_the_size_limit(module, path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{module}: {lines} lines (limit {MAX_LINES}): split it by what it owns"
+
+
+def _module_of(name: str) -> str:
+    """The package module an imported name lives in (``paddle_acp.x.y.Name`` -> ``paddle_acp.x.y``)."""
+    while name not in MODULE_NAMES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _import_cycles() -> List[List[str]]:
+    """Strongly connected groups of more than one module in the import graph (every import, also those
+    inside functions or under ``TYPE_CHECKING``), by Tarjan's algorithm."""
+    graph = {m: sorted({_module_of(n) for n in _imports(p) if n.startswith("paddle_acp")} - {m}) for m, p in MODULES}
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    groups: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return groups
+
+
+# Circles still to break (issue 26): the EpochRange mixins share their state through each other and
+# runtime.state; the runtime's hook points Paddle's dead auto-checkpoint call at the compat module.
+KNOWN_CYCLES = [
+    sorted(["paddle_acp.runtime.persist", "paddle_acp.runtime.range", "paddle_acp.runtime.restore",
+            "paddle_acp.runtime.state", "paddle_acp.runtime.steps"]),
+    sorted(["paddle_acp.compat.auto_checkpoint", "paddle_acp.runtime.hook"]),
+]
+
+
+def test_no_import_circles():
+    """No module imports, directly or through others, a module that imports it (only KNOWN_CYCLES remain,
+    and none may grow)."""
+    new = [g for g in _import_cycles() if g not in KNOWN_CYCLES]
+    assert not new, "import circles: " + "; ".join(" <-> ".join(g) for g in new)

@@ -55,7 +55,8 @@ from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot
-from paddle_acp.storage.base import Storage, open_storage, redact
+from paddle_acp.storage.base import Storage, redact
+from paddle_acp.storage.registry import open_storage
 
 logger = logging.getLogger("paddle_acp")
 

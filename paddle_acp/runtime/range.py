@@ -34,7 +34,8 @@ from paddle_acp.runtime.restore import CONST_MEMORYINIT, RestoreMixin
 from paddle_acp.runtime.saver import WAIT, Saver
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import StepsMixin
-from paddle_acp.storage.base import open_storage, redact
+from paddle_acp.storage.base import redact
+from paddle_acp.storage.registry import open_storage
 
 logger = logging.getLogger("paddle_acp")
 

@@ -34,7 +34,7 @@ from typing import Any, Iterable, List, Optional, Protocol, Tuple, Type, cast
 from paddle_acp.errors import StorageError
 from paddle_acp.secrets import redact, register_secret, register_uri, scrub
 
-__all__ = ["WRITE_CHUNK", "RENAME", "MANIFEST_LAST", "Entry", "Storage", "open_storage",
+__all__ = ["WRITE_CHUNK", "RENAME", "MANIFEST_LAST", "Entry", "Storage",
            "redact", "register_secret", "register_uri", "scrub"]
 
 WRITE_CHUNK = 16 << 20  # largest single write handed to a filesystem (see Storage.write_buffers)
@@ -304,10 +304,3 @@ class Storage(abc.ABC):
         """Make a directory's entries durable (local disks: fsync of the directory)."""
         return None
 
-
-def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optional[str] = None,
-                 cache_dir: Optional[str] = None) -> Storage:
-    """See :func:`paddle_acp.storage.registry.open_storage` (kept here for existing imports)."""
-    from paddle_acp.storage.registry import open_storage as _open
-
-    return _open(uri, hdfs_user=hdfs_user, hadoop_home=hadoop_home, cache_dir=cache_dir)

@@ -473,9 +473,28 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
     def open_output_stream(self, path: str, metadata: Any = None) -> Any:
         p = self._path(path)
         self._check_not_dir(p)
-        return pa.PythonFile(StagedOutput(self, p, append=False), mode="w")
+        return pa.PythonFile(StagedOutput(self._staging_dir(), lambda local, size: self._upload(local, p, size, False)),
+                             mode="w")
 
     def open_append_stream(self, path: str, metadata: Any = None) -> Any:
         p = self._path(path)
         self._check_not_dir(p)
-        return pa.PythonFile(StagedOutput(self, p, append=True), mode="w")
+        return pa.PythonFile(StagedOutput(self._staging_dir(), lambda local, size: self._upload(local, p, size, True)),
+                             mode="w")
+
+    def _upload(self, local: str, path: str, size: int, append: bool) -> None:
+        """Store a staged stream's local file at ``path`` (``-put -f`` or ``-appendToFile``), noting the result."""
+        cmd, what = (["-appendToFile"], "appending to") if append else (["-put", "-f"], "uploading to")
+        try:
+            self._run([*cmd, local, path], what=what, paths=[path], timeout=self._data_timeout(size))
+        except BaseException:
+            self._invalidate(path)
+            raise
+        if append:
+            old = self._cached_info(path)
+            if old is not None and old.type == FileType.File and old.size is not None:
+                self._note(path, FileInfo(path, FileType.File, size=old.size + size))
+            else:
+                self._invalidate(path)
+        else:
+            self._note(path, FileInfo(path, FileType.File, size=size))

@@ -7,12 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from typing import TYPE_CHECKING, Any, Tuple, Type
-
-from pyarrow.fs import FileInfo, FileType
-
-if TYPE_CHECKING:
-    from paddle_acp.storage.hadoop_cli import HadoopCliHandler
+from typing import Any, Callable, Tuple, Type
 
 
 class HadoopCliError(OSError):
@@ -55,12 +50,11 @@ def stderr_tail(stderr: str, lines: int = 8) -> str:
 class StagedOutput:
     """A write-only stream into a local temporary file, uploaded with ``-put -f`` on close."""
 
-    def __init__(self, handler: "HadoopCliHandler", path: str, append: bool):
+    def __init__(self, staging_dir: str, upload: Callable[[str, int], None]):
+        """``upload(local_file, size)`` stores the staged bytes on close (the CLI handler's own call)."""
         self.closed = True
-        self._h = handler
-        self._path = path
-        self._append = append
-        self._dir = handler._staging_dir()
+        self._upload = upload
+        self._dir = staging_dir
         self._local = os.path.join(self._dir, "data")
         try:
             self._f = open(self._local, "wb")
@@ -98,26 +92,7 @@ class StagedOutput:
         self.closed = True
         try:
             self._f.close()
-            size = os.path.getsize(self._local)
-            h = self._h
-            try:
-                if self._append:
-                    h._run(["-appendToFile", self._local, self._path], what="appending to",
-                           paths=[self._path], timeout=h._data_timeout(size))
-                else:
-                    h._run(["-put", "-f", self._local, self._path], what="uploading to",
-                           paths=[self._path], timeout=h._data_timeout(size))
-            except BaseException:
-                h._invalidate(self._path)
-                raise
-            if self._append:
-                old = h._cached_info(self._path)
-                if old is not None and old.type == FileType.File and old.size is not None:
-                    h._note(self._path, FileInfo(self._path, FileType.File, size=old.size + size))
-                else:
-                    h._invalidate(self._path)
-            else:
-                h._note(self._path, FileInfo(self._path, FileType.File, size=size))
+            self._upload(self._local, os.path.getsize(self._local))
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
 

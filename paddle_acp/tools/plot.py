@@ -10,7 +10,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from paddle_acp.tools.discovery import ToolError
 from paddle_acp.tools.metrics import Record, is_num, restarts_of
 from paddle_acp.tools.render import fmt_seconds, fmt_time, natural_key
-from paddle_acp.tools.stats import summarize_metrics
 
 
 def time_axis(span: float) -> Tuple[str, float]:
@@ -24,10 +23,11 @@ def time_axis(span: float) -> Tuple[str, float]:
     return "days", 86400.0
 
 
-def plot_metrics(records: List[Dict[str, Any]], path: str, title: str) -> None:
+def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: str, title: str) -> None:
     """Saves over wall time, as an image (needs matplotlib): per save the time the training
     thread was blocked and the time the write took; failed saves, skipped saves and
-    (re)starts of the training process marked."""
+    (re)starts of the training process marked. ``summary``: :func:`paddle_acp.tools.stats.summarize_metrics`
+    of the same records."""
     try:
         import matplotlib
 
@@ -56,7 +56,7 @@ def plot_metrics(records: List[Dict[str, Any]], path: str, title: str) -> None:
         v = r.get(key)
         return max(float(v), floor) if v is not None and is_num(v) else None
 
-    s = summarize_metrics(records)
+    s = summary
     fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
     saved = [r for r in records if r["event"] == "saved"]
     failed = [r for r in records if r["event"] == "failed"]

@@ -101,7 +101,7 @@ def stats(uri: str, job: Optional[str] = None, plot: Optional[str] = None) -> St
     if plot:
         from paddle_acp.tools.plot import plot_metrics
 
-        plot_metrics(records, plot, f"paddle-acp saves of job {name}")
+        plot_metrics(records, res.summary, plot, f"paddle-acp saves of job {name}")
     return res
 
 
