@@ -204,3 +204,28 @@ def test_storage_client_variables():
                              "AWS_DEFAULT_REGION": "eu", "AWS_SECRET_ACCESS_KEY": "k"})
     assert (s3.endpoint, s3.region, s3.secrets) == ("http://b", "eu", ("k",))
     assert config.s3_from_env({}) == config.S3Env(endpoint=None, region="us-east-1", secrets=())
+
+
+def test_storage_settings_reach_the_backends_through_one_options_object():
+    """The storage and format layers never call config's ``*_from_env`` readers: every storage setting
+    reaches a backend as the one StorageOptions object given to open_storage (the registry alone builds it
+    from the environment when a caller gave none)."""
+    reader = re.compile(r"\b\w+_from_env\b")
+    offenders = []
+    for path in _package_sources():
+        if not ({PKG / "storage", PKG / "format"} & set(path.parents)) or path.name == "registry.py":
+            continue
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            if reader.search(line):
+                offenders.append(f"{path.relative_to(PKG.parent)}:{no}: {line.strip()}")
+    assert not offenders, "storage settings read outside config:\n" + "\n".join(offenders)
+    opts = config.storage_options_from_env({"PADDLE_ACP_CONNECT_TIMEOUT": "7", "PADDLE_ACP_HDFS_CLIENT": "cli",
+                                            "HADOOP_HOME": "/h", "PADDLE_EDL_HDFS_UGI": "u,pw-secret",
+                                            "AWS_ENDPOINT_URL": "http://e:1", "PADDLE_EDL_FS_CACHE": "/c"})
+    assert (opts.connect_timeout, opts.hdfs_client, opts.hadoop_home, opts.hdfs_ugi, opts.cache_dir, opts.s3.endpoint) \
+        == (7.0, "cli", "/h", "u,pw-secret", "/c", "http://e:1")
+    assert "pw-secret" not in repr(opts)  # the UGI is a secret
+    cfg = config.from_env({"PADDLE_RUNNING_ENV": "PADDLE_EDL_AUTO_CHECKPOINT", "PADDLE_JOB_ID": "j",
+                           "PADDLE_TRAINER_ID": "0", "PADDLE_EDL_HDFS_CHECKPOINT_PATH": "/ck",
+                           "PADDLE_EDL_HDFS_NAME": "hdfs://nn:9000", "PADDLE_EDL_HDFS_UGI": "alice,pw-secret"})
+    assert cfg.storage.hdfs_user == "alice" and cfg.storage.hdfs_ugi == "alice,pw-secret"

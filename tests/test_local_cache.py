@@ -64,28 +64,28 @@ _scheme = st.sampled_from(["hdfs", "viewfs", "s3", "HDFS"])
 def test_cache_key_format_and_secrets(scheme, host, segs, secret):
     path = "/".join(segs)
     uri = f"{scheme}://{host}/{path}"
-    key = cache_key(uri, env={})
+    key = cache_key(uri, s3_endpoint=None)
     assert KEY_RE.fullmatch(key), key
     assert "/" not in key and ".." not in key.split("-")[1:2] and not key.startswith(".")
-    assert key == cache_key(uri, env={})  # deterministic
+    assert key == cache_key(uri, s3_endpoint=None)  # deterministic
     # credentials (user info, credential query parameters) do not change the location, nor appear in it
     with_creds = f"{scheme}://u{secret}:p{secret}@{host}/{path}?access_key=A{secret}&secret_key=S{secret}"
-    assert canonical_location(with_creds, env={}) == canonical_location(uri, env={})  # the key derives from it
-    assert cache_key(with_creds, env={}) == key
+    assert canonical_location(with_creds, s3_endpoint=None) == canonical_location(uri, s3_endpoint=None)  # the key derives from it
+    assert cache_key(with_creds, s3_endpoint=None) == key
     # a trailing or doubled slash names the same place
-    assert cache_key(f"{scheme}://{host}//{path}/", env={}) == key
+    assert cache_key(f"{scheme}://{host}//{path}/", s3_endpoint=None) == key
 
 
 @settings(max_examples=200, deadline=None)
 @given(_host, st.lists(_seg, min_size=1, max_size=3), st.lists(_seg, min_size=1, max_size=3))
 def test_cache_keys_of_different_locations_differ(host, a, b):
     ua, ub = f"hdfs://{host}/{'/'.join(a)}", f"hdfs://{host}/{'/'.join(b)}"
-    assert (cache_key(ua, env={}) == cache_key(ub, env={})) == (a == b)
+    assert (cache_key(ua, s3_endpoint=None) == cache_key(ub, s3_endpoint=None)) == (a == b)
     # the same bucket and prefix on another S3 endpoint is another location
     s3 = f"s3://bucket/{'/'.join(a)}"
-    assert cache_key(s3, env={"AWS_ENDPOINT_URL": "http://10.0.0.1:8333"}) != cache_key(
-        s3, env={"AWS_ENDPOINT_URL": "http://10.0.0.2:8333"})
-    assert cache_key(s3 + "?endpoint_override=h1:1", env={}) != cache_key(s3 + "?endpoint_override=h2:1", env={})
+    assert cache_key(s3, s3_endpoint="http://10.0.0.1:8333") != cache_key(
+        s3, s3_endpoint="http://10.0.0.2:8333")
+    assert cache_key(s3 + "?endpoint_override=h1:1", s3_endpoint=None) != cache_key(s3 + "?endpoint_override=h2:1", s3_endpoint=None)
 
 
 @settings(max_examples=200, deadline=None)

@@ -433,7 +433,7 @@ def test_registry_picks_the_class_by_scheme(tmp_path):
     registered for a new scheme serves it."""
     from paddle_acp.errors import ConfigError
     from paddle_acp.storage import register_backend
-    from paddle_acp.storage.registry import _BACKENDS, _OPTIONS
+    from paddle_acp.storage.registry import _BACKENDS
 
     assert type(open_storage(str(tmp_path))) is LocalStorage
     assert open_storage(f"file://{tmp_path}").root == str(tmp_path)
@@ -441,10 +441,10 @@ def test_registry_picks_the_class_by_scheme(tmp_path):
         open_storage("gs://user:hunter22@bucket/x")
     assert "hunter22" not in str(err.value)
 
-    def open_scratch(uri, parsed, cache_dir=None):  # a local directory named by another scheme
-        return LocalStorage(os.path.join(cache_dir, parsed.netloc + parsed.path), uri)
+    def open_scratch(uri, parsed, options):  # a local directory named by another scheme
+        return LocalStorage(os.path.join(options.cache_dir, parsed.netloc + parsed.path), uri)
 
-    register_backend("scratch", open_scratch, options=("cache_dir",))
+    register_backend("scratch", open_scratch)
     try:
         st = open_storage("scratch://area/sub", cache_dir=str(tmp_path))
         st.makedirs("")
@@ -452,4 +452,4 @@ def test_registry_picks_the_class_by_scheme(tmp_path):
         assert type(st) is LocalStorage and (tmp_path / "area" / "sub" / "f").read_bytes() == b"x"
         assert st.uri == "scratch://area/sub"
     finally:
-        _BACKENDS.pop("scratch"), _OPTIONS.pop("scratch")
+        _BACKENDS.pop("scratch")

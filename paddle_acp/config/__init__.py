@@ -27,6 +27,7 @@ from paddle_acp.config.components import DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONN
 from paddle_acp.config.components import HDFS_CLIENTS as HDFS_CLIENTS
 from paddle_acp.config.components import LOG_LEVELS as LOG_LEVELS
 from paddle_acp.config.components import S3Env as S3Env
+from paddle_acp.config.components import StorageOptions as StorageOptions
 from paddle_acp.config.components import connect_timeout_from_env as connect_timeout_from_env
 from paddle_acp.config.components import exit_on_preempt_from_env as exit_on_preempt_from_env
 from paddle_acp.config.components import hadoop_home_from_env as hadoop_home_from_env
@@ -36,6 +37,7 @@ from paddle_acp.config.components import log_level_from_env as log_level_from_en
 from paddle_acp.config.components import preempt_signals_from_env as preempt_signals_from_env
 from paddle_acp.config.components import progress_from_env as progress_from_env
 from paddle_acp.config.components import s3_from_env as s3_from_env
+from paddle_acp.config.components import storage_options_from_env as storage_options_from_env
 from paddle_acp.config.components import trainer_id_from_env as trainer_id_from_env
 from paddle_acp.config.values import FALSE_WORDS as FALSE_WORDS
 from paddle_acp.config.values import MIN_HOST_MEMORY as MIN_HOST_MEMORY
@@ -140,6 +142,8 @@ class CheckpointConfig:
     hdfs_ugi: Optional[str] = None
     hdfs_checkpoint_path: Optional[str] = None
     ce_test: bool = False
+    # every storage setting (timeouts, HDFS client, user and UGI, S3 endpoint): what open_storage gets
+    storage: StorageOptions = dataclasses.field(default_factory=StorageOptions)
 
     @property
     def active(self) -> bool:
@@ -268,7 +272,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     """Build the configuration from environment variables (``os.environ`` by default)."""
     env = os.environ if env is None else env
     log_level_from_env(env)
-    connect_timeout_from_env(env)
+    storage = storage_options_from_env(env)
     common: Dict[str, Any] = dict(
         trainer_id=trainer_id_from_env(env),
         world_size=_world_size(env),
@@ -301,7 +305,8 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
                 "set PADDLE_JOB_ID=<id> in the launcher's environment (the launcher takes it as its job id too).",
                 DEFAULT_JOB_ID, redact(uri.strip()),
             )
-        return CheckpointConfig(uri=uri.strip(), job_id=job_id, source="PADDLE_ACP_CHECKPOINT_URI", **common)
+        return CheckpointConfig(uri=uri.strip(), job_id=job_id, source="PADDLE_ACP_CHECKPOINT_URI", storage=storage,
+                                **common)
 
     run_env = env.get("PADDLE_RUNNING_ENV")
     if run_env != PADDLECLOUD_RUNNING_ENV:
@@ -309,7 +314,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
             "neither PADDLE_ACP_CHECKPOINT_URI nor "
             f"PADDLE_RUNNING_ENV={PADDLECLOUD_RUNNING_ENV} is set"
         )
-        return CheckpointConfig(inactive_reason=reason, **common)
+        return CheckpointConfig(inactive_reason=reason, storage=storage, **common)
 
     why = f"when PADDLE_RUNNING_ENV={PADDLECLOUD_RUNNING_ENV}"
     job_id = validate_job_id(_required(env, "PADDLE_JOB_ID", why))
@@ -347,6 +352,8 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         hdfs_ugi=hdfs_ugi,
         hdfs_checkpoint_path=ckpt_path,
         ce_test=ce_test,
+        # PaddleCloud: the UGI's user is the HDFS user; PADDLE_EDL_HDFS_HOME alone names the Hadoop home
+        storage=storage.replace(hdfs_user=hdfs_ugi.split(",", 1)[0] if hdfs_ugi else None, hadoop_home=hdfs_home),
         **common,
     )
 

@@ -124,10 +124,42 @@ class S3Env:
 
 
 def s3_from_env(env: Optional[Mapping[str, str]] = None) -> S3Env:
+    """The AWS variables of :class:`S3Env` (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...)."""
     env = os.environ if env is None else env
     secrets = tuple(v for v in (env.get("AWS_SECRET_ACCESS_KEY"), env.get("AWS_SESSION_TOKEN")) if v)
     return S3Env(
         endpoint=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
         region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
         secrets=secrets,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageOptions:
+    """Every setting a storage backend needs, built once here and handed to
+    :func:`paddle_acp.storage.registry.open_storage`: no backend reads the environment itself."""
+
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # PADDLE_ACP_CONNECT_TIMEOUT
+    hdfs_client: Optional[str] = None  # PADDLE_ACP_HDFS_CLIENT: one of HDFS_CLIENTS; None: the first that works
+    hadoop_home: Optional[str] = None  # PADDLE_EDL_HDFS_HOME, else HADOOP_HOME (the hadoop CLI client)
+    hdfs_user: Optional[str] = None  # the HDFS user (PaddleCloud: the UGI's user); None: the URI's, or the process's
+    hdfs_ugi: Optional[str] = dataclasses.field(default=None, repr=False)  # PADDLE_EDL_HDFS_UGI: a secret
+    cache_dir: Optional[str] = None  # PADDLE_EDL_FS_CACHE: the hadoop CLI client's staging directory
+    s3: S3Env = dataclasses.field(default_factory=lambda: S3Env(endpoint=None, region="us-east-1", secrets=()))
+
+    def replace(self, **changes: object) -> "StorageOptions":
+        """A copy with ``changes`` (None values are ignored: the setting stays)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
+
+
+def storage_options_from_env(env: Optional[Mapping[str, str]] = None) -> StorageOptions:
+    """The :class:`StorageOptions` the environment (``os.environ`` by default) sets."""
+    env = os.environ if env is None else env
+    return StorageOptions(
+        connect_timeout=connect_timeout_from_env(env),
+        hdfs_client=hdfs_client_from_env(env),
+        hadoop_home=hadoop_home_from_env(env),
+        hdfs_ugi=hdfs_ugi_from_env(env),
+        cache_dir=env.get("PADDLE_EDL_FS_CACHE") or None,
+        s3=s3_from_env(env),
     )

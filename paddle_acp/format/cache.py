@@ -45,10 +45,10 @@ import re
 import shutil
 import threading
 import uuid
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from paddle_acp.config import s3_from_env
+from paddle_acp.config import StorageOptions
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import reader
 from paddle_acp.format.layout import layout
@@ -76,11 +76,12 @@ _ZEROS = bytes(ALIGN)
 
 
 # -- the key -------------------------------------------------------------------------------
-def canonical_location(uri: str, env: Optional[Mapping[str, str]] = None) -> str:
+def canonical_location(uri: str, s3_endpoint: Optional[str] = None) -> str:
     """The remote location ``uri`` names, without what does not change it: user info and
     credentials (query parameters other than the endpoint), a trailing or doubled ``/``.
-    For ``s3://`` without an ``endpoint_override`` the endpoint of ``AWS_ENDPOINT_URL_S3``
-    / ``AWS_ENDPOINT_URL`` is part of it (the same bucket name on another server)."""
+    For ``s3://`` without an ``endpoint_override`` the ``s3_endpoint`` in use (``AWS_ENDPOINT_URL_S3``
+    / ``AWS_ENDPOINT_URL``, :class:`~paddle_acp.config.StorageOptions`) is part of it (the same
+    bucket name on another server)."""
     p = urlsplit(uri.strip())
     scheme = p.scheme.lower()
     netloc = p.netloc.rpartition("@")[2]
@@ -89,19 +90,18 @@ def canonical_location(uri: str, env: Optional[Mapping[str, str]] = None) -> str
     params = sorted((k, v.rpartition("@")[2]) for k, v in parse_qsl(p.query, keep_blank_values=True)
                     if k in _IDENTITY_PARAMS)
     if scheme == "s3" and not any(k == "endpoint_override" for k, _v in params):
-        endpoint = s3_from_env(env).endpoint
-        if endpoint:
-            params.append(("endpoint", redact(endpoint.strip())))
+        if s3_endpoint:
+            params.append(("endpoint", redact(s3_endpoint.strip())))
     return f"{scheme}://{host}{path}" + ("?" + urlencode(params) if params else "")
 
 
-def cache_key(uri: str, env: Optional[Mapping[str, str]] = None) -> str:
+def cache_key(uri: str, s3_endpoint: Optional[str] = None) -> str:
     """The name of the cache directory of remote location ``uri``: ``<scheme>-<slug>-<hash>``.
 
     ``hash``: 32 hex digits of the SHA-256 of :func:`canonical_location` (what keeps
     locations apart); ``slug``: the host and last path component, filesystem-safe, for
     people (at most 48 characters). Never holds user info or query values."""
-    canon = canonical_location(uri, env)
+    canon = canonical_location(uri, s3_endpoint)
     p = urlsplit(canon)
     scheme = re.sub(r"[^a-z0-9]", "", p.scheme.lower(), flags=re.ASCII)[:16] or "x"
     last = p.path.rstrip("/").rpartition("/")[2]
@@ -138,12 +138,13 @@ class LocalCache:
 
     @classmethod
     def open(cls, directory: str, remote_uri: str, max_to_keep: int,
-             env: Optional[Mapping[str, str]] = None) -> Optional["LocalCache"]:
+             options: Optional[StorageOptions] = None) -> Optional["LocalCache"]:
         """The cache of ``remote_uri`` under ``directory``; None, with one warning, when it cannot
         be used (not creatable, not writable, or its key taken by another location): checkpoints
         then go to the remote alone, as without the cache."""
-        canon = canonical_location(remote_uri, env)
-        root = os.path.join(directory, cache_key(remote_uri, env))
+        endpoint = (options or StorageOptions()).s3.endpoint
+        canon = canonical_location(remote_uri, endpoint)
+        root = os.path.join(directory, cache_key(remote_uri, endpoint))
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             os.makedirs(root, mode=0o700, exist_ok=True)
@@ -164,7 +165,7 @@ class LocalCache:
             with open(probe, "wb") as f:
                 f.write(b"ok")
             os.remove(probe)
-            storage = open_storage(root)
+            storage = open_storage(root, StorageOptions())  # a local directory: no setting applies
         except (OSError, ValueError, RecursionError, CheckpointError, StorageError) as exc:
             logger.warning(
                 "PADDLE_ACP_LOCAL_CACHE=%s cannot be used (%s): checkpoints go to %s only, and restarts read them "

@@ -54,8 +54,7 @@ def _paddle_static():
 def open_storage_for(cfg: _config.CheckpointConfig):
     if cfg.uri is None:
         raise ConfigError(f"checkpointing is off: {cfg.inactive_reason}")
-    user = cfg.hdfs_ugi.split(",", 1)[0] if cfg.hdfs_ugi else None
-    return open_storage(cfg.uri, hdfs_user=user, hadoop_home=cfg.hdfs_home, cache_dir=cfg.fs_cache)
+    return open_storage(cfg.uri, cfg.storage)
 
 
 class EpochRange(StepsMixin, PersistMixin, RestoreMixin):

@@ -72,7 +72,7 @@ class ProcessState:
                             storage.uri)
                 self.caches[key] = None
             else:
-                self.caches[key] = LocalCache.open(cfg.local_cache, cfg.uri or storage.uri, cfg.max_to_keep)
+                self.caches[key] = LocalCache.open(cfg.local_cache, cfg.uri or storage.uri, cfg.max_to_keep, cfg.storage)
         return self.caches[key]
 
     def reset(self) -> None:

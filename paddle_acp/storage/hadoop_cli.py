@@ -86,12 +86,6 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             raise ValueError(f"default_fs must look like hdfs://host:port, not {default_fs!r}")
         self.default_fs = f"{p.scheme}://{p.hostname}" + (f":{p.port}" if p.port else "")
         self.user = user or None
-        if ugi is None:
-            from paddle_acp.config import hdfs_ugi_from_env
-
-            env_ugi = hdfs_ugi_from_env()
-            if env_ugi and (self.user is None or env_ugi.split(",", 1)[0] == self.user):
-                ugi = env_ugi
         self._ugi = ugi or None
         if self.user is None and self._ugi:
             self.user = self._ugi.split(",", 1)[0] or None

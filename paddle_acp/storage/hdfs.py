@@ -23,6 +23,7 @@ import pyarrow
 import pyarrow.fs as pafs
 
 from paddle_acp.config import HDFS_CLIENTS as CLIENTS
+from paddle_acp.config import StorageOptions
 from paddle_acp.errors import StorageError
 from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import RENAME, redact, scrub
@@ -47,18 +48,14 @@ class HdfsStorage(ArrowStorage):
         return ""
 
     @classmethod
-    def from_uri(cls, uri: str, parsed: ParseResult, hdfs_user: Optional[str] = None,
-                 hadoop_home: Optional[str] = None, cache_dir: Optional[str] = None) -> "HdfsStorage":
-        from paddle_acp.config import connect_timeout_from_env, hadoop_home_from_env, hdfs_client_from_env
-
+    def from_uri(cls, uri: str, parsed: ParseResult, options: StorageOptions) -> "HdfsStorage":
         host = parsed.hostname or "default"
         port = parsed.port or 8020
-        user = hdfs_user or (unquote(parsed.username) if parsed.username else None)
+        user = options.hdfs_user or (unquote(parsed.username) if parsed.username else None)
         root = parsed.path.rstrip("/") or "/"
         display = redact(uri)
-        hadoop_home = hadoop_home or hadoop_home_from_env()
-        forced = hdfs_client_from_env()  # validated there: one of CLIENTS, or None
-        timeout = connect_timeout_from_env()
+        forced = options.hdfs_client  # validated in config: one of CLIENTS, or None
+        timeout = options.connect_timeout
         deadline = time.monotonic() + timeout
         why: List[str] = []
         for client in _clients(forced):
@@ -67,7 +64,7 @@ class HdfsStorage(ArrowStorage):
                 why.append(f"{client}: not tried (PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s spent)")
                 continue
             try:
-                fs, reason = _connect(client, host, port, user, hadoop_home, cache_dir, timeout)
+                fs, reason = _connect(client, host, port, user, options)
                 _probe(fs, root, max(left, 1.0), client)
             except Exception as exc:  # each client fails differently (OSError, ImportError, Arrow errors)
                 why.append(scrub(f"{client}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"))
@@ -86,9 +83,9 @@ def _clients(forced: Optional[str]) -> List[str]:
     return [forced] if forced else list(CLIENTS)
 
 
-def _connect(client: str, host: str, port: int, user: Optional[str], hadoop_home: Optional[str],
-             cache_dir: Optional[str], timeout: float) -> Tuple[Any, str]:
+def _connect(client: str, host: str, port: int, user: Optional[str], options: StorageOptions) -> Tuple[Any, str]:
     """A pyarrow filesystem of ``client`` (not yet connected) and why it is the one used."""
+    timeout = options.connect_timeout
     if client == "pyarrow":
         return (pafs.HadoopFileSystem(host, port, user=user, extra_conf=hdfs_ipc_conf(timeout)),
                 "libhdfs and a JVM are available")
@@ -101,8 +98,11 @@ def _connect(client: str, host: str, port: int, user: Optional[str], hadoop_home
         return fs, "no usable libhdfs/JVM; hdfs-native needs neither"
     from paddle_acp.storage.hadoop_cli import HadoopCliHandler
 
-    fs = pafs.PyFileSystem(HadoopCliHandler(hadoop_home, f"hdfs://{host}:{port}", user, cache_dir,
-                                            extra_conf=hdfs_ipc_conf(timeout)))
+    ugi = options.hdfs_ugi  # PaddleCloud's user,password: only for its own user
+    if ugi and user is not None and ugi.split(",", 1)[0] != user:
+        ugi = None
+    fs = pafs.PyFileSystem(HadoopCliHandler(options.hadoop_home, f"hdfs://{host}:{port}", user, options.cache_dir,
+                                            extra_conf=hdfs_ipc_conf(timeout), ugi=ugi))
     return fs, "neither libhdfs nor hdfs-native is usable; using the hadoop command line"
 
 

@@ -43,7 +43,7 @@ class LocalStorage(ArrowStorage):
         super().__init__(pafs.LocalFileSystem(), root, uri)
 
     @classmethod
-    def from_uri(cls, uri: str, parsed: ParseResult) -> "LocalStorage":
+    def from_uri(cls, uri: str, parsed: ParseResult, options: object = None) -> "LocalStorage":
         scheme = parsed.scheme.lower()
         path = parsed.path if scheme == "file" else uri
         if scheme == "file" and parsed.netloc not in ("", "localhost"):

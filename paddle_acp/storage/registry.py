@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional
 from urllib.parse import ParseResult, urlparse
 
+from paddle_acp.config import StorageOptions, storage_options_from_env
 from paddle_acp.errors import ConfigError
 from paddle_acp.storage.base import Storage, redact, register_uri
 from paddle_acp.storage.hdfs import HdfsStorage
 from paddle_acp.storage.local import LocalStorage
 from paddle_acp.storage.s3 import S3Storage
 
-Opener = Callable[..., Storage]  # (uri, parsed, **options) -> Storage
+Opener = Callable[[str, ParseResult, StorageOptions], Storage]  # (uri, parsed, options) -> Storage
 
 _BACKENDS: Dict[str, Opener] = {
     "": LocalStorage.from_uri,
@@ -20,20 +21,19 @@ _BACKENDS: Dict[str, Opener] = {
     "hdfs": HdfsStorage.from_uri,
     "viewfs": HdfsStorage.from_uri,
 }
-_HDFS_OPTIONS = ("hdfs_user", "hadoop_home", "cache_dir")
-_OPTIONS: Dict[str, Tuple[str, ...]] = {"hdfs": _HDFS_OPTIONS, "viewfs": _HDFS_OPTIONS}
 
 
-def register_backend(scheme: str, opener: Opener, options: Tuple[str, ...] = ()) -> None:
-    """Serve ``scheme://`` URIs with ``opener(uri, parsed, **options)``; ``options`` names the
-    keyword arguments of :func:`open_storage` it accepts."""
+def register_backend(scheme: str, opener: Opener) -> None:
+    """Serve ``scheme://`` URIs with ``opener(uri, parsed, options)`` (options: the
+    :class:`~paddle_acp.config.StorageOptions` that :func:`open_storage` was given)."""
     _BACKENDS[scheme.lower()] = opener
-    _OPTIONS[scheme.lower()] = tuple(options)
 
 
-def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optional[str] = None,
-                 cache_dir: Optional[str] = None) -> Storage:
-    """Pick the backend from the URI's scheme.
+def open_storage(uri: str, options: Optional[StorageOptions] = None, *, hdfs_user: Optional[str] = None,
+                 hadoop_home: Optional[str] = None, cache_dir: Optional[str] = None) -> Storage:
+    """Pick the backend from the URI's scheme and open it with ``options`` (every storage setting, built by
+    :mod:`paddle_acp.config`; None: :func:`~paddle_acp.config.storage_options_from_env`). ``hdfs_user``,
+    ``hadoop_home`` and ``cache_dir``, where given, override those of ``options``.
 
     ``file://`` or a plain path: the local filesystem. ``hdfs://host:port/path``: HDFS (see
     :mod:`paddle_acp.storage.hdfs` for the client choice). ``s3://bucket/prefix``: S3 (credentials
@@ -50,5 +50,6 @@ def open_storage(uri: str, hdfs_user: Optional[str] = None, hadoop_home: Optiona
             f"checkpoint URI {redact(uri)!r}: unsupported scheme {scheme!r} "
             "(supported: a local path, file://, hdfs://, s3://)"
         )
-    given: Dict[str, Any] = dict(hdfs_user=hdfs_user, hadoop_home=hadoop_home, cache_dir=cache_dir)
-    return opener(uri, parsed, **{k: given[k] for k in _OPTIONS.get(scheme, ())})
+    options = (options if options is not None else storage_options_from_env()).replace(
+        hdfs_user=hdfs_user, hadoop_home=hadoop_home, cache_dir=cache_dir)
+    return opener(uri, parsed, options)

@@ -13,6 +13,7 @@ from urllib.parse import ParseResult, parse_qsl, unquote, urlparse
 import pyarrow
 import pyarrow.fs as pafs
 
+from paddle_acp.config import DEFAULT_CONNECT_TIMEOUT, StorageOptions
 from paddle_acp.errors import ConfigError
 from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import MANIFEST_LAST, redact, register_secret, scrub
@@ -34,16 +35,14 @@ _STR_OPTIONS = ("region", "scheme", "endpoint_override", "access_key", "secret_k
                 "role_arn", "session_name", "external_id")
 
 
-def s3_hint(exc: BaseException) -> str:
+def s3_hint(exc: BaseException, connect_timeout: float) -> str:
     text = str(exc)
     for code, hint in _S3_AUTH_HINTS:
         if code in text:
             return f" ({hint})"
     if "NETWORK_CONNECTION" in text or "curlCode: 28" in text:  # no connection, or it timed out
-        from paddle_acp.config import connect_timeout_from_env
-
         return (f" (cannot connect to the S3 endpoint; each attempt is bounded by "
-                f"PADDLE_ACP_CONNECT_TIMEOUT={connect_timeout_from_env():g} s)")
+                f"PADDLE_ACP_CONNECT_TIMEOUT={connect_timeout:g} s)")
     return ""
 
 
@@ -53,24 +52,23 @@ class S3Storage(ArrowStorage):
     commit_style = MANIFEST_LAST
     overlap_writes = True
 
-    def __init__(self, fs: Any, root: str, uri: str):
+    def __init__(self, fs: Any, root: str, uri: str, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT):
         super().__init__(fs, root, uri)
+        self.connect_timeout = connect_timeout
 
     def hint(self, exc: BaseException) -> str:
-        return s3_hint(exc)
+        return s3_hint(exc, self.connect_timeout)
 
     @classmethod
-    def from_uri(cls, uri: str, parsed: ParseResult) -> "S3Storage":
+    def from_uri(cls, uri: str, parsed: ParseResult, options: StorageOptions) -> "S3Storage":
         if not parsed.netloc:
             raise ConfigError(f"checkpoint URI {redact(uri)!r}: an s3:// URI needs a bucket (s3://bucket/prefix)")
-        from paddle_acp.config import s3_from_env
-
-        aws = s3_from_env()
+        aws = options.s3
         endpoint = aws.endpoint
         for secret in aws.secrets:
             register_secret(secret)
         bucket = parsed.netloc.rpartition("@")[2]  # user info never becomes part of a path
-        timeouts = _s3_timeouts()
+        timeouts = _s3_timeouts(options.connect_timeout)
         try:
             if parsed.query or not endpoint:
                 fs, root = pafs.FileSystem.from_uri(uri)
@@ -88,13 +86,10 @@ class S3Storage(ArrowStorage):
         except (pyarrow.ArrowException, OSError, ValueError, TypeError) as exc:
             # from None: the original text may quote the URI, credentials included
             raise ConfigError(f"checkpoint URI {redact(uri)!r}: cannot configure S3: {scrub(exc)}{_CREDENTIALS_HINT}") from None
-        return cls(fs, str(root), uri)
+        return cls(fs, str(root), uri, options.connect_timeout)
 
 
-def _s3_timeouts() -> Dict[str, float]:
-    from paddle_acp.config import connect_timeout_from_env
-
-    t = connect_timeout_from_env()
+def _s3_timeouts(t: float) -> Dict[str, float]:
     return dict(connect_timeout=t, request_timeout=max(t, 60.0))
 
 

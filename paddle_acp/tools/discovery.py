@@ -12,7 +12,7 @@ import logging
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from paddle_acp.config import is_valid_job_id
+from paddle_acp.config import is_valid_job_id, storage_options_from_env
 from paddle_acp.errors import AcpError, StorageError
 from paddle_acp.format.layout import JOB_MARKER, MANIFEST_NAME
 from paddle_acp.storage.base import Storage, redact
@@ -47,7 +47,7 @@ def short_reason(exc: BaseException, path: str) -> str:
 
 def open_root(uri: str) -> Storage:
     """Open a storage root that must exist."""
-    storage = open_storage(uri)  # ConfigError (an AcpError) names the URI
+    storage = open_storage(uri, storage_options_from_env())  # ConfigError (an AcpError) names the URI
     try:
         exists = storage.exists("")
     except StorageError as exc:
