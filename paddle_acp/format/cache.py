@@ -51,7 +51,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from paddle_acp.config import s3_from_env
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import reader
-from paddle_acp.format.layout import layout
+from paddle_acp.format.layout import layout, parse_final, parse_name, position_key
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot
@@ -65,8 +65,6 @@ ORIGIN_VERSION = 1
 DEFAULT_KEEP = 2  # copies kept per writer: the newest is what a restart uses
 KEY_RE = re.compile(r"[a-z0-9]{1,16}-[A-Za-z0-9._-]{0,48}-[0-9a-f]{32}", re.ASCII)
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
-_SINGLE_RE = re.compile(r"ckpt-(0|[1-9][0-9]{0,14})", re.ASCII)
-_GLOBAL_RE = re.compile(r"ckpt-e([0-9]{1,12})(?:-s([0-9]{1,12}))?", re.ASCII)
 _TMP_RE = re.compile(r".+\.tmp-[0-9a-f]{12}", re.ASCII)
 # query parameters that name a different store (never credentials)
 _IDENTITY_PARAMS = ("endpoint_override", "scheme")
@@ -116,12 +114,12 @@ def cache_keep(max_to_keep: int) -> int:
 
 def _position(name: str) -> Optional[Tuple[int, int]]:
     """Sort key of a committed copy's directory name (``ckpt-N`` or ``ckpt-eE[-sS]``), or None."""
-    m = _SINGLE_RE.fullmatch(name)
-    if m:
-        return (int(m.group(1)), 0)
-    g = _GLOBAL_RE.fullmatch(name)
-    if g:
-        return (int(g.group(1)), (1 << 32) - 1 if g.group(2) is None else int(g.group(2)))
+    n = parse_final(name)
+    if n is not None:
+        return (n, 0)
+    pos = parse_name(name)
+    if pos is not None:
+        return position_key(*pos)
     return None
 
 
