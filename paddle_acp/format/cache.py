@@ -24,13 +24,18 @@ This module owns:
   remote); its data is read from the local copy only when the copy's manifest
   is byte for byte the remote's committed manifest (for a part: the bytes the
   remote's ``global.json`` records by CRC32 and size) and the copy then passes
-  the normal verifier (every checksum, before anything reaches a scope).
-  Otherwise (no copy, another copy, a corrupt copy, an unreadable one) the
-  remote is read, with one log line saying why. A corrupt copy is removed.
+  the normal verifier (every checksum, before anything reaches a scope), and
+  only when nobody but this user could have written it
+  (:mod:`~paddle_acp.format.cache_trust`: owner and mode of the cache root, of
+  every directory down to the copy and of its files, no symlinks; checksums
+  catch damage, not edits). Otherwise (no copy, another copy, a copy others
+  could write, a corrupt copy, an unreadable one) the remote is read, with one
+  log line saying why. A corrupt copy is removed.
 
 Correctness never depends on the cache: its bytes are checked against the
-manifest read from the remote at restore time, so a stale, foreign or damaged
-copy can cost a remote read, never a wrong resume. Keys keep jobs and
+manifest read from the remote at restore time, and used only when this user
+alone could have written them, so a stale, foreign, damaged or tampered copy
+can cost a remote read, never a wrong resume. Keys keep jobs and
 locations apart so that one location's retention never deletes another's copies.
 """
 
@@ -51,6 +56,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from paddle_acp.config import s3_from_env
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import reader
+from paddle_acp.format.cache_trust import harden, untrusted
 from paddle_acp.format.layout import layout, parse_final, parse_name, position_key
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.reader import LoadedCheckpoint
@@ -201,6 +207,10 @@ class RangeCache:
     def location(self, path: str) -> str:
         return f"{self.storage.root}/{path}"
 
+    def below_root(self, path: str) -> str:
+        """``path`` (in this cache's key directory) relative to the cache root."""
+        return f"{os.path.basename(self.storage.root)}/{path}"
+
     # -- writing -----------------------------------------------------------------------------
     def begin(self, snap: Snapshot) -> "CacheWrite":
         """Start writing the local copy of ``snap``'s data file (a thread); commit it with
@@ -295,6 +305,13 @@ class RangeCache:
                 remote(f"no local copy of it in {self.location(d)} ({held}: the remote moved on, e.g. another "
                        "writer, or this copy was never committed)")
                 return None
+            why = untrusted(self.cache.directory, self.below_root(base), (MANIFEST_NAME, DATA_NAME))
+            if why is not None:
+                remote(f"the local copy in {self.location(base)} could have been written by another user ({why}); "
+                       "checksums catch damage, not edits, so only copies that this user alone can write are used: "
+                       "make the cache directory and everything in it owned by this user and not writable by "
+                       "group or others (chmod -R go-w)", logging.WARNING)
+                return None
             cached = self.storage.read_bytes(f"{base}/{MANIFEST_NAME}", limit=len(raw)) if size == len(raw) else b""
             if cached != raw:
                 remote(f"the local copy in {self.location(base)} is not the remote's committed checkpoint (its manifest "
@@ -364,6 +381,8 @@ class CacheWrite:
                 raise self._out.error
             assert self._tmp is not None
             st.write_bytes(f"{self._tmp}/{MANIFEST_NAME}", manifest)
+            # writable by this user only, whatever the umask: restore uses no copy others could have written
+            harden(rc.cache.directory, rc.below_root(self._tmp), (MANIFEST_NAME, DATA_NAME))
             st.sync_dir(self._tmp)
             final = f"{rc.dir}/{name}"
             if st.kind(final) != "missing":  # an older copy of the same name (another history)
