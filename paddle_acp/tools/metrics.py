@@ -119,21 +119,21 @@ def unrecorded_of(records: List[Record]) -> int:
     for r in records:
         key = (r.get("trainer"), r["range"])
         if r["event"] == "saved":
-            n = r.get("number")
+            n: Any = r.get("number")
             if not is_num(n) and isinstance(r.get("name"), str):  # a checkpoint of several ranks
                 pos = parse_name(r["name"])
                 n = position_number(*pos) if pos is not None else None
             if is_num(n):
                 last[key] = max(last.get(key, -1), int(n))
         elif r["event"] == "start":
-            n = r.get("restored")
-            if not is_num(n) or not 0 <= n < 1 << 62:
+            restored: Any = r.get("restored")
+            if not is_num(restored) or not 0 <= restored < 1 << 62:
                 continue
-            prev = last.get(key, -1)
-            if n > prev:
+            m, prev = int(restored), last.get(key, -1)
+            if m > prev:
                 # one writer's numbers follow each other; positions of several ranks do not: at least one
-                lost += int(n) - prev if n < 1 << 32 else 1
-                last[key] = int(n)
+                lost += m - prev if m < 1 << 32 else 1
+                last[key] = m
     return lost
 
 
