@@ -1,5 +1,6 @@
 """Configuration from the environment: activation, defaults and clear errors."""
 
+import os
 import pathlib
 import re
 import signal
@@ -229,3 +230,33 @@ def test_storage_settings_reach_the_backends_through_one_options_object():
                            "PADDLE_TRAINER_ID": "0", "PADDLE_EDL_HDFS_CHECKPOINT_PATH": "/ck",
                            "PADDLE_EDL_HDFS_NAME": "hdfs://nn:9000", "PADDLE_EDL_HDFS_UGI": "alice,pw-secret"})
     assert cfg.storage.hdfs_user == "alice" and cfg.storage.hdfs_ugi == "alice,pw-secret"
+
+
+# -- the world size a checkpoint can record -----------------------------------------------------
+def test_world_size_above_what_global_json_records_is_refused():
+    """PADDLE_TRAINERS_NUM above 65536 was accepted: the job wrote checkpoints its global.json
+    validation refuses on reading. One constant decides both."""
+    from paddle_acp.format import global_manifest
+
+    assert global_manifest.MAX_WORLD is config.MAX_WORLD == 65536
+    ok = from_env({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": "65536"})
+    assert ok.world_size == 65536
+    for raw in ("65537", "1000000"):
+        with pytest.raises(ConfigError) as exc:
+            from_env({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": raw})
+        assert f"PADDLE_TRAINERS_NUM={raw!r}" in str(exc.value) and "65536" in str(exc.value)
+    with pytest.raises(ConfigError, match="65536"):
+        CheckpointConfig(uri="x", world_size=65537)
+
+
+def test_world_size_above_the_limit_stops_a_real_job_at_start(tmp_path):
+    from support.e2e import describe, run_script
+
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    p = run_script(out, ckpt, "pir", "--epochs", 2, "--steps-per-epoch", 2,
+                   env={"PADDLE_TRAINER_ID": 0, "PADDLE_TRAINERS_NUM": 65537, "PADDLE_ACP_PART_TIMEOUT": 5},
+                   timeout=120)
+    assert p.returncode != 0, describe(p)
+    assert "ConfigError: PADDLE_TRAINERS_NUM='65537' is above the largest world size" in p.stderr, describe(p)
+    assert not (out / "losses.jsonl").exists()  # not one epoch trained
+    assert not any(n.startswith("ckpt-") for _, dirs, names in os.walk(ckpt) for n in dirs + names)

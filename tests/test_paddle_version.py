@@ -41,11 +41,13 @@ on_3x = pytest.mark.skipif(MAJOR < 3, reason="the Paddle 3.x branch")
     ("2.6.2", pv.OK), ("2.6.2.post117", pv.OK), ("3.0.0", pv.OK), ("3.1.1", pv.OK), ("3.2.2", pv.OK),
     ("3.3.0", pv.OK), ("3.3.1", pv.OK), ("3.3.9", pv.OK), ("3.3.1-gpu", pv.OK),
     ("2.6.1", pv.UNSUPPORTED), ("2.6.0", pv.UNSUPPORTED), ("2.5.2", pv.UNSUPPORTED), ("1.8.5", pv.UNSUPPORTED),
-    ("2.7.0", pv.UNSUPPORTED), ("3.0.0rc1", pv.UNSUPPORTED), ("3.0.0b2", pv.UNSUPPORTED),
-    ("3.0.0.dev20240101", pv.UNSUPPORTED), ("3.0.0-rc1", pv.UNSUPPORTED), ("banana", pv.UNSUPPORTED),
-    ("", pv.UNSUPPORTED), ("3", pv.UNSUPPORTED),
+    ("2.7.0", pv.UNSUPPORTED), ("2.6.1rc1", pv.UNSUPPORTED), ("2.7.0.dev20240101", pv.UNSUPPORTED),
+    ("banana", pv.UNSUPPORTED), ("", pv.UNSUPPORTED), ("3", pv.UNSUPPORTED),
     ("3.4.0", pv.NEWER), ("3.4.0rc1", pv.NEWER), ("3.10.0", pv.NEWER), ("4.0.0", pv.NEWER),
     ("0.0.0", pv.DEV),
+    # a pre-release or dev build of a supported release: used, with one warning
+    ("3.2.0.dev20250901", pv.DEV), ("3.0.0rc1", pv.DEV), ("3.0.0b2", pv.DEV), ("3.0.0.dev20240101", pv.DEV),
+    ("3.0.0-rc1", pv.DEV), ("2.6.2rc0", pv.DEV),
 ])
 def test_classify(version, verdict):
     got, message = pv.classify(version)
@@ -62,8 +64,8 @@ def _oracle(release, pre):
         return pv.DEV
     if release >= (3, 4, 0):
         return pv.NEWER
-    if not pre and ((2, 6, 2) <= release < (2, 7, 0) or (3, 0, 0) <= release < (3, 4, 0)):
-        return pv.OK
+    if (2, 6, 2) <= release < (2, 7, 0) or (3, 0, 0) <= release < (3, 4, 0):
+        return pv.DEV if pre else pv.OK
     return pv.UNSUPPORTED
 
 
@@ -116,11 +118,20 @@ def _not_paddle(tmp_path, body):
     ("__version__ = '2.5.2'\n",
      "paddle_acp.errors.UnsupportedPaddleError: installed Paddle 2.5.2 is not supported: paddle-acp supports "
      "Paddle " + pv.SUPPORTED_TEXT),
-    ("__version__ = '3.0.0rc1'\n", "installed Paddle 3.0.0rc1 is not supported"),
+    ("__version__ = '2.6.1rc1'\n", "installed Paddle 2.6.1rc1 is not supported"),
     ("import paddle_missing_dependency\n",
      "Paddle is installed but failed to import (missing module 'paddle_missing_dependency')"),
     ("raise ImportError('libcudart.so.12: cannot open shared object file')\n",
      "Paddle is installed but failed to import: libcudart.so.12: cannot open shared object file"),
+    # whatever Paddle's import raises becomes the one clear error, naming the cause (they passed through raw)
+    ("raise RuntimeError('(PreconditionNotMet) Cannot load cudnn shared library')\n",
+     "paddle_acp.errors.UnsupportedPaddleError: Paddle is installed but failed to import (RuntimeError): "
+     "(PreconditionNotMet) Cannot load cudnn shared library"),
+    ("raise OSError(12, 'Cannot allocate memory')\n",
+     "paddle_acp.errors.UnsupportedPaddleError: Paddle is installed but failed to import (OSError): "
+     "[Errno 12] Cannot allocate memory"),
+    ("raise ValueError('bad flag FLAGS_x')\n",
+     "paddle_acp.errors.UnsupportedPaddleError: Paddle is installed but failed to import (ValueError): bad flag"),
 ])
 def test_import_with_an_unusable_paddle_raises_one_clear_error(tmp_path, body, expected):
     py = _bare_env_with_checkout(tmp_path)
@@ -128,6 +139,30 @@ def test_import_with_an_unusable_paddle_raises_one_clear_error(tmp_path, body, e
     p = subprocess.run([py, "-c", "import paddle_acp"], capture_output=True, text=True, cwd=str(tmp_path), env=env)
     assert p.returncode == 1
     assert expected in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+_RELABEL = """import importlib, os, sys
+sys.path.remove(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+del sys.modules["paddle"]
+real = importlib.import_module("paddle")
+real.__version__ = %r
+sys.modules["paddle"] = real
+"""
+
+
+@pytest.mark.parametrize("version", ["3.2.0.dev20250901", "3.0.0rc1"])
+def test_import_of_a_prerelease_of_a_supported_paddle_is_accepted_with_one_warning(tmp_path, version):
+    """The installed Paddle relabelled as a dev/pre build of a supported release: `import paddle_acp`
+    works (it was refused) with exactly one warning, naming the version."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_ACP_")}
+    env["PYTHONPATH"] = _not_paddle(tmp_path, _RELABEL % version) + os.pathsep + REPO
+    code = "import paddle_acp\nprint('version', paddle_acp.PADDLE_VERSION)\n"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "version " + version, p.stdout
+    warnings = [line for line in p.stderr.splitlines() if "[paddle_acp] WARNING" in line]
+    assert len(warnings) == 1, p.stderr
+    assert version in warnings[0] and "pre-release or development build of a supported release" in warnings[0]
 
 
 def test_zlib_works_after_importing_paddle_acp_then_paddle():

@@ -3,11 +3,14 @@
 Paddle is the user's: paddle-acp never installs it (it is not a dependency). Importing
 paddle_acp calls :func:`check` once:
 
-* no Paddle, or one that fails to import: :class:`~paddle_acp.errors.UnsupportedPaddleError`;
-* a version below the supported range, between the supported series, or a pre-release of
-  a supported one: :class:`~paddle_acp.errors.UnsupportedPaddleError` naming it and the range;
-* a version above the tested range (a newer Paddle) and a development build (``0.0.0``, built
-  from source): accepted with one warning, since nothing can say in advance that it breaks;
+* no Paddle, or one whose import raises anything (ImportError, a CUDA loader's OSError or
+  RuntimeError, ...): :class:`~paddle_acp.errors.UnsupportedPaddleError` naming the cause;
+* a version below the supported range, or between the supported series (a pre-release of an
+  unsupported release included): :class:`~paddle_acp.errors.UnsupportedPaddleError` naming it
+  and the range;
+* a version above the tested range (a newer Paddle), a development build (``0.0.0``, built
+  from source) and a pre-release or dev build of a supported release (``3.2.0.dev20250901``,
+  ``3.0.0rc1``): accepted with one warning, since nothing can say in advance that it breaks;
   paddle-acp's own checks (program detection, RNG state shape) still raise when it does;
 * Paddle 2.6.x: legacy IR only (PIR programs are refused when they would be checkpointed), and
   the CPU generator's engine state cannot be saved: :func:`warn_rng_limit` says so once when
@@ -88,8 +91,13 @@ def classify(version: str) -> Tuple[str, str]:
             f"({SUPPORTED_TEXT}); it is used, but resume has not been tested on it"
         )
     for low, high in SUPPORTED:
-        if low <= release < high and not pre:
-            return OK, ""
+        if low <= release < high:
+            if not pre:
+                return OK, ""
+            return DEV, (
+                f"installed Paddle {version} is a pre-release or development build of a supported "
+                f"release ({SUPPORTED_TEXT}); it is used, but resume has not been tested on this build"
+            )
     return UNSUPPORTED, (
         f"installed Paddle {version} is not supported: paddle-acp supports Paddle {SUPPORTED_TEXT}; "
         f"{INSTALL_HINT}"
@@ -119,6 +127,11 @@ def check() -> str:
     except ImportError as exc:
         raise UnsupportedPaddleError(
             f"Paddle is installed but failed to import: {exc}; paddle-acp supports Paddle {SUPPORTED_TEXT}"
+        ) from exc
+    except Exception as exc:  # a CUDA loader's OSError, a RuntimeError from Paddle's own init, ...
+        raise UnsupportedPaddleError(
+            f"Paddle is installed but failed to import ({type(exc).__name__}): {exc}; "
+            f"paddle-acp supports Paddle {SUPPORTED_TEXT}"
         ) from exc
     version = str(getattr(paddle, "__version__", "unknown"))
     verdict, message = classify(version)

@@ -40,6 +40,7 @@ from paddle_acp.config.components import s3_from_env as s3_from_env
 from paddle_acp.config.components import storage_options_from_env as storage_options_from_env
 from paddle_acp.config.components import trainer_id_from_env as trainer_id_from_env
 from paddle_acp.config.values import FALSE_WORDS as FALSE_WORDS
+from paddle_acp.config.values import MAX_WORLD as MAX_WORLD
 from paddle_acp.config.values import MIN_HOST_MEMORY as MIN_HOST_MEMORY
 from paddle_acp.config.values import TRUE_WORDS as TRUE_WORDS
 from paddle_acp.config.values import HostMemory as HostMemory
@@ -158,8 +159,10 @@ class CheckpointConfig:
         validate_job_id(self.job_id, "job_id")
         if not isinstance(self.trainer_id, int) or self.trainer_id < 0:
             raise ConfigError(f"trainer_id must be an integer >= 0, got {self.trainer_id!r}")
-        if self.world_size is not None and (not isinstance(self.world_size, int) or self.world_size < 1):
-            raise ConfigError(f"world_size must be an integer >= 1, got {self.world_size!r}")
+        if self.world_size is not None and (
+            not isinstance(self.world_size, int) or not 1 <= self.world_size <= MAX_WORLD
+        ):
+            raise ConfigError(f"world_size must be an integer from 1 to {MAX_WORLD}, got {self.world_size!r}")
         if self.world_size is not None and self.trainer_id >= self.world_size:
             raise ConfigError(
                 f"PADDLE_TRAINER_ID={self.trainer_id} is not below PADDLE_TRAINERS_NUM={self.world_size}: "
@@ -214,7 +217,14 @@ def _world_size(env: Mapping[str, str]) -> Optional[int]:
     raw = env.get("PADDLE_TRAINERS_NUM")
     if raw is None or raw.strip() == "":
         return None
-    return env_int(env, "PADDLE_TRAINERS_NUM", 1, minimum=1)
+    world = env_int(env, "PADDLE_TRAINERS_NUM", 1, minimum=1)
+    if world > MAX_WORLD:
+        raise ConfigError(
+            f"PADDLE_TRAINERS_NUM={raw!r} is above the largest world size a checkpoint records ({MAX_WORLD}): "
+            "a job of that many ranks would write checkpoints it cannot read back; run at most "
+            f"{MAX_WORLD} ranks per checkpointed job"
+        )
+    return world
 
 
 def _rank_state(env: Mapping[str, str]) -> str:

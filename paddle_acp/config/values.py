@@ -57,6 +57,11 @@ def check_interval(value, name: str) -> float:
     return seconds
 
 
+#: The most ranks one job may have: the largest world size a checkpoint's global.json records
+#: (paddle_acp.format.global_manifest reads it from here; config is below format).
+MAX_WORLD = 1 << 16
+
+
 def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
     """Variable ``name`` of ``env`` as an integer >= ``minimum``; ``default`` when unset or blank."""
     raw = env.get(name)

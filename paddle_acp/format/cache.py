@@ -24,13 +24,18 @@ This module owns:
   remote); its data is read from the local copy only when the copy's manifest
   is byte for byte the remote's committed manifest (for a part: the bytes the
   remote's ``global.json`` records by CRC32 and size) and the copy then passes
-  the normal verifier (every checksum, before anything reaches a scope).
-  Otherwise (no copy, another copy, a corrupt copy, an unreadable one) the
-  remote is read, with one log line saying why. A corrupt copy is removed.
+  the normal verifier (every checksum, before anything reaches a scope), and
+  only when nobody but this user could have written it
+  (:mod:`~paddle_acp.format.cache_trust`: owner and mode of the cache root, of
+  every directory down to the copy and of its files, no symlinks; checksums
+  catch damage, not edits). Otherwise (no copy, another copy, a copy others
+  could write, a corrupt copy, an unreadable one) the remote is read, with one
+  log line saying why. A corrupt copy is removed.
 
 Correctness never depends on the cache: its bytes are checked against the
-manifest read from the remote at restore time, so a stale, foreign or damaged
-copy can cost a remote read, never a wrong resume. Keys keep jobs and
+manifest read from the remote at restore time, and used only when this user
+alone could have written them, so a stale, foreign, damaged or tampered copy
+can cost a remote read, never a wrong resume. Keys keep jobs and
 locations apart so that one location's retention never deletes another's copies.
 """
 
@@ -51,7 +56,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from paddle_acp.config import StorageOptions
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import reader
-from paddle_acp.format.layout import layout
+from paddle_acp.format.cache_trust import harden, untrusted
+from paddle_acp.format.layout import layout, parse_final, parse_name, position_key
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot
@@ -66,8 +72,6 @@ ORIGIN_VERSION = 1
 DEFAULT_KEEP = 2  # copies kept per writer: the newest is what a restart uses
 KEY_RE = re.compile(r"[a-z0-9]{1,16}-[A-Za-z0-9._-]{0,48}-[0-9a-f]{32}", re.ASCII)
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
-_SINGLE_RE = re.compile(r"ckpt-(0|[1-9][0-9]{0,14})", re.ASCII)
-_GLOBAL_RE = re.compile(r"ckpt-e([0-9]{1,12})(?:-s([0-9]{1,12}))?", re.ASCII)
 _TMP_RE = re.compile(r".+\.tmp-[0-9a-f]{12}", re.ASCII)
 # query parameters that name a different store (never credentials)
 _IDENTITY_PARAMS = ("endpoint_override", "scheme")
@@ -117,12 +121,12 @@ def cache_keep(max_to_keep: int) -> int:
 
 def _position(name: str) -> Optional[Tuple[int, int]]:
     """Sort key of a committed copy's directory name (``ckpt-N`` or ``ckpt-eE[-sS]``), or None."""
-    m = _SINGLE_RE.fullmatch(name)
-    if m:
-        return (int(m.group(1)), 0)
-    g = _GLOBAL_RE.fullmatch(name)
-    if g:
-        return (int(g.group(1)), (1 << 32) - 1 if g.group(2) is None else int(g.group(2)))
+    n = parse_final(name)
+    if n is not None:
+        return (n, 0)
+    pos = parse_name(name)
+    if pos is not None:
+        return position_key(*pos)
     return None
 
 
@@ -204,6 +208,10 @@ class RangeCache:
 
     def location(self, path: str) -> str:
         return f"{self.storage.root}/{path}"
+
+    def below_root(self, path: str) -> str:
+        """``path`` (in this cache's key directory) relative to the cache root."""
+        return f"{os.path.basename(self.storage.root)}/{path}"
 
     # -- writing -----------------------------------------------------------------------------
     def begin(self, snap: Snapshot) -> "CacheWrite":
@@ -299,6 +307,13 @@ class RangeCache:
                 remote(f"no local copy of it in {self.location(d)} ({held}: the remote moved on, e.g. another "
                        "writer, or this copy was never committed)")
                 return None
+            why = untrusted(self.cache.directory, self.below_root(base), (MANIFEST_NAME, DATA_NAME))
+            if why is not None:
+                remote(f"the local copy in {self.location(base)} could have been written by another user ({why}); "
+                       "checksums catch damage, not edits, so only copies that this user alone can write are used: "
+                       "make the cache directory and everything in it owned by this user and not writable by "
+                       "group or others (chmod -R go-w)", logging.WARNING)
+                return None
             cached = self.storage.read_bytes(f"{base}/{MANIFEST_NAME}", limit=len(raw)) if size == len(raw) else b""
             if cached != raw:
                 remote(f"the local copy in {self.location(base)} is not the remote's committed checkpoint (its manifest "
@@ -368,6 +383,8 @@ class CacheWrite:
                 raise self._out.error
             assert self._tmp is not None
             st.write_bytes(f"{self._tmp}/{MANIFEST_NAME}", manifest)
+            # writable by this user only, whatever the umask: restore uses no copy others could have written
+            harden(rc.cache.directory, rc.below_root(self._tmp), (MANIFEST_NAME, DATA_NAME))
             st.sync_dir(self._tmp)
             final = f"{rc.dir}/{name}"
             if st.kind(final) != "missing":  # an older copy of the same name (another history)

@@ -25,7 +25,7 @@ from paddle_acp.storage.base import Storage
 logger = logging.getLogger("paddle_acp")
 
 WRITERS_DIR = "writers"
-_GEN_RE = re.compile(r"^gen-(\d{1,18})$")
+_GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full
 JOB_MARKER = "job.json"
 
 
@@ -42,7 +42,7 @@ def newest_generation(storage: Storage, job_id: str) -> int:
     best = -1
     storage.forget_cached(writers_dir(job_id))  # other processes' generations must be seen at once
     for e in storage.listdir(writers_dir(job_id)):
-        m = _GEN_RE.match(e.name)
+        m = _GEN_RE.fullmatch(e.name)
         if m and not e.is_dir and not e.is_link:
             best = max(best, int(m.group(1)))
     return best

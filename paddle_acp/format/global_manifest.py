@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
+from paddle_acp.config.values import MAX_WORLD
 from paddle_acp.format.layout import parse_name, position_key, position_number
 from paddle_acp.format.manifest import (
     MAX_INT,
@@ -28,7 +29,6 @@ from paddle_acp.format.manifest import (
 GLOBAL_FORMAT = "paddle-acp/global-checkpoint"
 GLOBAL_VERSION = 3
 MODES = ("replicated", "per-rank")
-MAX_WORLD = 1 << 16
 MAX_PROGRAMS = 1024  # program keys one part may list
 MAX_GLOBAL_SIZE = 16 << 20  # bytes of global.json (a part record is ~200 bytes plus its program keys)
 

@@ -32,15 +32,24 @@ __all__ = [
 JOB_MARKER = "job.json"
 GLOBAL_NAME = "global.json"
 
-# Strict: canonical decimal (no leading zeros, ASCII digits), at most 15 digits (manifest.MAX_NUMBER).
-_NUM = r"(0|[1-9][0-9]{0,14})"
-FINAL_RE = re.compile(r"ckpt-" + _NUM, re.ASCII)
-TMP_RE = re.compile(r"ckpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}", re.ASCII)
+# Strict: a name is one of these in full (fullmatch, or the \A..\Z anchors for .match), canonical
+# decimal (ASCII [0-9], no leading zero but "0" itself, no trailing newline) with a bounded length;
+# every other name (ckpt-e00, ckpt-e0\n, ckpt-e\u0660 with an Arabic-Indic digit) is foreign.
+def canonical(digits: int) -> str:
+    """The pattern of a canonical decimal of at most ``digits`` digits, as one group."""
+    return r"(0|[1-9][0-9]{0,%d})" % (digits - 1)
+
+
+_NUM = canonical(15)  # at most manifest.MAX_NUMBER
+_POS = canonical(12)
+_RANK = canonical(6)
+FINAL_RE = re.compile(r"\Ackpt-" + _NUM + r"\Z", re.ASCII)
+TMP_RE = re.compile(r"\Ackpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}\Z", re.ASCII)
 # a checkpoint of several ranks: its training position; its parts
-POSITION_RE = re.compile(r"^ckpt-e(\d{1,12})(?:-s(\d{1,12}))?$")
-PART_RE = re.compile(r"^rank-(\d{1,6})$")
-PART_TMP_RE = re.compile(r"^rank-(\d{1,6})\.tmp-[0-9a-f]{1,32}$")
-BAD_RE = re.compile(r"^bad-rank-(\d{1,6})$")
+POSITION_RE = re.compile(r"\Ackpt-e" + _POS + r"(?:-s" + _POS + r")?\Z", re.ASCII)
+PART_RE = re.compile(r"\Arank-" + _RANK + r"\Z", re.ASCII)
+PART_TMP_RE = re.compile(r"\Arank-" + _RANK + r"\.tmp-[0-9a-f]{1,32}\Z", re.ASCII)
+BAD_RE = re.compile(r"\Abad-rank-" + _RANK + r"\Z", re.ASCII)
 NO_STEP = (1 << 32) - 1
 
 
@@ -82,7 +91,7 @@ def position_name(epoch_no: int, step: Optional[int]) -> str:
 
 def parse_name(name: str) -> Optional[Tuple[int, Optional[int]]]:
     """(epoch, step or None) of a position name ``ckpt-e<E>[-s<S>]``, or None."""
-    m = POSITION_RE.match(name)
+    m = POSITION_RE.fullmatch(name)
     if not m:
         return None
     return int(m.group(1)), (int(m.group(2)) if m.group(2) is not None else None)
@@ -100,6 +109,12 @@ def position_number(epoch_no: int, step: Optional[int]) -> int:
 
 def rank_part(rank: int) -> str:
     return f"rank-{rank}"
+
+
+def parse_part(name: str) -> Optional[int]:
+    """The rank of a part's directory name ``rank-<k>``, or None."""
+    m = PART_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def bad_rank(rank: int) -> str:

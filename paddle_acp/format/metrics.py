@@ -8,9 +8,13 @@ that came due while the previous checkpoint was still being written and was not 
 (time, pid, range, epoch, step, stall_s, policy); ``event: "start"`` a process that began
 writing checkpoints (time, pid, range, restored).
 
-Lines are written in batches (the first at once, then at most every ``FLUSH_INTERVAL``
-seconds, and whenever a range ends or a preemption save commits), on the saver's
-thread: a metrics line never costs the training thread a storage round trip.
+On a local disk a save's line is appended as soon as its checkpoint commits, so a kill loses
+none (``paddle-acp stats`` agrees with the committed checkpoints). Elsewhere (HDFS, S3: an append
+is a round trip, on S3 a rewrite of the file) lines are written in batches (the first at once,
+then at most every ``FLUSH_INTERVAL`` seconds, and whenever a range ends or a preemption save
+commits): a kill loses the lines of the unwritten batch, and ``paddle-acp stats`` says how many
+committed checkpoints have no line. Always on the saver's thread: a metrics line never costs the
+training thread a storage round trip.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pyarrow
 
@@ -40,9 +44,11 @@ MAX_PENDING = 10000  # lines kept while the storage is unreachable; older ones a
 class MetricsLog:
     """The metrics file of one trainer; lines are buffered and written in batches."""
 
-    def __init__(self, storage: Storage, job_id: str, trainer_id: int = 0, flush_interval: float = FLUSH_INTERVAL):
+    def __init__(self, storage: Storage, job_id: str, trainer_id: int = 0, flush_interval: Optional[float] = None):
         self.storage = storage
         self.path = metrics_path(job_id, trainer_id)
+        if flush_interval is None:  # a local disk: every line at once (an append costs microseconds)
+            flush_interval = 0.0 if storage.local_path("") is not None else FLUSH_INTERVAL
         self.flush_interval = flush_interval
         self._pending: List[bytes] = []
         self._lock = threading.Lock()  # guards _pending

@@ -178,7 +178,7 @@ class GlobalCheckpointer:
     def _remove_own(self, name: str) -> None:
         """Remove this rank's earlier part (or leftovers) at position ``name``."""
         for e in self.storage.listdir(f"{self.dir}/{name}"):
-            m = PART_RE.match(e.name) or PART_TMP_RE.match(e.name)
+            m = PART_RE.fullmatch(e.name) or PART_TMP_RE.fullmatch(e.name)
             if m and int(m.group(1)) == self.rank:
                 self.storage.delete_dir(f"{self.dir}/{name}/{e.name}")
 
@@ -315,7 +315,7 @@ class GlobalCheckpointer:
         """The global manifest and every part's manifest bytes, each verified against it
         (CRC32, size, validity, data file size). Every rank reaches the same verdict."""
         g = self.read_global(name)
-        bad = [e.name for e in self.storage.listdir(f"{self.dir}/{name}") if BAD_RE.match(e.name)]
+        bad = [e.name for e in self.storage.listdir(f"{self.dir}/{name}") if BAD_RE.fullmatch(e.name)]
         if bad:
             raise CorruptCheckpointError(f"{self.dir}/{name}: marked bad by a rank at restore ({', '.join(bad)})")
         raws: Dict[int, bytes] = {}

@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from paddle_acp.format.layout import parse_name, position_number
 from paddle_acp.storage.base import Storage
 
 METRICS_DIR = "metrics"
@@ -102,6 +103,38 @@ def read_metrics(storage: Storage, job: str) -> Tuple[List[Record], int]:
 
 def saves_of(records: List[Record]) -> List[Record]:
     return [r for r in records if r["event"] in ("saved", "failed")]
+
+
+def unrecorded_of(records: List[Record]) -> int:
+    """At most how many save records a kill lost: committed checkpoints no ``saved`` line names.
+
+    A restart's ``start`` record names the checkpoint it restored; when that one (and, for the
+    consecutive numbers of one writer, those between it and the last recorded one) has no
+    ``saved`` record of the same trainer and range before it, the killed process committed them
+    but its buffered lines died with it (storage other than a local disk writes them in batches).
+    An upper bound: a number may also have been skipped (past a leftover of a failed save).
+    """
+    last: Dict[Tuple[Any, str], int] = {}
+    lost = 0
+    for r in records:
+        key = (r.get("trainer"), r["range"])
+        if r["event"] == "saved":
+            n: Any = r.get("number")
+            if not is_num(n) and isinstance(r.get("name"), str):  # a checkpoint of several ranks
+                pos = parse_name(r["name"])
+                n = position_number(*pos) if pos is not None else None
+            if is_num(n):
+                last[key] = max(last.get(key, -1), int(n))
+        elif r["event"] == "start":
+            restored: Any = r.get("restored")
+            if not is_num(restored) or not 0 <= restored < 1 << 62:
+                continue
+            m, prev = int(restored), last.get(key, -1)
+            if m > prev:
+                # one writer's numbers follow each other; positions of several ranks do not: at least one
+                lost += m - prev if m < 1 << 32 else 1
+                last[key] = m
+    return lost
 
 
 def restarts_of(records: List[Record]) -> List[Record]:

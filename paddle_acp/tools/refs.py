@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 REF_RE = re.compile(
     r"(?P<root>.*?)/?(?P<job>[^/]+)/range/(?P<range>[^/]+)/"
-    r"(?P<name>ckpt-(?:(?P<n>0|[1-9][0-9]{0,14})|e[0-9]{1,12}(?:-s[0-9]{1,12})?))/?",
+    r"(?P<name>ckpt-(?:(?P<n>0|[1-9][0-9]{0,14})|e(?:0|[1-9][0-9]{0,11})(?:-s(?:0|[1-9][0-9]{0,11}))?))/?",
     re.ASCII | re.DOTALL,
 )  # fullmatch: ckpt-N (one writer) or ckpt-e<E>[-s<S>] (several ranks)
 
@@ -64,7 +64,7 @@ class CkptRef:
 
 def _parse_ref(ref: str) -> Optional[CkptRef]:
     """``URI/JOB/range/RANGE/ckpt-N`` as a reference, or None when ``ref`` is not one."""
-    if re.search(r"/ckpt-\d+\.tmp-[0-9a-f]+/?$", ref):
+    if re.search(r"/ckpt-[0-9]+\.tmp-[0-9a-f]+/?\Z", ref, re.ASCII):
         raise ToolError(f"{redact(ref)} is the leftover of an interrupted save (never committed; `paddle-acp gc` removes it)")
     if "://" in ref:
         parts = urlsplit(ref)

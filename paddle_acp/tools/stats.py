@@ -9,8 +9,9 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional
 
+from paddle_acp.format.metrics import FLUSH_INTERVAL
 from paddle_acp.tools.discovery import ToolError, open_root, single_job, uri_join
-from paddle_acp.tools.metrics import METRICS_DIR, Record, is_num, read_metrics, restarts_of, saves_of
+from paddle_acp.tools.metrics import METRICS_DIR, Record, is_num, read_metrics, restarts_of, saves_of, unrecorded_of
 from paddle_acp.tools.render import (
     emit,
     emit_json,
@@ -52,6 +53,7 @@ def summarize_metrics(records: List[Record], now: Optional[float] = None) -> Dic
             "failed": len(failed),
             "skipped": len(skipped),
             "restarts": len(restarts_of(all_recs)),
+            "unrecorded": unrecorded_of(all_recs),
             "stall_median_s": statistics.median(stall) if stall else None,
             "stall_worst_s": max(stall) if stall else None,
             "stall_worst_at": {"range": worst.get("range"), "number": worst.get("number"), "time": worst["time"]} if worst else None,
@@ -150,6 +152,12 @@ def render(res: StatsResult) -> str:
                  for name, b in s["ranges"].items()]
         lines += ["", table(["RANGE", "SAVES", "FAILED", "SKIPPED", "MEDIAN BLOCKED", "WORST BLOCKED", "BYTES", "LAST SAVE"],
                             trows, right=(1, 2, 3, 4, 5, 6), indent="  ")]
+    if s["unrecorded"]:
+        lines.append(
+            f"\nnote: a kill may have lost up to {s['unrecorded']} save record(s) (not counted above): checkpoints "
+            "a killed process committed before a restart resumed from them, whose metrics lines died with it "
+            f"(on storage other than a local disk metrics are written in batches, at most {FLUSH_INTERVAL:g} s apart)"
+        )
     if res.skipped_lines:
         lines.append(f"\nnote: {res.skipped_lines} unreadable or out-of-range line(s) in {res.where} were skipped")
     if res.plot:
