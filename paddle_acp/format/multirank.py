@@ -217,7 +217,7 @@ class GlobalCheckpointer:
         parts: Dict[int, Tuple[bytes, Manifest]] = {}
         delay = self.poll_interval
         while True:
-            self.check_base()  # never commit on a base that a rank rejected: the ranks went apart
+            self.check_base()  # never commit on a base a rank rejected (the ranks went apart), last in the final round
             for k in range(self.world_size):
                 if k not in parts:
                     got = self._read_part(name, k)
@@ -247,7 +247,8 @@ class GlobalCheckpointer:
             world_size=self.world_size, mode=mode, parts=records, created=time.time(),
             generation=self.fence.generation if self.fence is not None else -1, base=self.base,
         )
-        self.check_base()
+        if self.fence is not None:  # a fenced writer removes no verdict either
+            self.fence.check(f"commit checkpoint {name}")
         verdict.remove_marks(self.storage, f"{self.dir}/{name}")  # verdicts on an earlier copy of this position
         self._write_global(name, g.dumps())
         return True
