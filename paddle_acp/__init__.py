@@ -55,6 +55,7 @@ from paddle_acp.errors import (
     CheckpointError,
     ConfigError,
     CorruptCheckpointError,
+    RestartRequiredError,
     StorageError,
     UnsupportedPaddleError,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "ConfigError",
     "CheckpointError",
     "CorruptCheckpointError",
+    "RestartRequiredError",
     "StorageError",
     "UnsupportedPaddleError",
     "PADDLE_VERSION",

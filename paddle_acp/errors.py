@@ -29,3 +29,9 @@ class UnsupportedPaddleError(AcpError, ImportError):
 
     The message names the installed version, the supported range and how to install Paddle.
     """
+
+
+class RestartRequiredError(CheckpointError):
+    """The ranks of a job would go on from different checkpoints (a rank rejected data the others
+    accepted): every rank stops, and the job's restart falls back alike. Never swallowed as a
+    failed save: it stops training on the training thread."""

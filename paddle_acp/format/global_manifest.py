@@ -10,6 +10,7 @@ The protocol that writes and reads it is :mod:`paddle_acp.format.multirank`.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.config.values import MAX_WORLD
@@ -71,6 +72,9 @@ class GlobalManifest:
     generation: int = -1
     base: Optional[str] = None  # the checkpoint the writing incarnation resumed from
     version: int = GLOBAL_VERSION
+    # the CRC32 of the bytes it was read from (None when built here): what names this copy of
+    # the checkpoint; a rank's mark condemns the copy whose global.json has this CRC32
+    crc32: Optional[int] = dataclasses.field(default=None, compare=False)
 
     @property
     def number(self) -> int:
@@ -152,7 +156,7 @@ class GlobalManifest:
         return cls(
             name=name, range_name=range_name, epoch_no=epoch_no, step=step,
             world_size=world, mode=mode, parts=parts, created=float(created),
-            generation=generation, base=base, version=version,
+            generation=generation, base=base, version=version, crc32=zlib.crc32(raw) & 0xFFFFFFFF,
         )
 
 

@@ -8,7 +8,8 @@ Under the storage root::
     {job_id}/range/{range}/ckpt-{N}.tmp-{id}/                    being written (renamed into place)
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/...         rank k's part of a checkpoint of several ranks
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/global.json          its global manifest: the commit
-    {job_id}/range/{range}/ckpt-e{E}[-s{S}]/bad-rank-{k}         rank k found its part corrupt at restore
+    {job_id}/range/{range}/ckpt-e{E}[-s{S}]/bad-rank-{k}-{crc}   rank k rejected the data of the copy whose
+                                                                 global.json has CRC32 {crc} (8 hex digits)
 
 Names are parsed strictly (canonical decimal, ASCII digits, bounded lengths): anything
 else under a checkpoint's name is foreign and never read or deleted. Inside
@@ -24,8 +25,8 @@ from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, align
 from paddle_acp.format.snapshot import ProgramSnapshot
 
 __all__ = [
-    "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "bad_rank", "final_name", "layout",
-    "parse_final", "parse_name", "parse_tmp", "position_key", "position_name", "position_number",
+    "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "bad_mark", "final_name", "layout",
+    "parse_bad_mark", "parse_final", "parse_name", "parse_tmp", "position_key", "position_name", "position_number",
     "range_dir", "rank_part", "tmp_name",
 ]
 
@@ -49,7 +50,8 @@ TMP_RE = re.compile(r"\Ackpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}\Z", re.ASCII)
 POSITION_RE = re.compile(r"\Ackpt-e" + _POS + r"(?:-s" + _POS + r")?\Z", re.ASCII)
 PART_RE = re.compile(r"\Arank-" + _RANK + r"\Z", re.ASCII)
 PART_TMP_RE = re.compile(r"\Arank-" + _RANK + r"\.tmp-[0-9a-f]{1,32}\Z", re.ASCII)
-BAD_RE = re.compile(r"\Abad-rank-" + _RANK + r"\Z", re.ASCII)
+# a rank's verdict on one copy of a checkpoint of several ranks: its rank, the CRC32 of the global.json it judged
+BAD_RE = re.compile(r"\Abad-rank-" + _RANK + r"-([0-9a-f]{8})\Z", re.ASCII)
 NO_STEP = (1 << 32) - 1
 
 
@@ -117,8 +119,18 @@ def parse_part(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def bad_rank(rank: int) -> str:
-    return f"bad-rank-{rank}"
+def bad_mark(rank: int, global_crc32: int) -> str:
+    """The name of rank ``rank``'s mark condemning the copy whose ``global.json`` has CRC32 ``global_crc32``."""
+    if not 0 <= rank < 10**6 or not 0 <= global_crc32 < 2**32:
+        raise ValueError(f"no mark name for rank {rank!r}, CRC32 {global_crc32!r}")
+    return f"bad-rank-{rank}-{global_crc32:08x}"
+
+
+def parse_bad_mark(name: str) -> Optional[Tuple[int, int]]:
+    """(rank, CRC32 of the condemned global.json) of a mark's name ``bad-rank-<k>-<crc>``, or None
+    (strict: canonical decimal rank, exactly 8 lowercase hex digits; anything else is foreign)."""
+    m = BAD_RE.fullmatch(name)
+    return (int(m.group(1)), int(m.group(2), 16)) if m else None
 
 
 # -- inside tensors.bin ------------------------------------------------------------------

@@ -17,7 +17,8 @@ its manifest and the topology (world size, mode, each rank's program
 fingerprints). Until then nothing of the checkpoint is visible; a part that
 does not come abandons it. Restore picks the newest checkpoint whose global
 manifest and every part's manifest verify; each rank then verifies and loads
-only its own part (replicated mode: rank 0's tensors, its own RNG and loader).
+only its own part (replicated mode: rank 0's tensors, its own RNG and loader); one
+that rejects it marks the copy bad and stops, never falls back alone (:mod:`.verdict`).
 """
 
 from __future__ import annotations
@@ -29,18 +30,16 @@ import zlib
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic, reader
+from paddle_acp.format import atomic, reader, verdict
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence, check_deletable
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, PartRecord, describe_topology
 from paddle_acp.format.layout import (
-    BAD_RE,
     DATA_NAME,
     GLOBAL_NAME,
     MANIFEST_NAME,
     PART_RE,
     PART_TMP_RE,
-    bad_rank,
     final_name,
     parse_name,
     position_key,
@@ -99,6 +98,7 @@ class GlobalCheckpointer:
         self.fence = fence
         self.dir = range_dir(job_id, range_name)
         self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
+        self.base_crc: Optional[int] = None  # the CRC32 of its global.json (the copy resumed from)
         self.poll_interval = 0.02
         self._ck = Checkpointer(storage, job_id, range_name, 0)
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
@@ -217,6 +217,7 @@ class GlobalCheckpointer:
         parts: Dict[int, Tuple[bytes, Manifest]] = {}
         delay = self.poll_interval
         while True:
+            self.check_base()  # never commit on a base a rank rejected (the ranks went apart), last in the final round
             for k in range(self.world_size):
                 if k not in parts:
                     got = self._read_part(name, k)
@@ -246,6 +247,9 @@ class GlobalCheckpointer:
             world_size=self.world_size, mode=mode, parts=records, created=time.time(),
             generation=self.fence.generation if self.fence is not None else -1, base=self.base,
         )
+        if self.fence is not None:  # a fenced writer removes no verdict either
+            self.fence.check(f"commit checkpoint {name}")
+        verdict.remove_marks(self.storage, f"{self.dir}/{name}")  # verdicts on an earlier copy of this position
         self._write_global(name, g.dumps())
         return True
 
@@ -313,11 +317,11 @@ class GlobalCheckpointer:
 
     def check_global(self, name: str) -> Tuple[GlobalManifest, Dict[int, bytes]]:
         """The global manifest and every part's manifest bytes, each verified against it
-        (CRC32, size, validity, data file size). Every rank reaches the same verdict."""
+        (CRC32, size, validity, data file size, the part's own record of its rank, world size
+        and mode), and no rank's mark on this copy. Every rank reaches the same verdict."""
         g = self.read_global(name)
-        bad = [e.name for e in self.storage.listdir(f"{self.dir}/{name}") if BAD_RE.fullmatch(e.name)]
-        if bad:
-            raise CorruptCheckpointError(f"{self.dir}/{name}: marked bad by a rank at restore ({', '.join(bad)})")
+        ckdir = f"{self.dir}/{name}"
+        verdict.check_marks(self.storage, ckdir, g)
         raws: Dict[int, bytes] = {}
         for p in g.parts:
             path = f"{self.part_dir(name, p.rank)}/{MANIFEST_NAME}"
@@ -330,6 +334,7 @@ class GlobalCheckpointer:
             m = Manifest.loads(raw)
             if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
                 raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
+            verdict.check_part(ckdir, g, p.rank, m)
             try:
                 size = self.storage.size(f"{self.part_dir(name, p.rank)}/{DATA_NAME}")
             except FileNotFoundError:
@@ -385,8 +390,9 @@ class GlobalCheckpointer:
         try:
             loaded = cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
         except CorruptCheckpointError as exc:
-            if g.mode == "per-rank" and self.world_size > 1:
-                self._mark_bad(name, exc)
+            if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
+                whose = "its part" if src == self.rank else f"rank {src}'s data"
+                raise verdict.rejected(self.rank, base, g, whose, exc, self.storage) from exc
             raise
         m = loaded.manifest
         loaded.manifest = dataclasses.replace(m, rng=own_m.rng, extra=own_m.extra)
@@ -394,18 +400,21 @@ class GlobalCheckpointer:
         loaded.global_manifest = g
         return loaded
 
-    def _mark_bad(self, name: str, exc: BaseException) -> None:
-        """This rank's own data failed verification while the other ranks may accept the
-        checkpoint: mark it bad, so that after the restart every rank falls back alike."""
-        try:
-            self.storage.write_bytes(f"{self.dir}/{name}/{bad_rank(self.rank)}", str(exc)[:1000].encode())
-        except StorageError as err:
-            logger.error("could not mark checkpoint %s bad: %s", name, err)
-        raise CheckpointError(
-            f"rank {self.rank}: its part of checkpoint {self.dir}/{name} failed verification ({exc}), while the other "
-            "ranks may resume from it. The checkpoint is now marked bad: restart the job and every rank falls back "
-            "to the previous global checkpoint."
-        ) from exc
+    def resume_from(self, loaded: Optional[LoadedCheckpoint]) -> None:
+        """This incarnation resumes from ``loaded`` (None: from scratch): its parts are tagged with
+        it, and its marks are checked at the first save and before every commit."""
+        self.base = loaded.name if loaded is not None else None
+        g = loaded.global_manifest if loaded is not None else None
+        self.base_crc = g.crc32 if g is not None and g.name == self.base else None
+
+    def check_base(self) -> None:
+        """RestartRequiredError when a rank marked the copy this incarnation resumed from bad."""
+        if self.base is None or self.base_crc is None:
+            return
+        ckdir = f"{self.dir}/{self.base}"
+        ranks = verdict.marks(self.storage, ckdir, self.base_crc)
+        if ranks:
+            raise verdict.base_condemned(self.rank, ckdir, ranks, self.storage, self.base_crc)
 
 
 def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optional[str],

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.fleet import decide_mode
-from paddle_acp.errors import AcpError
+from paddle_acp.errors import AcpError, StorageError
 from paddle_acp.format.arena import Arena
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.layout import layout
@@ -86,6 +86,7 @@ class PersistMixin:
     _last_persist_error: Optional[BaseException]
     _last_save: float
     _last_bucket: int
+    _base_checked: bool
 
     if TYPE_CHECKING:  # defined by the other parts of EpochRange
         def _bucket(self) -> int: ...
@@ -102,6 +103,8 @@ class PersistMixin:
         (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.runtime.saver.busy_action`).
         """
         check_main_thread("checkpointing")
+        if self.multi and not self._base_checked:
+            self._check_base()
         t0 = time.perf_counter()
         action = self._busy_decision(durable=sync or final or not self.saver.async_save)
         if action == SKIP:
@@ -175,6 +178,17 @@ class PersistMixin:
             self.saver.wait()
         self._last_save = time.monotonic()
         self._last_bucket = self._bucket()
+
+    def _check_base(self) -> None:
+        """At this rank's first save, on the training thread: stop (RestartRequiredError) when a rank marked the
+        checkpoint this incarnation resumed from bad; a storage error is logged and the next save checks again."""
+        try:
+            self.gcheckpointer.check_base()
+        except StorageError as exc:
+            logger.warning("range %s: could not check the marks of checkpoint %s: %s", self.name,
+                           self.gcheckpointer.base, exc)
+            return
+        self._base_checked = True
 
     def _busy_decision(self, durable: bool) -> str:
         """What a save due now does (``saver.busy_action`` with this range's state)."""

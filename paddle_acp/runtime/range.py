@@ -115,6 +115,7 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
         self._last_bucket = self._bucket()
+        self._base_checked = False  # the marks of the checkpoint resumed from, checked at the first save
         self.is_writer = self.multi or cfg.trainer_id == 0
         self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
         self._resume_step: Optional[int] = None

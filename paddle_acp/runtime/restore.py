@@ -53,7 +53,7 @@ class RestoreMixin:
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
         loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None)
         if self.multi:
-            self.gcheckpointer.base = loaded.name if loaded is not None else None
+            self.gcheckpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
             self.gcheckpointer.discard_newer(loaded.position_key if loaded is not None else None)
         if loaded is not None:
             self._loaded = loaded

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from paddle_acp.errors import RestartRequiredError
 from paddle_acp.threads import lower_thread_priority
 
 logger = logging.getLogger("paddle_acp")
@@ -71,6 +72,14 @@ class Saver:
     def _run(self, snap) -> None:
         try:
             self._persist(snap)
+        except RestartRequiredError as exc:
+            # the ranks would go on from different checkpoints: not a failed save that the next one
+            # retries, but the end of training, on the training thread (as an interrupt is)
+            self.stats.failures += 1
+            self.stats.last_error = exc
+            if not self.async_save or threading.current_thread() is threading.main_thread():
+                raise
+            self._interrupt = exc
         except Exception as exc:  # reported on the training thread by wait()
             self._errors.append(exc)
         except BaseException as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
-from paddle_acp.errors import CorruptCheckpointError, StorageError
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic, reader
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.layout import position_key, range_dir
@@ -187,7 +187,7 @@ def _scan_global(storage: Storage, job: str, range_name: str, verify: bool,
                 if verify:
                     gck.verify(g.name)
                     info.status = VERIFIED
-            except CorruptCheckpointError as exc:
+            except (CorruptCheckpointError, CheckpointError) as exc:  # CheckpointError: parts moved or swapped
                 info.status, info.reason = CORRUPT, short_reason(exc, path)
             except StorageError as exc:
                 info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
@@ -210,7 +210,7 @@ def restart_checkpoint(storage: Storage, job: str, range_name: str, infos: List[
                     verify_global(storage, job, range_name, i.name)
                 else:
                     verify_checkpoint(storage, job, range_name, i.number, quiet=quiet)
-            except (CorruptCheckpointError, StorageError) as exc:
+            except (CorruptCheckpointError, CheckpointError, StorageError) as exc:
                 i.status, i.reason, i.restart = CORRUPT, short_reason(exc, i.path), False
                 continue
             i.status = VERIFIED
