@@ -86,6 +86,9 @@ class ProcessState:
         self.final_save_failures.clear()  # cleared in place: callers may hold the list
         self.marked_jobs.clear()
         self.caches.clear()
+        from paddle_acp.runtime.objects import tracked
+
+        tracked().clear()  # paddle_acp.track's objects
 
 
 STATE = ProcessState()
