@@ -71,6 +71,11 @@ def encode(value: Any, where: str = "value") -> Any:
 def _enc(v: Any, where: str, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise EncodeError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+    if isinstance(v, np.str_):
+        return str(v)
+    if isinstance(v, np.generic):  # before float: np.float64 is a float
+        a = _array(np.asarray(v), where)
+        return {"$scalar": {"dtype": a["dtype"], "data": a["data"]}}
     if v is None or isinstance(v, (bool, str)):
         return v
     if isinstance(v, int):
@@ -86,9 +91,6 @@ def _enc(v: Any, where: str, depth: int) -> Any:
         return {"$float": "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}
     if isinstance(v, np.ndarray):
         return {"$array": _array(v, where)}
-    if isinstance(v, np.generic):
-        a = _array(np.asarray(v), where)
-        return {"$scalar": {"dtype": a["dtype"], "data": a["data"]}}
     if isinstance(v, list):
         return [_enc(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
     if isinstance(v, tuple):
