@@ -17,7 +17,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from support.e2e import REPO, script_env
 from support.paddle_compat import IRS
 
