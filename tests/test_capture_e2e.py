@@ -25,13 +25,25 @@ VARIANTS = ("generator", "randomstate", "random", "counter")
 KILL = "1:3"  # before step 3 of epoch 1
 
 
-def run(out, ckpt, ir, *args, expect_kill=False):
-    env = script_env(ckpt, ir, {"PADDLE_ACP_ASYNC": "0", "PADDLE_ACP_BUSY_POLICY": "wait"} if ckpt else None)
-    proc = subprocess.run([sys.executable, SCRIPT, "--out", str(out), *map(str, args)], env=env, cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+def start(out, ckpt, ir, *args, env=None):
+    e = {"PADDLE_ACP_ASYNC": "0", "PADDLE_ACP_BUSY_POLICY": "wait"} if ckpt else {}
+    return subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), *map(str, args)], cwd=REPO,
+                            env=script_env(ckpt, ir, {**e, **(env or {})}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, expect_kill=False):
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
     want = -9 if expect_kill else 0
-    assert proc.returncode == want, f"rc {proc.returncode} (want {want})\n{proc.stderr[-4000:]}"
-    return proc
+    assert proc.returncode == want, f"rc {proc.returncode} (want {want})\n{stderr[-4000:]}"
+    return stderr
+
+
+def run(out, ckpt, ir, *args, expect_kill=False, env=None):
+    return finish(start(out, ckpt, ir, *args, env=env), expect_kill)
 
 
 def steps(out):
@@ -64,8 +76,7 @@ def reference(tmp_path_factory, ir, variant, where="global"):
 def kill_and_resume(tmp_path, ir, variant, *args):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     run(out, ckpt, ir, "--rng", variant, "--kill-at", KILL, *args, expect_kill=True)
-    proc = run(out, ckpt, ir, "--rng", variant, "--kill-at", KILL, *args)
-    return out, proc.stderr
+    return out, run(out, ckpt, ir, "--rng", variant, "--kill-at", KILL, *args)
 
 
 def assert_identical(out, ref, stderr):
@@ -116,8 +127,32 @@ def test_an_unregistered_counter_does_not_resume_identically(tmp_path, tmp_path_
 def test_an_object_renamed_since_the_checkpoint_is_named_in_one_warning(tmp_path):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     run(out, ckpt, "pir", "--rng", "generator", "--kill-at", KILL, expect_kill=True)
-    proc = run(out, ckpt, "pir", "--rng", "generator", "--where", "local")
-    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line and "script state" in line]
-    assert any("local:rng" in w and "does not hold" in w for w in warnings), proc.stderr[-3000:]
-    assert any("module_global:rng" in w and "no such object" in w for w in warnings), proc.stderr[-3000:]
+    stderr = run(out, ckpt, "pir", "--rng", "generator", "--where", "local")
+    warnings = [line for line in stderr.splitlines() if "WARNING" in line and "script state" in line]
+    assert any("local:rng" in w and "does not hold" in w for w in warnings), stderr[-3000:]
+    assert any("module_global:rng" in w and "no such object" in w for w in warnings), stderr[-3000:]
     assert len([w for w in warnings if "local:rng" in w]) == 1
+
+
+def test_each_rank_resumes_its_own_rng(tmp_path, tmp_path_factory):
+    """Two ranks (per-rank state) whose RNGs are seeded by their rank: each rank's part holds its own."""
+    ckpt = tmp_path / "ckpt"
+    args = ("--rng", "generator", "--seed-by-rank", "--save-every-steps", 2)
+    refs = []
+    for rank in range(2):
+        out = tmp_path_factory.mktemp(f"ref-rank{rank}")
+        run(out, None, "pir", *args, env={"PADDLE_TRAINER_ID": rank})
+        refs.append((steps(out), params(out)))
+    assert refs[0][0] != refs[1][0]  # the ranks' state differs
+
+    def both(expect_kill):
+        env = {"PADDLE_TRAINERS_NUM": 2, "PADDLE_ACP_RANK_STATE": "per-rank"}
+        procs = [start(tmp_path / f"rank{r}", ckpt, "pir", *args, "--kill-at", KILL, env={**env, "PADDLE_TRAINER_ID": r})
+                 for r in range(2)]
+        return [finish(p, expect_kill) for p in procs]
+
+    both(expect_kill=True)
+    stderrs = both(expect_kill=False)
+    for rank in range(2):
+        assert "resuming at epoch 1, step 2" in stderrs[rank], stderrs[rank][-3000:]
+        assert_identical(tmp_path / f"rank{rank}", refs[rank], stderrs[rank])

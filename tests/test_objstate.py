@@ -181,8 +181,10 @@ def test_unsupported_state_is_a_config_error_at_train_epoch_range_naming_key_and
 
 def test_state_too_large_is_refused_before_anything_is_written():
     big = {"a": np.zeros(objstate.MAX_BYTES // 8 + 16)}
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="'big'"):
         check_state({"big": big})
+    with pytest.raises(ConfigError, match="bytes serialized"):  # under the array bound, over the total
+        check_state({"big": np.zeros(objstate.MAX_BYTES * 3 // 4 + 1, np.uint8)})
     grows = {"a": np.zeros(8)}
     s = ScriptState("_range_0", {}, check_state({"g": grows}))
     grows["a"] = [np.zeros(objstate.MAX_BYTES // 16) for _ in range(4)]

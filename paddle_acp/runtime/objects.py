@@ -174,13 +174,17 @@ def check_state(state: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, Any]
     if len(state) > objstate.MAX_OBJECTS:
         raise ConfigError(f"state= holds {len(state)} objects; at most {objstate.MAX_OBJECTS}")
     out = {}
+    size = 0
     for name, obj in state.items():
         kind = kind_of(name, obj)
         try:
-            objstate.encode(read(kind, obj), f"state {name!r}")
+            size += len(json.dumps(objstate.encode(read(kind, obj), f"state {name!r}"), separators=(",", ":")))
         except objstate.EncodeError as exc:
             raise ConfigError(f"cannot checkpoint {exc}") from None
         out[name] = (kind, obj)
+    if size > objstate.MAX_BYTES:
+        raise ConfigError(f"the state of {', '.join(map(repr, out))} takes {size} bytes serialized, more than the "
+                          f"{objstate.MAX_BYTES} paddle-acp saves in a manifest; keep large state (arrays) in Paddle variables")
     return out
 
 

@@ -34,6 +34,7 @@ ap.add_argument("--batches", type=int, default=6)
 ap.add_argument("--kill-at", default=None)
 ap.add_argument("--save-every-steps", type=int, default=None)
 ap.add_argument("--no-register", action="store_true")
+ap.add_argument("--seed-by-rank", action="store_true", help="seed the RNG with PADDLE_TRAINER_ID (per-rank state)")
 a = ap.parse_args()
 os.makedirs(a.out, exist_ok=True)
 
@@ -61,9 +62,12 @@ marker = os.path.join(a.out, "killed")
 log = open(os.path.join(a.out, "steps.jsonl"), "a")
 
 
+SEED = int(os.environ.get("PADDLE_TRAINER_ID", "0")) if a.seed_by_rank else 0
+
+
 def make_rng():
-    return {"generator": lambda: np.random.default_rng(0), "randomstate": lambda: np.random.RandomState(0),
-            "random": lambda: random.Random(0), "counter": lambda: None}[a.rng]()
+    return {"generator": lambda: np.random.default_rng(SEED), "randomstate": lambda: np.random.RandomState(SEED),
+            "random": lambda: random.Random(SEED), "counter": lambda: None}[a.rng]()
 
 
 def order_and_noise(rng):
