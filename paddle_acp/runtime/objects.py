@@ -28,6 +28,7 @@ import numpy as np
 from paddle_acp.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from paddle_acp.format import objstate
 from paddle_acp.runtime.capture import rng_kind
+from paddle_acp.runtime.state import STATE
 
 logger = logging.getLogger("paddle_acp")
 
@@ -188,25 +189,20 @@ def check_state(state: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, Any]
     return out
 
 
-_TRACKED: Dict[str, Tuple[str, Any]] = {}
-
-
 def track(name: str, obj: Any) -> Any:
     """Save ``obj`` with every checkpoint of the ranges opened after this call, under ``name``, and
     restore it in place before the first epoch of a resumed run (as ``train_epoch_range(state=...)``
     does for one range). Returns ``obj``. Call it before the loop; ``simulate_restart`` forgets it."""
-    from paddle_acp.runtime.state import STATE
-
     if STATE.active is not None:
         raise ConfigError(f"paddle_acp.track({name!r}, ...) inside the active range {STATE.active.name}: call it "
                           "before train_epoch_range, so that the object is restored before the first epoch")
-    _TRACKED.update(check_state({name: obj}))
+    STATE.tracked.update(check_state({name: obj}))
     return obj
 
 
 def tracked() -> Dict[str, Tuple[str, Any]]:
     """The objects :func:`track` registered (name -> (kind, object)); cleared by a restart."""
-    return _TRACKED
+    return STATE.tracked
 
 
 def _describe(kind: str, obj: Any) -> str:
