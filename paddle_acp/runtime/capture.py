@@ -14,9 +14,12 @@ Captured (restored in place: the same object goes on drawing):
 * ``numpy.random.RandomState``;
 * ``random.Random`` and subclasses, except ``random.SystemRandom`` (it has no state).
 
-Not captured: Paddle's samplers draw from NumPy's global RNG (saved with every checkpoint
-already) or from a Python iterator passed as ``generator=`` (no state to save); other objects
-are added with ``train_epoch_range(state=...)`` or ``paddle_acp.track``.
+Not captured, because every checkpoint saves them already or they have no state: Paddle's
+generators (``paddle.Generator(device)`` returns the device's default generator, saved with the
+global RNG state); Paddle's ``io`` samplers, which draw from NumPy's global RNG, from
+``np.random.RandomState(epoch)`` (``DistributedBatchSampler``) or from a Python iterator passed as
+``generator=`` (which cannot be saved). Other objects are added with
+``train_epoch_range(state=...)`` or ``paddle_acp.track``.
 """
 
 from __future__ import annotations
