@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -81,7 +82,7 @@ class Value:
         return float(self.value)
 
     def __index__(self) -> int:
-        return self.value.__index__()
+        return operator.index(self.value)
 
     def __bool__(self) -> bool:
         return bool(self.value)
