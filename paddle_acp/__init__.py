@@ -12,6 +12,8 @@ variables, see :mod:`paddle_acp.config`); without them the loop is a plain range
 
 * :func:`train_epoch_range` – the epoch loop that saves and resumes.
 * :func:`resumable` – wrap an epoch's batches for mid-epoch checkpoints and resume.
+* :func:`track`, :class:`Counter`, :class:`Value` – add the script's own state to every checkpoint
+  (``train_epoch_range(state=...)`` for one range; RNG objects the script holds are saved without code).
 * :class:`Preempted` – the ``SystemExit`` (status 128+signal) raised after a SIGTERM-triggered save.
 * :class:`CheckpointConfig`, :func:`config_from_env` – the configuration.
 * :func:`install` / :func:`uninstall` – the Executor.run hook (installed on import).
@@ -65,6 +67,9 @@ __version__ = "0.1.0"
 __all__ = [
     "train_epoch_range",
     "resumable",
+    "track",
+    "Value",
+    "Counter",
     "Preempted",
     "active_range",
     "CheckpointConfig",
@@ -90,6 +95,9 @@ __all__ = [
 _LAZY = {
     "train_epoch_range": ("paddle_acp.runtime.epoch_range", "train_epoch_range"),
     "resumable": ("paddle_acp.runtime.epoch_range", "resumable"),
+    "track": ("paddle_acp.runtime.objects", "track"),
+    "Value": ("paddle_acp.runtime.objects", "Value"),
+    "Counter": ("paddle_acp.runtime.objects", "Counter"),
     "active_range": ("paddle_acp.runtime.epoch_range", "active_range"),
     "CONST_CHECKPOINT": ("paddle_acp.runtime.epoch_range", "CONST_CHECKPOINT"),
     "CONST_MEMORYINIT": ("paddle_acp.runtime.epoch_range", "CONST_MEMORYINIT"),

@@ -403,6 +403,9 @@ class Manifest:
         check_json_data(extra, "manifest.extra", max_items=1_000_000)
         if extra.get("epoch_start_rng") is not None:
             _check_rng(extra["epoch_start_rng"], "manifest.extra.epoch_start_rng")
+        for key in ("objects", "epoch_start_objects"):  # the script's own state (format/objstate.py)
+            if extra.get(key) is not None:
+                _check_objects(extra[key], f"manifest.extra.{key}")
         return cls(
             number=number,
             created=float(created),
@@ -415,6 +418,12 @@ class Manifest:
             extra=extra,
             version=version,
         )
+
+
+def _check_objects(section: Any, where: str) -> None:
+    from paddle_acp.format.objstate import validate
+
+    validate(section, where)
 
 
 def _check_rng(state: Any, where: str) -> None:

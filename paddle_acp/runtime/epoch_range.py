@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.adapter import version as paddle_version
-from paddle_acp.errors import AcpError, CheckpointError
+from paddle_acp.errors import AcpError, CheckpointError, ConfigError
+from paddle_acp.runtime.capture import caller_frame, find_captured
+from paddle_acp.runtime.objects import ScriptState, check_state, tracked
 from paddle_acp.runtime.range import EpochRange
 from paddle_acp.runtime.restore import CONST_CHECKPOINT, CONST_MEMORYINIT
 from paddle_acp.runtime.state import STATE, check_main_thread
@@ -48,14 +50,26 @@ def active_range() -> Optional[EpochRange]:
     return STATE.active
 
 
-def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterator[int]:
+def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None,
+                      state: Optional[Mapping[str, Any]] = None) -> Iterator[int]:
     """Yield epoch numbers; checkpoint the training state at epoch ends and resume after a restart.
 
     ``save_checkpoint_inter``: seconds between checkpoints (0 = every epoch);
     ``None`` takes ``PADDLE_ACP_SAVE_INTERVAL`` / ``PADDLE_EDL_SAVE_CHECKPOINT_INTER``
     (default 900). The last epoch is always saved. A negative
     ``max_epoch_num`` means no end.
+
+    Besides Paddle's state, every checkpoint holds the RNG objects the script keeps in its
+    module globals and in the locals of the frame that opens the loop
+    (:func:`paddle_acp.runtime.capture.capturable`), the objects of ``state`` (name -> object,
+    see :mod:`paddle_acp.runtime.objects`) and those of :func:`paddle_acp.track`; a resumed run
+    restores them in place before its first epoch. An object that cannot be saved is a
+    ConfigError here, naming its key and type.
     """
+    registered = check_state(state)
+    clash = sorted(set(registered) & set(tracked()))
+    if clash:
+        raise ConfigError(f"state= names {', '.join(map(repr, clash))}, which paddle_acp.track registered already")
     cfg = _config.from_env()
     if not cfg.active:
         if save_checkpoint_inter is not None:
@@ -71,7 +85,13 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
     paddle_version.warn_rng_limit()  # Paddle 2.6: the CPU engine state cannot be carried across processes
     if STATE.active is not None:
         raise CheckpointError(f"train_epoch_range cannot be nested (range {STATE.active.name} is active)")
+    frame = caller_frame()
+    rngs = find_captured(frame.f_globals, frame.f_locals) if frame is not None else {}
+    del frame
     r = EpochRange.open(max_epoch_num, STATE.next_range_name(), cfg, save_checkpoint_inter)
+    r.script = ScriptState(r.name, rngs, {**tracked(), **registered})
+    if r.script:
+        logger.info("range %s: every checkpoint also saves %s", r.name, r.script.describe())
     prev = STATE.hooked
     while prev is not None and not prev.has_unrestored_state:
         prev = prev.inherited

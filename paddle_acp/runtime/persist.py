@@ -28,6 +28,7 @@ from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, copy_into
 from paddle_acp.format.stream import ChunkStream, chunk_size
 from paddle_acp.runtime import budget as host_budget
+from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action
 from paddle_acp.runtime.state import STATE, check_main_thread
@@ -87,14 +88,17 @@ class PersistMixin:
     _last_save: float
     _last_bucket: int
     _base_checked: bool
+    script: ScriptState
 
     if TYPE_CHECKING:  # defined by the other parts of EpochRange
         def _bucket(self) -> int: ...
         def _step_extra(self) -> dict: ...
 
-    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None, final: bool = False) -> None:
-        """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set); ``rng``:
-        the RNG states to record, when they were captured earlier than now.
+    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None, final: bool = False,
+             objects: Optional[dict] = None) -> None:
+        """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set); ``rng``,
+        ``objects``: the RNG states and the script's objects to record, when they were captured
+        earlier than now.
 
         ``sync`` (preemption) and ``final`` (the range's last epoch) saves are durable:
         they wait for the checkpoint in flight and are committed before this returns
@@ -106,6 +110,10 @@ class PersistMixin:
         if self.multi and not self._base_checked:
             self._check_base()
         t0 = time.perf_counter()
+        extra = self._step_extra()
+        objects = objects if objects is not None else self.script.capture()  # raises before anything is written
+        if objects is not None:
+            extra["objects"] = objects
         action = self._busy_decision(durable=sync or final or not self.saver.async_save)
         if action == SKIP:
             self._skip(t0)
@@ -150,7 +158,7 @@ class PersistMixin:
             rng=rng if rng is not None else rng_state.capture(),
             paddle_version=paddle.__version__,
             ir="+".join(irs),
-            extra=self._step_extra(),
+            extra=extra,
             mode=mode,
             part_wait=PREEMPT_PART_WAIT if preempt else None,
             buffer=buffer,

@@ -28,6 +28,7 @@ from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import preemption
+from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import PersistMixin
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.restore import CONST_MEMORYINIT, RestoreMixin
@@ -121,6 +122,9 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._resume_step: Optional[int] = None
         self._resume_extra: dict = {}
         self._epoch_start_rng: Optional[dict] = None
+        self._epoch_start_objects: Optional[dict] = None
+        # the script's own objects saved with each checkpoint (set by train_epoch_range)
+        self.script = ScriptState(name, {}, {})
         self._loader_state = None
         self.inherited: Optional[EpochRange] = None  # an ended range that still holds unrestored state
         self._final_submitted = False  # the save after the last epoch was submitted
@@ -182,7 +186,12 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             for i in range(start, end):
                 self.epoch_no = i
                 self.step = None
-                self._epoch_start_rng = rng_state.capture() if self._resume_step is None else self._resume_extra.get("epoch_start_rng")
+                if self._resume_step is None:
+                    self._epoch_start_rng = rng_state.capture()
+                    self._epoch_start_objects = self.script.capture()
+                else:  # a mid-epoch resume replays the epoch from its start
+                    self._epoch_start_rng = self._resume_extra.get("epoch_start_rng")
+                    self._epoch_start_objects = self._resume_extra.get("epoch_start_objects")
                 yield i
                 if self._resume_step is not None:
                     raise CheckpointError(
@@ -238,10 +247,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             return self._bucket() != self._last_bucket
         return time.monotonic() - self._last_save >= self.save_interval
 
-    def _preempt(self, rng: Optional[dict] = None) -> None:
+    def _preempt(self, rng: Optional[dict] = None, objects: Optional[dict] = None) -> None:
         signum = self.watcher.received
         if self.is_writer:
-            self.save(sync=True, preempt=True, rng=rng)
+            self.save(sync=True, preempt=True, rng=rng, objects=objects)
         logger.warning("range %s: preempted by signal %d at epoch %d%s", self.name, signum, self.epoch_no,
                        f" step {self.step}" if self.step is not None else "")
         if self.exit_on_preempt:

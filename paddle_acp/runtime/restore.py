@@ -20,6 +20,7 @@ from paddle_acp.errors import CheckpointError
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.multirank import GlobalCheckpointer, load_newest
 from paddle_acp.format.reader import LoadedCheckpoint
+from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.state import STATE
 
 logger = logging.getLogger("paddle_acp")
@@ -38,6 +39,7 @@ class RestoreMixin:
     rank: int
     epoch_no: int
     checkpointer: Checkpointer
+    script: ScriptState
     gcheckpointer: GlobalCheckpointer
     restored_from: str
     restored_number: Optional[int]
@@ -75,6 +77,10 @@ class RestoreMixin:
             rng_state.restore(self._resume_extra["epoch_start_rng"])
         elif m.rng is not None:
             rng_state.restore(m.rng)
+        # the script's objects (captured RNGs, state=, track), the same way: mid-epoch, their state at
+        # the epoch's start now and at the step once resumable() has skipped the batches done
+        self.script.restore(m.extra.get("epoch_start_objects" if self._resume_step is not None else "objects"),
+                            f"checkpoint {self._loaded.name}")
         at = f"epoch {start}" + (f", step {self._resume_step}" if self._resume_step is not None else "")
         if self._loaded.global_manifest is not None:
             logger.info(

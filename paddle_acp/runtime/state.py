@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.cache import LocalCache
@@ -46,6 +46,8 @@ class ProcessState:
         # (PADDLE_ACP_LOCAL_CACHE, storage URI) -> its LocalCache, or None (a local URI, or unusable:
         # said once per process, not per range)
         self.caches: Dict[Tuple[str, str], Optional[LocalCache]] = {}
+        # paddle_acp.track's objects: name -> (kind, object), saved by every range opened after
+        self.tracked: Dict[str, Tuple[str, Any]] = {}
 
     def next_range_name(self) -> str:
         name = f"_range_{self.range_counter}"
@@ -86,6 +88,7 @@ class ProcessState:
         self.final_save_failures.clear()  # cleared in place: callers may hold the list
         self.marked_jobs.clear()
         self.caches.clear()
+        self.tracked.clear()
 
 
 STATE = ProcessState()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import CheckpointError, ConfigError
+from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.saver import SKIP
 from paddle_acp.runtime.state import check_main_thread
 
@@ -28,6 +29,8 @@ class StepsMixin:
     _resume_step: Optional[int]  # the step a mid-epoch checkpoint was taken at, until steps() used it
     _resume_extra: dict
     _epoch_start_rng: Optional[dict]
+    _epoch_start_objects: Optional[dict]
+    script: ScriptState
     _loader_state: Any
     _loaded: Any
     watcher: Any
@@ -39,9 +42,9 @@ class StepsMixin:
         def has_unrestored_state(self) -> bool: ...
         def _save_due(self) -> bool: ...
         def _busy_decision(self, durable: bool) -> str: ...
-        def _preempt(self, rng: Optional[dict] = None) -> None: ...
+        def _preempt(self, rng: Optional[dict] = None, objects: Optional[dict] = None) -> None: ...
         def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None,
-                 final: bool = False) -> None: ...
+                 final: bool = False, objects: Optional[dict] = None) -> None: ...
 
     def steps(self, iterable: Any, save_every_steps: Optional[int] = None) -> Iterator:
         """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume."""
@@ -68,6 +71,8 @@ class StepsMixin:
                     ) from None
         if skip and self._loaded is not None and self._loaded.manifest.rng is not None:
             rng_state.restore(self._loaded.manifest.rng)
+        if skip and self._loaded is not None:  # the script's objects: their state at the step
+            self.script.restore(extra.get("objects"), f"checkpoint {self._loaded.name}")
         self.step = skip or 0
         first = self.step
         if skip and self.has_unrestored_state:
@@ -92,15 +97,16 @@ class StepsMixin:
                 # The loader and RNG states are those before the next batch is fetched.
                 loader_state = iterable.state_dict() if stateful else None
                 rng = rng_state.capture()
+                objects = self.script.capture()
                 try:
                     batch = next(it)
                 except StopIteration:
                     return
                 self._loader_state = loader_state
                 if due == "preempt":
-                    self._preempt(rng=rng)
+                    self._preempt(rng=rng, objects=objects)
                 else:
-                    self.save(rng=rng)
+                    self.save(rng=rng, objects=objects)
             else:
                 try:
                     batch = next(it)
@@ -129,5 +135,8 @@ class StepsMixin:
     def _step_extra(self) -> dict:
         if self.step is None:
             return {}
-        return {"epoch_start_rng": self._epoch_start_rng, "loader_state": self._loader_state}
+        extra = {"epoch_start_rng": self._epoch_start_rng, "loader_state": self._loader_state}
+        if self._epoch_start_objects is not None:
+            extra["epoch_start_objects"] = self._epoch_start_objects
+        return extra
 

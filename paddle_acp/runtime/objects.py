@@ -1,0 +1,330 @@
+"""The script's own state in a range's checkpoints: captured RNGs, ``state=`` and ``track`` objects.
+
+:class:`ScriptState` holds, for one range, the RNG objects found in the script
+(:func:`paddle_acp.runtime.capture.find_captured`) and the objects registered with
+``train_epoch_range(state={...})`` or :func:`track`. :meth:`ScriptState.capture` turns their
+state into the serialized form of :mod:`paddle_acp.format.objstate` (saved in the manifest's
+``extra``); :meth:`ScriptState.restore` writes a checkpoint's back into the same objects.
+
+Registered objects (checked by :func:`check_state` when the loop opens, not at the first save):
+
+* any object with ``state_dict()`` and ``set_state_dict(state)`` (Paddle's convention: LR
+  schedulers, a user class, :class:`Value` and :class:`Counter`), whose state is plain data;
+* a ``dict`` or ``list`` of plain data (restored in place: cleared and refilled);
+* a NumPy array (restored in place: same shape and dtype);
+* an RNG object (:func:`~paddle_acp.runtime.capture.capturable`) the frame search cannot reach.
+
+A bare ``int``/``float`` cannot be updated in place: hold it in :class:`Counter` / :class:`Value`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from paddle_acp.errors import CheckpointError, ConfigError, CorruptCheckpointError
+from paddle_acp.format import objstate
+from paddle_acp.runtime.capture import rng_kind
+from paddle_acp.runtime.state import STATE
+
+logger = logging.getLogger("paddle_acp")
+
+__all__ = ["Counter", "ScriptState", "Value", "check_state", "track", "tracked"]
+
+
+class Value:
+    """A mutable value a checkpoint saves and restores in place: ``lr = acp.Value(0.1)``.
+
+    Read and write ``.value``. ``+=``, ``-=``, ``*=`` and ``/=`` change it in place (the name
+    keeps the same object); arithmetic, comparisons, ``int()``, ``float()`` and indexing use
+    the value.
+    """
+
+    __slots__ = ("value",)
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __init__(self, value: Any = 0) -> None:
+        self.value = value
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"value": self.value}
+
+    def set_state_dict(self, state: Dict[str, Any]) -> None:
+        self.value = state["value"]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.value!r})"
+
+    def __iadd__(self, other):
+        self.value += other
+        return self
+
+    def __isub__(self, other):
+        self.value -= other
+        return self
+
+    def __imul__(self, other):
+        self.value *= other
+        return self
+
+    def __itruediv__(self, other):
+        self.value /= other
+        return self
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __index__(self) -> int:
+        return operator.index(self.value)
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __add__(self, o): return self.value + _v(o)
+    def __radd__(self, o): return _v(o) + self.value
+    def __sub__(self, o): return self.value - _v(o)
+    def __rsub__(self, o): return _v(o) - self.value
+    def __mul__(self, o): return self.value * _v(o)
+    def __rmul__(self, o): return _v(o) * self.value
+    def __truediv__(self, o): return self.value / _v(o)
+    def __rtruediv__(self, o): return _v(o) / self.value
+    def __floordiv__(self, o): return self.value // _v(o)
+    def __mod__(self, o): return self.value % _v(o)
+    def __eq__(self, o): return self.value == _v(o)
+    def __lt__(self, o): return self.value < _v(o)
+    def __le__(self, o): return self.value <= _v(o)
+    def __gt__(self, o): return self.value > _v(o)
+    def __ge__(self, o): return self.value >= _v(o)
+
+
+class Counter(Value):
+    """An integer counter a checkpoint saves and restores: ``step = acp.Counter()``; ``step += 1``."""
+
+    __slots__ = ()
+
+    def __init__(self, value: int = 0) -> None:
+        super().__init__(value)
+
+    def increment(self, n: int = 1) -> int:
+        """Add ``n`` and return the new value."""
+        self.value += n
+        return self.value
+
+
+def _v(o: Any) -> Any:
+    return o.value if isinstance(o, Value) else o
+
+
+_IMMUTABLE = (bool, int, float, complex, str, bytes, tuple, frozenset, type(None), np.generic)
+
+
+def kind_of(name: str, obj: Any) -> str:
+    """The kind (``format.objstate.STATE_KINDS``) registered object ``obj`` is saved as; ConfigError
+    naming ``name`` and the type when it cannot be saved and restored in place."""
+    if not isinstance(name, str) or not name or len(name) > objstate.MAX_NAME or not name.isprintable():
+        raise ConfigError(f"state name {name!r} must be a non-empty printable string of at most {objstate.MAX_NAME} characters")
+    what = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "set_state_dict", None)):
+        return "state_dict"
+    kind = rng_kind(obj)
+    if kind is not None:
+        return kind
+    if type(obj) is dict or isinstance(obj, dict):
+        return "dict"
+    if isinstance(obj, list):
+        return "list"
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.writeable:
+            raise ConfigError(f"state {name!r}: the NumPy array is read-only, so it cannot be restored in place")
+        return "ndarray"
+    if isinstance(obj, _IMMUTABLE):
+        raise ConfigError(
+            f"state {name!r} is a {what}, which cannot be restored in place (the name would still point at the "
+            f"old value): hold it in paddle_acp.Counter(...) (integers) or paddle_acp.Value(...) (anything else), "
+            f"or keep it in a dict, and pass that"
+        )
+    raise ConfigError(
+        f"state {name!r} is a {what}, which paddle-acp cannot save: pass an object with state_dict() and "
+        "set_state_dict() (e.g. a paddle.optimizer.lr scheduler), a dict or list of plain data, a NumPy array, "
+        "an RNG, or a paddle_acp.Counter / Value"
+    )
+
+
+def read(kind: str, obj: Any) -> Any:
+    """The Python value saved for ``obj`` of ``kind``."""
+    if kind == "state_dict":
+        return obj.state_dict()
+    if kind in objstate.RNG_KINDS:
+        return objstate.read_rng(kind, obj)
+    return obj  # dict, list, ndarray: the object's content
+
+
+def check_state(state: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, Any]]:
+    """``train_epoch_range``'s ``state=``: name -> (kind, object); ConfigError naming the key and the
+    type of anything that cannot be saved (its current value is encoded once to find out)."""
+    if state is None:
+        return {}
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"state= must be a dict of name -> object, not a {type(state).__name__}")
+    if len(state) > objstate.MAX_OBJECTS:
+        raise ConfigError(f"state= holds {len(state)} objects; at most {objstate.MAX_OBJECTS}")
+    out = {}
+    size = 0
+    for name, obj in state.items():
+        kind = kind_of(name, obj)
+        try:
+            size += len(json.dumps(objstate.encode(read(kind, obj), f"state {name!r}"), separators=(",", ":")))
+        except objstate.EncodeError as exc:
+            raise ConfigError(f"cannot checkpoint {exc}") from None
+        out[name] = (kind, obj)
+    if size > objstate.MAX_BYTES:
+        raise ConfigError(f"the state of {', '.join(map(repr, out))} takes {size} bytes serialized, more than the "
+                          f"{objstate.MAX_BYTES} paddle-acp saves in a manifest; keep large state (arrays) in Paddle variables")
+    return out
+
+
+def track(name: str, obj: Any) -> Any:
+    """Save ``obj`` with every checkpoint of the ranges opened after this call, under ``name``, and
+    restore it in place before the first epoch of a resumed run (as ``train_epoch_range(state=...)``
+    does for one range). Returns ``obj``. Call it before the loop; ``simulate_restart`` forgets it."""
+    if STATE.active is not None:
+        raise ConfigError(f"paddle_acp.track({name!r}, ...) inside the active range {STATE.active.name}: call it "
+                          "before train_epoch_range, so that the object is restored before the first epoch")
+    STATE.tracked.update(check_state({name: obj}))
+    return obj
+
+
+def tracked() -> Dict[str, Tuple[str, Any]]:
+    """The objects :func:`track` registered (name -> (kind, object)); cleared by a restart."""
+    return STATE.tracked
+
+
+def _describe(kind: str, obj: Any) -> str:
+    if kind in ("numpy.Generator",):
+        return f"{kind}[{type(obj.bit_generator).__name__}]"
+    if kind == "numpy.BitGenerator":
+        return f"{kind}[{type(obj).__name__}]"
+    if kind == "state_dict":
+        return type(obj).__name__
+    return kind
+
+
+class ScriptState:
+    """The script's objects one range saves with each checkpoint: captured RNGs and registered state."""
+
+    def __init__(self, range_name: str, rngs: Dict[str, Any], state: Dict[str, Tuple[str, Any]]) -> None:
+        self.range_name = range_name
+        registered = {id(obj) for _, obj in state.values()}
+        self.rngs: Dict[str, Tuple[str, Any]] = {}
+        for n, o in rngs.items():
+            kind = rng_kind(o)
+            if kind is not None and id(o) not in registered:
+                self.rngs[n] = (kind, o)
+        self.state = dict(state)
+        self._warned: set = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.rngs or self.state)
+
+    def describe(self) -> str:
+        """What is saved, for the start log."""
+        parts = []
+        if self.rngs:
+            parts.append("the script's RNGs " + ", ".join(f"{n} ({_describe(k, o)})" for n, (k, o) in self.rngs.items()))
+        if self.state:
+            parts.append("the state " + ", ".join(f"{n} ({_describe(k, o)})" for n, (k, o) in self.state.items()))
+        return " and ".join(parts)
+
+    def capture(self) -> Optional[Dict[str, Any]]:
+        """The objects' state now, in the serialized form (None when there is nothing to save)."""
+        if not self:
+            return None
+        section: Dict[str, Any] = {"version": objstate.VERSION, "rng": {}, "state": {}}
+        parts: Tuple[Tuple[str, Dict[str, Tuple[str, Any]]], ...] = (("rng", self.rngs), ("state", self.state))
+        for part, objs in parts:
+            for name, (kind, obj) in objs.items():
+                try:
+                    value = objstate.encode(read(kind, obj), f"state {name!r}")
+                except objstate.EncodeError as exc:
+                    raise CheckpointError(f"range {self.range_name}: cannot checkpoint {exc}") from None
+                section[part][name] = {"kind": kind, "value": value}
+        size = len(json.dumps(section, separators=(",", ":")))
+        if size > objstate.MAX_BYTES:
+            raise CheckpointError(
+                f"range {self.range_name}: the script's state takes {size} bytes serialized, more than the "
+                f"{objstate.MAX_BYTES} paddle-acp saves in a manifest; keep large state (arrays) in Paddle variables"
+            )
+        return section
+
+    def restore(self, section: Any, where: str) -> None:
+        """Write the state of ``section`` (a checkpoint's, read and validated with its manifest) back
+        into the objects, in place. An object the checkpoint lacks, or one this run lacks: one warning."""
+        if not self and section is None:
+            return
+        if section is None:
+            self._warn(where, sorted(self.rngs) + sorted(self.state), "the checkpoint does not hold them "
+                       "(written before they were saved); they keep their current state")
+            return
+        try:
+            rngs, state = objstate.validate(section)
+        except CorruptCheckpointError as exc:  # validated when the manifest was read: cannot happen
+            raise CheckpointError(f"{where}: {exc}") from None
+        missing, gone, other = [], [], []
+        for mine, saved in ((self.rngs, rngs), (self.state, state)):
+            for name, (kind, obj) in mine.items():
+                if name not in saved:
+                    missing.append(name)
+                    continue
+                skind, value = saved[name]
+                if skind != kind:
+                    other.append(f"{name} (a {skind} in the checkpoint, a {kind} here)")
+                    continue
+                self._apply(name, kind, obj, value, where)
+            gone += [n for n in saved if n not in mine]
+        if missing:
+            self._warn(where, missing, "the checkpoint does not hold them; they keep their current state")
+        if other:
+            self._warn(where, other, "they changed kind since the checkpoint and keep their current state")
+        if gone:
+            self._warn(where, gone, "the checkpoint holds them but this run has no such object (renamed or "
+                       "removed?): not restored")
+
+    def _apply(self, name: str, kind: str, obj: Any, value: Any, where: str) -> None:
+        try:
+            if kind in objstate.RNG_KINDS:
+                objstate.apply_rng(kind, obj, value)
+            elif kind == "state_dict":
+                obj.set_state_dict(value)
+            elif kind == "dict":
+                if not isinstance(value, dict):
+                    raise TypeError(f"the checkpoint holds a {type(value).__name__}")
+                obj.clear()
+                obj.update(value)
+            elif kind == "list":
+                if not isinstance(value, list):
+                    raise TypeError(f"the checkpoint holds a {type(value).__name__}")
+                obj[:] = value
+            elif kind == "ndarray":
+                if not isinstance(value, np.ndarray) or value.shape != obj.shape or value.dtype != obj.dtype:
+                    raise TypeError(f"the checkpoint holds {getattr(value, 'dtype', type(value).__name__)}"
+                                    f"{list(getattr(value, 'shape', []))}, this run's array is {obj.dtype}{list(obj.shape)}")
+                obj[...] = value
+        except Exception as exc:
+            raise CheckpointError(
+                f"range {self.range_name}: cannot restore {name!r} from {where}: {type(exc).__name__}: {exc}. "
+                "If the script changed, start a new job (a new PADDLE_JOB_ID)"
+            ) from exc
+
+    def _warn(self, where: str, names: list, why: str) -> None:
+        key = (why, tuple(names))
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        logger.warning("range %s: script state %s from %s: %s", self.range_name, ", ".join(names), where, why)
