@@ -83,8 +83,10 @@ def test_any_name_that_parses_re_renders_to_itself(name):
     r = layout.parse_part(name)
     if r is not None:
         assert layout.rank_part(r) == name
-    for regex, render in ((layout.PART_RE, layout.rank_part), (layout.BAD_RE, layout.bad_rank),
-                          (fencing._GEN_RE, lambda k: f"gen-{k}")):
+    bad = layout.parse_bad_mark(name)
+    if bad is not None:
+        assert layout.bad_mark(*bad) == name
+    for regex, render in ((layout.PART_RE, layout.rank_part), (fencing._GEN_RE, lambda k: f"gen-{k}")):
         for m in (regex.match(name), regex.fullmatch(name)):
             if m is not None:
                 assert render(int(m.group(1))) == name

@@ -18,6 +18,8 @@ from typing import Iterable, Optional
 def _why(path: str, euid: int) -> Optional[str]:
     try:
         st = os.lstat(path)
+    except FileNotFoundError:  # nothing to trust or distrust: the reader finds the copy incomplete
+        return None  # (and nobody else can add it: its directory passed this check first)
     except OSError as exc:
         return f"{path} cannot be checked ({exc.strerror or exc})"
     if stat.S_ISLNK(st.st_mode):

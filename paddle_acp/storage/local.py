@@ -1,5 +1,10 @@
 """Local disks (``file://`` URIs and plain paths).
 
+A ``file://`` URI is read as RFC 8089 says: ``file:///abs/path`` or ``file://localhost/abs/path``,
+its path percent-decoded (``file:///data/pct%20dir`` is the directory ``/data/pct dir``, as pyarrow
+and every URL library read it); another host, user info, a query or fragment, or a ``%00`` is a
+ConfigError. A plain path (no scheme) is taken literally, never decoded.
+
 pyarrow's ``LocalFileSystem`` for streams, directories, deletes and renames; the operating system
 directly where a local disk can do better or must be safer than a generic filesystem:
 
@@ -18,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any, List, Optional, Tuple
-from urllib.parse import ParseResult
+from urllib.parse import ParseResult, unquote_to_bytes
 
 import pyarrow.fs as pafs
 
@@ -30,6 +35,25 @@ logger = logging.getLogger("paddle_acp")
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _PAGE = 4096
+
+
+def file_uri_path(uri: str, parsed: ParseResult) -> str:
+    """The absolute local path a ``file:`` URI names (RFC 8089): percent-decoded, on this host."""
+    shown = redact(uri)
+    if parsed.netloc.lower() not in ("", "localhost"):
+        what = "user info (credentials)" if "@" in parsed.netloc else f"the host {parsed.netloc!r}"
+        raise ConfigError(f"checkpoint URI {shown!r}: a file:// URI names a path on this machine and must not "
+                          f"name {what}; use file:///path, file://localhost/path or a plain path")
+    if parsed.query or parsed.fragment or "?" in uri or "#" in uri:
+        raise ConfigError(f"checkpoint URI {shown!r}: a file:// URI has no query or fragment; write a '?' or "
+                          "'#' of the path as %3F or %23, or give a plain path (taken literally)")
+    path = os.fsdecode(unquote_to_bytes(parsed.path))
+    if "\0" in path:
+        raise ConfigError(f"checkpoint URI {shown!r}: the path holds a NUL byte (%00)")
+    if not path.startswith("/"):
+        raise ConfigError(f"checkpoint URI {shown!r}: a file: URI names an absolute path (file:///abs/path); "
+                          "give a relative path without the scheme")
+    return os.path.abspath(path)
 
 
 class LocalStorage(ArrowStorage):
@@ -44,13 +68,9 @@ class LocalStorage(ArrowStorage):
 
     @classmethod
     def from_uri(cls, uri: str, parsed: ParseResult, options: object = None) -> "LocalStorage":
-        scheme = parsed.scheme.lower()
-        path = parsed.path if scheme == "file" else uri
-        if scheme == "file" and parsed.netloc not in ("", "localhost"):
-            what = "user info (credentials)" if "@" in parsed.netloc else "a host"
-            raise ConfigError(f"checkpoint URI {redact(uri)!r}: file:// URIs must not name {what}; "
-                              "use file:///path or a plain path")
-        return cls(os.path.abspath(os.path.expanduser(path)), uri)
+        if parsed.scheme.lower() != "file":
+            return cls(os.path.abspath(os.path.expanduser(uri)), uri)
+        return cls(file_uri_path(uri, parsed), uri)
 
     def local_path(self, path: str) -> Optional[str]:
         return self.full(path)
