@@ -198,6 +198,13 @@ def _busy_policy(env: Mapping[str, str]) -> str:
     return value
 
 
+def busy_policy_chosen(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``PADDLE_ACP_BUSY_POLICY`` names a policy (Paddle's ``train_epoch_range`` takes
+    every due checkpoint, as Paddle's synchronous saves did, unless one is chosen)."""
+    raw = (os.environ if env is None else env).get("PADDLE_ACP_BUSY_POLICY")
+    return raw is not None and raw.strip() != ""
+
+
 def _interval(env: Mapping[str, str]) -> float:
     for name in ("PADDLE_ACP_SAVE_INTERVAL", "PADDLE_EDL_SAVE_CHECKPOINT_INTER"):
         raw = env.get(name)
