@@ -28,6 +28,7 @@ from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import preemption
+from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.persist import PersistMixin
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.restore import CONST_MEMORYINIT, RestoreMixin
@@ -130,6 +131,9 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         # Several ranks must take the same checkpoints, and they do not decide together yet
         # (busy_action is the one place such a decision would go): they wait.
         self.busy_policy = WAIT if self.multi else cfg.busy_policy
+        # ``paddle-acp check``: the range ends after this many epochs; per-epoch digests go to a file
+        self._check_epochs = _config.check_epochs_from_env()
+        self.digests = EpochDigests.for_range(_config.check_digests_from_env())
 
     def _open(self) -> None:
         """The range's I/O before its first epoch: job marker and fence, the checkpoint to resume from."""
@@ -172,6 +176,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
     def epochs(self) -> Iterator[int]:
         check_main_thread("train_epoch_range")
         end = sys.maxsize if self.max_epoch_num < 0 else self.max_epoch_num
+        if self._check_epochs is not None and self._check_epochs < end:
+            logger.info("range %s: ends after epoch %d (PADDLE_ACP_CHECK_EPOCHS, set by paddle-acp check)",
+                        self.name, self._check_epochs - 1)
+            end = self._check_epochs
         start = self.epoch_no + 1
         self._resume_rng(start)
         self._log_plan(start, end)
@@ -182,6 +190,9 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
                 self.epoch_no = i
                 self.step = None
                 self._epoch_start_rng = rng_state.capture() if self._resume_step is None else self._resume_extra.get("epoch_start_rng")
+                mid_epoch = self._resume_step is not None
+                if self.digests is not None:
+                    self.digests.start_epoch(self.name, i, mid_epoch)
                 yield i
                 if self._resume_step is not None:
                     raise CheckpointError(
@@ -189,6 +200,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
                         "but this epoch did not iterate its data through paddle_acp.resumable(...)"
                     )
                 self.step = None
+                if self.digests is not None:
+                    self.digests.end_epoch(self, i, mid_epoch)
                 self._end_of_epoch(last=(i == end - 1))
         finally:
             self.watcher.uninstall()
