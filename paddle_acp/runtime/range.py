@@ -127,7 +127,7 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
         self.exit_on_preempt = _config.exit_on_preempt_from_env()
-        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env())
+        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point)
         # Several ranks must take the same checkpoints, and they do not decide together yet
         # (busy_action is the one place such a decision would go): they wait.
         self.busy_policy = WAIT if self.multi else cfg.busy_policy
@@ -249,6 +249,13 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if self.multi:
             return self._bucket() != self._last_bucket
         return time.monotonic() - self._last_save >= self.save_interval
+
+    def _preempt_point(self) -> str:
+        """Where a preemption signal received now is acted on (called in the signal handler)."""
+        if self.step is not None:
+            return "the next batch boundary (paddle_acp.resumable)"
+        return (f"the end of epoch {self.epoch_no} (this epoch's batches do not go through paddle_acp.resumable, "
+                "so not before)")
 
     def _preempt(self, rng: Optional[dict] = None) -> None:
         signum = self.watcher.received

@@ -11,7 +11,9 @@
 * ``paddle_api``: as ``resumable``, through Paddle's own ``auto_checkpoint`` module (run it under
   ``python -m paddle_acp run``).
 
-The loop asks for 1000 epochs; ``paddle-acp check`` cuts it short. Each step sleeps ``--sleep``
+``--break-at E`` leaves the loop with ``break`` after training epoch E; ``--resumable`` iterates the
+batches through ``paddle_acp.resumable``. The loop asks for 1000 epochs; ``paddle-acp check`` (or
+``PADDLE_ACP_CHECK_EPOCHS``) cuts it short. Each step sleeps ``--sleep``
 seconds so that an epoch lasts long enough to be killed inside.
 """
 import argparse
@@ -24,6 +26,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=("resumable", "unseeded", "counter", "paddle_api"), default="resumable")
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--sleep", type=float, default=0.06)
+p.add_argument("--break-at", type=int, default=None)
+p.add_argument("--resumable", action="store_true")
 args = p.parse_args()
 
 if args.mode == "paddle_api":
@@ -53,8 +57,13 @@ exe.run(startup)
 
 step_count = 0
 aug_rng = np.random.default_rng(11) if args.mode == "counter" else None
-for _epoch in train_epoch_range(1000):
-    for _ in range(args.steps):
+for epoch in train_epoch_range(1000):
+    batches = range(args.steps)
+    if args.resumable:
+        import paddle_acp
+
+        batches = paddle_acp.resumable(batches)
+    for _ in batches:
         xb = np.random.rand(4, 8).astype("float32")
         yb = xb.sum(axis=1, keepdims=True).astype("float32")
         if aug_rng is not None:
@@ -63,3 +72,5 @@ for _epoch in train_epoch_range(1000):
         exe.run(main, feed={"x": xb, "y": yb, "scale": np.array([s], "float32")}, fetch_list=[loss])
         step_count += 1
         time.sleep(args.sleep)
+    if epoch == args.break_at:
+        break
