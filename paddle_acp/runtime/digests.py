@@ -175,3 +175,6 @@ class EpochDigests:
         if self._frame is not None:
             yield f"{self._frame.f_code.co_name}().", dict(self._frame.f_locals)
 
+    def release(self) -> None:
+        """The range ended: keep no reference to the script's frame (and its locals)."""
+        self._frame = None

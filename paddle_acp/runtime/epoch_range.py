@@ -100,6 +100,8 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None) -> Iterato
             else:
                 r.write_unrestored_into_global_scope()
         finally:
+            if r.digests is not None:
+                r.digests.release()
             STATE.hooked = r if r.has_unrestored_state else None
             if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
                 r._closed = True
