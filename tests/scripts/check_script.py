@@ -31,7 +31,7 @@ p.add_argument("--resumable", action="store_true")
 args = p.parse_args()
 
 if args.mode == "paddle_api":
-    import paddle.base.incubate.checkpoint.auto_checkpoint as acp
+    from paddle.incubate.checkpoint import auto_checkpoint as acp  # resolves to paddle-acp under the runner
 
     train_epoch_range = acp.train_epoch_range
 else:
