@@ -36,7 +36,7 @@ def _why(proc):
 
 
 def test_resumable_script_resumes_exactly():
-    proc, doc = run_check(sys.executable, SCRIPT, "--mode", "resumable")
+    proc, doc = run_check(sys.executable, SCRIPT, "--mode", "resumable", "--resumable")
     assert proc.returncode == 0, _why(proc)
     assert doc["verdict"] == "resumes_exactly" and doc["exit_status"] == 0, doc
     assert doc["first_difference"] is None and doc["compared_epochs"] == 3
@@ -50,6 +50,8 @@ def test_resumable_script_resumes_exactly():
     assert "killed (SIGKILL) in epoch" in proc.stderr
     # the script's own step counter restarts with the process: listed, though it does not steer training
     assert [s["name"] for s in doc["state_not_captured"]["scalars"]] == ["step_count"], doc
+    # the batches go through paddle_acp.resumable: that generator's position is checkpointed, not reported
+    assert doc["state_not_captured"]["objects"] == [], doc
 
 
 def test_unseeded_script_is_not_deterministic():
@@ -140,3 +142,27 @@ def test_first_difference_ignores_fetches_of_a_mid_epoch_resume():
     assert report.first_difference(a, b, "a", "b").tensors == ["w"]
     d = report.first_difference(a, {}, "uninterrupted", "killed")
     assert d.missing == "epoch 0 of range _range_0 never ended in the killed run"
+
+
+def test_uncaptured_kind_names_state_paddle_acp_does_not_checkpoint():
+    import itertools
+    import random
+
+    import numpy as np
+
+    from paddle_acp.runtime.digests import uncaptured_kind
+
+    assert uncaptured_kind(random.Random(1)) == "RNG object (random.Random)"
+    assert uncaptured_kind(np.random.RandomState(1)) == "RNG object (numpy RandomState)"
+    assert uncaptured_kind(np.random.default_rng(1)) == "RNG object (numpy Generator)"
+    assert uncaptured_kind(x for x in range(3)) == "generator"
+    assert uncaptured_kind(iter([1, 2])) == "iterator"
+    assert uncaptured_kind(itertools.count()) == "counter (itertools.count)"
+    # the global RNGs paddle-acp checkpoints, plain values and containers are not reported
+    for captured in (random._inst, np.random.mtrand._rand, 3, 2.5, True, [1], {"a": 1}, range(3), "text", None):
+        assert uncaptured_kind(captured) is None, captured
+    # outside a range resumable() is iter(): the script's own iterator (inside one, paddle-acp's
+    # generator is not reported: test_resumable_script_resumes_exactly)
+    import paddle_acp
+
+    assert uncaptured_kind(paddle_acp.resumable([1, 2])) == "iterator"

@@ -33,6 +33,7 @@ import numpy as np
 
 logger = logging.getLogger("paddle_acp")
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, types.MethodType)
 
 
@@ -59,6 +60,8 @@ def uncaptured_kind(obj: Any) -> Optional[str]:
     if isinstance(obj, np.random.Generator):
         return "RNG object (numpy Generator)"
     if isinstance(obj, types.GeneratorType):
+        if obj.gi_code.co_filename.startswith(_PACKAGE_DIR):
+            return None  # paddle-acp's own (``resumable``: its position is checkpointed)
         return "generator"
     if isinstance(obj, itertools.count):
         return "counter (itertools.count)"
