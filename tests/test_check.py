@@ -75,14 +75,14 @@ def test_counter_feeding_the_learning_rate_resumes_differently():
     c = scalars["step_count"]
     assert c["type"] == "int" and c["after_restart"] < c["expected"], c
     objects = {o["name"]: o["type"] for o in doc["state_not_captured"]["objects"]}
-    assert objects == {"aug_rng": "RNG object (numpy Generator): numpy.random._generator.Generator"}, objects
+    assert objects == {"noise_ids": "counter (itertools.count): itertools.count"}, objects
 
 
 def test_text_report_names_the_counter():
     proc, _ = run_check(sys.executable, SCRIPT, "--mode", "counter", json_out=False)
     assert proc.returncode == 2, _why(proc)
     assert proc.stdout.startswith("resumes differently: after a kill in epoch"), proc.stdout
-    assert "step_count (int)" in proc.stdout and "aug_rng: RNG object (numpy Generator)" in proc.stdout, proc.stdout
+    assert "step_count (int)" in proc.stdout and "noise_ids: counter (itertools.count)" in proc.stdout, proc.stdout
 
 
 def test_paddle_api_script_under_the_runner_resumes_exactly():
