@@ -341,7 +341,11 @@ def test_range_view_surface(cloud_env, ir):
 
 
 def test_module_surface():
-    assert acp.train_epoch_range is paddle_acp.train_epoch_range
+    # Paddle's loop: paddle-acp's, keeping Paddle's module globals (g_acp_type, the restart on a new generator)
+    assert acp.train_epoch_range.__module__ == "paddle_acp.compat.auto_checkpoint"
+    assert (acp.CONST_ACP_TYPE, acp.CONST_DACP_TYPE) == ("acp", "dacp")
+    assert acp._get_running_key("exe", "prog") == "exe_prog"
+    assert acp._get_logger(20) is acp._get_logger(10) and acp._get_logger(20).name == "auto_checkpoint"
     assert (acp.CONST_CHECKPOINT, acp.CONST_MEMORYINIT) == ("checkpoint", "memory_init")
     from paddle_acp.compat import checkpoint_saver
 

@@ -21,22 +21,33 @@ run unchanged. The names and their meaning are Paddle's; the work is paddle-acp'
 The programs are fed to the range by paddle-acp's ``Executor.run`` hook;
 :func:`_auto_checkpoint` (which Paddle's executor still calls on one legacy
 path) only forwards when that hook is not installed.
+
+Paddle's module globals are here with Paddle's meaning where its code and tests use them:
+``g_checker``, ``g_acp_type`` (``CONST_ACP_TYPE`` while a checkpointing range has been opened),
+``g_program_attr``, ``generator`` and ``g_train_epoch_range``. Replacing ``generator`` (what
+Paddle's tests do to restart in-process, ``_reset_generator()``) is a restart for paddle-acp too:
+the next range forgets the process's ranges (as :func:`paddle_acp.simulate_restart` does), is
+named ``_range_0`` again and resumes from that range's checkpoints. The parts live in
+:mod:`.acp_checker`, :mod:`.acp_status` and :mod:`.acp_range`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import weakref
+import sys
 from typing import Dict, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.adapter.programs import program_info, unwrap
+from paddle_acp.compat.acp_checker import AutoCheckpointChecker
+from paddle_acp.compat.acp_range import TrainEpochRange, _get_train_epoch_range
+from paddle_acp.compat.acp_status import ExeTrainStatus
 from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
-from paddle_acp.errors import AcpError, CheckpointError
-from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range, train_epoch_range
-from paddle_acp.runtime.range import EpochRange
-from paddle_acp.secrets import redact
+from paddle_acp.errors import AcpError
+from paddle_acp.runtime import epoch_range as _runtime
+from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
+from paddle_acp.runtime.saver import WAIT
+from paddle_acp.runtime.state import STATE, check_main_thread
 
 __all__ = [
     "train_epoch_range",
@@ -48,126 +59,90 @@ __all__ = [
     "SerializableBase",
     "CONST_CHECKPOINT",
     "CONST_MEMORYINIT",
+    "CONST_ACP_TYPE",
+    "CONST_DACP_TYPE",
 ]
 
 logger = logging.getLogger("paddle_acp")
 
-g_checker: Optional["AutoCheckpointChecker"] = None
+# -- Paddle's module globals ---------------------------------------------------------
+g_checker: Optional[AutoCheckpointChecker] = None
+CONST_DACP_TYPE = "dacp"  # Paddle's data-loader checkpoints (never set by paddle-acp)
+CONST_ACP_TYPE = "acp"  # checkpoints by epoch range
+g_acp_type: Optional[str] = None
+# Paddle cached here whether a program could be checkpointed, by program name; kept assignable
+# for Paddle's tests, not consulted (Paddle 3.x gives every program the same name).
+g_program_attr: Dict[str, bool] = {}
 
 
-# -- the environment ----------------------------------------------------------
-class AutoCheckpointChecker:
-    """The auto-checkpoint environment, read like Paddle's checker.
+class _RangeNames:
+    """Paddle's default range-name generator (``generator("_range_")``); tests replace it."""
 
-    With ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` the PaddleCloud
-    variables are validated (``PADDLE_JOB_ID``, ``PADDLE_TRAINER_ID`` and
-    ``PADDLE_EDL_HDFS_CHECKPOINT_PATH`` are required; ``PADDLE_EDL_HDFS_NAME``
-    too unless ``PADDLE_EDL_ONLY_FOR_CE_TEST=1``): a problem raises
-    :class:`ConfigError` naming the variable. Otherwise the checker describes
-    paddle-acp's own configuration (``PADDLE_ACP_CHECKPOINT_URI``) or an
-    inactive one (every field ``None``).
+    def __call__(self, key: str = "_range_") -> str:
+        return STATE.next_range_name()
+
+
+generator = _RangeNames()
+_seen_generator = generator
+_paddle_logger: Optional[logging.Logger] = None
+
+
+def _get_logger(log_level, name="auto_checkpoint") -> logging.Logger:
+    """Paddle's logger for its auto-checkpoint code and tests: ``name`` at ``log_level``, one
+    stderr handler, not propagated (the same logger on every call, as Paddle's)."""
+    global _paddle_logger
+    if _paddle_logger is not None:
+        return _paddle_logger
+    log = logging.getLogger(name)
+    log.setLevel(log_level)
+    log.propagate = False
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(filename)s:%(lineno)d] %(message)s"))
+    log.addHandler(handler)
+    _paddle_logger = log
+    return log
+
+
+def _thread_checker() -> None:
+    """Paddle's check that auto-checkpointing runs on the main thread (a CheckpointError here)."""
+    check_main_thread("auto checkpoint")
+
+
+def _restart_if_reset() -> None:
+    """Paddle's in-process restart: a replaced ``generator`` starts the process's ranges afresh."""
+    global _seen_generator
+    if generator is not _seen_generator:
+        _seen_generator = generator
+        if STATE.active is None:
+            logger.info("auto_checkpoint.generator was replaced: ranges restart from _range_0 "
+                        "(an in-process restart, as Paddle's _reset_generator() means it)")
+            STATE.reset()
+
+
+def train_epoch_range(max_epoch_num, save_checkpoint_inter=None):
+    """Paddle's ``train_epoch_range``: paddle-acp's loop, with Paddle's module globals kept.
+
+    Sets ``g_acp_type`` to ``CONST_ACP_TYPE`` when checkpointing is on (Paddle's meaning). Every
+    checkpoint that comes due is taken (Paddle saved synchronously), waiting for the previous one
+    if it is still being written, unless ``PADDLE_ACP_BUSY_POLICY`` chooses otherwise.
     """
-
-    def __init__(self, env=None):
-        self._run_env, cfg = _config.paddlecloud_view_from_env(env)
-        self._cfg = cfg
-        active = cfg.active
-        self._platform = cfg.platform if active else None
-        self._job_id = cfg.job_id if active else None
-        self._trainer_id = cfg.trainer_id if active else None
-        self._hdfs_home = cfg.hdfs_home
-        self._hdfs_name = cfg.hdfs_name
-        self._hdfs_ugi = cfg.hdfs_ugi
-        self._hdfs_checkpoint_path = cfg.hdfs_checkpoint_path
-        self._ce_test = int(cfg.ce_test) if active else None
-        self._fs_cache = cfg.fs_cache
-        interval = cfg.save_interval
-        self._save_checkpoint_inter = int(interval) if float(interval).is_integer() else interval
-
-    @property
-    def config(self) -> _config.CheckpointConfig:
-        """paddle-acp's configuration this checker was read from."""
-        return self._cfg
-
-    def valid(self) -> bool:
-        """Whether auto-checkpointing is on (never in dygraph mode)."""
-        try:
-            import paddle
-
-            if paddle.in_dynamic_mode():
-                return False
-        except ImportError:  # pragma: no cover
-            pass
-        return self._cfg.active
-
-    def _root(self) -> Optional[str]:
-        return self._hdfs_checkpoint_path if self._hdfs_checkpoint_path is not None else self._cfg.uri
-
-    def get_job_path(self) -> str:
-        return f"{self._root()}/{self.job_id}"
-
-    def get_range_checkpoint_path(self, name) -> str:
-        """Where range ``name``'s checkpoints live (paddle-acp's layout matches Paddle's here)."""
-        return f"{self.get_job_path()}/range/{name}"
-
-    def get_exe_checkpoint_path(self, name) -> str:
-        """Paddle's per-program location; paddle-acp keeps program state inside the range checkpoints."""
-        return f"{self.get_job_path()}/exe/{name}"
-
-    @property
-    def save_checkpoint_inter(self):
-        return self._save_checkpoint_inter
-
-    @property
-    def run_env(self):
-        return self._run_env
-
-    @property
-    def platform(self):
-        return self._platform
-
-    @property
-    def job_id(self):
-        return self._job_id
-
-    @property
-    def trainer_id(self):
-        return self._trainer_id
-
-    @property
-    def hdfs_home(self):
-        return self._hdfs_home
-
-    @property
-    def hdfs_name(self):
-        return self._hdfs_name
-
-    @property
-    def hdfs_ugi(self):
-        return self._hdfs_ugi
-
-    @property
-    def hdfs_checkpoint_path(self):
-        return self._hdfs_checkpoint_path
-
-    @property
-    def ce_test(self):
-        return self._ce_test
-
-    def __str__(self):
-        ugi = self._hdfs_ugi
-        if ugi and "," in ugi:  # "user,password": never print the password
-            ugi = ugi.split(",", 1)[0] + ",***"
-        return (
-            f"run_env:{self._run_env} platform:{self._platform} job_id:{self._job_id} "
-            f"hdfs_home:{self._hdfs_home} hdfs_name:{redact(self._hdfs_name) if self._hdfs_name else self._hdfs_name} hdfs_ugi:{ugi} "
-            f"hdfs_checkpoint_path:{self._hdfs_checkpoint_path} trainer_id:{self._trainer_id} "
-            f"ce_test:{self._ce_test}"
-        )
-
-    __repr__ = __str__
+    global g_acp_type
+    _restart_if_reset()
+    if _config.from_env().active:
+        g_acp_type = CONST_ACP_TYPE
+    every_due_save = not _config.busy_policy_chosen()
+    epochs = _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter)
+    try:
+        for i in epochs:
+            r = active_range()
+            if every_due_save and r is not None:
+                r.busy_policy = WAIT
+            yield i
+    finally:
+        epochs.close()  # leaving the loop early closes paddle-acp's loop as it would have been closed
 
 
+# -- the environment ------------------------------------------------------------------
 def _get_checker() -> AutoCheckpointChecker:
     """The process's checker, read once (assign ``g_checker`` to replace it, as Paddle's tests do)."""
     global g_checker
@@ -176,271 +151,13 @@ def _get_checker() -> AutoCheckpointChecker:
     return g_checker
 
 
-# -- per-program status ---------------------------------------------------------
-class ExeTrainStatus(SerializableBase):
-    """The status of one training program in a range (Paddle's per-executor record)."""
-
-    def __init__(self):
-        self._epoch_no = -1
-        self._hash_key = None
-        self._key = None
-        self._checkpoint_path = None
-        self._checkpoint_no = None
-        self._restored_from = None
-        self._exe = None
-        self._program = None
-        self._exe_name = None
-        self._program_name = None
-        self._file_name = "exe_train_status"
-
-    def __eq__(self, t):
-        if not isinstance(t, ExeTrainStatus):
-            return NotImplemented
-        return (
-            self._epoch_no == t._epoch_no
-            and self._hash_key == t._hash_key
-            and self._key == t._key
-            and self._checkpoint_path == t._checkpoint_path
-            and self._checkpoint_no == t._checkpoint_no
-            and self._exe_name == t._exe_name
-            and self._program_name == t._program_name
-        )
-
-    def __ne__(self, t):
-        eq = self.__eq__(t)
-        return eq if eq is NotImplemented else not eq
-
-    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as in Paddle
-
-    def _to_dict(self):
-        return {
-            "epoch_no": self._epoch_no,
-            "key": self._key,
-            "hash_key": self._hash_key,
-            "checkpoint_path": self._checkpoint_path,
-            "restored_from": self._restored_from,
-            "exe_name": self._exe_name,
-            "program_name": self._program_name,
-            "checkpoint_no": self._checkpoint_no,
-        }
-
-    def _serialize(self, pop_keys=("restored_from",)):
-        d = self._to_dict()
-        for k in pop_keys:
-            d.pop(k, None)
-        return json.dumps(d)
-
-    def _deserialize(self, s):
-        d = json.loads(s)
-        try:
-            self._epoch_no = d["epoch_no"]
-            self._key = d["key"]
-            self._hash_key = d["hash_key"]
-            self._checkpoint_path = d["checkpoint_path"]
-            self._checkpoint_no = d["checkpoint_no"]
-            self._exe_name = d["exe_name"]
-            self._program_name = d["program_name"]
-        except KeyError as exc:
-            raise CheckpointError(f"executor train status lacks {exc.args[0]!r}") from None
-
-    def serialize(self, path):
-        with open(f"{path}/{self._file_name}", "w") as f:
-            f.write(self._serialize())
-
-    def deserialize(self, path):
-        with open(f"{path}/{self._file_name}") as f:
-            self._deserialize(f.read())
-
-    def __str__(self):
-        return self._serialize(())
-
-    __repr__ = __str__
-
-
-# -- the range view --------------------------------------------------------------
-class _RangeState:
-    """Compat bookkeeping of one library range (holds no reference to it)."""
-
-    def __init__(self):
-        self.statuses: Dict[str, ExeTrainStatus] = {}
-        self.manifest = None
-        self.manifest_read = False
-
-
-_states: "weakref.WeakKeyDictionary[EpochRange, _RangeState]" = weakref.WeakKeyDictionary()
-_views: "weakref.WeakValueDictionary[int, TrainEpochRange]" = weakref.WeakValueDictionary()
-
-
-class TrainEpochRange:
-    """Paddle's view of an active ``train_epoch_range``: wraps paddle-acp's range.
-
-    Obtained from :func:`_get_train_epoch_range`; not built by user code.
-    Attributes not defined here are those of
-    :class:`paddle_acp.runtime.range.EpochRange` (``registry``, ``cfg``, ...),
-    also available as :attr:`range`.
-    """
-
-    def __init__(self, lib_range: EpochRange):
-        if not isinstance(lib_range, EpochRange):
-            raise TypeError(
-                "TrainEpochRange wraps an active paddle-acp range: use train_epoch_range() "
-                "and _get_train_epoch_range(), not TrainEpochRange(...)"
-            )
-        self._range = lib_range
-        state = _states.get(lib_range)
-        if state is None:
-            state = _RangeState()
-            _states[lib_range] = state
-        self._state = state
-        self._read_restored_manifest()
-
-    @property
-    def range(self) -> EpochRange:
-        return self._range
-
-    def __getattr__(self, name):
-        if name.startswith("__") or name in ("_range", "_state"):
-            raise AttributeError(name)
-        return getattr(self._range, name)
-
-    # Paddle's public surface
-    @property
-    def name(self):
-        return self._range.name
-
-    @property
-    def restored_from(self):
-        return self._range.restored_from
-
-    def get(self):
-        return self._range.get()
-
-    # Paddle's private names its tests read
-    @property
-    def _name(self):
-        return self._range.name
-
-    @property
-    def _epoch_no(self):
-        return self._range.epoch_no
-
-    @property
-    def _max_epoch_num(self):
-        return self._range.max_epoch_num
-
-    @property
-    def _restored_from(self):
-        return self._range.restored_from
-
-    @property
-    def _save_checkpoint_inter(self):
-        return self._range.save_interval
-
-    @property
-    def _checkpoint_path(self):
-        r = self._range
-        return r.storage.full(r.checkpointer.dir)
-
-    @property
-    def _checkpoint_epoch_no(self):
-        m = self._state.manifest
-        return None if m is None else m.range.epoch_no
-
-    def _read_restored_manifest(self):
-        st = self._state
-        if st.manifest_read:
-            return st.manifest
-        st.manifest_read = True
-        r = self._range
-        if r.restored_from == CONST_CHECKPOINT and r.restored_number is not None:
-            try:
-                st.manifest = r.checkpointer.read_manifest(r.restored_number)
-            except Exception as exc:  # pruned meanwhile: statuses then say memory_init
-                logger.debug("cannot re-read checkpoint %s: %s", r.restored_number, exc)
-        return st.manifest
-
-    def _last_checkpoint(self):
-        r = self._range
-        try:
-            numbers = r.checkpointer.committed_numbers()
-        except Exception as exc:
-            logger.debug("cannot list checkpoints of range %s: %s", r.name, exc)
-            numbers = []
-        if not numbers:
-            return None, None
-        from paddle_acp.format.layout import final_name
-
-        n = numbers[-1]
-        return n, r.storage.full(f"{r.checkpointer.dir}/{final_name(n)}")
-
-    @property
-    def _exe_status(self) -> Dict[str, ExeTrainStatus]:
-        """One :class:`ExeTrainStatus` per registered training program, by key (a fresh dict)."""
-        r = self._range
-        st = self._state
-        m = st.manifest
-        number, path = self._last_checkpoint()
-        out = {}
-        for e in r.registry.entries:
-            t = st.statuses.get(e.key)
-            if t is None:
-                t = ExeTrainStatus()
-                t._key = t._hash_key = e.key
-                t._program = e.program
-                t._program_name = getattr(e.program, "_auto_checkpoint_name", None) or e.key
-                restored = m is not None and m.program(e.key) is not None
-                t._restored_from = CONST_CHECKPOINT if restored else CONST_MEMORYINIT
-                st.statuses[e.key] = t
-            t._epoch_no = r.get()
-            t._checkpoint_no = number
-            t._checkpoint_path = path
-            out[e.key] = t
-        return out
-
-    def _to_dict(self):
-        return {
-            "max_epoch_num": self._max_epoch_num,
-            "epoch_no": self._epoch_no,
-            "name": self.name,
-            "checkpoint_path": self._checkpoint_path,
-            "restored_from": self.restored_from,
-            "checkpoint_epoch_no": self._checkpoint_epoch_no,
-        }
-
-    def _serialize(self, pop_keys=("restored_from", "checkpoint_epoch_no")):
-        d = self._to_dict()
-        for k in pop_keys:
-            d.pop(k, None)
-        d["exe_status"] = {k: t._serialize() for k, t in self._exe_status.items()}
-        return json.dumps(d)
-
-    def __str__(self):
-        return self._serialize(())
-
-    def __repr__(self):
-        return f"<TrainEpochRange {self.name} epoch {self.get()} restored_from={self.restored_from}>"
-
-
-def _get_train_epoch_range() -> Optional[TrainEpochRange]:
-    """The active range (a :class:`TrainEpochRange` view), or None outside a range.
-
-    The same view object is returned while the caller keeps it.
-    """
-    r = active_range()
-    if r is None:
-        return None
-    view = _views.get(id(r))
-    if view is None or view._range is not r:
-        view = TrainEpochRange(r)
-        _views[id(r)] = view
-    return view
-
 
 def __getattr__(name):
     # Paddle's module global, kept live.
     if name == "g_train_epoch_range":
         return _get_train_epoch_range()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 
 # -- programs ----------------------------------------------------------------------
@@ -491,9 +208,17 @@ def _auto_checkpoint(exe, program) -> None:
     return None
 
 
+def _get_valid_program(prog):
+    """The Program inside ``prog`` (a CompiledProgram's own Program), as Paddle's helper."""
+    return unwrap(prog)
+
+
+def _get_running_key(exe_name, program_name) -> str:
+    """Paddle's key of an (executor, program) pair."""
+    return f"{exe_name}_{program_name}"
+
+
 def _normal_yield(max_epoch_num):
     """Paddle's plain epoch loop (what ``train_epoch_range`` is when checkpointing is off)."""
-    import sys
-
     end = sys.maxsize if max_epoch_num < 0 else max_epoch_num
     yield from range(0, end)

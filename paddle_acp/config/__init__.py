@@ -102,6 +102,8 @@ ENV_VARS = (
     "PADDLE_EDL_ONLY_FOR_CE_TEST",
     "PADDLE_EDL_FS_CACHE",
     "PADDLE_EDL_SAVE_CHECKPOINT_INTER",
+    "PADDLE_ACP_CHECK_DIGESTS",
+    "PADDLE_ACP_CHECK_EPOCHS",
     # other tools' variables, read for their clients
     "HADOOP_HOME",
     "AWS_ENDPOINT_URL_S3",
@@ -202,6 +204,35 @@ def _busy_policy(env: Mapping[str, str]) -> str:
             "previous checkpoint is still being written is skipped), queue (it waits in a second host buffer when "
             "memory allows) or wait (training waits for the previous checkpoint)"
         )
+    return value
+
+
+def busy_policy_chosen(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``PADDLE_ACP_BUSY_POLICY`` names a policy (Paddle's ``train_epoch_range`` takes
+    every due checkpoint, as Paddle's synchronous saves did, unless one is chosen)."""
+    raw = (os.environ if env is None else env).get("PADDLE_ACP_BUSY_POLICY")
+    return raw is not None and raw.strip() != ""
+
+
+def check_digests_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``PADDLE_ACP_CHECK_DIGESTS`` (set by ``paddle-acp check``): the file the runtime appends its
+    per-epoch digests to; None when unset."""
+    raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_DIGESTS")
+    return raw if raw else None
+
+
+def check_epochs_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """``PADDLE_ACP_CHECK_EPOCHS`` (set by ``paddle-acp check``): every range ends after this many
+    epochs (the script is not edited); None when unset."""
+    raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_EPOCHS")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"PADDLE_ACP_CHECK_EPOCHS={raw!r} must be a positive integer (epochs per range)")
     return value
 
 

@@ -10,5 +10,6 @@
 - :mod:`~paddle_acp.runtime.hook` (the ``Executor.run`` patch), :mod:`~paddle_acp.runtime.registry`
   (the training programs of a range), :mod:`~paddle_acp.runtime.saver` (the background writer and the
   busy policy), :mod:`~paddle_acp.runtime.preemption` (signals), :mod:`~paddle_acp.runtime.budget`
-  (the host-memory budget of the snapshot buffers).
+  (the host-memory budget of the snapshot buffers), :mod:`~paddle_acp.runtime.digests` (the per-epoch
+  digests ``paddle-acp check`` compares).
 """

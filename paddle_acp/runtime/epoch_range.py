@@ -109,6 +109,10 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None,
             if r.failed or sys.is_finalizing():
                 pass  # the range already raised its error; at interpreter exit imports fail
             elif closed:  # an exception raised here would be "ignored" (printed as noise): log it
+                if r.epoch_no >= 0:
+                    logger.info("range %s: the loop was left inside epoch %d (break, return or an exception): "
+                                "epoch %d is not saved; a restart trains it again from the last checkpoint before it",
+                                r.name, r.epoch_no, r.epoch_no)
                 try:
                     r.write_unrestored_into_global_scope()
                 except AcpError as exc:
@@ -116,6 +120,8 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None,
             else:
                 r.write_unrestored_into_global_scope()
         finally:
+            if r.digests is not None:
+                r.digests.release()
             STATE.hooked = r if r.has_unrestored_state else None
             if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
                 r._closed = True

@@ -34,6 +34,11 @@ def install() -> None:
             if scope is None and len(args) > 5:
                 scope = args[5]  # run(program, feed, fetch_list, feed_var_name, fetch_var_name, scope, ...)
             r.on_run(self, program, scope)
+            d = r.digests
+            if d is not None and STATE.active is r:  # paddle-acp check: the values the script fetched
+                result = original(self, *args, **kwargs)
+                d.on_fetch(args, kwargs, result)
+                return result
         return original(self, *args, **kwargs)
 
     run.__paddle_acp_original__ = original  # type: ignore[attr-defined]

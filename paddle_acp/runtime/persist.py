@@ -183,7 +183,7 @@ class PersistMixin:
         elif stream is None:
             self.saver.submit(snap)
         if sync:
-            self.saver.wait()
+            self.saver.wait(for_previous=False)
         self._last_save = time.monotonic()
         self._last_bucket = self._bucket()
 
@@ -334,7 +334,7 @@ class PersistMixin:
         saves no more. Freed here, not when the garbage collector gets to the range: left
         to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
         try:
-            self.saver.wait()
+            self.saver.wait(for_previous=False)  # the final save (its own line says when it committed)
             if self.is_writer:
                 self.metrics.flush()
             if self._final_submitted and self._last_persist_error is not None:

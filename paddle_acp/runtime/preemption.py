@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 logger = logging.getLogger("paddle_acp")
 
@@ -28,8 +28,9 @@ class Preempted(SystemExit):
 class PreemptionWatcher:
     """Installs the handlers for the life of a range; chains to the previous handlers."""
 
-    def __init__(self, signals: List[int]):
+    def __init__(self, signals: List[int], where: Optional[Callable[[], str]] = None):
         self.signals = signals
+        self._where = where  # where the save will happen (said when a signal comes)
         self.received: Optional[int] = None
         self._previous: Dict[int, Any] = {}
 
@@ -37,7 +38,8 @@ class PreemptionWatcher:
         first = self.received is None
         self.received = signum if first else self.received
         if first:
-            logger.warning("received %s: checkpointing at the next step or epoch boundary", signal.Signals(signum).name)
+            where = self._where() if self._where is not None else "the end of the epoch"
+            logger.warning("received %s: checkpointing at %s", signal.Signals(signum).name, where)
         prev = self._previous.get(signum)
         if callable(prev):
             prev(signum, frame)

@@ -28,6 +28,7 @@ from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import preemption
+from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import PersistMixin
 from paddle_acp.runtime.registry import Registry
@@ -131,10 +132,13 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
         self.exit_on_preempt = _config.exit_on_preempt_from_env()
-        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env())
+        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point)
         # Several ranks must take the same checkpoints, and they do not decide together yet
         # (busy_action is the one place such a decision would go): they wait.
         self.busy_policy = WAIT if self.multi else cfg.busy_policy
+        # ``paddle-acp check``: the range ends after this many epochs; per-epoch digests go to a file
+        self._check_epochs = _config.check_epochs_from_env()
+        self.digests = EpochDigests.for_range(_config.check_digests_from_env())
 
     def _open(self) -> None:
         """The range's I/O before its first epoch: job marker and fence, the checkpoint to resume from."""
@@ -177,6 +181,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
     def epochs(self) -> Iterator[int]:
         check_main_thread("train_epoch_range")
         end = sys.maxsize if self.max_epoch_num < 0 else self.max_epoch_num
+        if self._check_epochs is not None and self._check_epochs < end:
+            logger.info("range %s: ends after epoch %d (PADDLE_ACP_CHECK_EPOCHS, set by paddle-acp check)",
+                        self.name, self._check_epochs - 1)
+            end = self._check_epochs
         start = self.epoch_no + 1
         self._resume_rng(start)
         self._log_plan(start, end)
@@ -186,12 +194,15 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             for i in range(start, end):
                 self.epoch_no = i
                 self.step = None
-                if self._resume_step is None:
+                mid_epoch = self._resume_step is not None
+                if not mid_epoch:
                     self._epoch_start_rng = rng_state.capture()
                     self._epoch_start_objects = self.script.capture()
                 else:  # a mid-epoch resume replays the epoch from its start
                     self._epoch_start_rng = self._resume_extra.get("epoch_start_rng")
                     self._epoch_start_objects = self._resume_extra.get("epoch_start_objects")
+                if self.digests is not None:
+                    self.digests.start_epoch(self.name, i, mid_epoch)
                 yield i
                 if self._resume_step is not None:
                     raise CheckpointError(
@@ -199,6 +210,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
                         "but this epoch did not iterate its data through paddle_acp.resumable(...)"
                     )
                 self.step = None
+                if self.digests is not None:
+                    self.digests.end_epoch(self, i, mid_epoch)
                 self._end_of_epoch(last=(i == end - 1))
         finally:
             self.watcher.uninstall()
@@ -246,6 +259,13 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if self.multi:
             return self._bucket() != self._last_bucket
         return time.monotonic() - self._last_save >= self.save_interval
+
+    def _preempt_point(self) -> str:
+        """Where a preemption signal received now is acted on (called in the signal handler)."""
+        if self.step is not None:
+            return "the next batch boundary (paddle_acp.resumable)"
+        return (f"the end of epoch {self.epoch_no} (this epoch's batches do not go through paddle_acp.resumable, "
+                "so not before)")
 
     def _preempt(self, rng: Optional[dict] = None, objects: Optional[dict] = None) -> None:
         signum = self.watcher.received

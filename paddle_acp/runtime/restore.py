@@ -82,16 +82,19 @@ class RestoreMixin:
         self.script.restore(m.extra.get("epoch_start_objects" if self._resume_step is not None else "objects"),
                             f"checkpoint {self._loaded.name}")
         at = f"epoch {start}" + (f", step {self._resume_step}" if self._resume_step is not None else "")
+        held = m.range.epoch_no
+        holds = (f"the state after epoch {held}" if self._resume_step is None
+                 else f"the state after {self._resume_step} steps of epoch {held}")
         if self._loaded.global_manifest is not None:
             logger.info(
-                "range %s of job %s: rank %d resuming at %s from global checkpoint %s (%s, %s)",
+                "range %s of job %s: rank %d resuming at %s from global checkpoint %s (%s, %s): it holds %s",
                 self.name, self.cfg.job_id, self.rank, at, self._loaded.name, self._loaded.path,
-                self._loaded.global_manifest.topology(),
+                self._loaded.global_manifest.topology(), holds,
             )
         else:
             logger.info(
-                "range %s of job %s: resuming at %s from checkpoint %d (%s)",
-                self.name, self.cfg.job_id, at, m.number, self._loaded.path,
+                "range %s of job %s: resuming at %s from checkpoint %d (%s): it holds %s",
+                self.name, self.cfg.job_id, at, m.number, self._loaded.path, holds,
             )
 
     def _restore_entry(self, entry) -> bool:

@@ -150,8 +150,11 @@ class Saver:
                 return
         self.submit(snap)
 
-    def wait(self) -> float:
-        """Block until the saves in flight and queued (if any) are committed; returns seconds waited."""
+    def wait(self, for_previous: bool = True) -> float:
+        """Block until the saves in flight and queued (if any) are committed; returns seconds waited.
+
+        ``for_previous``: a due save waits for the previous checkpoint (said in one log line); else the
+        caller waits for its own save (a synchronous or final one), which logs its own line."""
         waited = 0.0
         t = self._thread
         if t is not None:
@@ -161,7 +164,8 @@ class Saver:
                 waited = time.perf_counter() - start
                 self.stats.waits += 1
                 self.stats.wait_seconds += waited
-                logger.info("waited %.3f s for the previous checkpoint to be written", waited)
+                if for_previous:
+                    logger.info("waited %.3f s for the previous checkpoint to be written", waited)
             else:
                 t.join()  # done with its last snapshot: at most leaving its loop
             self._thread = None

@@ -1,7 +1,7 @@
-"""Operator tools: ``paddle-acp ls / inspect / verify / gc / export / stats``.
+"""Operator tools: ``paddle-acp ls / inspect / verify / gc / export / stats / check``.
 
 One module per command (:mod:`.ls`, :mod:`.inspect`, :mod:`.verify`, :mod:`.gc`, :mod:`.export`,
-:mod:`.stats` with :mod:`.plot`); each has a function that computes a result object (a dataclass), a
+:mod:`.stats` with :mod:`.plot`, :mod:`.check` with :mod:`.check_report`); each has a function that computes a result object (a dataclass), a
 ``render`` to text and a ``to_json``, its ``register`` (argparse) and ``main``. Shared: :mod:`.discovery`
 (the root, jobs, ranges), :mod:`.scan` (the checkpoints of a range and the one a restart loads),
 :mod:`.refs` (checkpoint references), :mod:`.reading` (every checksum, streaming), :mod:`.metrics`
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddle_acp.tools import export, gc, inspect, ls, stats, verify
+from paddle_acp.tools import check, export, gc, inspect, ls, stats, verify
 from paddle_acp.tools.discovery import ToolError, open_root, uri_join
 from paddle_acp.tools.kinds import export_split, tensor_kinds
 from paddle_acp.tools.metrics import EVENTS, clean_record, read_metrics, restarts_of, saves_of
@@ -34,7 +34,7 @@ from paddle_acp.tools.render import guard
 from paddle_acp.tools.scan import CkptInfo, restart_checkpoint, scan_range
 from paddle_acp.tools.stats import summarize_metrics
 
-COMMANDS = (ls, inspect, verify, gc, export, stats)
+COMMANDS = (ls, inspect, verify, gc, export, stats, check)
 
 __all__ = [
     "add_subcommands", "COMMANDS", "ToolError", "open_root", "uri_join", "export_split", "tensor_kinds", "EVENTS",

@@ -1,0 +1,123 @@
+"""Paddle's ``AutoCheckpointChecker``: the auto-checkpoint environment, read like Paddle's, validated like paddle-acp's."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from paddle_acp import config as _config
+from paddle_acp.secrets import redact
+
+__all__ = ["AutoCheckpointChecker"]
+
+
+class AutoCheckpointChecker:
+    """The auto-checkpoint environment, read like Paddle's checker.
+
+    With ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` the PaddleCloud
+    variables are validated (``PADDLE_JOB_ID``, ``PADDLE_TRAINER_ID`` and
+    ``PADDLE_EDL_HDFS_CHECKPOINT_PATH`` are required; ``PADDLE_EDL_HDFS_NAME``
+    too unless ``PADDLE_EDL_ONLY_FOR_CE_TEST=1``): a problem raises
+    :class:`ConfigError` naming the variable. Otherwise the checker describes
+    paddle-acp's own configuration (``PADDLE_ACP_CHECKPOINT_URI``) or an
+    inactive one (every field ``None``).
+    """
+
+    def __init__(self, env=None):
+        self._run_env, cfg = _config.paddlecloud_view_from_env(env)
+        self._cfg = cfg
+        active = cfg.active
+        self._platform = cfg.platform if active else None
+        self._job_id = cfg.job_id if active else None
+        self._trainer_id = cfg.trainer_id if active else None
+        self._hdfs_home = cfg.hdfs_home
+        self._hdfs_name = cfg.hdfs_name
+        self._hdfs_ugi = cfg.hdfs_ugi
+        self._hdfs_checkpoint_path = cfg.hdfs_checkpoint_path
+        self._ce_test = int(cfg.ce_test) if active else None
+        self._fs_cache = cfg.fs_cache
+        interval = cfg.save_interval
+        self._save_checkpoint_inter = int(interval) if float(interval).is_integer() else interval
+
+    @property
+    def config(self) -> _config.CheckpointConfig:
+        """paddle-acp's configuration this checker was read from."""
+        return self._cfg
+
+    def valid(self) -> bool:
+        """Whether auto-checkpointing is on (never in dygraph mode)."""
+        try:
+            import paddle
+
+            if paddle.in_dynamic_mode():
+                return False
+        except ImportError:  # pragma: no cover
+            pass
+        return self._cfg.active
+
+    def _root(self) -> Optional[str]:
+        return self._hdfs_checkpoint_path if self._hdfs_checkpoint_path is not None else self._cfg.uri
+
+    def get_job_path(self) -> str:
+        return f"{self._root()}/{self.job_id}"
+
+    def get_range_checkpoint_path(self, name) -> str:
+        """Where range ``name``'s checkpoints live (paddle-acp's layout matches Paddle's here)."""
+        return f"{self.get_job_path()}/range/{name}"
+
+    def get_exe_checkpoint_path(self, name) -> str:
+        """Paddle's per-program location; paddle-acp keeps program state inside the range checkpoints."""
+        return f"{self.get_job_path()}/exe/{name}"
+
+    @property
+    def save_checkpoint_inter(self):
+        return self._save_checkpoint_inter
+
+    @property
+    def run_env(self):
+        return self._run_env
+
+    @property
+    def platform(self):
+        return self._platform
+
+    @property
+    def job_id(self):
+        return self._job_id
+
+    @property
+    def trainer_id(self):
+        return self._trainer_id
+
+    @property
+    def hdfs_home(self):
+        return self._hdfs_home
+
+    @property
+    def hdfs_name(self):
+        return self._hdfs_name
+
+    @property
+    def hdfs_ugi(self):
+        return self._hdfs_ugi
+
+    @property
+    def hdfs_checkpoint_path(self):
+        return self._hdfs_checkpoint_path
+
+    @property
+    def ce_test(self):
+        return self._ce_test
+
+    def __str__(self):
+        ugi = self._hdfs_ugi
+        if ugi and "," in ugi:  # "user,password": never print the password
+            ugi = ugi.split(",", 1)[0] + ",***"
+        return (
+            f"run_env:{self._run_env} platform:{self._platform} job_id:{self._job_id} "
+            f"hdfs_home:{self._hdfs_home} hdfs_name:{redact(self._hdfs_name) if self._hdfs_name else self._hdfs_name} hdfs_ugi:{ugi} "
+            f"hdfs_checkpoint_path:{self._hdfs_checkpoint_path} trainer_id:{self._trainer_id} "
+            f"ce_test:{self._ce_test}"
+        )
+
+    __repr__ = __str__
+

@@ -1,0 +1,195 @@
+"""Paddle's ``TrainEpochRange``: a view of paddle-acp's active range with the names Paddle's code and tests read."""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from typing import Dict, Optional
+
+from paddle_acp.compat.acp_status import ExeTrainStatus
+from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
+from paddle_acp.runtime.range import EpochRange
+
+__all__ = ["TrainEpochRange", "_get_train_epoch_range"]
+
+logger = logging.getLogger("paddle_acp")
+
+
+class _RangeState:
+    """Compat bookkeeping of one library range (holds no reference to it)."""
+
+    def __init__(self):
+        self.statuses: Dict[str, ExeTrainStatus] = {}
+        self.manifest = None
+        self.manifest_read = False
+
+
+_states: "weakref.WeakKeyDictionary[EpochRange, _RangeState]" = weakref.WeakKeyDictionary()
+_views: "weakref.WeakValueDictionary[int, TrainEpochRange]" = weakref.WeakValueDictionary()
+
+
+class TrainEpochRange:
+    """Paddle's view of an active ``train_epoch_range``: wraps paddle-acp's range.
+
+    Obtained from :func:`_get_train_epoch_range`; not built by user code.
+    Attributes not defined here are those of
+    :class:`paddle_acp.runtime.range.EpochRange` (``registry``, ``cfg``, ...),
+    also available as :attr:`range`.
+    """
+
+    def __init__(self, lib_range: EpochRange):
+        if not isinstance(lib_range, EpochRange):
+            raise TypeError(
+                "TrainEpochRange wraps an active paddle-acp range: use train_epoch_range() "
+                "and _get_train_epoch_range(), not TrainEpochRange(...)"
+            )
+        self._range = lib_range
+        state = _states.get(lib_range)
+        if state is None:
+            state = _RangeState()
+            _states[lib_range] = state
+        self._state = state
+        self._read_restored_manifest()
+
+    @property
+    def range(self) -> EpochRange:
+        return self._range
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_range", "_state"):
+            raise AttributeError(name)
+        return getattr(self._range, name)
+
+    # Paddle's public surface
+    @property
+    def name(self):
+        return self._range.name
+
+    @property
+    def restored_from(self):
+        return self._range.restored_from
+
+    def get(self):
+        return self._range.get()
+
+    # Paddle's private names its tests read
+    @property
+    def _name(self):
+        return self._range.name
+
+    @property
+    def _epoch_no(self):
+        return self._range.epoch_no
+
+    @property
+    def _max_epoch_num(self):
+        return self._range.max_epoch_num
+
+    @property
+    def _restored_from(self):
+        return self._range.restored_from
+
+    @property
+    def _save_checkpoint_inter(self):
+        return self._range.save_interval
+
+    @property
+    def _checkpoint_path(self):
+        r = self._range
+        return r.storage.full(r.checkpointer.dir)
+
+    @property
+    def _checkpoint_epoch_no(self):
+        m = self._state.manifest
+        return None if m is None else m.range.epoch_no
+
+    def _read_restored_manifest(self):
+        st = self._state
+        if st.manifest_read:
+            return st.manifest
+        st.manifest_read = True
+        r = self._range
+        if r.restored_from == CONST_CHECKPOINT and r.restored_number is not None:
+            try:
+                st.manifest = r.checkpointer.read_manifest(r.restored_number)
+            except Exception as exc:  # pruned meanwhile: statuses then say memory_init
+                logger.debug("cannot re-read checkpoint %s: %s", r.restored_number, exc)
+        return st.manifest
+
+    def _last_checkpoint(self):
+        r = self._range
+        try:
+            numbers = r.checkpointer.committed_numbers()
+        except Exception as exc:
+            logger.debug("cannot list checkpoints of range %s: %s", r.name, exc)
+            numbers = []
+        if not numbers:
+            return None, None
+        from paddle_acp.format.layout import final_name
+
+        n = numbers[-1]
+        return n, r.storage.full(f"{r.checkpointer.dir}/{final_name(n)}")
+
+    @property
+    def _exe_status(self) -> Dict[str, ExeTrainStatus]:
+        """One :class:`ExeTrainStatus` per registered training program, by key (a fresh dict)."""
+        r = self._range
+        st = self._state
+        m = st.manifest
+        number, path = self._last_checkpoint()
+        out = {}
+        for e in r.registry.entries:
+            t = st.statuses.get(e.key)
+            if t is None:
+                t = ExeTrainStatus()
+                t._key = t._hash_key = e.key
+                t._program = e.program
+                t._program_name = getattr(e.program, "_auto_checkpoint_name", None) or e.key
+                restored = m is not None and m.program(e.key) is not None
+                t._restored_from = CONST_CHECKPOINT if restored else CONST_MEMORYINIT
+                st.statuses[e.key] = t
+            t._epoch_no = r.get()
+            t._checkpoint_no = number
+            t._checkpoint_path = path
+            out[e.key] = t
+        return out
+
+    def _to_dict(self):
+        return {
+            "max_epoch_num": self._max_epoch_num,
+            "epoch_no": self._epoch_no,
+            "name": self.name,
+            "checkpoint_path": self._checkpoint_path,
+            "restored_from": self.restored_from,
+            "checkpoint_epoch_no": self._checkpoint_epoch_no,
+        }
+
+    def _serialize(self, pop_keys=("restored_from", "checkpoint_epoch_no")):
+        d = self._to_dict()
+        for k in pop_keys:
+            d.pop(k, None)
+        d["exe_status"] = {k: t._serialize() for k, t in self._exe_status.items()}
+        return json.dumps(d)
+
+    def __str__(self):
+        return self._serialize(())
+
+    def __repr__(self):
+        return f"<TrainEpochRange {self.name} epoch {self.get()} restored_from={self.restored_from}>"
+
+
+def _get_train_epoch_range() -> Optional[TrainEpochRange]:
+    """The active range (a :class:`TrainEpochRange` view), or None outside a range.
+
+    The same view object is returned while the caller keeps it.
+    """
+    r = active_range()
+    if r is None:
+        return None
+    view = _views.get(id(r))
+    if view is None or view._range is not r:
+        view = TrainEpochRange(r)
+        _views[id(r)] = view
+    return view
+

@@ -1,0 +1,180 @@
+"""Per-epoch digests for ``paddle-acp check``: what the hook sees at every epoch end, written to a file.
+
+Active only when ``PADDLE_ACP_CHECK_DIGESTS`` names a file (``paddle-acp check`` sets it). At the
+start of every epoch a ``start`` record is appended; at its end an ``epoch`` record with
+
+* ``tensors``: a digest (SHA-256, 16 hex digits) of every persistable of every registered program;
+* ``fetched``: a digest of each value the script fetched from ``Executor.run`` in the epoch (by the
+  fetched variable's name, else ``fetch[i]``), over all its runs in that epoch;
+* ``scalars``: the numbers held by the script's globals (``__main__``) and by the locals of the frame
+  that opened the range: a counter that drives training shows up here;
+* ``uncaptured``: the objects there that hold state paddle-acp does not checkpoint (other RNG objects,
+  iterators, generators, counters), by name and type;
+* ``resumed_mid_epoch``: the epoch started from a mid-epoch checkpoint (its fetches are partial).
+
+One JSON object a line, flushed at once (the process may be killed right after).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import json
+import logging
+import os
+import random
+import sys
+import time
+import types
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from paddle_acp.runtime.capture import capturable
+
+logger = logging.getLogger("paddle_acp")
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, types.MethodType)
+
+
+def _digest(arr: np.ndarray) -> str:
+    a = np.ascontiguousarray(arr)
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def uncaptured_kind(obj: Any) -> Optional[str]:
+    """What state ``obj`` holds that paddle-acp does not checkpoint (``None``: nothing known).
+
+    paddle-acp captures Paddle's generators, the global RNGs of NumPy and ``random``, and the RNG
+    objects the script holds (:func:`paddle_acp.runtime.capture.capturable`): none of these is reported.
+    """
+    if isinstance(obj, bool) or capturable(obj):
+        return None
+    if isinstance(obj, (random.Random, np.random.RandomState, np.random.Generator)):
+        return f"RNG object ({type(obj).__module__}.{type(obj).__name__})"
+    if isinstance(obj, types.GeneratorType):
+        if obj.gi_code.co_filename.startswith(_PACKAGE_DIR):
+            return None  # paddle-acp's own (``resumable``: its position is checkpointed)
+        return "generator"
+    if isinstance(obj, itertools.count):
+        return "counter (itertools.count)"
+    try:
+        if hasattr(obj, "__next__") and iter(obj) is obj:
+            return "iterator"
+    except Exception:
+        return None
+    return None
+
+
+def _name_of(var: Any) -> Optional[str]:
+    try:  # a PIR value computed by an op has no name (Paddle raises)
+        return getattr(var, "name", None)
+    except Exception:
+        return None
+
+
+def _visible(name: str, value: Any) -> bool:
+    return not (name.startswith("__") or isinstance(value, _SKIP_TYPES))
+
+
+class EpochDigests:
+    """The digests of one range's epochs, appended to ``path``."""
+
+    def __init__(self, path: str, frame: Optional[types.FrameType]):
+        self.path = path
+        self._frame = frame  # the frame that opened the range (None: module level)
+        self._fetched: Dict[str, Any] = {}
+        self._fetch_runs = 0
+        self._started = 0.0
+
+    @classmethod
+    def for_range(cls, path: Optional[str]) -> Optional["EpochDigests"]:
+        if path is None:
+            return None
+        frame = inspect.currentframe()
+        while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("paddle_acp", "paddle"):
+            frame = frame.f_back
+        if frame is not None and frame.f_code.co_name == "<module>":
+            frame = None  # the script's globals are read anyway
+        return cls(path, frame)
+
+    def _write(self, record: dict) -> None:
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+                f.flush()
+        except OSError as exc:
+            logger.warning("paddle-acp check: cannot write the epoch digests to %s: %s", self.path, exc)
+
+    def start_epoch(self, range_name: str, epoch: int, resumed_mid_epoch: bool) -> None:
+        self._fetched = {}
+        self._fetch_runs = 0
+        self._started = time.time()
+        self._write({"kind": "start", "range": range_name, "epoch": epoch, "pid": os.getpid(),
+                     "time": self._started, "resumed_mid_epoch": resumed_mid_epoch})
+
+    def on_fetch(self, args: tuple, kwargs: dict, result: Any) -> None:
+        """The values one Executor.run returned (the hook calls this after the run)."""
+        if result is None:
+            return
+        fetch_list = kwargs.get("fetch_list", args[2] if len(args) > 2 else None)
+        values = result if isinstance(result, (list, tuple)) else [result]
+        names: List[Any] = list(fetch_list) if isinstance(fetch_list, (list, tuple)) else []
+        self._fetch_runs += 1
+        for i, v in enumerate(values):
+            n = names[i] if i < len(names) else None
+            label = n if isinstance(n, str) else _name_of(n)
+            if not isinstance(label, str) or not label:
+                label = f"fetch[{i}]"
+            try:
+                arr = np.asarray(v)
+            except Exception:
+                continue
+            h = self._fetched.get(label)
+            if h is None:
+                h = self._fetched[label] = hashlib.sha256()
+            h.update(f"{arr.dtype.str}{arr.shape}".encode())
+            h.update(np.ascontiguousarray(arr).tobytes())
+
+    def end_epoch(self, r: Any, epoch: int, resumed_mid_epoch: bool) -> None:
+        """Append the epoch's record (``r``: the range, whose registered programs are read)."""
+        from paddle_acp.adapter.tensors import tensor_views
+
+        tensors: Dict[str, str] = {}
+        entries = list(r.registry.entries)
+        for e in entries:
+            prefix = f"{e.key}/" if len(entries) > 1 else ""
+            for t in tensor_views(e.scope, e.info.persistables):
+                tensors[prefix + t.name] = _digest(t.array)
+        scalars: Dict[str, Any] = {}
+        uncaptured: Dict[str, str] = {}
+        for where, names in self._namespaces():
+            for name, value in names.items():
+                if not _visible(name, value):
+                    continue
+                key = f"{where}{name}"
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    scalars[key] = value if not isinstance(value, float) or np.isfinite(value) else repr(value)
+                kind = uncaptured_kind(value)
+                if kind is not None:
+                    uncaptured[key] = f"{kind}: {type(value).__module__}.{type(value).__qualname__}"
+        self._write({"kind": "epoch", "range": r.name, "epoch": epoch, "pid": os.getpid(), "time": time.time(),
+                     "seconds": time.time() - self._started, "tensors": tensors,
+                     "fetched": {k: h.hexdigest()[:16] for k, h in self._fetched.items()},
+                     "fetch_runs": self._fetch_runs, "scalars": scalars, "uncaptured": uncaptured,
+                     "resumed_mid_epoch": resumed_mid_epoch})
+
+    def _namespaces(self):
+        main = sys.modules.get("__main__")
+        if main is not None:
+            yield "", dict(vars(main))
+        if self._frame is not None:
+            yield f"{self._frame.f_code.co_name}().", dict(self._frame.f_locals)
+
+    def release(self) -> None:
+        """The range ended: keep no reference to the script's frame (and its locals)."""
+        self._frame = None
