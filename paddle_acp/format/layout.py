@@ -5,7 +5,7 @@ Under the storage root::
     {job_id}/job.json                                            the job marker
     {job_id}/range/{range}/ckpt-{N}/tensors.bin                  one process's checkpoint N
     {job_id}/range/{range}/ckpt-{N}/manifest.json                (written last)
-    {job_id}/range/{range}/ckpt-{N}.tmp-{id}/                    being written (renamed into place)
+    {job_id}/range/{range}/ckpt-{N}.tmp-g{G}-{id}/               being written by generation G (renamed into place)
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/...         rank k's part of a checkpoint of several ranks
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/global.json          its global manifest: the commit
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/bad-rank-{k}         rank k found its part corrupt at restore
@@ -35,11 +35,13 @@ GLOBAL_NAME = "global.json"
 # Strict: canonical decimal (no leading zeros, ASCII digits), at most 15 digits (manifest.MAX_NUMBER).
 _NUM = r"(0|[1-9][0-9]{0,14})"
 FINAL_RE = re.compile(r"ckpt-" + _NUM, re.ASCII)
-TMP_RE = re.compile(r"ckpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}", re.ASCII)
+# ``.tmp-g<generation>-<hex>``: the writer's fencing generation (older layouts: ``.tmp-<hex>``)
+_TMP = r"\.tmp-(?:g(0|[1-9][0-9]{0,17})-)?[0-9a-f]{1,32}"
+TMP_RE = re.compile(r"ckpt-" + _NUM + _TMP, re.ASCII)
 # a checkpoint of several ranks: its training position; its parts
 POSITION_RE = re.compile(r"^ckpt-e(\d{1,12})(?:-s(\d{1,12}))?$")
 PART_RE = re.compile(r"^rank-(\d{1,6})$")
-PART_TMP_RE = re.compile(r"^rank-(\d{1,6})\.tmp-[0-9a-f]{1,32}$")
+PART_TMP_RE = re.compile(r"^rank-(\d{1,6})" + _TMP + "$", re.ASCII)
 BAD_RE = re.compile(r"^bad-rank-(\d{1,6})$")
 NO_STEP = (1 << 32) - 1
 
@@ -58,9 +60,17 @@ def final_name(number: int) -> str:
     return f"ckpt-{number}"
 
 
-def tmp_name(name: str, token: str) -> str:
-    """The name a checkpoint directory (or part, or file) is written under before its rename."""
-    return f"{name}.tmp-{token}"
+def tmp_name(name: str, token: str, generation: Optional[int] = None) -> str:
+    """The name a checkpoint directory (or part, or file) is written under before its rename;
+    ``generation``: the writer's fencing generation, so that a writer removes only leftovers of
+    older generations, never a newer writer's directory being written."""
+    return f"{name}.tmp-{token}" if generation is None or generation < 0 else f"{name}.tmp-g{generation}-{token}"
+
+
+def tmp_generation(match: "re.Match[str]") -> int:
+    """The writer generation of a TMP_RE / PART_TMP_RE match; -1 for a name without one."""
+    g = match.group(2)
+    return -1 if g is None else int(g)
 
 
 def parse_final(name: str) -> Optional[int]:

@@ -39,8 +39,8 @@ class ProcessState:
         self.logged_inactive = False  # "checkpointing is off" was logged
         # One message per range whose final checkpoint failed (``paddle-acp run`` exits 1 when any).
         self.final_save_failures: List[str] = []
-        # (storage URI, job id) -> this process's writer Fence (one generation per start)
-        self.fences: Dict[Tuple[str, str], Fence] = {}
+        # (storage URI, job id, rank) -> this process's writer Fence (one generation of its rank per start)
+        self.fences: Dict[Tuple[str, str, int], Fence] = {}
         # (storage URI, job id) whose job marker this process wrote or found (once per process, not per range)
         self.marked_jobs: Set[Tuple[str, str]] = set()
         # (PADDLE_ACP_LOCAL_CACHE, storage URI) -> its LocalCache, or None (a local URI, or unusable:
@@ -53,8 +53,9 @@ class ProcessState:
         return name
 
     def fence_for(self, storage, job_id: str, rank: int) -> Fence:
-        """This process's writer fence for ``job_id`` on ``storage`` (taken once per process)."""
-        key = (storage.uri, job_id)
+        """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per
+        process): a generation of its own rank (:mod:`paddle_acp.format.fencing`)."""
+        key = (storage.uri, job_id, rank)
         f = self.fences.get(key)
         if f is None:
             f = self.fences[key] = Fence.take(storage, job_id, rank)
