@@ -12,8 +12,9 @@ save never shifts the others' numbering. Each rank writes its part (renamed
 into place from ``rank-{k}.tmp-g<G>-<id>`` where renames are atomic, G its
 fencing generation; on S3 its manifest, written last, commits it). Rank 0 then
 waits, bounded by ``PADDLE_ACP_PART_TIMEOUT``, for every rank's part of the same
-position, checks each (a part whose recorded generation is not the newest of its
-rank is a superseded incarnation's: never committed), and writes ``global.json`` listing every part with the CRC32 of
+position, checks each (:mod:`~paddle_acp.format.part_commit`: a part whose
+recorded generation is not the newest of its rank is a superseded process's and
+is never committed), and writes ``global.json`` listing every part with the CRC32 of
 its manifest and the topology (world size, mode, each rank's program
 fingerprints). Until then nothing of the checkpoint is visible; a part that
 does not come abandons it. Restore picks the newest checkpoint whose global
@@ -196,10 +197,9 @@ class GlobalCheckpointer(PartCommitMixin):
         gen = self._ck.generation
         doomed = []
         for e in self.storage.listdir(f"{self.dir}/{name}"):
-            m = PART_RE.match(e.name)
-            t = None if m else PART_TMP_RE.match(e.name)
-            if (m or t) and int((m or t).group(1)) == self.rank:  # type: ignore[union-attr]
-                doomed.append((e.name, -1 if t is None else tmp_generation(t)))
+            m = PART_RE.match(e.name) or PART_TMP_RE.match(e.name)
+            if m and int(m.group(1)) == self.rank:
+                doomed.append((e.name, tmp_generation(m) if m.re is PART_TMP_RE else -1))
         if doomed and self.fence is not None:
             self.fence.check(f"remove its earlier part of checkpoint {name}")
         for part, part_gen in doomed:
