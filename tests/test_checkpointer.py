@@ -431,6 +431,7 @@ def test_both_commit_strategies_write_the_same_checkpoint(tmp_path_factory, styl
 
         class Fence:  # the writer was fenced by a newer one just before its commit
             fenced_by = None
+            generation = 0
 
             def check(self, what):
                 raise Refused(what)

@@ -327,12 +327,14 @@ def test_two_launchers_one_trainer_each_restart_resumes(etcd_server, reference, 
 
 
 def test_trainer1_alone_writes_only_its_own_parts(reference, tmp_path):
-    """A non-zero trainer writes its own parts and nothing else: no global commit, no job
-    marker or writer generation, and every file it found stays as it was."""
+    """A non-zero trainer writes its own parts and its own rank's writer generations and nothing
+    else: no global commit, no job marker, no generation of another rank, and every file it found
+    stays as it was."""
     ref_params, _ = reference
     env = lambda ckpt, rank, world="2": {"PADDLE_ACP_CHECKPOINT_URI": str(ckpt), "PADDLE_JOB_ID": "alone",  # noqa: E731
                                          "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": world}
-    own = re.compile(r"^alone(/metrics(/trainer-1\.jsonl)?|/range(/_range_0(/ckpt-e\d+(/rank-1(/[a-z.]+)?)?)?)?)?$")
+    own = re.compile(r"^alone(/metrics(/trainer-1\.jsonl)?|/writers(/rank-1(/gen-\d+)?)?"
+                     r"|/range(/_range_0(/ckpt-e\d+(/rank-1(/[a-z.]+)?)?)?)?)?$")
     # empty storage: trainer 1 trains everything from scratch; it writes its parts only
     empty = tmp_path / "empty"
     empty.mkdir()

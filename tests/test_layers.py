@@ -151,11 +151,9 @@ def _import_cycles() -> List[List[str]]:
     return groups
 
 
-# Circles still to break (issue 26): the EpochRange mixins share their state through each other and
-# runtime.state; the runtime's hook points Paddle's dead auto-checkpoint call at the compat module.
+# Circles still to break (issue 26): the runtime's hook points Paddle's dead auto-checkpoint call at the
+# compat module.
 KNOWN_CYCLES = [
-    sorted(["paddle_acp.runtime.persist", "paddle_acp.runtime.range", "paddle_acp.runtime.restore",
-            "paddle_acp.runtime.state", "paddle_acp.runtime.steps"]),
     sorted(["paddle_acp.compat.auto_checkpoint", "paddle_acp.runtime.hook"]),
 ]
 

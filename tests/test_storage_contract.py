@@ -384,6 +384,71 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
         loaded.close()
 
 
+def test_per_rank_fencing_on_every_backend(backend):
+    """Every rank takes its own generations (exclusive on every backend). A superseded rank deletes
+    and commits nothing (not its earlier part, not a leftover, not a global manifest); rank 0 never
+    commits a part a superseded rank wrote; a newer writer's save in progress is never removed
+    as a leftover, and a live writer removes only its own and older generations' leftovers."""
+    import threading
+
+    from paddle_acp.format.fencing import Fence, FencedError, create_exclusive, newest_generation
+    from paddle_acp.format.multirank import GLOBAL_NAME, GlobalCheckpointer
+
+    st = backend.storage()
+    st.makedirs("job")
+    old = {r: Fence.take(st, "job", r) for r in (0, 1)}
+    assert [old[0].generation, old[1].generation] == [0, 0]
+    assert not create_exclusive(st, "job/writers/rank-1/gen-0", b"x")
+
+    def gck(rank, fence, timeout=30.0):
+        g = GlobalCheckpointer(st, "job", "_range_0", rank, 2, 3, timeout, fence)
+        g.poll_interval = 0.01
+        return g
+
+    # the first start's rank 1 writes its part of epoch 0; then every rank starts again
+    assert gck(1, old[1]).save(_rank_snapshot(1, 0), "per-rank").committed is None
+    new = {r: Fence.take(backend.fresh(), "job", r) for r in (0, 1)}
+    assert [new[0].generation, new[1].generation] == [1, 1] and newest_generation(st, "job", 1) == 1
+    # the old part names the same position and base: rank 0 still never commits it
+    assert gck(0, new[0], timeout=0.5).save(_rank_snapshot(0, 0), "per-rank").committed is False
+    assert not st.exists(f"job/range/_range_0/ckpt-e0/{GLOBAL_NAME}")
+    res = {}
+    t = threading.Thread(target=lambda: res.update(r0=gck(0, new[0], 120.0).save(_rank_snapshot(0, 0), "per-rank")))
+    t.start()
+    gck(1, new[1]).save(_rank_snapshot(1, 0), "per-rank")  # the live rank 1 replaces the old part
+    t.join()
+    assert res["r0"].committed is True
+    live = gck(0, None)
+    live.verify("ckpt-e0")
+    # the superseded ranks: cleaning up at start and saving delete and commit nothing
+    for r in (0, 1):
+        gck(r, old[r]).discard_newer(None)
+        with pytest.raises(FencedError, match="generation 0 is fenced by generation 1"):
+            gck(r, old[r]).save(_rank_snapshot(r, 1), "per-rank")
+    live.verify("ckpt-e0")
+    assert [g.name for g in live.scan() if g.committed] == ["ckpt-e0"]
+    assert not [e.name for e in st.listdir("job/range/_range_0/ckpt-e1") if e.name.startswith("rank-")]
+
+    # one writer of a range: the new one is in the middle of its first save when the old one saves
+    ck_new = Checkpointer(st, "job", "_range_1", fence=new[0])
+    pending = atomic.begin(st, ck_new.dir, 0, ck_new.commit_strategy, new[0].generation)
+    st.write_bytes(f"{pending.path}/{DATA_NAME}", b"being written")
+    with pytest.raises(FencedError):
+        Checkpointer(st, "job", "_range_1", fence=old[0]).save(make_snapshot(0))
+    assert st.read_bytes(f"{pending.path}/{DATA_NAME}") == b"being written"
+    if ck_new.commit_strategy.name == RENAME:  # temporary names carry the generation
+        older = atomic.begin(st, ck_new.dir, 1, ck_new.commit_strategy, 0)
+        newer = atomic.begin(st, ck_new.dir, 2, ck_new.commit_strategy, 5)
+        st.write_bytes(f"{newer.path}/{DATA_NAME}", b"a newer writer's")
+        kept = atomic.remove_leftovers(st, ck_new.dir, atomic.scan(st, ck_new.dir), new[0].generation,
+                                       lambda: new[0].check("remove leftovers"))
+        names = [e.name for e in st.listdir(ck_new.dir)]
+        assert [e.name for e in kept] == [newer.path.rsplit("/", 1)[1]] == names, names
+        assert older.path.rsplit("/", 1)[1] not in names and pending.path.rsplit("/", 1)[1] not in names
+    number, _ = ck_new.save(make_snapshot(3))
+    assert ck_new.committed_numbers() == [number]
+
+
 # -- paths and URIs: properties of every backend's shared code ------------------------------
 
 def test_paths_stay_below_the_root_and_uris_keep_no_secret(tmp_path):

@@ -10,7 +10,9 @@ or by option (:func:`strategy_for`), like Orbax's ``atomicity`` module:
 
 Either way readers accept only ``ckpt-N`` holding a manifest; everything else is
 a leftover of an interrupted save, removed by the writer before its next save
-(:func:`scan`, :func:`remove_leftovers`). The global manifest of a checkpoint of
+(:func:`scan`, :func:`remove_leftovers`) once its fence check passed, and only
+when a writer of its own or an older generation left it (the temporary name
+carries the generation: ``ckpt-N.tmp-g<G>-<id>``). The global manifest of a checkpoint of
 several ranks is committed the same way (:meth:`CommitStrategy.write_file`).
 """
 
@@ -23,7 +25,7 @@ import uuid
 from typing import Callable, List, Optional, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, StorageError
-from paddle_acp.format.layout import FINAL_RE, MANIFEST_NAME, TMP_RE, final_name, parse_final, tmp_name
+from paddle_acp.format.layout import FINAL_RE, MANIFEST_NAME, TMP_RE, final_name, parse_final, tmp_generation, tmp_name
 from paddle_acp.format.manifest import MAX_NUMBER
 from paddle_acp.storage.base import MANIFEST_LAST, RENAME, Entry, Storage
 
@@ -37,6 +39,7 @@ class DirEntry:
     name: str
     number: int
     committed: bool  # a final name holding a manifest (or one that could not be looked into)
+    generation: int = -1  # a temporary name's writer generation (-1: none in the name)
 
 
 def _foreign(storage: Storage, parent: str, e: Entry) -> None:
@@ -77,7 +80,7 @@ def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -
         if m:
             out.append(DirEntry(e.name, int(m.group(1)), _committed(storage, f"{parent}/{e.name}")))
         elif t:
-            out.append(DirEntry(e.name, int(t.group(1)), False))
+            out.append(DirEntry(e.name, int(t.group(1)), False, tmp_generation(t)))
     return sorted(out, key=lambda d: (d.number, d.name))
 
 
@@ -98,11 +101,21 @@ def next_number(entries: List[DirEntry], listing: Optional[List[Entry]] = None) 
     return number
 
 
-def remove_leftovers(storage: Storage, parent: str, entries: List[DirEntry]) -> List[DirEntry]:
-    """Delete the uncommitted entries; returns those that could not be deleted (logged)."""
+def remove_leftovers(storage: Storage, parent: str, entries: List[DirEntry], generation: Optional[int] = None,
+                     check: Optional[Callable[[], None]] = None) -> List[DirEntry]:
+    """Delete the uncommitted entries left by a writer of ``generation`` or an older one (all of
+    them when None); returns those kept (a newer writer's, being written) or that could not be
+    deleted (logged). ``check`` (the writer's fence check) runs first when there is any
+    uncommitted entry, and may raise: then nothing is deleted."""
     stuck = []
-    for e in entries:
-        if not e.committed:
+    pending = [e for e in entries if not e.committed]
+    if pending and check is not None:
+        check()
+    for e in pending:
+        if generation is not None and e.generation > generation:
+            logger.debug("keeping %s/%s: written by a newer writer (generation %d)", parent, e.name, e.generation)
+            stuck.append(e)
+        else:
             logger.info("removing leftover of an interrupted save: %s/%s", parent, e.name)
             try:
                 storage.delete_dir(f"{parent}/{e.name}")
@@ -127,8 +140,9 @@ class CommitStrategy(abc.ABC):
     in_place: bool = False
 
     @abc.abstractmethod
-    def begin(self, storage: Storage, final: str) -> str:
-        """Where to write the directory that becomes ``final``."""
+    def begin(self, storage: Storage, final: str, generation: Optional[int] = None) -> str:
+        """Where to write the directory that becomes ``final`` (``generation``: the writer's, for
+        a temporary name)."""
 
     @abc.abstractmethod
     def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,
@@ -154,9 +168,9 @@ class RenameCommit(CommitStrategy):
 
     name = RENAME
 
-    def begin(self, storage: Storage, final: str) -> str:
+    def begin(self, storage: Storage, final: str, generation: Optional[int] = None) -> str:
         parent, _, base = final.rpartition("/")
-        path = f"{parent}/{tmp_name(base, uuid.uuid4().hex[:12])}"
+        path = f"{parent}/{tmp_name(base, uuid.uuid4().hex[:12], generation)}"
         storage.makedirs(path)
         return path
 
@@ -206,7 +220,7 @@ class ManifestLastCommit(CommitStrategy):
     name = MANIFEST_LAST
     in_place = True
 
-    def begin(self, storage: Storage, final: str) -> str:
+    def begin(self, storage: Storage, final: str, generation: Optional[int] = None) -> str:
         if storage.commit_style == RENAME:  # a file system: files need their directory
             storage.makedirs(final)
         return final
@@ -243,13 +257,13 @@ class Pending:
     """A checkpoint directory (or a rank's part) being written; ``commit`` makes it visible."""
 
     def __init__(self, storage: Storage, parent: str, number: int, name: Optional[str] = None,
-                 strategy: Optional[CommitStrategy] = None):
+                 strategy: Optional[CommitStrategy] = None, generation: Optional[int] = None):
         self.storage = storage
         self.parent = parent
         self.number = number
         self.strategy = strategy or strategy_for(storage)
         self.final = f"{parent}/{name or final_name(number)}"
-        self.path = self.strategy.begin(storage, self.final)
+        self.path = self.strategy.begin(storage, self.final, generation)
 
     def commit(self, manifest: bytes, before: Optional[Callable[[], None]] = None) -> None:
         """Write the manifest (after the data), then make the checkpoint visible; ``before``
@@ -269,5 +283,6 @@ class Pending:
         self.storage.delete_dir(self.path)
 
 
-def begin(storage: Storage, parent: str, number: int, strategy: Optional[CommitStrategy] = None) -> Pending:
-    return Pending(storage, parent, number, strategy=strategy)
+def begin(storage: Storage, parent: str, number: int, strategy: Optional[CommitStrategy] = None,
+          generation: Optional[int] = None) -> Pending:
+    return Pending(storage, parent, number, strategy=strategy, generation=generation)

@@ -94,7 +94,9 @@ class Checkpointer:
             self.check_no_links()
             listing = st.listdir(self.dir)
             entries = atomic.scan(st, self.dir, listing)
-            stuck = atomic.remove_leftovers(st, self.dir, entries)
+            # only after the fence check, and never a newer writer's directory being written
+            stuck = atomic.remove_leftovers(st, self.dir, entries, self.generation,
+                                            self._check_fence("remove leftovers of interrupted saves"))
             others = [e for e in listing if not e.is_dir]  # files and links named ckpt-N keep their names
             try:  # past removed leftovers too: a number is not reused while a zombie writer may hold it
                 number = atomic.next_number(entries, others)
@@ -133,8 +135,13 @@ class Checkpointer:
             self._known = [e for e in committed if e.number not in doomed]
         return number, offset
 
+    @property
+    def generation(self) -> Optional[int]:
+        """The writer's fencing generation (carried by its temporary names), None without a fence."""
+        return None if self.fence is None else self.fence.generation
+
     def _write_pending(self, snap: Snapshot, number: int) -> int:
-        pending = atomic.begin(self.storage, self.dir, number, self.commit_strategy)
+        pending = atomic.begin(self.storage, self.dir, number, self.commit_strategy, self.generation)
         try:
             return self._write(pending, snap, number)
         except BaseException:

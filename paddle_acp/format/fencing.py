@@ -1,12 +1,34 @@
-"""Writer fencing: every start of a job's writer takes a new generation; an older one stops.
+"""Writer fencing: every start of every rank of a job takes a new generation; an older one stops.
 
-Generations are records ``{job}/writers/gen-<n>`` created with exclusive
-semantics (local disks: ``O_CREAT | O_EXCL``; HDFS: a temporary file renamed
-onto a name that must not exist; S3: check-then-write, which two writers
-starting in the same instant can both pass). The newest record wins. A writer
-checks, right before it makes a checkpoint visible and before retention deletes
-anything, that its generation is still the newest; when it is not, it commits
-nothing more and logs an error naming both generations.
+Each rank has its own sequence of generations: records ``{job}/writers/gen-<n>`` for
+rank 0 (the layout of earlier versions, which read it: an older copy of the library
+running as a zombie is fenced by a newer rank 0) and ``{job}/writers/rank-<k>/gen-<n>``
+for rank ``k`` > 0, created with exclusive semantics (local disks: ``O_CREAT | O_EXCL``;
+HDFS: a temporary file renamed onto a name that must not exist; S3: check-then-write,
+which two writers starting in the same instant can both pass). The newest record of
+a rank wins. A rank's writer checks that its generation is still the newest of its rank
+(one listing of its small records directory) right before every step that deletes
+or makes something visible: removing leftovers, its earlier part, old checkpoints, and
+each commit. When it is not, it deletes and commits nothing more and logs one error
+naming both generations (:class:`FencedError` after that, logged by no one else).
+
+Temporary names carry the generation (``ckpt-N.tmp-g<G>-<id>``, ``rank-k.tmp-g<G>-<id>``):
+a writer removes leftovers of its own and older generations only, never the directory a
+newer writer is writing. Each part's manifest records its rank's generation, and rank 0
+commits a part only when that generation is the newest recorded for that rank, so a part
+written by a superseded incarnation never enters a new global checkpoint.
+
+What is guaranteed and what is not: a writer that knows a newer generation exists never
+deletes or commits again. The check and the step it guards are two storage calls (no
+store here offers a conditional delete or rename on another object): a writer stopped
+(GC pause, SIGSTOP, a partitioned node) *between* a passing check and its step still
+performs that one step when it resumes. A rename onto an existing directory fails on
+local disks and HDFS, so such a late commit never replaces a newer checkpoint there, and
+a late part is rejected by rank 0's generation check; a late delete removes what the
+check allowed (its own rank's leftovers, its earlier part, or old checkpoints the newer
+writer would also delete). On S3 (no rename, check-then-write) the window is the same
+and a late write can replace an object. The window is one call long; every later step
+is checked again.
 """
 
 from __future__ import annotations
@@ -33,15 +55,19 @@ class FencedError(CheckpointError):
     """A newer writer of the same job has started: this one commits nothing more."""
 
 
-def writers_dir(job_id: str) -> str:
-    return f"{job_id}/{WRITERS_DIR}"
+def writers_dir(job_id: str, rank: int = 0) -> str:
+    """The directory of rank ``rank``'s generation records (rank 0: the job's, as in earlier versions)."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise CheckpointError(f"a writer's rank must be an integer >= 0, not {rank!r}")
+    return f"{job_id}/{WRITERS_DIR}" if rank == 0 else f"{job_id}/{WRITERS_DIR}/rank-{rank}"
 
 
-def newest_generation(storage: Storage, job_id: str) -> int:
-    """The newest generation recorded for the job; -1 when there is none."""
+def newest_generation(storage: Storage, job_id: str, rank: int = 0) -> int:
+    """The newest generation recorded for rank ``rank`` of the job; -1 when there is none."""
     best = -1
-    storage.forget_cached(writers_dir(job_id))  # other processes' generations must be seen at once
-    for e in storage.listdir(writers_dir(job_id)):
+    path = writers_dir(job_id, rank)
+    storage.forget_cached(path)  # other processes' generations must be seen at once
+    for e in storage.listdir(path):
         m = _GEN_RE.fullmatch(e.name)
         if m and not e.is_dir and not e.is_link:
             best = max(best, int(m.group(1)))
@@ -55,44 +81,52 @@ def create_exclusive(storage: Storage, path: str, data: bytes) -> bool:
 
 
 class Fence:
-    """This process's generation as the writer of one job."""
+    """This process's generation as the writer of one rank of one job."""
 
-    def __init__(self, storage: Storage, job_id: str, generation: int):
+    def __init__(self, storage: Storage, job_id: str, generation: int, rank: int = 0):
         self.storage = storage
         self.job_id = job_id
         self.generation = generation
+        self.rank = rank
         self.fenced_by: Optional[int] = None
 
     @classmethod
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
-        """Record a new generation (newest + 1; on a race, the next free one)."""
-        storage.makedirs(writers_dir(job_id))
+        """Record a new generation of rank ``rank`` (newest + 1; on a race, the next free one)."""
+        wdir = writers_dir(job_id, rank)
+        storage.makedirs(wdir)
         body = json.dumps({"format": "paddle-acp/writer", "version": 1, "job_id": job_id, "pid": os.getpid(),
                            "host": socket.gethostname(), "rank": rank, "started": time.time()}).encode()
-        n = newest_generation(storage, job_id) + 1
+        n = newest_generation(storage, job_id, rank) + 1
         for _ in range(1000):
-            if create_exclusive(storage, f"{writers_dir(job_id)}/gen-{n}", body):
-                logger.info("job %s: this writer is generation %d", job_id, n)
-                return cls(storage, job_id, n)
+            if create_exclusive(storage, f"{wdir}/gen-{n}", body):
+                logger.info("job %s: this writer%s is generation %d", job_id, f" (rank {rank})" if rank else "", n)
+                return cls(storage, job_id, n, rank)
             n += 1
-        raise StorageError(f"could not record a writer generation under {storage.uri}/{writers_dir(job_id)}")
+        raise StorageError(f"could not record a writer generation under {storage.uri}/{wdir}")
+
+    @property
+    def who(self) -> str:
+        return "this writer" if self.rank == 0 else f"this writer of rank {self.rank}"
 
     def check(self, what: str) -> None:
-        """Raise FencedError (after logging it) unless this generation is still the newest."""
+        """Raise FencedError unless this generation is still the newest of its rank (one listing).
+        The first time it is not, one error is logged; nothing else logs a FencedError."""
         if self.fenced_by is None:
-            newest = newest_generation(self.storage, self.job_id)
+            newest = newest_generation(self.storage, self.job_id, self.rank)
             if newest > self.generation:
                 self.fenced_by = newest
                 logger.error(
-                    "job %s: this writer (generation %d) is fenced: a newer writer of the same job started "
-                    "(generation %d); it commits nothing more. Two processes act as the writer of job %s: "
-                    "stop the older one, or give each job its own PADDLE_JOB_ID.",
-                    self.job_id, self.generation, newest, self.job_id,
+                    "job %s: %s (generation %d) is fenced: a newer writer of the same job%s started "
+                    "(generation %d); it deletes and commits nothing more (it was about to %s). Two processes act "
+                    "as the writer of job %s%s: stop the older one, or give each job its own PADDLE_JOB_ID.",
+                    self.job_id, self.who, self.generation, f" and rank {self.rank}" if self.rank else "", newest,
+                    what, self.job_id, f" rank {self.rank}" if self.rank else "",
                 )
         if self.fenced_by is not None:
             raise FencedError(
-                f"job {self.job_id}: writer generation {self.generation} is fenced by generation {self.fenced_by}: "
-                f"refusing to {what}"
+                f"job {self.job_id}: {'' if self.rank == 0 else f'rank {self.rank} '}writer generation {self.generation} "
+                f"is fenced by generation {self.fenced_by}: refusing to {what}"
             )
 
 

@@ -5,7 +5,7 @@ Under the storage root::
     {job_id}/job.json                                            the job marker
     {job_id}/range/{range}/ckpt-{N}/tensors.bin                  one process's checkpoint N
     {job_id}/range/{range}/ckpt-{N}/manifest.json                (written last)
-    {job_id}/range/{range}/ckpt-{N}.tmp-{id}/                    being written (renamed into place)
+    {job_id}/range/{range}/ckpt-{N}.tmp-g{G}-{id}/               being written by generation G (renamed into place)
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/...         rank k's part of a checkpoint of several ranks
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/global.json          its global manifest: the commit
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/bad-rank-{k}-{crc}   rank k rejected the data of the copy whose
@@ -44,12 +44,14 @@ def canonical(digits: int) -> str:
 _NUM = canonical(15)  # at most manifest.MAX_NUMBER
 _POS = canonical(12)
 _RANK = canonical(6)
+# ``.tmp-g<generation>-<hex>``: the writer's fencing generation (older layouts: ``.tmp-<hex>``)
+_TMP = r"\.tmp-(?:g" + canonical(18) + r"-)?[0-9a-f]{1,32}"
 FINAL_RE = re.compile(r"\Ackpt-" + _NUM + r"\Z", re.ASCII)
-TMP_RE = re.compile(r"\Ackpt-" + _NUM + r"\.tmp-[0-9a-f]{1,32}\Z", re.ASCII)
+TMP_RE = re.compile(r"\Ackpt-" + _NUM + _TMP + r"\Z", re.ASCII)
 # a checkpoint of several ranks: its training position; its parts
 POSITION_RE = re.compile(r"\Ackpt-e" + _POS + r"(?:-s" + _POS + r")?\Z", re.ASCII)
 PART_RE = re.compile(r"\Arank-" + _RANK + r"\Z", re.ASCII)
-PART_TMP_RE = re.compile(r"\Arank-" + _RANK + r"\.tmp-[0-9a-f]{1,32}\Z", re.ASCII)
+PART_TMP_RE = re.compile(r"\Arank-" + _RANK + _TMP + r"\Z", re.ASCII)
 # a rank's verdict on one copy of a checkpoint of several ranks: its rank, the CRC32 of the global.json it judged
 BAD_RE = re.compile(r"\Abad-rank-" + _RANK + r"-([0-9a-f]{8})\Z", re.ASCII)
 NO_STEP = (1 << 32) - 1
@@ -69,9 +71,17 @@ def final_name(number: int) -> str:
     return f"ckpt-{number}"
 
 
-def tmp_name(name: str, token: str) -> str:
-    """The name a checkpoint directory (or part, or file) is written under before its rename."""
-    return f"{name}.tmp-{token}"
+def tmp_name(name: str, token: str, generation: Optional[int] = None) -> str:
+    """The name a checkpoint directory (or part, or file) is written under before its rename;
+    ``generation``: the writer's fencing generation, so that a writer removes only leftovers of
+    older generations, never a newer writer's directory being written."""
+    return f"{name}.tmp-{token}" if generation is None or generation < 0 else f"{name}.tmp-g{generation}-{token}"
+
+
+def tmp_generation(match: "re.Match[str]") -> int:
+    """The writer generation of a TMP_RE / PART_TMP_RE match; -1 for a name without one."""
+    g = match.group(2)
+    return -1 if g is None else int(g)
 
 
 def parse_final(name: str) -> Optional[int]:

@@ -9,10 +9,12 @@ Layout of a checkpoint taken by a job of several ranks (``PADDLE_TRAINERS_NUM`` 
 The checkpoint's name is its training position (epoch ``E`` done, or step ``S``
 of epoch ``E``), which every rank derives alike: a rank that skips or fails a
 save never shifts the others' numbering. Each rank writes its part (renamed
-into place from ``rank-{k}.tmp-<id>`` where renames are atomic; on S3 its
-manifest, written last, commits it). Rank 0 then waits, bounded by
-``PADDLE_ACP_PART_TIMEOUT``, for every rank's part of the same position,
-checks each, and writes ``global.json`` listing every part with the CRC32 of
+into place from ``rank-{k}.tmp-g<G>-<id>`` where renames are atomic, G its
+fencing generation; on S3 its manifest, written last, commits it). Rank 0 then
+waits, bounded by ``PADDLE_ACP_PART_TIMEOUT``, for every rank's part of the same
+position, checks each (:mod:`~paddle_acp.format.part_commit`: a part whose
+recorded generation is not the newest of its rank is a superseded process's and
+is never committed), and writes ``global.json`` listing every part with the CRC32 of
 its manifest and the topology (world size, mode, each rank's program
 fingerprints). Until then nothing of the checkpoint is visible; a part that
 does not come abandons it. Restore picks the newest checkpoint whose global
@@ -32,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import atomic, reader, verdict
 from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.fencing import Fence, check_deletable
-from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, PartRecord, describe_topology
+from paddle_acp.format.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, describe_topology
 from paddle_acp.format.layout import (
     DATA_NAME,
     GLOBAL_NAME,
@@ -47,8 +49,10 @@ from paddle_acp.format.layout import (
     position_number,
     range_dir,
     rank_part,
+    tmp_generation,
 )
-from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, Manifest
+from paddle_acp.format.manifest import Manifest
+from paddle_acp.format.part_commit import PartCommitMixin
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.retention import delete_checkpoint, policy_for
 from paddle_acp.format.snapshot import Snapshot
@@ -83,8 +87,8 @@ class SaveResult:
     waited: float = 0.0
 
 
-class GlobalCheckpointer:
-    """Per-rank parts and rank 0's global commit for one range of one job."""
+class GlobalCheckpointer(PartCommitMixin):
+    """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.part_commit`) for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
                  max_to_keep: int = 3, part_timeout: float = 300.0, fence: Optional[Fence] = None) -> None:
@@ -95,15 +99,24 @@ class GlobalCheckpointer:
         self.world_size = world_size
         self.max_to_keep = max_to_keep
         self.part_timeout = part_timeout
-        self.fence = fence
         self.dir = range_dir(job_id, range_name)
         self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
         self.base_crc: Optional[int] = None  # the CRC32 of its global.json (the copy resumed from)
         self.poll_interval = 0.02
         self._ck = Checkpointer(storage, job_id, range_name, 0)
+        self.fence = fence
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
         # this rank's node-local copies (PADDLE_ACP_LOCAL_CACHE, remote storage only)
         self.cache: Optional["RangeCache"] = None
+
+    @property
+    def fence(self) -> Optional[Fence]:
+        """This rank's writer fence: checked before each delete and each commit (its part's too)."""
+        return self._ck.fence
+
+    @fence.setter
+    def fence(self, fence: Optional[Fence]) -> None:
+        self._ck.fence = fence
 
     @property
     def memory_budget(self) -> Optional[int]:
@@ -146,8 +159,11 @@ class GlobalCheckpointer:
         st.makedirs(ckdir)
         self._remove_own(name)
         snap.extra = dict(snap.extra)
-        snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base}
-        pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy)
+        gen = self._ck.generation
+        snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
+                              "generation": -1 if gen is None else gen}
+        pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy,
+                                 generation=gen)
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
@@ -176,94 +192,20 @@ class GlobalCheckpointer:
         return res
 
     def _remove_own(self, name: str) -> None:
-        """Remove this rank's earlier part (or leftovers) at position ``name``."""
+        """Remove this rank's earlier part (or leftovers) at position ``name``: only after this
+        rank's fence check passed, and never a newer generation's part being written."""
+        gen = self._ck.generation
+        doomed = []
         for e in self.storage.listdir(f"{self.dir}/{name}"):
             m = PART_RE.fullmatch(e.name) or PART_TMP_RE.fullmatch(e.name)
             if m and int(m.group(1)) == self.rank:
-                self.storage.delete_dir(f"{self.dir}/{name}/{e.name}")
-
-    def _read_part(self, name: str, rank: int) -> Optional[Tuple[bytes, Manifest]]:
-        """The committed part of ``rank`` at ``name`` when it belongs to this incarnation."""
-        path = f"{self.part_dir(name, rank)}/{MANIFEST_NAME}"
-        try:
-            raw = self.storage.read_bytes(path, limit=MAX_MANIFEST_SIZE)
-        except FileNotFoundError:
-            return None
-        try:
-            m = Manifest.loads(raw)
-        except CorruptCheckpointError as exc:
-            if self.commit_strategy.in_place:
-                return None  # written in place (S3): possibly still being written
-            logger.warning("part of rank %d of checkpoint %s is invalid: %s", rank, name, exc)
-            return None
-        part = m.extra.get("part") if isinstance(m.extra, dict) else None
-        if not isinstance(part, dict) or part.get("rank") != rank or part.get("base") != self.base:
-            return None  # a leftover of an earlier incarnation: that rank replaces it
-        return raw, m
-
-    def _later_part_exists(self, name: str, rank: int) -> bool:
-        pos = parse_name(name)
-        if pos is None:
-            return False
-        key = position_key(*pos)
-        for g in self.scan():
-            if g.key > key and self.part_committed(g.name, rank):
-                return True
-        return False
-
-    def _commit(self, name: str, snap: Snapshot, mode: str, timeout: float) -> bool:
-        """Rank 0: wait for every part of ``name``, then write the global manifest."""
-        deadline = time.monotonic() + timeout
-        parts: Dict[int, Tuple[bytes, Manifest]] = {}
-        delay = self.poll_interval
-        while True:
-            self.check_base()  # never commit on a base a rank rejected (the ranks went apart), last in the final round
-            for k in range(self.world_size):
-                if k not in parts:
-                    got = self._read_part(name, k)
-                    if got is not None:
-                        parts[k] = got
-            missing = [k for k in range(self.world_size) if k not in parts]
-            if not missing:
-                break
-            gave_up = [k for k in missing if self._later_part_exists(name, k)]
-            if gave_up or time.monotonic() >= deadline:
-                why = (f"rank(s) {gave_up} already wrote a later checkpoint" if gave_up
-                       else f"no part within {timeout:g} s" + (" (PADDLE_ACP_PART_TIMEOUT)" if timeout == self.part_timeout
-                                                                else " (a preemption save waits at most this long)"))
-                logger.error(
-                    "range %s: checkpoint %s abandoned: missing the part(s) of rank(s) %s (%s); "
-                    "it stays invisible and training goes on", self.range_name, name, missing, why,
-                )
-                return False
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-        records = []
-        for k in range(self.world_size):
-            raw, m = parts[k]
-            records.append(PartRecord(k, zlib.crc32(raw) & 0xFFFFFFFF, len(raw), m.data_size, [p.key for p in m.programs]))
-        g = GlobalManifest(
-            name=name, range_name=self.range_name, epoch_no=snap.range.epoch_no, step=snap.range.step,
-            world_size=self.world_size, mode=mode, parts=records, created=time.time(),
-            generation=self.fence.generation if self.fence is not None else -1, base=self.base,
-        )
-        if self.fence is not None:  # a fenced writer removes no verdict either
-            self.fence.check(f"commit checkpoint {name}")
-        verdict.remove_marks(self.storage, f"{self.dir}/{name}")  # verdicts on an earlier copy of this position
-        self._write_global(name, g.dumps())
-        return True
-
-    def _write_global(self, name: str, body: bytes) -> None:
-        path = f"{self.dir}/{name}/{GLOBAL_NAME}"
-        fence = self.fence
-        before = None
-        if fence is not None:
-            if not self.commit_strategy.in_place:  # a fenced writer writes not even the temporary file
-                fence.check(f"commit checkpoint {name}")
-
-            def before() -> None:
-                fence.check(f"commit checkpoint {name}")
-        self.commit_strategy.write_file(self.storage, path, body, before)
+                doomed.append((e.name, tmp_generation(m) if m.re is PART_TMP_RE else -1))
+        if doomed and self.fence is not None:
+            self.fence.check(f"remove its earlier part of checkpoint {name}")
+        for part, part_gen in doomed:
+            if gen is not None and part_gen > gen:
+                continue  # a newer incarnation of this rank is writing it
+            self.storage.delete_dir(f"{self.dir}/{name}/{part}")
 
     def apply_retention(self, keep: Optional[int] = None) -> List[str]:
         """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and
@@ -300,6 +242,8 @@ class GlobalCheckpointer:
                     logger.warning("range %s: withdrawing checkpoint %s, newer than the one resumed from", self.range_name, g.name)
                     self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
                 self._remove_own(g.name)
+            except FencedError:
+                return  # a newer incarnation of this rank started (said once, by the fence): it cleans up
             except (StorageError, CheckpointError) as exc:
                 logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
 

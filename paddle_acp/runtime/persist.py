@@ -21,6 +21,7 @@ from paddle_acp.adapter.fleet import decide_mode
 from paddle_acp.errors import AcpError, StorageError
 from paddle_acp.format.arena import Arena
 from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.fencing import FencedError
 from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.format.metrics import MetricsLog
@@ -348,6 +349,9 @@ class PersistMixin:
     def _final_save_failed(self, error: BaseException) -> None:
         """The checkpoint after the last epoch failed: say so once, loudly, at the end
         (``paddle-acp run`` also exits with status 1)."""
+        if isinstance(error, FencedError):  # not this process's checkpoint any more: the fence said so once
+            STATE.final_save_failures.append(f"range {self.name} of job {self.cfg.job_id}: {error}")
+            return
         try:
             numbers = self.checkpointer.committed_numbers()
         except AcpError:

@@ -65,8 +65,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
     @classmethod
     def open(cls, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig,
              save_checkpoint_inter=None) -> "EpochRange":
-        """Open a range: validate the arguments, open the storage, write the job marker and take
-        the writer fence (trainer 0), load the checkpoint it resumes from."""
+        """Open a range: validate the arguments, open the storage, write the job marker (trainer 0)
+        and take the writer fence (every rank that writes), load the checkpoint it resumes from."""
         check_range_args(max_epoch_num, save_checkpoint_inter)
         storage = open_storage_for(cfg)
         r = cls(max_epoch_num, name, cfg, storage, save_checkpoint_inter)
@@ -141,12 +141,13 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self.digests = EpochDigests.for_range(_config.check_digests_from_env())
 
     def _open(self) -> None:
-        """The range's I/O before its first epoch: job marker and fence, the checkpoint to resume from."""
+        """The range's I/O before its first epoch: job marker and fence, the checkpoint to resume from.
+        Every rank that writes takes its own fence (a generation of its rank) before anything it deletes."""
         cfg = self.cfg
-        if cfg.trainer_id == 0:
+        if self.is_writer:
             marker = (self.storage.uri, cfg.job_id)
             try:
-                if marker not in STATE.marked_jobs:  # once per process, not per range
+                if cfg.trainer_id == 0 and marker not in STATE.marked_jobs:  # once per process, not per range
                     self.checkpointer.write_job_marker()
                     STATE.marked_jobs.add(marker)
                 self.fence = STATE.fence_for(self.storage, cfg.job_id, cfg.trainer_id)

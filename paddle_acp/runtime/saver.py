@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Optional
 
 from paddle_acp.errors import RestartRequiredError
+from paddle_acp.format.fencing import FencedError
 from paddle_acp.threads import lower_thread_priority
 
 logger = logging.getLogger("paddle_acp")
@@ -108,6 +109,9 @@ class Saver:
         for exc in errors:
             self.stats.failures += 1
             self.stats.last_error = exc
+            if isinstance(exc, FencedError):  # the fence said so once, at ERROR; this writer saves no more
+                logger.debug("checkpoint save refused: %s", exc)
+                continue
             # One line with the cause per failure; the traceback once (later ones at DEBUG), so a
             # storage outage does not print a screenful every epoch.
             cause = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.cache import LocalCache
@@ -21,26 +21,24 @@ from paddle_acp.format.fencing import Fence
 
 logger = logging.getLogger("paddle_acp")
 
-if TYPE_CHECKING:
-    from paddle_acp.runtime.range import EpochRange
-
 
 class ProcessState:
     """The process-wide state of the runtime layer (one instance: :data:`STATE`)."""
 
     def __init__(self) -> None:
         # The range whose loop runs now (``active_range()``, ``resumable``).
-        self.active: Optional["EpochRange"] = None
+        # (typed Any: the range module imports this one; EpochRange in paddle_acp.runtime.range)
+        self.active: Optional[Any] = None
         # The range the Executor.run hook feeds: the active one, or an ended one whose restored
         # programs have not run yet (a finished job restarted: its loop yields nothing, but code
         # after the loop must see the restored state).
-        self.hooked: Optional["EpochRange"] = None
+        self.hooked: Optional[Any] = None
         self.range_counter = 0
         self.logged_inactive = False  # "checkpointing is off" was logged
         # One message per range whose final checkpoint failed (``paddle-acp run`` exits 1 when any).
         self.final_save_failures: List[str] = []
-        # (storage URI, job id) -> this process's writer Fence (one generation per start)
-        self.fences: Dict[Tuple[str, str], Fence] = {}
+        # (storage URI, job id, rank) -> this process's writer Fence (one generation of its rank per start)
+        self.fences: Dict[Tuple[str, str, int], Fence] = {}
         # (storage URI, job id) whose job marker this process wrote or found (once per process, not per range)
         self.marked_jobs: Set[Tuple[str, str]] = set()
         # (PADDLE_ACP_LOCAL_CACHE, storage URI) -> its LocalCache, or None (a local URI, or unusable:
@@ -55,8 +53,9 @@ class ProcessState:
         return name
 
     def fence_for(self, storage, job_id: str, rank: int) -> Fence:
-        """This process's writer fence for ``job_id`` on ``storage`` (taken once per process)."""
-        key = (storage.uri, job_id)
+        """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per
+        process): a generation of its own rank (:mod:`paddle_acp.format.fencing`)."""
+        key = (storage.uri, job_id, rank)
         f = self.fences.get(key)
         if f is None:
             f = self.fences[key] = Fence.take(storage, job_id, rank)

@@ -22,7 +22,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from paddle_acp.storage.base import open_storage
+from paddle_acp.config import StorageOptions
+from paddle_acp.storage.registry import open_storage
 from paddle_acp.tools import check_report as report
 from paddle_acp.tools.discovery import ToolError
 from paddle_acp.tools.render import emit, emit_json
@@ -99,7 +100,7 @@ class _Runs:
         started = time.monotonic()
         proc = self.start(name)
         victim: Optional[Dict[str, Any]] = None
-        storage = open_storage(os.path.join(self.dir, f"ckpt-{name}"))
+        storage = open_storage(os.path.join(self.dir, f"ckpt-{name}"), StorageOptions())  # a local temporary directory
         committed: set = set()
         while proc.poll() is None:
             if time.monotonic() - started > self.timeout:

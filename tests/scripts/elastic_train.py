@@ -30,7 +30,8 @@ Output in ``--out OUT`` (shared by all trainers of the job):
 * ``pids``: one line per trainer process (for the tests' cleanup);
 * ``violations.r<rank>.jsonl``: in a trainer whose rank is not 0, every call
   of a mutating ``paddle_acp.storage.Storage`` method on a path that is not
-  its own (its part ``ckpt-e*/rank-<rank>``, its metrics file): there must be none;
+  its own (its part ``ckpt-e*/rank-<rank>``, its metrics file, its rank's writer
+  generations ``writers/rank-<rank>/gen-<n>``): there must be none;
 * ``final.r<rank>.npz``: the parameters at the end; ``done.r<rank>``: last.
 """
 import argparse
@@ -108,8 +109,8 @@ if RANK != 0:
 
     from paddle_acp.storage import Storage as _Storage
 
-    _OWN = re.compile(r"/range/_range_\d+/ckpt-e\d+(-s\d+)?(/rank-%d(\.tmp-[0-9a-f]+)?(/[a-z.]+)?)?$|/metrics(/trainer-%d\.jsonl)?$"
-                      % (RANK, RANK))
+    _OWN = re.compile(r"/range/_range_\d+/ckpt-e\d+(-s\d+)?(/rank-%d(\.tmp-(g\d+-)?[0-9a-f]+)?(/[a-z.]+)?)?$"
+                      r"|/metrics(/trainer-%d\.jsonl)?$|/writers(/rank-%d(/gen-\d+)?)?$" % (RANK, RANK, RANK))
 
     def _spy(name, orig):
         def wrapper(self, *a, **k):

@@ -58,6 +58,10 @@ import paddle  # noqa: E402
 import paddle_acp as acp  # noqa: E402
 
 paddle.enable_static()
+if os.environ.get("ACP_TEST_STOP"):  # tests: stop at a named point of the library (stop_hook.py)
+    import stop_hook  # noqa: E402
+
+    stop_hook.install()
 PIR = bool(paddle.framework.in_pir_mode())
 IN_DIM, BATCH = 16, 8
 

@@ -89,6 +89,10 @@ else:
     from paddle.base.incubate.checkpoint import auto_checkpoint as acp  # noqa: E402,E501
 
 paddle.enable_static()
+if os.environ.get("ACP_TEST_STOP"):  # tests: stop at a named point of the library (stop_hook.py)
+    import stop_hook  # noqa: E402
+
+    stop_hook.install()
 
 IN_DIM, HIDDEN, BATCH = 16, ARGS.hidden, 8
 # PIR is the default; FLAGS_enable_pir_api=0 before `import paddle` selects

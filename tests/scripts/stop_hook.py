@@ -1,0 +1,61 @@
+"""Test hook: a training process stops itself (SIGSTOP) once, at a named point of the library.
+
+``ACP_TEST_STOP="<point>:<file>"`` (read by the test scripts only, never by the library):
+at the first call of the point the process creates ``<file>`` and stops; the test sends
+SIGCONT. When that call returns or raises, ``<file>.done`` is created, so the test knows
+what the resumed process did there is over. Points:
+
+* ``save``: the start of ``Checkpointer.save`` (a single writer's save, before it lists);
+* ``write``: the start of the data write of a single writer's save (its ``ckpt-N.tmp-*``
+  directory exists, nothing is committed);
+* ``remove_own``: the start of ``GlobalCheckpointer._remove_own`` (a rank's save removing its
+  earlier part at the position, before it lists).
+"""
+import functools
+import os
+import signal
+import threading
+
+
+def install():
+    spec = os.environ.get("ACP_TEST_STOP")
+    if not spec:
+        return
+    point, path = spec.split(":", 1)
+    fired = []
+
+    def wrap(owner, attr):
+        orig = getattr(owner, attr)
+
+        @functools.wraps(orig)
+        def hooked(*args, **kwargs):
+            if fired:
+                return orig(*args, **kwargs)
+            fired.append(True)
+            with open(path, "w") as f:
+                f.write("%d\n" % os.getpid())
+            # to this very thread: os.kill(pid) wakes the main thread to stop the process, and this one
+            # could run on for a while (creating directories) before it stops too
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                with open(path + ".done", "w") as f:
+                    f.write("done\n")
+
+        setattr(owner, attr, hooked)
+
+    if point == "save":
+        from paddle_acp.format.checkpointer import Checkpointer
+
+        wrap(Checkpointer, "save")
+    elif point == "write":
+        import paddle_acp.format.checkpointer as checkpointer
+
+        wrap(checkpointer, "write_checkpoint")
+    elif point == "remove_own":
+        from paddle_acp.format.multirank import GlobalCheckpointer
+
+        wrap(GlobalCheckpointer, "_remove_own")
+    else:
+        raise ValueError("ACP_TEST_STOP: unknown point %r" % point)
