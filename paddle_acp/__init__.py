@@ -55,7 +55,9 @@ from paddle_acp.errors import (
     CheckpointError,
     ConfigError,
     CorruptCheckpointError,
+    NoUsableCheckpointError,
     StorageError,
+    UnknownFormatError,
     UnsupportedPaddleError,
 )
 
@@ -77,6 +79,8 @@ __all__ = [
     "ConfigError",
     "CheckpointError",
     "CorruptCheckpointError",
+    "NoUsableCheckpointError",
+    "UnknownFormatError",
     "StorageError",
     "UnsupportedPaddleError",
     "PADDLE_VERSION",
