@@ -161,6 +161,19 @@ def test_no_valid_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     assert ckpt(tmp_path / "empty").load_latest() is None  # no checkpoint at all: from scratch
 
 
+def test_the_error_of_many_unusable_checkpoints_is_bounded(tmp_path):
+    c = ckpt(tmp_path, keep=0)
+    for n in range(20):
+        c.save(make_snapshot(n))
+        _corrupt_flip(ckdir(tmp_path, n))
+    with pytest.raises(NoUsableCheckpointError) as err:
+        c.load_latest()
+    msg = str(err.value)
+    assert "none of the 20 committed checkpoint(s)" in msg and "and 12 more" in msg
+    assert "ckpt-19 (corrupt: " in msg and "ckpt-12 (corrupt: " in msg and "ckpt-11 (" not in msg
+    assert len(msg) < 8 * 300 + 1000 and len(err.value.rejected) == 20
+
+
 def test_a_newer_format_is_skipped_and_never_deleted(tmp_path):
     """A manifest of a newer format version (a newer paddle-acp wrote it): UnknownFormatError, not
     loaded; retention and making space never delete it."""

@@ -219,7 +219,11 @@ def test_two_ranks_with_every_global_manifest_of_a_newer_format_fail_on_every_ra
 
 # -- item 7: the tools name what a restart loads ------------------------------------------------
 def tools_pick(root, capsys):
-    """What ls (without and with --verify), verify and inspect say a restart loads."""
+    """What ls (without and with --verify), verify and inspect say a restart loads; and what plain
+    ``ls`` says about the data it did not read."""
+    def marked(rng):
+        return next((c["name"] for c in rng["checkpoints"] if c["restart"]), None)
+
     capsys.readouterr()
     assert cli.main(["ls", root, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["jobs"][0]["ranges"][0]
@@ -227,16 +231,19 @@ def tools_pick(root, capsys):
     plain_text = capsys.readouterr().out
     assert cli.main(["ls", root, "--verify", "--json"]) == 0
     verified = json.loads(capsys.readouterr().out)["jobs"][0]["ranges"][0]
-    assert plain["data_checked"] is False and verified["data_checked"] is True
-    assert "data not checked" in plain_text and "data NOT checked" in plain_text, plain_text
     cli.main(["verify", root, "--json"])
     rows = json.loads(capsys.readouterr().out)["rows"]
     starred = [r["checkpoint"] for r in rows if r["restart"] == "*"]
     assert cli.main(["inspect", root, "--job", JOB_ID, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["restart"] is True
-    return {"ls": plain["restart_name"], "ls --verify": verified["restart_name"],
-            "verify": starred[0] if len(starred) == 1 else starred, "inspect": os.path.basename(doc["checkpoint"])}
+    picks = {"ls": marked(plain), "ls --verify": marked(verified), "verify": starred[0] if len(starred) == 1 else starred,
+             "inspect": os.path.basename(doc["checkpoint"]) if doc["restart"] else ("not loaded", doc["checkpoint"])}
+    return picks, {"plain": plain, "verified": verified, "text": plain_text}
+
+
+def assert_says_data_not_checked(notes):
+    assert notes["plain"].get("data_checked") is False and notes["verified"].get("data_checked") is True, notes
+    assert "data not checked" in notes["text"] and "data NOT checked" in notes["text"], notes["text"]
 
 
 def test_both_layouts_at_one_position(tmp_path, capsys):
@@ -255,12 +262,13 @@ def test_both_layouts_at_one_position(tmp_path, capsys):
     assert p.returncode == 0 and resumed_from(p.stderr) == "ckpt-e1", p.stderr[-3000:]
     assert sorted(os.listdir(rdir(ckpt))) == ["ckpt-0", "ckpt-e0", "ckpt-e1", "ckpt-e2"]
     flip(data)  # repaired: both ckpt-0 and ckpt-e2 are valid, at the same position (end of epoch 2)
-    picks = tools_pick(str(ckpt), capsys)
+    picks, notes = tools_pick(str(ckpt), capsys)
     p = subprocess.run(cmd + ["--epochs", "3"], env=one, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert resumed_from(p.stderr) == "ckpt-e2"
     assert picks == dict.fromkeys(picks, "ckpt-e2"), picks
+    assert_says_data_not_checked(notes)
 
 
 def test_an_uncommitted_directory_of_several_ranks_changes_nothing(base, tmp_path, capsys):
@@ -277,12 +285,13 @@ def test_an_uncommitted_directory_of_several_ranks_changes_nothing(base, tmp_pat
     flip(os.path.join(cdir(root, "ckpt-2"), DATA_NAME))  # repaired: end of epoch 2, while ckpt-4 is epoch 1
     os.makedirs(os.path.join(cdir(root, "ckpt-e7"), "rank-0"))
     shutil.copy(os.path.join(cdir(root, "ckpt-4"), DATA_NAME), os.path.join(cdir(root, "ckpt-e7"), "rank-0", DATA_NAME))
-    picks = tools_pick(root, capsys)
+    picks, notes = tools_pick(root, capsys)
     os.remove(os.path.join(out, "done"))
     p = run_script(out, root, "pir", "--epochs", 2, env=SYNC)
     assert p.returncode == 0, p.stderr[-3000:]
     assert resumed_from(p.stderr) == "ckpt-4"
     assert picks == dict.fromkeys(picks, "ckpt-4"), picks
+    assert_says_data_not_checked(notes)
 
 
 def test_a_corrupt_newest_checkpoint(base, tmp_path, capsys):
@@ -290,13 +299,11 @@ def test_a_corrupt_newest_checkpoint(base, tmp_path, capsys):
     ``--verify`` says it did not; everything that reads the data names the one a restart loads."""
     root, out = copy_base(base, tmp_path)
     flip(os.path.join(cdir(root, "ckpt-2"), DATA_NAME))
-    picks = tools_pick(root, capsys)
-    capsys.readouterr()
-    cli.main(["ls", root])
-    text = capsys.readouterr().out
-    assert re.search(r"a restart loads ckpt-2 if its data verifies \(data not checked\)", text), text
+    picks, notes = tools_pick(root, capsys)
     p = run_script(out, root, "pir", "--epochs", EPOCHS, env=SYNC)
     assert p.returncode == 0, p.stderr[-3000:]
     assert resumed_from(p.stderr) == "ckpt-1"
-    assert picks["ls"] == "ckpt-2"  # unchecked, and says so
     assert {k: v for k, v in picks.items() if k != "ls"} == dict.fromkeys(["ls --verify", "verify", "inspect"], "ckpt-1")
+    assert picks["ls"] == "ckpt-2"  # not read, and it says so
+    assert_says_data_not_checked(notes)
+    assert re.search(r"a restart loads ckpt-2 if its data verifies \(data not checked\)", notes["text"]), notes["text"]

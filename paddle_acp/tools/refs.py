@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
@@ -15,7 +15,7 @@ from paddle_acp.format.layout import MANIFEST_NAME, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage, redact
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, short_reason, single_job, uri_join
-from paddle_acp.tools.scan import restart_checkpoint, scan_range
+from paddle_acp.tools.scan import CkptInfo, restart_checkpoint, scan_range
 
 if TYPE_CHECKING:
     from paddle_acp.format.global_manifest import GlobalManifest
@@ -38,6 +38,9 @@ class CkptRef:
     number: int
     name: Optional[str] = None  # several ranks: the checkpoint's directory name
     rank: int = 0
+    # when the reference was resolved to the checkpoint a restart loads: the range's scan (restart order,
+    # the data of the one picked read), so that ``inspect`` need not read it again
+    scanned: Optional[List[CkptInfo]] = None
 
     @property
     def multirank(self) -> bool:
@@ -119,8 +122,8 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
         if pick is None:
             raise ToolError(f"range {range_name!r} of job {job!r} under {storage.uri!r} has no valid checkpoint")
         if pick.multirank:
-            return _with_rank(CkptRef(storage, job, range_name, pick.number, name=pick.name), rank)
-        number = pick.number
+            return _with_rank(CkptRef(storage, job, range_name, pick.number, name=pick.name, scanned=infos), rank)
+        return _with_rank(CkptRef(storage, job, range_name, pick.number, scanned=infos), rank)
     return _with_rank(CkptRef(storage, job, range_name, number), rank)
 
 
