@@ -327,7 +327,7 @@ class GlobalCheckpointer(GlobalReader):
             return []
         newest = committed[-1].key
         # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
-        doomed = policy_for(keep).doomed([g for g in committed if self._deletable(g)])
+        doomed = policy_for(keep).doomed([g for g in committed if self._deletable(g)]) if policy_for(keep).doomed(committed) else []
         doomed += [g for g in entries if not g.committed and g.key < newest]  # abandoned: never committed
         if not doomed:
             return []
