@@ -57,8 +57,10 @@ from paddle_acp.errors import (
     CheckpointError,
     ConfigError,
     CorruptCheckpointError,
+    NoUsableCheckpointError,
     RestartRequiredError,
     StorageError,
+    UnknownFormatError,
     UnsupportedPaddleError,
 )
 
@@ -84,6 +86,8 @@ __all__ = [
     "CheckpointError",
     "CorruptCheckpointError",
     "RestartRequiredError",
+    "NoUsableCheckpointError",
+    "UnknownFormatError",
     "StorageError",
     "UnsupportedPaddleError",
     "PADDLE_VERSION",

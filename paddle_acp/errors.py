@@ -35,3 +35,24 @@ class RestartRequiredError(CheckpointError):
     """The ranks of a job would go on from different checkpoints (a rank rejected data the others
     accepted): every rank stops, and the job's restart falls back alike. Never swallowed as a
     failed save: it stops training on the training thread."""
+
+
+class UnknownFormatError(CorruptCheckpointError):
+    """A checkpoint in a format version this paddle-acp does not know (a newer paddle-acp wrote it).
+
+    Never loaded, like a corrupt one, and never deleted or withdrawn by this paddle-acp
+    (retention, ``paddle-acp gc``, making space, a restart's clean-up): a newer paddle-acp resumes from it.
+    """
+
+
+class NoUsableCheckpointError(CheckpointError):
+    """A range has committed checkpoints but none of them can be restored (corrupt, unreadable or of a
+    newer format). The restart stops instead of training from scratch; nothing is deleted.
+
+    ``rejected``: (checkpoint name, reason) of each checkpoint, newest first; ``newer_format``: the
+    names of those written in a format this paddle-acp does not know."""
+
+    def __init__(self, message: str, rejected: "list[tuple[str, str]]", newer_format: "list[str]") -> None:
+        super().__init__(message)
+        self.rejected = rejected
+        self.newer_format = newer_format

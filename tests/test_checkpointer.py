@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
 
-from paddle_acp.errors import CorruptCheckpointError, StorageError
+from paddle_acp.errors import CorruptCheckpointError, NoUsableCheckpointError, StorageError, UnknownFormatError
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.manifest import DATA_NAME, DTYPES, MANIFEST_NAME, RangeRecord, seal
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
@@ -147,12 +147,54 @@ def test_corruption_detected_and_falls_back(tmp_path, case, caplog):
         assert "skipping checkpoint 1" in caplog.text
 
 
-def test_no_valid_checkpoint_starts_fresh_loudly(tmp_path, caplog):
+def test_no_valid_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     c = ckpt(tmp_path)
     c.save(make_snapshot(0))
-    _corrupt_flip(ckdir(tmp_path, 0))
-    assert c.load_latest() is None
-    assert "STARTING FROM SCRATCH" in caplog.text
+    c.save(make_snapshot(1))
+    for n in (0, 1):
+        _corrupt_flip(ckdir(tmp_path, n))
+    with pytest.raises(NoUsableCheckpointError, match=r"ckpt-1 \(corrupt: .*checksum mismatch.*ckpt-0 \(corrupt: ") as err:
+        c.load_latest()
+    assert "PADDLE_ACP_START_FRESH=1" in str(err.value) and "PADDLE_JOB_ID" in str(err.value)
+    assert [name for name, _ in err.value.rejected] == ["ckpt-1", "ckpt-0"] and err.value.newer_format == []
+    assert ckdir(tmp_path, 0).exists() and ckdir(tmp_path, 1).exists()
+    assert ckpt(tmp_path / "empty").load_latest() is None  # no checkpoint at all: from scratch
+
+
+def test_the_error_of_many_unusable_checkpoints_is_bounded(tmp_path):
+    c = ckpt(tmp_path, keep=0)
+    for n in range(20):
+        c.save(make_snapshot(n))
+        _corrupt_flip(ckdir(tmp_path, n))
+    with pytest.raises(NoUsableCheckpointError) as err:
+        c.load_latest()
+    msg = str(err.value)
+    assert "none of the 20 committed checkpoint(s)" in msg and "and 12 more" in msg
+    assert "ckpt-19 (corrupt: " in msg and "ckpt-12 (corrupt: " in msg and "ckpt-11 (" not in msg
+    assert len(msg) < 8 * 300 + 1000 and len(err.value.rejected) == 20
+
+
+def test_a_newer_format_is_skipped_and_never_deleted(tmp_path):
+    """A manifest of a newer format version (a newer paddle-acp wrote it): UnknownFormatError, not
+    loaded; retention and making space never delete it."""
+    c = ckpt(tmp_path, keep=1)
+    c.save(make_snapshot(0))
+    path = ckdir(tmp_path, 0) / MANIFEST_NAME
+    doc = json.loads(path.read_bytes())
+    doc["version"] = 99
+    doc["checksum"] = 12345  # a newer format may checksum otherwise: the version is read first
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UnknownFormatError, match="format version 99 is newer"):
+        c.load(0)
+    with pytest.raises(NoUsableCheckpointError) as err:
+        c.load_latest()
+    assert err.value.newer_format == ["ckpt-0"] and "newer paddle-acp" in str(err.value)
+    c2 = ckpt(tmp_path, keep=1)
+    c2.save(make_snapshot(1))
+    c2.save(make_snapshot(2))
+    assert sorted(p.name for p in ckdir(tmp_path, 0).parent.iterdir()) == ["ckpt-0", "ckpt-2"]
+    assert c2.load_latest().manifest.number == 2
+    assert c2.apply_retention(1) == [] and ckdir(tmp_path, 0).exists()
 
 
 def test_leftover_temporary_directory_ignored_then_cleaned(tmp_path):
@@ -246,10 +288,15 @@ def test_restore_returns_newest_intact_committed_state(tmp_path_factory, program
         else:
             on_disk = set(c.committed_numbers())
             live = {n: e for n, e in intact.items() if n in on_disk}
-            loaded = c.load_latest()
-            if not live:
-                assert loaded is None
+            if not on_disk:  # no checkpoint at all: from scratch
+                assert c.load_latest() is None
+            elif not live:  # checkpoints, none usable: an error naming each, nothing deleted
+                with pytest.raises(NoUsableCheckpointError) as err:
+                    c.load_latest()
+                assert sorted(name for name, _ in err.value.rejected) == sorted(f"ckpt-{n}" for n in on_disk)
+                assert set(c.committed_numbers()) == on_disk
             else:
+                loaded = c.load_latest()
                 newest = max(live)
                 assert loaded is not None and loaded.manifest.number == newest
                 assert_loads(loaded, make_snapshot(live[newest]))

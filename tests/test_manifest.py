@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.errors import CorruptCheckpointError, UnknownFormatError
 from paddle_acp.format.manifest import (
     DTYPES,
+    FORMAT,
     TENSOR_CHECKSUMS,
     VERSION,
     Manifest,
@@ -188,7 +189,8 @@ def test_checksums_chain_across_any_split(data, draw, version):
         (lambda d: d["programs"][0].update(label="\ud800"), "lone surrogate"),
         (lambda d: d["programs"][0]["tensors"][0].update(offset=10), "lies outside"),
         (lambda d: d["programs"][0]["tensors"][0].update(nbytes=True), "wrong type"),
-        (lambda d: d.update(version=99), "not supported"),
+        (lambda d: d.update(version=99), "format version 99 is newer than this paddle-acp reads"),
+        (lambda d: d.update(version=0), "not supported"),
         (lambda d: d.update(format="pickle"), "format"),
         (lambda d: d["range"].update(epoch_no=-5), "epoch_no"),
         (lambda d: d["programs"].append(d["programs"][0]), "listed twice"),
@@ -339,3 +341,34 @@ def test_crafted_edits_load_exactly_or_are_corrupt(m, data):
         from paddle_acp.adapter import rng as rng_state
 
         rng_state.validate(again.rng)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.integers(-(2**70), 2**70), st.booleans(), st.text(max_size=5), st.none()),
+       st.one_of(st.none(), st.integers(0, 2**32 - 1)), st.booleans())
+def test_a_newer_format_version_is_told_from_a_corrupt_manifest(version, checksum, global_doc):
+    """Only a document of paddle-acp's own format with an integer version above the newest this build
+    reads is of a newer format (UnknownFormatError, whatever its checksum: a newer format may checksum
+    otherwise); any other version is corrupt, and a known one stays valid."""
+    from paddle_acp.format.global_manifest import GLOBAL_FORMAT, GLOBAL_VERSION, GlobalManifest
+
+    if global_doc:
+        doc, known, load = {"format": GLOBAL_FORMAT, "version": version}, GLOBAL_VERSION, GlobalManifest.loads
+    else:
+        doc, known, load = _valid_doc(), max(TENSOR_CHECKSUMS), Manifest.loads
+        doc["version"] = version
+    assert doc["format"] in (GLOBAL_FORMAT, FORMAT)
+    raw = seal(doc) if checksum is None else json.dumps(dict(doc, checksum=checksum)).encode()
+    newer = isinstance(version, int) and not isinstance(version, bool) and known < version < 2**64
+    try:
+        load(raw)
+    except UnknownFormatError as exc:
+        assert newer and f"version {version} is newer" in str(exc)
+    except CorruptCheckpointError:
+        assert not newer
+    else:
+        assert not global_doc and version in TENSOR_CHECKSUMS and checksum is None
+    doc["format"] = "something-else"
+    with pytest.raises(CorruptCheckpointError) as err:
+        load(seal(doc))
+    assert not isinstance(err.value, UnknownFormatError)

@@ -108,7 +108,8 @@ def test_global_manifest_round_trip_and_any_edit_is_caught(parts, epoch, step, m
     (lambda d: d.update(name="ckpt-e9"), "does not match its position"),
     (lambda d: d["parts"][1].update(rank=0), "ranks 0..1"),
     (lambda d: d["parts"][0].update(manifest_crc32=-1), "bad rank"),
-    (lambda d: d.update(version=4), "not supported"),
+    (lambda d: d.update(version=4), "format version 4 is newer than this paddle-acp reads"),  # UnknownFormatError
+    (lambda d: d.update(version=2), "not supported"),
 ])
 def test_global_manifest_validation_names_the_problem(edit, msg):
     from paddle_acp.format.manifest import seal
@@ -476,3 +477,74 @@ def test_verify_reads_every_part_and_catches_one_flipped_bit(tmp_path):
     data.write_bytes(bytes(raw))
     with pytest.raises(CorruptCheckpointError, match="rank-2.*checksum mismatch"):
         gck(tmp_path, 0, 1).verify("ckpt-e0")
+
+
+def _newer_global(root, name, version=4):
+    from paddle_acp.format.manifest import seal
+
+    path = root / JOB / "range" / RANGE / name / GLOBAL_NAME
+    doc = json.loads(path.read_bytes())
+    doc.pop("checksum")
+    doc["version"] = version
+    path.write_bytes(seal(doc))
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_checkpoints_of_a_newer_format_are_never_withdrawn_or_deleted(tmp_path):
+    """Issue 25, item 2: a global checkpoint of a newer format is skipped, never withdrawn by a
+    restart (discard_newer), never deleted by retention; a job of several ranks does not resume from
+    an older one below it (it would train its position again over it), nor start fresh in place."""
+    from paddle_acp.errors import NoUsableCheckpointError
+
+    for e in (0, 1, 2):
+        save_all(tmp_path, 2, e, mode="replicated")
+    _newer_global(tmp_path, "ckpt-e2")
+    before = _tree(tmp_path)
+    for r in (0, 1):
+        with pytest.raises(CheckpointError, match=r"ckpt-e2 .*are of a newer format.*from ckpt-e1"):
+            load_newest(v2(tmp_path), gck(tmp_path, r, 2), None)
+    # one process (no positions of several ranks to write) falls back past it
+    loaded = load_newest(v2(tmp_path), gck(tmp_path, 0, 1), None)
+    assert loaded.name == "ckpt-e1"
+    loaded.close()
+    g0 = gck(tmp_path, 0, 2)
+    g0.discard_newer(position_key(0, None))  # as after a resume from ckpt-e0: ckpt-e1 goes, ckpt-e2 stays
+    assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e1" / GLOBAL_NAME).exists()
+    assert (tmp_path / JOB / "range" / RANGE / "ckpt-e2" / GLOBAL_NAME).read_bytes() == before[
+        f"{JOB}/range/{RANGE}/ckpt-e2/{GLOBAL_NAME}"]
+    assert (tmp_path / JOB / "range" / RANGE / "ckpt-e2" / "rank-0" / "manifest.json").exists()
+    # keep 1 of [e0, e2]: e2 is neither counted nor deleted, so e0 (the newest of this format) stays;
+    # the withdrawn e1 is an abandoned leftover now
+    assert gck(tmp_path, 0, 2, keep=1).apply_retention(1) == ["ckpt-e1"]
+    assert (tmp_path / JOB / "range" / RANGE / "ckpt-e0" / GLOBAL_NAME).exists()
+    _newer_global(tmp_path, "ckpt-e0")
+    assert gck(tmp_path, 0, 2, keep=1).apply_retention(1) == []
+    assert (tmp_path / JOB / "range" / RANGE / "ckpt-e0" / GLOBAL_NAME).exists()
+    for r in (0, 1):
+        with pytest.raises(NoUsableCheckpointError, match=r"rank %d: none of the 2 .*ckpt-e2 \(newer format.*ckpt-e0 \(newer" % r):
+            load_newest(v2(tmp_path), gck(tmp_path, r, 2), None)
+        with pytest.raises(CheckpointError, match="from scratch and cannot replace them"):
+            load_newest(v2(tmp_path), gck(tmp_path, r, 2), None, start_fresh=True)
+    assert (tmp_path / JOB / "range" / RANGE / "ckpt-e0" / GLOBAL_NAME).exists()
+
+
+def test_restart_order_is_the_index_order(tmp_path):
+    """Issue 25, item 7: the restart tries checkpoints in the order of format.index.entries (the tools'
+    order): a checkpoint of several ranks before a ckpt-N at the same position, ckpt-N by its manifest's
+    position once a committed checkpoint of several ranks exists, by number otherwise."""
+    from paddle_acp.format import index
+
+    st_ = open_storage(str(tmp_path))
+    ck = v2(tmp_path)
+    ck.save(snapshot(0, 2))  # ckpt-0 at the end of epoch 2
+    ck.save(snapshot(0, 0))  # ckpt-1 at the end of epoch 0: newer by number
+    (tmp_path / JOB / "range" / RANGE / "ckpt-e5").mkdir()  # uncommitted: changes nothing
+    assert [e.name for e in index.entries(st_, JOB, RANGE)] == ["ckpt-1", "ckpt-0"]
+    assert load_newest(ck, gck(tmp_path, 0, 1), None).name == "ckpt-1"
+    save_all(tmp_path, 2, 2, mode="replicated")  # ckpt-e2: committed, at ckpt-0's position
+    assert [e.name for e in index.entries(st_, JOB, RANGE)] == ["ckpt-e2", "ckpt-0", "ckpt-1"]
+    assert [e.name for e in index.entries(st_, JOB, RANGE, uncommitted=True)] == ["ckpt-e5", "ckpt-e2", "ckpt-0", "ckpt-1"]
+    assert load_newest(ck, gck(tmp_path, 0, 1), None).name == "ckpt-e2"

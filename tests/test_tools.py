@@ -591,7 +591,8 @@ def _remote_round(uri, fs, base, trained, tmp_path, capsys):
         f.write(bytes(raw))
     assert cli.main(["verify", uri]) == 1
     out = capsys.readouterr().out
-    assert "FAILED" in out and "ckpt-3" in out and "START FROM SCRATCH" in out
+    assert "FAILED" in out and "ckpt-3" in out and "STOPS with NoUsableCheckpointError" in out, out
+    assert "START FROM SCRATCH" not in out  # a restart no longer starts from scratch when checkpoints exist
 
 
 def test_remote_s3(s3_server, trained, tmp_path, capsys, monkeypatch):

@@ -88,6 +88,7 @@ ENV_VARS = (
     "PADDLE_ACP_HDFS_CLIENT",
     "PADDLE_ACP_PROGRESS",
     "PADDLE_ACP_LOCAL_CACHE",
+    "PADDLE_ACP_START_FRESH",
     "PADDLE_RUNNING_ENV",
     "PADDLE_RUNNING_PLATFORM",
     "PADDLE_JOB_ID",
@@ -136,6 +137,9 @@ class CheckpointConfig:
     # PADDLE_ACP_LOCAL_CACHE: a local directory keeping a copy of each checkpoint written to a remote
     # store, read back on a restart on this node when it is the remote's committed checkpoint
     local_cache: Optional[str] = None
+    # PADDLE_ACP_START_FRESH: a range whose checkpoints all fail (corrupt, of a newer format) starts from
+    # scratch instead of stopping with NoUsableCheckpointError; the checkpoints are kept
+    start_fresh: bool = False
     source: str = "inactive"
     inactive_reason: str = ""
     # PaddleCloud extras (kept for the compat surface and HDFS clients).
@@ -326,6 +330,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         host_memory=host_memory_from_env(env),
         fs_cache=env.get("PADDLE_EDL_FS_CACHE") or ".cache",
         local_cache=local_cache_from_env(env),
+        start_fresh=_bool(env, "PADDLE_ACP_START_FRESH", False),
     )
     from paddle_acp.secrets import redact, register_secret, register_uri  # no secret may reach a message
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic, reader
+from paddle_acp.format import atomic, index, reader
 from paddle_acp.format.fencing import Fence, check_deletable
 from paddle_acp.format.layout import JOB_MARKER, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
@@ -55,6 +55,8 @@ class Checkpointer:
         self._known: Optional[List[atomic.DirEntry]] = None
         # the node-local copies of this range (PADDLE_ACP_LOCAL_CACHE, remote storage only)
         self.cache: Optional["RangeCache"] = None
+        # checkpoint number -> whether it is of a format this paddle-acp knows (never deleted when not)
+        self._known_format: Dict[int, bool] = {}
 
     # -- writing ---------------------------------------------------------------
     def write_job_marker(self) -> None:
@@ -66,18 +68,9 @@ class Checkpointer:
         self.storage.write_bytes(path, json.dumps(body).encode())
 
     def check_no_links(self) -> None:
-        """Refuse a job whose ``range`` directory or range directory is a symbolic link:
-        writes would land, and retention would delete, in whatever it points to.
-        (Remote stores have no links.)"""
-        if not self.storage.has_symlinks:
-            return
-        for path in (f"{self.job_id}/range", self.dir):
-            if self.storage.kind(path) == "link":
-                raise StorageError(
-                    f"{self.storage.uri}/{path} is a symbolic link: paddle-acp never follows links inside a job "
-                    "directory (another job's checkpoints could be read or deleted through it); "
-                    "replace it with a real directory"
-                )
+        """Refuse a job whose ``range`` directory or range directory is a symbolic link
+        (:func:`paddle_acp.format.index.check_no_links`)."""
+        index.check_no_links(self.storage, self.job_id, self.range_name)
 
     def save(self, snap: Snapshot) -> Tuple[int, int]:
         """Write and commit one checkpoint; returns (number, bytes written).
@@ -126,6 +119,7 @@ class Checkpointer:
         if copy is not None and snap.manifest is not None:  # committed on the remote: now the copy
             copy.commit(final_name(number), snap.manifest)
         committed = committed + [atomic.DirEntry(final_name(number), number, True)]
+        self._known_format[number] = True
         try:
             doomed = self._retain([e.number for e in committed])
         except (StorageError, CheckpointError) as exc:  # the new checkpoint is committed; pruning retries next time
@@ -165,7 +159,7 @@ class Checkpointer:
                 continue
             newest_valid = n
             break
-        older = [n for n in committed if newest_valid is not None and n < newest_valid]
+        older = [n for n in committed if newest_valid is not None and n < newest_valid and self._deletable(n)]
         if not older:
             logger.error(
                 "checkpoint %d of %s/%s does not fit (%s) and no older checkpoint can be deleted "
@@ -209,7 +203,11 @@ class Checkpointer:
 
     def _retain(self, committed: List[int], keep: Optional[int] = None) -> List[int]:
         """Delete what the retention policy lets go of the ``committed`` checkpoint numbers."""
-        doomed = policy_for(self.max_to_keep if keep is None else keep).doomed(sorted(committed))
+        policy = policy_for(self.max_to_keep if keep is None else keep)
+        if not policy.doomed(sorted(committed)):  # nothing to delete even counting every checkpoint: no look inside
+            return []
+        # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
+        doomed = policy.doomed([n for n in sorted(committed) if self._deletable(n)])
         if doomed:
             if self.fence is not None:
                 self.fence.check("delete old checkpoints")
@@ -218,6 +216,18 @@ class Checkpointer:
             self._delete(n)
             logger.debug("retention: deleted checkpoint %d of %s", n, self.dir)
         return doomed
+
+    def _deletable(self, n: int) -> bool:
+        """False for a checkpoint of a format this paddle-acp does not know: a newer paddle-acp
+        resumes from it, so neither retention nor making space deletes it (logged once)."""
+        known = self._known_format.get(n)
+        if known is None:
+            why = index.newer_format(self.storage, self.base(n))
+            known = self._known_format[n] = why is None
+            if why is not None:
+                logger.warning("keeping checkpoint %d of %s/%s: it is of a newer format (%s); this paddle-acp never "
+                               "deletes it", n, self.storage.uri, self.dir, why)
+        return known
 
     # -- reading ---------------------------------------------------------------
     def committed_numbers(self) -> List[int]:
@@ -251,48 +261,38 @@ class Checkpointer:
         return reader.load(self.storage, base or self.base(number), number, self.range_name, raw, self.memory_budget)
 
     def load_latest(self, check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
-        """The newest checkpoint that verifies; older ones are tried in turn.
+        """The newest checkpoint that verifies; older ones are tried in turn, in the order of
+        :func:`paddle_acp.format.index.entries` (this layout's checkpoints only).
 
-        A checkpoint that is corrupt, crafted or unreadable (a read error on it,
-        not on the listing) is skipped with a warning naming it and the cause.
-        When checkpoints exist but none could be read, StorageError: a storage
-        problem never silently restarts training from scratch.
+        A checkpoint that is corrupt, crafted, of a newer format or unreadable (a read error
+        on it, not on the listing) is skipped with a warning naming it and the cause.
+        ``check(loaded)``, when given, may raise CheckpointError for a checkpoint that verifies
+        but does not fit this process: it is skipped too.
 
-        ``check(loaded)``, when given, may raise CheckpointError for a checkpoint
-        that verifies but does not fit this process: it is skipped too, and when
-        no checkpoint passes, that CheckpointError is raised (never a silent start
-        from scratch)."""
+        None only when the range has no committed checkpoint. When checkpoints exist but none
+        passes: the first such CheckpointError; StorageError when some could not be read (a
+        storage problem); else :class:`~paddle_acp.errors.NoUsableCheckpointError` naming each
+        one and why. Never a silent start from scratch; nothing is deleted."""
         self.check_no_links()
-        numbers = self.committed_numbers()
-        unreadable, misfits = [], []
-        for n in reversed(numbers):
-            try:
-                loaded = self.load(n)
-            except CorruptCheckpointError as exc:
-                logger.warning("skipping checkpoint %d of %s/%s: %s", n, self.storage.uri, self.dir, exc)
-            except StorageError as exc:
-                unreadable.append(f"ckpt-{n}: {exc}")
-                logger.warning("skipping checkpoint %d of %s/%s, it cannot be read: %s", n, self.storage.uri, self.dir, exc)
-            else:
-                if check is None:
-                    return loaded
-                try:
-                    check(loaded)
-                    return loaded
-                except CheckpointError as exc:
-                    loaded.close()
-                    misfits.append(exc)
-                    logger.warning("skipping checkpoint %d of %s/%s: %s", n, self.storage.uri, self.dir, exc)
-        if misfits:
-            raise misfits[0]
-        if unreadable:
-            raise StorageError(
-                f"no checkpoint of {self.storage.uri}/{self.dir} could be loaded, and {len(unreadable)} could not be read "
-                f"({'; '.join(unreadable[:3])}): fix the storage (permissions?) rather than train from scratch, "
-                "or remove the unreadable checkpoints"
-            )
-        if numbers:
-            logger.error(
-                "none of the %d checkpoints of %s/%s is valid: STARTING FROM SCRATCH", len(numbers), self.storage.uri, self.dir
-            )
-        return None
+        cands = [e for e in index.entries(self.storage, self.job_id, self.range_name) if e.layout == index.SINGLE]
+        search = index.first_usable(cands, lambda e: self.load(e.number), check, f"{self.storage.uri}/{self.dir}")
+        if search.found is not None or not search.rejected:
+            return search.found
+        raise no_usable(search, f"{self.storage.uri}/{self.dir}", self.job_id)
+
+
+def no_usable(search: "index.Search[LoadedCheckpoint]", where: str, job_id: str, who: str = "") -> BaseException:
+    """Why a restart that found committed checkpoints but none it can use stops: the first
+    misfit's CheckpointError, a StorageError when some could not be read, else
+    :func:`paddle_acp.format.index.no_usable_error` naming each checkpoint."""
+    misfits = search.of_kind(index.MISFIT)
+    if misfits:
+        return misfits[0].error
+    unreadable = search.of_kind(index.UNREADABLE)
+    if unreadable:
+        return StorageError(
+            f"{who}no checkpoint of {where} could be loaded, and {len(unreadable)} could not be read "
+            f"({index.describe(unreadable)}): fix the storage (permissions?) rather than train from scratch, "
+            "or remove the unreadable checkpoints"
+        )
+    return index.no_usable_error(where, job_id, search.rejected, who)

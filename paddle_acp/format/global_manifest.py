@@ -21,6 +21,7 @@ from paddle_acp.format.manifest import (
     _doc_checksum,
     _fail,
     _get,
+    check_newer_version,
     check_text,
     max_manifest_size,
     parse_json,
@@ -111,6 +112,7 @@ class GlobalManifest:
         d = parse_json(raw, "global manifest", max_size=MAX_GLOBAL_SIZE)
         if not isinstance(d, dict):
             raise _fail("global manifest: top level must be an object")
+        check_newer_version(d, GLOBAL_FORMAT, GLOBAL_VERSION, "global manifest")
         checksum = d.pop("checksum", None)
         try:
             actual = _doc_checksum(d)

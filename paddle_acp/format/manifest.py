@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 import crc32c
 import numpy as np
 
-from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.errors import CorruptCheckpointError, UnknownFormatError
 
 FORMAT = "paddle-acp/checkpoint"
 VERSION = 2  # what this paddle-acp writes
@@ -121,6 +121,20 @@ def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_MANIFEST_
         return json.loads(raw.decode("utf-8"), parse_float=_parse_float, parse_constant=_parse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
         raise CorruptCheckpointError(f"invalid {what}: not valid JSON ({str(exc)[:200]})") from None
+
+
+def check_newer_version(d: Any, fmt: str, known: int, what: str) -> None:
+    """UnknownFormatError when document ``d`` is of format ``fmt`` with a version above ``known`` (the
+    newest this paddle-acp reads): written by a newer paddle-acp, whose checksums and fields may differ,
+    so this is decided before anything else is checked."""
+    if not isinstance(d, dict) or d.get("format") != fmt:
+        return
+    version = d.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and known < version < MAX_INT:
+        raise UnknownFormatError(
+            f"{what} format version {version} is newer than this paddle-acp reads (up to {known}): "
+            "a newer paddle-acp wrote it; resume with that paddle-acp (or a newer one)"
+        )
 
 
 def check_text(value: Any, where: str, max_len: int = MAX_TEXT, empty: bool = True) -> str:
@@ -354,6 +368,7 @@ class Manifest:
         d = parse_json(bytes(raw), max_size=limit)
         if not isinstance(d, dict):
             raise _fail("top level must be an object")
+        check_newer_version(d, FORMAT, max(TENSOR_CHECKSUMS), "manifest")
         checksum = d.pop("checksum", None)
         try:
             actual = _doc_checksum(d)

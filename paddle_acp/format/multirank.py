@@ -29,10 +29,10 @@ import dataclasses
 import logging
 import time
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic, reader, verdict
+from paddle_acp.format import atomic, index, reader, verdict
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, describe_topology
@@ -42,7 +42,6 @@ from paddle_acp.format.layout import (
     MANIFEST_NAME,
     PART_RE,
     PART_TMP_RE,
-    final_name,
     parse_name,
     position_key,
     position_name,
@@ -54,6 +53,7 @@ from paddle_acp.format.layout import (
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.format.part_commit import PartCommitMixin
 from paddle_acp.format.reader import LoadedCheckpoint
+from paddle_acp.format.restart import load_newest as load_newest  # where it was; the restart's choice lives there
 from paddle_acp.format.retention import delete_checkpoint, policy_for
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.storage.base import Storage
@@ -87,19 +87,78 @@ class SaveResult:
     waited: float = 0.0
 
 
-class GlobalCheckpointer(PartCommitMixin):
+class GlobalReader:
+    """Reads the committed checkpoints of several ranks of one range: no rank, no topology, nothing
+    written (what the operator tools and every rank's restore read alike)."""
+
+    def __init__(self, storage: Storage, job_id: str, range_name: str) -> None:
+        self.storage = storage
+        self.job_id = job_id
+        self.range_name = range_name
+        self.dir = range_dir(job_id, range_name)
+
+    def part_dir(self, name: str, rank: int) -> str:
+        return f"{self.dir}/{name}/{rank_part(rank)}"
+
+    def read_global(self, name: str) -> GlobalManifest:
+        path = f"{self.dir}/{name}/{GLOBAL_NAME}"
+        try:
+            raw = self.storage.read_bytes(path, limit=MAX_GLOBAL_SIZE)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{path} is missing (checkpoint not committed)") from None
+        g = GlobalManifest.loads(raw)
+        if g.name != name or g.range_name != self.range_name:
+            raise CorruptCheckpointError(f"{path}: global manifest belongs to {g.range_name}/{g.name}")
+        return g
+
+    def check_global(self, name: str) -> Tuple[GlobalManifest, Dict[int, bytes]]:
+        """The global manifest and every part's manifest bytes, each verified against it
+        (CRC32, size, validity, data file size, the part's own record of its rank, world size
+        and mode), and no rank's mark on this copy. Every rank reaches the same verdict."""
+        g = self.read_global(name)
+        ckdir = f"{self.dir}/{name}"
+        verdict.check_marks(self.storage, ckdir, g)
+        raws: Dict[int, bytes] = {}
+        for p in g.parts:
+            path = f"{self.part_dir(name, p.rank)}/{MANIFEST_NAME}"
+            try:
+                raw = self.storage.read_bytes(path, limit=p.manifest_size)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{path} is missing") from None
+            if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
+                raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
+            m = Manifest.loads(raw)
+            if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
+                raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
+            verdict.check_part(ckdir, g, p.rank, m)
+            try:
+                size = self.storage.size(f"{self.part_dir(name, p.rank)}/{DATA_NAME}")
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} is missing") from None
+            if size != p.data_size:
+                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
+            raws[p.rank] = raw
+        return g, raws
+
+    def verify(self, name: str, progress: Optional[reader.Progress] = None) -> GlobalManifest:
+        """Check checkpoint ``name`` completely: the global manifest, every part's manifest and
+        every part's checksums (:func:`reader.verify`, constant memory). CorruptCheckpointError."""
+        g, raws = self.check_global(name)
+        for rank in sorted(raws):
+            reader.verify(self.storage, self.part_dir(name, rank), g.number, self.range_name, raws[rank], progress)
+        return g
+
+
+class GlobalCheckpointer(GlobalReader, PartCommitMixin):
     """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.part_commit`) for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
                  max_to_keep: int = 3, part_timeout: float = 300.0, fence: Optional[Fence] = None) -> None:
-        self.storage = storage
-        self.job_id = job_id
-        self.range_name = range_name
+        super().__init__(storage, job_id, range_name)
         self.rank = rank
         self.world_size = world_size
         self.max_to_keep = max_to_keep
         self.part_timeout = part_timeout
-        self.dir = range_dir(job_id, range_name)
         self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
         self.base_crc: Optional[int] = None  # the CRC32 of its global.json (the copy resumed from)
         self.poll_interval = 0.02
@@ -108,6 +167,7 @@ class GlobalCheckpointer(PartCommitMixin):
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
         # this rank's node-local copies (PADDLE_ACP_LOCAL_CACHE, remote storage only)
         self.cache: Optional["RangeCache"] = None
+        self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows
 
     @property
     def fence(self) -> Optional[Fence]:
@@ -137,9 +197,6 @@ class GlobalCheckpointer(PartCommitMixin):
             committed = self.storage.exists(f"{self.dir}/{e.name}/{GLOBAL_NAME}")
             out.append(GlobalEntry(e.name, pos[0], pos[1], committed))
         return sorted(out, key=lambda g: g.key)
-
-    def part_dir(self, name: str, rank: int) -> str:
-        return f"{self.dir}/{name}/{rank_part(rank)}"
 
     def part_committed(self, name: str, rank: int) -> bool:
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
@@ -216,7 +273,8 @@ class GlobalCheckpointer(PartCommitMixin):
         if not committed:
             return []
         newest = committed[-1].key
-        doomed = policy_for(keep).doomed(committed)
+        # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
+        doomed = policy_for(keep).doomed([g for g in committed if self._deletable(g)]) if policy_for(keep).doomed(committed) else []
         doomed += [g for g in entries if not g.committed and g.key < newest]  # abandoned: never committed
         if not doomed:
             return []
@@ -228,6 +286,16 @@ class GlobalCheckpointer(PartCommitMixin):
             logger.debug("retention: deleted checkpoint %s of %s", g.name, self.dir)
         return [g.name for g in doomed]
 
+    def _deletable(self, g: GlobalEntry) -> bool:
+        """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
+        known = self._known_format.get(g.name)
+        if known is None:
+            why = index.newer_format(self.storage, f"{self.dir}/{g.name}")
+            if why is not None:
+                logger.warning("range %s: keeping checkpoint %s, it is of a newer format (%s)", self.range_name, g.name, why)
+            known = self._known_format[g.name] = why is None
+        return known
+
     def discard_newer(self, key: Optional[Tuple[int, int]]) -> None:
         """At start: remove what this rank wrote after the checkpoint it resumes from (parts of
         checkpoints that never became, or are no longer, valid); rank 0 also withdraws their
@@ -235,6 +303,8 @@ class GlobalCheckpointer(PartCommitMixin):
         for g in self.scan():
             if key is not None and g.key <= key:
                 continue
+            if g.committed and not self._deletable(g):
+                continue  # of a newer format: neither withdrawn nor is any part of it removed
             try:
                 if self.rank == 0 and g.committed:
                     if self.fence is not None:
@@ -246,55 +316,6 @@ class GlobalCheckpointer(PartCommitMixin):
                 return  # a newer incarnation of this rank started (said once, by the fence): it cleans up
             except (StorageError, CheckpointError) as exc:
                 logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
-
-    # -- reading ---------------------------------------------------------------
-    def read_global(self, name: str) -> GlobalManifest:
-        path = f"{self.dir}/{name}/{GLOBAL_NAME}"
-        try:
-            raw = self.storage.read_bytes(path, limit=MAX_GLOBAL_SIZE)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path} is missing (checkpoint not committed)") from None
-        g = GlobalManifest.loads(raw)
-        if g.name != name or g.range_name != self.range_name:
-            raise CorruptCheckpointError(f"{path}: global manifest belongs to {g.range_name}/{g.name}")
-        return g
-
-    def check_global(self, name: str) -> Tuple[GlobalManifest, Dict[int, bytes]]:
-        """The global manifest and every part's manifest bytes, each verified against it
-        (CRC32, size, validity, data file size, the part's own record of its rank, world size
-        and mode), and no rank's mark on this copy. Every rank reaches the same verdict."""
-        g = self.read_global(name)
-        ckdir = f"{self.dir}/{name}"
-        verdict.check_marks(self.storage, ckdir, g)
-        raws: Dict[int, bytes] = {}
-        for p in g.parts:
-            path = f"{self.part_dir(name, p.rank)}/{MANIFEST_NAME}"
-            try:
-                raw = self.storage.read_bytes(path, limit=p.manifest_size)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{path} is missing") from None
-            if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
-                raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
-            m = Manifest.loads(raw)
-            if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
-                raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
-            verdict.check_part(ckdir, g, p.rank, m)
-            try:
-                size = self.storage.size(f"{self.part_dir(name, p.rank)}/{DATA_NAME}")
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} is missing") from None
-            if size != p.data_size:
-                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
-            raws[p.rank] = raw
-        return g, raws
-
-    def verify(self, name: str, progress: Optional[reader.Progress] = None) -> GlobalManifest:
-        """Check checkpoint ``name`` completely: the global manifest, every part's manifest and
-        every part's checksums (:func:`reader.verify`, constant memory). CorruptCheckpointError."""
-        g, raws = self.check_global(name)
-        for rank in sorted(raws):
-            reader.verify(self.storage, self.part_dir(name, rank), g.number, self.range_name, raws[rank], progress)
-        return g
 
     def topology_error(self, g: GlobalManifest, running_mode: str, why: str) -> CheckpointError:
         return CheckpointError(
@@ -360,85 +381,3 @@ class GlobalCheckpointer(PartCommitMixin):
         if ranks:
             raise verdict.base_condemned(self.rank, ckdir, ranks, self.storage, self.base_crc)
 
-
-def load_newest(v2: Checkpointer, gck: GlobalCheckpointer, running_mode: Optional[str],
-                check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
-    """The newest checkpoint of either layout that verifies (older ones are tried in turn).
-
-    Single-rank checkpoints (``ckpt-N``, written by rank 0 only) count as replicated;
-    their position is read from their manifest when both layouts are present.
-    Topology mismatches raise CheckpointError instead of falling back.
-
-    A corrupt, crafted or unreadable checkpoint is skipped with a warning naming it and
-    the cause; so is one that ``check(loaded)`` rejects (CheckpointError: it does not fit
-    this process). When nothing loads, the first such CheckpointError is raised, or
-    StorageError when some could not be read: never a silent start from scratch.
-    """
-    v2.check_no_links()
-    v3 = [e for e in gck.scan() if e.committed]
-    numbers = v2.committed_numbers()
-    cands: List[Tuple[Tuple[int, int], str, Any]] = [(e.key, "global", e.name) for e in v3]
-    for n in numbers:
-        key: Tuple[int, int] = (-1, n)
-        if v3:
-            try:
-                m = v2.read_manifest(n)
-                key = position_key(m.range.epoch_no, m.range.step)
-            except (CorruptCheckpointError, StorageError):
-                key = (-2, n)
-        cands.append((key, "single", n))
-    cands.sort(key=lambda c: (c[0], c[1] == "global"))
-    unreadable, misfits = [], []
-    for key, kind, ident in reversed(cands):
-        try:
-            if kind == "global":
-                loaded = gck.load(ident, running_mode)
-            else:
-                if running_mode == "per-rank" and gck.world_size > 1:
-                    raise CheckpointError(
-                        f"rank {gck.rank}: checkpoint {ident} of range {gck.range_name} (job {gck.job_id}) was written by "
-                        "trainer 0 alone (replicated state), but this job keeps per-rank state "
-                        f"({describe_topology(gck.world_size, 'per-rank')}): every rank would load rank 0's state. "
-                        "Set PADDLE_ACP_RANK_STATE=replicated if the ranks' state is identical, or start a new job "
-                        "(a new PADDLE_JOB_ID)."
-                    )
-                loaded = v2.load(ident)
-                loaded.global_manifest = None
-            loaded.position_key = key if kind == "global" else position_key(
-                loaded.manifest.range.epoch_no, loaded.manifest.range.step)
-            loaded.name = ident if kind == "global" else final_name(ident)
-        except CorruptCheckpointError as exc:
-            logger.warning("skipping checkpoint %s of %s/%s: %s", ident, gck.storage.uri, gck.dir, exc)
-            continue
-        except StorageError as exc:
-            if kind == "global" and gck.world_size > 1:
-                # another rank may read it fine: falling back alone would resume the ranks from
-                # different checkpoints. Fail; the job's restart tries again.
-                raise StorageError(
-                    f"rank {gck.rank}: checkpoint {ident} of {gck.storage.uri}/{gck.dir} cannot be read ({exc}); every "
-                    "rank must resume from the same checkpoint, so this rank does not fall back alone: fix the storage "
-                    "and restart the job"
-                ) from exc
-            unreadable.append(f"{ident}: {exc}")
-            logger.warning("skipping checkpoint %s of %s/%s, it cannot be read: %s", ident, gck.storage.uri, gck.dir, exc)
-            continue
-        if check is not None:
-            try:
-                check(loaded)
-            except CheckpointError as exc:
-                loaded.close()
-                misfits.append(exc)
-                logger.warning("skipping checkpoint %s of %s/%s: %s", ident, gck.storage.uri, gck.dir, exc)
-                continue
-        return loaded
-    if misfits:
-        raise misfits[0]
-    if unreadable:
-        raise StorageError(
-            f"no checkpoint of {gck.storage.uri}/{gck.dir} could be loaded, and {len(unreadable)} could not be read "
-            f"({'; '.join(unreadable[:3])}): fix the storage (permissions?) rather than train from scratch, "
-            "or remove the unreadable checkpoints"
-        )
-    if cands:
-        logger.error("none of the %d checkpoints of %s/%s is valid: STARTING FROM SCRATCH", len(cands), gck.storage.uri, gck.dir)
-    return None

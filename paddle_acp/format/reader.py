@@ -93,8 +93,8 @@ def _read_manifest(storage: Storage, base: str, number: int, range_name: str,
             raise CorruptCheckpointError(f"{path}: manifest is missing (checkpoint not committed)") from None
     try:
         m = Manifest.loads(raw, data_file_size=(data_size or 0) if looked_up else None)
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{path}: {exc}") from None
+    except CorruptCheckpointError as exc:  # the same class: a newer format stays one (UnknownFormatError)
+        raise type(exc)(f"{path}: {exc}") from None
     if m.number != number:
         raise CorruptCheckpointError(f"{path}: manifest says checkpoint {m.number}, directory says {number}")
     if m.range.name != range_name:

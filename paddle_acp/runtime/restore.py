@@ -1,7 +1,8 @@
 """Restoring: find the checkpoint a range resumes from and write its state back.
 
 :meth:`RestoreMixin._load_newest` (when the range opens) picks the newest valid checkpoint
-(``load_newest``: the single-writer or the global one) and sets the epoch and step the loop
+(``format/restart.load_newest``: the single-writer or the global one; checkpoints that exist but
+cannot be used stop the restart unless ``PADDLE_ACP_START_FRESH`` is set) and sets the epoch and step the loop
 resumes at; :meth:`RestoreMixin._resume_rng` restores the RNG state when the loop starts.
 Each training program gets its tensors and LR scheduler back on its first ``Executor.run``
 (:meth:`RestoreMixin._restore_entry`); programs that never ran in the range are written
@@ -18,8 +19,9 @@ from paddle_acp.adapter.fleet import decide_mode, fleet_degrees
 from paddle_acp.adapter.tensors import dtype_name, write_program
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.multirank import GlobalCheckpointer, load_newest
+from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
+from paddle_acp.format.restart import load_newest
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.state import STATE
 
@@ -53,7 +55,8 @@ class RestoreMixin:
         cfg = self.cfg
         running = cfg.rank_state if cfg.rank_state != "auto" else (
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
-        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None)
+        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None,
+                             start_fresh=cfg.start_fresh)
         if self.multi:
             self.gcheckpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
             self.gcheckpointer.discard_newer(loaded.position_key if loaded is not None else None)

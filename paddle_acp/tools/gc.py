@@ -1,7 +1,7 @@
 """``paddle-acp gc``: retention by hand. Keeps the newest K committed checkpoints of every range and
 always the newest valid one (the one a restart loads, every checksum read); deletes the older ones and
 the leftovers of interrupted saves untouched for ``--leftover-age`` seconds (a save may be writing them).
-A range without a valid checkpoint loses nothing."""
+A range without a valid checkpoint loses nothing; a checkpoint of a newer format is never deleted."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from paddle_acp.format.retention import delete_checkpoint
 from paddle_acp.storage.base import Storage, scrub
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs
 from paddle_acp.tools.render import emit, emit_json, fmt_duration, human_bytes, plural, table
-from paddle_acp.tools.scan import CORRUPT, CkptInfo, restart_checkpoint, scan_range
+from paddle_acp.tools.scan import CORRUPT, NEWER, CkptInfo, restart_checkpoint, scan_range
 
 KEEP, DELETE, SKIP = "keep", "delete", "skip"
 
@@ -60,6 +60,8 @@ def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float, n
                         plan.append(GcAction(job, r, i, SKIP, f"{i.reason}, but modified {fmt_duration(age)} ago: may be a save in progress"))
                     else:
                         plan.append(GcAction(job, r, i, DELETE, i.reason))
+                elif i.status == NEWER:
+                    plan.append(GcAction(job, r, i, KEEP, f"of a newer format: this paddle-acp never deletes it ({i.reason})"))
                 elif newest_valid is None:
                     plan.append(GcAction(job, r, i, KEEP, "no valid checkpoint in this range: nothing deleted"))
                 elif i is newest_valid and id(i) not in newest_k:

@@ -45,8 +45,12 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
         data_size = ref.storage.size(f"{ref.part_path}/{DATA_NAME}")
     except FileNotFoundError:
         pass
-    infos = scan_range(ref.storage, ref.job, ref.range)
-    restart = restart_checkpoint(ref.storage, ref.job, ref.range, infos)
+    if ref.scanned is not None:  # resolved to the checkpoint a restart loads: found (and its data read) already
+        infos = ref.scanned
+        restart = next((i for i in infos if i.restart), None)
+    else:
+        infos = scan_range(ref.storage, ref.job, ref.range)
+        restart = restart_checkpoint(ref.storage, ref.job, ref.range, infos)
     this = next((i for i in infos if i.name == ref.dir_name and i.committed), None)
     programs = []
     for p in m.programs:

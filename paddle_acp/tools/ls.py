@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.tools.discovery import list_ranges, open_root, read_job_marker, select_jobs
 from paddle_acp.tools.render import emit, emit_json, fmt_time, human_bytes, table
-from paddle_acp.tools.scan import CORRUPT, CkptInfo, scan_range
+from paddle_acp.tools.scan import CORRUPT, NEWER, CkptInfo, restart_outcome, scan_range
 
 
 @dataclasses.dataclass
@@ -57,6 +57,9 @@ def to_json(res: LsResult) -> Dict[str, Any]:
                 "created": j.created,
                 "ranges": [
                     {"range": r.range, "restart": r.restart.number if r.restart else None,
+                     "restart_name": r.restart.name if r.restart else None,
+                     "restart_outcome": restart_outcome(r.checkpoints, bool(res.verified)),
+                     "data_checked": bool(res.verified),
                      "checkpoints": [i.to_json() for i in r.checkpoints]}
                     for r in j.ranges
                 ],
@@ -79,6 +82,8 @@ def status_cell(i: CkptInfo) -> str:
         return i.status + (f" ({i.reason})" if i.multirank and i.reason else "")
     if i.status == CORRUPT:
         return f"CORRUPT: {i.reason}"
+    if i.status == NEWER:
+        return f"NEWER FORMAT (kept; a newer paddle-acp reads it): {i.reason}"
     return f"uncommitted ({i.reason})"
 
 
@@ -91,8 +96,7 @@ def render(res: LsResult) -> str:
         if not j.ranges:
             lines.append("  (no checkpoints yet)")
         for r in j.ranges:
-            restart = r.restart.name if r.restart else "nothing (would start from scratch)"
-            lines.append(f"  range {r.range}: a restart loads {restart}")
+            lines.append(f"  range {r.range}: a restart {restart_outcome(r.checkpoints, res.verified)}")
             rows = []
             for i in r.checkpoints:
                 m = i.manifest
@@ -107,7 +111,8 @@ def render(res: LsResult) -> str:
     if res.verified:
         lines.append("* = the checkpoint a restart loads (every checksum verified)")
     else:
-        lines.append("* = the checkpoint a restart loads (checksums not read: run `paddle-acp verify` to check them)")
+        lines.append("* = the checkpoint a restart loads if its data verifies: data NOT checked (checksums not read; "
+                     "`paddle-acp ls --verify` or `paddle-acp verify` reads them, and a restart skips a corrupt one)")
     return "\n".join(lines)
 
 

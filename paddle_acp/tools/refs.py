@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format import reader
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format import index, reader
 from paddle_acp.format.layout import MANIFEST_NAME, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage, redact
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, short_reason, single_job, uri_join
-from paddle_acp.tools.scan import scan_range
+from paddle_acp.tools.scan import CkptInfo, restart_checkpoint, scan_range
 
 if TYPE_CHECKING:
     from paddle_acp.format.global_manifest import GlobalManifest
@@ -39,6 +38,9 @@ class CkptRef:
     number: int
     name: Optional[str] = None  # several ranks: the checkpoint's directory name
     rank: int = 0
+    # when the reference was resolved to the checkpoint a restart loads: the range's scan (restart order,
+    # the data of the one picked read), so that ``inspect`` need not read it again
+    scanned: Optional[List[CkptInfo]] = None
 
     @property
     def multirank(self) -> bool:
@@ -114,14 +116,14 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
             f"range {range_name!r} not found in job {job!r} under {storage.uri!r}"
             + (f"; ranges there: {', '.join(ranges)}" if ranges else "")
         )
-    if number is None:
+    if number is None:  # the one a restart loads: found as a restart finds it, data read
         infos = scan_range(storage, job, range_name)
-        pick = next((i for i in infos if i.restart), None)
+        pick = restart_checkpoint(storage, job, range_name, infos, quiet=True)
         if pick is None:
             raise ToolError(f"range {range_name!r} of job {job!r} under {storage.uri!r} has no valid checkpoint")
         if pick.multirank:
-            return _with_rank(CkptRef(storage, job, range_name, pick.number, name=pick.name), rank)
-        number = pick.number
+            return _with_rank(CkptRef(storage, job, range_name, pick.number, name=pick.name, scanned=infos), rank)
+        return _with_rank(CkptRef(storage, job, range_name, pick.number, scanned=infos), rank)
     return _with_rank(CkptRef(storage, job, range_name, number), rank)
 
 
@@ -137,8 +139,8 @@ def _with_rank(ref: CkptRef, rank: Optional[int]) -> CkptRef:
 def _check_ref(ref: CkptRef) -> None:
     st = ref.storage
     if not st.exists(ref.path):
-        have = Checkpointer(st, ref.job, ref.range).committed_numbers() if st.exists(range_dir(ref.job, ref.range)) else []
-        extra = f" (committed checkpoints of that range: {', '.join(map(str, reversed(have)))})" if have else ""
+        have = index.entries(st, ref.job, ref.range) if st.exists(range_dir(ref.job, ref.range)) else []
+        extra = f" (committed checkpoints of that range: {', '.join(e.name for e in have)})" if have else ""
         if not st.exists(ref.job):
             extra = f" (no job {ref.job!r} under {st.uri!r})"
         raise ToolError(f"checkpoint {ref.uri} does not exist{extra}")
@@ -147,9 +149,9 @@ def _check_ref(ref: CkptRef) -> None:
 def read_part(ref: CkptRef) -> Tuple[GlobalManifest, Dict[int, bytes]]:
     """A checkpoint of several ranks: its global manifest and every part's manifest bytes, each checked
     against it; CorruptCheckpointError otherwise."""
-    from paddle_acp.format.multirank import GlobalCheckpointer
+    from paddle_acp.format.multirank import GlobalReader
 
-    return GlobalCheckpointer(ref.storage, ref.job, ref.range, 0, 1).check_global(ref.dir_name)
+    return GlobalReader(ref.storage, ref.job, ref.range).check_global(ref.dir_name)
 
 
 def load_manifest(ref: CkptRef) -> Manifest:

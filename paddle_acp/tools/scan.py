@@ -1,4 +1,5 @@
-"""The checkpoints of a range, newest first, each with its status, and the one a restart loads.
+"""The checkpoints of a range in restart order, each with its status, and the one a restart loads
+(decided by :mod:`paddle_acp.format.index`, the restart's own code).
 
 Both layouts: one writer (``ckpt-<N>/`` with ``manifest.json`` and ``tensors.bin``) and several ranks
 (``ckpt-e<E>[-s<S>]/`` with ``rank-<k>/`` parts and ``global.json``, see
@@ -8,18 +9,17 @@ Both layouts: one writer (``ckpt-<N>/`` with ``manifest.json`` and ``tensors.bin
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic, reader
-from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.layout import position_key, range_dir
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
+from paddle_acp.format import index, reader
+from paddle_acp.format.layout import range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage
 from paddle_acp.tools.discovery import short_reason
 from paddle_acp.tools.reading import verify_checkpoint
 
-OK, VERIFIED, CORRUPT, UNCOMMITTED = "ok", "verified", "corrupt", "uncommitted"
+OK, VERIFIED, CORRUPT, NEWER, UNCOMMITTED = "ok", "verified", "corrupt", "newer-format", "uncommitted"
 
 
 @dataclasses.dataclass
@@ -35,11 +35,12 @@ class CkptInfo:
     bytes: int = 0
     mtime: Optional[float] = None
     manifest: Optional[Manifest] = None
-    status: str = UNCOMMITTED  # ok | verified | corrupt | uncommitted
+    status: str = UNCOMMITTED  # ok | verified | corrupt | newer-format (never deleted) | uncommitted
     reason: str = ""
     restart: bool = False
     position: Optional[Tuple[int, int]] = None  # checkpoints of several ranks: (epoch, step) order
     ranks: Optional[List[int]] = None  # checkpoints of several ranks: the parts' ranks (committed ones)
+    entry: Optional[index.Entry] = None  # where the restart order puts it
 
     @property
     def valid(self) -> bool:
@@ -85,64 +86,72 @@ def dir_stats(storage: Storage, path: str) -> Tuple[int, Dict[str, int], Optiona
 def scan_range(
     storage: Storage, job: str, range_name: str, verify: bool = False, quiet_progress: bool = False
 ) -> List[CkptInfo]:
-    """Every checkpoint directory of a range, newest first, with its status.
+    """Every checkpoint directory of a range, with its status, in the order a restart tries them
+    (:func:`paddle_acp.format.index.entries`, the restart's own ordering).
 
     Without ``verify`` a committed checkpoint is "ok" when its manifest is valid
     and its data file has the size the manifest gives (no data is read); with
-    ``verify`` every checksum is checked ("verified"). The newest valid one is
-    marked ``restart``: it is the one a restart loads (restarts skip corrupt
-    checkpoints).
+    ``verify`` every checksum is checked ("verified"). The first valid one is
+    marked ``restart``: without ``verify`` that is the one a restart loads if its data verifies
+    (:func:`restart_checkpoint` reads the data, as a restart does).
     """
     parent = range_dir(job, range_name)
-    Checkpointer(storage, job, range_name).check_no_links()
+    index.check_no_links(storage, job, range_name)
     listing = storage.listdir(parent)
     mtimes = {e.name: e.mtime for e in listing}
     infos: List[CkptInfo] = []
-    for d in atomic.scan(storage, parent, listing):
-        path = f"{parent}/{d.name}"
-        info = CkptInfo(job, range_name, d.name, d.number, d.committed, path)
-        try:
-            info.bytes, _files, newest = dir_stats(storage, path)
-        except StorageError as exc:  # this checkpoint only: the others are still listed
-            newest = None
-            if d.committed:
-                info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
-        info.mtime = newest if newest is not None else mtimes.get(d.name)
-        if d.committed and info.status != CORRUPT:
-            try:
-                if verify:
-                    info.manifest = verify_checkpoint(storage, job, range_name, d.number, quiet=quiet_progress)
-                    info.status = VERIFIED
-                else:  # the manifest and the data file's size, as a restore checks them first
-                    info.manifest, _ = reader.check_header(storage, path, d.number, range_name)
-                    info.status = OK
-            except CorruptCheckpointError as exc:
-                info.status, info.reason = CORRUPT, short_reason(exc, path)
-                info.manifest = _manifest_if_valid(storage, path, d.number, range_name)  # shown where it is
-            except StorageError as exc:
-                info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
-        elif not d.committed:
-            info.reason = "leftover of an interrupted save" if ".tmp-" in d.name else "no manifest (not committed)"
-        infos.append(info)
-    glob = _scan_global(storage, job, range_name, verify, mtimes)
-    if glob:  # both layouts: order by training position, as a restart does
-        def pos(i: CkptInfo) -> Tuple[int, int]:
-            m = i.manifest
-            if i.position is not None:
-                return i.position
-            if m is None:
-                return (-2, i.number)
-            return (m.range.epoch_no, m.range.step if m.range.step is not None else (1 << 32) - 1)
-
-        infos += glob
-        infos.sort(key=lambda i: (pos(i), i.committed), reverse=True)
-    else:
-        infos.sort(key=lambda i: (i.number, i.committed), reverse=True)
-    for i in infos:
-        if i.committed and i.valid:
-            i.restart = True
-            break
+    for e in index.entries(storage, job, range_name, uncommitted=True, listing=listing):
+        if e.layout == index.SINGLE:
+            infos.append(_single_info(storage, job, range_name, e, verify, quiet_progress, mtimes))
+        else:
+            infos.append(_global_info(storage, job, range_name, e, verify, mtimes))
+    _mark(infos, lambda i: i if i.valid else _refuse(i))
     return infos
+
+
+def _refuse(i: CkptInfo) -> CkptInfo:
+    raise (UnknownFormatError if i.status == NEWER else CorruptCheckpointError)(i.reason)
+
+
+def _mark(infos: List[CkptInfo], check: Callable[[CkptInfo], CkptInfo]) -> Optional[CkptInfo]:
+    """Mark (``restart``) the first checkpoint of ``infos`` (restart order) that ``check`` passes,
+    found by the restart's own search (:func:`paddle_acp.format.index.first_usable`)."""
+    by_entry = {id(i.entry): i for i in infos if i.entry is not None}
+    cands = [i.entry for i in infos if i.entry is not None]
+    search = index.first_usable(cands, lambda e: check(by_entry[id(e)]), log=False)
+    for i in infos:
+        i.restart = search.found is not None and i is search.found
+    return search.found
+
+
+def _single_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool, quiet: bool,
+                 mtimes: Dict[str, Optional[float]]) -> CkptInfo:
+    info = CkptInfo(job, range_name, e.name, e.number, e.committed, e.path, entry=e)
+    try:
+        info.bytes, _files, newest = dir_stats(storage, e.path)
+    except StorageError as exc:  # this checkpoint only: the others are still listed
+        newest = None
+        if e.committed:
+            info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, e.path)}"
+    info.mtime = newest if newest is not None else mtimes.get(e.name)
+    if e.committed and info.status != CORRUPT:
+        try:
+            if verify:
+                info.manifest = verify_checkpoint(storage, job, range_name, e.number, quiet=quiet)
+                info.status = VERIFIED
+            else:  # the manifest and the data file's size, as a restore checks them first
+                info.manifest, _ = reader.check_header(storage, e.path, e.number, range_name)
+                info.status = OK
+        except UnknownFormatError as exc:
+            info.status, info.reason = NEWER, short_reason(exc, e.path)
+        except CorruptCheckpointError as exc:
+            info.status, info.reason = CORRUPT, short_reason(exc, e.path)
+            info.manifest = _manifest_if_valid(storage, e.path, e.number, range_name)  # shown where it is
+        except StorageError as exc:
+            info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, e.path)}"
+    elif not e.committed:
+        info.reason = "leftover of an interrupted save" if ".tmp-" in e.name else "no manifest (not committed)"
+    return info
 
 
 def _manifest_if_valid(storage: Storage, path: str, number: int, range_name: str) -> Optional[Manifest]:
@@ -153,77 +162,92 @@ def _manifest_if_valid(storage: Storage, path: str, number: int, range_name: str
         return None
 
 
-def _scan_global(storage: Storage, job: str, range_name: str, verify: bool,
-                 mtimes: Dict[str, Optional[float]]) -> List[CkptInfo]:
-    """The checkpoints of a job of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
+def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool,
+                 mtimes: Dict[str, Optional[float]]) -> CkptInfo:
+    """A checkpoint of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
     "ok" when the global manifest and every part's manifest verify (and the data files have their
     sizes); with ``verify`` every part's checksums are read too."""
-    from paddle_acp.format.multirank import GlobalCheckpointer
+    from paddle_acp.format.multirank import GlobalReader
 
-    out = []
-    gck = GlobalCheckpointer(storage, job, range_name, 0, 1)
-    for g in gck.scan():
-        path = f"{range_dir(job, range_name)}/{g.name}"
-        info = CkptInfo(job, range_name, g.name, 0, g.committed, path)
-        info.position = position_key(g.epoch_no, g.step)
-        info.bytes, newest = 0, mtimes.get(g.name)
+    gck = GlobalReader(storage, job, range_name)
+    path = e.path
+    info = CkptInfo(job, range_name, e.name, 0, e.committed, path, entry=e)
+    info.position = e.key
+    info.bytes, newest = 0, mtimes.get(e.name)
+    try:
+        for d in storage.listdir(path):
+            if d.is_dir:
+                n, _files, t = dir_stats(storage, f"{path}/{d.name}")
+                info.bytes += n
+                newest = t if t is not None and (newest is None or t > newest) else newest
+    except StorageError as exc:  # this checkpoint only
+        info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
+    info.mtime = newest
+    if e.committed and info.status != CORRUPT:
         try:
-            for e in storage.listdir(path):
-                if e.is_dir:
-                    n, _files, t = dir_stats(storage, f"{path}/{e.name}")
-                    info.bytes += n
-                    newest = t if t is not None and (newest is None or t > newest) else newest
-        except StorageError as exc:  # this checkpoint only
+            gm, raws = gck.check_global(e.name)
+            info.number = gm.number
+            info.manifest = Manifest.loads(raws[0])
+            info.ranks = sorted(raws)
+            info.status = OK
+            info.reason = f"{gm.world_size} ranks, {gm.mode}"
+            if verify:
+                gck.verify(e.name)
+                info.status = VERIFIED
+        except UnknownFormatError as exc:
+            info.status, info.reason = NEWER, short_reason(exc, path)
+        except (CorruptCheckpointError, CheckpointError) as exc:  # CheckpointError: parts moved or swapped
+            info.status, info.reason = CORRUPT, short_reason(exc, path)
+        except StorageError as exc:
             info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
-        info.mtime = newest
-        if g.committed and info.status != CORRUPT:
-            try:
-                gm, raws = gck.check_global(g.name)
-                info.number = gm.number
-                info.manifest = Manifest.loads(raws[0])
-                info.ranks = sorted(raws)
-                info.status = OK
-                info.reason = f"{gm.world_size} ranks, {gm.mode}"
-                if verify:
-                    gck.verify(g.name)
-                    info.status = VERIFIED
-            except (CorruptCheckpointError, CheckpointError) as exc:  # CheckpointError: parts moved or swapped
-                info.status, info.reason = CORRUPT, short_reason(exc, path)
-            except StorageError as exc:
-                info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
-        elif not g.committed:
-            info.reason = "no global manifest (not committed, or abandoned)"
-        out.append(info)
-    return out
+    elif not e.committed:
+        info.reason = "no global manifest (not committed, or abandoned)"
+    return info
 
 
 def restart_checkpoint(storage: Storage, job: str, range_name: str, infos: List[CkptInfo],
                        quiet: bool = False) -> Optional[CkptInfo]:
-    """The checkpoint a restart loads, as a restart finds it: the newest committed one
-    whose data verifies (every checksum read); those that fail are marked corrupt."""
-    for i in infos:  # newest first
-        if not i.committed or not i.valid:
-            continue
+    """The checkpoint a restart loads, as a restart finds it (the same order, the same search): the
+    first committed one whose data verifies (every checksum read); those that fail are marked corrupt.
+    None: a restart finds nothing to load (it stops when ``infos`` hold committed checkpoints)."""
+
+    def check(i: CkptInfo) -> CkptInfo:
+        if not i.valid:
+            _refuse(i)
         if i.status != VERIFIED:
             try:
                 if i.multirank:  # a checkpoint of several ranks: every part
                     verify_global(storage, job, range_name, i.name)
                 else:
                     verify_checkpoint(storage, job, range_name, i.number, quiet=quiet)
-            except (CorruptCheckpointError, CheckpointError, StorageError) as exc:
-                i.status, i.reason, i.restart = CORRUPT, short_reason(exc, i.path), False
-                continue
+            except UnknownFormatError as exc:
+                i.status, i.reason = NEWER, short_reason(exc, i.path)
+                raise
+            except (CorruptCheckpointError, CheckpointError, StorageError) as exc:  # CheckpointError: parts swapped
+                i.status, i.reason = CORRUPT, short_reason(exc, i.path)
+                raise CorruptCheckpointError(i.reason) from exc
             i.status = VERIFIED
-        for j in infos:
-            j.restart = j is i
         return i
-    for j in infos:
-        j.restart = False
-    return None
+
+    return _mark(infos, check)
+
+
+def restart_outcome(infos: List[CkptInfo], checked: bool) -> str:
+    """What a restart of this range does, in words (``checked``: the data of the one it loads was read)."""
+    pick = next((i for i in infos if i.restart), None)
+    committed = [i for i in infos if i.committed]
+    if pick is not None:
+        return f"loads {pick.name}" if checked else f"loads {pick.name} if its data verifies (data not checked)"
+    if not committed:
+        return "starts from scratch (no committed checkpoint)"
+    newer = sum(1 for i in committed if i.status == NEWER)
+    return (f"STOPS with NoUsableCheckpointError: none of the {len(committed)} committed checkpoint(s) can be restored"
+            + (f" ({newer} of a newer format: resume with a newer paddle-acp)" if newer else "")
+            + "; nothing is deleted, PADDLE_ACP_START_FRESH=1 or a new PADDLE_JOB_ID starts from scratch")
 
 
 def verify_global(storage: Storage, job: str, range_name: str, name: str) -> None:
     """Every part of a checkpoint of several ranks, every checksum; CorruptCheckpointError otherwise."""
-    from paddle_acp.format.multirank import GlobalCheckpointer
+    from paddle_acp.format.multirank import GlobalReader
 
-    GlobalCheckpointer(storage, job, range_name, 0, 1).verify(name)
+    GlobalReader(storage, job, range_name).verify(name)

@@ -1,7 +1,8 @@
 """``paddle-acp verify``: read every committed checkpoint and check its manifest and every checksum.
 
-Fails (exit status 1) when the checkpoint a restart would load first (the newest committed one of a
-range) is bad, when a range has checkpoint directories but none valid, or when nothing is valid at all.
+Fails (exit status 1) when the checkpoint a restart would try first (the newest committed one of a
+range, in restart order) is bad, when a range has checkpoint directories but none valid (a restart then
+stops, or starts from scratch when none is committed), or when nothing is valid at all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from paddle_acp.errors import StorageError
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs, uri_join
 from paddle_acp.tools.ls import epoch_cell
 from paddle_acp.tools.render import emit, emit_json, table
-from paddle_acp.tools.scan import CkptInfo, scan_range
+from paddle_acp.tools.scan import NEWER, CkptInfo, restart_outcome, scan_range
 
 
 @dataclasses.dataclass
@@ -51,13 +52,13 @@ def verify(uri: str, job: Optional[str] = None) -> VerifyResult:
             if committed and not committed[0].valid:
                 newest = committed[0]
                 fallback = next((i for i in committed if i.valid), None)
-                then = f"fall back to {fallback.name}" if fallback else "START FROM SCRATCH (no valid checkpoint)"
+                then = f"fall back to {fallback.name}" if fallback else restart_outcome(infos, True)
                 res.failures.append(f"{uri_join(storage.uri, newest.path)} is bad ({newest.reason}): "
-                                    f"a restart of job {j!r} range {r!r} would {then}")
+                                    f"a restart of job {j!r} range {r!r} {'would ' if fallback else ''}{then}")
             elif infos and not any(i.valid for i in committed):
                 res.failures.append(
                     f"job {j!r} range {r!r} has {len(infos)} checkpoint director{'y' if len(infos) == 1 else 'ies'} "
-                    "but no valid (committed) checkpoint: a restart would START FROM SCRATCH"
+                    "but no committed checkpoint: a restart would START FROM SCRATCH"
                 )
             for i in committed[1:]:
                 if not i.valid:
@@ -73,7 +74,8 @@ def _rows(res: VerifyResult) -> List[List[str]]:
     for j, ranges in res.ranges.items():
         for r, infos in ranges.items():
             for i in infos:
-                status = ("ok" if i.valid else f"BAD: {i.reason}") if i.committed else f"ignored: {i.reason}"
+                bad = "NEWER FORMAT (kept)" if i.status == NEWER else "BAD"
+                status = ("ok" if i.valid else f"{bad}: {i.reason}") if i.committed else f"ignored: {i.reason}"
                 rows.append([j, r, i.name, epoch_cell(i.manifest), "*" if i.restart else "", status])
     return rows
 

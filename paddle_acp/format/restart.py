@@ -1,0 +1,101 @@
+"""Restart: the checkpoint a range resumes from, of either layout, on every rank alike.
+
+:func:`load_newest` walks the range's checkpoints in the order of
+:func:`paddle_acp.format.index.entries` (the operator tools walk the same order) and loads the
+first one that verifies and fits this job. When checkpoints exist but none can be used, the
+restart stops with an error naming each one and why (never a silent start from scratch, and
+nothing deleted), unless ``PADDLE_ACP_START_FRESH`` asks for a fresh start; a checkpoint of a
+newer format is never deleted or withdrawn.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable, Optional
+
+from paddle_acp.errors import CheckpointError, NoUsableCheckpointError, StorageError
+from paddle_acp.format import index
+from paddle_acp.format.checkpointer import Checkpointer, no_usable
+from paddle_acp.format.global_manifest import describe_topology
+from paddle_acp.format.layout import position_key
+from paddle_acp.format.reader import LoadedCheckpoint
+
+if TYPE_CHECKING:
+    from paddle_acp.format.multirank import GlobalCheckpointer
+
+logger = logging.getLogger("paddle_acp")
+
+
+def load_newest(v2: Checkpointer, gck: "GlobalCheckpointer", running_mode: Optional[str],
+                check: Optional[Callable[[LoadedCheckpoint], None]] = None,
+                start_fresh: bool = False) -> Optional[LoadedCheckpoint]:
+    """The newest checkpoint of either layout that verifies (older ones are tried in turn), in
+    the order of :func:`paddle_acp.format.index.entries` (the tools' order too).
+
+    Single-rank checkpoints (``ckpt-N``, written by rank 0 only) count as replicated.
+    Topology mismatches raise CheckpointError instead of falling back.
+
+    A corrupt, crafted, unreadable or newer-format checkpoint is skipped with a warning naming
+    it and the cause; so is one that ``check(loaded)`` rejects (CheckpointError: it does not fit
+    this process). None only when the range has no committed checkpoint. When checkpoints exist
+    but none loads: the first such CheckpointError, StorageError when some could not be read,
+    else :class:`~paddle_acp.errors.NoUsableCheckpointError` naming each checkpoint; with
+    ``start_fresh`` (``PADDLE_ACP_START_FRESH``) a warning and None instead. Never a silent start
+    from scratch, and nothing is deleted here.
+    """
+    v2.check_no_links()
+    where = f"{gck.storage.uri}/{gck.dir}"
+    multi = gck.world_size > 1
+    who = f"rank {gck.rank}: " if multi else ""
+
+    def load(e: index.Entry) -> LoadedCheckpoint:
+        if e.layout == index.GLOBAL:
+            loaded = gck.load(e.name, running_mode)
+            loaded.position_key = e.key
+        else:
+            if running_mode == "per-rank" and multi:
+                raise CheckpointError(
+                    f"rank {gck.rank}: checkpoint {e.number} of range {gck.range_name} (job {gck.job_id}) was written by "
+                    "trainer 0 alone (replicated state), but this job keeps per-rank state "
+                    f"({describe_topology(gck.world_size, 'per-rank')}): every rank would load rank 0's state. "
+                    "Set PADDLE_ACP_RANK_STATE=replicated if the ranks' state is identical, or start a new job "
+                    "(a new PADDLE_JOB_ID)."
+                )
+            loaded = v2.load(e.number)
+            loaded.global_manifest = None
+            loaded.position_key = position_key(loaded.manifest.range.epoch_no, loaded.manifest.range.step)
+        loaded.name = e.name
+        return loaded
+
+    def fatal(e: index.Entry, exc: StorageError) -> Optional[BaseException]:
+        if e.layout != index.GLOBAL or not multi:
+            return None
+        # another rank may read it fine: falling back alone would resume the ranks from
+        # different checkpoints. Fail; the job's restart tries again.
+        return StorageError(
+            f"rank {gck.rank}: checkpoint {e.name} of {where} cannot be read ({exc}); every "
+            "rank must resume from the same checkpoint, so this rank does not fall back alone: fix the storage "
+            "and restart the job"
+        )
+
+    search = index.first_usable(index.entries(gck.storage, gck.job_id, gck.range_name), load, check, where, fatal)
+    newer = [r for r in search.of_kind(index.NEWER_FORMAT) if r.entry.layout == index.GLOBAL]
+    if multi and newer and (search.found is not None or start_fresh):
+        if search.found is not None:
+            search.found.close()
+        # the positions this job would train again are taken by checkpoints it can neither read nor replace
+        raise CheckpointError(
+            f"rank {gck.rank}: checkpoint(s) {', '.join(r.entry.name for r in newer)} of {where} (job {gck.job_id}) "
+            f"are of a newer format ({newer[0].reason}); this job would train their positions again "
+            f"{'from ' + search.found.name if search.found is not None else 'from scratch'} and cannot replace them. "
+            "Resume with the newer paddle-acp that wrote them, or use a new PADDLE_JOB_ID. Nothing was deleted."
+        )
+    if search.found is not None or not search.rejected:
+        return search.found
+    err = no_usable(search, where, gck.job_id, who)
+    if start_fresh and isinstance(err, NoUsableCheckpointError):
+        logger.warning("%sPADDLE_ACP_START_FRESH is set: STARTING FROM SCRATCH although checkpoints exist (%s); they are "
+                       "kept%s", who, index.describe(search.rejected),
+                       " (those of a newer format are never deleted)" if search.of_kind(index.NEWER_FORMAT) else "")
+        return None
+    raise err
