@@ -34,7 +34,8 @@ from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.fencing import Fence, FencedError  # noqa: E402
 from paddle_acp.format.layout import GLOBAL_NAME, layout  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
-from paddle_acp.format.multirank import GlobalCheckpointer, load_newest  # noqa: E402
+from paddle_acp.format.multirank import GlobalCheckpointer  # noqa: E402
+from paddle_acp.format.restart import load_newest  # noqa: E402
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 from paddle_acp.tools.metrics import read_metrics as _read_job_metrics  # noqa: E402

@@ -17,10 +17,8 @@ from paddle_acp.format.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
 from paddle_acp.format.layout import GLOBAL_NAME, parse_name, position_key, position_name
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.multirank import (
-    GlobalCheckpointer,
-    load_newest,
-)
+from paddle_acp.format.multirank import GlobalCheckpointer
+from paddle_acp.format.restart import load_newest
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 

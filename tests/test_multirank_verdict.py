@@ -137,7 +137,7 @@ def test_hostile_mark_content_is_read_or_refused_as_corrupt(raw):
 def test_a_mark_condemns_one_copy_and_the_position_written_again_is_clean(tmp_path):
     from test_multirank import JOB, gck, save_all, v2
 
-    from paddle_acp.format.multirank import load_newest
+    from paddle_acp.format.restart import load_newest
 
     for e in (0, 1):
         save_all(tmp_path, 2, e)

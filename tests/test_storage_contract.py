@@ -340,7 +340,8 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
     import threading
 
     from paddle_acp.format.fencing import Fence, FencedError, create_exclusive
-    from paddle_acp.format.multirank import GLOBAL_NAME, GlobalCheckpointer, load_newest
+    from paddle_acp.format.multirank import GLOBAL_NAME, GlobalCheckpointer
+    from paddle_acp.format.restart import load_newest
 
     st = backend.storage()
     st.makedirs("job")

@@ -2,7 +2,7 @@
 
 One read-only answer to "which checkpoint does a restart load", shared by the restart
 (:meth:`Checkpointer.load_latest <paddle_acp.format.checkpointer.Checkpointer.load_latest>`,
-:func:`paddle_acp.format.multirank.load_newest`) and the operator tools (``ls``, ``verify``,
+:func:`paddle_acp.format.restart.load_newest`) and the operator tools (``ls``, ``verify``,
 ``inspect``, ``gc``):
 
 - :func:`entries` lists the single-writer checkpoints (``ckpt-N``) and those of several ranks

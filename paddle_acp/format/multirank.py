@@ -53,7 +53,6 @@ from paddle_acp.format.layout import (
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.format.part_commit import PartCommitMixin
 from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.restart import load_newest as load_newest  # where it was; the restart's choice lives there
 from paddle_acp.format.retention import delete_checkpoint, policy_for
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.storage.base import Storage
