@@ -20,6 +20,7 @@ checkpointing must match it too (and gives the duration).
     python ci/kill_anywhere.py --trials 200 --ir pir --json /tmp/ka.json
     python ci/kill_anywhere.py --ranks 2 --trials 5 --ir pir   # N ranks, see below
     python ci/kill_anywhere.py --trials 5 --ir pir --hdfs       # checkpoints on a real HDFS, see below
+    python ci/kill_anywhere.py --trials 5 --ir pir --s3 --local-cache --server-faults --sleep 0.05 --epochs 12
 
 With ``--ranks N`` (N > 1) each trial runs N rank processes of
 ``tests/scripts/rank_train.py`` (a tensor-parallel-like job: same program
@@ -39,16 +40,40 @@ client variables must be in this process's environment) the checkpoints go
 to remote storage, where a persist takes longer than a tiny epoch: the default
 busy policy then skips saves, and a restart resumes from an older epoch; the
 result must still be bit-identical. Kills inside a save are counted on local
-storage only.
+storage only. ``--s3`` does the same on a real S3 server (SeaweedFS), and all
+of it works with ``--ranks N`` too (per-rank parts on the remote).
+
+``--local-cache`` (remote storage) turns the node-local cache on
+(``PADDLE_ACP_LOCAL_CACHE``: one directory per trial, kept across its restarts
+and shared by its ranks, as on one node); restores from it are counted.
+``--server-faults`` (with ``--hdfs`` or ``--s3``) also SIGKILLs the storage
+server at a random moment of each restart round (HDFS: the NameNode, the
+DataNode or both; S3: the ``weed`` process) and restarts it after up to
+``--max-down`` seconds on the same ports and data (ci/storage_faults.py).
+A process that then stops with a clear error (exit status 1, a
+CheckpointError/StorageError naming its cause) is restarted, as a launcher
+would, and counts as an interruption; the round after ``--max-restarts``
+interruptions starts only once the server is up again and runs unkilled, with
+the server left up. With the cache or server faults the harness also lists
+the checkpoints between two rounds (``paddle-acp ls``): a restarted process
+must resume from the newest checkpoint seen committed, or a newer one (an
+older one or scratch is a silent wrong resume), and at the end every
+checkpoint seen committed must still verify (``ls --verify``) unless
+retention removed it (``max_to_keep`` newer committed ones remain).
 
 Prints ``N/N trials resumed bit-identically``; exits 1 on any failed trial
-(a correctness failure), 2 when the reference runs fail, 3 when a trial had a
-liveness problem only (a process that showed no life within
-``--life-timeout`` seconds, or an unkilled one that did not finish within
-``--timeout``: the machine was too slow or a process hung, which says nothing
-about the checkpoints).  A failed trial's directory is kept (and
-printed); trial t of IR ir draws its kill times from
-``random.Random("<seed>:<ir>:<t>")``, so it can be replayed.
+(a correctness failure: a difference, a skipped epoch, a wrong resume, a lost
+committed checkpoint, a process that failed without a clear error), 2 when
+the reference runs fail, 3 when a trial had a liveness problem only (a
+process that showed no life within ``--life-timeout`` seconds, an unkilled
+one that did not finish within ``--timeout``, a storage server that did not
+come back: the machine was too slow or a process hung, which says nothing
+about the checkpoints), 4 when a trial ended with a clear error (without
+``--server-faults``; with them a clear error is an accepted outcome, reported
+apart, exit 0).  A failed trial's directory is kept (and printed); trial t of
+IR ir draws its kill times from ``random.Random("<seed>:<ir>:<t>")`` (server
+faults from ``"<seed>:<ir>:<t>:faults"``), so it can be replayed as far as the
+machine's timing allows.
 """
 import argparse
 import json
