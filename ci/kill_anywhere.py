@@ -358,9 +358,10 @@ def storage_summary(rec):
     for a trial on remote storage with faults or the cache; '' otherwise."""
     if "cache_restores" not in rec or ("committed_seen" not in rec and not rec["server_faults"]):
         return ""
-    return ", %d server fault(s) %s, %d clear error(s), %d restore(s) from the cache, %s committed seen" % (
-        len(rec["server_faults"]), [f["part"] for f in rec["server_faults"]], len(rec["clear_errors"]),
-        rec["cache_restores"], rec.get("committed_seen", "-"))
+    return ", %d server fault(s) %s, %d clear error(s), %d restore(s) from the cache (%d from the remote), " \
+        "%s committed seen" % (len(rec["server_faults"]), [f["part"] for f in rec["server_faults"]],
+                               len(rec["clear_errors"]), rec["cache_restores"], len(rec["remote_restores"]),
+                               rec.get("committed_seen", "-"))
 
 
 def clear_error_exit(a, n):

@@ -22,6 +22,7 @@ real server (``--hdfs``, ``--s3``):
   exited with status 1 and its last traceback ends in a CheckpointError or
   StorageError with a message) from any other failure.
 """
+import importlib
 import json
 import os
 import queue
@@ -38,7 +39,7 @@ CLI = [sys.executable, os.path.join(REPO, "paddle_acp_cli.py")]
 
 #: The library's errors that count as a clear error (a process that stops with one, naming its cause).
 CLEAR_ERRORS = ("CheckpointError", "StorageError", "CorruptCheckpointError")
-_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): (\S.*)$")
+_EXC_LINE = re.compile(r"^((?:[\w.]+\.)?\w+): (\S.*)$")
 _CHAINED = ("The above exception was the direct cause of the following exception:",
             "During handling of the above exception, another exception occurred:")
 
@@ -76,9 +77,27 @@ def clear_error(returncode, stderr_text):
     chain, final = _final_chain(stderr_text.splitlines())
     if not final or not chain:
         return None
-    if chain[-1] in CLEAR_ERRORS or (chain[-1] == "ConfigError" and "StorageError" in chain):
+    if _is_clear(chain[-1]) or (chain[-1].rsplit(".", 1)[-1] == "ConfigError"
+                                and any(_is_clear(x, ("StorageError",)) for x in chain)):
         return final
     return None
+
+
+def _is_clear(qualname, bases=CLEAR_ERRORS):
+    """``qualname`` (as a traceback prints it) names one of the library's ``bases`` or a subclass
+    (e.g. ``RestartRequiredError``, a CheckpointError)."""
+    module, _, name = qualname.rpartition(".")
+    if name in bases:
+        return True
+    if not module.startswith("paddle_acp"):
+        return False
+    try:
+        importlib.import_module("paddle_acp_cli")  # first: defers the Paddle import and the Executor hook
+        errors = importlib.import_module("paddle_acp.errors")
+        cls = getattr(importlib.import_module(module), name)
+        return isinstance(cls, type) and issubclass(cls, tuple(getattr(errors, b) for b in bases))
+    except Exception:  # noqa: BLE001 - an unknown class is no clear error
+        return False
 
 
 class ServerFaults:
@@ -308,6 +327,9 @@ class CommittedLog:
         return sorted((c["number"], k[2]) for k, c in now.items() if k[:2] == key[:2] and c.get("committed"))
 
 
+_NOT_CACHE = re.compile(r"from the remote, not the local cache: (.*)")
+
+
 class TrialStorage:
     """One trial's view of remote storage: its node-local cache, its server faults, its
     committed-checkpoint bookkeeping. The harness calls :meth:`before_round` before it
@@ -321,6 +343,7 @@ class TrialStorage:
         self.log = CommittedLog(uri) if uri and "://" in uri and (a.server_faults or a.local_cache) else None
         self.fired = []
         self.cache_restores = 0
+        self.remote_restores = []
 
     def env(self):
         return {"PADDLE_ACP_LOCAL_CACHE": self.cache} if self.cache else {}
@@ -354,9 +377,12 @@ class TrialStorage:
         for path in stderr_paths:
             try:
                 with open(path, errors="replace") as f:
-                    self.cache_restores += "from the local cache" in f.read()
+                    text = f.read()
             except OSError:
-                pass
+                continue
+            self.cache_restores += "from the local cache" in text
+            # the cache's one line on why the remote was read instead (its first words)
+            self.remote_restores += [m.group(1)[:60] for m in _NOT_CACHE.finditer(text)]
 
     def finish(self):
         """(problems, liveness): the server must come back; every checkpoint seen committed must
@@ -373,7 +399,7 @@ class TrialStorage:
     def record(self):
         rec = {"server_faults": [{k: v for k, v in j.items() if k != "cancel"} for j in self.fired
                                  if j.get("fired")],
-               "cache_restores": self.cache_restores}
+               "cache_restores": self.cache_restores, "remote_restores": self.remote_restores}
         if self.log is not None:
             rec.update(committed_seen=len(self.log.seen), observations=self.log.observations,
                        failed_observations=self.log.failed_observations[-3:])
