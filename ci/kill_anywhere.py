@@ -439,7 +439,7 @@ def run_trial(ir, t, a, root, ref, model):
         if a.ranges == 1:
             rec["problems"] += resume_problems(eu.read_log(out)[lines_before:], bound, "process %d" % i)
         if not killed and p.returncode != 0:
-            ce = sf.clear_error(p.returncode, tail(prefix + ".stderr", 20000))
+            ce = sf.clear_error(p.returncode, tail(prefix + ".stderr", 200000))
             if ce:  # a clear error: the storage server was killed, or the trial ends with it
                 rec["clear_errors"].append("process %d: %s" % (i, ce))
                 if ts.faults is not None and not unkilled and not rec["problems"]:
@@ -474,10 +474,9 @@ def run_trial(ir, t, a, root, ref, model):
             rec["kills_before_first_epoch"] += 1
         else:
             rec["kills_in_training"] += 1
-    if not rec["liveness"]:
-        problems, liveness = ts.finish()  # nothing committed lost
-        rec["problems"] += problems
-        rec["liveness"] += liveness
+    problems, liveness = ts.finish()  # the server is back; nothing committed lost
+    rec["problems"] += problems
+    rec["liveness"] += liveness
     rec.update(ts.record())
     rec["seconds"] = round(time.monotonic() - t_start, 3)
     if not rec["problems"] and not rec["liveness"] and eu.is_done(out):
@@ -670,7 +669,7 @@ def multi_trial(ir, t, a, root, refs, model):
         for r, p in enumerate(procs):
             if p.poll() is not None and p.returncode != 0:
                 err_path = os.path.join(tdir, "proc-%02d.r%d.stderr" % (rnd, r))
-                ce = sf.clear_error(p.returncode, tail(err_path, 20000))
+                ce = sf.clear_error(p.returncode, tail(err_path, 200000))
                 if ce:
                     clear.append("round %d, rank %d: %s" % (rnd, r, ce))
                 else:
@@ -721,10 +720,9 @@ def multi_trial(ir, t, a, root, refs, model):
         for out in outs:
             if eu.is_done(out):
                 os.remove(os.path.join(out, "done"))
-    if not rec["liveness"]:
-        problems, liveness = ts.finish()  # nothing committed lost
-        rec["problems"] += problems
-        rec["liveness"] += liveness
+    problems, liveness = ts.finish()  # the server is back; nothing committed lost
+    rec["problems"] += problems
+    rec["liveness"] += liveness
     rec.update(ts.record())
     rec["seconds"] = round(time.monotonic() - t_start, 3)
     if not rec["problems"] and not rec["liveness"] and not rec.get("ended_with_clear_error"):

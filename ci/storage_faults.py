@@ -390,6 +390,7 @@ class TrialStorage:
         """(problems, liveness): the server must come back; every checkpoint seen committed must
         still verify."""
         if self.faults is not None:
+            self.faults.cancel()
             err = self.faults.settle()
             if err:
                 return [], [err]
