@@ -407,7 +407,6 @@ def run_trial(ir, t, a, root, ref, model):
         bound = ts.newest()
         rec["processes"] += 1
         p = start(out, ckpt, ir, a, prefix, ts.env())
-        ts.arm(model["ready_s"] + kill_window(model, a.kill_window)[1], unkilled)
         lines_before = len(entries)
         if a.kill_window == "training" or unkilled:
             limit = life_timeout(model, a)
@@ -419,6 +418,7 @@ def run_trial(ir, t, a, root, ref, model):
                     "process hangs; this says nothing about the checkpoints"
                     ":\n%s" % (i, limit, tail(prefix + ".stderr", 1500)))
                 break
+        ts.arm(delay, unkilled)  # a server fault before this process's kill: in restore, training or a save
         try:
             if unkilled:
                 rec["unkilled_runs"] += 1
@@ -640,9 +640,11 @@ def multi_trial(ir, t, a, root, refs, model):
                             os.path.join(tdir, "proc-%02d" % rnd), extra_env=ts.env())
         rec["processes"] += len(procs)
         t0 = time.monotonic()
-        ts.arm(model["total_s"], unkilled)
         rec["unkilled_runs"] += unkilled
         fire = t0 + rng.uniform(0.0, model["startup_s"]) if in_startup and not unkilled else None
+        # a server fault before the round's kill (about when it comes: the clock is only a guess here)
+        ts.arm(fire - t0 if fire is not None else model["startup_s"] + target * model["per_epoch_s"] + sub,
+               unkilled)
         hung = False
         while any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs):
