@@ -245,6 +245,10 @@ def _run_cli(args, timeout):
         return None, "paddle-acp %s: no JSON: %s" % (args[0], r.stdout[-500:])
 
 
+# what `paddle-acp ls` says of a root where nothing (no job marker) was written yet
+_EMPTY = re.compile(r"does not exist|no paddle-acp jobs under")
+
+
 def _checkpoints(listing):
     """{(job, range, name): entry} of a ``paddle-acp ls --json`` answer."""
     out = {}
@@ -271,7 +275,7 @@ class CommittedLog:
     def observe(self):
         """List the URI and record every committed, valid checkpoint; the listing's error or None."""
         listing, err = _run_cli(["ls", "--json", self.uri], self.timeout)
-        if err and "does not exist" in err:  # nothing written yet
+        if err and _EMPTY.search(err):  # nothing written yet
             listing, err = {}, None
         if err:
             self.failed_observations.append(err)
@@ -295,7 +299,7 @@ class CommittedLog:
         """Problems (strings): every checkpoint seen committed must still verify, unless
         retention removed it legitimately."""
         listing, err = _run_cli(["ls", "--json", "--verify", self.uri], self.timeout)
-        if err and "does not exist" in err:  # nothing was ever written (or everything is gone)
+        if err and _EMPTY.search(err):  # nothing was ever written (or everything is gone)
             listing, err = {}, None
         if err:
             return ["cannot verify the checkpoints at the end: %s" % err]
