@@ -20,6 +20,7 @@ checkpointing must match it too (and gives the duration).
     python ci/kill_anywhere.py --trials 200 --ir pir --json /tmp/ka.json
     python ci/kill_anywhere.py --ranks 2 --trials 5 --ir pir   # N ranks, see below
     python ci/kill_anywhere.py --trials 5 --ir pir --hdfs       # checkpoints on a real HDFS, see below
+    python ci/kill_anywhere.py --trials 5 --ir pir --s3 --local-cache --server-faults --sleep 0.05 --epochs 12
 
 With ``--ranks N`` (N > 1) each trial runs N rank processes of
 ``tests/scripts/rank_train.py`` (a tensor-parallel-like job: same program
@@ -39,16 +40,40 @@ client variables must be in this process's environment) the checkpoints go
 to remote storage, where a persist takes longer than a tiny epoch: the default
 busy policy then skips saves, and a restart resumes from an older epoch; the
 result must still be bit-identical. Kills inside a save are counted on local
-storage only.
+storage only. ``--s3`` does the same on a real S3 server (SeaweedFS), and all
+of it works with ``--ranks N`` too (per-rank parts on the remote).
+
+``--local-cache`` (remote storage) turns the node-local cache on
+(``PADDLE_ACP_LOCAL_CACHE``: one directory per trial, kept across its restarts
+and shared by its ranks, as on one node); restores from it are counted.
+``--server-faults`` (with ``--hdfs`` or ``--s3``) also SIGKILLs the storage
+server at a random moment of each restart round (HDFS: the NameNode, the
+DataNode or both; S3: the ``weed`` process) and restarts it after up to
+``--max-down`` seconds on the same ports and data (ci/storage_faults.py).
+A process that then stops with a clear error (exit status 1, a
+CheckpointError/StorageError naming its cause) is restarted, as a launcher
+would, and counts as an interruption; the round after ``--max-restarts``
+interruptions starts only once the server is up again and runs unkilled, with
+the server left up. With the cache or server faults the harness also lists
+the checkpoints between two rounds (``paddle-acp ls``): a restarted process
+must resume from the newest checkpoint seen committed, or a newer one (an
+older one or scratch is a silent wrong resume), and at the end every
+checkpoint seen committed must still verify (``ls --verify``) unless
+retention removed it (``max_to_keep`` newer committed ones remain).
 
 Prints ``N/N trials resumed bit-identically``; exits 1 on any failed trial
-(a correctness failure), 2 when the reference runs fail, 3 when a trial had a
-liveness problem only (a process that showed no life within
-``--life-timeout`` seconds, or an unkilled one that did not finish within
-``--timeout``: the machine was too slow or a process hung, which says nothing
-about the checkpoints).  A failed trial's directory is kept (and
-printed); trial t of IR ir draws its kill times from
-``random.Random("<seed>:<ir>:<t>")``, so it can be replayed.
+(a correctness failure: a difference, a skipped epoch, a wrong resume, a lost
+committed checkpoint, a process that failed without a clear error), 2 when
+the reference runs fail, 3 when a trial had a liveness problem only (a
+process that showed no life within ``--life-timeout`` seconds, an unkilled
+one that did not finish within ``--timeout``, a storage server that did not
+come back: the machine was too slow or a process hung, which says nothing
+about the checkpoints), 4 when a trial ended with a clear error (without
+``--server-faults``; with them a clear error is an accepted outcome, reported
+apart, exit 0).  A failed trial's directory is kept (and printed); trial t of
+IR ir draws its kill times from ``random.Random("<seed>:<ir>:<t>")`` (server
+faults from ``"<seed>:<ir>:<t>:faults"``), so it can be replayed as far as the
+machine's timing allows.
 """
 import argparse
 import json
@@ -63,7 +88,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, HERE)
 
+import storage_faults as sf  # noqa: E402  (ci/storage_faults.py)
 from support import e2e as eu  # noqa: E402
 
 
@@ -109,6 +136,17 @@ def parse_args(argv=None):
     p.add_argument("--hdfs", action="store_true",
                    help="start a real HDFS server (ci/servers.py) and "
                         "checkpoint to it")
+    p.add_argument("--s3", action="store_true",
+                   help="start a real S3 server (SeaweedFS, ci/servers.py) and checkpoint to it")
+    p.add_argument("--server-faults", action="store_true",
+                   help="with --hdfs/--s3: also SIGKILL the storage server at a random moment "
+                        "of a restart round and restart it on the same ports and data "
+                        "(ci/storage_faults.py)")
+    p.add_argument("--max-down", type=float, default=2.0,
+                   help="--server-faults: the server stays down uniform(0, this) seconds")
+    p.add_argument("--local-cache", action="store_true",
+                   help="remote storage: PADDLE_ACP_LOCAL_CACHE on (one directory per trial, "
+                        "kept across its restarts, shared by its ranks)")
     p.add_argument("--busy-policy", default=None,
                    help="PADDLE_ACP_BUSY_POLICY for the training processes "
                         "(default: the library's, skip)")
@@ -147,12 +185,14 @@ def local_tree(ckpt):
     return [] if "://" in str(ckpt) else eu.tree_files(ckpt)
 
 
-def start(out, ckpt, ir, a, log_prefix):
+def start(out, ckpt, ir, a, log_prefix, extra_env=None):
     """Start one process of the script in its own process group; it creates
     ``log_prefix + ".ready"`` once it shows life."""
     fo = open(log_prefix + ".stdout", "w")
     fe = open(log_prefix + ".stderr", "w")
-    env = {"PADDLE_ACP_BUSY_POLICY": a.busy_policy} if a.busy_policy else {}
+    env = dict(extra_env or {})
+    if a.busy_policy:
+        env["PADDLE_ACP_BUSY_POLICY"] = a.busy_policy
     if a.host_memory:
         env["PADDLE_ACP_HOST_MEMORY"] = a.host_memory
     try:
@@ -196,14 +236,14 @@ def wait_for_life(p, prefix, limit):
         time.sleep(0.003)
 
 
-def timed_run(out, ckpt, ir, a, prefix):
+def timed_run(out, ckpt, ir, a, prefix, extra_env=None):
     """Run the script to its end, noting when each epoch line appears.
     Returns (returncode, total seconds, [seconds of each line], seconds
     until it showed life)."""
     os.makedirs(out, exist_ok=True)
     log = os.path.join(out, "losses.jsonl")
     t0 = time.monotonic()
-    p = start(out, ckpt, ir, a, prefix)
+    p = start(out, ckpt, ir, a, prefix, extra_env)
     line_times, seen, ready_s = [], 0, None
     while True:
         if ready_s is None and os.path.exists(prefix + ".ready"):
@@ -241,7 +281,8 @@ def reference_runs(ir, a, root):
         out = os.path.join(d, "out")
         loc = ckpt and ckpt_location(a, os.path.join(d, ckpt),
                                      "ref-%s-%s-%s" % (ir, kind, os.getpid()))
-        rc, total, lines, ready_s = timed_run(out, loc, ir, a, os.path.join(d, "proc"))
+        cache = {"PADDLE_ACP_LOCAL_CACHE": os.path.join(d, "cache")} if ckpt and a.local_cache else {}
+        rc, total, lines, ready_s = timed_run(out, loc, ir, a, os.path.join(d, "proc"), cache)
         if rc != 0 or not eu.is_done(out):
             raise RuntimeError("uninterrupted run %s the library failed (rc "
                                "%s):\n%s" % ("without" if ckpt is None else
@@ -286,6 +327,56 @@ def life_timeout(model, a):
     return a.life_timeout if a.life_timeout > 0 else max(120.0, 20 * model["ready_s"])
 
 
+def outcome(rec):
+    """failed (a correctness problem) > liveness > clear_error (the trial ended with a process
+    that stopped with a CheckpointError/StorageError naming its cause) > ok."""
+    return ("failed" if rec["problems"] else "liveness" if rec["liveness"] else
+            "clear_error" if rec.get("ended_with_clear_error") else "ok")
+
+
+def resume_problems(new_entries, bound, who):
+    """A process must resume from the newest checkpoint the harness saw committed before it
+    started (``bound``: (name, entry) or None), or a newer one: its first epoch line comes after
+    that checkpoint's epoch. Beginning earlier (from an older checkpoint, or from scratch) is a
+    silent wrong resume."""
+    if bound is None or not new_entries or bound[1]["step"] is not None:
+        return []
+    name, e = bound
+    first = new_entries[0]["epoch"]
+    if first > e["epoch"]:
+        return []
+    return ["%s began at epoch %d, although checkpoint %s (after epoch %d) was committed before it "
+            "started: a silent wrong resume" % (who, first, name, e["epoch"])]
+
+
+STATUS = {"ok": "ok", "failed": "FAILED", "liveness": "LIVENESS PROBLEM (not a checkpoint failure)",
+          "clear_error": "CLEAR ERROR (a process stopped with an error naming its cause)"}
+
+
+def storage_summary(rec):
+    """', N server fault(s) (parts), M clear error(s), K cache restore(s), C committed seen'
+    for a trial on remote storage with faults or the cache; '' otherwise."""
+    if "cache_restores" not in rec or ("committed_seen" not in rec and not rec["server_faults"]):
+        return ""
+    return ", %d server fault(s) %s, %d clear error(s), %d restore(s) from the cache (%d from the remote), " \
+        "%s committed seen" % (len(rec["server_faults"]), [f["part"] for f in rec["server_faults"]],
+                               len(rec["clear_errors"]), rec["cache_restores"], len(rec["remote_restores"]),
+                               rec.get("committed_seen", "-"))
+
+
+def clear_error_exit(a, n):
+    """Exit status when the worst outcome is a clear error: with --server-faults the storage
+    itself failed, and a clear error is an accepted outcome (0); otherwise 4."""
+    return 0 if not n or a.server_faults else 4
+
+
+def print_clear_errors(a, n):
+    if n:
+        print("CLEAR ERRORS: %d trial(s) ended with a process that stopped with a CheckpointError/"
+              "StorageError naming its cause (%s)" % (n, "accepted with --server-faults" if a.server_faults
+                                                       else "exit status 4"), flush=True)
+
+
 def run_trial(ir, t, a, root, ref, model):
     rng = random.Random("%d:%s:%d" % (a.seed, ir, t))
     tdir = os.path.join(root, "%s-trial-%03d" % (ir, t))
@@ -297,18 +388,26 @@ def run_trial(ir, t, a, root, ref, model):
            "kills_inside_save": 0, "kills_before_first_epoch": 0,
            "kills_in_training": 0, "kills_after_done": 0, "processes": 0,
            "kill_delays": [], "unkilled_runs": 0,
-           "rewinds": [], "problems": [], "liveness": [], "dir": tdir}
+           "rewinds": [], "problems": [], "liveness": [], "clear_errors": [], "dir": tdir}
+    ts = sf.TrialStorage(a, getattr(a, "faults", None), ckpt, tdir,
+                         random.Random("%d:%s:%d:faults" % (a.seed, ir, t)))
     t_start = time.monotonic()
     while True:
         entries = eu.read_log(out)
         delay = rng.uniform(*kill_window(model, a.kill_window))
         tmps_before = {n for n in local_tree(ckpt) if ".tmp" in n}
         i = rec["processes"]
-        rec["processes"] += 1
         prefix = os.path.join(tdir, "proc-%02d" % i)
-        p = start(out, ckpt, ir, a, prefix)
+        # progress is guaranteed: after --max-restarts interruptions a process runs unkilled
+        unkilled = rec["kills"] + len(rec["clear_errors"]) >= a.max_restarts
+        err = ts.before_round(unkilled)  # the server is up before an unkilled process starts
+        if err:
+            rec["liveness"].append(err)
+            break
+        bound = ts.newest()
+        rec["processes"] += 1
+        p = start(out, ckpt, ir, a, prefix, ts.env())
         lines_before = len(entries)
-        unkilled = rec["kills"] >= a.max_restarts  # progress is guaranteed
         if a.kill_window == "training" or unkilled:
             limit = life_timeout(model, a)
             if wait_for_life(p, prefix, limit) is None and p.poll() is None:
@@ -319,6 +418,7 @@ def run_trial(ir, t, a, root, ref, model):
                     "process hangs; this says nothing about the checkpoints"
                     ":\n%s" % (i, limit, tail(prefix + ".stderr", 1500)))
                 break
+        ts.arm(delay, unkilled)  # a server fault before this process's kill: in restore, training or a save
         try:
             if unkilled:
                 rec["unkilled_runs"] += 1
@@ -335,6 +435,19 @@ def run_trial(ir, t, a, root, ref, model):
                                                       tail(prefix + ".stderr", 1500)))
                 break
             killed = p.returncode == -signal.SIGKILL
+        ts.after_round([prefix + ".stderr"])
+        if a.ranges == 1:
+            rec["problems"] += resume_problems(eu.read_log(out)[lines_before:], bound, "process %d" % i)
+        if not killed and p.returncode != 0:
+            ce = sf.clear_error(p.returncode, tail(prefix + ".stderr", 200000))
+            if ce:  # a clear error: the storage server was killed, or the trial ends with it
+                rec["clear_errors"].append("process %d: %s" % (i, ce))
+                if ts.faults is not None and not unkilled and not rec["problems"]:
+                    continue
+                rec["ended_with_clear_error"] = True
+                break
+        if rec["problems"]:
+            break
         if not killed:
             # Ran to its end before the kill time: it must have completed.
             if p.returncode != 0 or not eu.is_done(out):
@@ -361,8 +474,12 @@ def run_trial(ir, t, a, root, ref, model):
             rec["kills_before_first_epoch"] += 1
         else:
             rec["kills_in_training"] += 1
+    problems, liveness = ts.finish()  # the server is back; nothing committed lost
+    rec["problems"] += problems
+    rec["liveness"] += liveness
+    rec.update(ts.record())
     rec["seconds"] = round(time.monotonic() - t_start, 3)
-    if not rec["problems"] and not rec["liveness"]:
+    if not rec["problems"] and not rec["liveness"] and eu.is_done(out):
         entries = eu.read_log(out)
         problems, rewinds = eu.check_restart_log(entries, a.epochs, a.ranges)
         rec["rewinds"] = rewinds
@@ -371,9 +488,8 @@ def run_trial(ir, t, a, root, ref, model):
             rec["problems"] += eu.compare_results(eu.load_result(out), ref)
         except (OSError, ValueError) as e:
             rec["problems"].append("cannot load the result: %r" % (e,))
-    rec["ok"] = not rec["problems"] and not rec["liveness"]
-    rec["outcome"] = ("failed" if rec["problems"] else
-                      "liveness" if rec["liveness"] else "ok")
+    rec["outcome"] = outcome(rec)
+    rec["ok"] = rec["outcome"] == "ok"
     if rec["ok"] and not a.keep:
         shutil.rmtree(tdir, ignore_errors=True)
         rec["dir"] = None
@@ -383,9 +499,10 @@ def run_trial(ir, t, a, root, ref, model):
 RANK_SCRIPT = os.path.join(eu.REPO, "tests", "scripts", "rank_train.py")
 
 
-def rank_env(a, ir, rank, ckpt, gen):
-    env = {"PADDLE_TRAINER_ID": rank, "PADDLE_TRAINERS_NUM": a.ranks,
-           "ACP_TEST_GEN": gen}
+def rank_env(a, ir, rank, ckpt, gen, extra_env=None):
+    env = dict(extra_env or {})
+    env.update({"PADDLE_TRAINER_ID": rank, "PADDLE_TRAINERS_NUM": a.ranks,
+                "ACP_TEST_GEN": gen})
     if ckpt is not None:
         env.update(PADDLE_ACP_RANK_STATE="per-rank",
                    PADDLE_ACP_PART_TIMEOUT=60)
@@ -407,7 +524,7 @@ def rank_cmd(a, out, barrier, no_acp=False):
     return cmd
 
 
-def start_ranks(a, ir, d, ckpt, gen, prefix, no_acp=False):
+def start_ranks(a, ir, d, ckpt, gen, prefix, no_acp=False, extra_env=None):
     os.makedirs(d, exist_ok=True)
     procs = []
     for r in range(a.ranks):
@@ -418,7 +535,7 @@ def start_ranks(a, ir, d, ckpt, gen, prefix, no_acp=False):
                 rank_cmd(a, os.path.join(d, "out", "r%d" % r),
                          None if no_acp else os.path.join(d, "barrier"),
                          no_acp),
-                env=rank_env(a, ir, r, ckpt, gen), cwd=eu.REPO, stdout=fo,
+                env=rank_env(a, ir, r, ckpt, gen, extra_env), cwd=eu.REPO, stdout=fo,
                 stderr=fe, start_new_session=True))
         finally:
             fo.close()
@@ -451,8 +568,9 @@ def multi_reference(ir, a, root):
         refs.append(eu.load_result(out))
     d = os.path.join(root, "ref-%s-acp" % ir)
     t0 = time.monotonic()
-    procs = start_ranks(a, ir, d, os.path.join(d, "ckpt"), "ref",
-                        os.path.join(d, "proc"))
+    cache = {"PADDLE_ACP_LOCAL_CACHE": os.path.join(d, "cache")} if a.local_cache else {}
+    procs = start_ranks(a, ir, d, ckpt_location(a, os.path.join(d, "ckpt"), "ref-%s-acp-%d" % (ir, os.getpid())),
+                        "ref", os.path.join(d, "proc"), extra_env=cache)
     first_line = None
     log0 = os.path.join(d, "out", "r0", "losses.jsonl")
     while any(p.poll() is None for p in procs):
@@ -487,12 +605,14 @@ def multi_reference(ir, a, root):
 def multi_trial(ir, t, a, root, refs, model):
     rng = random.Random("%d:%s:%d:ranks%d" % (a.seed, ir, t, a.ranks))
     tdir = os.path.join(root, "%s-trial-%03d" % (ir, t))
-    ckpt = os.path.join(tdir, "ckpt")
+    ckpt = ckpt_location(a, os.path.join(tdir, "ckpt"), "%s-trial-%03d-r%d-%d" % (ir, t, a.ranks, os.getpid()))
     outs = [os.path.join(tdir, "out", "r%d" % r) for r in range(a.ranks)]
     rec = {"ir": ir, "trial": t, "ok": False, "kills": 0,
            "kills_inside_save": 0, "processes": 0, "resumed_from": [],
-           "problems": [], "liveness": [], "unkilled_runs": 0, "dir": tdir,
+           "problems": [], "liveness": [], "clear_errors": [], "unkilled_runs": 0, "dir": tdir,
            "rewinds": []}
+    ts = sf.TrialStorage(a, getattr(a, "faults", None), ckpt, tdir,
+                         random.Random("%d:%s:%d:ranks%d:faults" % (a.seed, ir, t, a.ranks)))
     t_start = time.monotonic()
     rnd = 0
     while True:
@@ -508,17 +628,27 @@ def multi_trial(ir, t, a, root, refs, model):
         sub = rng.uniform(0.0, model["per_epoch_s"])
         victim = rng.randrange(a.ranks)
         lines0 = len(eu.read_log(outs[0]))
-        tmps_before = {n for n in eu.tree_files(ckpt) if ".tmp" in n}
+        tmps_before = {n for n in local_tree(ckpt) if ".tmp" in n}
+        # progress is guaranteed: after --max-restarts interruptions the round runs unkilled
+        unkilled = rec["kills"] + len(rec["clear_errors"]) >= a.max_restarts
+        err = ts.before_round(unkilled)  # the server is up before an unkilled round starts
+        if err:
+            rec["liveness"].append(err)
+            break
+        bound = ts.newest()
         procs = start_ranks(a, ir, tdir, ckpt, gen,
-                            os.path.join(tdir, "proc-%02d" % rnd))
+                            os.path.join(tdir, "proc-%02d" % rnd), extra_env=ts.env())
         rec["processes"] += len(procs)
         t0 = time.monotonic()
-        # progress is guaranteed: after --max-restarts kills the round runs unkilled
-        unkilled = rec["kills"] >= a.max_restarts
         rec["unkilled_runs"] += unkilled
         fire = t0 + rng.uniform(0.0, model["startup_s"]) if in_startup and not unkilled else None
+        # a server fault before the round's kill (about when it comes: the clock is only a guess here)
+        ts.arm(fire - t0 if fire is not None else model["startup_s"] + target * model["per_epoch_s"] + sub,
+               unkilled)
         hung = False
         while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                break  # a rank failed: the launcher stops the job
             now = time.monotonic()
             if fire is None and not unkilled and len(eu.read_log(outs[0])) >= lines0 + target:
                 fire = now + sub
@@ -537,13 +667,20 @@ def multi_trial(ir, t, a, root, refs, model):
                 % (rnd, "unkilled" if unkilled else "to be killed", a.round_timeout or a.timeout))
             break
         killed = False
+        clear = []
         for r, p in enumerate(procs):
             if p.poll() is not None and p.returncode != 0:
-                rec["problems"].append(
-                    "rank %d exited with %s before the kill:\n%s" % (
-                        r, p.returncode, tail(os.path.join(
-                            tdir, "proc-%02d.r%d.stderr" % (rnd, r)))))
-        if any(p.poll() is None for p in procs):
+                err_path = os.path.join(tdir, "proc-%02d.r%d.stderr" % (rnd, r))
+                ce = sf.clear_error(p.returncode, tail(err_path, 200000))
+                if ce:
+                    clear.append("round %d, rank %d: %s" % (rnd, r, ce))
+                else:
+                    rec["problems"].append("rank %d exited with %s before the kill:\n%s"
+                                           % (r, p.returncode, tail(err_path)))
+        if clear:
+            for p in procs:
+                kill_group(p)
+        elif any(p.poll() is None for p in procs):
             killed = True
             kill_group(procs[victim])
             time.sleep(rng.uniform(0.0, 0.3))
@@ -565,17 +702,32 @@ def multi_trial(ir, t, a, root, refs, model):
         if len(set(map(str, starts.values()))) > 1:
             rec["problems"].append("restart %d: ranks resumed from different "
                                    "checkpoints: %s" % (rnd, starts))
+        rec["problems"] += multi_resume_problems(starts, bound, ts, rnd)
+        ts.after_round([os.path.join(tdir, "proc-%02d.r%d.stderr" % (rnd, r)) for r in range(a.ranks)])
         rnd += 1
+        if clear:
+            rec["clear_errors"] += clear
+            if ts.faults is not None and not unkilled and not rec["problems"]:
+                for out in outs:
+                    if eu.is_done(out):
+                        os.remove(os.path.join(out, "done"))
+                continue
+            rec["ended_with_clear_error"] = True
+            break
         if not killed or rec["problems"]:
             break
         rec["kills"] += 1
-        if {n for n in eu.tree_files(ckpt) if ".tmp" in n} - tmps_before:
+        if {n for n in local_tree(ckpt) if ".tmp" in n} - tmps_before:
             rec["kills_inside_save"] += 1
         for out in outs:
             if eu.is_done(out):
                 os.remove(os.path.join(out, "done"))
+    problems, liveness = ts.finish()  # the server is back; nothing committed lost
+    rec["problems"] += problems
+    rec["liveness"] += liveness
+    rec.update(ts.record())
     rec["seconds"] = round(time.monotonic() - t_start, 3)
-    if not rec["problems"] and not rec["liveness"]:
+    if not rec["problems"] and not rec["liveness"] and not rec.get("ended_with_clear_error"):
         for r in range(a.ranks):
             problems, rewinds = eu.check_restart_log(eu.read_log(outs[r]),
                                                      a.epochs)
@@ -588,20 +740,35 @@ def multi_trial(ir, t, a, root, refs, model):
             except (OSError, ValueError) as e:
                 rec["problems"].append("rank %d: cannot load the result: %r"
                                        % (r, e))
-    rec["ok"] = not rec["problems"] and not rec["liveness"]
-    rec["outcome"] = ("failed" if rec["problems"] else "liveness"
-                      if rec["liveness"] else "ok")
+    rec["outcome"] = outcome(rec)
+    rec["ok"] = rec["outcome"] == "ok"
     if rec["ok"] and not a.keep:
         shutil.rmtree(tdir, ignore_errors=True)
         rec["dir"] = None
     return rec
 
 
+def multi_resume_problems(starts, bound, ts, rnd):
+    """Every rank that began training must have restored the newest checkpoint the harness saw
+    committed before the round (``bound``) or a newer one; none may start from scratch then."""
+    if bound is None:
+        return []
+    seen = {name: e for (_, _, name), e in ts.log.seen.items()}
+    problems = []
+    for r, restored in sorted(starts.items()):
+        e = seen.get(restored) if isinstance(restored, str) else None
+        if restored is None or (e is not None and e["number"] < bound[1]["number"]):
+            problems.append("restart %d: rank %d resumed from %s, although checkpoint %s was committed before "
+                            "the round started: a silent wrong resume" % (rnd, r, restored or "scratch", bound[0]))
+    return problems
+
+
 def main_multi(a, irs, root, own_root):
     report = {"seed": a.seed, "ranks": a.ranks, "kind": a.kind,
               "trials_per_ir": a.trials, "root": root, "irs": {},
-              "trials": []}
-    total_ok = total = total_liveness = 0
+              "storage": a.ckpt_uri or "local", "server_faults": a.server_faults,
+              "local_cache": a.local_cache, "trials": []}
+    total_ok = total = total_liveness = total_clear = 0
     exit_code = 0
     for ir in irs:
         print("[%s] %d-rank reference runs ..." % (ir, a.ranks), flush=True)
@@ -616,30 +783,29 @@ def main_multi(a, irs, root, own_root):
               "per epoch)" % (ir, a.ranks, model["total_s"],
                               model["startup_s"], model["per_epoch_s"]),
               flush=True)
-        ok = kills = inside = liveness = failed = 0
+        ok = kills = inside = liveness = failed = clear = 0
         for t in range(a.trials):
             rec = multi_trial(ir, t, a, root, refs, model)
             report["trials"].append(rec)
             ok += rec["ok"]
             liveness += rec["outcome"] == "liveness"
+            clear += rec["outcome"] == "clear_error"
             failed += rec["outcome"] == "failed"
             kills += rec["kills"]
             inside += rec["kills_inside_save"]
             print("[%s] trial %d/%d: %s, %d kill(s) (%d inside a save), "
-                  "resumed from %s, rewinds %s, %.1f s"
-                  % (ir, t + 1, a.trials, {"ok": "ok", "failed": "FAILED",
-                                            "liveness": "LIVENESS PROBLEM (not a "
-                                            "checkpoint failure)"}[rec["outcome"]],
+                  "resumed from %s, rewinds %s, %.1f s%s"
+                  % (ir, t + 1, a.trials, STATUS[rec["outcome"]],
                      rec["kills"], rec["kills_inside_save"],
                      [sorted(set(map(str, s.values())))
                       for s in rec["resumed_from"]],
-                     rec["rewinds"], rec["seconds"]), flush=True)
+                     rec["rewinds"], rec["seconds"], storage_summary(rec)), flush=True)
             if not rec["ok"]:
-                for prob in rec["problems"] + rec["liveness"]:
+                for prob in rec["problems"] + rec["liveness"] + rec["clear_errors"][-1:]:
                     print("    " + prob.replace("\n", "\n    "), flush=True)
                 print("    trial dir kept: %s" % rec["dir"], flush=True)
         report["irs"][ir] = {"trials": a.trials, "ok": ok, "failed": failed,
-                             "liveness_problems": liveness, "kills": kills,
+                             "liveness_problems": liveness, "clear_errors": clear, "kills": kills,
                              "kills_inside_save": inside,
                              "reference": model}
         print("[%s] %d/%d %d-rank trials resumed bit-identically on every "
@@ -649,15 +815,17 @@ def main_multi(a, irs, root, own_root):
         total_ok += ok
         total += a.trials
         total_liveness += liveness
+        total_clear += clear
         if failed:
             exit_code = 1
     # a correctness failure outranks everything; a liveness problem is its own outcome (3)
-    if exit_code == 0 and total_liveness:
-        exit_code = 3
+    if exit_code == 0:
+        exit_code = 3 if total_liveness else clear_error_exit(a, total_clear)
     report.update(ok=total_ok, total=total, liveness_problems=total_liveness,
-                  exit_code=exit_code)
+                  clear_errors=total_clear, exit_code=exit_code)
     print("%d/%d trials resumed bit-identically" % (total_ok, total),
           flush=True)
+    print_clear_errors(a, total_clear)
     if total_liveness:
         print("LIVENESS: %d trial(s) did not complete for lack of progress "
               "(exit status 3); the checkpoints were not at fault"
@@ -674,18 +842,29 @@ def main_multi(a, irs, root, own_root):
 
 def main(argv=None):
     a = parse_args(argv)
-    if a.hdfs:
-        if a.ckpt_uri:
-            print("--hdfs and --ckpt-uri exclude each other", flush=True)
-            return 2
-        sys.path.insert(0, HERE)
+    if sum(map(bool, (a.hdfs, a.s3, a.ckpt_uri))) > 1:
+        print("--hdfs, --s3 and --ckpt-uri exclude each other", flush=True)
+        return 2
+    if a.server_faults and not (a.hdfs or a.s3):
+        print("--server-faults needs a server started here: --hdfs or --s3", flush=True)
+        return 2
+    if a.local_cache and not (a.hdfs or a.s3 or a.ckpt_uri):
+        print("--local-cache needs remote storage: --hdfs, --s3 or --ckpt-uri", flush=True)
+        return 2
+    if a.hdfs or a.s3:
         import servers  # ci/servers.py
 
-        with servers.HDFSServer() as srv:
+        with (servers.HDFSServer() if a.hdfs else servers.S3Server()) as srv:
             srv.apply_client_env()
             a.ckpt_uri = "%s/kill-anywhere" % srv.uri
-            print("HDFS server at %s" % srv.uri, flush=True)
-            return run_all(a)
+            print("%s server at %s" % (srv.kind.upper(), srv.uri), flush=True)
+            if a.server_faults:
+                a.faults = sf.ServerFaults(srv, max_down_s=a.max_down)
+            try:
+                return run_all(a)
+            finally:
+                if a.server_faults:
+                    a.faults.close()
     return run_all(a)
 
 
@@ -695,15 +874,13 @@ def run_all(a):
     root = a.uri_root or tempfile.mkdtemp(prefix="kill-anywhere-")
     os.makedirs(root, exist_ok=True)
     if a.ranks > 1:
-        if a.ckpt_uri:
-            print("--hdfs/--ckpt-uri: one rank only (--ranks 1)", flush=True)
-            return 2
         return main_multi(a, irs, root, own_root)
     report = {"seed": a.seed, "trials_per_ir": a.trials,
               "storage": a.ckpt_uri or "local", "busy_policy": a.busy_policy,
+              "server_faults": a.server_faults, "local_cache": a.local_cache,
               "script_args": [str(x) for x in script_args(a)],
               "root": root, "irs": {}, "trials": []}
-    total_ok = total = total_failed = total_liveness = 0
+    total_ok = total = total_failed = total_liveness = total_clear = 0
     reference_failed = False
     t_all = time.monotonic()
     for ir in irs:
@@ -724,7 +901,7 @@ def run_all(a):
                  model["per_epoch_s"], lo, hi,
                  "the start" if a.kill_window == "process" else
                  "the process showed life", a.max_restarts), flush=True)
-        ok = kills = inside = failed = liveness = 0
+        ok = kills = inside = failed = liveness = clear = 0
         recs = []
         for t in range(a.trials):
             rec = run_trial(ir, t, a, root, ref, model)
@@ -732,27 +909,25 @@ def run_all(a):
             ok += rec["ok"]
             failed += rec["outcome"] == "failed"
             liveness += rec["outcome"] == "liveness"
+            clear += rec["outcome"] == "clear_error"
             kills += rec["kills"]
             inside += rec["kills_inside_save"]
-            status = {"ok": "ok", "failed": "FAILED",
-                      "liveness": "LIVENESS PROBLEM (not a checkpoint "
-                                  "failure)"}[rec["outcome"]]
             print("[%s] trial %d/%d: %s, %d kill(s) (%d before the process's "
                   "first epoch, %d in training, %d after done; %d inside a "
-                  "save), %d process(es), rewinds %s, %.1f s"
-                  % (ir, t + 1, a.trials, status, rec["kills"],
+                  "save), %d process(es), rewinds %s, %.1f s%s"
+                  % (ir, t + 1, a.trials, STATUS[rec["outcome"]], rec["kills"],
                      rec["kills_before_first_epoch"], rec["kills_in_training"],
                      rec["kills_after_done"], rec["kills_inside_save"],
-                     rec["processes"], rec["rewinds"], rec["seconds"]),
+                     rec["processes"], rec["rewinds"], rec["seconds"], storage_summary(rec)),
                   flush=True)
             if not rec["ok"]:
-                for prob in rec["problems"] + rec["liveness"]:
+                for prob in rec["problems"] + rec["liveness"] + rec["clear_errors"][-1:]:
                     print("    " + prob.replace("\n", "\n    "), flush=True)
                 print("    trial dir kept: %s" % rec["dir"], flush=True)
         report["trials"] += recs
         report["irs"][ir] = {
             "trials": a.trials, "ok": ok, "failed": failed,
-            "liveness_problems": liveness, "kills": kills,
+            "liveness_problems": liveness, "clear_errors": clear, "kills": kills,
             "unkilled_runs": sum(r["unkilled_runs"] for r in recs),
             "kills_inside_save": inside,
             "kills_before_first_epoch": sum(r["kills_before_first_epoch"]
@@ -776,17 +951,20 @@ def run_all(a):
         total += a.trials
         total_failed += failed
         total_liveness += liveness
+        total_clear += clear
     # a correctness failure outranks everything; a liveness problem is its own outcome
     exit_code = (1 if total_failed else 2 if reference_failed else
-                 3 if total_liveness else 0)
+                 3 if total_liveness else clear_error_exit(a, total_clear))
     report["ok"] = total_ok
     report["failed"] = total_failed
     report["liveness_problems"] = total_liveness
+    report["clear_errors"] = total_clear
     report["total"] = total
     report["seconds"] = round(time.monotonic() - t_all, 1)
     report["exit_code"] = exit_code
     print("%d/%d trials resumed bit-identically" % (total_ok, total),
           flush=True)
+    print_clear_errors(a, total_clear)
     if total_liveness:
         print("LIVENESS: %d trial(s) did not complete for lack of progress "
               "(exit status 3); %d correctness failure(s)"

@@ -2,8 +2,10 @@
 under PIR.  CI runs it with many more trials per IR."""
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 
 from support.e2e import REPO
 
@@ -90,3 +92,108 @@ def test_two_rank_trials_end_after_max_restarts_and_report_liveness_apart(tmp_pa
     assert proc.returncode == 3, proc.stdout[-8000:]
     assert "LIVENESS PROBLEM (not a checkpoint failure)" in proc.stdout and "FAILED" not in proc.stdout
     assert data["liveness_problems"] == 1 and data["trials"][0]["problems"] == []
+
+
+# ---------------------------------------------------------------------------
+# ci/storage_faults.py: the parts of the server-fault mode that decide a verdict, each against
+# real processes, a real server and a real checkpoint tree (the full mode costs minutes: .ci/run).
+
+sys.path.insert(0, os.path.join(REPO, "ci"))
+import storage_faults as sf  # noqa: E402  (ci/storage_faults.py)
+from support import e2e as eu  # noqa: E402
+from support.server_fixtures import s3_server  # noqa: E402,F401  (fixture)
+
+_RAISE = """
+import os, sys
+import paddle_acp_cli  # defers the Paddle import: only the error classes are needed
+from paddle_acp.errors import CheckpointError, ConfigError, StorageError
+kind = sys.argv[1]
+if kind == "storage":
+    raise StorageError("reading s3://b/x failed: cannot connect to the S3 endpoint")
+if kind == "checkpoint":
+    raise CheckpointError("no valid checkpoint in s3://b/x: every one failed its checks")
+if kind == "config-from-storage":
+    try:
+        raise StorageError("checking s3://b/x/job.json failed: cannot connect")
+    except StorageError as e:
+        raise ConfigError("checkpoint location 's3://b/x' is not reachable or not writable: %s" % e) from e
+if kind == "config":
+    raise ConfigError("PADDLE_ACP_SAVE_INTERVAL='x' is not a number")
+if kind == "oserror":
+    raise OSError("When getting information for key 'x': AWS Error NETWORK_CONNECTION")
+if kind == "exit3":
+    sys.stderr.write("barrier timed out\\n")
+    sys.exit(3)
+if kind == "sigkill":
+    os.kill(os.getpid(), 9)
+"""
+
+
+def test_clear_error_tells_a_named_storage_failure_from_any_other_exit():
+    verdicts = {}
+    for kind in ("storage", "checkpoint", "config-from-storage", "config", "oserror", "exit3", "sigkill"):
+        p = subprocess.run([sys.executable, "-c", _RAISE, kind], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        verdicts[kind] = sf.clear_error(p.returncode, p.stderr)
+    assert verdicts["storage"].startswith("paddle_acp.errors.StorageError: reading s3://b/x failed"), verdicts
+    assert verdicts["checkpoint"].startswith("paddle_acp.errors.CheckpointError: no valid checkpoint"), verdicts
+    assert verdicts["config-from-storage"].startswith("paddle_acp.errors.ConfigError: checkpoint location"), verdicts
+    for kind in ("config", "oserror", "exit3", "sigkill"):
+        assert verdicts[kind] is None, (kind, verdicts)
+
+
+def test_committed_log_finds_a_lost_checkpoint_and_allows_retention(tmp_path):
+    """The 'nothing committed lost' verdict on a real checkpoint tree: intact -> no problem; the
+    newest one's commit file gone -> lost; an older one gone while max_to_keep newer ones remain ->
+    retention, no problem."""
+    ckpt = tmp_path / "ckpt"
+    proc = eu.run_script(tmp_path / "out", ckpt, "pir", "--epochs", 5, "--interval", 0,
+                         env={"PADDLE_ACP_BUSY_POLICY": "wait"})
+    assert proc.returncode == 0, eu.describe(proc)
+    log = sf.CommittedLog(str(ckpt))
+    assert log.observe() is None and len(log.seen) == 3, log.seen  # retention keeps 3
+    assert log.final_check() == []
+    name, newest = log.newest()
+    (job, rng), = {k[:2] for k in log.seen}
+    log.seen[(job, rng, "ckpt-0")] = dict(newest, number=0, epoch=0)  # seen earlier, retention removed it
+    assert log.final_check() == []
+    del log.seen[(job, rng, "ckpt-0")]
+    os.remove(ckpt / job / "range" / rng / name / "manifest.json")
+    problems = log.final_check()
+    assert len(problems) == 1 and name in problems[0] and "lost" in problems[0], problems
+
+
+def _read_when_back(srv, path, limit=60.0):
+    """The object's bytes; a restarted weed answers HEAD bucket before its volume serves reads
+    (GetObject fails with INTERNAL_FAILURE for a moment), so transient errors are retried."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with srv.filesystem().open_input_stream(path) as f:
+                return f.read()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_server_faults_kill_and_restart_s3_on_the_same_port_with_its_data(s3_server):  # noqa: F811
+    fs = s3_server.filesystem()
+    with fs.open_output_stream("%s/kept.bin" % s3_server.bucket) as f:
+        f.write(b"committed before the fault")
+    port, pid = s3_server.port, s3_server.pid
+    faults = sf.ServerFaults(s3_server, max_down_s=0.5)
+    try:
+        job = faults.schedule(random.Random(1), 0.2)
+        assert job is not None and faults.schedule(random.Random(2), 0.2) is None  # one at a time
+        assert faults.settle(timeout=120) is None
+        assert job["fired"] and "error" not in job, job
+        assert s3_server.pid not in (None, pid) and s3_server.port == port
+        assert _read_when_back(s3_server, "%s/kept.bin" % s3_server.bucket) == b"committed before the fault"
+        # a disarmed fault never fires
+        job = faults.schedule(random.Random(3), 30.0)
+        faults.cancel()
+        assert faults.settle(timeout=60) is None and not job["fired"]
+        assert [r["part"] for r in faults.records()] == ["weed"]
+    finally:
+        faults.close()
