@@ -343,3 +343,27 @@ def test_secrets_never_logged_or_stored(s3_server, tmp_path, where):
     for p, data in stored.items():
         if p.endswith(".json"):
             json.loads(data)  # sanity: we looked at real manifests / job markers
+
+
+@pytest.mark.parametrize("client", ["pyarrow", "hdfs-native", "cli"])
+def test_hdfs_namenode_in_safe_mode_is_a_storage_error(hdfs_server, client, monkeypatch):
+    """A NameNode in safe mode (as right after it restarts) refuses writes: every HDFS client's refusal
+    reaches the caller as a StorageError naming the cause (hdfs-native's RuntimeError escaped raw and
+    ended a training process without a clear error: found by kill_anywhere --server-faults)."""
+    from paddle_acp.errors import StorageError
+    from paddle_acp.storage import open_storage
+
+    if client == "hdfs-native":
+        pytest.importorskip("hdfs_native", reason="hdfs-native not installed (pip install paddle-acp[hdfs])")
+    monkeypatch.setenv("PADDLE_ACP_HDFS_CLIENT", client)
+    st = open_storage(f"{hdfs_server.uri}/safemode/{uuid.uuid4().hex[:8]}")
+    hdfs_server.hadoop("dfsadmin", "-safemode", "enter")
+    try:
+        with pytest.raises(StorageError, match="(?i)safe ?mode"):
+            st.makedirs("job/writers")
+            st.write_bytes("job/writers/gen-0", b"x")
+    finally:
+        hdfs_server.hadoop("dfsadmin", "-safemode", "leave")
+    st.makedirs("job/writers")  # the same storage object works once the NameNode leaves safe mode
+    st.write_bytes("job/writers/gen-0", b"x")
+    assert st.read_bytes("job/writers/gen-0") == b"x"
