@@ -38,7 +38,7 @@ class HdfsStorage(ArrowStorage):
     overlap_writes = True  # closing a file waits for the namenode to see its last block
     # hdfs-native raises RuntimeError for a refusal of the NameNode (safe mode while it restarts, a
     # quota, permissions): a storage error like any other client's, never a raw exception
-    errors = ArrowStorage.errors  # TMPREVERT
+    errors = ArrowStorage.errors + (RuntimeError,)
 
     def __init__(self, fs: Any, root: str, uri: str, client: str = "pyarrow"):
         super().__init__(fs, root, uri)
