@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import JOB_ID, compare_results, describe, is_done, load_result, run_script  # noqa: E402
 from support.server_fixtures import s3_server  # noqa: E402,F401  (fixture)
 
+from paddle_acp.config import s3_from_env  # noqa: E402
 from paddle_acp.format.cache import cache_key  # noqa: E402
 from paddle_acp.format.cache_trust import harden, untrusted  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME  # noqa: E402
@@ -132,7 +133,7 @@ def _run_killed(s3, tmp_path):
     out = tmp_path / "out"
     p1 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", KILL_AT, env=env)
     assert p1.returncode == -signal.SIGKILL, describe(p1)
-    copy = os.path.join(str(cache), cache_key(uri, env), JOB_ID, "range", "_range_0", f"ckpt-{KILL_AT - 1}")
+    copy = os.path.join(str(cache), cache_key(uri, s3_from_env(env).endpoint), JOB_ID, "range", "_range_0", f"ckpt-{KILL_AT - 1}")
     assert os.path.isfile(os.path.join(copy, MANIFEST_NAME)), os.listdir(str(cache))
     return uri, env, out, str(cache), copy
 

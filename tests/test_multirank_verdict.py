@@ -251,7 +251,7 @@ def test_a_rewritten_position_is_resumed_from_and_the_tools_agree(tmp_path):
     assert zlib.crc32(st_.read_bytes(f"{RDIR}/ckpt-e3/global.json")) != old_crc
     assert not [e.name for e in st_.listdir(f"{RDIR}/ckpt-e3") if e.name.startswith("bad-")]
     ls = tool("ls", ckpt)
-    e3 = [ln for ln in ls.stdout.splitlines() if "ckpt-e3 " in ln]
+    e3 = [ln for ln in ls.stdout.splitlines() if ln.strip().lstrip("* ").startswith("ckpt-e3 ")]  # its table row
     assert "a restart loads ckpt-e3" in ls.stdout and len(e3) == 1 and "ok (2 ranks, per-rank)" in e3[0], ls.stdout
     v = tool("verify", ckpt)
     assert v.returncode == 0, v.stdout
