@@ -197,6 +197,37 @@ def test_a_newer_format_is_skipped_and_never_deleted(tmp_path):
     assert c2.apply_retention(1) == [] and ckdir(tmp_path, 0).exists()
 
 
+class UnreadableManifests:
+    """Real local storage on which reading the manifests under ``prefix`` fails for now (a storage error,
+    as a permission or a flaky server gives), everything else working."""
+
+    def __init__(self, inner, prefix):
+        self.inner, self.prefix, self.failing = inner, prefix, True
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name == "read_bytes":
+            def read_bytes(path, *a, **k):
+                if self.failing and path.startswith(self.prefix) and path.endswith(MANIFEST_NAME):
+                    raise StorageError(f"injected: cannot read {path} now")
+                return attr(path, *a, **k)
+            return read_bytes
+        return attr
+
+
+def test_retention_never_deletes_a_checkpoint_it_cannot_read(tmp_path):
+    """Retention looks inside a checkpoint before deleting it (a newer format is never deleted); one
+    whose manifest cannot be read now is kept, and deleted by a later save once it can be read."""
+    ckpt(tmp_path, keep=1).save(make_snapshot(0))
+    storage = UnreadableManifests(open_storage(str(tmp_path)), "job/range/_range_0/ckpt-0")
+    c = Checkpointer(storage, "job", "_range_0", 1)
+    c.save(make_snapshot(1))
+    assert ckdir(tmp_path, 0).exists() and c.committed_numbers() == [0, 1]
+    storage.failing = False
+    c.save(make_snapshot(2))
+    assert c.committed_numbers() == [2]
+
+
 def test_leftover_temporary_directory_ignored_then_cleaned(tmp_path):
     c = ckpt(tmp_path)
     c.save(make_snapshot(0))

@@ -222,7 +222,12 @@ class Checkpointer:
         resumes from it, so neither retention nor making space deletes it (logged once)."""
         known = self._known_format.get(n)
         if known is None:
-            why = index.newer_format(self.storage, self.base(n))
+            try:
+                why = index.newer_format(self.storage, self.base(n))
+            except StorageError as exc:  # not deleted while it cannot be read: the next save looks again
+                logger.info("retention keeps checkpoint %d of %s/%s for now: it cannot be read (%s)",
+                            n, self.storage.uri, self.dir, exc)
+                return False
             known = self._known_format[n] = why is None
             if why is not None:
                 logger.warning("keeping checkpoint %d of %s/%s: it is of a newer format (%s); this paddle-acp never "

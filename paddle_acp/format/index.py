@@ -224,8 +224,9 @@ def no_usable_error(where: str, job_id: str, rejected: Sequence[Rejection], who:
 
 def newer_format(storage: Storage, path: str) -> Optional[str]:
     """Why the committed checkpoint directory ``path`` (either layout) is of a format version this
-    paddle-acp does not know, or None (it is of a known format, or corrupt, or cannot be read: no
-    more than a restore would tell). Reads its commit file (and rank 0's part manifest)."""
+    paddle-acp does not know, or None (it is of a known format, or corrupt: no more than a restore
+    would tell). Reads its commit file (and rank 0's part manifest). StorageError when they cannot be
+    read now: the caller must not take that for "known" (deleting what it could not read)."""
     name = path.rsplit("/", 1)[-1]
     docs: List[Tuple[str, int, str, int, str]] = []
     if parse_name(name) is not None:
@@ -239,6 +240,6 @@ def newer_format(storage: Storage, path: str) -> Optional[str]:
             check_newer_version(d, fmt, known, what)
         except UnknownFormatError as exc:
             return f"{file}: {exc}"
-        except (FileNotFoundError, CorruptCheckpointError, StorageError) as exc:
+        except (FileNotFoundError, CorruptCheckpointError) as exc:
             logger.debug("format of %s not known: %s", file, exc)
     return None

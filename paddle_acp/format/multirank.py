@@ -289,7 +289,11 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
         known = self._known_format.get(g.name)
         if known is None:
-            why = index.newer_format(self.storage, f"{self.dir}/{g.name}")
+            try:
+                why = index.newer_format(self.storage, f"{self.dir}/{g.name}")
+            except StorageError as exc:  # not deleted or withdrawn while it cannot be read: looked at again later
+                logger.info("range %s: keeping checkpoint %s for now: it cannot be read (%s)", self.range_name, g.name, exc)
+                return False
             if why is not None:
                 logger.warning("range %s: keeping checkpoint %s, it is of a newer format (%s)", self.range_name, g.name, why)
             known = self._known_format[g.name] = why is None
