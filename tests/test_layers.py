@@ -13,6 +13,7 @@ compat surfaces may import Paddle.
 
 import ast
 import pathlib
+import re
 from typing import Dict, List, Set, Tuple
 
 import pytest
@@ -163,3 +164,16 @@ def test_no_import_circles():
     and none may grow)."""
     new = [g for g in _import_cycles() if g not in KNOWN_CYCLES]
     assert not new, "import circles: " + "; ".join(" <-> ".join(g) for g in new)
+
+
+PADDLE_INTERNALS = re.compile(r"\.get_tensor\(|\._ptr\(|\._dtype\(|\._is_initialized\(|\._place\(|framework\._\w+|\.find_var\(")
+
+
+@pytest.mark.parametrize("module,path", [(m, p) for m, p in MODULES if _layer(m) in ("runtime", "compat")],
+                         ids=[m for m, _ in MODULES if _layer(m) in ("runtime", "compat")])
+def test_paddle_tensor_internals_only_in_the_adapter(module, path):
+    """Scopes, tensors and Paddle's private framework functions are the adapter's (adapter/tensors,
+    adapter/programs, ...): the runtime and compat layers go through it."""
+    hits = [f"{no}: {line.strip()}" for no, line in enumerate(path.read_text().splitlines(), 1)
+            if PADDLE_INTERNALS.search(line)]
+    assert not hits, f"{module} touches Paddle tensor internals (move it into paddle_acp.adapter):\n" + "\n".join(hits)

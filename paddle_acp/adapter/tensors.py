@@ -29,6 +29,38 @@ def dtype_name(tensor) -> str:
     return name
 
 
+def tensor_meta(tensor) -> Tuple[str, List[int]]:
+    """(dtype, shape) of an initialized dense tensor; a dtype paddle-acp does not save by Paddle's own name."""
+    try:
+        dt = dtype_name(tensor)
+    except CheckpointError:
+        dt = str(tensor._dtype())
+    return dt, list(tensor.shape())
+
+
+NON_TENSOR = "non-tensor"
+
+
+def scope_var_meta(scope, name: str):
+    """What ``scope`` holds under ``name``: None (nothing, or a tensor not initialized), :data:`NON_TENSOR`
+    (a variable that is not a dense tensor: a reader, a list), else the tensor's (dtype, shape)."""
+    var = scope.find_var(name)
+    if var is None:
+        return None
+    try:
+        tensor = var.get_tensor()
+    except Exception:  # not a dense tensor (a reader, a list): the program differs
+        return NON_TENSOR
+    return tensor_meta(tensor) if tensor._is_initialized() else None
+
+
+def default_place():
+    """The device Paddle puts a new tensor on (as the executor would)."""
+    from paddle.base import framework
+
+    return framework._current_expected_place_()
+
+
 def tensor_view(tensor) -> Tuple[str, np.ndarray]:
     """A zero-copy NumPy view over a CPU tensor (a copy for other places).
 

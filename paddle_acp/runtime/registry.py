@@ -12,7 +12,7 @@ import numbers
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.adapter.programs import ProgramInfo, lr_scheduler_of
-from paddle_acp.adapter.tensors import dtype_name, find_tensor, layout_size, tensor_views, write_program
+from paddle_acp.adapter.tensors import find_tensor, layout_size, tensor_meta, tensor_views, write_program
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.snapshot import ProgramSnapshot
 
@@ -73,11 +73,7 @@ class ProgramEntry:
             if rec_t is None:
                 missing.append(name)
                 continue
-            try:
-                dtype = dtype_name(t)
-            except CheckpointError:
-                dtype = str(t._dtype())
-            shape = list(t.shape())
+            dtype, shape = tensor_meta(t)
             if dtype != rec_t.dtype or shape != list(rec_t.shape):
                 differ.append(f"{name} is {dtype}{shape} here, {rec_t.dtype}{list(rec_t.shape)} in the checkpoint")
         problems = []

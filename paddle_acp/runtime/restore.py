@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.fleet import decide_mode, fleet_degrees
-from paddle_acp.adapter.tensors import dtype_name, write_program
+from paddle_acp.adapter.tensors import NON_TENSOR, default_place, scope_var_meta, write_program
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.multirank import GlobalCheckpointer
@@ -142,13 +142,12 @@ class RestoreMixin:
         if not self.has_unrestored_state:
             return
         import paddle
-        from paddle.base import framework
 
         scope = paddle.static.global_scope()
         self._check_global_scope(scope)
         # each tensor stays where it lives (a GPU job's parameters on its GPU); one the scope holds
         # nothing for yet goes to Paddle's default device, as the executor would put it
-        default = framework._current_expected_place_()
+        default = default_place()
         for p in self._resumed.manifest.programs:
             write_program(self._resumed, p.key, scope, None, consume=False, default_place=default)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
@@ -164,21 +163,13 @@ class RestoreMixin:
             for t in p.tensors:
                 if (p.key, t.name) not in unrestored:
                     continue
-                var = scope.find_var(t.name)
-                if var is None:
+                held = scope_var_meta(scope, t.name)
+                if held is None:
                     continue
-                try:
-                    tensor = var.get_tensor()
-                except Exception:  # not a dense tensor (a reader, a list): the program differs
+                if held == NON_TENSOR:
                     bad.append(f"{t.name}: checkpoint {t.dtype}{list(t.shape)}, scope holds a non-tensor variable")
                     continue
-                if not tensor._is_initialized():
-                    continue
-                try:
-                    dt = dtype_name(tensor)
-                except CheckpointError:
-                    dt = str(tensor._dtype())
-                shape = list(tensor.shape())
+                dt, shape = held
                 if dt != t.dtype or shape != list(t.shape):
                     bad.append(f"{t.name}: checkpoint {t.dtype}{list(t.shape)}, program {dt}{shape}")
         if bad:
