@@ -29,14 +29,13 @@ ALLOWED: Dict[str, Set[str]] = {
     "storage": BASE,
     "format": BASE | {"storage"},
     "adapter": BASE | {"format"},
-    "runtime": BASE | {"storage", "format", "adapter", "compat"},
+    "runtime": BASE | {"storage", "format", "adapter"},
     "tools": BASE | {"storage", "format"},
     "compat": BASE | {"storage", "format", "adapter", "runtime", "package"},
     "cli": BASE | {"package", "tools", "runtime", "compat", "storage"},
     "package": BASE | {"adapter", "runtime"},
 }
 MAY_IMPORT_PADDLE = {"adapter", "runtime", "compat"}
-# runtime -> compat: the hook points Paddle's own dead auto-checkpoint call at the compat module.
 MAX_LINES = 500
 
 
@@ -152,16 +151,11 @@ def _import_cycles() -> List[List[str]]:
     return groups
 
 
-# Circles still to break (issue 26): the runtime's hook points Paddle's dead auto-checkpoint call at the
-# compat module.
-KNOWN_CYCLES = [
-    sorted(["paddle_acp.compat.auto_checkpoint", "paddle_acp.runtime.hook"]),
-]
+KNOWN_CYCLES: List[List[str]] = []  # none left: keep it so
 
 
 def test_no_import_circles():
-    """No module imports, directly or through others, a module that imports it (only KNOWN_CYCLES remain,
-    and none may grow)."""
+    """No module imports, directly or through others, a module that imports it."""
     new = [g for g in _import_cycles() if g not in KNOWN_CYCLES]
     assert not new, "import circles: " + "; ".join(" <-> ".join(g) for g in new)
 

@@ -195,17 +195,9 @@ def _can_auto_checkpoint(prog) -> bool:
 def _auto_checkpoint(exe, program) -> None:
     """Paddle's executor hook. A no-op while paddle-acp's ``Executor.run`` hook is installed
     (it already registered the program); otherwise registers ``program`` with the active range."""
-    r = active_range()
-    if r is None:
-        return None
     from paddle_acp.runtime import hook
 
-    if hook.installed():
-        return None
-    import paddle
-
-    r.on_run(exe, program, paddle.static.global_scope())
-    return None
+    return hook.paddle_auto_checkpoint(exe, program)
 
 
 def _get_valid_program(prog):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 
 from paddle_acp.runtime.state import STATE
 
@@ -62,16 +63,29 @@ def installed() -> bool:
     return _original_run is not None
 
 
+def paddle_auto_checkpoint(exe, program) -> None:
+    """What Paddle's executor calls as ``acp._auto_checkpoint`` (its own hook: dead on 2.6.2-3.3 but for a
+    legacy inference path). A no-op while the Executor.run hook is installed (it registered the program
+    already); otherwise ``program`` goes to the active range."""
+    r = STATE.active
+    if r is None or installed():
+        return None
+    import paddle
+
+    r.on_run(exe, program, paddle.static.global_scope())
+    return None
+
+
+_auto_checkpoint = paddle_auto_checkpoint  # the name Paddle's executor calls
+
+
 def _neutralize_paddle_hook() -> None:
     """Point Paddle's own (dead, sys.exit-prone) auto-checkpoint call at ours.
 
-    Paddle 3.x's legacy inference path still calls
-    ``paddle.base.executor.acp._auto_checkpoint``; ours is a no-op there
-    because the hook above already did the work.
+    Paddle's executor calls ``paddle.base.executor.acp._auto_checkpoint`` and nothing else of that
+    module; ours (:func:`paddle_auto_checkpoint`) is a no-op while the hook above does the work.
     """
     import paddle.base.executor as executor_mod
 
-    from paddle_acp.compat import auto_checkpoint
-
     if hasattr(executor_mod, "acp"):
-        executor_mod.acp = auto_checkpoint
+        executor_mod.acp = sys.modules[__name__]  # its _auto_checkpoint is paddle_auto_checkpoint
