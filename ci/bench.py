@@ -157,7 +157,7 @@ def main():
     ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
     ap.add_argument("--quick", action="store_true", help="tiny model, one round: a smoke run")
     ap.add_argument("--e2e-hdfs", action="store_true",
-                    help="figure 5 checkpoints to a real HDFS server (ci/servers.py, started here) instead of a local disk")
+                    help="figure 5 checkpoints to a real HDFS server (tests/support/servers.py, started here) instead of a local disk")
     ap.add_argument("--e2e-uri", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -175,8 +175,8 @@ def main():
         args.scale_sizes, args.scale_rounds = [0.003, 0.012], 1
     hdfs = None
     if args.e2e_hdfs:
-        sys.path.insert(0, HERE)
-        import servers  # ci/servers.py
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the test helpers: tests/support
+        from support import servers
 
         hdfs = servers.HDFSServer().start()
         os.environ.update(hdfs.client_env())

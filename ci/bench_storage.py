@@ -16,7 +16,7 @@ For each backend (local disk; HDFS through pyarrow/libhdfs, hdfs-native and the
   run in a fresh Python process, as a Paddle job would).
 
 Ratios are paddle-acp throughput / baseline throughput (> 1: paddle-acp faster).
-Servers are real (ci/servers.py), on 127.0.0.1, started and stopped here. The
+Servers are real (tests/support/servers.py), on 127.0.0.1, started and stopped here. The
 servers' disks are this machine's, so their page cache is warm; local reads are
 made cold with posix_fadvise(DONTNEED), as after a restart. Plain local writes
 are fsynced like paddle-acp's.
@@ -65,10 +65,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/support
 if os.environ.get("ACP_BENCH_CODE"):  # --fixed-cost --before-code: a child measuring another checkout
     sys.path.insert(0, os.environ["ACP_BENCH_CODE"])
 
-import servers  # noqa: E402  (ci/servers.py)
+from support import servers  # noqa: E402
 
 BACKENDS = ["local", "hdfs-pyarrow", "hdfs-native", "hdfs-cli", "s3"]
 MB = 1 << 20
@@ -594,7 +595,6 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
 
 # -- training time with a checkpoint every epoch on HDFS ------------------------------------
 def run_training(args, work) -> dict:
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     from support import e2e as eu
 
     results = {"mode": "training", "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Demo: elastic training under Paddle's launcher; a trainer is SIGKILLed, the job restarts and resumes.
 
-1. starts a real etcd on 127.0.0.1 (ci/etcd.py; installs Debian's etcd-server
+1. starts a real etcd on 127.0.0.1 (tests/support/etcd.py; installs Debian's etcd-server
    and PyPI etcd3 if missing);
 2. runs ``tests/scripts/elastic_train.py`` once alone without paddle-acp (the
    reference);
@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "ci"))
-import etcd  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # the test helpers: tests/support
+from support import etcd  # noqa: E402
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "elastic_train.py")
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         codes = group.wait(180)
         say(f"launchers exited {codes}, {time.monotonic() - t_kill:.1f} s after the kill")
         if group.relaunched:
-            say(f"relaunched (Paddle launcher race, see ci/etcd.py LaunchGroup): {group.relaunched}")
+            say(f"relaunched (Paddle launcher race, see tests/support/etcd.py LaunchGroup): {group.relaunched}")
         for name in group.nodes:
             for line in group.log_text(name).splitlines():
                 if any(k in line for k in ("Run Pod", "Pod failed", "Pod completed", "Exit code")):

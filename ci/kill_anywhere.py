@@ -35,7 +35,7 @@ uninterrupted run without the library, and in every restart all ranks that
 got as far as their first epoch must have resumed from the same checkpoint.
 
 With ``--hdfs`` (a Hadoop 2.7.3 server on 127.0.0.1, started here through
-ci/servers.py) or ``--ckpt-uri hdfs://...|s3://...`` (a running server; its
+tests/support/servers.py) or ``--ckpt-uri hdfs://...|s3://...`` (a running server; its
 client variables must be in this process's environment) the checkpoints go
 to remote storage, where a persist takes longer than a tiny epoch: the default
 busy policy then skips saves, and a restart resumes from an older epoch; the
@@ -49,7 +49,7 @@ and shared by its ranks, as on one node); restores from it are counted.
 ``--server-faults`` (with ``--hdfs`` or ``--s3``) also SIGKILLs the storage
 server at a random moment of each restart round (HDFS: the NameNode, the
 DataNode or both; S3: the ``weed`` process) and restarts it after up to
-``--max-down`` seconds on the same ports and data (ci/storage_faults.py).
+``--max-down`` seconds on the same ports and data (tests/support/storage_faults.py).
 A process that then stops with a clear error (exit status 1, a
 CheckpointError/StorageError naming its cause) is restarted, as a launcher
 would, and counts as an interruption; the round after ``--max-restarts``
@@ -87,11 +87,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the test helpers: tests/support
 
-import storage_faults as sf  # noqa: E402  (ci/storage_faults.py)
 from support import e2e as eu  # noqa: E402
+from support import storage_faults as sf  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -134,14 +133,14 @@ def parse_args(argv=None):
                    help="remote checkpoint base URI (hdfs://, s3://); each run "
                         "gets its own directory under it")
     p.add_argument("--hdfs", action="store_true",
-                   help="start a real HDFS server (ci/servers.py) and "
+                   help="start a real HDFS server (tests/support/servers.py) and "
                         "checkpoint to it")
     p.add_argument("--s3", action="store_true",
-                   help="start a real S3 server (SeaweedFS, ci/servers.py) and checkpoint to it")
+                   help="start a real S3 server (SeaweedFS, tests/support/servers.py) and checkpoint to it")
     p.add_argument("--server-faults", action="store_true",
                    help="with --hdfs/--s3: also SIGKILL the storage server at a random moment "
                         "of a restart round and restart it on the same ports and data "
-                        "(ci/storage_faults.py)")
+                        "(tests/support/storage_faults.py)")
     p.add_argument("--max-down", type=float, default=2.0,
                    help="--server-faults: the server stays down uniform(0, this) seconds")
     p.add_argument("--local-cache", action="store_true",
@@ -852,7 +851,7 @@ def main(argv=None):
         print("--local-cache needs remote storage: --hdfs, --s3 or --ckpt-uri", flush=True)
         return 2
     if a.hdfs or a.s3:
-        import servers  # ci/servers.py
+        from support import servers
 
         with (servers.HDFSServer() if a.hdfs else servers.S3Server()) as srv:
             srv.apply_client_env()

@@ -23,12 +23,12 @@ not export ``--job_id`` to them).
 
 With two launchers, Paddle 3.3.1's launcher sometimes exits instead of
 restarting when its only trainer failed (a race with etcd's watch callback,
-see ``ci/etcd.py`` ``LaunchGroup``); the test then starts that launcher again,
+see ``tests/support/etcd.py`` ``LaunchGroup``); the test then starts that launcher again,
 as a cluster's restart policy would, and prints "relaunched after a launcher
 race". The trainers' checks are the same either way.
 
 etcd comes from Debian's ``etcd-server`` and the launcher's client from PyPI
-``etcd3`` (both installed on first use by ``ci/etcd.py``); where that fails the
+``etcd3`` (both installed on first use by ``tests/support/etcd.py``); where that fails the
 tests skip, or fail with ``PADDLE_ACP_REQUIRE_SERVERS=1``.
 """
 from __future__ import annotations
@@ -47,10 +47,8 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO / "ci") not in sys.path:
-    sys.path.insert(0, str(REPO / "ci"))
 
-import etcd  # noqa: E402  (ci/etcd.py)
+from support import etcd  # noqa: E402
 
 SCRIPT = str(REPO / "tests" / "scripts" / "elastic_train.py")
 EPOCHS, STEPS, KILL_EPOCH, KILL_STEP = 5, 6, 2, 2

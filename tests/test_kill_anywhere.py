@@ -95,12 +95,11 @@ def test_two_rank_trials_end_after_max_restarts_and_report_liveness_apart(tmp_pa
 
 
 # ---------------------------------------------------------------------------
-# ci/storage_faults.py: the parts of the server-fault mode that decide a verdict, each against
+# tests/support/storage_faults.py: the parts of the server-fault mode that decide a verdict, each against
 # real processes, a real server and a real checkpoint tree (the full mode costs minutes: .ci/run).
 
-sys.path.insert(0, os.path.join(REPO, "ci"))
-import storage_faults as sf  # noqa: E402  (ci/storage_faults.py)
 from support import e2e as eu  # noqa: E402
+from support import storage_faults as sf  # noqa: E402
 from support.server_fixtures import s3_server  # noqa: E402,F401  (fixture)
 
 _RAISE = """

@@ -5,7 +5,7 @@ The training script (tests/scripts/train_script.py) checkpoints every epoch to
 pyarrow/libhdfs, JVM in the training process) or ``s3://bucket/...`` (SeaweedFS),
 SIGKILLs itself at the start of an epoch, and is run again: the rerun must
 resume from the remote checkpoint and end bit-identical to an uninterrupted run
-without the library. Servers: ci/servers.py via tests/support/server_fixtures.py
+without the library. Servers: tests/support/servers.py via tests/support/server_fixtures.py
 (skipped with the reason when they cannot be prepared here).
 """
 from __future__ import annotations

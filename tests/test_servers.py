@@ -1,4 +1,4 @@
-"""The CI storage servers (ci/servers.py) are real and usable through pyarrow.
+"""The CI storage servers (tests/support/servers.py) are real and usable through pyarrow.
 
 HDFS: Hadoop 2.7.3 NameNode + DataNode; clients: pyarrow.fs.HadoopFileSystem
 (libhdfs + in-process JVM), hdfs-native (optional), the bin/hadoop CLI launcher.

@@ -2,7 +2,7 @@
 clients (pyarrow/libhdfs, hdfs-native, the ``hadoop fs`` command line) and S3.
 
 The HDFS and S3 backends run against REAL servers started by the tests
-(ci/servers.py, module-scoped); they skip with the reason when a server cannot
+(tests/support/servers.py, module-scoped); they skip with the reason when a server cannot
 be prepared here, and fail instead with PADDLE_ACP_REQUIRE_SERVERS=1.
 
 Large objects are 300 MB, except through the ``hadoop fs`` command line: that

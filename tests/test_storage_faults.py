@@ -1,4 +1,4 @@
-"""Storage faults with REAL servers (ci/servers.py): servers stopped during saves,
+"""Storage faults with REAL servers (tests/support/servers.py): servers stopped during saves,
 unreachable at restore, wrong S3 credentials, and secrets kept out of every log
 and file.
 

@@ -525,7 +525,7 @@ def test_checkpoint_references():
 # -- remote storage (real S3 / HDFS servers, skipped where they cannot run) -----
 try:
     from support.server_fixtures import hdfs_server, s3_server  # noqa: F401  (pytest fixtures)
-except Exception as exc:  # ci/servers.py missing or broken: the remote tests skip
+except Exception as exc:  # tests/support/servers.py missing or broken: the remote tests skip
     _SERVERS_ERROR = str(exc)
 
     @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Pytest fixtures that start REAL HDFS / S3 servers on 127.0.0.1 (see ci/servers.py).
+"""Pytest fixtures that start REAL HDFS / S3 servers on 127.0.0.1 (support/servers.py).
 
 Use from a test module::
 
@@ -18,16 +18,10 @@ harmless as long as clients pass host/port explicitly (``srv.host``, ``srv.port`
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent.parent
-if str(REPO / "ci") not in sys.path:
-    sys.path.insert(0, str(REPO / "ci"))
-
-import servers  # noqa: E402  (ci/servers.py)
+from support import servers
 
 
 def _start(srv):

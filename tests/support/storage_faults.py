@@ -9,7 +9,7 @@ real server (``--hdfs``, ``--s3``):
   same ports with the same data directory, so clients reconnect to the same
   URI. The restarts run on one long-lived worker thread: the servers are
   spawned with a parent-death signal bound to the thread that forked them
-  (ci/servers.py), so a short-lived thread would take its server down with it.
+  (tests/support/servers.py), so a short-lived thread would take its server down with it.
 * :class:`CommittedLog` records every checkpoint the harness saw committed
   (``paddle-acp ls --json`` between two rounds, when no training process runs)
   and at the end checks, with ``ls --verify``, that each is still there and
@@ -34,7 +34,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))  # tests/support -> the checkout
 CLI = [sys.executable, os.path.join(REPO, "paddle_acp_cli.py")]
 
 #: The library's errors that count as a clear error (a process that stops with one, naming its cause).

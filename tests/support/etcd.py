@@ -25,7 +25,7 @@ both:
 
 Library use (tests)::
 
-    sys.path.insert(0, "<repo>/ci"); import etcd
+    from support import etcd   # tests/ on sys.path: pytest puts it there; ci/ scripts insert it
     with etcd.EtcdServer() as srv:                    # srv.master_url: etcd://127.0.0.1:PORT
         env = etcd.launcher_env("my-job", PADDLE_ACP_CHECKPOINT_URI=ckpt)
         group = etcd.LaunchGroup(workdir, env)
@@ -37,8 +37,8 @@ Library use (tests)::
 
 CLI::
 
-    python ci/etcd.py prepare     # install etcd / etcd3 if missing, print versions
-    python ci/etcd.py run         # start etcd, print its URL, wait for Ctrl-C
+    python tests/support/etcd.py prepare     # install etcd / etcd3 if missing, print versions
+    python tests/support/etcd.py run         # start etcd, print its URL, wait for Ctrl-C
 
 Failures raise :class:`EtcdUnavailable`; tests call :func:`require_or_skip`,
 which skips, or fails when ``PADDLE_ACP_REQUIRE_SERVERS=1``.
@@ -117,7 +117,7 @@ def require_or_skip(exc: BaseException):
 
 
 def _log(msg: str) -> None:
-    print(f"[ci/etcd] {msg}", file=sys.stderr, flush=True)
+    print(f"[etcd] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
