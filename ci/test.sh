@@ -10,4 +10,6 @@ export PYTHONUNBUFFERED=1
 "$PYTHON" -m ruff check paddle_acp paddle_acp_cli.py tests ci examples
 # Types: the whole package, with mypy's strict flags for the format and storage layers (pyproject.toml).
 "$PYTHON" -m mypy
+# The Paddle-free tests (tests/unit/) once more in a venv without Paddle (~1 min; ci/unit_no_paddle.sh).
+bash "$ROOT/ci/unit_no_paddle.sh"
 "$PYTHON" -m pytest -q -p no:cacheprovider "$@" tests

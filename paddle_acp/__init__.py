@@ -23,8 +23,12 @@ variables, see :mod:`paddle_acp.config`); without them the loop is a plain range
   when Paddle is missing or its version is not supported; see :mod:`paddle_acp.adapter.version`).
 
 Importing the package runs the version gate (it imports Paddle) and installs the hook, as it always
-did. The public names are resolved on first use (PEP 562 ``__getattr__``), each after the gate. The one
-exception is the ``paddle-acp`` console script (:mod:`paddle_acp_cli`, a module outside this package):
+did, wherever a Paddle is installed (a broken or unsupported one included: the gate names what is wrong).
+Where none is installed at all, the import succeeds and the gate runs on the first use that needs Paddle
+(a public name below, ``PADDLE_VERSION``), raising :class:`UnsupportedPaddleError` there: the layers that
+never touch Paddle (:mod:`paddle_acp.format`, :mod:`paddle_acp.storage`, :mod:`paddle_acp.tools`) are
+importable without it (their unit tests run so in CI). The public names are resolved on first use
+(PEP 562 ``__getattr__``), each after the gate. The one exception is the ``paddle-acp`` console script (:mod:`paddle_acp_cli`, a module outside this package):
 it asks, before importing anything here, for the gate to be deferred, so the operator tools (``ls``,
 ``inspect``, ``verify``, ``gc``, ``stats``, every ``--help``) never import Paddle; ``paddle-acp run``
 calls :func:`_activate` itself before it runs the script.
@@ -45,6 +49,7 @@ restore storage -> format (the reader verifies every byte) -> adapter (writes in
 """
 
 import importlib as _importlib
+import importlib.util as _importlib_util
 import logging as _logging
 import sys as _sys
 from typing import Any as _Any
@@ -120,6 +125,15 @@ def _gate_deferred() -> bool:
     return getattr(_sys.modules.get("paddle_acp_cli"), "DEFER_PADDLE", False) is True
 
 
+def _paddle_installed() -> bool:
+    """Whether a ``paddle`` is there to import (without importing it). A lookup that fails counts as
+    installed: the gate then imports it and names what is wrong."""
+    try:
+        return _importlib_util.find_spec("paddle") is not None
+    except (ImportError, ValueError):
+        return True
+
+
 def _setup_logging(deferred: bool) -> None:
     # Checked before anything imports Paddle: an invalid value is a ConfigError naming the variable.
     # (Deferred, the command line checks it itself and reports it as a one-line error.)
@@ -190,5 +204,5 @@ def simulate_restart() -> None:
 
 
 _setup_logging(_gate_deferred())
-if not _gate_deferred():
+if not _gate_deferred() and _paddle_installed():
     _activate()

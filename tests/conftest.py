@@ -1,8 +1,7 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules; Paddle-free (tests/unit/ runs in a venv without Paddle)."""
 
 import os
 
-import paddle
 import pytest
 
 if os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1":  # ci/matrix.py tests the pip-installed copy
@@ -14,6 +13,8 @@ if os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1":  # ci/matrix.py tests the
 @pytest.fixture(scope="module")
 def static_mode():
     """Static-graph mode for a module's tests; the previous mode is restored after them."""
+    import paddle  # here, not at the top: this file applies to the Paddle-free tests/unit/ too
+
     was_dynamic = paddle.in_dynamic_mode()
     paddle.enable_static()
     yield

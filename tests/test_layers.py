@@ -8,7 +8,8 @@ dependency that goes the wrong way fails here, not in a reader's head:
        +--- tools -+            (tools never import the runtime, the adapter or Paddle)
 
 ``errors``, ``secrets``, ``config`` and ``threads`` are below every layer. Only the adapter, the runtime and the
-compat surfaces may import Paddle.
+compat surfaces may import Paddle; format, storage and tools never do, not even inside a function
+(tests/unit/ runs them without Paddle installed).
 """
 
 import ast
@@ -99,6 +100,44 @@ def test_imports_go_down_the_layers(module, path):
         if dst == src:
             continue
         assert dst in ALLOWED[src], f"{module} ({src}) imports {name} ({dst}); {src} may import {sorted(ALLOWED[src])}"
+
+
+PADDLE_FREE = ("format", "storage", "tools", "errors", "config", "threads", "secrets")
+_IMPORT_CALLS = {"import_module", "__import__", "find_spec", "import_fresh_module"}
+
+
+def _paddle_imports(path: pathlib.Path) -> List[str]:
+    """Every way ``path`` names Paddle for an import, anywhere in the file (inside functions and
+    ``TYPE_CHECKING`` blocks too): import statements and import calls with a literal module name."""
+    found = [n for n in _imports(path) if n.split(".")[0] == "paddle"]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        arg = node.args[0]
+        if name in _IMPORT_CALLS and isinstance(arg, ast.Constant) and isinstance(arg.value, str) \
+                and arg.value.split(".")[0] == "paddle":
+            found.append(f"{name}({arg.value!r})")
+    return found
+
+
+@pytest.mark.parametrize("module,path", [(m, p) for m, p in MODULES if _layer(m) in PADDLE_FREE],
+                         ids=[m for m, _ in MODULES if _layer(m) in PADDLE_FREE])
+def test_format_storage_and_tools_never_import_paddle(module, path):
+    """The on-disk format, the storage backends and the operator tools work without Paddle installed
+    (tests/unit/ runs so in CI: ci/test.sh); no import of it, not even inside a function."""
+    found = _paddle_imports(path)
+    assert not found, f"{module} imports Paddle ({', '.join(found)}): only {sorted(MAY_IMPORT_PADDLE)} may"
+
+
+def test_the_paddle_import_check_sees_imports_inside_functions(tmp_path):
+    """The check above finds Paddle wherever a module names it for an import."""
+    src = tmp_path / "m.py"
+    src.write_text("import importlib\n\ndef f():\n    import paddle.base\n\n"
+                   "def g():\n    return importlib.import_module('paddle')\n\n"
+                   "def h():\n    from paddle import static\n    return __import__('paddle_acp'), static\n")
+    assert _paddle_imports(src) == ["paddle.base", "paddle", "import_module('paddle')"]
 
 
 @pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])

@@ -91,16 +91,19 @@ def _bare_env_with_checkout(tmp_path):
     return str(d / "bin" / "python")
 
 
-def test_import_without_paddle_raises_one_clear_error(tmp_path):
+def test_without_paddle_the_first_use_raises_one_clear_error(tmp_path):
+    """No Paddle installed at all: `import paddle_acp` succeeds (the format, storage and tools layers work
+    without it: tests/unit/), and the first use that needs Paddle raises the gate's one clear error."""
     py = _bare_env_with_checkout(tmp_path)
-    code = "import paddle_acp\n"
+    code = "import paddle_acp\npaddle_acp.train_epoch_range\n"  # (this venv has nothing else: tests/unit/ imports the layers)
     p = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=str(tmp_path))
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("paddle_acp.errors.UnsupportedPaddleError: paddle-acp needs PaddlePaddle"), p.stderr
     assert pv.SUPPORTED_TEXT in last and "pip install paddlepaddle==3.3.1" in last, last
-    # an ImportError: `try: import paddle_acp except ImportError` works
-    code = ("try:\n    import paddle_acp\nexcept ImportError as e:\n    print(type(e).__name__)\n")
+    assert 'line 2, in <module>' in p.stderr, p.stderr  # at the use, not at the import
+    # an ImportError: `try: ... except ImportError` works
+    code = ("import paddle_acp\ntry:\n    paddle_acp.resumable\nexcept ImportError as e:\n    print(type(e).__name__)\n")
     p = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=str(tmp_path))
     assert p.stdout.strip() == "UnsupportedPaddleError", p.stderr
 

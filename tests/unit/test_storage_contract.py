@@ -14,14 +14,11 @@ pieces, many HDFS packets and the -put/-get staging.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 
 import numpy as np
-import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pyarrow.fs as pafs  # noqa: E402
+import pytest
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.errors import StorageError  # noqa: E402

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The Paddle-free tests (tests/unit/: the format, storage and tools layers) in a virtual environment
+# WITHOUT Paddle, which proves they need none. `pip install -e .[test]` never pulls Paddle (it is not a
+# dependency; this script fails if it ever did). The venv is kept in .cache/venv-no-paddle and pip's
+# cache serves its wheels (pyarrow included): ~35 s the first time on a quiet machine, seconds after.
+# Run by ci/test.sh; extra arguments go to pytest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+VENV="$ROOT/.cache/venv-no-paddle"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >"$VENV/install.log" 2>&1; then
+  cat "$VENV/install.log" >&2
+  exit 1
+fi
+if "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('paddle') is None)"; then
+  echo "ci/unit_no_paddle.sh: $VENV has a Paddle: installing paddle-acp must never pull it" >&2
+  exit 1
+fi
+cd "$ROOT"
+# The HDFS and S3 cases of these tests run in the main suite (ci/test.sh, real servers); here the local ones.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -k "not hdfs and not s3" "$@" tests/unit
