@@ -78,7 +78,9 @@ def load_newest(v2: Checkpointer, gck: "GlobalCheckpointer", running_mode: Optio
             "and restart the job"
         )
 
-    search = index.first_usable(index.entries(gck.storage, gck.job_id, gck.range_name), load, check, where, fatal)
+    listed = index.entries(gck.storage, gck.job_id, gck.range_name, uncommitted=True)  # first_usable skips uncommitted
+    gck.remember_listing(listed)  # discard_newer removes what is newer than the choice without listing again
+    search = index.first_usable(listed, load, check, where, fatal)
     newer = [r for r in search.of_kind(index.NEWER_FORMAT) if r.entry.layout == index.GLOBAL]
     if multi and newer and (search.found is not None or start_fresh):
         if search.found is not None:
