@@ -209,7 +209,7 @@ def test_a_damaged_part_is_seen_by_its_rank_which_marks_it_and_every_rank_falls_
     with pytest.raises(RestartRequiredError, match="rank 2: its part of checkpoint .*does not fall back alone"):
         load_newest(v2(tmp_path), gck(tmp_path, 2, 3), None)
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("bad-")) == [bad_mark(2, crc)]
-    for r, g in accepted.items():  # the ranks that accepted it stop before they save or commit
+    for g in accepted.values():  # the ranks that accepted it stop before they save or commit
         with pytest.raises(RestartRequiredError, match="marked bad at restore by rank.s. 2"):
             g.check_base()
     for r in range(3):  # the restart: every rank sees the mark and falls back alike

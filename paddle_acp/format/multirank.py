@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import time
 import zlib
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
 from paddle_acp.format import atomic, index, reader, verdict
@@ -101,11 +101,15 @@ class GlobalReader:
     def part_dir(self, name: str, rank: int) -> str:
         return f"{self.dir}/{name}/{rank_part(rank)}"
 
-    def read_global(self, name: str) -> GlobalManifest:
+    def read_global(self, name: str, listed_only: bool = False) -> GlobalManifest:
+        """The global manifest of ``name``; when it is missing: CorruptCheckpointError, or with
+        ``listed_only`` (the checkpoint was listed without a look inside) :class:`index.NotCommitted`."""
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
         try:
             raw = self.storage.read_bytes(path, limit=MAX_GLOBAL_SIZE)
         except FileNotFoundError:
+            if listed_only:
+                raise index.NotCommitted(path) from None
             raise CorruptCheckpointError(f"{path} is missing (checkpoint not committed)") from None
         g = GlobalManifest.loads(raw)
         if g.name != name or g.range_name != self.range_name:
@@ -206,14 +210,15 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             out.append(GlobalEntry(e.name, pos[0], pos[1], committed))
         return sorted(out, key=lambda g: g.key)
 
-    def remember_listing(self, entries: Sequence[index.Entry]) -> None:
-        """The range's checkpoints as this rank's restart listed them (:func:`index.entries`, the
-        uncommitted ones included): :meth:`discard_newer` uses them once instead of listing again."""
+    def remember_listing(self, entries: Sequence[index.Entry], uncommitted: Collection[str] = ()) -> None:
+        """The range's checkpoints as this rank's restart listed them (:func:`index.restart_candidates`,
+        ``uncommitted``: those found not committed when loaded): :meth:`discard_newer` uses them once
+        instead of listing again."""
         out = []
         for e in entries:
             pos = parse_name(e.name) if e.layout == index.GLOBAL else None
             if pos is not None:
-                out.append(GlobalEntry(e.name, pos[0], pos[1], e.committed))
+                out.append(GlobalEntry(e.name, pos[0], pos[1], e.committed and e.name not in uncommitted))
         self._listed = sorted(out, key=lambda g: g.key)
 
     def part_committed(self, name: str, rank: int) -> bool:
@@ -349,7 +354,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             f"PADDLE_TRAINERS_NUM={g.world_size}, or start a new job (a new PADDLE_JOB_ID) to train from scratch."
         )
 
-    def load(self, name: str, running_mode: Optional[str]) -> LoadedCheckpoint:
+    def load(self, name: str, running_mode: Optional[str], listed_only: bool = False) -> LoadedCheckpoint:
         """Verify checkpoint ``name`` and load this rank's share of it.
 
         ``running_mode``: the mode this job is known to run in ('per-rank', 'replicated')
@@ -359,9 +364,10 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         every rank falls back to an older one), RestartRequiredError when a part only this rank
         loads is bad in a job of several ranks (the copy is marked, :mod:`.verdict`), or
         CheckpointError (topology, a part moved between ranks: never a partial restore).
+        ``listed_only``: see :meth:`read_global`.
         """
         base = f"{self.dir}/{name}"
-        g = self.read_global(name)  # the global manifest and the marks on it: every rank reads them alike
+        g = self.read_global(name, listed_only)  # the global manifest and its marks: every rank reads them alike
         verdict.check_marks(self.storage, base, g)
         own = self.rank if self.rank < g.world_size else None
         if g.mode == "per-rank":
