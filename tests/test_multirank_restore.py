@@ -6,14 +6,17 @@ backend (local disk, HDFS, S3) is refused by that rank alone, which marks the co
 import zlib
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import backend_storage, hdfs_server, s3_server  # noqa: F401  (pytest fixtures)
 from support.counting import counting, total
 from test_multirank import JOB, RANGE, snapshot
 
-from paddle_acp.errors import RestartRequiredError
+from paddle_acp.errors import CorruptCheckpointError, RestartRequiredError
+from paddle_acp.format import index
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence
-from paddle_acp.format.layout import bad_mark
+from paddle_acp.format.layout import bad_mark, position_name
 from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.restart import load_newest
 from paddle_acp.storage import open_storage
@@ -103,3 +106,32 @@ def test_a_damaged_part_on_a_real_backend_is_refused_by_its_rank_alone_which_mar
         g0.check_base()
     for r in (0, 1):
         assert restart(st, r, 2, "per-rank")[:2] == ("ckpt-e0", r)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(positions=st.dictionaries(st.tuples(st.integers(0, 30), st.one_of(st.none(), st.integers(0, 40))), st.booleans(),
+                                 max_size=8))
+def test_a_restart_listed_with_one_call_tries_the_checkpoints_the_full_listing_tries(tmp_path_factory, positions):
+    """restart_candidates (one listing; a checkpoint found uncommitted when its global.json is missing)
+    tries the committed checkpoints of several ranks in the order index.entries (an exists per
+    directory) gives them, and passes over exactly the uncommitted ones."""
+    st_ = open_storage(str(tmp_path_factory.mktemp("cand")))
+    parent = f"{JOB}/range/{RANGE}"
+    st_.makedirs(parent)
+    for (epoch, step), committed in positions.items():
+        name = position_name(epoch, step)
+        st_.makedirs(f"{parent}/{name}/rank-0")
+        if committed:
+            st_.write_bytes(f"{parent}/{name}/global.json", b"{}")
+    full = [e.name for e in index.entries(st_, JOB, RANGE)]
+    listed, lazy = index.restart_candidates(st_, JOB, RANGE)
+    assert lazy
+    tried = []
+
+    def load(e):
+        if not st_.exists(f"{e.path}/global.json"):
+            raise index.NotCommitted(e.path)
+        tried.append(e.name)
+        raise CorruptCheckpointError("try the next")
+    search = index.first_usable(listed, load, log=False)
+    assert tried == full and [r.entry.name for r in search.rejected] == full
