@@ -36,3 +36,20 @@ def test_bench_storage_quick_local(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert json.loads(out.read_text())
+
+
+def test_bench_ranks_smoke_local(tmp_path):
+    """ci/bench_ranks.py with tiny world sizes on a local disk (no server): the figures it reports exist,
+    and a rank's restart costs the same calls at both sizes."""
+    out = tmp_path / "bench_ranks.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench_ranks.py"), "--backends", "local", "--worlds", "2,5",
+                        "--checkpoints", "2", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    local = doc["backends"]["local"]
+    assert [r["world"] for r in local["per_world"]] == [2, 5]
+    for r in local["per_world"]:
+        assert all(ck["committed"] is True for ck in r["checkpoints"])
+        assert r["restart"]["chosen"] == ["ckpt-e1"] and r["restart"]["own_state"] is True
+    assert local["summary"]["restart_calls_max_rank"]["slope_per_extra_rank"] == 0.0
+    assert "slope of checkpoint_calls_per_rank" in p.stdout and doc["command"].startswith("python ci/bench_ranks.py")

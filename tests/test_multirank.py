@@ -179,18 +179,43 @@ def test_a_rank_that_skips_a_save_abandons_it_at_once_and_the_next_commits(tmp_p
     assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e1").exists()
 
 
-def test_a_damaged_part_falls_back_on_every_rank_to_the_previous_global_checkpoint(tmp_path):
+@pytest.mark.parametrize("damage", ["edited", "removed"])
+def test_a_damaged_part_is_seen_by_its_rank_which_marks_it_and_every_rank_falls_back_alike(tmp_path, damage):
+    """Each rank reads only the parts it loads (issue 28): rank 2's damaged part manifest is seen by
+    rank 2 alone, which marks the copy and stops; the ranks that accepted it stop at their base check,
+    and the restart falls back to ckpt-e0 on every rank alike, never one rank alone."""
+    import zlib
+
+    from paddle_acp.errors import RestartRequiredError
+    from paddle_acp.format.layout import bad_mark
+
     for e in (0, 1):
         save_all(tmp_path, 3, e)
-    part = tmp_path / JOB / "range" / RANGE / "ckpt-e1" / "rank-2" / "manifest.json"
-    part.write_bytes(part.read_bytes().replace(b'"last_epoch": 1', b'"last_epoch": 7'))
-    for r in range(3):  # rank 0 and 1 never read rank 2's data, yet they see it is not intact
+    ck = tmp_path / JOB / "range" / RANGE / "ckpt-e1"
+    part = ck / "rank-2" / "manifest.json"
+    if damage == "edited":
+        part.write_bytes(part.read_bytes().replace(b'"last_epoch": 1', b'"last_epoch": 7'))
+    else:
+        os.remove(part)
+    crc = zlib.crc32((ck / GLOBAL_NAME).read_bytes())
+    accepted = {}
+    for r in (0, 1):  # they never read rank 2's part: they accept ckpt-e1
+        g = gck(tmp_path, r, 3)
+        loaded = load_newest(v2(tmp_path), g, None)
+        assert loaded.global_manifest.name == "ckpt-e1"
+        g.resume_from(loaded)
+        accepted[r] = g
+        loaded.close()
+    with pytest.raises(RestartRequiredError, match="rank 2: its part of checkpoint .*does not fall back alone"):
+        load_newest(v2(tmp_path), gck(tmp_path, 2, 3), None)
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("bad-")) == [bad_mark(2, crc)]
+    for g in accepted.values():  # the ranks that accepted it stop before they save or commit
+        with pytest.raises(RestartRequiredError, match="marked bad at restore by rank.s. 2"):
+            g.check_base()
+    for r in range(3):  # the restart: every rank sees the mark and falls back alike
         loaded = load_newest(v2(tmp_path), gck(tmp_path, r, 3), None)
         assert loaded.global_manifest.name == "ckpt-e0"
         loaded.close()
-    os.remove(part)
-    loaded = load_newest(v2(tmp_path), gck(tmp_path, 1, 3), None)
-    assert loaded.global_manifest.name == "ckpt-e0"
 
 
 def test_own_data_corrupt_marks_the_checkpoint_bad_so_every_rank_falls_back(tmp_path):

@@ -265,6 +265,44 @@ def test_a_rewritten_position_is_resumed_from_and_the_tools_agree(tmp_path):
         assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), refs[r]), r
 
 
+# -- issue 28: each rank reads only the parts it loads; a bad one is agreed on through the mark ----
+def test_a_damaged_part_manifest_is_seen_by_its_rank_alone_and_every_rank_falls_back_alike(tmp_path):
+    """Per-rank job: one byte of rank 1's part manifest of ckpt-e3 is damaged. Rank 0 never reads
+    rank 1's part and accepts ckpt-e3; rank 1 alone sees the damage, marks the copy bad and stops
+    (it does not fall back alone); rank 0 stops before it commits anything. The restart falls
+    back to ckpt-e2 on both ranks, and each ends bit-identical to its own uninterrupted run."""
+    args = ["--kind", "tp", "--steps-per-epoch", 2]
+    ref = launch(tmp_path, 2, *args, "--epochs", 6, outs="ref", barrier=False, no_acp=True)
+    assert all(rc == 0 for rc, _ in ref), tail(ref)
+    refs = [load_result(tmp_path / "ref" / f"r{r}") for r in (0, 1)]
+    ckpt = tmp_path / "ckpt"
+    env = {"PADDLE_ACP_RANK_STATE": "per-rank", "PADDLE_ACP_PART_TIMEOUT": 40}
+    res = launch(tmp_path, 2, *args, "--epochs", 4, ckpt=ckpt, env=env, gen="a")
+    assert all(rc == 0 for rc, _ in res), tail(res)
+    st_ = open_storage(str(ckpt))
+    flip_one_byte(st_, f"{RDIR}/ckpt-e3/rank-1/manifest.json")
+    crc = zlib.crc32(st_.read_bytes(f"{RDIR}/ckpt-e3/global.json"))
+    undone(tmp_path)
+    res = launch(tmp_path, 2, *args, "--epochs", 6, ckpt=ckpt, env=env, gen="b", barrier=False, rank_0_first=True)
+    (rc0, out0), (rc1, out1) = res
+    assert rc1 != 0 and "RestartRequiredError: rank 1: its part of checkpoint" in out1, tail(res)
+    assert "does not match the checksum the global manifest records" in out1 and "does not fall back alone" in out1, tail(res)
+    assert starts(tmp_path / "out" / "r0")[-1]["gen"] == "b"  # rank 0 accepted ckpt-e3 and trained on ...
+    assert starts(tmp_path / "out" / "r1")[-1]["gen"] == "a"  # ... rank 1 never started
+    assert rc0 != 0 and "which this job resumed from, was marked bad at restore by rank(s) 1" in out0, tail(res)
+    assert [e.name for e in st_.listdir(f"{RDIR}/ckpt-e3") if e.name.startswith("bad-")] == [bad_mark(1, crc)]
+    assert not st_.exists(f"{RDIR}/ckpt-e4/global.json")  # rank 0 committed nothing on its own
+    # the restart: both ranks see the mark and fall back to ckpt-e2 alike
+    undone(tmp_path)
+    res = launch(tmp_path, 2, *args, "--epochs", 6, ckpt=ckpt, env=env, gen="c")
+    assert all(rc == 0 for rc, _ in res), tail(res)
+    for r in (0, 1):
+        last = starts(tmp_path / "out" / f"r{r}")[-1]
+        assert (last["restored"], last["epoch"], last["gen"]) == ("ckpt-e2", 3, "c"), last
+        assert is_done(tmp_path / "out" / f"r{r}")
+        assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), refs[r]), r
+
+
 # -- item 5: parts swapped between ranks -----------------------------------------------------------
 def test_swapped_parts_are_refused_on_every_rank(tmp_path):
     """The rank-0 and rank-1 directories of ckpt-e1 are swapped, and their records in global.json
@@ -287,10 +325,10 @@ def test_swapped_parts_are_refused_on_every_rank(tmp_path):
     tree = sorted(str(p.relative_to(ckpt)) for p in (ckpt / RDIR).rglob("*"))
     undone(tmp_path)
     res = launch(tmp_path, 2, "--kind", "tp", "--epochs", 4, ckpt=ckpt, env=env, gen="b", barrier=False)
-    for r, (rc, out) in enumerate(res):
+    for r, (rc, out) in enumerate(res):  # each rank reads its own part only (issue 28), and refuses it
         assert rc != 0, tail(res)
-        assert "CheckpointError: checkpoint" in out and "ckpt-e1: the part in rank-0/ records rank 1 of world size 2" in out, tail(res)
-        assert "lists it as rank 0 of world size 2, mode 'per-rank'" in out and "moved or swapped" in out, tail(res)
+        assert "CheckpointError: checkpoint" in out and f"ckpt-e1: the part in rank-{r}/ records rank {1 - r} of world size 2" in out, tail(res)
+        assert f"lists it as rank {r} of world size 2, mode 'per-rank'" in out and "moved or swapped" in out, tail(res)
         assert len(read_log(tmp_path / "out" / f"r{r}")) == before[r]  # not one step trained
         assert starts(tmp_path / "out" / f"r{r}")[-1]["gen"] == "a"
     assert sorted(str(p.relative_to(ckpt)) for p in (ckpt / RDIR).rglob("*")) == tree  # nothing deleted

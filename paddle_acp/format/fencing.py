@@ -94,10 +94,11 @@ class Fence:
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
         """Record a new generation of rank ``rank`` (newest + 1; on a race, the next free one)."""
         wdir = writers_dir(job_id, rank)
-        storage.makedirs(wdir)
         body = json.dumps({"format": "paddle-acp/writer", "version": 1, "job_id": job_id, "pid": os.getpid(),
                            "host": socket.gethostname(), "rank": rank, "started": time.time()}).encode()
         n = newest_generation(storage, job_id, rank) + 1
+        if n == 0:  # no record yet: the directory may not exist either (a restart's lists it, one call less)
+            storage.makedirs(wdir)
         for _ in range(1000):
             if create_exclusive(storage, f"{wdir}/gen-{n}", body):
                 logger.info("job %s: this writer%s is generation %d", job_id, f" (rank {rank})" if rank else "", n)

@@ -9,6 +9,8 @@ One read-only answer to "which checkpoint does a restart load", shared by the re
   (``ckpt-e<E>[-s<S>]``), newest first in restart order: by training position (a ``ckpt-N``'s
   position read from its manifest) when a committed checkpoint of several ranks exists, else by
   number; at one position the checkpoint of several ranks comes first, then the higher number.
+- :func:`restart_candidates`: what a restart tries, listed with one call when the range holds
+  checkpoints of several ranks only (whether each is committed is learnt by loading it).
 - :func:`first_usable` tries them in that order with the caller's check (a restore, or a
   verification) and returns the first that passes, with why each one before it was rejected.
 - :func:`no_usable_error`: checkpoints exist but none can be used; the restart stops (never a
@@ -32,7 +34,16 @@ from paddle_acp.errors import (
 )
 from paddle_acp.format import atomic, reader
 from paddle_acp.format.global_manifest import GLOBAL_FORMAT, GLOBAL_VERSION, MAX_GLOBAL_SIZE
-from paddle_acp.format.layout import GLOBAL_NAME, MANIFEST_NAME, parse_name, position_key, range_dir, rank_part
+from paddle_acp.format.layout import (
+    FINAL_RE,
+    GLOBAL_NAME,
+    MANIFEST_NAME,
+    TMP_RE,
+    parse_name,
+    position_key,
+    range_dir,
+    rank_part,
+)
 from paddle_acp.format.manifest import FORMAT, MAX_MANIFEST_SIZE, TENSOR_CHECKSUMS, check_newer_version, parse_json
 from paddle_acp.storage.base import Entry as StorageEntry
 from paddle_acp.storage.base import Storage
@@ -116,6 +127,30 @@ def entries(storage: Storage, job_id: str, range_name: str, uncommitted: bool = 
     return out
 
 
+class NotCommitted(Exception):
+    """A checkpoint of several ranks listed by :func:`restart_candidates` without a look inside
+    has no ``global.json``: it is not committed, and a restart passes over it without a word."""
+
+
+def restart_candidates(storage: Storage, job_id: str, range_name: str) -> Tuple[List[Entry], bool]:
+    """What a restart tries, in :func:`entries` order (uncommitted directories included), and
+    whether they were listed without a look inside. When the range holds checkpoints of several
+    ranks only (their order is their names'), one listing is all: each is taken as committed, and
+    loading one whose ``global.json`` is missing raises :class:`NotCommitted` (one read instead
+    of an ``exists`` per checkpoint). Otherwise :func:`entries` looks into each one."""
+    listing = storage.listdir(range_dir(job_id, range_name))
+    if any(FINAL_RE.fullmatch(e.name) or TMP_RE.fullmatch(e.name) for e in listing):
+        return entries(storage, job_id, range_name, uncommitted=True, listing=listing), False
+    parent = range_dir(job_id, range_name)
+    out = []
+    for e in listing:
+        pos = parse_name(e.name) if e.is_dir else None
+        if pos is not None:
+            out.append(Entry(e.name, GLOBAL, -1, position_key(*pos), True, f"{parent}/{e.name}"))
+    out.sort(key=lambda e: (e.key, e.name), reverse=True)
+    return out, True
+
+
 @dataclasses.dataclass
 class Rejection:
     """A committed checkpoint a restart does not load, and why."""
@@ -147,7 +182,8 @@ def first_usable(candidates: Sequence[Entry], load: Callable[[Entry], T], check:
                  where: str = "", fatal: Optional[Callable[[Entry, StorageError], Optional[BaseException]]] = None,
                  log: bool = True) -> Search[T]:
     """The first committed checkpoint of ``candidates`` (restart order, :func:`entries`) that ``load``
-    returns without CorruptCheckpointError (of which UnknownFormatError: a newer format) or StorageError,
+    returns without CorruptCheckpointError (of which UnknownFormatError: a newer format) or StorageError
+    (:class:`NotCommitted`: passed over, not committed),
     and that ``check`` (when given) does not reject with CheckpointError; what ``load`` returned for it.
 
     A rejected checkpoint is logged with a warning naming it and the cause (``where``: the range's
@@ -160,6 +196,8 @@ def first_usable(candidates: Sequence[Entry], load: Callable[[Entry], T], check:
             continue
         try:
             value = load(e)
+        except NotCommitted:
+            continue
         except UnknownFormatError as exc:
             _reject(rejected, e, NEWER_FORMAT, exc, where, log)
             continue

@@ -18,9 +18,11 @@ is never committed), and writes ``global.json`` listing every part with the CRC3
 its manifest and the topology (world size, mode, each rank's program
 fingerprints). Until then nothing of the checkpoint is visible; a part that
 does not come abandons it. Restore picks the newest checkpoint whose global
-manifest and every part's manifest verify; each rank then verifies and loads
-only its own part (replicated mode: rank 0's tensors, its own RNG and loader); one
-that rejects it marks the copy bad and stops, never falls back alone (:mod:`.verdict`).
+manifest verifies and carries no mark; each rank then reads, verifies against the
+global manifest's records and loads only the parts it uses (its own; replicated
+mode: rank 0's tensors, its own RNG and loader), so a rank's restore costs the same
+storage calls at any world size. A rank that rejects a part marks the copy bad and
+stops, never falls back alone (:mod:`.verdict`); the operator tools check every part.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ import dataclasses
 import logging
 import time
 import zlib
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Tuple
 
-from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
 from paddle_acp.format import atomic, index, reader, verdict
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence, FencedError, check_deletable
@@ -99,11 +101,15 @@ class GlobalReader:
     def part_dir(self, name: str, rank: int) -> str:
         return f"{self.dir}/{name}/{rank_part(rank)}"
 
-    def read_global(self, name: str) -> GlobalManifest:
+    def read_global(self, name: str, listed_only: bool = False) -> GlobalManifest:
+        """The global manifest of ``name``; when it is missing: CorruptCheckpointError, or with
+        ``listed_only`` (the checkpoint was listed without a look inside) :class:`index.NotCommitted`."""
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
         try:
             raw = self.storage.read_bytes(path, limit=MAX_GLOBAL_SIZE)
         except FileNotFoundError:
+            if listed_only:
+                raise index.NotCommitted(path) from None
             raise CorruptCheckpointError(f"{path} is missing (checkpoint not committed)") from None
         g = GlobalManifest.loads(raw)
         if g.name != name or g.range_name != self.range_name:
@@ -112,32 +118,38 @@ class GlobalReader:
 
     def check_global(self, name: str) -> Tuple[GlobalManifest, Dict[int, bytes]]:
         """The global manifest and every part's manifest bytes, each verified against it
-        (CRC32, size, validity, data file size, the part's own record of its rank, world size
-        and mode), and no rank's mark on this copy. Every rank reaches the same verdict."""
+        (:meth:`check_part_record`), and no rank's mark on this copy. O(W) storage calls: what the
+        operator tools read (a rank's restore reads only the parts it loads, :meth:`load`)."""
         g = self.read_global(name)
-        ckdir = f"{self.dir}/{name}"
-        verdict.check_marks(self.storage, ckdir, g)
-        raws: Dict[int, bytes] = {}
-        for p in g.parts:
-            path = f"{self.part_dir(name, p.rank)}/{MANIFEST_NAME}"
+        verdict.check_marks(self.storage, f"{self.dir}/{name}", g)
+        return g, {p.rank: self.check_part_record(name, g, p.rank) for p in g.parts}
+
+    def check_part_record(self, name: str, g: GlobalManifest, rank: int, data: bool = True) -> bytes:
+        """Part ``rank``'s manifest bytes, verified against the global manifest's record of it:
+        CRC32 and size, validity, its position, range and data size, the part's own record of its
+        rank, world size and mode (:func:`verdict.check_part`: CheckpointError); with ``data``,
+        the data file's size too. CorruptCheckpointError otherwise (UnknownFormatError: newer format)."""
+        p = g.parts[rank]
+        pdir = self.part_dir(name, rank)
+        path = f"{pdir}/{MANIFEST_NAME}"
+        try:
+            raw = self.storage.read_bytes(path, limit=p.manifest_size)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{path} is missing") from None
+        if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
+            raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
+        m = Manifest.loads(raw)
+        if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
+            raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
+        verdict.check_part(f"{self.dir}/{name}", g, rank, m)
+        if data:
             try:
-                raw = self.storage.read_bytes(path, limit=p.manifest_size)
+                size = self.storage.size(f"{pdir}/{DATA_NAME}")
             except FileNotFoundError:
-                raise CorruptCheckpointError(f"{path} is missing") from None
-            if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
-                raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
-            m = Manifest.loads(raw)
-            if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
-                raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
-            verdict.check_part(ckdir, g, p.rank, m)
-            try:
-                size = self.storage.size(f"{self.part_dir(name, p.rank)}/{DATA_NAME}")
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} is missing") from None
+                raise CorruptCheckpointError(f"{pdir}/{DATA_NAME} is missing") from None
             if size != p.data_size:
-                raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
-            raws[p.rank] = raw
-        return g, raws
+                raise CorruptCheckpointError(f"{pdir}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
+        return raw
 
     def verify(self, name: str, progress: Optional[reader.Progress] = None) -> GlobalManifest:
         """Check checkpoint ``name`` completely: the global manifest, every part's manifest and
@@ -167,6 +179,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         # this rank's node-local copies (PADDLE_ACP_LOCAL_CACHE, remote storage only)
         self.cache: Optional["RangeCache"] = None
         self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows
+        self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
 
     @property
     def fence(self) -> Optional[Fence]:
@@ -196,6 +209,17 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             committed = self.storage.exists(f"{self.dir}/{e.name}/{GLOBAL_NAME}")
             out.append(GlobalEntry(e.name, pos[0], pos[1], committed))
         return sorted(out, key=lambda g: g.key)
+
+    def remember_listing(self, entries: Sequence[index.Entry], uncommitted: Collection[str] = ()) -> None:
+        """The range's checkpoints as this rank's restart listed them (:func:`index.restart_candidates`,
+        ``uncommitted``: those found not committed when loaded): :meth:`discard_newer` uses them once
+        instead of listing again."""
+        out = []
+        for e in entries:
+            pos = parse_name(e.name) if e.layout == index.GLOBAL else None
+            if pos is not None:
+                out.append(GlobalEntry(e.name, pos[0], pos[1], e.committed and e.name not in uncommitted))
+        self._listed = sorted(out, key=lambda g: g.key)
 
     def part_committed(self, name: str, rank: int) -> bool:
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
@@ -302,8 +326,10 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
     def discard_newer(self, key: Optional[Tuple[int, int]]) -> None:
         """At start: remove what this rank wrote after the checkpoint it resumes from (parts of
         checkpoints that never became, or are no longer, valid); rank 0 also withdraws their
-        global manifests. Positions newer than ``key`` (every one when None) are re-trained."""
-        for g in self.scan():
+        global manifests. Positions newer than ``key`` (every one when None) are re-trained. Uses the
+        restart's listing when there is one (:meth:`remember_listing`)."""
+        listed, self._listed = self._listed, None
+        for g in self.scan() if listed is None else listed:
             if key is not None and g.key <= key:
                 continue
             if g.committed and not self._deletable(g):
@@ -328,14 +354,21 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             f"PADDLE_TRAINERS_NUM={g.world_size}, or start a new job (a new PADDLE_JOB_ID) to train from scratch."
         )
 
-    def load(self, name: str, running_mode: Optional[str]) -> LoadedCheckpoint:
+    def load(self, name: str, running_mode: Optional[str], listed_only: bool = False) -> LoadedCheckpoint:
         """Verify checkpoint ``name`` and load this rank's share of it.
 
         ``running_mode``: the mode this job is known to run in ('per-rank', 'replicated')
-        or None (auto, decided when programs register). Raises CorruptCheckpointError
-        (fall back to an older one) or CheckpointError (topology: never a partial restore).
+        or None (auto, decided when programs register). Reads the global manifest, the marks on it,
+        and only the parts this rank loads (a constant number of storage calls at any world size).
+        Raises CorruptCheckpointError for what every rank reads alike (the global manifest, a mark:
+        every rank falls back to an older one), RestartRequiredError when a part only this rank
+        loads is bad in a job of several ranks (the copy is marked, :mod:`.verdict`), or
+        CheckpointError (topology, a part moved between ranks: never a partial restore).
+        ``listed_only``: see :meth:`read_global`.
         """
-        g, raws = self.check_global(name)
+        base = f"{self.dir}/{name}"
+        g = self.read_global(name, listed_only)  # the global manifest and its marks: every rank reads them alike
+        verdict.check_marks(self.storage, base, g)
         own = self.rank if self.rank < g.world_size else None
         if g.mode == "per-rank":
             if g.world_size != self.world_size:
@@ -349,7 +382,9 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
                 raise self.topology_error(g, running_mode or "replicated",
                                           "it was taken in the middle of an epoch, and the ranks' loader positions do not "
                                           "carry over to another world size")
-        base = f"{self.dir}/{name}"
+        # only the parts this rank loads (its own: RNG, loader; the one whose tensors it takes), each
+        # verified against the global manifest's record: a rank's restore costs the same at any world size
+        raws = {k: self._own_verdict(name, g, k) for k in sorted({src} | ({own} if own is not None else set()))}
         own_m = Manifest.loads(raws[own]) if own is not None else Manifest.loads(raws[0])
         if own is None:
             logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",
@@ -359,14 +394,36 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             loaded = cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
         except CorruptCheckpointError as exc:
             if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
-                whose = "its part" if src == self.rank else f"rank {src}'s data"
-                raise verdict.rejected(self.rank, base, g, whose, exc, self.storage) from exc
+                raise verdict.rejected(self.rank, base, g, self._whose(src), exc, self.storage) from exc
             raise
         m = loaded.manifest
         loaded.manifest = dataclasses.replace(m, rng=own_m.rng, extra=own_m.extra)
         loaded.path = base
         loaded.global_manifest = g
         return loaded
+
+    def _whose(self, rank: int) -> str:
+        return "its part" if rank == self.rank else f"rank {rank}'s data"
+
+    def _own_verdict(self, name: str, g: GlobalManifest, rank: int) -> bytes:
+        """Part ``rank``'s manifest bytes (:meth:`check_part_record`), judged by this rank alone. In a
+        job of several ranks the others do not read this part: a rank that finds it bad marks the
+        copy and stops (RestartRequiredError), never falls back alone; one of a newer format (which
+        it must neither use nor condemn) stops it with CheckpointError."""
+        try:
+            return self.check_part_record(name, g, rank, data=False)
+        except UnknownFormatError as exc:
+            if self.world_size > 1:
+                raise CheckpointError(
+                    f"rank {self.rank}: {self._whose(rank)} of checkpoint {self.dir}/{name} is of a newer format ({exc}), "
+                    "while its global manifest is not: the other ranks do not read this part and would resume from it. "
+                    "Resume with the paddle-acp that wrote it, or remove the checkpoint to resume from the previous one."
+                ) from exc
+            raise
+        except CorruptCheckpointError as exc:
+            if self.world_size > 1:
+                raise verdict.rejected(self.rank, f"{self.dir}/{name}", g, self._whose(rank), exc, self.storage) from exc
+            raise
 
     def resume_from(self, loaded: Optional[LoadedCheckpoint]) -> None:
         """This incarnation resumes from ``loaded`` (None: from scratch): its parts are tagged with

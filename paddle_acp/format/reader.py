@@ -120,12 +120,16 @@ def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
 
 
 def check_header(storage: Storage, base: str, number: int, range_name: str,
-                 raw: Optional[bytes] = None) -> Tuple[Manifest, str]:
+                 raw: Optional[bytes] = None, sized_by_read: bool = False) -> Tuple[Manifest, str]:
     """Validate the manifest and the data file's size, reading no data; returns (manifest, data path).
 
-    What ``paddle-acp ls`` shows as "ok". Raises CorruptCheckpointError."""
+    What ``paddle-acp ls`` shows as "ok". Raises CorruptCheckpointError. ``sized_by_read``: a remote
+    data file whose manifest bytes the caller gave is not looked up here: its reader checks its size
+    (:func:`load`: one storage call fewer)."""
     m, _raw, size = _read_manifest(storage, base, number, range_name, raw)  # RNG and LR-scheduler states are validated there
     data_path = f"{base}/{DATA_NAME}"
+    if size == -1 and sized_by_read and _local_path(storage, data_path) is None:
+        return m, data_path
     if size == -1:  # not looked up yet
         size = file_size(storage, data_path, DATA_NAME)
     if size is None:
@@ -148,7 +152,7 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     (local: its mapped pages would count in the process's memory; it is read with ``preadv``)
     nor held in memory (remote: it is verified on its way into an unlinked local spool file,
     see :mod:`paddle_acp.format.spool`)."""
-    m, data_path = check_header(storage, base, number, range_name, raw)
+    m, data_path = check_header(storage, base, number, range_name, raw, sized_by_read=True)
     records = _records(m)
     over = memory_budget is not None and m.data_size > memory_budget
     os_path = _local_path(storage, data_path)
@@ -165,6 +169,7 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     image = alloc_buffer(m.data_size)
     with _open_remote(storage, data_path) as f:
         _verify_stream(_RemoteChunks(f, data_path, image), m, data_path, records)
+        _check_end(f, data_path, m)
     arrays: Dict[Key, np.ndarray] = {}
     for off, key, t in records:
         arrays[(key, t.name)] = (image[off:off + t.nbytes].view(DTYPES[t.dtype]).reshape(t.shape) if t.nbytes
@@ -214,8 +219,17 @@ def _local_path(storage: Storage, path: str) -> Optional[str]:
 def _open_remote(storage: Storage, data_path: str) -> InputFile:
     try:
         return storage.open_input(data_path)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{data_path} is missing") from None
+    except (FileNotFoundError, StorageError):  # (a directory reads as missing on some stores)
+        if file_size(storage, data_path, DATA_NAME) is None:  # CorruptCheckpointError when not a regular file
+            raise CorruptCheckpointError(f"{data_path} is missing") from None
+        raise
+
+
+def _check_end(f: InputFile, data_path: str, m: Manifest) -> None:
+    """After the manifest's ``data_size`` bytes were read: nothing may follow (the size of a remote
+    data file is checked as it is read, :func:`check_header`'s ``sized_by_read``)."""
+    if f.read(1):
+        raise CorruptCheckpointError(f"{data_path} is larger than the {m.data_size} bytes its manifest records")
 
 
 def _open_local(storage: Storage, os_path: str, data_path: str, size: int,
@@ -260,6 +274,7 @@ def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List
     try:
         with _open_remote(storage, data_path) as f:
             _verify_stream(_RemoteChunks(f, data_path), m, data_path, records, sink=spool_writer(fd, data_path))
+            _check_end(f, data_path, m)
     except BaseException:
         os.close(fd)
         raise

@@ -48,9 +48,16 @@ def load_newest(v2: Checkpointer, gck: "GlobalCheckpointer", running_mode: Optio
     multi = gck.world_size > 1
     who = f"rank {gck.rank}: " if multi else ""
 
+    listed, listed_only = index.restart_candidates(gck.storage, gck.job_id, gck.range_name)
+    uncommitted = set()
+
     def load(e: index.Entry) -> LoadedCheckpoint:
         if e.layout == index.GLOBAL:
-            loaded = gck.load(e.name, running_mode)
+            try:
+                loaded = gck.load(e.name, running_mode, listed_only)
+            except index.NotCommitted:
+                uncommitted.add(e.name)
+                raise
             loaded.position_key = e.key
         else:
             if running_mode == "per-rank" and multi:
@@ -78,7 +85,8 @@ def load_newest(v2: Checkpointer, gck: "GlobalCheckpointer", running_mode: Optio
             "and restart the job"
         )
 
-    search = index.first_usable(index.entries(gck.storage, gck.job_id, gck.range_name), load, check, where, fatal)
+    search = index.first_usable(listed, load, check, where, fatal)  # (it passes over the uncommitted)
+    gck.remember_listing(listed, uncommitted)  # discard_newer removes what is newer than the choice without listing again
     newer = [r for r in search.of_kind(index.NEWER_FORMAT) if r.entry.layout == index.GLOBAL]
     if multi and newer and (search.found is not None or start_fresh):
         if search.found is not None:
