@@ -159,6 +159,8 @@ class Agreement:
         self._history: Deque[Tuple[str, int, bool, str]] = collections.deque(maxlen=8)
         self.disagreements = 0
         self.read_failures = 0
+        self.write_failures = 0
+        self._dir_made = False
 
     def start(self, base: Optional[str]) -> None:
         """At the range's open (rank 0 before any training step): a fresh plan replaces one of an earlier start."""
@@ -209,12 +211,17 @@ class Agreement:
         try:
             if self.fence is not None:
                 self.fence.check("write the save plan")
+            if not self._dir_made:
+                self.storage.makedirs(self.dir)
+                self._dir_made = True
             write_plan(self.storage, self.dir, plan)
         except FencedError:
             pass  # said once by the fence; this writer commits nothing any more
         except AcpError as exc:
-            logger.warning("range %s: could not write the save plan (%s); the ranks go on with the previous one",
-                           self.range_name, exc)
+            self.write_failures += 1
+            if self.write_failures == 1:
+                logger.warning("range %s: could not write the save plan (%s); the ranks go on with the previous one "
+                               "(said once)", self.range_name, exc)
             if old is not None:
                 self.planner.plan = old
             return

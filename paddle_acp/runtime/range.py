@@ -231,6 +231,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             return
         if self.save_interval == 0:
             when = "at the end of every epoch"
+        elif self.multi:
+            when = (f"at an epoch end about {self.save_interval:g} s after the previous checkpoint, as rank 0's clock "
+                    "says (the second epoch end after it said so, on every rank alike; save_checkpoint_inter / "
+                    "PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
         else:
             when = (f"at the end of the first epoch ending {self.save_interval:g} s or more after the previous "
                     "checkpoint (save_checkpoint_inter / PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
