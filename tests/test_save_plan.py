@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.save_plan import MAX_ENTRIES, SavePlan, read_plan, write_plan
-from paddle_acp.runtime.agree import LEAD, MAX_STRIDE, Agreement, Planner, agreed_action
+from paddle_acp.runtime.agree import MAX_STRIDE, SCHEDULE, Agreement, Planner, agreed_action, initial_plan
 from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
 from paddle_acp.storage import open_storage
 
@@ -29,6 +29,7 @@ plans = st.builds(
     base=st.one_of(st.none(), st.sampled_from(["ckpt-e3", "ckpt-e10-s4"])),
     token=st.text("0123456789abcdef", min_size=1, max_size=16),
     seq=st.integers(0, 10**6),
+    default_stride=st.integers(1, MAX_STRIDE),
     strides=st.tuples(increasing, st.lists(st.integers(1, MAX_STRIDE), min_size=MAX_ENTRIES, max_size=MAX_ENTRIES))
     .map(lambda t: tuple(zip(t[0], t[1]))),
     requests=increasing.map(tuple),
@@ -60,7 +61,7 @@ def test_a_damaged_or_torn_plan_is_refused(plan, data):
 @pytest.mark.parametrize("field,value", [
     ("strides", [[5, 0]]), ("strides", [[5, 2], [5, 3]]), ("strides", [[-1, 2]]), ("strides", [[1, True]]),
     ("requests", [4, 4]), ("requests", ["1"]), ("seq", -1), ("token", ""), ("range", ""),
-    ("strides", [[i, 1] for i in range(MAX_ENTRIES + 1)]),
+    ("strides", [[i, 1] for i in range(MAX_ENTRIES + 1)]), ("default_stride", 0), ("default_stride", 2**20 + 1),
 ])
 def test_bad_fields_are_refused_even_resealed(field, value):
     from paddle_acp.format.manifest import seal
@@ -89,12 +90,13 @@ def test_agreed_action():
 # -- a model of two ranks ----------------------------------------------------------------
 def simulate(policy, epochs, persists, lag_choices, interval=0.0):
     """Rank 0 plans at each due point with its clock (``epochs``: seconds between due points,
-    ``persists``: each taken save's persist time); rank 1's decision at point i uses the plan as
-    rank 0 had it after passing point j, for any j in [i - 2, i] (lockstep: rank 1 passes point
-    i - 1 only after rank 0 passed i - 2, and rank 0 passes i + 1 only after rank 1 passed i).
-    Returns (rank 0's decisions, rank 1's decisions, the versions)."""
+    ``persists``: each taken save's persist time); rank 1 decides block b (points [b*H, (b+1)*H))
+    on the plan as rank 0 had it after passing point x, for any x in [b*H - W, b*H] (lockstep:
+    its read starts when it reaches point b*H - W + 1, which rank 0 passed b*H - W before; and
+    rank 0 reaches b*H + 1 only after rank 1 passed b*H). Returns (rank 0's decisions, rank 1's)."""
     kind = "interval" if interval > 0 else "due"
-    planner = Planner(SavePlan("r", None, "t"), policy, interval, 0.0)
+    h, w = SCHEDULE[kind]
+    planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0)
     now, done_at = 0.0, None
     after = []  # the plan as rank 0 had it after passing point i
     mine = []
@@ -116,20 +118,24 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0):
             done_at = now + next(p, 1.0)
         planner.point_done(now)
         after.append(planner.plan)
-    before0 = SavePlan("r", None, "t")
+    before0 = initial_plan("r", None, "t", policy)
     theirs = []
     for i in range(len(epochs)):
-        j = i - lag_choices[i % len(lag_choices)]
-        plan = after[j] if j >= 0 else before0
+        b = i // h
+        if b == 0:
+            plan = before0
+        else:
+            x = b * h - w + lag_choices[b % len(lag_choices)] % (w + 1)
+            plan = after[min(x, len(after) - 1)]
         theirs.append(plan.taken(kind, i))
     return mine, theirs
 
 
-times = st.lists(st.floats(0.001, 5.0), min_size=1, max_size=60)
+times = st.lists(st.floats(0.001, 5.0), min_size=1, max_size=100)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, LEAD), min_size=1, max_size=8))
+@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8))
 def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, persists, lags):
     mine, theirs = simulate(policy, epochs, persists, lags)
     assert mine == theirs
@@ -143,7 +149,7 @@ def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, LEAD), min_size=1, max_size=8),
+@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
        st.floats(0.5, 20.0))
 def test_two_ranks_take_the_same_interval_saves_at_any_interleaving(policy, epochs, persists, lags, interval):
     mine, theirs = simulate(policy, epochs, persists, lags, interval=interval)
@@ -152,13 +158,14 @@ def test_two_ranks_take_the_same_interval_saves_at_any_interleaving(policy, epoc
 
 def test_the_stride_covers_the_persist():
     """Epochs of 1 s, persists of 3.5 s: rank 0 settles on every 5th due point (3.5 * 1.2 / 1);
-    a persist of 100 s is capped at K."""
-    mine, _ = simulate("skip", [1.0] * 60, [3.5] * 60, [0])
+    a persist of 100 s is capped at K; under ``wait`` every point is taken."""
+    mine, _ = simulate("skip", [1.0] * 80, [3.5] * 80, [0])
     taken = [i for i, t in enumerate(mine) if t]
-    assert {b - a for a, b in zip(taken[6:], taken[7:])} == {5}, taken
-    mine, _ = simulate("skip", [1.0] * 60, [100.0] * 60, [0])
+    assert taken[:2] == [0, 8] and {b - a for a, b in zip(taken[5:], taken[6:])} == {5}, taken
+    mine, _ = simulate("skip", [1.0] * 80, [100.0] * 80, [0])
     taken = [i for i, t in enumerate(mine) if t]
-    assert {b - a for a, b in zip(taken[6:], taken[7:])} == {MAX_STRIDE}, taken
+    assert {b - a for a, b in zip(taken[5:], taken[6:])} == {MAX_STRIDE}, taken
+    assert all(simulate("wait", [1.0] * 30, [3.5] * 30, [0])[0])
 
 
 # -- the runtime side, on a real local store ------------------------------------------------
@@ -176,9 +183,9 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
         return a
 
     r0, r1 = pair()
-    r0.planner.persist = 3.5  # rank 0's persists are far longer than the time between its due points
     got0, got1 = [], []
-    for i in range(40):  # either rank may reach point i first (rank 1 only after rank 0 passed i - 1)
+    for i in range(60):  # either rank may reach point i first (rank 1 only after rank 0 passed i - 1)
+        r0.planner.persist = 0.0 if i < 20 else 1e6  # the stride falls to 1, then rises to K
         if i % 3:
             got0.append(r0.point("due", False, f"epoch {i}")[1])
             got1.append(r1.point("due", False, f"epoch {i}")[1])
@@ -187,18 +194,20 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
             got0.append(r0.point("due", False, f"epoch {i}")[1])
         r0.point_done()
     assert got0 == got1 and r1.disagreements == 0
-    assert not all(got0) and r0.planner.plan.strides[-1][1] == MAX_STRIDE
+    assert [s for _, s in r0.planner.plan.strides] == [1, MAX_STRIDE], r0.planner.plan
+    assert all(got0[8:24]) and not all(got0[32:])
     assert read_plan(storage, "j/range/r") == r0.planner.plan
 
     # rank 1 far ahead of rank 0 (no lockstep): it decides points on the plan it has
     r0, r1 = pair()
     caplog.set_level(logging.WARNING, logger="paddle_acp")
-    r0.planner.persist = 50.0  # every point of rank 0's plan from 2 on: stride K
-    ahead = [r1.point("due", False, f"epoch {i}")[1] for i in range(6)]
-    for i in range(6):
+    ahead = [r1.point("due", False, f"epoch {i}")[1] for i in range(20)]
+    for i in range(20):  # rank 0: every point (its persists are instant)
         r0.point("due", False, f"epoch {i}")
-    r1.point("due", False, "epoch 6")
-    assert ahead == [True] * 6 and not all(r0.planner.plan.taken("due", i) for i in range(6))
+        r0.point_done()
+    for i in range(20, 25):
+        r1.point("due", False, f"epoch {i}")
+    assert ahead == [i % MAX_STRIDE == 0 for i in range(20)] and all(r0.planner.plan.taken("due", i) for i in range(8, 20))
     assert r1.disagreements >= 1
     assert any("on an older save plan than rank 0's" in m for m in caplog.messages), caplog.messages
 
@@ -207,9 +216,9 @@ def test_a_plan_of_another_start_is_not_followed(tmp_path):
     storage = open_storage(str(tmp_path))
     storage.makedirs("j/range/r")
     write_plan(storage, "j/range/r", SavePlan("r", "ckpt-e1", "old").with_stride(0, 7))
-    r1 = Agreement(storage, "j/range/r", "r", 1, "skip", 0.0)
+    r1 = Agreement(storage, "j/range/r", "r", 1, "wait", 0.0)
     r1.start("ckpt-e4")
-    assert all(r1.point("due", False, f"e{i}")[1] for i in range(5))
+    assert all(r1.point("due", False, f"e{i}")[1] for i in range(30))
 
 
 def test_stride_is_never_above_k():

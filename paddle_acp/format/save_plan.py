@@ -8,7 +8,8 @@ saves, ``save_every_steps`` boundaries) and ``interval`` (epoch ends when
 
 - ``strides``: ``[anchor, stride]`` pairs over the ``due`` sequence: from due point
   ``anchor`` on, every ``stride``-th one is taken (until a later pair's anchor);
-  before the first pair every due point is taken;
+  before the first pair every ``default_stride``-th one from point 0 (the busy policy's
+  default, which every rank knows before it reads a plan);
 - ``requests``: indices of the ``interval`` sequence that are taken (no other is).
 
 Its layout: ``{job}/range/{range}/plan.json``, beside the checkpoints (a name no
@@ -46,12 +47,13 @@ class SavePlan:
     base: Optional[str]
     token: str
     seq: int = 0  # the version: one more at each change
+    default_stride: int = 1  # before the first pair
     strides: Tuple[Tuple[int, int], ...] = ()
     requests: Tuple[int, ...] = ()
 
     def stride_at(self, index: int) -> Tuple[int, int]:
         """(anchor, stride) that holds for due point ``index``."""
-        held = (0, 1)
+        held = (0, self.default_stride)
         for anchor, stride in self.strides:
             if anchor <= index:
                 held = (anchor, stride)
@@ -74,7 +76,7 @@ class SavePlan:
     def dumps(self) -> bytes:
         return seal({
             "format": PLAN_FORMAT, "version": PLAN_VERSION, "range": self.range_name, "base": self.base,
-            "token": self.token, "seq": self.seq, "strides": [list(p) for p in self.strides],
+            "token": self.token, "seq": self.seq, "default_stride": self.default_stride, "strides": [list(p) for p in self.strides],
             "requests": list(self.requests),
         })
 
@@ -89,6 +91,9 @@ class SavePlan:
             raise _fail("checksum mismatch")
         base = _get(d, "base", str, "plan", optional=True)
         seq = _index(d.get("seq"), "plan.seq")
+        default_stride = _index(d.get("default_stride"), "plan.default_stride")
+        if not 1 <= default_stride <= MAX_STRIDE:
+            raise _fail(f"plan.default_stride {default_stride} out of range")
         strides = _get(d, "strides", list, "plan")
         requests = _get(d, "requests", list, "plan")
         if len(strides) > MAX_ENTRIES or len(requests) > MAX_ENTRIES:
@@ -108,7 +113,7 @@ class SavePlan:
             range_name=check_text(_get(d, "range", str, "plan"), "plan.range", empty=False),
             base=None if base is None else check_text(base, "plan.base", empty=False),
             token=check_text(_get(d, "token", str, "plan"), "plan.token", max_len=64, empty=False),
-            seq=seq, strides=tuple(pairs), requests=tuple(reqs),
+            seq=seq, default_stride=default_stride, strides=tuple(pairs), requests=tuple(reqs),
         )
 
 

@@ -4,27 +4,28 @@ Every rank counts its due points alike, in two sequences (``due``: epoch ends wh
 epoch saves and ``save_every_steps`` boundaries; ``interval``: epoch ends when
 ``save_checkpoint_inter`` > 0), and takes a due point exactly when the plan
 (:class:`~paddle_acp.format.save_plan.SavePlan`) says so. Only rank 0's clock decides
-(:class:`Planner`, pure: times and states are passed in): at its due point ``i`` it may
-change the plan only from point ``i + LEAD`` on, and writes the new plan before it goes
-on training. Every other rank reads the plan at each due point; the read it uses at
-point ``i`` was started after it passed point ``i - 1`` (in the background, so it
-rarely costs the training thread anything). Data-parallel ranks are in lockstep through
-their gradient collectives: a rank passes point ``i - 1`` only after rank 0 passed point
-``i - 2``, so that read sees every change rank 0 made for point ``i``. Without lockstep
-(a rank two points ahead of rank 0) a rank may decide a point on an older plan: the
-ranks then disagree on one checkpoint, which is abandoned (a global checkpoint needs
-every part), never resumed wrongly; the rank says so in a warning when it reads the plan
-that contradicts its decision.
+(:class:`Planner`, pure: times and states are passed in). The points of a sequence fall in
+blocks of ``H`` (:data:`SCHEDULE`); the plan may change only from a block's first point on,
+and rank 0 decides and writes the change for block ``b`` at its point ``b*H - W``, before it
+goes on training. Every other rank starts one read of the plan (in the background) when it
+reaches point ``b*H - W + 1`` and uses it from point ``b*H`` on: one small read per block per
+rank, with ``W - 1`` due points of time to complete. Data-parallel ranks are in lockstep
+through their gradient collectives: a rank reaches point ``b*H - W + 1`` only after rank 0
+passed point ``b*H - W``, so that read sees every change rank 0 made for block ``b``. Without
+lockstep (a rank ``W`` points ahead of rank 0) a rank may decide a block on an older plan: the
+ranks then disagree on a checkpoint, which is abandoned (a global checkpoint needs every part),
+never resumed wrongly; the rank says so in a warning when it reads the plan that contradicts
+its decision.
 
 The busy policy (``skip``/``queue``/``wait``) becomes a stride: under ``skip`` and
 ``queue`` rank 0 takes every ``s``-th due point, ``s`` about the persist time over the
 time between due points, at most :data:`MAX_STRIDE` (K): a checkpoint is taken at least
 every K due points, waiting for the previous one if it must. A taken point that finds a
 rank's previous checkpoint still being written waits for it (``queue``: copies it into
-the second buffer when that fits). Interval saves: rank 0 asks for a save at its due
-point ``i + LEAD`` once ``save_checkpoint_inter`` seconds of its own clock passed since
-the last one (under ``skip``/``queue``, not while its previous checkpoint is being
-written). Final and preemption saves are outside the plan: they always wait and commit.
+the second buffer when that fits). Interval saves: once ``save_checkpoint_inter`` seconds of
+its own clock passed since the last one (under ``skip``/``queue``: and its previous
+checkpoint is written), rank 0 asks for one at the next block's first interval point.
+Final and preemption saves are outside the plan: they always wait and commit.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import math
 import threading
 import time
 import uuid
-from typing import Deque, Optional, Tuple
+from typing import Deque, Dict, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.fencing import Fence, FencedError
@@ -46,10 +47,19 @@ from paddle_acp.storage.base import Storage
 logger = logging.getLogger("paddle_acp")
 
 MAX_STRIDE = 8  # K: every K-th due point at least is taken (waiting for the previous checkpoint if need be)
-LEAD = 2  # rank 0 changes the plan only from its due point i + LEAD on
+# (H, W) per sequence: blocks of H points; rank 0 decides block b at its point b*H - W, the others
+# read it from point b*H - W + 1 on (W - 1 points of time for the read)
+SCHEDULE = {"due": (8, 6), "interval": (2, 2)}
 MARGIN = 1.2  # the stride covers the persist time with this margin
 READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
 _TORN_RETRIES = 5
+
+
+def initial_plan(range_name: str, base: Optional[str], token: str, policy: str) -> SavePlan:
+    """The plan every rank holds before it reads one: every due point under ``wait``; under ``skip``
+    and ``queue`` every K-th from point 0 (nothing is measured yet; rank 0's first change holds from
+    the first point of the second block on)."""
+    return SavePlan(range_name, base, token, default_stride=1 if policy == WAIT else MAX_STRIDE)
 
 
 def agreed_action(taken: bool, busy: bool, policy: str, queue_free: bool, queue_fits: bool) -> str:
@@ -104,38 +114,40 @@ class Planner:
         return max(self.persist, now - self._inflight_since)
 
     def at(self, kind: str, index: int, now: float, busy: bool) -> Optional[SavePlan]:
-        """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish
-        (it changes only points ``index + LEAD`` and later), or None."""
+        """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish (it
+        changes only the points of the next block, :data:`SCHEDULE`), or None."""
+        h, w = SCHEDULE[kind]
+        decide = (index + w) % h == 0
         if kind == "interval":
-            return self._interval(index, now, busy)
+            return self._interval(index, now, busy, index + w if decide else None)
         if self._last_due is not None:
             gap = now - self._last_due
             self.gap = gap if self.gap is None else 0.5 * self.gap + 0.5 * gap
         self._last_due = now
-        if self.policy == WAIT or not self.gap or self.gap <= 0:
+        if not decide or self.policy == WAIT or not self.gap or self.gap <= 0:
             return None
+        start = index + w
         if self.plan.strides and self.plan.strides[-1][0] >= index:
-            return None  # one change at a time: the newest holds already
-        anchor, stride = self.plan.stride_at(index)
+            return None  # the previous change does not hold yet
+        anchor, stride = self.plan.stride_at(start)
         want = max(1, min(MAX_STRIDE, math.ceil(MARGIN * self.estimate(now) / self.gap)))
         if want == stride:
             return None
         # the change starts at a point the current plan takes: no streak of skips longer than the larger stride
-        start = index + LEAD
         start += (anchor - start) % stride
         self.plan = self.plan.with_stride(start, want)
         return self.plan
 
-    def _interval(self, index: int, now: float, busy: bool) -> Optional[SavePlan]:
+    def _interval(self, index: int, now: float, busy: bool, start: Optional[int]) -> Optional[SavePlan]:
         if index in self.plan.requests:
             self._last_interval = now  # taken now
-        if any(r > index for r in self.plan.requests):
-            return None  # one asked for already
+        if start is None or any(r > index for r in self.plan.requests):
+            return None  # not a point that decides, or one asked for already
         if now - self._last_interval < self.interval:
             return None
         if busy and self.policy != WAIT:
-            return None  # stays due: asked for at a point when the previous checkpoint is written
-        self.plan = self.plan.with_request(index + LEAD)
+            return None  # stays due: asked for once the previous checkpoint is written
+        self.plan = self.plan.with_request(start)
         return self.plan
 
 
@@ -152,10 +164,10 @@ class Agreement:
         self.base = base
         self.fence: Optional[Fence] = None
         self.counts = {"due": 0, "interval": 0}
-        self.plan = SavePlan(range_name, base, token="-")  # every due point, no interval save: until one is read
+        self.policy = policy
+        self.plan = initial_plan(range_name, base, "-", policy)  # until one is read
         self.planner = Planner(self.plan, policy, interval, time.monotonic()) if rank == 0 else None
-        self._pending: Optional[threading.Thread] = None
-        self._result: Optional[SavePlan] = None
+        self._pending: Dict[str, Tuple[threading.Thread, list]] = {}
         self._history: Deque[Tuple[str, int, bool, str]] = collections.deque(maxlen=8)
         self.disagreements = 0
         self.read_failures = 0
@@ -165,10 +177,10 @@ class Agreement:
     def start(self, base: Optional[str]) -> None:
         """At the range's open (rank 0 before any training step): a fresh plan replaces one of an earlier start."""
         self.base = base
-        self.plan = SavePlan(self.range_name, base, token="-")
+        self.plan = initial_plan(self.range_name, base, "-", self.policy)
         if self.planner is None:
             return
-        self.planner.plan = SavePlan(self.range_name, base, token=uuid.uuid4().hex[:16])
+        self.planner.plan = self.plan = initial_plan(self.range_name, base, uuid.uuid4().hex[:16], self.policy)
         self._publish(self.planner.plan, None)
 
     def restart_clock(self) -> None:
@@ -191,18 +203,19 @@ class Agreement:
         """This rank reached its next due point of ``kind`` (at position ``where``): (its index, taken)."""
         index = self.counts[kind]
         self.counts[kind] += 1
+        h, w = SCHEDULE[kind]
         if self.planner is not None:
             old = self.planner.plan
             new = self.planner.at(kind, index, time.monotonic(), busy)
             if new is not None:
                 self._publish(new, old)
             self.plan = self.planner.plan
-        else:
-            self._adopt(self._await_read())
+        elif index % h == 0 and index > 0 and self._pending.get(kind) is not None:
+            self._adopt(self._await_read(kind))
         taken = self.plan.taken(kind, index)
         self._history.append((kind, index, taken, where))
-        if self.planner is None:
-            self._start_read()
+        if self.planner is None and (index + w - 1) % h == 0:
+            self._start_read(kind)  # rank 0 wrote block (index + w - 1) / h + 1's plan before it reached index
         return index, taken
 
     # -- rank 0 ----------------------------------------------------------------
@@ -244,34 +257,30 @@ class Agreement:
                 time.sleep(0.02 * (attempt + 1))
         return None
 
-    def _read_into_result(self) -> None:
+    def _read_into(self, box: list) -> None:
         try:
-            self._result = self._read()
+            box.append(self._read())
         except (AcpError, OSError) as exc:
-            self._result = None
             self.read_failures += 1
             if self.read_failures == 1:
                 logger.warning("range %s: rank %d could not read the save plan (%s); it goes on with the plan it has "
                                "(a checkpoint the ranks then decide differently is abandoned)", self.range_name,
                                self.rank, exc)
 
-    def _start_read(self) -> None:
-        self._result = None
-        t = threading.Thread(target=self._read_into_result, name="paddle-acp-plan", daemon=True)
-        self._pending = t
+    def _start_read(self, kind: str) -> None:
+        box: list = []  # this read's result (a read that hangs never fills a later one's)
+        t = threading.Thread(target=self._read_into, args=(box,), name="paddle-acp-plan", daemon=True)
+        self._pending[kind] = (t, box)
         t.start()
 
-    def _await_read(self) -> Optional[SavePlan]:
-        t, self._pending = self._pending, None
-        if t is None:  # the first due point: read now (rank 0 wrote its plan before any training step)
-            self._read_into_result()
-            return self._result
+    def _await_read(self, kind: str) -> Optional[SavePlan]:
+        t, box = self._pending.pop(kind)
         t.join(READ_TIMEOUT)
         if t.is_alive():
             logger.warning("range %s: rank %d: reading the save plan takes more than %g s; this due point is decided "
                            "on the plan it has", self.range_name, self.rank, READ_TIMEOUT)
             return None
-        return self._result
+        return box[0] if box else None
 
     def _adopt(self, plan: Optional[SavePlan]) -> None:
         if plan is None or plan.range_name != self.range_name or plan.base != self.base:

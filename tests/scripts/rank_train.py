@@ -47,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--no-acp", action="store_true", help="plain range (the reference run)")
     p.add_argument("--inter", type=float, default=0.0, help="save_checkpoint_inter (seconds; 0: every epoch)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds each epoch sleeps (a longer epoch)")
+    p.add_argument("--timing", default=None, help="write {'train_s': seconds of the epoch loop} to this file")
     p.add_argument("--clock-skew", type=float, default=0.0,
                    help="shift this process's wall clock (time.time) by this many seconds, before anything imports it")
     return p.parse_args(argv)
@@ -135,6 +136,7 @@ def main():
     exe.run(startup)
     epochs = range(ARGS.epochs) if ARGS.no_acp else acp.train_epoch_range(ARGS.epochs, save_checkpoint_inter=ARGS.inter)
     first = True
+    t0 = time.perf_counter()
     for epoch in epochs:
         if first:
             first = False
@@ -160,6 +162,9 @@ def main():
                "pid": os.getpid()}
         with open(os.path.join(out, "losses.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
+    if ARGS.timing:
+        with open(ARGS.timing, "w") as f:
+            json.dump({"train_s": time.perf_counter() - t0}, f)
     scope = paddle.static.global_scope()
     params = {n: np.array(scope.find_var(n).get_tensor()) for n in names}
     tmp = os.path.join(out, "final.tmp.npz")
