@@ -161,10 +161,10 @@ def test_the_stride_covers_the_persist():
     a persist of 100 s is capped at K; under ``wait`` every point is taken."""
     mine, _ = simulate("skip", [1.0] * 80, [3.5] * 80, [0])
     taken = [i for i, t in enumerate(mine) if t]
-    assert taken[:2] == [0, 8] and {b - a for a, b in zip(taken[5:], taken[6:])} == {5}, taken
+    assert taken[:4] == [0, 1, 2, 3] and {b - a for a, b in zip(taken[8:], taken[9:])} == {5}, taken
     mine, _ = simulate("skip", [1.0] * 80, [100.0] * 80, [0])
     taken = [i for i, t in enumerate(mine) if t]
-    assert {b - a for a, b in zip(taken[5:], taken[6:])} == {MAX_STRIDE}, taken
+    assert {b - a for a, b in zip(taken[8:], taken[9:])} == {MAX_STRIDE}, taken
     assert all(simulate("wait", [1.0] * 30, [3.5] * 30, [0])[0])
 
 
@@ -185,7 +185,7 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
     r0, r1 = pair()
     got0, got1 = [], []
     for i in range(60):  # either rank may reach point i first (rank 1 only after rank 0 passed i - 1)
-        r0.planner.persist = 0.0 if i < 20 else 1e6  # the stride falls to 1, then rises to K
+        r0.planner.persist = 0.0 if i < 20 else 1e6  # every point, then every K-th
         if i % 3:
             got0.append(r0.point("due", False, f"epoch {i}")[1])
             got1.append(r1.point("due", False, f"epoch {i}")[1])
@@ -194,20 +194,21 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
             got0.append(r0.point("due", False, f"epoch {i}")[1])
         r0.point_done()
     assert got0 == got1 and r1.disagreements == 0
-    assert [s for _, s in r0.planner.plan.strides] == [1, MAX_STRIDE], r0.planner.plan
-    assert all(got0[8:24]) and not all(got0[32:])
+    assert [s for _, s in r0.planner.plan.strides] == [MAX_STRIDE], r0.planner.plan
+    assert all(got0[:20]) and not all(got0[28:])
     assert read_plan(storage, "j/range/r") == r0.planner.plan
 
     # rank 1 far ahead of rank 0 (no lockstep): it decides points on the plan it has
     r0, r1 = pair()
     caplog.set_level(logging.WARNING, logger="paddle_acp")
     ahead = [r1.point("due", False, f"epoch {i}")[1] for i in range(20)]
-    for i in range(20):  # rank 0: every point (its persists are instant)
+    r0.planner.persist = 1e6  # rank 0's persists are far longer than its due points are apart: stride K
+    for i in range(20):
         r0.point("due", False, f"epoch {i}")
         r0.point_done()
     for i in range(20, 25):
         r1.point("due", False, f"epoch {i}")
-    assert ahead == [i % MAX_STRIDE == 0 for i in range(20)] and all(r0.planner.plan.taken("due", i) for i in range(8, 20))
+    assert all(ahead) and not all(r0.planner.plan.taken("due", i) for i in range(8, 20))
     assert r1.disagreements >= 1
     assert any("on an older save plan than rank 0's" in m for m in caplog.messages), caplog.messages
 

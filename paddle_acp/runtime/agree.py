@@ -49,17 +49,17 @@ logger = logging.getLogger("paddle_acp")
 MAX_STRIDE = 8  # K: every K-th due point at least is taken (waiting for the previous checkpoint if need be)
 # (H, W) per sequence: blocks of H points; rank 0 decides block b at its point b*H - W, the others
 # read it from point b*H - W + 1 on (W - 1 points of time for the read)
-SCHEDULE = {"due": (8, 6), "interval": (2, 2)}
+SCHEDULE = {"due": (4, 3), "interval": (2, 2)}
 MARGIN = 1.2  # the stride covers the persist time with this margin
 READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
 _TORN_RETRIES = 5
 
 
 def initial_plan(range_name: str, base: Optional[str], token: str, policy: str) -> SavePlan:
-    """The plan every rank holds before it reads one: every due point under ``wait``; under ``skip``
-    and ``queue`` every K-th from point 0 (nothing is measured yet; rank 0's first change holds from
-    the first point of the second block on)."""
-    return SavePlan(range_name, base, token, default_stride=1 if policy == WAIT else MAX_STRIDE)
+    """The plan every rank holds before it reads one: every due point (nothing is measured yet; rank 0's
+    first change holds from the first point of the second block on). ``policy``: kept for the record."""
+    del policy
+    return SavePlan(range_name, base, token, default_stride=1)
 
 
 def agreed_action(taken: bool, busy: bool, policy: str, queue_free: bool, queue_fits: bool) -> str:
