@@ -260,7 +260,7 @@ def test_both_layouts_at_one_position(tmp_path, capsys):
     p = subprocess.run(cmd + ["--epochs", "3"], env=one, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=300)
     assert p.returncode == 0 and resumed_from(p.stderr) == "ckpt-e1", p.stderr[-3000:]
-    assert sorted(os.listdir(rdir(ckpt))) == ["ckpt-0", "ckpt-e0", "ckpt-e1", "ckpt-e2"]
+    assert sorted(os.listdir(rdir(ckpt))) == ["ckpt-0", "ckpt-e0", "ckpt-e1", "ckpt-e2", "plan.json"]  # (the ranks' save plan)
     flip(data)  # repaired: both ckpt-0 and ckpt-e2 are valid, at the same position (end of epoch 2)
     picks, notes = tools_pick(str(ckpt), capsys)
     p = subprocess.run(cmd + ["--epochs", "3"], env=one, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

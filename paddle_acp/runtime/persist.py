@@ -29,6 +29,7 @@ from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, copy_into
 from paddle_acp.format.stream import ChunkStream, chunk_size
 from paddle_acp.runtime import budget as host_budget
+from paddle_acp.runtime.agree import Agreement, agreed_action
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action
@@ -87,16 +88,15 @@ class PersistMixin:
     _final_submitted: bool
     _last_persist_error: Optional[BaseException]
     _last_save: float
-    _last_bucket: int
+    agreement: Optional[Agreement]
     _base_checked: bool
     script: ScriptState
 
     if TYPE_CHECKING:  # defined by the other parts of EpochRange
-        def _bucket(self) -> int: ...
         def _step_extra(self) -> dict: ...
 
     def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None, final: bool = False,
-             objects: Optional[dict] = None) -> None:
+             objects: Optional[dict] = None, agreed: bool = False) -> None:
         """Checkpoint now (at an epoch end, or mid-epoch when ``self.step`` is set); ``rng``,
         ``objects``: the RNG states and the script's objects to record, when they were captured
         earlier than now.
@@ -105,7 +105,9 @@ class PersistMixin:
         they wait for the checkpoint in flight and are committed before this returns
         (``final`` when the range closes). Any other save that comes due while the
         previous checkpoint is still being written follows the busy policy
-        (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.runtime.saver.busy_action`).
+        (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.runtime.saver.busy_action`); with
+        several ranks rank 0's save plan decides it alike on every rank (:mod:`~paddle_acp.runtime.agree`;
+        ``agreed``: the plan took this point already).
         """
         check_main_thread("checkpointing")
         if self.multi and not self._base_checked:
@@ -115,7 +117,14 @@ class PersistMixin:
         objects = objects if objects is not None else self.script.capture()  # raises before anything is written
         if objects is not None:
             extra["objects"] = objects
-        action = self._busy_decision(durable=sync or final or not self.saver.async_save)
+        durable = sync or final or not self.saver.async_save
+        if self.agreement is not None and not durable and not agreed:
+            agreed = self._agreed_point("due")
+            if not agreed:
+                self._skip(t0)
+                self.agreement.point_done()
+                return
+        action = self._busy_decision(durable=durable, agreed=agreed)
         if action == SKIP:
             self._skip(t0)
             return
@@ -170,6 +179,8 @@ class PersistMixin:
         )
         self._skip_streak = 0
         snap.waited_seconds = waited
+        if self.agreement is not None:  # (before the saver may end it)
+            self.agreement.persist_started()
         if stream is not None:
             # a copy thread fills the buffer's chunks while the saver writes them; training goes on
             # once the last chunk is copied (a synchronous saver writes it all within submit())
@@ -186,7 +197,8 @@ class PersistMixin:
         if sync:
             self.saver.wait(for_previous=False)
         self._last_save = time.monotonic()
-        self._last_bucket = self._bucket()
+        if self.agreement is not None:
+            self.agreement.point_done()
 
     def _check_base(self) -> None:
         """At this rank's first save, on the training thread: stop (RestartRequiredError) when a rank marked the
@@ -199,11 +211,20 @@ class PersistMixin:
             return
         self._base_checked = True
 
-    def _busy_decision(self, durable: bool) -> str:
-        """What a save due now does (``saver.busy_action`` with this range's state)."""
+    def _busy_decision(self, durable: bool, agreed: bool = False) -> str:
+        """What a save due now does (``saver.busy_action`` with this range's state; ``agreed``: the ranks'
+        save plan took this point, so it is not skipped)."""
         busy = self.saver.busy
         queue_free = busy and self.busy_policy == QUEUE and self.saver.queue_free
+        if agreed and not durable:
+            return agreed_action(True, busy, self.busy_policy, queue_free, queue_free and self._queue_fits())
         return busy_action(self.busy_policy, busy, durable, queue_free, queue_free and self._queue_fits())
+
+    def _agreed_point(self, kind: str) -> bool:
+        """Several ranks: this rank's next due point of ``kind``; whether the save plan takes it."""
+        assert self.agreement is not None
+        at = f"epoch {self.epoch_no}" + ("" if self.step is None else f" step {self.step}")
+        return self.agreement.point(kind, self.saver.busy, at)[1]
 
     def _queue_fits(self) -> bool:
         """Whether the ``queue`` policy's second buffer (the size of the first) fits in host
@@ -234,7 +255,12 @@ class PersistMixin:
         self.saver.stats.skipped += 1
         self._skip_streak += 1
         at = f"epoch {self.epoch_no}" + ("" if self.step is None else f" step {self.step}")
-        if self._skip_streak == 1:
+        if self._skip_streak == 1 and self.agreement is not None:
+            logger.info(
+                "range %s: checkpoint at %s skipped by the ranks' save plan (rank 0 takes every n-th due point "
+                "while a checkpoint takes longer than a due point to write; PADDLE_ACP_BUSY_POLICY=%s); further "
+                "skips in a row are not logged", self.name, at, self.busy_policy)
+        elif self._skip_streak == 1:
             logger.info(
                 "range %s: checkpoint at %s skipped: the previous checkpoint is still being written "
                 "(PADDLE_ACP_BUSY_POLICY=%s); the next due one is taken (further skips in a row are not logged)",
@@ -310,6 +336,9 @@ class PersistMixin:
         except BaseException as exc:
             self._record_failure(record, exc, t0)
             raise
+        finally:
+            if self.agreement is not None:  # rank 0: the persist time its save plan is sized by
+                self.agreement.persist_ended()
         self._last_persist_error = None
         stall = self._streamed_record(snap, record)
         dt = time.perf_counter() - t0

@@ -28,12 +28,13 @@ from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import preemption
+from paddle_acp.runtime.agree import Agreement
 from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import PersistMixin
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.restore import CONST_MEMORYINIT, RestoreMixin
-from paddle_acp.runtime.saver import WAIT, Saver
+from paddle_acp.runtime.saver import Saver
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import StepsMixin
 from paddle_acp.storage.base import redact
@@ -116,7 +117,6 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
         self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
-        self._last_bucket = self._bucket()
         self._base_checked = False  # the marks of the checkpoint resumed from, checked at the first save
         self.is_writer = self.multi or cfg.trainer_id == 0
         self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
@@ -133,9 +133,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
         self.exit_on_preempt = _config.exit_on_preempt_from_env()
         self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point)
-        # Several ranks must take the same checkpoints, and they do not decide together yet
-        # (busy_action is the one place such a decision would go): they wait.
-        self.busy_policy = WAIT if self.multi else cfg.busy_policy
+        self.busy_policy = cfg.busy_policy
+        # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree)
+        self.agreement = Agreement(storage, self.gcheckpointer.dir, name, cfg.trainer_id, cfg.busy_policy,
+                                   self.save_interval) if self.multi else None
         # ``paddle-acp check``: the range ends after this many epochs; per-epoch digests go to a file
         self._check_epochs = _config.check_epochs_from_env()
         self.digests = EpochDigests.for_range(_config.check_digests_from_env())
@@ -169,10 +170,9 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         # a restore larger than the budget is neither mapped (local) nor held in memory (remote)
         self.checkpointer.memory_budget = self.gcheckpointer.memory_budget = host_budget.decide(cfg.host_memory).nbytes
         self._load_newest()
-        if self.multi and cfg.busy_policy != WAIT and self.rank == 0:
-            logger.info("range %s: %d ranks: a save that comes due while the previous checkpoint is being written "
-                        "waits for it (PADDLE_ACP_BUSY_POLICY=%s applies to jobs of one writer)",
-                        self.name, cfg.world_size, cfg.busy_policy)
+        if self.agreement is not None:  # rank 0: a fresh save plan, before any training step
+            self.agreement.fence = self.fence
+            self.agreement.start(self.gcheckpointer.base)
         if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
             self.metrics.add({"event": "start", "time": time.time(), "pid": os.getpid(), "range": self.name,
                               "restored": self.restored_number, "policy": self.busy_policy,
@@ -190,6 +190,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._resume_rng(start)
         self._log_plan(start, end)
         self._last_save = time.monotonic()
+        if self.agreement is not None:
+            self.agreement.restart_clock()
         self.watcher.install()
         try:
             for i in range(start, end):
@@ -229,6 +231,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             return
         if self.save_interval == 0:
             when = "at the end of every epoch"
+        elif self.multi:
+            when = (f"at an epoch end about {self.save_interval:g} s after the previous checkpoint, as rank 0's clock "
+                    "says (the second epoch end after it said so, on every rank alike; save_checkpoint_inter / "
+                    "PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
         else:
             when = (f"at the end of the first epoch ending {self.save_interval:g} s or more after the previous "
                     "checkpoint (save_checkpoint_inter / PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
@@ -244,21 +250,15 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             self.save(final=True)
             self._final_submitted = True
         elif self._save_due():
-            self.save()
-
-    def _bucket(self) -> int:
-        if self.save_interval <= 0:
-            return 0
-        return int(time.time() // self.save_interval)
+            self.save(agreed=self.save_interval > 0)
 
     def _save_due(self) -> bool:
-        """Whether ``save_checkpoint_inter`` seconds have passed. Several ranks decide on the
-        wall clock's interval buckets, so that they pick the same boundary without talking
-        (a boundary that falls between two ranks' decisions abandons that one checkpoint)."""
+        """Whether ``save_checkpoint_inter`` seconds have passed. Several ranks: whether rank 0's
+        save plan takes this epoch end (rank 0's clock alone decides, :mod:`~paddle_acp.runtime.agree`)."""
         if self.save_interval <= 0:
             return True
-        if self.multi:
-            return self._bucket() != self._last_bucket
+        if self.agreement is not None:
+            return self._agreed_point("interval")
         return time.monotonic() - self._last_save >= self.save_interval
 
     def _preempt_point(self) -> str:

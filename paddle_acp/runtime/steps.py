@@ -35,16 +35,17 @@ class StepsMixin:
     _loaded: Any
     watcher: Any
     is_writer: bool
+    multi: bool
     save_interval: float
 
     if TYPE_CHECKING:  # defined by the other parts of EpochRange
         @property
         def has_unrestored_state(self) -> bool: ...
         def _save_due(self) -> bool: ...
-        def _busy_decision(self, durable: bool) -> str: ...
+        def _busy_decision(self, durable: bool, agreed: bool = False) -> str: ...
         def _preempt(self, rng: Optional[dict] = None, objects: Optional[dict] = None) -> None: ...
         def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None,
-                 final: bool = False, objects: Optional[dict] = None) -> None: ...
+                 final: bool = False, objects: Optional[dict] = None, agreed: bool = False) -> None: ...
 
     def steps(self, iterable: Any, save_every_steps: Optional[int] = None) -> Iterator:
         """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume."""
@@ -84,10 +85,12 @@ class StepsMixin:
                     due = "preempt"
                 elif self.is_writer and (
                     (save_every_steps is not None and self.step % save_every_steps == 0)
-                    or (self.save_interval > 0 and self._save_due() and self._busy_decision(durable=False) != SKIP)
+                    or (self.save_interval > 0 and not self.multi and self._save_due()
+                        and self._busy_decision(durable=False) != SKIP)
                 ):
                     # (a save due by time alone that the busy policy would skip stays due: it is
-                    # taken at the first batch boundary after the previous checkpoint is written)
+                    # taken at the first batch boundary after the previous checkpoint is written;
+                    # several ranks take interval saves at epoch ends, as their save plan says)
                     due = "save"
             if due is not None:
                 # A mid-epoch checkpoint is taken only when another batch follows: one taken after

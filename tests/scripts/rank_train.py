@@ -45,10 +45,22 @@ def parse_args(argv=None):
     p.add_argument("--barrier", default=None, help="shared directory for the epoch barrier (omit: no peers)")
     p.add_argument("--barrier-timeout", type=float, default=120.0)
     p.add_argument("--no-acp", action="store_true", help="plain range (the reference run)")
+    p.add_argument("--inter", type=float, default=0.0, help="save_checkpoint_inter (seconds; 0: every epoch)")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds each epoch sleeps (a longer epoch)")
+    p.add_argument("--timing", default=None, help="write {'train_s': seconds of the epoch loop} to this file")
+    p.add_argument("--clock-skew", type=float, default=0.0,
+                   help="shift this process's wall clock (time.time) by this many seconds, before anything imports it")
     return p.parse_args(argv)
 
 
 ARGS = parse_args()
+if ARGS.clock_skew:  # a host whose clock is off: every time.time() of this process (paddle_acp's too) reads it
+    _real_time = time.time
+
+    def _skewed_time():
+        return _real_time() + ARGS.clock_skew
+
+    time.time = _skewed_time
 RANK = int(os.environ.get("PADDLE_TRAINER_ID", "0") or 0)
 WORLD = int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1)
 
@@ -122,8 +134,9 @@ def main():
     eval_y = (eval_x @ true_w).astype("float32")
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
-    epochs = range(ARGS.epochs) if ARGS.no_acp else acp.train_epoch_range(ARGS.epochs, save_checkpoint_inter=0)
+    epochs = range(ARGS.epochs) if ARGS.no_acp else acp.train_epoch_range(ARGS.epochs, save_checkpoint_inter=ARGS.inter)
     first = True
+    t0 = time.perf_counter()
     for epoch in epochs:
         if first:
             first = False
@@ -141,12 +154,17 @@ def main():
             x = np.random.randn(BATCH, IN_DIM).astype("float32")
             y = (x @ true_w + noise * np.random.randn(BATCH, 1)).astype("float32")
             exe.run(main_prog, feed={"x": x, "y": y}, fetch_list=[loss])
+        if ARGS.sleep:
+            time.sleep(ARGS.sleep)
         (ev,) = exe.run(eval_prog, feed={"x": eval_x, "y": eval_y}, fetch_list=[eval_loss])
         sched.step()
         rec = {"range": 0, "epoch": epoch, "eval_loss": float.hex(float(np.asarray(ev).reshape(-1)[0])),
                "pid": os.getpid()}
         with open(os.path.join(out, "losses.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
+    if ARGS.timing:
+        with open(ARGS.timing, "w") as f:
+            json.dump({"train_s": time.perf_counter() - t0}, f)
     scope = paddle.static.global_scope()
     params = {n: np.array(scope.find_var(n).get_tensor()) for n in names}
     tmp = os.path.join(out, "final.tmp.npz")

@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Training time of a 2-rank data-parallel job checkpointing every epoch to the real HDFS (issue 28 item 1).
+
+Both ranks run tests/scripts/rank_train.py (``--kind dp``: identical replicated state; a file
+barrier at every epoch keeps them in lockstep, as the gradient all-reduce would), one step per
+epoch, epochs far shorter than a persist to HDFS. Each round runs the same job without
+checkpoints and with a checkpoint every epoch (``PADDLE_ACP_BUSY_POLICY``, default ``skip``),
+in alternating order; the job's training time is the longer of its two ranks' epoch loops
+(the final checkpoint's commit included). Reported: the median of the per-round ratios, the
+checkpoints committed and skipped (from the metrics records). Not a timed test: a benchmark
+(this machine has 2 cores shared with the HDFS JVMs).
+
+    python ci/bench_agree.py --rounds 3 --json ci/bench_agree_results.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+import servers  # noqa: E402
+from support import e2e as eu  # noqa: E402
+
+SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
+
+
+def log(msg: str) -> None:
+    print(f"[bench_agree] {msg}", flush=True)
+
+
+def run_job(work: str, tag: str, uri, env: dict, args) -> float:
+    """Start both ranks; the job's training time (the slower rank's epoch loop)."""
+    procs, timings = [], []
+    barrier = os.path.join(work, f"barrier-{tag}")
+    for r in range(args.world):
+        timing = os.path.join(work, f"timing-{tag}-{r}.json")
+        timings.append(timing)
+        e = dict(env, PADDLE_TRAINER_ID=str(r), PADDLE_TRAINERS_NUM=str(args.world), ACP_TEST_GEN=tag,
+                 PADDLE_ACP_LOG_LEVEL="WARNING")
+        if uri is not None:
+            e["PADDLE_ACP_BUSY_POLICY"] = args.policy
+        cmd = [sys.executable, SCRIPT, "--out", os.path.join(work, f"out-{tag}", f"r{r}"), "--kind", "dp",
+               "--epochs", str(args.epochs), "--steps-per-epoch", "1", "--hidden", str(args.hidden),
+               "--sleep", str(args.sleep), "--barrier", barrier, "--timing", timing]
+        if uri is None:
+            cmd.append("--no-acp")
+        procs.append(subprocess.Popen(cmd, env=eu.script_env(uri, "pir", e), cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"job {tag} failed (rc {p.returncode}): {out[-3000:]}")
+    secs = []
+    for t in timings:
+        with open(t) as f:
+            secs.append(json.load(f)["train_s"])
+    return max(secs)
+
+
+def counts(uri: str) -> dict:
+    from paddle_acp import tools
+    from paddle_acp.storage import open_storage
+
+    recs, _ = tools.read_metrics(open_storage(uri), eu.JOB_ID)
+    r0 = [x for x in recs if x.get("trainer") == 0]
+    return {"committed": sum(1 for x in r0 if x.get("committed") is True),
+            "skipped": sum(1 for x in r0 if x["event"] == "skipped"),
+            "abandoned": sum(1 for x in r0 if x.get("committed") is False),
+            "waited_s": round(sum(x.get("waited_s", 0.0) for x in recs if x["event"] == "saved"), 3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--sleep", type=float, default=0.1, help="seconds of 'work' per epoch (default 0.1)")
+    ap.add_argument("--hidden", type=int, default=20000, help="hidden width (20000: ~4 MB of state with Adam)")
+    ap.add_argument("--policy", default="skip")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="acp-bench-agree-")
+    results = {"world": args.world, "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,
+               "policy": args.policy, "rounds": []}
+    with servers.HDFSServer() as hdfs:
+        env = hdfs.client_env()
+        for r in range(args.rounds):
+            row = {}
+            for kind in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                uri = None if kind == "off" else f"{hdfs.uri}/bench-agree/{uuid.uuid4().hex[:8]}"
+                t0 = time.perf_counter()
+                row[kind] = run_job(work, f"{kind}{r}", uri, env, args)
+                if uri is not None:
+                    row.update(counts(uri))
+                log(f"round {r} {kind}: {row[kind]:.2f} s (job wall {time.perf_counter() - t0:.1f} s)")
+            row["ratio"] = row["on"] / row["off"]
+            results["rounds"].append(row)
+    results["median_ratio"] = statistics.median(x["ratio"] for x in results["rounds"])
+    results["off_median_s"] = statistics.median(x["off"] for x in results["rounds"])
+    results["on_median_s"] = statistics.median(x["on"] for x in results["rounds"])
+    log(f"{args.world} ranks, {args.epochs} epochs of ~{args.sleep:g} s, checkpoint every epoch to HDFS "
+        f"({args.policy}): {results['on_median_s']:.2f} s vs {results['off_median_s']:.2f} s without checkpoints, "
+        f"median ratio {results['median_ratio']:.3f} (target <= 1.25)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

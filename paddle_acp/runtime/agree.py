@@ -1,0 +1,302 @@
+"""Saves of several ranks decided together: rank 0's save plan, published on storage, read by every rank.
+
+Every rank counts its due points alike, in two sequences (``due``: epoch ends when every
+epoch saves and ``save_every_steps`` boundaries; ``interval``: epoch ends when
+``save_checkpoint_inter`` > 0), and takes a due point exactly when the plan
+(:class:`~paddle_acp.format.save_plan.SavePlan`) says so. Only rank 0's clock decides
+(:class:`Planner`, pure: times and states are passed in). The points of a sequence fall in
+blocks of ``H`` (:data:`SCHEDULE`); the plan may change only from a block's first point on,
+and rank 0 decides and writes the change for block ``b`` at its point ``b*H - W``, before it
+goes on training. Every other rank starts one read of the plan (in the background) when it
+reaches point ``b*H - W + 1`` and uses it from point ``b*H`` on: one small read per block per
+rank, with ``W - 1`` due points of time to complete. Data-parallel ranks are in lockstep
+through their gradient collectives: a rank reaches point ``b*H - W + 1`` only after rank 0
+passed point ``b*H - W``, so that read sees every change rank 0 made for block ``b``. Without
+lockstep (a rank ``W`` points ahead of rank 0) a rank may decide a block on an older plan: the
+ranks then disagree on a checkpoint, which is abandoned (a global checkpoint needs every part),
+never resumed wrongly; the rank says so in a warning when it reads the plan that contradicts
+its decision.
+
+The busy policy (``skip``/``queue``/``wait``) becomes a stride: under ``skip`` and
+``queue`` rank 0 takes every ``s``-th due point, ``s`` about the persist time over the
+time between due points, at most :data:`MAX_STRIDE` (K): a checkpoint is taken at least
+every K due points, waiting for the previous one if it must. A taken point that finds a
+rank's previous checkpoint still being written waits for it (``queue``: copies it into
+the second buffer when that fits). Interval saves: once ``save_checkpoint_inter`` seconds of
+its own clock passed since the last one (under ``skip``/``queue``: and its previous
+checkpoint is written), rank 0 asks for one at the next block's first interval point.
+Final and preemption saves are outside the plan: they always wait and commit.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+import uuid
+from typing import Deque, Dict, Optional, Tuple
+
+from paddle_acp.errors import AcpError, CorruptCheckpointError
+from paddle_acp.format.fencing import Fence, FencedError
+from paddle_acp.format.save_plan import SavePlan, read_plan, write_plan
+from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
+from paddle_acp.storage.base import Storage
+
+logger = logging.getLogger("paddle_acp")
+
+MAX_STRIDE = 8  # K: every K-th due point at least is taken (waiting for the previous checkpoint if need be)
+# (H, W) per sequence: blocks of H points; rank 0 decides block b at its point b*H - W, the others
+# read it from point b*H - W + 1 on (W - 1 points of time for the read)
+SCHEDULE = {"due": (4, 3), "interval": (2, 2)}
+MARGIN = 1.2  # the stride covers the persist time with this margin
+READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
+_TORN_RETRIES = 5
+
+
+def initial_plan(range_name: str, base: Optional[str], token: str, policy: str) -> SavePlan:
+    """The plan every rank holds before it reads one: every due point (nothing is measured yet; rank 0's
+    first change holds from the first point of the second block on). ``policy``: kept for the record."""
+    del policy
+    return SavePlan(range_name, base, token, default_stride=1)
+
+
+def agreed_action(taken: bool, busy: bool, policy: str, queue_free: bool, queue_fits: bool) -> str:
+    """What a rank does at a due point the plan decided: ``SKIP`` (not taken, alike on every rank),
+    ``SAVE``, or, when this rank's previous checkpoint is still being written, ``QUEUE`` (the
+    ``queue`` policy with a free second buffer that fits) or ``WAIT``. Only take/skip must agree:
+    wait or queue is each rank's own."""
+    if not taken:
+        return SKIP
+    if not busy:
+        return SAVE
+    if policy == QUEUE and queue_free and queue_fits:
+        return QUEUE
+    return WAIT
+
+
+class Planner:
+    """Rank 0's decisions (the only clock that decides). No I/O, no clock reads: ``now`` is passed in."""
+
+    def __init__(self, plan: SavePlan, policy: str, interval: float, now: float) -> None:
+        self.plan = plan
+        self.policy = policy
+        self.interval = interval
+        self._last_due: Optional[float] = None
+        self.gap: Optional[float] = None  # seconds between due points (moving average)
+        self.persist = 0.0  # the last persist's seconds (submit to end)
+        self._inflight_since: Optional[float] = None
+        self._last_interval = now
+
+    def restart_clock(self, now: float) -> None:
+        """The loop starts: interval saves count from now."""
+        self._last_interval = now
+        self._last_due = None
+
+    def point_done(self, now: float) -> None:
+        """The due point's save (or skip) returned: the time to the next one is training time (a wait
+        for the previous checkpoint is not)."""
+        self._last_due = now
+
+    def persist_started(self, now: float) -> None:
+        self._inflight_since = now
+
+    def persist_ended(self, now: float) -> None:
+        if self._inflight_since is not None:
+            self.persist = now - self._inflight_since
+            self._inflight_since = None
+
+    def estimate(self, now: float) -> float:
+        """The persist time: the last one's, or longer while one is in flight."""
+        if self._inflight_since is None:
+            return self.persist
+        return max(self.persist, now - self._inflight_since)
+
+    def at(self, kind: str, index: int, now: float, busy: bool) -> Optional[SavePlan]:
+        """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish (it
+        changes only the points of the next block, :data:`SCHEDULE`), or None."""
+        h, w = SCHEDULE[kind]
+        decide = (index + w) % h == 0
+        if kind == "interval":
+            return self._interval(index, now, busy, index + w if decide else None)
+        if self._last_due is not None:
+            gap = now - self._last_due
+            self.gap = gap if self.gap is None else 0.5 * self.gap + 0.5 * gap
+        self._last_due = now
+        if not decide or self.policy == WAIT or not self.gap or self.gap <= 0:
+            return None
+        start = index + w
+        if self.plan.strides and self.plan.strides[-1][0] >= index:
+            return None  # the previous change does not hold yet
+        anchor, stride = self.plan.stride_at(start)
+        want = max(1, min(MAX_STRIDE, math.ceil(MARGIN * self.estimate(now) / self.gap)))
+        if want == stride:
+            return None
+        # the change starts at a point the current plan takes: no streak of skips longer than the larger stride
+        start += (anchor - start) % stride
+        self.plan = self.plan.with_stride(start, want)
+        return self.plan
+
+    def _interval(self, index: int, now: float, busy: bool, start: Optional[int]) -> Optional[SavePlan]:
+        if index in self.plan.requests:
+            self._last_interval = now  # taken now
+        if start is None or any(r > index for r in self.plan.requests):
+            return None  # not a point that decides, or one asked for already
+        if now - self._last_interval < self.interval:
+            return None
+        if busy and self.policy != WAIT:
+            return None  # stays due: asked for once the previous checkpoint is written
+        self.plan = self.plan.with_request(start)
+        return self.plan
+
+
+class Agreement:
+    """One range's due points on one rank: counts them, and publishes (rank 0) or reads (the
+    others) the plan that decides them."""
+
+    def __init__(self, storage: Storage, range_dir: str, range_name: str, rank: int, policy: str,
+                 interval: float, base: Optional[str] = None) -> None:
+        self.storage = storage
+        self.dir = range_dir
+        self.range_name = range_name
+        self.rank = rank
+        self.base = base
+        self.fence: Optional[Fence] = None
+        self.counts = {"due": 0, "interval": 0}
+        self.policy = policy
+        self.plan = initial_plan(range_name, base, "-", policy)  # until one is read
+        self.planner = Planner(self.plan, policy, interval, time.monotonic()) if rank == 0 else None
+        self._pending: Dict[str, Tuple[threading.Thread, list]] = {}
+        self._history: Deque[Tuple[str, int, bool, str]] = collections.deque(maxlen=8)
+        self.disagreements = 0
+        self.read_failures = 0
+        self.write_failures = 0
+        self._dir_made = False
+
+    def start(self, base: Optional[str]) -> None:
+        """At the range's open (rank 0 before any training step): a fresh plan replaces one of an earlier start."""
+        self.base = base
+        self.plan = initial_plan(self.range_name, base, "-", self.policy)
+        if self.planner is None:
+            return
+        self.planner.plan = self.plan = initial_plan(self.range_name, base, uuid.uuid4().hex[:16], self.policy)
+        self._publish(self.planner.plan, None)
+
+    def restart_clock(self) -> None:
+        if self.planner is not None:
+            self.planner.restart_clock(time.monotonic())
+
+    def persist_started(self) -> None:
+        if self.planner is not None:
+            self.planner.persist_started(time.monotonic())
+
+    def point_done(self) -> None:
+        if self.planner is not None:
+            self.planner.point_done(time.monotonic())
+
+    def persist_ended(self) -> None:
+        if self.planner is not None:
+            self.planner.persist_ended(time.monotonic())
+
+    def point(self, kind: str, busy: bool, where: str) -> Tuple[int, bool]:
+        """This rank reached its next due point of ``kind`` (at position ``where``): (its index, taken)."""
+        index = self.counts[kind]
+        self.counts[kind] += 1
+        h, w = SCHEDULE[kind]
+        if self.planner is not None:
+            old = self.planner.plan
+            new = self.planner.at(kind, index, time.monotonic(), busy)
+            if new is not None:
+                self._publish(new, old)
+            self.plan = self.planner.plan
+        elif index % h == 0 and index > 0 and self._pending.get(kind) is not None:
+            self._adopt(self._await_read(kind))
+        taken = self.plan.taken(kind, index)
+        self._history.append((kind, index, taken, where))
+        if self.planner is None and (index + w - 1) % h == 0:
+            self._start_read(kind)  # rank 0 wrote block (index + w - 1) / h + 1's plan before it reached index
+        return index, taken
+
+    # -- rank 0 ----------------------------------------------------------------
+    def _publish(self, plan: SavePlan, old: Optional[SavePlan]) -> None:
+        assert self.planner is not None
+        try:
+            if self.fence is not None:
+                self.fence.check("write the save plan")
+            if not self._dir_made:
+                self.storage.makedirs(self.dir)
+                self._dir_made = True
+            write_plan(self.storage, self.dir, plan)
+        except FencedError:
+            pass  # said once by the fence; this writer commits nothing any more
+        except AcpError as exc:
+            self.write_failures += 1
+            if self.write_failures == 1:
+                logger.warning("range %s: could not write the save plan (%s); the ranks go on with the previous one "
+                               "(said once)", self.range_name, exc)
+            if old is not None:
+                self.planner.plan = old
+            return
+        if plan.strides and (old is None or plan.strides != old.strides):
+            anchor, stride = plan.strides[-1]
+            logger.info("range %s: the ranks save at every %s due point from due point %d on (a checkpoint takes "
+                        "~%.3f s to write, due points come every ~%.3f s; at least every %d)", self.range_name,
+                        "" if stride == 1 else _ordinal(stride), anchor, self.planner.persist,
+                        self.planner.gap or 0.0, MAX_STRIDE)
+
+    # -- the other ranks -------------------------------------------------------
+    def _read(self) -> Optional[SavePlan]:
+        for attempt in range(_TORN_RETRIES):
+            try:
+                return read_plan(self.storage, self.dir)
+            except CorruptCheckpointError as exc:  # rank 0 is rewriting it: read again
+                if attempt == _TORN_RETRIES - 1:
+                    raise
+                logger.debug("range %s: save plan unreadable (%s), reading again", self.range_name, exc)
+                time.sleep(0.02 * (attempt + 1))
+        return None
+
+    def _read_into(self, box: list) -> None:
+        try:
+            box.append(self._read())
+        except (AcpError, OSError) as exc:
+            self.read_failures += 1
+            if self.read_failures == 1:
+                logger.warning("range %s: rank %d could not read the save plan (%s); it goes on with the plan it has "
+                               "(a checkpoint the ranks then decide differently is abandoned)", self.range_name,
+                               self.rank, exc)
+
+    def _start_read(self, kind: str) -> None:
+        box: list = []  # this read's result (a read that hangs never fills a later one's)
+        t = threading.Thread(target=self._read_into, args=(box,), name="paddle-acp-plan", daemon=True)
+        self._pending[kind] = (t, box)
+        t.start()
+
+    def _await_read(self, kind: str) -> Optional[SavePlan]:
+        t, box = self._pending.pop(kind)
+        t.join(READ_TIMEOUT)
+        if t.is_alive():
+            logger.warning("range %s: rank %d: reading the save plan takes more than %g s; this due point is decided "
+                           "on the plan it has", self.range_name, self.rank, READ_TIMEOUT)
+            return None
+        return box[0] if box else None
+
+    def _adopt(self, plan: Optional[SavePlan]) -> None:
+        if plan is None or plan.range_name != self.range_name or plan.base != self.base:
+            return  # none yet, or of another start: the plan held stays
+        if plan.token == self.plan.token and plan.seq <= self.plan.seq:
+            return
+        for kind, index, taken, where in self._history:
+            if plan.taken(kind, index) != taken:
+                self.disagreements += 1
+                logger.warning(
+                    "range %s: rank %d decided the save at %s (due point %d) on an older save plan than rank 0's "
+                    "(it ran ahead of rank 0: the ranks are not in lockstep): that checkpoint is abandoned, and "
+                    "the job resumes from an earlier one if it stops before the next", self.range_name, self.rank,
+                    where, index)
+        self.plan = plan
+
+
+def _ordinal(n: int) -> str:
+    return {2: "2nd", 3: "3rd"}.get(n, f"{n}th")

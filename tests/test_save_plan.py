@@ -1,0 +1,231 @@
+"""The ranks' save plan (issue 28 item 1): the record, rank 0's planner, and agreement between ranks.
+
+The record is untrusted input (hypothesis: round trips, every mutation and truncation is refused
+cleanly). The planner is pure: hypothesis drives rank 0 with arbitrary persist and epoch times and
+a second rank that reads the plan at any moment the lockstep of data-parallel training allows; the
+two decision sequences must be equal, every streak of skips shorter than K. Real processes and a
+real HDFS are in tests/test_agree_e2e.py.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.format.save_plan import MAX_ENTRIES, SavePlan, read_plan, write_plan
+from paddle_acp.runtime.agree import MAX_STRIDE, SCHEDULE, Agreement, Planner, agreed_action, initial_plan
+from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
+from paddle_acp.storage import open_storage
+
+increasing = st.lists(st.integers(0, 10**9), max_size=MAX_ENTRIES, unique=True).map(sorted)
+plans = st.builds(
+    SavePlan,
+    range_name=st.text(min_size=1, max_size=20).filter(lambda s: s.encode("utf-8", "ignore").decode() == s),
+    base=st.one_of(st.none(), st.sampled_from(["ckpt-e3", "ckpt-e10-s4"])),
+    token=st.text("0123456789abcdef", min_size=1, max_size=16),
+    seq=st.integers(0, 10**6),
+    default_stride=st.integers(1, MAX_STRIDE),
+    strides=st.tuples(increasing, st.lists(st.integers(1, MAX_STRIDE), min_size=MAX_ENTRIES, max_size=MAX_ENTRIES))
+    .map(lambda t: tuple(zip(t[0], t[1]))),
+    requests=increasing.map(tuple),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(plans)
+def test_plan_record_round_trips(plan):
+    assert SavePlan.loads(plan.dumps()) == plan
+
+
+@settings(max_examples=200, deadline=None)
+@given(plans, st.data())
+def test_a_damaged_or_torn_plan_is_refused(plan, data):
+    raw = plan.dumps()
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(CorruptCheckpointError):
+        SavePlan.loads(raw[:cut])  # a torn read while rank 0 rewrites it
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    flipped = raw[:pos] + bytes([raw[pos] ^ data.draw(st.integers(1, 255))]) + raw[pos + 1:]
+    try:
+        got = SavePlan.loads(flipped)
+    except CorruptCheckpointError:
+        return
+    assert got == plan  # only a change the checksum does not cover (e.g. whitespace) may pass
+
+
+@pytest.mark.parametrize("field,value", [
+    ("strides", [[5, 0]]), ("strides", [[5, 2], [5, 3]]), ("strides", [[-1, 2]]), ("strides", [[1, True]]),
+    ("requests", [4, 4]), ("requests", ["1"]), ("seq", -1), ("token", ""), ("range", ""),
+    ("strides", [[i, 1] for i in range(MAX_ENTRIES + 1)]), ("default_stride", 0), ("default_stride", 2**20 + 1),
+])
+def test_bad_fields_are_refused_even_resealed(field, value):
+    from paddle_acp.format.manifest import seal
+
+    doc = json.loads(SavePlan("r", None, "t").dumps())
+    doc[field] = value
+    with pytest.raises(CorruptCheckpointError):
+        SavePlan.loads(seal(doc))
+
+
+def test_taken_follows_strides_and_requests():
+    p = SavePlan("r", None, "t").with_stride(4, 3).with_stride(10, 2)
+    assert [i for i in range(16) if p.taken("due", i)] == [0, 1, 2, 3, 4, 7, 10, 12, 14]
+    p = p.with_request(5)
+    assert [i for i in range(8) if p.taken("interval", i)] == [5]
+
+
+def test_agreed_action():
+    assert agreed_action(False, True, WAIT, True, True) == SKIP
+    assert agreed_action(True, False, "skip", True, True) == SAVE
+    assert agreed_action(True, True, "skip", True, True) == WAIT
+    assert agreed_action(True, True, QUEUE, True, True) == QUEUE
+    assert agreed_action(True, True, QUEUE, True, False) == WAIT
+
+
+# -- a model of two ranks ----------------------------------------------------------------
+def simulate(policy, epochs, persists, lag_choices, interval=0.0):
+    """Rank 0 plans at each due point with its clock (``epochs``: seconds between due points,
+    ``persists``: each taken save's persist time); rank 1 decides block b (points [b*H, (b+1)*H))
+    on the plan as rank 0 had it after passing point x, for any x in [b*H - W, b*H] (lockstep:
+    its read starts when it reaches point b*H - W + 1, which rank 0 passed b*H - W before; and
+    rank 0 reaches b*H + 1 only after rank 1 passed b*H). Returns (rank 0's decisions, rank 1's)."""
+    kind = "interval" if interval > 0 else "due"
+    h, w = SCHEDULE[kind]
+    planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0)
+    now, done_at = 0.0, None
+    after = []  # the plan as rank 0 had it after passing point i
+    mine = []
+    p = iter(persists)
+    for i, gap in enumerate(epochs):
+        now += gap
+        if done_at is not None and now >= done_at:
+            planner.persist_ended(done_at)
+            done_at = None
+        busy = done_at is not None
+        planner.at(kind, i, now, busy)
+        taken = planner.plan.taken(kind, i)
+        mine.append(taken)
+        if taken:
+            if busy:  # wait for the previous one
+                planner.persist_ended(done_at)
+                now = done_at
+            planner.persist_started(now)
+            done_at = now + next(p, 1.0)
+        planner.point_done(now)
+        after.append(planner.plan)
+    before0 = initial_plan("r", None, "t", policy)
+    theirs = []
+    for i in range(len(epochs)):
+        b = i // h
+        if b == 0:
+            plan = before0
+        else:
+            x = b * h - w + lag_choices[b % len(lag_choices)] % (w + 1)
+            plan = after[min(x, len(after) - 1)]
+        theirs.append(plan.taken(kind, i))
+    return mine, theirs
+
+
+times = st.lists(st.floats(0.001, 5.0), min_size=1, max_size=100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8))
+def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, persists, lags):
+    mine, theirs = simulate(policy, epochs, persists, lags)
+    assert mine == theirs
+    streak = longest = 0
+    for taken in mine:
+        streak = 0 if taken else streak + 1
+        longest = max(longest, streak)
+    assert longest < MAX_STRIDE, mine  # a checkpoint at least every K due points
+    if policy == "wait":
+        assert all(mine)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
+       st.floats(0.5, 20.0))
+def test_two_ranks_take_the_same_interval_saves_at_any_interleaving(policy, epochs, persists, lags, interval):
+    mine, theirs = simulate(policy, epochs, persists, lags, interval=interval)
+    assert mine == theirs
+
+
+def test_the_stride_covers_the_persist():
+    """Epochs of 1 s, persists of 3.5 s: rank 0 settles on every 5th due point (3.5 * 1.2 / 1);
+    a persist of 100 s is capped at K; under ``wait`` every point is taken."""
+    mine, _ = simulate("skip", [1.0] * 80, [3.5] * 80, [0])
+    taken = [i for i, t in enumerate(mine) if t]
+    assert taken[:4] == [0, 1, 2, 3] and {b - a for a, b in zip(taken[8:], taken[9:])} == {5}, taken
+    mine, _ = simulate("skip", [1.0] * 80, [100.0] * 80, [0])
+    taken = [i for i, t in enumerate(mine) if t]
+    assert {b - a for a, b in zip(taken[8:], taken[9:])} == {MAX_STRIDE}, taken
+    assert all(simulate("wait", [1.0] * 30, [3.5] * 30, [0])[0])
+
+
+# -- the runtime side, on a real local store ------------------------------------------------
+def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
+    """Two ranks' Agreement objects on one local store. In lockstep (rank 1 decides point i
+    after rank 0 passed i - 1) they decide alike; a rank that runs three points ahead decides on
+    an older plan, and says so when it reads the plan that contradicts it."""
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("j/range/r")
+
+    def pair():
+        a = [Agreement(storage, "j/range/r", "r", k, "skip", 0.0) for k in (0, 1)]
+        for x in a:
+            x.start(None)
+        return a
+
+    r0, r1 = pair()
+    got0, got1 = [], []
+    for i in range(60):  # either rank may reach point i first (rank 1 only after rank 0 passed i - 1)
+        r0.planner.persist = 0.0 if i < 20 else 1e6  # every point, then every K-th
+        if i % 3:
+            got0.append(r0.point("due", False, f"epoch {i}")[1])
+            got1.append(r1.point("due", False, f"epoch {i}")[1])
+        else:
+            got1.append(r1.point("due", False, f"epoch {i}")[1])
+            got0.append(r0.point("due", False, f"epoch {i}")[1])
+        r0.point_done()
+    assert got0 == got1 and r1.disagreements == 0
+    assert [s for _, s in r0.planner.plan.strides] == [MAX_STRIDE], r0.planner.plan
+    assert all(got0[:20]) and not all(got0[28:])
+    assert read_plan(storage, "j/range/r") == r0.planner.plan
+
+    # rank 1 far ahead of rank 0 (no lockstep): it decides points on the plan it has
+    r0, r1 = pair()
+    caplog.set_level(logging.WARNING, logger="paddle_acp")
+    ahead = [r1.point("due", False, f"epoch {i}")[1] for i in range(20)]
+    r0.planner.persist = 1e6  # rank 0's persists are far longer than its due points are apart: stride K
+    for i in range(20):
+        r0.point("due", False, f"epoch {i}")
+        r0.point_done()
+    for i in range(20, 25):
+        r1.point("due", False, f"epoch {i}")
+    assert all(ahead) and not all(r0.planner.plan.taken("due", i) for i in range(8, 20))
+    assert r1.disagreements >= 1
+    assert any("on an older save plan than rank 0's" in m for m in caplog.messages), caplog.messages
+
+
+def test_a_plan_of_another_start_is_not_followed(tmp_path):
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("j/range/r")
+    write_plan(storage, "j/range/r", SavePlan("r", "ckpt-e1", "old").with_stride(0, 7))
+    r1 = Agreement(storage, "j/range/r", "r", 1, "wait", 0.0)
+    r1.start("ckpt-e4")
+    assert all(r1.point("due", False, f"e{i}")[1] for i in range(30))
+
+
+def test_stride_is_never_above_k():
+    planner = Planner(SavePlan("r", None, "t"), "skip", 0.0, 0.0)
+    planner.persist = 1e6
+    for i in range(50):
+        planner.at("due", i, float(i), True)
+    assert max(s for _, s in planner.plan.strides) == MAX_STRIDE
+    assert math.isclose(planner.gap, 1.0)
