@@ -58,6 +58,9 @@ DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
 DEFAULT_PART_TIMEOUT = 300.0
 RANK_STATE_MODES = ("auto", "replicated", "per-rank")
+# PADDLE_ACP_REPLICATED_WRITERS: who writes the tensors of replicated state (format/shares.py)
+REPLICATED_WRITERS = ("all", "one")
+DEFAULT_REPLICATED_WRITERS = "all"
 # What a save that comes due while the previous checkpoint is still being written does
 # (asynchronous saves only; the final save of a range, preemption saves and synchronous
 # mode always wait): see saver.busy_action.
@@ -96,6 +99,7 @@ ENV_VARS = (
     "PADDLE_TRAINERS_NUM",
     "PADDLE_ACP_RANK_STATE",
     "PADDLE_ACP_PART_TIMEOUT",
+    "PADDLE_ACP_REPLICATED_WRITERS",
     "PADDLE_EDL_HDFS_HOME",
     "PADDLE_EDL_HDFS_NAME",
     "PADDLE_EDL_HDFS_UGI",
@@ -126,6 +130,8 @@ class CheckpointConfig:
     world_size: Optional[int] = None  # PADDLE_TRAINERS_NUM; None: not set (only trainer 0 writes, as before)
     rank_state: str = "auto"  # auto | replicated | per-rank
     part_timeout: float = DEFAULT_PART_TIMEOUT  # seconds rank 0 waits for the other ranks' parts
+    # who writes replicated tensors: "all" (each rank its share) or "one" (rank 0 writes every tensor)
+    replicated_writers: str = DEFAULT_REPLICATED_WRITERS
     save_interval: float = DEFAULT_SAVE_INTERVAL
     max_to_keep: int = DEFAULT_MAX_TO_KEEP
     async_save: bool = True
@@ -177,6 +183,8 @@ class CheckpointConfig:
         if self.rank_state not in RANK_STATE_MODES:
             raise ConfigError(f"PADDLE_ACP_RANK_STATE={self.rank_state!r} must be one of {', '.join(RANK_STATE_MODES)}")
         check_interval(self.part_timeout, "PADDLE_ACP_PART_TIMEOUT")
+        if self.replicated_writers not in REPLICATED_WRITERS:
+            raise ConfigError(f"PADDLE_ACP_REPLICATED_WRITERS={self.replicated_writers!r} must be one of {', '.join(REPLICATED_WRITERS)}")
         check_interval(self.save_interval, "save_interval")
         if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:
             raise ConfigError(f"max_to_keep must be an integer >= 0, got {self.max_to_keep!r}")
@@ -273,6 +281,17 @@ def _rank_state(env: Mapping[str, str]) -> str:
     return raw
 
 
+def _replicated_writers(env: Mapping[str, str]) -> str:
+    raw = (env.get("PADDLE_ACP_REPLICATED_WRITERS") or "").strip().lower()
+    if not raw:
+        return DEFAULT_REPLICATED_WRITERS
+    if raw not in REPLICATED_WRITERS:
+        raise ConfigError(f"PADDLE_ACP_REPLICATED_WRITERS={env.get('PADDLE_ACP_REPLICATED_WRITERS')!r} must be one of "
+                          f"{', '.join(REPLICATED_WRITERS)} (all: each rank writes its share of replicated tensors; "
+                          "one: rank 0 writes them all)")
+    return raw
+
+
 def _part_timeout(env: Mapping[str, str]) -> float:
     raw = env.get("PADDLE_ACP_PART_TIMEOUT")
     if raw is None or raw.strip() == "":
@@ -323,6 +342,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         world_size=_world_size(env),
         rank_state=_rank_state(env),
         part_timeout=_part_timeout(env),
+        replicated_writers=_replicated_writers(env),
         save_interval=_interval(env),
         max_to_keep=env_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),

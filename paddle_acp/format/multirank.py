@@ -32,7 +32,7 @@ import zlib
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic, index, reader, verdict
+from paddle_acp.format import atomic, index, reader, shares, verdict
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, describe_topology
@@ -118,6 +118,7 @@ class GlobalReader:
         ckdir = f"{self.dir}/{name}"
         verdict.check_marks(self.storage, ckdir, g)
         raws: Dict[int, bytes] = {}
+        manifests: Dict[int, Manifest] = {}
         for p in g.parts:
             path = f"{self.part_dir(name, p.rank)}/{MANIFEST_NAME}"
             try:
@@ -137,6 +138,9 @@ class GlobalReader:
             if size != p.data_size:
                 raise CorruptCheckpointError(f"{self.part_dir(name, p.rank)}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
             raws[p.rank] = raw
+            manifests[p.rank] = m
+        if g.writers == shares.WRITERS_ALL:  # who holds which share: every rank's verdict from the same bytes
+            shares.check_cover(manifests, f"{ckdir}/{GLOBAL_NAME}")
         return g, raws
 
     def verify(self, name: str, progress: Optional[reader.Progress] = None) -> GlobalManifest:
@@ -218,6 +222,8 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         gen = self._ck.generation
         snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                               "generation": -1 if gen is None else gen}
+        if snap.share is not None:  # this part holds its share of the replicated tensors (format/shares.py)
+            snap.extra["part"]["share"] = snap.share
         pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy,
                                  generation=gen)
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
@@ -354,19 +360,39 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         if own is None:
             logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",
                            self.rank, name, g.world_size)
-        cached = self.cache.load(name, g.number, raws[src], src) if self.cache is not None else None
-        try:
-            loaded = cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
-        except CorruptCheckpointError as exc:
-            if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
-                whose = "its part" if src == self.rank else f"rank {src}'s data"
-                raise verdict.rejected(self.rank, base, g, whose, exc, self.storage) from exc
-            raise
+        if g.writers == shares.WRITERS_ALL:  # every share of the replicated tensors, read in parallel
+            loaded = self._load_shares(g, base, raws, own)
+        else:
+            loaded = self._load_part(g, base, raws, src)
         m = loaded.manifest
         loaded.manifest = dataclasses.replace(m, rng=own_m.rng, extra=own_m.extra)
         loaded.path = base
         loaded.global_manifest = g
         return loaded
+
+    def _load_part(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], src: int) -> LoadedCheckpoint:
+        """Rank ``src``'s part, verified (the node-local copy when it is these very bytes)."""
+        cached = self.cache.load(g.name, g.number, raws[src], src) if self.cache is not None else None
+        try:
+            return cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
+        except CorruptCheckpointError as exc:
+            if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
+                whose = "its part" if src == self.rank else f"rank {src}'s data"
+                raise verdict.rejected(self.rank, base, g, whose, exc, self.storage) from exc
+            raise
+
+    def _load_shares(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], own: Optional[int]) -> LoadedCheckpoint:
+        """A spread checkpoint: every rank's share verified (in parallel) and joined (:mod:`.shares`).
+        A share that fails on this rank goes through the bad mark like its own part would."""
+        try:
+            parts = shares.load_all(lambda k: self._load_part(g, base, raws, k) if k == self.rank
+                                    else self._ck.load(g.number, f"{base}/{rank_part(k)}", raws[k]), list(range(g.world_size)))
+        except shares.ShareFailed as failed:
+            exc = failed.error
+            if isinstance(exc, CorruptCheckpointError) and self.world_size > 1 and failed.rank != self.rank:
+                raise verdict.rejected(self.rank, base, g, f"rank {failed.rank}'s share", exc, self.storage) from exc
+            raise exc from None
+        return shares.merge(parts, own if own is not None else 0, base)
 
     def resume_from(self, loaded: Optional[LoadedCheckpoint]) -> None:
         """This incarnation resumes from ``loaded`` (None: from scratch): its parts are tagged with

@@ -26,6 +26,7 @@ from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
+from paddle_acp.format.shares import WRITERS_ALL, own_share
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, copy_into
 from paddle_acp.format.stream import ChunkStream, chunk_size
 from paddle_acp.runtime import budget as host_budget
@@ -126,12 +127,15 @@ class PersistMixin:
         self._join_arena()
         programs = [e.views() for e in self.registry.entries]
         mode = None
+        share = None
         if self.multi:
             mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
             if mode != self._mode_logged:
                 logger.info("range %s: rank %d of %d saves %s state (%s)", self.name, self.rank, self.cfg.world_size, mode, why)
                 self._mode_logged = mode
-            if mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
+            if self._spread(mode):  # each rank writes its share of the replicated tensors
+                programs, share = own_share(programs, self.rank, self.gcheckpointer.world_size)
+            elif mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
                 programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in programs]
         size = layout(programs)
         image = None
@@ -161,6 +165,7 @@ class PersistMixin:
             ir="+".join(irs),
             extra=extra,
             mode=mode,
+            share=share,
             part_wait=PREEMPT_PART_WAIT if preempt else None,
             buffer=buffer,
             durable=sync or final,
@@ -367,8 +372,13 @@ class PersistMixin:
 
 
     def _follower(self) -> bool:
-        """A rank other than 0 whose tensors are replicated: its part holds no tensors."""
-        return self.multi and self.rank != 0 and decide_mode(self.cfg.rank_state, self.registry.entries)[0] == "replicated"
+        """A rank other than 0 whose tensors are replicated and written by rank 0: its part holds no tensors."""
+        return (self.multi and self.rank != 0 and self.cfg.replicated_writers != WRITERS_ALL
+                and decide_mode(self.cfg.rank_state, self.registry.entries)[0] == "replicated")
+
+    def _spread(self, mode: Optional[str]) -> bool:
+        """The ranks write shares of the replicated state (PADDLE_ACP_REPLICATED_WRITERS=all, format/shares.py)."""
+        return self.multi and mode == "replicated" and self.cfg.replicated_writers == WRITERS_ALL
 
 
     def _prepare_arena(self) -> None:
@@ -377,6 +387,8 @@ class PersistMixin:
         if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io) or self._follower():
             return
         size = sum(e.nbytes() for e in self.registry.entries)  # metadata only: nothing is copied
+        if self._spread(decide_mode(self.cfg.rank_state, self.registry.entries)[0]):  # about a share of it
+            size = min(size, size // self.gcheckpointer.world_size * 5 // 4 + (1 << 20))
         self._state_size = size
         if self._budget is None:  # decided once, at the first registration
             self._budget = host_budget.decide(self.cfg.host_memory)

@@ -39,7 +39,7 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
     part = None
     if ref.multirank:
         g, raws = read_part(ref)
-        part = {"rank": ref.rank, "ranks": sorted(raws), "world_size": g.world_size, "mode": g.mode}
+        part = {"rank": ref.rank, "ranks": sorted(raws), "world_size": g.world_size, "mode": g.mode, "writers": g.writers}
     data_size = None
     try:
         data_size = ref.storage.size(f"{ref.part_path}/{DATA_NAME}")
@@ -113,6 +113,9 @@ def _part_rows(res: InspectResult) -> List[Tuple[str, str]]:
     p = res.part
     others = [r for r in p["ranks"] if r != p["rank"]]
     more = f"; --rank {others[0]} shows another" if others else ""
+    if p.get("writers") == "all":  # spread writes (format/shares.py): each part holds a share of the tensors
+        return [("written by", f"{p['world_size']} ranks ({p['mode']}, each rank writes a share of the tensors); "
+                               f"this is the part of rank {p['rank']}, its share{more}")]
     return [("written by", f"{p['world_size']} ranks ({p['mode']}); this is the part of rank {p['rank']}{more}")]
 
 
