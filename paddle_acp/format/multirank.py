@@ -19,7 +19,8 @@ its manifest and the topology (world size, mode, each rank's program
 fingerprints). Until then nothing of the checkpoint is visible; a part that
 does not come abandons it. Restore picks the newest checkpoint whose global
 manifest and every part's manifest verify; each rank then verifies and loads
-only its own part (replicated mode: rank 0's tensors, its own RNG and loader); one
+only its own part (replicated mode: rank 0's tensors, or every rank's share of them when the
+ranks spread the writes, :mod:`.shares`; its own RNG and loader); one
 that rejects it marks the copy bad and stops, never falls back alone (:mod:`.verdict`).
 """
 
