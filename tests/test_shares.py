@@ -279,3 +279,27 @@ def test_tools_verify_ls_inspect_and_export_spread_checkpoints(tmp_path):
     data.write_bytes(bytes(raw))
     v = tool("verify", str(tmp_path))
     assert v.returncode == 1 and "ckpt-e2 is bad" in v.stdout, v.stdout
+
+
+json_st = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=5),
+                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=8)
+
+
+@given(st.sampled_from(["writers", "items", "digest", "extra"]), json_st, st.integers(0, 1))
+@settings(max_examples=300, deadline=None)
+def test_any_edit_of_a_share_record_is_caught_or_harmless(key, value, which):
+    """A crafted ``extra.part.share`` (untrusted, as every manifest) either is the record every part
+    carries, or the cover check raises CorruptCheckpointError, never anything else."""
+    from paddle_acp.format.manifest import Manifest, ProgramRecord, TensorRecord
+
+    items = [("fp", n, "float32", (1,), 4) for n in ("a", "b")]
+    good = {"writers": "all", "items": 2, "digest": shares.digest(items)}
+    recs = [dict(good), dict(good)]
+    recs[which][key] = value
+    parts = {k: Manifest(0, 1.0, RangeRecord(RANGE, 0, 1), [ProgramRecord("fp", "l", [TensorRecord(n, "float32", [1], 0, 4, 0)])],
+                         64, extra={"part": {"rank": k, "share": recs[k]}}) for k, n in ((0, "a"), (1, "b"))}
+    try:
+        got = shares.check_cover(parts, "x")
+    except CorruptCheckpointError:
+        return
+    assert got == good and recs[which] == good
