@@ -39,7 +39,9 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
     part = None
     if ref.multirank:
         g, raws = read_part(ref)
-        part = {"rank": ref.rank, "ranks": sorted(raws), "world_size": g.world_size, "mode": g.mode, "writers": g.writers}
+        part = {"rank": ref.rank, "ranks": sorted(raws), "world_size": g.world_size, "mode": g.mode}
+        if g.writers == "all":  # the part holds its rank's share of the replicated tensors
+            part["writers"] = g.writers
     data_size = None
     try:
         data_size = ref.storage.size(f"{ref.part_path}/{DATA_NAME}")
