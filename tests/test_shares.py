@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.server_fixtures import s3_server  # noqa: F401  (fixture)
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, RestartRequiredError
 from paddle_acp.format import global_manifest as gm
@@ -303,3 +304,50 @@ def test_any_edit_of_a_share_record_is_caught_or_harmless(key, value, which):
     except CorruptCheckpointError:
         return
     assert got == good and recs[which] == good
+
+
+def test_spread_shares_with_node_local_caches_on_s3(s3_server, monkeypatch, tmp_path, caplog):
+    """Each rank caches its own share; at restore it reads that share from its node's copy and the
+    other ranks' shares from S3 (in parallel), bit-identical. A damaged remote share of the other rank
+    goes through the bad mark on this rank (its cache holds only its own share)."""
+    import logging
+    import uuid
+
+    from paddle_acp.format.cache import LocalCache
+
+    for k, v in s3_server.client_env().items():
+        monkeypatch.setenv(k, v)
+    uri = f"s3://{s3_server.bucket}/spread/{uuid.uuid4().hex[:8]}"
+
+    def cgck(rank):
+        g = GlobalCheckpointer(open_storage(uri), JOB, RANGE, rank, 2, 3, 60.0)
+        g.poll_interval = 0.01
+        g.cache = LocalCache.open(str(tmp_path / f"node{rank}"), uri, 3).for_range(JOB, RANGE, rank)
+        return g
+
+    for epoch in (0, 1):
+        res = {}
+        t = threading.Thread(target=lambda res=res, e=epoch: res.setdefault(0, cgck(0).save(snap(0, 2, e), "replicated")))
+        t.start()
+        cgck(1).save(snap(1, 2, epoch), "replicated")
+        t.join()
+        assert res[0].committed
+    for r in (0, 1):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="paddle_acp"):
+            loaded = load_newest(Checkpointer(open_storage(uri), JOB, RANGE, 3), cgck(r), None)
+        assert loaded.name == "ckpt-e1" and loaded.source == "mixed", loaded.source  # own share cached, the other remote
+        assert f"checkpoint ckpt-e1 (part of rank {r})" in caplog.text and "from the local cache" in caplog.text
+        assert same(values(loaded), expected(1))
+        loaded.close()
+    st_ = open_storage(uri)
+    path = f"{JOB}/range/{RANGE}/ckpt-e1/rank-1/tensors.bin"
+    raw = bytearray(st_.read_bytes(path))
+    raw[len(raw) // 2] ^= 0x10
+    st_.write_bytes(path, bytes(raw))
+    with pytest.raises(RestartRequiredError, match="rank 1's share"):
+        load_newest(Checkpointer(st_, JOB, RANGE, 3), cgck(0), None)
+    for r in (0, 1):  # rank 1's intact copy of its share does not save the copy every rank must agree on
+        loaded = load_newest(Checkpointer(st_, JOB, RANGE, 3), cgck(r), None)
+        assert loaded.name == "ckpt-e0" and same(values(loaded), expected(0))
+        loaded.close()
