@@ -351,3 +351,14 @@ def test_spread_shares_with_node_local_caches_on_s3(s3_server, monkeypatch, tmp_
         loaded = load_newest(Checkpointer(st_, JOB, RANGE, 3), cgck(r), None)
         assert loaded.name == "ckpt-e0" and same(values(loaded), expected(0))
         loaded.close()
+
+
+def test_the_writers_setting():
+    from paddle_acp.config import from_env
+    from paddle_acp.errors import ConfigError
+
+    base = {"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x", "PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINER_ID": "1"}
+    assert from_env(base).replicated_writers == "all"
+    assert from_env({**base, "PADDLE_ACP_REPLICATED_WRITERS": " One "}).replicated_writers == "one"
+    with pytest.raises(ConfigError, match="PADDLE_ACP_REPLICATED_WRITERS='some' must be one of all, one"):
+        from_env({**base, "PADDLE_ACP_REPLICATED_WRITERS": "some"})
