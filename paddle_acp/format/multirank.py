@@ -141,7 +141,10 @@ class GlobalReader:
             raws[p.rank] = raw
             manifests[p.rank] = m
         if g.writers == shares.WRITERS_ALL:  # who holds which share: every rank's verdict from the same bytes
-            shares.check_cover(manifests, f"{ckdir}/{GLOBAL_NAME}")
+            share = shares.check_cover(manifests, f"{ckdir}/{GLOBAL_NAME}")
+            if share["share_writers"] != g.share_writers:
+                raise CorruptCheckpointError(f"{ckdir}/{GLOBAL_NAME} records {g.share_writers} share writers, its parts "
+                                             f"{share['share_writers']}")
         return g, raws
 
     def verify(self, name: str, progress: Optional[reader.Progress] = None) -> GlobalManifest:
@@ -383,17 +386,19 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             raise
 
     def _load_shares(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], own: Optional[int]) -> LoadedCheckpoint:
-        """A spread checkpoint: every rank's share verified (in parallel) and joined (:mod:`.shares`).
-        A share that fails on this rank goes through the bad mark like its own part would."""
+        """A spread checkpoint: the share of every share writer (ranks 0..g.share_writers-1; the other parts
+        hold no tensors) verified (in parallel) and joined (:mod:`.shares`). A share that fails on this rank
+        goes through the bad mark like its own part would."""
         try:
             parts = shares.load_all(lambda k: self._load_part(g, base, raws, k) if k == self.rank
-                                    else self._ck.load(g.number, f"{base}/{rank_part(k)}", raws[k]), list(range(g.world_size)))
+                                    else self._ck.load(g.number, f"{base}/{rank_part(k)}", raws[k]),
+                                    list(range(g.share_writers)))
         except shares.ShareFailed as failed:
             exc = failed.error
             if isinstance(exc, CorruptCheckpointError) and self.world_size > 1 and failed.rank != self.rank:
                 raise verdict.rejected(self.rank, base, g, f"rank {failed.rank}'s share", exc, self.storage) from exc
             raise exc from None
-        return shares.merge(parts, own if own is not None else 0, base)
+        return shares.merge(parts, own if own in parts else 0, base)  # RNG and extra: ``own``'s (load_global)
 
     def resume_from(self, loaded: Optional[LoadedCheckpoint]) -> None:
         """This incarnation resumes from ``loaded`` (None: from scratch): its parts are tagged with

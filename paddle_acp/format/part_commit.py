@@ -137,7 +137,7 @@ class PartCommitMixin:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
         try:  # spread writes: the parts' shares must cover the state exactly (format/shares.py)
-            writers = shares.commit_writers(snap.share, {k: parts[k][1] for k in parts}, f"{self.dir}/{name}")
+            writers, share_writers = shares.commit_writers(snap.share, {k: parts[k][1] for k in parts}, f"{self.dir}/{name}")
         except CorruptCheckpointError as exc:
             logger.error("range %s: checkpoint %s abandoned: %s; it stays invisible and training goes on",
                          self.range_name, name, exc)
@@ -150,6 +150,7 @@ class PartCommitMixin:
             name=name, range_name=self.range_name, epoch_no=snap.range.epoch_no, step=snap.range.step,
             world_size=self.world_size, mode=mode, parts=records, created=time.time(),
             generation=self.fence.generation if self.fence is not None else -1, base=self.base, writers=writers,
+            share_writers=share_writers,
         )
         if self.fence is not None:  # a fenced writer removes no verdict either
             self.fence.check(f"commit checkpoint {name}")

@@ -1,20 +1,26 @@
 """Spread writes of replicated state: which rank writes which tensor, and reading the shares back.
 
-With ``PADDLE_ACP_REPLICATED_WRITERS=all`` a data-parallel job (replicated state) does not
-leave every tensor to rank 0: each rank writes its *share* into its own part. The split
-(:func:`split`) is a pure function of the tensor list every rank holds alike: the tensors,
-sorted by size (largest first) then by program key and name, go one by one to the rank with
-the fewest bytes so far (lowest rank on a tie), so every rank computes the same assignment
-and the ranks' bytes differ by at most one tensor.
+With ``PADDLE_ACP_REPLICATED_WRITERS=all`` (or a number) a data-parallel job (replicated
+state) does not leave every tensor to rank 0: the *share writers*, ranks 0..S-1 with
+S = min(world size, cap), each write a *share* into their own part; the ranks from S on
+write a part with no tensors (as every rank but 0 does under ``one``), so a restore opens S
+data files, not one per rank. The split (:func:`split`) is a pure function of the tensor
+metadata every rank holds alike: the tensors, sorted by size (largest first) then by program
+key and name, go one by one to the writer with the fewest bytes so far (lowest rank on a
+tie), so every rank computes the same assignment and the writers' bytes differ by at most
+one tensor. It needs only names, dtypes, shapes and sizes (:data:`Item`), so a rank takes
+views of (on a GPU: copies to the host) only its own share.
 
 What records who holds what: each part's manifest lists the tensors of its share (its
 programs, each with the LR scheduler state, and only the share's tensors) and carries
-``extra.part.share = {"writers": "all", "items": N, "digest": D}``: the number of tensors of
-the whole state and a CRC32 of their canonical list (program key, name, dtype, shape), the
-same in every part; the global manifest (version 4, ``"writers": "all"``) says the
-checkpoint is spread. :func:`check_cover` validates this untrusted record when rank 0
+``extra.part.share = {"writers": "all", "share_writers": S, "items": N, "digest": D}``: the
+number of share writers, the number of tensors of the whole state and a CRC32 of their
+canonical list (program key, name, dtype, shape), the same in every part; the global manifest
+(version 4, ``"writers": "all"``, ``"share_writers": S``) says the checkpoint is spread and
+which parts hold shares. :func:`check_cover` validates this untrusted record when rank 0
 commits and whenever a checkpoint is read: the shares are disjoint, each part lists the
-same programs, and together they are exactly the N tensors whose list has digest D.
+same programs, the parts from S on hold no tensors, and together the shares are exactly the
+N tensors whose list has digest D.
 :func:`merge` joins the verified parts into one :class:`LoadedCheckpoint` whose tensors are
 read from the part that holds them.
 """
@@ -25,10 +31,11 @@ import dataclasses
 import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from paddle_acp.config.values import MAX_WORLD
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.loaded import Key, LoadedCheckpoint, ReadItem
 from paddle_acp.format.manifest import Manifest, ProgramRecord, TensorRecord
@@ -63,20 +70,42 @@ def _snapshot_items(programs: Sequence[ProgramSnapshot]) -> List[Item]:
             for p in programs for t in p.tensors]
 
 
-def own_share(programs: Sequence[ProgramSnapshot], rank: int, world: int) -> Tuple[List[ProgramSnapshot], Dict[str, Any]]:
+def share_writers(world: int, cap: int) -> int:
+    """How many ranks write shares: ranks 0..min(world, cap)-1."""
+    if cap < 1 or world < 1:
+        raise ValueError(f"share writers of world size {world} with cap {cap}")
+    return min(world, cap)
+
+
+def record(items: Sequence[Item], writers: int) -> Dict[str, Any]:
+    """The share record every part of a spread checkpoint carries (``extra.part.share``)."""
+    return {"writers": WRITERS_ALL, "share_writers": writers, "items": len(items), "digest": digest(items)}
+
+
+def owned(items: Sequence[Item], rank: int, writers: int) -> Set[Tuple[str, str]]:
+    """The (program key, name) of ``rank``'s share of ``items`` (none for a rank from ``writers`` on)."""
+    if rank >= writers:
+        return set()
+    return {kn for kn, r in split(items, writers).items() if r == rank}
+
+
+def own_share(programs: Sequence[ProgramSnapshot], rank: int, world: int,
+              writers: Optional[int] = None) -> Tuple[List[ProgramSnapshot], Dict[str, Any]]:
     """This rank's share of the replicated state ``programs`` (every program, only the share's tensors)
-    and the record its part carries (``extra.part.share``)."""
+    and the record its part carries (``extra.part.share``); ``writers``: the share writers (default: all
+    ``world`` ranks). The runtime selects the share from metadata before it takes views (:func:`owned`)."""
+    n = world if writers is None else share_writers(world, writers)
     items = _snapshot_items(programs)
-    owner = split(items, world)
-    mine = [ProgramSnapshot(p.key, p.label, [t for t in p.tensors if owner[(p.key, t.name)] == rank], p.lr_scheduler)
+    mine_keys = owned(items, rank, n)
+    mine = [ProgramSnapshot(p.key, p.label, [t for t in p.tensors if (p.key, t.name) in mine_keys], p.lr_scheduler)
             for p in programs]
-    return mine, {"writers": WRITERS_ALL, "items": len(items), "digest": digest(items)}
+    return mine, record(items, n)
 
 
 def share_nbytes(sizes: Sequence[Tuple[str, str, int]], rank: int, world: int) -> int:
-    """The bytes of ``rank``'s share of tensors given as (program key, name, bytes)."""
-    owner = split([(k, n, "", (), b) for k, n, b in sizes], world)
-    return sum(b for k, n, b in sizes if owner[(k, n)] == rank)
+    """The bytes of ``rank``'s share of tensors given as (program key, name, bytes) among ``world`` writers."""
+    mine = owned([(k, n, "", (), b) for k, n, b in sizes], rank, world)
+    return sum(b for k, n, b in sizes if (k, n) in mine)
 
 
 def part_share(m: Manifest) -> Optional[Dict[str, Any]]:
@@ -85,28 +114,40 @@ def part_share(m: Manifest) -> Optional[Dict[str, Any]]:
     share = part.get("share") if isinstance(part, dict) else None
     if share is None:
         return None
-    if (not isinstance(share, dict) or set(share) != {"writers", "items", "digest"} or share["writers"] != WRITERS_ALL
-            or not all(isinstance(share[k], int) and not isinstance(share[k], bool) for k in ("items", "digest"))
+    if (not isinstance(share, dict) or set(share) != {"writers", "share_writers", "items", "digest"}
+            or share["writers"] != WRITERS_ALL
+            or not all(isinstance(share[k], int) and not isinstance(share[k], bool)
+                       for k in ("share_writers", "items", "digest"))
+            or not 1 <= share["share_writers"] <= MAX_WORLD
             or not 0 <= share["items"] <= MAX_ITEMS or not 0 <= share["digest"] < 2**32):
         raise CorruptCheckpointError(f"invalid manifest: extra.part.share {str(share)[:200]} is not a share record")
     return share
 
 
 def check_cover(manifests: Mapping[int, Manifest], where: str) -> Dict[str, Any]:
-    """The parts' shares are one spread state: every part has the same share record and lists the
-    same programs, no tensor is in two parts, and together they are the recorded tensors (count and
-    digest). Returns the share record; CorruptCheckpointError naming what is wrong."""
+    """The parts' shares are one spread state: every part (``manifests``: rank -> manifest, every rank
+    of the checkpoint) has the same share record and lists the same programs, the parts from rank
+    ``share_writers`` on hold no tensors, no tensor is in two parts, and together they are the recorded
+    tensors (count and digest). Returns the share record; CorruptCheckpointError naming what is wrong."""
     records = {k: part_share(m) for k, m in sorted(manifests.items())}
     share = records.get(0) if records else None
     if share is None or any(r != share for r in records.values()):
         raise CorruptCheckpointError(f"{where}: the parts do not agree on the share of replicated tensors each holds "
-                                     f"({', '.join(f'rank {k}: {r}' for k, r in records.items())[:400]})")
+                                     f"({', '.join(f'rank {k}: {r}' for k, r in records.items())[:400]}; "
+                                     "PADDLE_ACP_REPLICATED_WRITERS or the state differs between the ranks, or a part "
+                                     "was altered)")
+    if share["share_writers"] > len(manifests) or sorted(manifests) != list(range(len(manifests))):
+        raise CorruptCheckpointError(f"{where}: the parts record {share['share_writers']} share writers, but the "
+                                     f"checkpoint has the parts of ranks {sorted(manifests)[:20]}")
     keys = [p.key for p in manifests[0].programs]
     seen: Dict[Tuple[str, str], int] = {}
     items: List[Item] = []
     for k, m in sorted(manifests.items()):
         if [p.key for p in m.programs] != keys:
             raise CorruptCheckpointError(f"{where}: the part of rank {k} lists other programs than rank 0's")
+        if k >= share["share_writers"] and any(p.tensors for p in m.programs):
+            raise CorruptCheckpointError(f"{where}: the part of rank {k} holds tensors, but only the parts of ranks "
+                                         f"0..{share['share_writers'] - 1} hold shares")
         for p in m.programs:
             for t in p.tensors:
                 if (p.key, t.name) in seen:
@@ -196,18 +237,18 @@ class ShareFailed(Exception):
         self.error = error
 
 
-def commit_writers(own: Optional[Dict[str, Any]], manifests: Mapping[int, Manifest], where: str) -> str:
-    """Rank 0, before it commits: "all" when its part and every other hold shares that cover the state
-    (:func:`check_cover`), "one" when no part holds a share; CorruptCheckpointError when the ranks
-    disagree (PADDLE_ACP_REPLICATED_WRITERS set differently, or a different state per rank)."""
+def commit_writers(own: Optional[Dict[str, Any]], manifests: Mapping[int, Manifest], where: str) -> Tuple[str, int]:
+    """Rank 0, before it commits: ("all", share writers) when its part and every other hold shares that
+    cover the state (:func:`check_cover`), ("one", 0) when no part holds a share; CorruptCheckpointError
+    when the ranks disagree (PADDLE_ACP_REPLICATED_WRITERS set differently, or a different state per rank)."""
     if own is None:
         spread = [k for k, m in sorted(manifests.items()) if _has_share(m)]
         if spread:
             raise CorruptCheckpointError(f"{where}: rank 0 wrote every replicated tensor, but the part(s) of rank(s) "
                                          f"{spread} hold shares (PADDLE_ACP_REPLICATED_WRITERS differs between the ranks)")
-        return WRITERS_ONE
-    check_cover(manifests, where)
-    return WRITERS_ALL
+        return WRITERS_ONE, 0
+    share = check_cover(manifests, where)
+    return WRITERS_ALL, int(share["share_writers"])
 
 
 def _has_share(m: Manifest) -> bool:
