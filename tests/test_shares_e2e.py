@@ -107,3 +107,36 @@ def test_a_damaged_share_stops_every_rank_and_the_restart_falls_back_alike(tmp_p
         assert starts(tmp_path / "out" / f"r{r}")[-1]["restored"] == "ckpt-e2", tail(res)
         assert is_done(tmp_path / "out" / f"r{r}")
         assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), ref), r
+
+
+def test_capped_share_writers_kill_and_resume_at_another_cap_bit_identical(tmp_path):
+    """3 ranks with PADDLE_ACP_REPLICATED_WRITERS=2: ranks 0 and 1 write the shares (selected from the
+    tensors' metadata before any view is taken), rank 2 a part with no tensors; SIGKILLed mid-run, the
+    job resumes with the default (every rank of 3 writes) bit-identical."""
+    ref = reference(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    capped = {"PADDLE_ACP_REPLICATED_WRITERS": 2}
+    procs = [subprocess.Popen(cmd(tmp_path, r), env=script_env(ckpt, "pir", env_of(r, 3, "k0", capped)), cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+             for r in range(3)]
+    deadline = time.monotonic() + 250
+    while len(read_log(tmp_path / "out" / "r2")) < 3 and time.monotonic() < deadline:  # inside epoch 3
+        time.sleep(0.01)
+    for p in reversed(procs):
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    d = ckpt / "e2e" / "range" / "_range_0" / "ckpt-e1"
+    g = json.loads((d / "global.json").read_bytes())
+    sizes = [(d / f"rank-{k}" / "tensors.bin").stat().st_size for k in range(3)]
+    assert g["version"] == 4 and g["share_writers"] == 2 and sizes[0] > 0 and sizes[1] > 0 and sizes[2] == 0, (g, sizes)
+    res = run_job(tmp_path, 3, ckpt, "k1")
+    assert all(rc == 0 for rc, _ in res), tail(res)
+    restored = [starts(tmp_path / "out" / f"r{r}")[-1] for r in range(3)]
+    assert len({x["restored"] for x in restored}) == 1 and restored[0]["restored"] is not None, restored
+    rng_dir = ckpt / "e2e" / "range" / "_range_0"
+    writers = {json.loads((p / "global.json").read_bytes())["share_writers"]
+               for p in rng_dir.iterdir() if (p / "global.json").exists()}
+    assert 3 in writers, writers  # the restarted job's checkpoints: every rank of 3 wrote a share
+    for r in range(3):
+        assert is_done(tmp_path / "out" / f"r{r}")
+        assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), ref), r
