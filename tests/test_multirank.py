@@ -106,7 +106,7 @@ def test_global_manifest_round_trip_and_any_edit_is_caught(parts, epoch, step, m
     (lambda d: d.update(name="ckpt-e9"), "does not match its position"),
     (lambda d: d["parts"][1].update(rank=0), "ranks 0..1"),
     (lambda d: d["parts"][0].update(manifest_crc32=-1), "bad rank"),
-    (lambda d: d.update(version=4), "format version 4 is newer than this paddle-acp reads"),  # UnknownFormatError
+    (lambda d: d.update(version=5), "format version 5 is newer than this paddle-acp reads"),  # UnknownFormatError
     (lambda d: d.update(version=2), "not supported"),
 ])
 def test_global_manifest_validation_names_the_problem(edit, msg):
@@ -502,7 +502,7 @@ def test_verify_reads_every_part_and_catches_one_flipped_bit(tmp_path):
         gck(tmp_path, 0, 1).verify("ckpt-e0")
 
 
-def _newer_global(root, name, version=4):
+def _newer_global(root, name, version=5):
     from paddle_acp.format.manifest import seal
 
     path = root / JOB / "range" / RANGE / name / GLOBAL_NAME

@@ -182,7 +182,9 @@ def test_replicated_ranks_with_their_own_caches_never_resume_from_different_chec
     assert ref[0][0] == 0, ref[0][1][-3000:]
     reference = load_result(tmp_path / "ref" / "r0")
     uri = f"s3://{s3_server.bucket}/verdict/{uuid.uuid4().hex[:8]}"
-    env = dict(s3_server.client_env(), PADDLE_ACP_RANK_STATE="replicated", PADDLE_ACP_PART_TIMEOUT=40)
+    # one writer: every rank restores rank 0's data (from rank 0's node-local copy on rank 0)
+    env = dict(s3_server.client_env(), PADDLE_ACP_RANK_STATE="replicated", PADDLE_ACP_PART_TIMEOUT=40,
+               PADDLE_ACP_REPLICATED_WRITERS="one")
     nodes = {r: {"PADDLE_ACP_LOCAL_CACHE": str(tmp_path / f"node{r}")} for r in (0, 1)}
     res = launch(tmp_path, 2, "--kind", "dp", "--epochs", 4, ckpt=uri, env=env, rank_env=nodes, gen="a")
     assert all(rc == 0 for rc, _ in res), tail(res)

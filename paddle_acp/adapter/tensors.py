@@ -100,6 +100,17 @@ def layout_size(scope, names) -> int:
     return total
 
 
+def tensor_items(scope, names) -> List[Tuple[str, str, Tuple[int, ...], int]]:
+    """(name, dtype, shape, bytes) of the named, initialized tensors, from their metadata alone (what
+    :func:`tensor_views` would give, without a view or, on an accelerator, a device-to-host copy)."""
+    out = []
+    for name in names:
+        t = find_tensor(scope, name)
+        if t is not None:
+            out.append((name, dtype_name(t), tuple(int(x) for x in t.shape()), tensor_nbytes(t)))
+    return out
+
+
 def find_tensor(scope, name: str):
     var = scope.find_var(name)
     if var is None:

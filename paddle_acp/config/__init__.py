@@ -58,6 +58,15 @@ DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
 DEFAULT_PART_TIMEOUT = 300.0
 RANK_STATE_MODES = ("auto", "replicated", "per-rank")
+# PADDLE_ACP_REPLICATED_WRITERS: who writes the tensors of replicated state (format/shares.py):
+# "all" (ranks 0..min(W, DEFAULT_SHARE_WRITERS)-1 each write a share), a number N >= 2 (ranks
+# 0..min(W, N)-1) or "one" (rank 0 writes every tensor; "1" means the same)
+REPLICATED_WRITERS = ("all", "one")
+DEFAULT_REPLICATED_WRITERS = "all"
+# the share writers "all" means at most: a restore reads every share, so each rank opens this many
+# data files at most, whatever the world size (issue 28 item 4: a restart's storage calls per rank
+# stay flat in W), while 8 writers already split the write of the state 8 ways
+DEFAULT_SHARE_WRITERS = 8
 # What a save that comes due while the previous checkpoint is still being written does
 # (asynchronous saves only; the final save of a range, preemption saves and synchronous
 # mode always wait): see saver.busy_action.
@@ -96,6 +105,7 @@ ENV_VARS = (
     "PADDLE_TRAINERS_NUM",
     "PADDLE_ACP_RANK_STATE",
     "PADDLE_ACP_PART_TIMEOUT",
+    "PADDLE_ACP_REPLICATED_WRITERS",
     "PADDLE_EDL_HDFS_HOME",
     "PADDLE_EDL_HDFS_NAME",
     "PADDLE_EDL_HDFS_UGI",
@@ -126,6 +136,9 @@ class CheckpointConfig:
     world_size: Optional[int] = None  # PADDLE_TRAINERS_NUM; None: not set (only trainer 0 writes, as before)
     rank_state: str = "auto"  # auto | replicated | per-rank
     part_timeout: float = DEFAULT_PART_TIMEOUT  # seconds rank 0 waits for the other ranks' parts
+    # who writes replicated tensors: "all" (ranks 0..DEFAULT_SHARE_WRITERS-1 each a share), "N" (ranks
+    # 0..N-1, N >= 2) or "one" (rank 0 writes every tensor); writer_cap() gives the cap
+    replicated_writers: str = DEFAULT_REPLICATED_WRITERS
     save_interval: float = DEFAULT_SAVE_INTERVAL
     max_to_keep: int = DEFAULT_MAX_TO_KEEP
     async_save: bool = True
@@ -177,6 +190,7 @@ class CheckpointConfig:
         if self.rank_state not in RANK_STATE_MODES:
             raise ConfigError(f"PADDLE_ACP_RANK_STATE={self.rank_state!r} must be one of {', '.join(RANK_STATE_MODES)}")
         check_interval(self.part_timeout, "PADDLE_ACP_PART_TIMEOUT")
+        writer_cap(self.replicated_writers)  # ConfigError naming a bad value
         check_interval(self.save_interval, "save_interval")
         if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:
             raise ConfigError(f"max_to_keep must be an integer >= 0, got {self.max_to_keep!r}")
@@ -273,6 +287,38 @@ def _rank_state(env: Mapping[str, str]) -> str:
     return raw
 
 
+def writer_cap(value: str) -> Optional[int]:
+    """The most ranks that write shares of replicated state for PADDLE_ACP_REPLICATED_WRITERS ``value``
+    ("all", "one" or a number): None for "one" (rank 0 writes every tensor); ConfigError for a bad value."""
+    if value == "one":
+        return None
+    if value == "all":
+        return DEFAULT_SHARE_WRITERS
+    if isinstance(value, str) and value.isdigit() and value.isascii() and 2 <= int(value) <= MAX_WORLD:
+        return int(value)
+    raise ConfigError(f"PADDLE_ACP_REPLICATED_WRITERS={value!r} must be all, one or a whole number of share writers "
+                      f"from 1 to {MAX_WORLD} (all: ranks 0..{DEFAULT_SHARE_WRITERS - 1} each write a share of the "
+                      "replicated tensors; N: ranks 0..N-1; one or 1: rank 0 writes them all)")
+
+
+def _replicated_writers(env: Mapping[str, str]) -> str:
+    given = env.get("PADDLE_ACP_REPLICATED_WRITERS")
+    raw = (given or "").strip().lower()
+    if not raw:
+        return DEFAULT_REPLICATED_WRITERS
+    if raw.isdigit() and raw.isascii():
+        raw = str(int(raw))  # "08" is 8
+        if raw == "1":
+            raw = "one"
+    try:
+        writer_cap(raw)
+    except ConfigError:
+        raise ConfigError(f"PADDLE_ACP_REPLICATED_WRITERS={given!r} must be all, one or a whole number of share "
+                          f"writers from 1 to {MAX_WORLD} (all: ranks 0..{DEFAULT_SHARE_WRITERS - 1} each write a share "
+                          "of the replicated tensors; N: ranks 0..N-1; one or 1: rank 0 writes them all)") from None
+    return raw
+
+
 def _part_timeout(env: Mapping[str, str]) -> float:
     raw = env.get("PADDLE_ACP_PART_TIMEOUT")
     if raw is None or raw.strip() == "":
@@ -323,6 +369,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         world_size=_world_size(env),
         rank_state=_rank_state(env),
         part_timeout=_part_timeout(env),
+        replicated_writers=_replicated_writers(env),
         save_interval=_interval(env),
         max_to_keep=env_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),

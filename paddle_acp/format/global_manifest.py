@@ -29,7 +29,10 @@ from paddle_acp.format.manifest import (
 )
 
 GLOBAL_FORMAT = "paddle-acp/global-checkpoint"
-GLOBAL_VERSION = 3
+GLOBAL_VERSION = 4  # the newest this paddle-acp reads
+SINGLE_WRITER_VERSION = 3  # what it writes when rank 0 writes every replicated tensor (read by older builds)
+SPREAD_VERSION = 4  # what it writes when the ranks write shares of replicated tensors ("writers": "all")
+WRITERS = ("one", "all")
 MODES = ("replicated", "per-rank")
 MAX_PROGRAMS = 1024  # program keys one part may list
 MAX_GLOBAL_SIZE = 16 << 20  # bytes of global.json (a part record is ~200 bytes plus its program keys)
@@ -72,10 +75,20 @@ class GlobalManifest:
     created: float = 0.0
     generation: int = -1
     base: Optional[str] = None  # the checkpoint the writing incarnation resumed from
-    version: int = GLOBAL_VERSION
+    # who wrote the replicated tensors: "one" (rank 0, version 3) or "all" (each rank its share,
+    # format/shares.py; version 4, which older builds refuse as a newer format)
+    writers: str = "one"
+    # "all" only: how many ranks wrote shares, ranks 0..share_writers-1 (the parts from it on hold no
+    # tensors); 0 with writers "one"
+    share_writers: int = 0
+    version: int = 0  # 0: the version ``writers`` calls for
     # the CRC32 of the bytes it was read from (None when built here): what names this copy of
     # the checkpoint; a rank's mark condemns the copy whose global.json has this CRC32
     crc32: Optional[int] = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            self.version = SPREAD_VERSION if self.writers == "all" else SINGLE_WRITER_VERSION
 
     @property
     def number(self) -> int:
@@ -97,6 +110,7 @@ class GlobalManifest:
             "base": self.base,
             "topology": {"world_size": self.world_size, "mode": self.mode},
             "parts": [p.to_json() for p in self.parts],
+            **({"writers": self.writers, "share_writers": self.share_writers} if self.version >= SPREAD_VERSION else {}),
         }
 
     def dumps(self) -> bytes:
@@ -123,8 +137,19 @@ class GlobalManifest:
         if d.get("format") != GLOBAL_FORMAT:
             raise _fail(f"format is {d.get('format')!r}, expected {GLOBAL_FORMAT!r}")
         version = _get(d, "version", int, "global")
-        if version != GLOBAL_VERSION:
-            raise _fail(f"global manifest version {version} is not supported (this paddle-acp reads {GLOBAL_VERSION})")
+        if version not in (SINGLE_WRITER_VERSION, SPREAD_VERSION):
+            raise _fail(f"global manifest version {version} is not supported (this paddle-acp reads "
+                        f"{SINGLE_WRITER_VERSION} and {SPREAD_VERSION})")
+        writers, share_writers = "one", 0
+        if version >= SPREAD_VERSION:
+            writers = _get(d, "writers", str, "global")
+            if writers != "all":
+                raise _fail(f"global.writers {writers[:40]!r} must be 'all' in version {version}")
+            share_writers = _get(d, "share_writers", int, "global")
+        else:
+            for field in ("writers", "share_writers"):
+                if field in d:
+                    raise _fail(f"global.{field} is not a field of version {version}")
         name = _get(d, "name", str, "global")
         pos = _get(d, "position", dict, "global")
         epoch_no = _get(pos, "epoch_no", int, "global.position")
@@ -139,6 +164,10 @@ class GlobalManifest:
             raise _fail(f"world size {world} out of range")
         if mode not in MODES:
             raise _fail(f"mode {mode!r} is not one of {MODES}")
+        if version >= SPREAD_VERSION and mode != "replicated":
+            raise _fail(f"shares of replicated tensors in a {mode} checkpoint")
+        if version >= SPREAD_VERSION and not 1 <= share_writers <= world:
+            raise _fail(f"global.share_writers {share_writers} must be from 1 to the world size {world}")
         raw_parts = _get(d, "parts", list, "global")
         if len(raw_parts) > MAX_WORLD:
             raise _fail(f"global manifest lists {len(raw_parts)} parts (at most {MAX_WORLD})")
@@ -158,7 +187,7 @@ class GlobalManifest:
         return cls(
             name=name, range_name=range_name, epoch_no=epoch_no, step=step,
             world_size=world, mode=mode, parts=parts, created=float(created),
-            generation=generation, base=base, version=version, crc32=zlib.crc32(raw) & 0xFFFFFFFF,
+            generation=generation, base=base, writers=writers, share_writers=share_writers, version=version, crc32=zlib.crc32(raw) & 0xFFFFFFFF,
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -124,6 +124,15 @@ class FileSource:
 Source = Union[MemorySource, FileSource]
 
 
+class TensorSource(Protocol):
+    """What a LoadedCheckpoint reads its verified tensors from (a source above, or the shares of
+    a spread checkpoint, :class:`paddle_acp.format.shares.SharesSource`)."""
+
+    def read(self, key: str, rec: TensorRecord) -> np.ndarray: ...
+    def read_into(self, items: Sequence[ReadItem]) -> None: ...
+    def close(self) -> None: ...
+
+
 class _PendingArrays(MutableMapping[Key, np.ndarray]):
     """``(program key, tensor name) -> array`` over the tensors not yet handed out; reads on access."""
 
@@ -156,7 +165,7 @@ class LoadedCheckpoint:
     out the data file (or image) is released.
     """
 
-    def __init__(self, path: str, manifest: Manifest, source: Source):
+    def __init__(self, path: str, manifest: Manifest, source: TensorSource):
         self.path = path
         self.manifest = manifest
         self._source = source

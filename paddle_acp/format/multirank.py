@@ -20,9 +20,10 @@ fingerprints). Until then nothing of the checkpoint is visible; a part that
 does not come abandons it. Restore picks the newest checkpoint whose global
 manifest verifies and carries no mark; each rank then reads, verifies against the
 global manifest's records and loads only the parts it uses (its own; replicated
-mode: rank 0's tensors, its own RNG and loader), so a rank's restore costs the same
-storage calls at any world size. A rank that rejects a part marks the copy bad and
-stops, never falls back alone (:mod:`.verdict`); the operator tools check every part.
+mode: rank 0's tensors, or the share writers' shares of them when the ranks spread
+the writes, :mod:`.shares`; its own RNG and loader), so a rank's restore costs the
+same storage calls at any world size. A rank that rejects a part marks the copy bad
+and stops, never falls back alone (:mod:`.verdict`); the operator tools check every part.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import zlib
 from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
-from paddle_acp.format import atomic, index, reader, verdict
+from paddle_acp.format import atomic, index, reader, shares, verdict
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, describe_topology
@@ -122,27 +123,23 @@ class GlobalReader:
         operator tools read (a rank's restore reads only the parts it loads, :meth:`load`)."""
         g = self.read_global(name)
         verdict.check_marks(self.storage, f"{self.dir}/{name}", g)
-        return g, {p.rank: self.check_part_record(name, g, p.rank) for p in g.parts}
+        raws = {p.rank: self.check_part_record(name, g, p.rank) for p in g.parts}
+        self.check_shares(name, g, raws)
+        return g, raws
+
+    def check_shares(self, name: str, g: GlobalManifest, raws: Dict[int, bytes]) -> None:
+        """A spread checkpoint (:mod:`.shares`): the parts in ``raws`` (every part, or at least the share
+        writers' ones a restore reads) are one state, as the global manifest records. CorruptCheckpointError."""
+        if g.writers != shares.WRITERS_ALL:
+            return
+        where = f"{self.dir}/{name}/{GLOBAL_NAME}"
+        share = shares.check_cover({k: Manifest.loads(r) for k, r in raws.items()}, where,
+                                   complete=len(raws) == g.world_size)
+        if share["share_writers"] != g.share_writers:
+            raise CorruptCheckpointError(f"{where} records {g.share_writers} share writers, its parts "
+                                         f"{share['share_writers']}")
 
     def check_part_record(self, name: str, g: GlobalManifest, rank: int, data: bool = True) -> bytes:
-        """Part ``rank``'s manifest bytes, verified against the global manifest's record of it:
-        CRC32 and size, validity, its position, range and data size, the part's own record of its
-        rank, world size and mode (:func:`verdict.check_part`: CheckpointError); with ``data``,
-        the data file's size too. CorruptCheckpointError otherwise (UnknownFormatError: newer format)."""
-        p = g.parts[rank]
-        pdir = self.part_dir(name, rank)
-        path = f"{pdir}/{MANIFEST_NAME}"
-        try:
-            raw = self.storage.read_bytes(path, limit=p.manifest_size)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path} is missing") from None
-        if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
-            raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
-        m = Manifest.loads(raw)
-        if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
-            raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
-        verdict.check_part(f"{self.dir}/{name}", g, rank, m)
-        if data:
             try:
                 size = self.storage.size(f"{pdir}/{DATA_NAME}")
             except FileNotFoundError:
@@ -242,6 +239,8 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         gen = self._ck.generation
         snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                               "generation": -1 if gen is None else gen}
+        if snap.share is not None:  # this part holds its share of the replicated tensors (format/shares.py)
+            snap.extra["part"]["share"] = snap.share
         pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy,
                                  generation=gen)
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
@@ -384,18 +383,23 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
                                           "carry over to another world size")
         # only the parts this rank loads (its own: RNG, loader; the one whose tensors it takes), each
         # verified against the global manifest's record: a rank's restore costs the same at any world size
-        raws = {k: self._own_verdict(name, g, k) for k in sorted({src} | ({own} if own is not None else set()))}
+        loads = set(range(g.share_writers)) if g.writers == shares.WRITERS_ALL else {src}
+        raws = {k: self._own_verdict(name, g, k) for k in sorted(loads | ({own} if own is not None else set()))}
+        if g.writers == shares.WRITERS_ALL:  # the shares this rank reads are one state
+            try:
+                self.check_shares(name, g, raws)
+            except CorruptCheckpointError as exc:
+                if self.world_size > 1:
+                    raise verdict.rejected(self.rank, base, g, "the shares", exc, self.storage) from exc
+                raise
         own_m = Manifest.loads(raws[own]) if own is not None else Manifest.loads(raws[0])
         if own is None:
             logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",
                            self.rank, name, g.world_size)
-        cached = self.cache.load(name, g.number, raws[src], src) if self.cache is not None else None
-        try:
-            loaded = cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
-        except CorruptCheckpointError as exc:
-            if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
-                raise verdict.rejected(self.rank, base, g, self._whose(src), exc, self.storage) from exc
-            raise
+        if g.writers == shares.WRITERS_ALL:  # every share of the replicated tensors, read in parallel
+            loaded = self._load_shares(g, base, raws, own)
+        else:
+            loaded = self._load_part(g, base, raws, src)
         m = loaded.manifest
         loaded.manifest = dataclasses.replace(m, rng=own_m.rng, extra=own_m.extra)
         loaded.path = base
@@ -424,6 +428,31 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             if self.world_size > 1:
                 raise verdict.rejected(self.rank, f"{self.dir}/{name}", g, self._whose(rank), exc, self.storage) from exc
             raise
+
+    def _load_part(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], src: int) -> LoadedCheckpoint:
+        """Rank ``src``'s part, verified (the node-local copy when it is these very bytes)."""
+        cached = self.cache.load(g.name, g.number, raws[src], src) if self.cache is not None else None
+        try:
+            return cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
+        except CorruptCheckpointError as exc:
+            if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
+                raise verdict.rejected(self.rank, base, g, self._whose(src), exc, self.storage) from exc
+            raise
+
+    def _load_shares(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], own: Optional[int]) -> LoadedCheckpoint:
+        """A spread checkpoint: the share of every share writer (ranks 0..g.share_writers-1; the other parts
+        hold no tensors) verified (in parallel) and joined (:mod:`.shares`). A share that fails on this rank
+        goes through the bad mark like its own part would."""
+        try:
+            parts = shares.load_all(lambda k: self._load_part(g, base, raws, k) if k == self.rank
+                                    else self._ck.load(g.number, f"{base}/{rank_part(k)}", raws[k]),
+                                    list(range(g.share_writers)))
+        except shares.ShareFailed as failed:
+            exc = failed.error
+            if isinstance(exc, CorruptCheckpointError) and self.world_size > 1 and failed.rank != self.rank:
+                raise verdict.rejected(self.rank, base, g, f"rank {failed.rank}'s share", exc, self.storage) from exc
+            raise exc from None
+        return shares.merge(parts, own if own in parts else 0, base)  # RNG and extra: ``own``'s (load_global)
 
     def resume_from(self, loaded: Optional[LoadedCheckpoint]) -> None:
         """This incarnation resumes from ``loaded`` (None: from scratch): its parts are tagged with

@@ -15,7 +15,7 @@ import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format import verdict
+from paddle_acp.format import shares, verdict
 from paddle_acp.format.atomic import CommitStrategy
 from paddle_acp.format.fencing import Fence, newest_generation
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
@@ -136,6 +136,12 @@ class PartCommitMixin:
                 return False
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
+        try:  # spread writes: the parts' shares must cover the state exactly (format/shares.py)
+            writers, share_writers = shares.commit_writers(snap.share, {k: parts[k][1] for k in parts}, f"{self.dir}/{name}")
+        except CorruptCheckpointError as exc:
+            logger.error("range %s: checkpoint %s abandoned: %s; it stays invisible and training goes on",
+                         self.range_name, name, exc)
+            return False
         records = []
         for k in range(self.world_size):
             raw, m = parts[k]
@@ -143,7 +149,8 @@ class PartCommitMixin:
         g = GlobalManifest(
             name=name, range_name=self.range_name, epoch_no=snap.range.epoch_no, step=snap.range.step,
             world_size=self.world_size, mode=mode, parts=records, created=time.time(),
-            generation=self.fence.generation if self.fence is not None else -1, base=self.base,
+            generation=self.fence.generation if self.fence is not None else -1, base=self.base, writers=writers,
+            share_writers=share_writers,
         )
         if self.fence is not None:  # a fenced writer removes no verdict either
             self.fence.check(f"commit checkpoint {name}")

@@ -49,6 +49,7 @@ class Snapshot:
     image: Optional[np.ndarray] = None  # the file's bytes, tensors already laid out in it
     data_size: int = -1  # set by layout()
     mode: Optional[str] = None  # several ranks: "replicated" or "per-rank"
+    share: Optional[Dict[str, Any]] = None  # several ranks, spread writes: this part's share record (format/shares.py)
     part_wait: Optional[float] = None  # several ranks: rank 0's wait for the parts (None: the configured timeout)
     stall_seconds: float = 0.0  # training-thread time spent taking the snapshot
     waited_seconds: float = 0.0  # of which waiting for the previous save

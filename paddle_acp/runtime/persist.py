@@ -18,15 +18,17 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.fleet import decide_mode
+from paddle_acp.config import writer_cap
 from paddle_acp.errors import AcpError, StorageError
+from paddle_acp.format import shares
 from paddle_acp.format.arena import Arena
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import FencedError
 from paddle_acp.format.layout import layout
-from paddle_acp.format.manifest import RangeRecord
+from paddle_acp.format.manifest import RangeRecord, align
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, copy_into
+from paddle_acp.format.snapshot import Snapshot, copy_into
 from paddle_acp.format.stream import ChunkStream, chunk_size
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime.agree import Agreement, agreed_action
@@ -133,15 +135,22 @@ class PersistMixin:
         import paddle
 
         self._join_arena()
-        programs = [e.views() for e in self.registry.entries]
         mode = None
+        share = None
+        only = None  # the (program key, name) of the tensors this rank writes; None: all
         if self.multi:
             mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
             if mode != self._mode_logged:
                 logger.info("range %s: rank %d of %d saves %s state (%s)", self.name, self.rank, self.cfg.world_size, mode, why)
                 self._mode_logged = mode
-            if mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
-                programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in programs]
+            if self._spread(mode):  # the share writers each write a share of the replicated tensors,
+                # chosen from metadata: views of (on a GPU, host copies of) the share alone
+                items = [i for e in self.registry.entries for i in e.items()]
+                only = shares.owned(items, self.rank, self._share_writers())
+                share = shares.record(items, self._share_writers())
+            elif mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
+                only = set()
+        programs = [e.views(only) for e in self.registry.entries]
         size = layout(programs)
         image = None
         buffer = 0
@@ -170,6 +179,7 @@ class PersistMixin:
             ir="+".join(irs),
             extra=extra,
             mode=mode,
+            share=share,
             part_wait=PREEMPT_PART_WAIT if preempt else None,
             buffer=buffer,
             durable=sync or final,
@@ -396,8 +406,20 @@ class PersistMixin:
 
 
     def _follower(self) -> bool:
-        """A rank other than 0 whose tensors are replicated: its part holds no tensors."""
-        return self.multi and self.rank != 0 and decide_mode(self.cfg.rank_state, self.registry.entries)[0] == "replicated"
+        """A rank other than 0 whose tensors are replicated and written by other ranks (rank 0, or the
+        share writers when this rank is not one of them): its part holds no tensors."""
+        if not self.multi or self.rank == 0 or decide_mode(self.cfg.rank_state, self.registry.entries)[0] != "replicated":
+            return False
+        return writer_cap(self.cfg.replicated_writers) is None or self.rank >= self._share_writers()
+
+    def _spread(self, mode: Optional[str]) -> bool:
+        """The ranks write shares of the replicated state (PADDLE_ACP_REPLICATED_WRITERS=all or N, format/shares.py)."""
+        return self.multi and mode == "replicated" and writer_cap(self.cfg.replicated_writers) is not None
+
+    def _share_writers(self) -> int:
+        """Spread writes: how many ranks write shares (ranks 0..n-1)."""
+        cap = writer_cap(self.cfg.replicated_writers)
+        return shares.share_writers(self.gcheckpointer.world_size, cap if cap is not None else 1)
 
 
     def _prepare_arena(self) -> None:
@@ -406,6 +428,10 @@ class PersistMixin:
         if self._closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io) or self._follower():
             return
         size = sum(e.nbytes() for e in self.registry.entries)  # metadata only: nothing is copied
+        if self._spread(decide_mode(self.cfg.rank_state, self.registry.entries)[0]):  # this rank's share of it
+            items = [i for e in self.registry.entries for i in e.items()]
+            mine = shares.owned(items, self.rank, self._share_writers())
+            size = sum(align(i[4]) for i in items if (i[0], i[1]) in mine)
         self._state_size = size
         if self._budget is None:  # decided once, at the first registration
             self._budget = host_budget.decide(self.cfg.host_memory)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Any, Dict, List, Optional, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Tuple
 
 from paddle_acp.adapter.programs import ProgramInfo, lr_scheduler_of
-from paddle_acp.adapter.tensors import find_tensor, layout_size, tensor_meta, tensor_views, write_program
+from paddle_acp.adapter.tensors import find_tensor, layout_size, tensor_items, tensor_meta, tensor_views, write_program
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.snapshot import ProgramSnapshot
 
@@ -46,9 +46,12 @@ class ProgramEntry:
         self.scope = scope
         self.place = place
 
-    def views(self) -> ProgramSnapshot:
-        """The program's state as zero-copy views; copy them before Paddle runs again."""
-        tensors = tensor_views(self.scope, self.info.persistables)
+    def views(self, only: Optional[AbstractSet[Tuple[str, str]]] = None) -> ProgramSnapshot:
+        """The program's state as zero-copy views; copy them before Paddle runs again. ``only``: the
+        (program key, name) of the tensors to take (a rank's share of replicated state), None: all;
+        the others are not touched (on an accelerator: not copied to the host)."""
+        names = [n for n in self.info.persistables if only is None or (self.key, n) in only]
+        tensors = tensor_views(self.scope, names)
         sched: Any = lr_scheduler_of(self.program)
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)
@@ -57,6 +60,11 @@ class ProgramEntry:
         """The bytes this program's state takes in a checkpoint's data file, from the tensors'
         metadata alone (no copy: on an accelerator a copy is a device-to-host transfer)."""
         return layout_size(self.scope, self.info.persistables)
+
+    def items(self) -> List[Tuple[str, str, str, Tuple[int, ...], int]]:
+        """(program key, name, dtype, shape, bytes) of the tensors :meth:`views` would take, from their
+        metadata alone: what the split of replicated state into shares needs (format/shares.py)."""
+        return [(self.key, n, d, s, b) for n, d, s, b in tensor_items(self.scope, self.info.persistables)]
 
     def check_checkpoint(self, rec, where: str) -> None:
         """Raise CheckpointError unless program record ``rec`` restores this program exactly:

@@ -13,12 +13,13 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
+from paddle_acp.format import reader, shares
 from paddle_acp.format.manifest import Manifest, ProgramRecord
 from paddle_acp.tools.discovery import ToolError, short_reason
 from paddle_acp.tools.inspect import add_ref_args
 from paddle_acp.tools.kinds import export_split, program_ir
 from paddle_acp.tools.reading import read_checkpoint
-from paddle_acp.tools.refs import CkptRef, load_manifest, resolve_checkpoint
+from paddle_acp.tools.refs import CkptRef, load_manifest, read_part, resolve_checkpoint
 from paddle_acp.tools.render import emit, emit_json, human_bytes, table
 
 
@@ -59,11 +60,30 @@ def write_pickle(path: str, obj: Any) -> int:
     return os.path.getsize(path)
 
 
+def spread_parts(ref: CkptRef) -> Optional[Dict[int, Manifest]]:
+    """Every part's manifest of a checkpoint whose ranks wrote shares of the replicated tensors, else None."""
+    if not ref.multirank:
+        return None
+    try:
+        g, raws = read_part(ref)  # the shares checked to cover the state exactly
+        if g.writers != shares.WRITERS_ALL:
+            return None
+        return {k: reader.read_manifest(ref.storage, f"{ref.path}/rank-{k}", g.number, ref.range, raw)
+                for k, raw in raws.items()}
+    except CorruptCheckpointError as exc:
+        raise ToolError(f"cannot read checkpoint {ref.uri}: {short_reason(exc, ref.path)}") from exc
+    except StorageError as exc:
+        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
+
+
 def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Optional[str] = None,
            number: Optional[int] = None, program: Optional[str] = None, name: str = "model",
            optimizer_state: bool = False, rank: Optional[int] = None) -> ExportResult:
     ref = resolve_checkpoint(checkpoint, job, range_name, number, rank)
     m = load_manifest(ref)
+    spread = spread_parts(ref)
+    if spread is not None:  # every share's tensors (format/shares.py), the manifest of ``ref``'s rank
+        m = dataclasses.replace(m, programs=shares.merged_programs(spread, ref.rank))
     prog = pick_program(m, program, ref)
     ir = program_ir(prog.label, m.ir)
     split = export_split([t.name for t in prog.tensors], ir)
@@ -71,8 +91,16 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
         raise ToolError(f"--name {name!r} must be a plain file name prefix")
     want = {(prog.key, t.name) for t in prog.tensors if optimizer_state or split[t.name] == "pdparams"}
     try:
-        _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting",
-                                    base=ref.part_path)
+        if spread is None:
+            _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting",
+                                        base=ref.part_path)
+        else:
+            arrays = {}
+            for k, part in sorted(spread.items()):
+                theirs = {(p.key, t.name) for p in part.programs for t in p.tensors} & want
+                if theirs:
+                    arrays.update(read_checkpoint(ref.storage, ref.job, ref.range, ref.number, theirs,
+                                                  verb="exporting", base=f"{ref.path}/rank-{k}")[1])
     except CorruptCheckpointError as exc:
         raise ToolError(f"cannot export checkpoint {ref.uri}: it is corrupt ({short_reason(exc, ref.path)})") from exc
     except StorageError as exc:

@@ -40,6 +40,9 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
     if ref.multirank:
         g, raws = read_part(ref)
         part = {"rank": ref.rank, "ranks": sorted(raws), "world_size": g.world_size, "mode": g.mode}
+        if g.writers == "all":  # the part holds its rank's share of the replicated tensors
+            part["writers"] = g.writers
+            part["share_writers"] = g.share_writers
     data_size = None
     try:
         data_size = ref.storage.size(f"{ref.part_path}/{DATA_NAME}")
@@ -113,6 +116,13 @@ def _part_rows(res: InspectResult) -> List[Tuple[str, str]]:
     p = res.part
     others = [r for r in p["ranks"] if r != p["rank"]]
     more = f"; --rank {others[0]} shows another" if others else ""
+    if p.get("writers") == "all":  # spread writes (format/shares.py): each part holds a share of the tensors
+        n = p.get("share_writers", p["world_size"])
+        who = "each rank writes a share of the tensors" if n == p["world_size"] else \
+            f"ranks 0..{n - 1} each write a share of the tensors"
+        what = "its share" if p["rank"] < n else "no tensors (not a share writer)"
+        return [("written by", f"{p['world_size']} ranks ({p['mode']}, {who}); "
+                               f"this is the part of rank {p['rank']}, {what}{more}")]
     return [("written by", f"{p['world_size']} ranks ({p['mode']}); this is the part of rank {p['rank']}{more}")]
 
 
