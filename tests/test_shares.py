@@ -280,6 +280,17 @@ def test_a_missing_or_swapped_share_is_seen_alike_by_every_rank(tmp_path):
     os.rename(a, a.with_name("tmp"))
     os.rename(b, a)
     os.rename(a.with_name("tmp"), b)
+    # a share every rank reads is missing (ckpt-e2), and parts are swapped (ckpt-e1): a rank that rejects data
+    # marks the copy and stops, never falls back alone; each restart skips the marked copies on every rank alike
+    # (the ranks load one after another here, so a later rank may already see an earlier rank's mark)
+    with pytest.raises(RestartRequiredError, match="ckpt-e2"):
+        load_newest(v2(tmp_path), gck(tmp_path, 0, 3), None)
+    for _restart in range(2):
+        for r in range(3):
+            try:
+                load_newest(v2(tmp_path), gck(tmp_path, r, 3), None).close()
+            except RestartRequiredError as exc:
+                assert "ckpt-e1" in str(exc) or "ckpt-e2" in str(exc)
     for r in range(3):
         loaded = load_newest(v2(tmp_path), gck(tmp_path, r, 3), None)
         assert loaded.global_manifest.name == "ckpt-e0"

@@ -140,6 +140,24 @@ class GlobalReader:
                                          f"{share['share_writers']}")
 
     def check_part_record(self, name: str, g: GlobalManifest, rank: int, data: bool = True) -> bytes:
+        """Part ``rank``'s manifest bytes, verified against the global manifest's record of it:
+        CRC32 and size, validity, its position, range and data size, the part's own record of its
+        rank, world size and mode (:func:`verdict.check_part`: CheckpointError); with ``data``,
+        the data file's size too. CorruptCheckpointError otherwise (UnknownFormatError: newer format)."""
+        p = g.parts[rank]
+        pdir = self.part_dir(name, rank)
+        path = f"{pdir}/{MANIFEST_NAME}"
+        try:
+            raw = self.storage.read_bytes(path, limit=p.manifest_size)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{path} is missing") from None
+        if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
+            raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
+        m = Manifest.loads(raw)
+        if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
+            raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
+        verdict.check_part(f"{self.dir}/{name}", g, rank, m)
+        if data:
             try:
                 size = self.storage.size(f"{pdir}/{DATA_NAME}")
             except FileNotFoundError:
