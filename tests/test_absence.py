@@ -109,6 +109,7 @@ def test_a_rank_that_declares_itself_absent_abandons_the_position_at_once(tmp_pa
     res = gck(tmp_path, 0, timeout=120, fence=fences[0]).save(snapshot(0, 1), "per-rank")
     assert res.committed is False and time.monotonic() - t0 < 20
     assert not (tmp_path / RDIR / "ckpt-e1" / GLOBAL_NAME).exists()
+    assert not (tmp_path / RDIR / "ckpt-e1" / "rank-0").exists()  # rank 0's own part goes at once
     lines = [r.getMessage() for r in caplog.records if "abandoned at once" in r.getMessage()]
     assert len(lines) == 1 and "rank 1 has no part (disk full at /x)" in lines[0], lines
     # the next position commits, and retention removes the abandoned one with its absence

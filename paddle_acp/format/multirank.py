@@ -281,6 +281,11 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
                 self.apply_retention()
             except (StorageError, CheckpointError) as exc:
                 logger.warning("retention after checkpoint %s failed: %s", name, exc)
+        elif not ticket.cancel.is_set():  # abandoned: its own part goes now (the others' at the next commit)
+            try:
+                self._remove_own(name)
+            except (StorageError, CheckpointError) as exc:
+                logger.debug("could not remove rank 0's part of abandoned checkpoint %s: %s", name, exc)
         return committed
 
     def _remove_own(self, name: str) -> None:
