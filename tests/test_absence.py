@@ -239,3 +239,16 @@ def test_the_tools_and_retention_take_absences_with_their_position(tmp_path):
     assert sorted(os.listdir(tmp_path / RDIR)) == ["ckpt-e2"], os.listdir(tmp_path / RDIR)
     delete_checkpoint(st_, f"{RDIR}/ckpt-e2")
     assert os.listdir(tmp_path / RDIR) == []
+
+
+def test_a_preemption_signal_brings_pending_deadlines_forward(tmp_path, monkeypatch):
+    """SIGTERM (a preemption) while rank 0 waits up to 300 s for a part: it waits at most a preemption save's wait."""
+    from paddle_acp.runtime import interrupt
+
+    g0 = gck(tmp_path, 0, timeout=300)
+    interrupt.watch(g0.committer)
+    r = g0.save(snapshot(0, 0), "per-rank", wait=False)
+    t0 = time.monotonic()
+    monkeypatch.setattr(interrupt, "PREEMPT_PART_WAIT", 0.5)
+    interrupt.preempted()
+    assert r.pending.wait() is False and time.monotonic() - t0 < 10

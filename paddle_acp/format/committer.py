@@ -90,7 +90,7 @@ class Committer:
 
     def __init__(self, name: str = "paddle-acp-committer") -> None:
         self._name = name
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # also taken by signal handlers (cancel, hurry) on the main thread
         self._queue: Deque[PendingCommit] = collections.deque()
         self._current: Optional[PendingCommit] = None
         self._thread: Optional[threading.Thread] = None
@@ -135,6 +135,13 @@ class Committer:
                 p.cancel_reason = reason
                 p.cancel.set()
         return len(pending)
+
+    def hurry(self, seconds: float) -> None:
+        """Bring every pending commit's deadline to at most ``seconds`` from now (a preemption signal came)."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            for p in self._pending():
+                p.deadline = min(p.deadline, deadline)
 
     def wait_all(self) -> None:
         """Block until every commit handed over is decided (each is bounded by its deadline)."""

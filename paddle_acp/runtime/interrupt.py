@@ -6,7 +6,9 @@ not a daemon: a normal exit lets them finish). A SIGINT must not leave the proce
 main thread and only where SIGINT raises KeyboardInterrupt (Python's default handler), a handler
 that cancels every watched committer's commits (each is abandoned, never half-committed; the last
 committed checkpoint stays intact) and then calls Python's handler, which raises KeyboardInterrupt
-as before. A handler the script installed itself is left alone.
+as before. A handler the script installed itself is left alone. A preemption signal (SIGTERM, routed
+to :mod:`~paddle_acp.runtime.preemption`) brings the pending commits' deadlines forward to a
+preemption save's wait (:func:`preempted`): the launcher is stopping the job.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import weakref
 from typing import Any
 
 from paddle_acp.format.committer import Committer
+from paddle_acp.format.multirank import PREEMPT_PART_WAIT
 
 logger = logging.getLogger("paddle_acp")
 
@@ -42,3 +45,9 @@ def watch(committer: Committer) -> None:
             signal.signal(signal.SIGINT, _on_sigint)
     except (ValueError, OSError) as exc:  # not the main interpreter, or no signals here
         logger.debug("could not watch SIGINT: %s", exc)
+
+
+def preempted() -> None:
+    """A preemption signal came (called in its handler): pending commits wait at most a preemption save's wait."""
+    for c in list(_committers):
+        c.hurry(PREEMPT_PART_WAIT)

@@ -27,7 +27,7 @@ from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
-from paddle_acp.runtime import preemption
+from paddle_acp.runtime import interrupt, preemption
 from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import PersistMixin
@@ -132,7 +132,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
         self.exit_on_preempt = _config.exit_on_preempt_from_env()
-        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point)
+        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point,
+                                                    interrupt.preempted)
         # Several ranks must take the same checkpoints, and they do not decide together yet
         # (busy_action is the one place such a decision would go): they wait.
         self.busy_policy = WAIT if self.multi else cfg.busy_policy
