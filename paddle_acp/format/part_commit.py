@@ -197,6 +197,8 @@ class PartCommitMixin:
             if ticket is not None:
                 deadline = ticket.deadline
             if gave_up or cancelled or time.monotonic() >= deadline:
+                if not cancelled:  # a rank that rejected the base sends no part: say that, not a timeout
+                    self.check_base()
                 why = (f"rank(s) {gave_up} already wrote a later checkpoint" if gave_up else
                        f"cancelled: {ticket.cancel_reason}" if cancelled and ticket is not None else
                        f"no part within {timeout:g} s" + (" (PADDLE_ACP_PART_TIMEOUT)" if timeout == self.part_timeout
