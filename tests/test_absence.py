@@ -131,6 +131,9 @@ def test_a_stale_absence_never_abandons_a_new_checkpoint(tmp_path):
     res = {}
     t = threading.Thread(target=lambda: res.setdefault(0, gck(tmp_path, 0, fence=f0).save(snapshot(0, 0), "per-rank")))
     t.start()
+    deadline = time.monotonic() + 60
+    while not (ck / "rank-0" / "manifest.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # rank 0's part is written: its commit polls from now on
     time.sleep(0.5)
     assert t.is_alive(), "the stale absence abandoned the checkpoint"
     (ck / "absent-rank-1").write_bytes(other_base.dumps())
