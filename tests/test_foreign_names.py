@@ -59,11 +59,11 @@ def test_a_foreign_generation_name_fences_no_writer(tmp_path):
 NAMES = st.one_of(
     st.text(max_size=24),
     st.builds(lambda p, d, t: p + d + t,
-              st.sampled_from(["ckpt-", "ckpt-e", "rank-", "bad-rank-", "gen-", "ckpt-e1-s"]),
+              st.sampled_from(["ckpt-", "ckpt-e", "rank-", "bad-rank-", "absent-rank-", "gen-", "ckpt-e1-s"]),
               st.text(st.characters(whitelist_categories=("Nd",)), min_size=1, max_size=16),
               st.sampled_from(["", "\n", " ", "-s0", "-s00", ".tmp-ab12", "\x00"])),
     st.builds(lambda p, n, t: p + n + t,
-              st.sampled_from(["ckpt-", "ckpt-e", "rank-", "bad-rank-", "gen-", "ckpt-e3-s"]),
+              st.sampled_from(["ckpt-", "ckpt-e", "rank-", "bad-rank-", "absent-rank-", "gen-", "ckpt-e3-s"]),
               st.integers(0, 10**16).map(str), st.sampled_from(["", "\n", "-s7", ".tmp-0f"])),
 )
 
@@ -86,6 +86,9 @@ def test_any_name_that_parses_re_renders_to_itself(name):
     bad = layout.parse_bad_mark(name)
     if bad is not None:
         assert layout.bad_mark(*bad) == name
+    absent = layout.parse_absent_mark(name)
+    if absent is not None:
+        assert layout.absent_mark(absent) == name
     for regex, render in ((layout.PART_RE, layout.rank_part), (fencing._GEN_RE, lambda k: f"gen-{k}")):
         for m in (regex.match(name), regex.fullmatch(name)):
             if m is not None:

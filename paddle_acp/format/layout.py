@@ -10,6 +10,8 @@ Under the storage root::
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/global.json          its global manifest: the commit
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/bad-rank-{k}-{crc}   rank k rejected the data of the copy whose
                                                                  global.json has CRC32 {crc} (8 hex digits)
+    {job_id}/range/{range}/ckpt-e{E}[-s{S}]/absent-rank-{k}      rank k could not write (or does not take) its
+                                                                 part of this position (:mod:`.absence`)
 
 Names are parsed strictly (canonical decimal, ASCII digits, bounded lengths): anything
 else under a checkpoint's name is foreign and never read or deleted. Inside
@@ -25,8 +27,8 @@ from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, align
 from paddle_acp.format.snapshot import ProgramSnapshot
 
 __all__ = [
-    "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "bad_mark", "final_name", "layout",
-    "parse_bad_mark", "parse_final", "parse_name", "parse_tmp", "position_key", "position_name", "position_number",
+    "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "absent_mark", "bad_mark", "final_name", "layout",
+    "parse_absent_mark", "parse_bad_mark", "parse_final", "parse_name", "parse_tmp", "position_key", "position_name", "position_number",
     "range_dir", "rank_part", "tmp_name",
 ]
 
@@ -54,6 +56,8 @@ PART_RE = re.compile(r"\Arank-" + _RANK + r"\Z", re.ASCII)
 PART_TMP_RE = re.compile(r"\Arank-" + _RANK + _TMP + r"\Z", re.ASCII)
 # a rank's verdict on one copy of a checkpoint of several ranks: its rank, the CRC32 of the global.json it judged
 BAD_RE = re.compile(r"\Abad-rank-" + _RANK + r"-([0-9a-f]{8})\Z", re.ASCII)
+# a rank's word that it has no part at this position (its save failed, or it does not take it)
+ABSENT_RE = re.compile(r"\Aabsent-rank-" + _RANK + r"\Z", re.ASCII)
 NO_STEP = (1 << 32) - 1
 
 
@@ -141,6 +145,19 @@ def parse_bad_mark(name: str) -> Optional[Tuple[int, int]]:
     (strict: canonical decimal rank, exactly 8 lowercase hex digits; anything else is foreign)."""
     m = BAD_RE.fullmatch(name)
     return (int(m.group(1)), int(m.group(2), 16)) if m else None
+
+
+def absent_mark(rank: int) -> str:
+    """The name of rank ``rank``'s word that it has no part at a position: ``absent-rank-<k>``."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 10**6:
+        raise ValueError(f"no absence name for rank {rank!r}")
+    return f"absent-rank-{rank}"
+
+
+def parse_absent_mark(name: str) -> Optional[int]:
+    """The rank of an absence's name ``absent-rank-<k>``, or None (strict, like every name here)."""
+    m = ABSENT_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 # -- inside tensors.bin ------------------------------------------------------------------

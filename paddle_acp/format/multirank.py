@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import zlib
 from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
-from paddle_acp.format import atomic, index, reader, shares, verdict
+from paddle_acp.format import absence, atomic, index, reader, shares, verdict
 from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.committer import Committer, PendingCommit
 from paddle_acp.format.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, describe_topology
 from paddle_acp.format.layout import (
@@ -45,6 +45,7 @@ from paddle_acp.format.layout import (
     MANIFEST_NAME,
     PART_RE,
     PART_TMP_RE,
+    parse_absent_mark,
     parse_name,
     position_key,
     position_name,
@@ -85,8 +86,9 @@ class GlobalEntry:
 class SaveResult:
     name: str
     nbytes: int
-    committed: Optional[bool]  # None: not rank 0 (only wrote its part); False: abandoned
+    committed: Optional[bool]  # None: not rank 0 (only wrote its part) or not decided yet; False: abandoned
     waited: float = 0.0
+    pending: Optional[PendingCommit] = None  # rank 0: its commit (decided on the committer's thread)
 
 
 class GlobalReader:
@@ -195,6 +197,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self.cache: Optional["RangeCache"] = None
         self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows
         self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
+        self.committer = Committer()  # rank 0: the commits, off the saver's thread
 
     @property
     def fence(self) -> Optional[Fence]:
@@ -240,17 +243,41 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
 
     # -- writing ---------------------------------------------------------------
-    def save(self, snap: Snapshot, mode: str) -> SaveResult:
-        """Write this rank's part; on rank 0 also wait for the others' and commit globally."""
+    def save(self, snap: Snapshot, mode: str, wait: bool = True) -> SaveResult:
+        """Write this rank's part; on rank 0 also hand the commit (wait for the others' parts, commit
+        globally, retention) to the committer's thread, and with ``wait`` wait for its outcome
+        (``SaveResult.pending`` otherwise). A rank whose part cannot be written says so on storage
+        (:meth:`declare_absent`), so that rank 0 abandons the position at once."""
         name = position_name(snap.range.epoch_no, snap.range.step)
+        if self.fence is not None and self.fence.fenced_by is not None:
+            self.fence.check(f"write checkpoint {name}")  # fenced for good
+        try:
+            nbytes = self._write_part(name, snap, mode)
+        except FencedError:
+            raise  # a newer process of this rank speaks for it
+        except Exception as exc:
+            self.declare_absent(name, f"its part could not be written: {type(exc).__name__}: {exc}")
+            raise
+        if nbytes is None:
+            return SaveResult(name, 0, True)
+        if self.rank != 0:
+            return SaveResult(name, nbytes, None)
+        timeout = self.part_timeout if snap.part_wait is None else min(snap.part_wait, self.part_timeout)
+        epoch_no, step = snap.range.epoch_no, snap.range.step
+        pending = self.committer.submit(name, timeout, lambda t: self._commit_and_retain(name, epoch_no, step, mode, timeout, t))
+        if not wait:
+            return SaveResult(name, nbytes, None, pending=pending)
+        committed = pending.wait()
+        return SaveResult(name, nbytes, committed, pending.waited, pending)
+
+    def _write_part(self, name: str, snap: Snapshot, mode: str) -> Optional[int]:
+        """Write this rank's part of position ``name``; its size, or None when the position is committed already."""
         number = position_number(snap.range.epoch_no, snap.range.step)
         ckdir = f"{self.dir}/{name}"
         st = self.storage
-        if self.fence is not None and self.fence.fenced_by is not None:
-            self.fence.check(f"write checkpoint {name}")  # fenced for good
         if st.exists(f"{ckdir}/{GLOBAL_NAME}"):
             logger.info("range %s: checkpoint %s is already committed; not written again", self.range_name, name)
-            return SaveResult(name, 0, True)
+            return None
         st.makedirs(ckdir)
         self._remove_own(name)
         snap.extra = dict(snap.extra)
@@ -276,17 +303,31 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             raise
         if copy is not None and snap.manifest is not None:  # the part is committed on the remote; restore
             copy.commit(name, snap.manifest)  # uses the copy only once the global manifest names these bytes
-        if self.rank != 0:
-            return SaveResult(name, nbytes, None)
-        t0 = time.monotonic()
-        committed = self._commit(name, snap, mode, self.part_timeout if snap.part_wait is None else min(snap.part_wait, self.part_timeout))
-        res = SaveResult(name, nbytes, committed, time.monotonic() - t0)
+        return nbytes
+
+    def declare_absent(self, name: str, reason: str) -> Optional[str]:
+        """Say on storage that this rank has no part at position ``name`` (its save failed, or it does not
+        take that position), best effort: rank 0 then abandons the position at once instead of waiting
+        ``PADDLE_ACP_PART_TIMEOUT``. Returns the file's path, or None when it could not be written."""
+        gen = self._ck.generation
+        a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
+        return absence.declare(self.storage, self.commit_strategy, f"{self.dir}/{name}", a)
+
+    def _commit_and_retain(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
+                           ticket: PendingCommit) -> bool:
+        """On the committer's thread: the commit of position ``name``, then retention when it committed."""
+        committed = self._commit(name, epoch_no, step, mode, timeout, ticket)
         if committed:
             try:
                 self.apply_retention()
             except (StorageError, CheckpointError) as exc:
                 logger.warning("retention after checkpoint %s failed: %s", name, exc)
-        return res
+        elif not ticket.cancel.is_set():  # abandoned: its own part goes now (the others' at the next commit)
+            try:
+                self._remove_own(name)
+            except (StorageError, CheckpointError) as exc:
+                logger.debug("could not remove rank 0's part of abandoned checkpoint %s: %s", name, exc)
+        return committed
 
     def _remove_own(self, name: str) -> None:
         """Remove this rank's earlier part (or leftovers) at position ``name``: only after this
@@ -297,12 +338,17 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             m = PART_RE.fullmatch(e.name) or PART_TMP_RE.fullmatch(e.name)
             if m and int(m.group(1)) == self.rank:
                 doomed.append((e.name, tmp_generation(m) if m.re is PART_TMP_RE else -1))
+            elif not e.is_dir and parse_absent_mark(e.name) == self.rank:
+                doomed.append((e.name, -2))  # its word that it had no part here: it is writing one now
         if doomed and self.fence is not None:
             self.fence.check(f"remove its earlier part of checkpoint {name}")
         for part, part_gen in doomed:
             if gen is not None and part_gen > gen:
                 continue  # a newer incarnation of this rank is writing it
-            self.storage.delete_dir(f"{self.dir}/{name}/{part}")
+            if part_gen == -2:
+                self.storage.delete_file(f"{self.dir}/{name}/{part}")
+            else:
+                self.storage.delete_dir(f"{self.dir}/{name}/{part}")
 
     def apply_retention(self, keep: Optional[int] = None) -> List[str]:
         """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and

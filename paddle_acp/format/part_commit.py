@@ -15,16 +15,30 @@ import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format import shares, verdict
+from paddle_acp.format import absence, shares, verdict
 from paddle_acp.format.atomic import CommitStrategy
+from paddle_acp.format.committer import PendingCommit as Ticket
 from paddle_acp.format.fencing import Fence, newest_generation
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
-from paddle_acp.format.layout import GLOBAL_NAME, MANIFEST_NAME, parse_name, position_key
+from paddle_acp.format.layout import GLOBAL_NAME, MANIFEST_NAME, parse_absent_mark, parse_name, parse_part, position_key
 from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, Manifest
-from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
+
+
+_UNSEEN = object()
+
+
+def _token(e: Any) -> Any:
+    """What says a listed entry changed: its modification time (None where the storage gives none,
+    e.g. an S3 prefix: then it is looked into every round until its part is complete)."""
+    return e.mtime
+
+
+def _unchanged(seen: Dict[Any, Any], key: Any, e: Any) -> bool:
+    """Whether ``e`` was read before at this very listing entry (an entry without a time always counts as changed)."""
+    return _token(e) is not None and seen.get(key, _UNSEEN) == _token(e)
 
 
 class PartCommitMixin:
@@ -72,7 +86,7 @@ class PartCommitMixin:
             return None  # a leftover of an earlier incarnation: that rank replaces it
         return raw, m
 
-    def _superseded(self, name: str, rank: int, m: Manifest) -> bool:
+    def _superseded(self, name: str, rank: int, m: Manifest, gens: Optional[Dict[int, int]] = None) -> bool:
         """The part's writer is not the newest incarnation of its rank (one listing of that rank's
         generation records): a part written by a superseded process never enters a global checkpoint.
         FencedError when this rank 0 itself is superseded."""
@@ -80,7 +94,10 @@ class PartCommitMixin:
         gen = part.get("generation", -1) if isinstance(part, dict) else None  # -1: written without a fence
         if isinstance(gen, bool) or not isinstance(gen, int):
             gen = None
-        newest = newest_generation(self.storage, self.job_id, rank)
+        gens = {} if gens is None else gens
+        if rank not in gens:
+            gens[rank] = newest_generation(self.storage, self.job_id, rank)
+        newest = gens[rank]
         if self.fence is not None and rank == self.fence.rank and newest > self.fence.generation:
             self.fence.check(f"commit checkpoint {name}")  # raises: this writer is superseded
         if gen is not None and gen >= newest:
@@ -90,73 +107,147 @@ class PartCommitMixin:
                        "for the live rank's part)", self.range_name, rank, name, gen, newest)
         return True
 
-    def _later_part_exists(self, name: str, rank: int) -> bool:
+    def _later_parts(self, name: str, ranks: List[int]) -> List[int]:
+        """Those of ``ranks`` that already have a part at a later position (they will not write this
+        one): one listing of the range, then one of each later position (few: the ones rank 0 has
+        moved on to), never one look-up per rank."""
         pos = parse_name(name)
-        if pos is None:
-            return False
+        if pos is None or not ranks:
+            return []
         key = position_key(*pos)
-        for g in self.scan():
-            if g.key > key and self.part_committed(g.name, rank):
-                return True
-        return False
+        later = []
+        for e in self.storage.listdir(self.dir):
+            p = parse_name(e.name) if e.is_dir else None
+            if p is not None and position_key(*p) > key:
+                later.append(e.name)
+        found = set()
+        for n in later:
+            for e in self.storage.listdir(f"{self.dir}/{n}"):
+                k = parse_part(e.name) if e.is_dir else None
+                if k is not None and k in ranks:
+                    found.add(k)
+            if len(found) == len(ranks):
+                break
+        return sorted(found)
 
-    def _commit(self, name: str, snap: Snapshot, mode: str, timeout: float) -> bool:
-        """Rank 0: wait for every part of ``name``, then write the global manifest."""
-        deadline = time.monotonic() + timeout
+    def _absence(self, name: str, rank: int, gens: Dict[int, int]) -> Optional[absence.Absence]:
+        """Rank ``rank``'s absence at ``name`` when it counts: of this incarnation's base and of the
+        rank's live generation (a stale one of an earlier incarnation never abandons a new checkpoint)."""
+        a = absence.read(self.storage, f"{self.dir}/{name}", rank)
+        if a is None:
+            return None
+        if rank not in gens:
+            gens[rank] = newest_generation(self.storage, self.job_id, rank)
+        if absence.counts(a, name, self.base, gens[rank]):
+            return a
+        logger.debug("range %s: ignoring rank %d's absence at %s: of an earlier incarnation (generation %d, base %s)",
+                     self.range_name, rank, name, a.generation, a.base)
+        return None
+
+    def _commit(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
+                ticket: Optional[Ticket] = None) -> bool:
+        """Rank 0: wait for every part of ``name``, then write the global manifest. False: abandoned
+        (a rank said it has no part, wrote a later one, sent none in time, or the wait was cancelled).
+
+        Storage calls: one listing of the position per poll round (parts and absences are seen in
+        it), each part's manifest read when it appears (again only when it changes), each rank's
+        generation looked up once, the base's marks checked before waiting and before the commit;
+        while parts are missing, one listing of the range (and of each later position) per round."""
+        st = self.storage
+        ckdir = f"{self.dir}/{name}"
+        deadline = time.monotonic() + timeout if ticket is None else ticket.deadline
         parts: Dict[int, Tuple[bytes, Manifest]] = {}
+        seen: Dict[Any, Any] = {}  # rank -> the listing entry its part (or absence) was last read at
+        gens: Dict[int, int] = {}  # rank -> its newest generation (looked up once)
         judged: Dict[int, Tuple[bytes, bool]] = {}  # the generation check, once per part (not per poll)
+        self.check_base()  # never commit on a base a rank rejected (the ranks went apart)
         delay = self.poll_interval
+        t0 = time.monotonic()
         while True:
-            self.check_base()  # never commit on a base a rank rejected (the ranks went apart), last in the final round
+            st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
+            listing = st.listdir(ckdir)
+            dirs = {parse_part(e.name): e for e in listing if e.is_dir}
+            for f in listing:
+                k = parse_absent_mark(f.name) if not f.is_dir else None
+                if k is None or k >= self.world_size or k in parts or _unchanged(seen, ("absent", k), f):
+                    continue
+                seen[("absent", k)] = _token(f)
+                a = self._absence(name, k, gens)
+                if a is not None:
+                    logger.error("range %s: checkpoint %s abandoned at once: rank %d has no part (%s); it stays "
+                                 "invisible and training goes on", self.range_name, name, k, a.reason)
+                    return self._gave_up(ticket, t0)
             for k in range(self.world_size):
-                if k not in parts:
-                    got = self._read_part(name, k)
-                    if got is not None:
-                        parts[k] = got
+                e = dirs.get(k)
+                if k in parts or e is None or _unchanged(seen, k, e):
+                    continue
+                seen[k] = _token(e)
+                got = self._read_part(name, k)
+                if got is None:
+                    continue
+                if judged.get(k, (None,))[0] != got[0]:
+                    judged[k] = (got[0], self._superseded(name, k, got[1], gens))
+                if not judged[k][1]:
+                    parts[k] = got
             missing = [k for k in range(self.world_size) if k not in parts]
             if not missing:
-                for k in range(self.world_size):
-                    raw = parts[k][0]
-                    if judged.get(k, (None,))[0] != raw:
-                        judged[k] = (raw, self._superseded(name, k, parts[k][1]))
-                    if judged[k][1]:
-                        del parts[k]
-                missing = [k for k in range(self.world_size) if k not in parts]
-            if not missing:
                 break
-            gave_up = [k for k in missing if self._later_part_exists(name, k)]
-            if gave_up or time.monotonic() >= deadline:
-                why = (f"rank(s) {gave_up} already wrote a later checkpoint" if gave_up
-                       else f"no part within {timeout:g} s" + (" (PADDLE_ACP_PART_TIMEOUT)" if timeout == self.part_timeout
-                                                                else " (a preemption save waits at most this long)"))
+            gave_up = self._later_parts(name, missing)
+            cancelled = ticket is not None and ticket.cancel.is_set()
+            if ticket is not None:
+                deadline = ticket.deadline
+            if gave_up or cancelled or time.monotonic() >= deadline:
+                if not cancelled:  # a rank that rejected the base sends no part: say that, not a timeout
+                    self.check_base()
+                why = (f"rank(s) {gave_up} already wrote a later checkpoint" if gave_up else
+                       f"cancelled: {ticket.cancel_reason}" if cancelled and ticket is not None else
+                       f"no part within {timeout:g} s" + (" (PADDLE_ACP_PART_TIMEOUT)" if timeout == self.part_timeout
+                                                          else " (a preemption save waits at most this long)"))
                 logger.error(
                     "range %s: checkpoint %s abandoned: missing the part(s) of rank(s) %s (%s); "
                     "it stays invisible and training goes on", self.range_name, name, missing, why,
                 )
-                return False
-            time.sleep(delay)
+                return self._gave_up(ticket, t0)
+            wait = max(0.0, min(delay, deadline - time.monotonic()))
+            if ticket is not None:
+                ticket.cancel.wait(wait)
+            else:
+                time.sleep(wait)
             delay = min(delay * 1.5, 0.5)
+        if ticket is not None:
+            ticket.waited = time.monotonic() - t0
         try:  # spread writes: the parts' shares must cover the state exactly (format/shares.py)
-            writers, share_writers = shares.commit_writers(snap.share, {k: parts[k][1] for k in parts}, f"{self.dir}/{name}")
+            writers, share_writers = shares.commit_writers(shares.part_share(parts[0][1]), {k: parts[k][1] for k in parts}, f"{self.dir}/{name}")
         except CorruptCheckpointError as exc:
             logger.error("range %s: checkpoint %s abandoned: %s; it stays invisible and training goes on",
                          self.range_name, name, exc)
-            return False
+            return self._gave_up(ticket, t0)
         records = []
         for k in range(self.world_size):
             raw, m = parts[k]
             records.append(PartRecord(k, zlib.crc32(raw) & 0xFFFFFFFF, len(raw), m.data_size, [p.key for p in m.programs]))
         g = GlobalManifest(
-            name=name, range_name=self.range_name, epoch_no=snap.range.epoch_no, step=snap.range.step,
+            name=name, range_name=self.range_name, epoch_no=epoch_no, step=step,
             world_size=self.world_size, mode=mode, parts=records, created=time.time(),
             generation=self.fence.generation if self.fence is not None else -1, base=self.base, writers=writers,
             share_writers=share_writers,
         )
+        self.check_base()  # again right before the commit: a rank may have rejected it meanwhile
         if self.fence is not None:  # a fenced writer removes no verdict either
             self.fence.check(f"commit checkpoint {name}")
-        verdict.remove_marks(self.storage, f"{self.dir}/{name}")  # verdicts on an earlier copy of this position
+        listing = st.listdir(ckdir)
+        verdict.remove_marks(st, ckdir, listing)  # verdicts on an earlier copy of this position
+        for e in listing:  # absences of an earlier incarnation (they did not count)
+            if not e.is_dir and parse_absent_mark(e.name) is not None:
+                st.delete_file(f"{ckdir}/{e.name}")
         self._write_global(name, g.dumps())
         return True
+
+    @staticmethod
+    def _gave_up(ticket: Optional[Ticket], t0: float) -> bool:
+        if ticket is not None:
+            ticket.waited = time.monotonic() - t0
+        return False
 
     def _write_global(self, name: str, body: bytes) -> None:
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"

@@ -128,10 +128,10 @@ def write_mark(storage: Storage, ckdir: str, g: GlobalManifest, rank: int, reaso
     return path
 
 
-def remove_marks(storage: Storage, ckdir: str) -> None:
-    """Remove every mark in ``ckdir``: the position is being committed again, and what they
-    condemned (an earlier ``global.json``) is gone. Foreign names stay."""
-    for e in storage.listdir(ckdir):
+def remove_marks(storage: Storage, ckdir: str, listing: Optional[List[Any]] = None) -> None:
+    """Remove every mark in ``ckdir`` (``listing``: its entries, when just listed): the position is
+    being committed again, and what they condemned (an earlier ``global.json``) is gone. Foreign names stay."""
+    for e in storage.listdir(ckdir) if listing is None else listing:
         if not e.is_dir and parse_bad_mark(e.name) is not None:
             storage.delete_file(f"{ckdir}/{e.name}")
             logger.info("removed %s/%s: a verdict on an earlier copy of this position", ckdir, e.name)

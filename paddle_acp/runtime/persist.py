@@ -31,6 +31,7 @@ from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.snapshot import Snapshot, copy_into
 from paddle_acp.format.stream import ChunkStream, chunk_size
 from paddle_acp.runtime import budget as host_budget
+from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.agree import Agreement, agreed_action
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import Registry
@@ -114,6 +115,8 @@ class PersistMixin:
         check_main_thread("checkpointing")
         if self.multi and not self._base_checked:
             self._check_base()
+        if self.multi and self.rank == 0:
+            interrupt.watch(self.gcheckpointer.committer)  # Ctrl-C ends rank 0's waits for parts at once
         t0 = time.perf_counter()
         extra = self._step_extra()
         objects = objects if objects is not None else self.script.capture()  # raises before anything is written
@@ -340,34 +343,51 @@ class PersistMixin:
         return stall
 
     def _persist_part(self, snap: Snapshot, record: dict, t0: float) -> None:
+        """This rank's part; rank 0's commit goes on on the committer's thread (a durable save, or a
+        synchronous saver, waits for it): the metrics record and log line come when it is decided."""
         try:
             assert snap.mode is not None  # decided by save() for every save of several ranks
-            res = self.gcheckpointer.save(snap, snap.mode)
+            res = self.gcheckpointer.save(snap, snap.mode, wait=snap.durable or not self.saver.async_save)
         except BaseException as exc:
+            if self.agreement is not None:
+                self.agreement.persist_ended()
             self._record_failure(record, exc, t0)
             raise
-        finally:
-            if self.agreement is not None:  # rank 0: the persist time its save plan is sized by
-                self.agreement.persist_ended()
         self._last_persist_error = None
         stall = self._streamed_record(snap, record)
+        at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
+        done = (res.name, res.nbytes, at, stall, t0, snap.mode, snap.durable)
+        if res.pending is not None and res.committed is None:  # decided later, on the committer's thread
+            res.pending.add_done_callback(lambda p: self._part_done(record, done, p.committed, p.waited, p.error))
+            return
+        self._part_done(record, done, res.committed, res.waited, None)
+
+    def _part_done(self, record: dict, done: tuple, committed: Optional[bool], waited: float,
+                   error: Optional[BaseException]) -> None:
+        """The metrics record and log line of a part written (rank 0: of its commit, once decided)."""
+        name, nbytes, at, stall, t0, mode, durable = done
+        if self.agreement is not None:  # rank 0: the persist time its save plan is sized by, until the
+            self.agreement.persist_ended()  # global commit (every rank's part written), not its own part alone
         dt = time.perf_counter() - t0
-        record.update(event="saved" if res.committed is not False else "failed", ok=res.committed is not False,
-                      name=res.name, bytes=res.nbytes, persist_s=round(dt, 6), rank=self.rank,
-                      committed=res.committed, parts_wait_s=round(res.waited, 6))
+        if error is not None:  # the commit failed (storage, fenced, or the base was condemned)
+            committed = False
+            record["error"] = str(error)[:500]
+            self.saver.interrupt(error)
+        record.update(event="saved" if committed is not False else "failed", ok=committed is not False,
+                      name=name, bytes=nbytes, persist_s=round(dt, 6), rank=self.rank,
+                      committed=committed, parts_wait_s=round(waited, 6))
         self.metrics.add(record)
-        if snap.durable:
+        if durable:
             self.metrics.flush()
         else:
             self.metrics.flush_due()
-        at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
-        if res.committed is None:
+        if committed is None:
             logger.info("range %s: rank %d wrote its part of checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s",
-                        self.name, self.rank, res.name, at, res.nbytes, stall, dt)
-        elif res.committed:
+                        self.name, self.rank, name, at, nbytes, stall, dt)
+        elif committed:
             logger.info("range %s: saved global checkpoint %s (%s, %d ranks, %s): %d bytes of rank 0, stall %.3f s, "
-                        "persist %.3f s (%.3f s waiting for the other parts)", self.name, res.name, at,
-                        self.cfg.world_size, snap.mode, res.nbytes, stall, dt, res.waited)
+                        "persist %.3f s (%.3f s waiting for the other parts)", self.name, name, at,
+                        self.cfg.world_size, mode, nbytes, stall, dt, waited)
 
     def close(self) -> None:
         """Wait for the save in flight (and a queued one) to commit, then free the snapshot arena: an ended range
@@ -375,6 +395,9 @@ class PersistMixin:
         to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
         try:
             self.saver.wait(for_previous=False)  # the final save (its own line says when it committed)
+            if self.multi and self.rank == 0:  # rank 0's commits still waiting for parts (bounded by their deadlines)
+                self.gcheckpointer.committer.wait_all()
+                self.saver.wait(for_previous=False)  # a commit's error that ends training
             if self.is_writer:
                 self.metrics.flush()
             if self._final_submitted and self._last_persist_error is not None:

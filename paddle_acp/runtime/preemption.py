@@ -28,9 +28,11 @@ class Preempted(SystemExit):
 class PreemptionWatcher:
     """Installs the handlers for the life of a range; chains to the previous handlers."""
 
-    def __init__(self, signals: List[int], where: Optional[Callable[[], str]] = None):
+    def __init__(self, signals: List[int], where: Optional[Callable[[], str]] = None,
+                 on_signal: Optional[Callable[[], None]] = None):
         self.signals = signals
         self._where = where  # where the save will happen (said when a signal comes)
+        self._on_signal = on_signal  # called (in the handler) when the first signal comes
         self.received: Optional[int] = None
         self._previous: Dict[int, Any] = {}
 
@@ -40,6 +42,8 @@ class PreemptionWatcher:
         if first:
             where = self._where() if self._where is not None else "the end of the epoch"
             logger.warning("received %s: checkpointing at %s", signal.Signals(signum).name, where)
+            if self._on_signal is not None:
+                self._on_signal()
         prev = self._previous.get(signum)
         if callable(prev):
             prev(signum, frame)

@@ -27,7 +27,7 @@ from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
-from paddle_acp.runtime import preemption
+from paddle_acp.runtime import interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
 from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
@@ -132,7 +132,8 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
         self.exit_on_preempt = _config.exit_on_preempt_from_env()
-        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point)
+        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point,
+                                                    interrupt.preempted)
         self.busy_policy = cfg.busy_policy
         # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree)
         self.agreement = Agreement(storage, self.gcheckpointer.dir, name, cfg.trainer_id, cfg.busy_policy,

@@ -126,6 +126,16 @@ class Saver:
         if interrupt is not None:
             raise interrupt
 
+    def interrupt(self, exc: BaseException) -> None:
+        """Hand ``exc`` (raised on another thread: a commit's error) to the training thread: a
+        RestartRequiredError is raised by the next :meth:`wait`, any other is reported there."""
+        if isinstance(exc, RestartRequiredError) or not isinstance(exc, Exception):
+            self.stats.failures += 1
+            self.stats.last_error = exc
+            self._interrupt = exc
+        else:
+            self._errors.append(exc)
+
     @property
     def busy(self) -> bool:
         """A checkpoint is being written (or waits to be)."""

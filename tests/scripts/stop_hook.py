@@ -10,6 +10,8 @@ what the resumed process did there is over. Points:
   directory exists, nothing is committed);
 * ``remove_own``: the start of ``GlobalCheckpointer._remove_own`` (a rank's save removing its
   earlier part at the position, before it lists).
+
+``<point>@<n>`` stops at the n-th call of the point instead of the first.
 """
 import functools
 import os
@@ -22,6 +24,8 @@ def install():
     if not spec:
         return
     point, path = spec.split(":", 1)
+    point, _, nth = point.partition("@")
+    calls = []
     fired = []
 
     def wrap(owner, attr):
@@ -29,7 +33,8 @@ def install():
 
         @functools.wraps(orig)
         def hooked(*args, **kwargs):
-            if fired:
+            calls.append(True)
+            if fired or len(calls) < int(nth or 1):
                 return orig(*args, **kwargs)
             fired.append(True)
             with open(path, "w") as f:

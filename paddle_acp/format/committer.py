@@ -1,0 +1,153 @@
+"""Rank 0's commits of checkpoints of several ranks, on a thread of their own, in position order.
+
+Rank 0's saver writes rank 0's part and hands the rest of the checkpoint (wait for the other
+ranks' parts, write ``global.json``, retention: :mod:`~paddle_acp.format.part_commit`) to the
+:class:`Committer`: the saver is free for the next save once its own part is written, and the
+training thread never waits for another rank. Commits run one at a time, in the order they were
+handed over (the positions' order). Each has a deadline (``PADDLE_ACP_PART_TIMEOUT`` from when it
+was handed over); a later commit with an earlier deadline (a preemption save) brings the earlier
+ones' deadlines forward, so none waits behind a commit that waits for longer than it may.
+
+:meth:`Committer.cancel` (Ctrl-C) ends every commit waiting or queued at once: each is abandoned,
+never half-committed; the last committed checkpoint stays intact. The thread is not a daemon (a
+normal exit lets the commits finish, bounded by their deadlines) and exits when idle.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable, Deque, List, Optional
+
+from paddle_acp.threads import lower_thread_priority
+
+logger = logging.getLogger("paddle_acp")
+
+
+class PendingCommit:
+    """One position's commit: handed over, then decided (``committed`` True or False, or ``error``)."""
+
+    def __init__(self, name: str, deadline: float, run: Callable[["PendingCommit"], bool]):
+        self.name = name
+        self.deadline = deadline  # time.monotonic(); brought forward by a later, more urgent commit
+        self.cancel = threading.Event()  # set by Committer.cancel: abandon at once
+        self.cancel_reason = ""
+        self.started = time.monotonic()
+        self.waited = 0.0  # seconds spent waiting for the other parts (set by the commit)
+        self.committed: Optional[bool] = None
+        self.error: Optional[BaseException] = None
+        self._run = run
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: List[Callable[["PendingCommit"], None]] = []
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def add_done_callback(self, fn: Callable[["PendingCommit"], None]) -> None:
+        """Call ``fn(self)`` once decided (at once when it is already; else on the committer's thread)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def wait(self) -> bool:
+        """Block until decided; True when committed. Raises the commit's error, if it failed."""
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return bool(self.committed)
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _finish(self, committed: Optional[bool], error: Optional[BaseException]) -> None:
+        with self._lock:
+            self.committed, self.error = committed, error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception as exc:  # a metrics line or a log line: never the commit's outcome
+                logger.warning("after the commit of checkpoint %s: %s", self.name, exc)
+
+    def run(self) -> None:
+        try:
+            committed = self._run(self)
+        except BaseException as exc:  # handed to whoever waits for it (or to the done callbacks)
+            self._finish(False, exc)
+            return
+        self._finish(committed, None)
+
+
+class Committer:
+    """Runs :class:`PendingCommit` objects one at a time on one non-daemon thread (see the module docstring)."""
+
+    def __init__(self, name: str = "paddle-acp-committer") -> None:
+        self._name = name
+        self._lock = threading.RLock()  # also taken by signal handlers (cancel, hurry) on the main thread
+        self._queue: Deque[PendingCommit] = collections.deque()
+        self._current: Optional[PendingCommit] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def submit(self, name: str, timeout: float, run: Callable[[PendingCommit], bool]) -> PendingCommit:
+        """Hand over the commit of position ``name`` (``run`` decides it); it waits at most ``timeout`` seconds from now."""
+        p = PendingCommit(name, time.monotonic() + timeout, run)
+        with self._lock:
+            for q in self._pending():
+                q.deadline = min(q.deadline, p.deadline)
+            self._queue.append(p)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=False)
+                self._thread.start()
+        return p
+
+    def _pending(self) -> List[PendingCommit]:
+        return ([self._current] if self._current is not None else []) + list(self._queue)
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._pending())
+
+    def _loop(self) -> None:
+        lower_thread_priority()
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._current = None
+                    self._thread = None
+                    return
+                p = self._current = self._queue.popleft()
+            p.run()
+
+    def cancel(self, reason: str) -> int:
+        """Abandon every commit waiting or queued now, at once (``reason``: for the log line); returns how many."""
+        with self._lock:
+            pending = self._pending()
+        for p in pending:
+            if not p.done:
+                p.cancel_reason = reason
+                p.cancel.set()
+        return len(pending)
+
+    def hurry(self, seconds: float) -> None:
+        """Bring every pending commit's deadline to at most ``seconds`` from now (a preemption signal came)."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            for p in self._pending():
+                p.deadline = min(p.deadline, deadline)
+
+    def wait_all(self) -> None:
+        """Block until every commit handed over is decided (each is bounded by its deadline)."""
+        while True:
+            with self._lock:
+                t = self._thread
+            if t is None:
+                return
+            t.join(1.0)

@@ -1,0 +1,53 @@
+"""Ctrl-C while rank 0 waits for other ranks' parts: the waits end at once, then Python's own handler runs.
+
+Rank 0's commits wait on a thread of their own (:class:`~paddle_acp.format.committer.Committer`,
+not a daemon: a normal exit lets them finish). A SIGINT must not leave the process waiting up to
+``PADDLE_ACP_PART_TIMEOUT`` for a part that may never come: :func:`watch` installs, once, on the
+main thread and only where SIGINT raises KeyboardInterrupt (Python's default handler), a handler
+that cancels every watched committer's commits (each is abandoned, never half-committed; the last
+committed checkpoint stays intact) and then calls Python's handler, which raises KeyboardInterrupt
+as before. A handler the script installed itself is left alone. A preemption signal (SIGTERM, routed
+to :mod:`~paddle_acp.runtime.preemption`) brings the pending commits' deadlines forward to a
+preemption save's wait (:func:`preempted`): the launcher is stopping the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import weakref
+from typing import Any
+
+from paddle_acp.format.committer import Committer
+from paddle_acp.format.multirank import PREEMPT_PART_WAIT
+
+logger = logging.getLogger("paddle_acp")
+
+_committers: "weakref.WeakSet[Committer]" = weakref.WeakSet()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    cancelled = sum(c.cancel("interrupted (SIGINT)") for c in list(_committers))
+    if cancelled:
+        logger.warning("interrupted: %d checkpoint commit(s) waiting for other ranks' parts abandoned; the last "
+                       "committed checkpoint is intact", cancelled)
+    signal.default_int_handler(signum, frame)
+
+
+def watch(committer: Committer) -> None:
+    """Cancel ``committer``'s commits when SIGINT comes (call on the main thread; idempotent)."""
+    _committers.add(committer)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+    except (ValueError, OSError) as exc:  # not the main interpreter, or no signals here
+        logger.debug("could not watch SIGINT: %s", exc)
+
+
+def preempted() -> None:
+    """A preemption signal came (called in its handler): pending commits wait at most a preemption save's wait."""
+    for c in list(_committers):
+        c.hurry(PREEMPT_PART_WAIT)
