@@ -30,27 +30,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import zlib
 from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
-from paddle_acp.format import absence, atomic, index, reader, shares, verdict
+from paddle_acp.format import absence, atomic, index, shares, verdict
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.committer import Committer, PendingCommit
 from paddle_acp.format.fencing import Fence, FencedError, check_deletable
-from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest, describe_topology
+from paddle_acp.format.global_manifest import GlobalManifest, describe_topology
+from paddle_acp.format.global_reader import GlobalEntry, GlobalReader
 from paddle_acp.format.layout import (
-    DATA_NAME,
     GLOBAL_NAME,
     MANIFEST_NAME,
     PART_RE,
     PART_TMP_RE,
     parse_absent_mark,
     parse_name,
-    position_key,
     position_name,
     position_number,
-    range_dir,
     rank_part,
     tmp_generation,
 )
@@ -70,18 +67,6 @@ PREEMPT_PART_WAIT = 10.0  # seconds rank 0 waits for the parts of a preemption s
 
 
 # -- the checkpointer ----------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class GlobalEntry:
-    name: str
-    epoch_no: int
-    step: Optional[int]
-    committed: bool
-
-    @property
-    def key(self) -> Tuple[int, int]:
-        return position_key(self.epoch_no, self.step)
-
-
 @dataclasses.dataclass
 class SaveResult:
     name: str
@@ -89,92 +74,6 @@ class SaveResult:
     committed: Optional[bool]  # None: not rank 0 (only wrote its part) or not decided yet; False: abandoned
     waited: float = 0.0
     pending: Optional[PendingCommit] = None  # rank 0: its commit (decided on the committer's thread)
-
-
-class GlobalReader:
-    """Reads the committed checkpoints of several ranks of one range: no rank, no topology, nothing
-    written (what the operator tools and every rank's restore read alike)."""
-
-    def __init__(self, storage: Storage, job_id: str, range_name: str) -> None:
-        self.storage = storage
-        self.job_id = job_id
-        self.range_name = range_name
-        self.dir = range_dir(job_id, range_name)
-
-    def part_dir(self, name: str, rank: int) -> str:
-        return f"{self.dir}/{name}/{rank_part(rank)}"
-
-    def read_global(self, name: str, listed_only: bool = False) -> GlobalManifest:
-        """The global manifest of ``name``; when it is missing: CorruptCheckpointError, or with
-        ``listed_only`` (the checkpoint was listed without a look inside) :class:`index.NotCommitted`."""
-        path = f"{self.dir}/{name}/{GLOBAL_NAME}"
-        try:
-            raw = self.storage.read_bytes(path, limit=MAX_GLOBAL_SIZE)
-        except FileNotFoundError:
-            if listed_only:
-                raise index.NotCommitted(path) from None
-            raise CorruptCheckpointError(f"{path} is missing (checkpoint not committed)") from None
-        g = GlobalManifest.loads(raw)
-        if g.name != name or g.range_name != self.range_name:
-            raise CorruptCheckpointError(f"{path}: global manifest belongs to {g.range_name}/{g.name}")
-        return g
-
-    def check_global(self, name: str) -> Tuple[GlobalManifest, Dict[int, bytes]]:
-        """The global manifest and every part's manifest bytes, each verified against it
-        (:meth:`check_part_record`), and no rank's mark on this copy. O(W) storage calls: what the
-        operator tools read (a rank's restore reads only the parts it loads, :meth:`load`)."""
-        g = self.read_global(name)
-        verdict.check_marks(self.storage, f"{self.dir}/{name}", g)
-        raws = {p.rank: self.check_part_record(name, g, p.rank) for p in g.parts}
-        self.check_shares(name, g, raws)
-        return g, raws
-
-    def check_shares(self, name: str, g: GlobalManifest, raws: Dict[int, bytes]) -> None:
-        """A spread checkpoint (:mod:`.shares`): the parts in ``raws`` (every part, or at least the share
-        writers' ones a restore reads) are one state, as the global manifest records. CorruptCheckpointError."""
-        if g.writers != shares.WRITERS_ALL:
-            return
-        where = f"{self.dir}/{name}/{GLOBAL_NAME}"
-        share = shares.check_cover({k: Manifest.loads(r) for k, r in raws.items()}, where,
-                                   complete=len(raws) == g.world_size)
-        if share["share_writers"] != g.share_writers:
-            raise CorruptCheckpointError(f"{where} records {g.share_writers} share writers, its parts "
-                                         f"{share['share_writers']}")
-
-    def check_part_record(self, name: str, g: GlobalManifest, rank: int, data: bool = True) -> bytes:
-        """Part ``rank``'s manifest bytes, verified against the global manifest's record of it:
-        CRC32 and size, validity, its position, range and data size, the part's own record of its
-        rank, world size and mode (:func:`verdict.check_part`: CheckpointError); with ``data``,
-        the data file's size too. CorruptCheckpointError otherwise (UnknownFormatError: newer format)."""
-        p = g.parts[rank]
-        pdir = self.part_dir(name, rank)
-        path = f"{pdir}/{MANIFEST_NAME}"
-        try:
-            raw = self.storage.read_bytes(path, limit=p.manifest_size)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path} is missing") from None
-        if len(raw) != p.manifest_size or zlib.crc32(raw) & 0xFFFFFFFF != p.manifest_crc32:
-            raise CorruptCheckpointError(f"{path} does not match the checksum the global manifest records")
-        m = Manifest.loads(raw)
-        if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
-            raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
-        verdict.check_part(f"{self.dir}/{name}", g, rank, m)
-        if data:
-            try:
-                size = self.storage.size(f"{pdir}/{DATA_NAME}")
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{pdir}/{DATA_NAME} is missing") from None
-            if size != p.data_size:
-                raise CorruptCheckpointError(f"{pdir}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
-        return raw
-
-    def verify(self, name: str, progress: Optional[reader.Progress] = None) -> GlobalManifest:
-        """Check checkpoint ``name`` completely: the global manifest, every part's manifest and
-        every part's checksums (:func:`reader.verify`, constant memory). CorruptCheckpointError."""
-        g, raws = self.check_global(name)
-        for rank in sorted(raws):
-            reader.verify(self.storage, self.part_dir(name, rank), g.number, self.range_name, raws[rank], progress)
-        return g
 
 
 class GlobalCheckpointer(GlobalReader, PartCommitMixin):

@@ -149,7 +149,7 @@ def _check_ref(ref: CkptRef) -> None:
 def read_part(ref: CkptRef) -> Tuple[GlobalManifest, Dict[int, bytes]]:
     """A checkpoint of several ranks: its global manifest and every part's manifest bytes, each checked
     against it; CorruptCheckpointError otherwise."""
-    from paddle_acp.format.multirank import GlobalReader
+    from paddle_acp.format.global_reader import GlobalReader
 
     return GlobalReader(ref.storage, ref.job, ref.range).check_global(ref.dir_name)
 

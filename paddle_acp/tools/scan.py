@@ -167,7 +167,7 @@ def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, ve
     """A checkpoint of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
     "ok" when the global manifest and every part's manifest verify (and the data files have their
     sizes); with ``verify`` every part's checksums are read too."""
-    from paddle_acp.format.multirank import GlobalReader
+    from paddle_acp.format.global_reader import GlobalReader
 
     gck = GlobalReader(storage, job, range_name)
     path = e.path
@@ -248,6 +248,6 @@ def restart_outcome(infos: List[CkptInfo], checked: bool) -> str:
 
 def verify_global(storage: Storage, job: str, range_name: str, name: str) -> None:
     """Every part of a checkpoint of several ranks, every checksum; CorruptCheckpointError otherwise."""
-    from paddle_acp.format.multirank import GlobalReader
+    from paddle_acp.format.global_reader import GlobalReader
 
     GlobalReader(storage, job, range_name).verify(name)
