@@ -26,11 +26,10 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/support
 
-import servers  # noqa: E402
 from support import e2e as eu  # noqa: E402
+from support import servers  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
 

@@ -48,10 +48,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/support
 
-import servers  # noqa: E402  (ci/servers.py: the real HDFS and S3 servers)
+from support import servers  # noqa: E402  (the real HDFS and S3 servers)
 
 _spec = importlib.util.spec_from_file_location("acp_counting", os.path.join(REPO, "tests", "support", "counting.py"))
 assert _spec is not None and _spec.loader is not None

@@ -53,3 +53,27 @@ def test_bench_ranks_smoke_local(tmp_path):
         assert r["restart"]["chosen"] == ["ckpt-e1"] and r["restart"]["own_state"] is True
     assert local["summary"]["restart_calls_max_rank"]["slope_per_extra_rank"] == 0.0
     assert "slope of checkpoint_calls_per_rank" in p.stdout and doc["command"].startswith("python ci/bench_ranks.py")
+
+
+def test_bench_sim_quick(tmp_path):
+    """ci/bench_sim.py (the simulated remote store): both figures at tiny sizes; each says it is simulated."""
+    out = tmp_path / "bench_sim.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench_sim.py"), "--quick", "--ranks", "1,2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["storage"]["simulated"] is True and "simulated remote store" in doc["storage"]["description"]
+    assert [r["ranks"] for r in doc["results"]] == [1, 2]
+    for r in doc["results"]:
+        assert len(r["rounds"]) == 2 and isinstance(r["overhead"], float)
+        assert all(x["with_s"] > 0 and x["without_s"] > 0 for x in r["rounds"])
+    assert "W=2: end to end" in p.stdout and "simulated remote store" in p.stdout
+    out2 = tmp_path / "persist.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench_sim.py"), "--quick", "--ranks", "1,2", "--persist",
+                        "--state", "replicated", "--client-mbps", "20", "--json", str(out2)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(out2.read_text())
+    # every committed checkpoint of each world size has rank 0's persist time
+    assert [len(r["persist_s"]) for r in doc["results"]] == [4, 4]
+    assert doc["persist_ratio_largest_vs_smallest_world"] > 0 and "persist time W=2 / W=1" in p.stdout
