@@ -27,7 +27,7 @@ def test_rank_0_never_deletes_foreign_directories_that_look_like_checkpoints(tmp
     res = start_job(tmp_path, 2, "--kind", "tp", "--epochs", 2, ckpt=ckpt, env=env)
     assert all(rc == 0 for rc, _ in res), res
     rdir = ckpt / JOB_ID / "range" / "_range_0"
-    assert sorted(os.listdir(rdir)) == ["ckpt-e1"], os.listdir(rdir)
+    assert sorted(os.listdir(rdir)) == ["ckpt-e1", "plan.json"], os.listdir(rdir)  # plan.json: rank 0's save plan
     for name in FOREIGN:
         (rdir / name).mkdir()
         (rdir / name / "data.txt").write_text("not paddle-acp's: " + repr(name))
@@ -38,7 +38,7 @@ def test_rank_0_never_deletes_foreign_directories_that_look_like_checkpoints(tmp
     res = start_job(tmp_path, 2, "--kind", "tp", "--epochs", 4, ckpt=ckpt, env=env, gen="g1")
     assert all(rc == 0 for rc, _ in res), [out[-3000:] for _, out in res]
     names = sorted(os.listdir(rdir))
-    assert names == sorted(FOREIGN + ["ckpt-e1\n", "ckpt-e3"]), names
+    assert names == sorted(FOREIGN + ["ckpt-e1\n", "ckpt-e3", "plan.json"]), names
     for name in FOREIGN:
         assert (rdir / name / "data.txt").read_text() == "not paddle-acp's: " + repr(name)
     assert (rdir / "ckpt-e1\n" / "global.json").exists()
