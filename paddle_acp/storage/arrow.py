@@ -83,6 +83,19 @@ class ArrowStorage(Storage):
     def listdir(self, path: str) -> List[Entry]:
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self.full(path), allow_not_found=True))
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            # a directory that another process creates while it is listed (a job's ranks at start): libhdfs
+            # says "No such file or directory" despite allow_not_found, hdfs-native NotADirectoryError;
+            # looked at once more: not there is an empty listing, a directory now is listed, a file is an error
+            kind = self._info("checking", path).type
+            if kind == pafs.FileType.NotFound:
+                return []
+            if kind != pafs.FileType.Directory:
+                raise self.wrap("listing", path, exc) from exc
+            try:
+                infos = self.fs.get_file_info(pafs.FileSelector(self.full(path), allow_not_found=True))
+            except self.errors as exc2:
+                raise self.wrap("listing", path, exc2) from exc2
         except self.errors as exc:
             raise self.wrap("listing", path, exc) from exc
         out = []

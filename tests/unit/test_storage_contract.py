@@ -165,6 +165,41 @@ def test_list_makedirs_and_missing(backend):
     assert all(e.mtime is None or e.mtime > 1e9 for e in got)
 
 
+def test_listing_a_directory_while_others_create_it(backend):
+    """A job's ranks start at once: rank 0 lists its generation records' directory while the other ranks
+    create their own below it. A listing made while the directory comes into being is empty or lists it,
+    never an error (pyarrow's libhdfs said "No such file or directory" despite allow_not_found)."""
+    import threading
+
+    st = backend.storage()
+    errors: list = []
+    for trial in range(20):
+        root = f"race-{trial}/writers"
+        go = threading.Event()
+
+        def make(k: int, root: str = root, go: threading.Event = go) -> None:
+            go.wait()
+            st.makedirs(f"{root}/rank-{k}")
+
+        def listing(root: str = root, go: threading.Event = go) -> None:
+            go.wait()
+            for _ in range(5):
+                try:
+                    names = {e.name for e in st.listdir(root)}
+                except Exception as exc:  # the defect: an error instead of what is there
+                    errors.append(exc)
+                    return
+                assert names <= {f"rank-{k}" for k in range(1, 5)}, names
+
+        threads = [threading.Thread(target=make, args=(k,)) for k in range(1, 5)] + [threading.Thread(target=listing)]
+        for t in threads:
+            t.start()
+        go.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+
+
 def test_delete_file_and_dir(backend):
     st = backend.storage()
     st.makedirs("t/sub")
