@@ -1,7 +1,7 @@
 """Benchmark (not a test): persist time of replicated state, spread over the ranks or written by rank 0 alone.
 
 Paddle-free: W real processes drive the format layer (``GlobalCheckpointer``) against a simulated
-remote store with a per-rank (per-process) bandwidth cap: ``ci/simstore.py`` (branch ``simbench``;
+remote store with a per-rank (per-process) bandwidth cap, ``ci/simstore.py`` (
 this script needs it and says so when it is missing). Every rank holds the same state (``--mb``
 MB in ``--tensors`` tensors of varied sizes); at each of ``--rounds`` positions the ranks start
 their save together (a barrier); the persist time is rank 0's, from the barrier until its global
@@ -130,7 +130,7 @@ def main(argv: List[str]) -> None:
     try:
         import simstore  # noqa: F401
     except ImportError:
-        raise SystemExit("ci/simstore.py is missing: it is on branch simbench (cherry-pick it onto a scratch branch)") from None
+        raise SystemExit("ci/simstore.py is missing beside this script") from None
     out = [run(a.world, w, a.mb, a.tensors, a.rounds, a.client_mbps, a.latency_ms) for w in ("one", "all")]
     for r in out:
         print(json.dumps(r))

@@ -2,7 +2,7 @@
 commit styles, its timing (latency, per-client and aggregate bandwidth, across real processes)
 spent without CPU, and its options and link record (hypothesis).
 
-The contract tests are tests/test_storage_contract.py's own functions, run here on ``sim://``
+The contract tests are tests/unit/test_storage_contract.py's own functions, run here on ``sim://``
 storages; the object-store variant runs them as the contract's ``s3`` kind (manifest-last commits,
 no appends), which is the contract the simulation claims for it.
 """
@@ -23,7 +23,8 @@ from hypothesis import strategies as hs
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "ci"))
+sys.path.insert(0, os.path.join(ROOT, "ci"))  # the benchmarks' store lives with the benchmarks
+sys.path.insert(0, os.path.join(HERE, "unit"))  # the storage contract (tests/unit/test_storage_contract.py)
 import simstore  # noqa: E402
 import test_storage_contract as contract  # noqa: E402
 from test_storage_contract import (  # noqa: E402,F401  (the contract, collected here on sim://)
