@@ -119,13 +119,19 @@ def test_capped_share_writers_kill_and_resume_at_another_cap_bit_identical(tmp_p
     procs = [subprocess.Popen(cmd(tmp_path, r), env=script_env(ckpt, "pir", env_of(r, 3, "k0", capped)), cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
              for r in range(3)]
+    rng_dir = ckpt / "e2e" / "range" / "_range_0"
+
+    def committed():  # rank 0 commits on its committer thread: a checkpoint is visible some time after its epoch
+        return sorted(p for p in rng_dir.glob("ckpt-e*") if (p / "global.json").exists()) if rng_dir.exists() else []
+
     deadline = time.monotonic() + 250
-    while len(read_log(tmp_path / "out" / "r2")) < 3 and time.monotonic() < deadline:  # inside epoch 3
-        time.sleep(0.01)
+    while (len(read_log(tmp_path / "out" / "r2")) < 3 or not committed()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # inside epoch 3 (or later), with a global checkpoint committed
     for p in reversed(procs):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    d = ckpt / "e2e" / "range" / "_range_0" / "ckpt-e1"
+    assert committed(), "no global checkpoint was committed within 250 s (liveness, not a wrong resume)"
+    d = committed()[-1]
     g = json.loads((d / "global.json").read_bytes())
     sizes = [(d / f"rank-{k}" / "tensors.bin").stat().st_size for k in range(3)]
     assert g["version"] == 4 and g["share_writers"] == 2 and sizes[0] > 0 and sizes[1] > 0 and sizes[2] == 0, (g, sizes)
@@ -133,7 +139,6 @@ def test_capped_share_writers_kill_and_resume_at_another_cap_bit_identical(tmp_p
     assert all(rc == 0 for rc, _ in res), tail(res)
     restored = [starts(tmp_path / "out" / f"r{r}")[-1] for r in range(3)]
     assert len({x["restored"] for x in restored}) == 1 and restored[0]["restored"] is not None, restored
-    rng_dir = ckpt / "e2e" / "range" / "_range_0"
     writers = {json.loads((p / "global.json").read_bytes())["share_writers"]
                for p in rng_dir.iterdir() if (p / "global.json").exists()}
     assert 3 in writers, writers  # the restarted job's checkpoints: every rank of 3 wrote a share
