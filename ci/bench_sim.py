@@ -25,7 +25,8 @@ The persist figure (``--persist --state replicated``): the same job with checkpo
 rank holding the same (replicated) state; rank 0's persist seconds of every checkpoint (from the
 start of its save to the global commit, from the library's metrics lines), median per world size,
 and the largest world's against the smallest's. With ``--client-mbps`` as the per-rank cap, one
-writer takes state / cap whatever W is; writes spread over W ranks take about 1/W of it.
+writer takes state / cap whatever W is; writes spread over W ranks take about 1/W of it. The ranks
+run under the busy policy ``wait`` there, so that every checkpoint is written and timed.
 
 Usage: python ci/bench_sim.py [--ranks 1,4] [--params 100e6] [--epochs 6] [--epoch-seconds 12]
            [--rounds 5] [--latency-ms 2] [--client-mbps 500] [--aggregate-mbps 2000]
@@ -182,6 +183,10 @@ def measure(args, world, work):
     env.pop("PADDLE_ACP_CHECKPOINT_URI", None)
     if world > 1:
         env["PADDLE_ACP_RANK_STATE"] = args.state
+    if args.persist:
+        # the persist figure times every checkpoint: none may be skipped because the one before is still
+        # being written (the default busy policy, skip, would on a loaded machine)
+        env["PADDLE_ACP_BUSY_POLICY"] = "wait"
     for kv in args.env:
         k, _, v = kv.partition("=")
         env[k] = v

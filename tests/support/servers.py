@@ -1278,6 +1278,16 @@ def _sigv4_status(method: str, host: str, port: int, path: str, access_key: str,
         conn.close()
 
 
+def _volume_ids(text: str) -> set:
+    """weed's human-readable volume id list (" 1 3-5,7") as a set of ints."""
+    ids = set()
+    for tok in text.replace(",", " ").split():
+        lo, _, hi = tok.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            ids.update(range(int(lo), int(hi or lo) + 1))
+    return ids
+
+
 class S3Server(_ServerBase):
     """SeaweedFS ``weed mini`` (S3 gateway) on 127.0.0.1 with one bucket and fixed keys.
 
@@ -1411,7 +1421,7 @@ class S3Server(_ServerBase):
                                        f"--- {self.log_path} (tail) ---\n{_tail(self.log_path)}")
             st = _sigv4_status("HEAD", self.host, self.port, f"/{self.bucket}",
                                self.access_key, self.secret_key)
-            if st == 200:
+            if st == 200 and self._volumes_registered():
                 break
             if st is not None and st != last_st:
                 _log(f"S3 HEAD /{self.bucket} -> {st} (waiting for 200)")
@@ -1428,6 +1438,30 @@ class S3Server(_ServerBase):
 
     def _server_pids(self) -> List[int]:
         return [self._proc.pid] if self._proc is not None else []
+
+    def _volumes_registered(self) -> bool:
+        """Every volume already on disk (a restart keeps the data) is known to weed's master.
+
+        The bucket answers before the volume server has registered its volumes; an object read then
+        fails mid-stream ("Failed to flush response stream"), which a restart test must not see."""
+        on_disk = set()
+        for dat in (self.workdir / "data").glob("*.dat"):
+            vid = dat.stem.rpartition("_")[2]
+            if vid.isdigit():
+                on_disk.add(int(vid))
+        if not on_disk:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.ports['master']}/dir/status", timeout=3) as r:
+                topo = json.loads(r.read())["Topology"]
+        except (OSError, ValueError, KeyError):
+            return False
+        known = set()
+        for dc in topo.get("DataCenters") or []:
+            for rack in dc.get("Racks") or []:
+                for node in rack.get("DataNodes") or []:
+                    known.update(_volume_ids(str(node.get("VolumeIds", ""))))
+        return on_disk <= known
 
     def stop(self, kill: bool = False) -> None:
         """SIGTERM the weed process (SIGKILL after 20 s, or at once with ``kill=True``)."""
