@@ -394,6 +394,10 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
     else:
         os.environ.pop("PADDLE_ACP_HDFS_CLIENT", None)
     new_api = hasattr(MetricsLog, "add")
+    try:
+        from paddle_acp.format.metrics_record import MetricsRecord as record_type
+    except ImportError:  # code before issue 26 takes dicts
+        record_type = None
     base = open_storage(uri, cache_dir=os.path.join(work, "fscache"))
     snap = tiny_snapshot(nbytes)
     warm = 4  # retention starts after max_to_keep (3) checkpoints
@@ -410,6 +414,8 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
             t0 = time.perf_counter()
             number, _ = ck.save(snap)
             rec = {"event": "saved", "time": time.time(), "number": number}
+            if record_type is not None:  # issue 26: a record is a MetricsRecord, no longer a dict
+                rec = record_type.from_dict(rec)
             if new_api:
                 metrics.add(rec)
                 metrics.flush_due()

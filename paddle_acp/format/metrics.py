@@ -1,12 +1,8 @@
 """Metrics: one JSON line per save in ``{job}/metrics/trainer-{id}.jsonl`` on the checkpoint storage.
 
-Fields of a save: event ("saved" or "failed"), time, pid, range, number, epoch, step, bytes,
-stall_s (the time the training thread was blocked by this save, waited_s included),
-waited_s (of which waiting for the previous checkpoint), persist_s, throughput_mb_s, ok, error,
-policy, queued (the snapshot waited in the second buffer). ``event: "skipped"`` records a save
-that came due while the previous checkpoint was still being written and was not taken
-(time, pid, range, epoch, step, stall_s, policy); ``event: "start"`` a process that began
-writing checkpoints (time, pid, range, restored).
+A line is a :class:`~paddle_acp.format.metrics_record.MetricsRecord` (its fields, their types and
+meanings, the events start, saved, failed and skipped, and the parsing of a line read back are defined
+there, once); this module owns the file: buffering the lines and writing them.
 
 On a local disk a save's line is appended as soon as its checkpoint commits, so a kill loses
 none (``paddle-acp stats`` agrees with the committed checkpoints). Elsewhere (HDFS, S3: an append
@@ -19,15 +15,15 @@ training thread a storage round trip.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 import pyarrow
 
 from paddle_acp.errors import StorageError
+from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage.base import Storage, scrub
 
 logger = logging.getLogger("paddle_acp")
@@ -56,9 +52,9 @@ class MetricsLog:
         self._exists = False  # the file is known to exist (this process wrote it)
         self._last_flush: float = float("-inf")
 
-    def add(self, record: Dict[str, Any]) -> None:
+    def add(self, record: MetricsRecord) -> None:
         """Buffer one record (no storage access: safe on the training thread)."""
-        line = (scrub(json.dumps(record, sort_keys=True)) + "\n").encode()  # an error text never carries a secret
+        line = (scrub(record.to_line()) + "\n").encode()  # an error text never carries a secret
         with self._lock:
             self._pending.append(line)
             if len(self._pending) > MAX_PENDING:
@@ -83,7 +79,7 @@ class MetricsLog:
                     if len(self._pending) > MAX_PENDING:
                         del self._pending[: len(self._pending) - MAX_PENDING]
 
-    def append(self, record: Dict[str, Any]) -> None:
+    def append(self, record: MetricsRecord) -> None:
         """Add one record and write everything buffered now."""
         self.add(record)
         self.flush()

@@ -11,7 +11,6 @@ and frees the arena.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
@@ -27,6 +26,7 @@ from paddle_acp.format.fencing import FencedError
 from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import RangeRecord, align
 from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.metrics_record import MetricsRecord, SaveBegun
 from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.snapshot import Snapshot, copy_into
 from paddle_acp.format.stream import ChunkStream, chunk_size
@@ -279,23 +279,14 @@ class PersistMixin:
                 "(PADDLE_ACP_BUSY_POLICY=%s); the next due one is taken (further skips in a row are not logged)",
                 self.name, at, self.busy_policy,
             )
-        self.metrics.add({
-            "event": "skipped", "time": time.time(), "pid": os.getpid(), "range": self.name,
-            "epoch": self.epoch_no, "step": self.step, "stall_s": round(time.perf_counter() - t0, 6),
-            "policy": self.busy_policy,
-        })
+        self.metrics.add(MetricsRecord.skipped(range=self.name, epoch=self.epoch_no, step=self.step,
+                                               stall_s=time.perf_counter() - t0, policy=self.busy_policy))
 
     def _persist(self, snap: Snapshot) -> None:
         t0 = time.perf_counter()
-        record = {
-            "time": time.time(), "pid": os.getpid(), "range": self.name, "epoch": snap.range.epoch_no,
-            "step": snap.range.step, "stall_s": round(snap.stall_seconds, 6), "waited_s": round(snap.waited_seconds, 6),
-            "policy": self.busy_policy,
-        }
-        if snap.queued:
-            record["queued"] = True
-        if snap.skipped_before:
-            record["skipped_before"] = snap.skipped_before
+        record = SaveBegun(range=self.name, epoch=snap.range.epoch_no, step=snap.range.step,
+                           stall_s=snap.stall_seconds, waited_s=snap.waited_seconds, policy=self.busy_policy,
+                           queued=bool(snap.queued), skipped_before=snap.skipped_before or 0)
         try:
             if self.multi:
                 self._persist_part(snap, record, t0)
@@ -311,10 +302,8 @@ class PersistMixin:
         self._last_persist_error = None
         dt = time.perf_counter() - t0
         mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
-        record.update(event="saved", ok=True, number=number, bytes=nbytes, persist_s=round(dt, 6),
-                      throughput_mb_s=round(mbps, 3))
-        stall = self._streamed_record(snap, record)
-        self.metrics.add(record)
+        record, stall = self._streamed_record(snap, record)
+        self.metrics.add(record.saved(number=number, nbytes=nbytes, persist_s=dt))
         if snap.durable:
             self.metrics.flush()
         else:
@@ -325,24 +314,22 @@ class PersistMixin:
             nbytes, stall, dt, mbps,
         )
 
-    def _record_failure(self, record: dict, exc: BaseException, t0: float) -> None:
+    def _record_failure(self, record: SaveBegun, exc: BaseException, t0: float) -> None:
         self._last_persist_error = exc
-        record.update(event="failed", ok=False, error=str(exc)[:500], persist_s=round(time.perf_counter() - t0, 6))
-        self.metrics.add(record)
+        self.metrics.add(record.failed(error=exc, persist_s=time.perf_counter() - t0))
         self.metrics.flush_due()
 
-    def _streamed_record(self, snap: Snapshot, record: dict) -> float:
-        """The stall of a saved snapshot. A streamed one's ended when its last chunk was copied,
-        during the write: the metrics record gets it, and the stream's figures."""
+    def _streamed_record(self, snap: Snapshot, record: SaveBegun) -> tuple[SaveBegun, float]:
+        """The metrics record and stall of a saved snapshot. A streamed one's ended when its last chunk
+        was copied, during the write: the metrics record gets it, and the stream's figures."""
         if snap.stream is None:
-            return snap.stall_seconds
+            return record, snap.stall_seconds
         stall = snap.stream.stall_seconds()
-        record.update(stall_s=round(stall, 6), streamed={
-            "budget": self._budget.nbytes if self._budget else None, "buffer": snap.stream.slots * snap.stream.chunk,
-            "chunk": snap.stream.chunk, "chunks": snap.stream.nchunks})
-        return stall
+        return record.with_stream(stall, budget=self._budget.nbytes if self._budget else None,
+                                  buffer=snap.stream.slots * snap.stream.chunk, chunk=snap.stream.chunk,
+                                  chunks=snap.stream.nchunks), stall
 
-    def _persist_part(self, snap: Snapshot, record: dict, t0: float) -> None:
+    def _persist_part(self, snap: Snapshot, record: SaveBegun, t0: float) -> None:
         """This rank's part; rank 0's commit goes on on the committer's thread (a durable save, or a
         synchronous saver, waits for it): the metrics record and log line come when it is decided."""
         try:
@@ -354,7 +341,7 @@ class PersistMixin:
             self._record_failure(record, exc, t0)
             raise
         self._last_persist_error = None
-        stall = self._streamed_record(snap, record)
+        record, stall = self._streamed_record(snap, record)
         at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
         done = (res.name, res.nbytes, at, stall, t0, snap.mode, snap.durable)
         if res.pending is not None and res.committed is None:  # decided later, on the committer's thread
@@ -362,7 +349,7 @@ class PersistMixin:
             return
         self._part_done(record, done, res.committed, res.waited, None)
 
-    def _part_done(self, record: dict, done: tuple, committed: Optional[bool], waited: float,
+    def _part_done(self, record: SaveBegun, done: tuple, committed: Optional[bool], waited: float,
                    error: Optional[BaseException]) -> None:
         """The metrics record and log line of a part written (rank 0: of its commit, once decided)."""
         name, nbytes, at, stall, t0, mode, durable = done
@@ -371,12 +358,9 @@ class PersistMixin:
         dt = time.perf_counter() - t0
         if error is not None:  # the commit failed (storage, fenced, or the base was condemned)
             committed = False
-            record["error"] = str(error)[:500]
             self.saver.interrupt(error)
-        record.update(event="saved" if committed is not False else "failed", ok=committed is not False,
-                      name=name, bytes=nbytes, persist_s=round(dt, 6), rank=self.rank,
-                      committed=committed, parts_wait_s=round(waited, 6))
-        self.metrics.add(record)
+        self.metrics.add(record.part(name=name, nbytes=nbytes, persist_s=dt, rank=self.rank, committed=committed,
+                                     parts_wait_s=waited, error=error))
         if durable:
             self.metrics.flush()
         else:

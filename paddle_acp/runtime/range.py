@@ -10,7 +10,6 @@ none) and iterated by :meth:`EpochRange.epochs`. Its parts live beside it:
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from paddle_acp.format.arena import Arena
 from paddle_acp.format.checkpointer import Checkpointer
 from paddle_acp.format.fencing import Fence
 from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
@@ -175,9 +175,9 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             self.agreement.fence = self.fence
             self.agreement.start(self.gcheckpointer.base)
         if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
-            self.metrics.add({"event": "start", "time": time.time(), "pid": os.getpid(), "range": self.name,
-                              "restored": self.restored_number, "policy": self.busy_policy,
-                              "restore_source": self._loaded.source if self._loaded is not None else None})
+            self.metrics.add(MetricsRecord.start(
+                range=self.name, restored=self.restored_number, policy=self.busy_policy,
+                restore_source=self._loaded.source if self._loaded is not None else None))
 
     # -- the loop ------------------------------------------------------------
     def epochs(self) -> Iterator[int]:

@@ -4,76 +4,41 @@ malformed or out-of-range line is skipped and counted, never an error."""
 
 from __future__ import annotations
 
-import json
-import math
+import logging
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.format.layout import parse_name, position_number
+from paddle_acp.format.metrics_record import EVENTS, TIME_MAX, MetricsRecord, MetricsRecordError, is_num
 from paddle_acp.storage.base import Storage
+
+logger = logging.getLogger("paddle_acp")
 
 METRICS_DIR = "metrics"
 _METRICS_RE = re.compile(r"trainer-(0|[1-9][0-9]{0,8})\.jsonl", re.ASCII)  # fullmatch
 
-METRIC_FIELDS = ("event", "time", "pid", "range", "number", "epoch", "step", "bytes", "stall_s", "waited_s",
-                 "persist_s", "throughput_mb_s", "ok", "policy")
-EVENTS = ("saved", "failed", "skipped", "start")
-# Numeric fields and the range a real record keeps them in; a line outside it is skipped
-# (a hand-edited or corrupted file must never make the tool fail).
-TIME_MAX = 32503680000.0  # year 3000
-_BOUNDS = {"time": (0.0, TIME_MAX), "stall_s": (0.0, 1e7), "waited_s": (0.0, 1e7), "persist_s": (0.0, 1e7),
-           "throughput_mb_s": (0.0, 1e9), "bytes": (0, 1 << 60), "number": (0, 10 ** 18), "epoch": (-1, 1 << 62),
-           "step": (0, 1 << 62), "pid": (0, 1 << 31), "skipped_before": (0, 1 << 62)}
+__all__ = ["EVENTS", "TIME_MAX", "METRICS_DIR", "Record", "is_num", "clean_record", "read_metrics", "saves_of",
+           "unrecorded_of", "restarts_of"]
 
-Record = Dict[str, Any]
-
-
-def is_num(v: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an int too large for a float
-        return False
+Record = Dict[str, Any]  # a record read back: MetricsRecord.to_dict() and the reader's ``trainer``
 
 
 def clean_record(rec: Any) -> Optional[Record]:
-    """A metrics record with its fields checked, or None when it is unusable.
-
-    Every numeric field present must be a finite number within a real record's range
-    (``null`` stands for absent); ``event`` is one of :data:`EVENTS` (records written
-    before events existed are ``saved`` or, with ``ok: false``, ``failed``).
-    """
-    if not isinstance(rec, dict):
+    """A line's JSON object checked as a :class:`~paddle_acp.format.metrics_record.MetricsRecord`
+    (its JSON object again, event and range filled in, text cut), or None when it is not one."""
+    try:
+        return MetricsRecord.from_dict(rec).to_dict()
+    except MetricsRecordError:
         return None
-    for key, (lo, hi) in _BOUNDS.items():
-        v = rec.get(key)
-        if v is None and key != "time":
-            continue
-        if v is None or not is_num(v) or not lo <= v <= hi:
-            return None
-    event = rec.get("event")
-    if event is None:
-        event = "failed" if rec.get("ok", True) is False else "saved"
-    if event not in EVENTS:
-        return None
-    out = dict(rec)
-    out["event"] = event
-    out["range"] = str(rec.get("range"))[:200] if rec.get("range") is not None else "-"
-    if rec.get("error") is not None:
-        out["error"] = str(rec["error"])[:500]
-    return out
 
 
 def read_metrics(storage: Storage, job: str) -> Tuple[List[Record], int]:
     """The records of a job's metrics files, oldest first, and how many lines were unusable.
 
-    Files: ``JOB/metrics/trainer-<i>.jsonl``, one JSON object per line: saves
-    (``event`` saved/failed: ``time, pid, range, number, epoch, step, bytes, stall_s,
-    waited_s, persist_s, throughput_mb_s, ok``), skipped saves (``event: skipped``) and
-    process starts (``event: start``); each record gets a ``trainer`` field. A torn,
-    malformed or out-of-range line is skipped and counted.
+    Files: ``JOB/metrics/trainer-<i>.jsonl``, one :class:`~paddle_acp.format.metrics_record.MetricsRecord`
+    per line (saves, failed and skipped saves, process starts), each returned as its JSON object with
+    a ``trainer`` field. A torn, malformed or out-of-range line is skipped and counted (its reason
+    logged at debug level).
     """
     records: List[Record] = []
     bad = 0
@@ -85,14 +50,13 @@ def read_metrics(storage: Storage, job: str) -> Tuple[List[Record], int]:
             raw = storage.read_bytes(f"{job}/{METRICS_DIR}/{e.name}")
         except FileNotFoundError:
             continue
-        for line in raw.decode("utf-8", errors="replace").splitlines():
+        for i, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                rec = clean_record(json.loads(line))
-            except (ValueError, RecursionError):
-                rec = None
-            if rec is None:
+                rec = MetricsRecord.from_line(line).to_dict()
+            except MetricsRecordError as exc:
+                logger.debug("%s/%s/%s line %d skipped: %s", job, METRICS_DIR, e.name, i, exc)
                 bad += 1
                 continue
             rec["trainer"] = int(m.group(1))

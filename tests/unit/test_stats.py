@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from paddle_acp import cli
 from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage import open_storage
 from paddle_acp.tools import metrics, plot
 
@@ -143,7 +144,7 @@ def test_records_written_by_the_library_round_trip(tmp_path_factory, recs):
     st_ = open_storage(root)
     log = MetricsLog(st_, JOB, 0, flush_interval=3600)
     for i, r in enumerate(recs):
-        log.add(r)
+        log.add(MetricsRecord.from_dict(r))
         if i % 3 == 0:
             log.flush_due()  # the first flushes, the others wait for the interval
     log.flush()
