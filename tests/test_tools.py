@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from paddle_acp import cli, config, tools
 from paddle_acp.errors import ConfigError, StorageError
 from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage import open_storage
 from paddle_acp.tools import refs
 
@@ -414,6 +415,21 @@ def test_stats_of_the_training_run(readonly, trained):
                  "throughput     - (no checkpoint of 64.0 MiB or more", "waited", "total written",
                  "last save", " ago)", "RANGE", "SKIPPED", RANGE):
         assert what in p.stdout, (what, p.stdout)
+
+
+def test_the_training_runs_metrics_lines_are_records_byte_for_byte(trained):
+    """Every line the library wrote in a real training run is a valid MetricsRecord (the reader's
+    checks never reject what the writers write) and serializes back to the same bytes; one start
+    record, one saved record per epoch with the fields of a save of one writer."""
+    with open(os.path.join(trained["root"], JOB, "metrics", "trainer-0.jsonl")) as f:
+        lines = f.read().splitlines()
+    recs = [MetricsRecord.from_line(line) for line in lines]
+    assert [r.to_line() for r in recs] == lines
+    assert [r.event for r in recs] == ["start"] + ["saved"] * EPOCHS, lines
+    for r in recs[1:]:
+        assert set(json.loads(r.to_line())) == {
+            "event", "time", "pid", "range", "epoch", "step", "stall_s", "waited_s", "policy", "ok", "number",
+            "bytes", "persist_s", "throughput_mb_s"}, r
 
 
 def test_stats_on_a_metrics_file(tmp_path, capsys):
