@@ -120,10 +120,10 @@ class MetricsRecord:
     def to_dict(self) -> Dict[str, Any]:
         """The line's JSON object: every field set (or in ``nulls``), and the unknown keys read with it."""
         out: Dict[str, Any] = dict(self.extra)
-        for f in _FIELDS:
-            v = getattr(self, f.name)
-            if v is not None or f.name in self.nulls:
-                out[f.name] = dict(v) if f.name == "streamed" and v is not None else v
+        nulls = self.nulls
+        for name, v in self.__dict__.items():  # the fields, in order (a frozen dataclass without slots)
+            if (v is not None or name in nulls) and name in _NAMES:
+                out[name] = dict(v) if name == "streamed" and v is not None else v
         return out
 
     def to_line(self) -> str:
@@ -149,16 +149,17 @@ class MetricsRecord:
             raise MetricsRecordError(f"not a metrics record: a JSON {_json_type(obj)}, not an object")
         kw: Dict[str, Any] = {}
         nulls = set()
-        for f in _FIELDS:
-            if f.name not in obj:
-                continue
-            v = obj[f.name]
-            if v is None:
-                if f.name == "time":
+        extra = {}
+        for name, v in obj.items():
+            kind = _TYPES.get(name)
+            if kind is None:
+                extra[name] = v
+            elif v is None:
+                if name == "time":
                     raise MetricsRecordError("field 'time' is null: every record has a time")
-                nulls.add(f.name)
-                continue
-            kw[f.name] = _check(f.name, _TYPES[f.name], v)
+                nulls.add(name)
+            else:
+                kw[name] = _check(name, kind, v)
         if "time" not in kw:
             raise MetricsRecordError("field 'time' is missing: every record has a time")
         event = kw.get("event")
@@ -170,7 +171,6 @@ class MetricsRecord:
         kw["event"] = event
         if kw.get("range") is None:
             nulls.discard("range")
-        extra = {k: v for k, v in obj.items() if k not in _NAMES}
         return cls(**kw, nulls=frozenset(nulls), extra=extra)
 
 
