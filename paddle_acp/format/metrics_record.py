@@ -76,7 +76,8 @@ class MetricsRecord:
     time: float = dataclasses.field(metadata={"doc": "float: wall-clock time of the record, seconds since the epoch"})
     pid: Optional[int] = _doc("int: the process id of the training process")
     range: str = _doc("str: the epoch range's name (``-`` when a line has none)", "-")
-    restored: Optional[int] = _doc("int or null (start): the number of the checkpoint the process resumed from")
+    restored: Optional[int] = _doc("int or null (start): the number of the checkpoint the process resumed from "
+                                   "(several ranks: its position, (epoch + 1) << 32 | step)")
     restore_source: Optional[str] = _doc("str or null (start): where it was read from: local, remote or cache")
     policy: Optional[str] = _doc("str: PADDLE_ACP_BUSY_POLICY of the process (skip, queue or wait)")
     epoch: Optional[int] = _doc("int: the epoch the save (or skipped save) is of")
