@@ -8,7 +8,7 @@ cd "$ROOT"
 export PYTHONUNBUFFERED=1
 # Lint and import order first (seconds): a layer rule broken is a failed test run.
 "$PYTHON" -m ruff check paddle_acp paddle_acp_cli.py tests ci examples
-# Types: the whole package, with mypy's strict flags for the format and storage layers (pyproject.toml).
+# Types: the whole package, with mypy's strict flags for every module but runtime/ (pyproject.toml).
 "$PYTHON" -m mypy
 # The Paddle-free tests (tests/unit/) once more in a venv without Paddle (~1 min; ci/unit_no_paddle.sh).
 bash "$ROOT/ci/unit_no_paddle.sh"

@@ -188,7 +188,7 @@ def __getattr__(name: str) -> _Any:  # PEP 562: the Paddle-dependent public name
     return value
 
 
-def __dir__() -> list:
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 

@@ -47,7 +47,7 @@ def redirect_paddle_auto_checkpoint() -> None:
         coll.CheckpointSaver, coll.PaddleModel = checkpoint_saver.CheckpointSaver, checkpoint_saver.PaddleModel
 
 
-def _cmd_run(args) -> int:
+def _cmd_run(args: argparse.Namespace) -> int:
     if args.checkpoint is not None:
         os.environ["PADDLE_ACP_CHECKPOINT_URI"] = args.checkpoint
     if args.interval is not None:
@@ -95,7 +95,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         _config.log_level_from_env()  # the package leaves a bad value to us when the gate is deferred
-        return args.func(args)
+        rc: int = args.func(args)  # _cmd_run or a tool's main, wrapped by tools.render.guard
+        return rc
     except AcpError as exc:
         from paddle_acp.storage.base import scrub
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Dict, Tuple
+from typing import Any, Dict, Iterable, Tuple
 
 from paddle_acp.format.global_manifest import MODES
 
@@ -25,7 +25,7 @@ def fleet_degrees() -> Dict[str, int]:
         return {}
     out: Dict[str, int] = {}
 
-    def put(name, value):
+    def put(name: str, value: Any) -> None:
         try:
             v = int(value)
         except (TypeError, ValueError):
@@ -50,7 +50,7 @@ def fleet_degrees() -> Dict[str, int]:
     return out
 
 
-def decide_mode(setting: str, entries) -> Tuple[str, str]:
+def decide_mode(setting: str, entries: Iterable[Any]) -> Tuple[str, str]:  # the registry's entries (runtime/)
     """('per-rank' | 'replicated', why) for PADDLE_ACP_RANK_STATE ``setting`` and the registered programs."""
     if setting in MODES:
         return setting, f"PADDLE_ACP_RANK_STATE={setting}"

@@ -9,13 +9,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from typing import List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CheckpointError
 
 logger = logging.getLogger("paddle_acp")
 
 _CACHE_ATTR = "_paddle_acp_info"
+
+#: A paddle.static.Program, a paddle.pir.Program or a CompiledProgram (or anything a caller passes):
+#: Paddle's API is untyped, so these are Any at this boundary.
+PaddleProgram = Any
 
 
 @dataclasses.dataclass
@@ -59,7 +63,7 @@ def parallel_kind(op_name: str) -> Optional[str]:
     return _PARALLEL_BY_NAME.get(name)
 
 
-def unwrap(program):
+def unwrap(program: PaddleProgram) -> PaddleProgram:
     """Return the underlying Program of a CompiledProgram (or the program itself)."""
     inner = getattr(program, "_program", None)
     if inner is not None and type(program).__name__ == "CompiledProgram":
@@ -68,7 +72,7 @@ def unwrap(program):
 
 
 # -- PIR -----------------------------------------------------------------------
-def _pir_ops(block):
+def _pir_ops(block: Any) -> Iterator[Any]:  # a pir Block; its pir Operations
     """Every op of a block, control-flow bodies (``pd_op.if``/``while`` blocks) included."""
     for op in block.ops:
         yield op
@@ -76,16 +80,17 @@ def _pir_ops(block):
             yield from _pir_ops(sub)
 
 
-def _pir_is_optimizer_op(op, name: str) -> bool:
+def _pir_is_optimizer_op(op: Any, name: str) -> bool:
     if not name.endswith("_") or name.endswith("_grad_"):
         return False
     try:
-        return "param" in op.get_input_names()
+        names: List[str] = op.get_input_names()
+        return "param" in names
     except (ValueError, RuntimeError, AttributeError):
         return False
 
 
-def _pir_info(program) -> ProgramInfo:
+def _pir_info(program: PaddleProgram) -> ProgramInfo:
     has_bwd = has_opt = False
     op_names: List[str] = []
     persist: List[Tuple[str, str, str]] = []
@@ -108,7 +113,7 @@ def _pir_info(program) -> ProgramInfo:
 
 
 # -- legacy IR -----------------------------------------------------------------
-def _legacy_info(program) -> ProgramInfo:
+def _legacy_info(program: PaddleProgram) -> ProgramInfo:
     from paddle.base import core
 
     has_bwd = has_opt = False
@@ -126,14 +131,16 @@ def _legacy_info(program) -> ProgramInfo:
         core.VarDesc.VarType.RAW,
         core.VarDesc.VarType.READER,
     }
-    persist = []
+    persist: List[Tuple[str, str, str]] = []
     for var in program.list_vars():
         if var.persistable and var.type not in skip:
             persist.append((var.name, str(tuple(var.shape)), str(var.dtype)))
     return _finish("legacy", has_bwd, has_opt, op_names, persist)
 
 
-def _finish(ir, has_bwd, has_opt, op_names, persist) -> ProgramInfo:
+def _finish(
+    ir: str, has_bwd: bool, has_opt: bool, op_names: List[str], persist: List[Tuple[str, str, str]]
+) -> ProgramInfo:
     persist = sorted(set(persist))
     h = hashlib.sha256()
     h.update(ir.encode())
@@ -157,7 +164,7 @@ def _finish(ir, has_bwd, has_opt, op_names, persist) -> ProgramInfo:
     )
 
 
-def _refuse_unsupported_pir(program) -> None:
+def _refuse_unsupported_pir(program: PaddleProgram) -> None:
     """Raise CheckpointError for a PIR program on a Paddle whose PIR paddle-acp does not support (2.6)."""
     from paddle import pir
 
@@ -169,12 +176,12 @@ def _refuse_unsupported_pir(program) -> None:
             raise CheckpointError(reason)
 
 
-def program_info(program) -> ProgramInfo:
+def program_info(program: PaddleProgram) -> ProgramInfo:
     """Analyse (once) and return the :class:`ProgramInfo` of a Program/CompiledProgram."""
     program = unwrap(program)
-    info = getattr(program, _CACHE_ATTR, None)
-    if info is not None:
-        return info
+    cached: Optional[ProgramInfo] = getattr(program, _CACHE_ATTR, None)  # set below, by this function only
+    if cached is not None:
+        return cached
     from paddle.base.framework import Program as LegacyProgram
 
     if isinstance(program, LegacyProgram):
@@ -189,7 +196,7 @@ def program_info(program) -> ProgramInfo:
     return info
 
 
-def is_training_program(program) -> bool:
+def is_training_program(program: PaddleProgram) -> bool:
     """True when the program has both backward and optimizer ops."""
     try:
         return program_info(program).is_training
@@ -200,5 +207,5 @@ def is_training_program(program) -> bool:
         return False
 
 
-def lr_scheduler_of(program) -> Optional[object]:
+def lr_scheduler_of(program: PaddleProgram) -> Optional[object]:
     return getattr(unwrap(program), "lr_scheduler", None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def carries_cpu_engine() -> bool:
     return _carries
 
 
-def _fields(st) -> list:
+def _fields(st: Any) -> List[Any]:  # a Paddle GeneratorState -> [device, seed, offset, engine (ASCII)]
     parts = st.__getstate__()
     if len(parts) == 4:  # Paddle 3.x: the engine state as a list of ASCII codes
         device, seed, offset, raw = parts
@@ -66,7 +66,7 @@ def capture() -> Dict[str, Any]:
     }
 
 
-def _generator(entry: list, carries: bool):
+def _generator(entry: List[Any], carries: bool) -> Any:  # -> a Paddle GeneratorState
     from paddle.framework import core
 
     g = core.GeneratorState.__new__(core.GeneratorState)
@@ -116,7 +116,7 @@ def restore(state: Dict[str, Any]) -> None:
     random.setstate((p[0], tuple(p[1]), p[2]))
 
 
-_warned_partial: set = set()
+_warned_partial: Set[Tuple[Tuple[int, ...], Tuple[int, ...]]] = set()
 
 
 def _describe(devices: List[int]) -> str:
@@ -138,7 +138,7 @@ def _warn_partial(here: List[int], saved: List[int], restored: List[int], kept: 
     )
 
 
-def _fresh_engine(seed: int) -> list:
+def _fresh_engine(seed: int) -> List[int]:
     """The engine state of a CPU generator freshly seeded with ``seed`` (Paddle 3.x)."""
     from paddle.framework import core
 

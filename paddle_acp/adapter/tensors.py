@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import List, Optional, Tuple
+from typing import Any, Final, Iterable, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -20,8 +20,13 @@ from paddle_acp.format.snapshot import TensorData
 
 logger = logging.getLogger("paddle_acp")
 
+# Paddle's API is untyped: its objects are Any at this boundary, named for what they are.
+PaddleTensor = Any  # a core DenseTensor (LoDTensor) of a scope variable
+PaddleScope = Any  # a core Scope
+PaddlePlace = Any  # a core Place or a concrete paddle.CPUPlace/CUDAPlace/...
 
-def dtype_name(tensor) -> str:
+
+def dtype_name(tensor: PaddleTensor) -> str:
     name = str(tensor._dtype())
     name = name.split(".")[-1].lower()
     if name not in DTYPES:
@@ -29,7 +34,7 @@ def dtype_name(tensor) -> str:
     return name
 
 
-def tensor_meta(tensor) -> Tuple[str, List[int]]:
+def tensor_meta(tensor: PaddleTensor) -> Tuple[str, List[int]]:
     """(dtype, shape) of an initialized dense tensor; a dtype paddle-acp does not save by Paddle's own name."""
     try:
         dt = dtype_name(tensor)
@@ -38,10 +43,10 @@ def tensor_meta(tensor) -> Tuple[str, List[int]]:
     return dt, list(tensor.shape())
 
 
-NON_TENSOR = "non-tensor"
+NON_TENSOR: Final = "non-tensor"
 
 
-def scope_var_meta(scope, name: str):
+def scope_var_meta(scope: PaddleScope, name: str) -> Union[None, Literal["non-tensor"], Tuple[str, List[int]]]:
     """What ``scope`` holds under ``name``: None (nothing, or a tensor not initialized), :data:`NON_TENSOR`
     (a variable that is not a dense tensor: a reader, a list), else the tensor's (dtype, shape)."""
     var = scope.find_var(name)
@@ -54,14 +59,14 @@ def scope_var_meta(scope, name: str):
     return tensor_meta(tensor) if tensor._is_initialized() else None
 
 
-def default_place():
+def default_place() -> PaddlePlace:
     """The device Paddle puts a new tensor on (as the executor would)."""
     from paddle.base import framework
 
     return framework._current_expected_place_()
 
 
-def tensor_view(tensor) -> Tuple[str, np.ndarray]:
+def tensor_view(tensor: PaddleTensor) -> Tuple[str, np.ndarray]:
     """A zero-copy NumPy view over a CPU tensor (a copy for other places).
 
     The view is valid only until Paddle touches the tensor again: copy it out
@@ -82,7 +87,7 @@ def tensor_view(tensor) -> Tuple[str, np.ndarray]:
     return dt, np.ascontiguousarray(arr.reshape(shape))
 
 
-def tensor_nbytes(tensor) -> int:
+def tensor_nbytes(tensor: PaddleTensor) -> int:
     """The bytes ``tensor`` holds, from its metadata alone (element count and dtype): no copy,
     and on an accelerator no device-to-host transfer."""
     shape = tuple(tensor.shape())
@@ -90,7 +95,7 @@ def tensor_nbytes(tensor) -> int:
     return numel * DTYPES[dtype_name(tensor)].itemsize
 
 
-def layout_size(scope, names) -> int:
+def layout_size(scope: PaddleScope, names: Iterable[str]) -> int:
     """The size of the data file that ``layout()`` gives the named, initialized tensors (metadata only)."""
     total = 0
     for name in names:
@@ -100,10 +105,10 @@ def layout_size(scope, names) -> int:
     return total
 
 
-def tensor_items(scope, names) -> List[Tuple[str, str, Tuple[int, ...], int]]:
+def tensor_items(scope: PaddleScope, names: Iterable[str]) -> List[Tuple[str, str, Tuple[int, ...], int]]:
     """(name, dtype, shape, bytes) of the named, initialized tensors, from their metadata alone (what
     :func:`tensor_views` would give, without a view or, on an accelerator, a device-to-host copy)."""
-    out = []
+    out: List[Tuple[str, str, Tuple[int, ...], int]] = []
     for name in names:
         t = find_tensor(scope, name)
         if t is not None:
@@ -111,7 +116,7 @@ def tensor_items(scope, names) -> List[Tuple[str, str, Tuple[int, ...], int]]:
     return out
 
 
-def find_tensor(scope, name: str):
+def find_tensor(scope: PaddleScope, name: str) -> Optional[PaddleTensor]:
     var = scope.find_var(name)
     if var is None:
         return None
@@ -124,9 +129,9 @@ def find_tensor(scope, name: str):
     return t
 
 
-def tensor_views(scope, names) -> List[TensorData]:
+def tensor_views(scope: PaddleScope, names: Iterable[str]) -> List[TensorData]:
     """Zero-copy views of the named, initialized tensors (valid until Paddle runs again)."""
-    out = []
+    out: List[TensorData] = []
     for name in names:
         t = find_tensor(scope, name)
         if t is None:
@@ -136,7 +141,7 @@ def tensor_views(scope, names) -> List[TensorData]:
     return out
 
 
-def inplace_view(tensor, dtype: str, shape) -> Optional[np.ndarray]:
+def inplace_view(tensor: PaddleTensor, dtype: str, shape: Sequence[int]) -> Optional[np.ndarray]:
     """A writable view of ``tensor`` when it already holds ``dtype``/``shape`` on the CPU, else None."""
     if not tensor._is_initialized() or not tensor._place().is_cpu_place():
         return None
@@ -149,14 +154,14 @@ def inplace_view(tensor, dtype: str, shape) -> Optional[np.ndarray]:
     return view
 
 
-def scope_tensor(scope, name: str):
+def scope_tensor(scope: PaddleScope, name: str) -> PaddleTensor:
     var = scope.find_var(name)
     if var is None:
         var = scope.var(name)
     return var.get_tensor()
 
 
-def own_place(tensor, default=None):
+def own_place(tensor: PaddleTensor, default: Optional[PaddlePlace] = None) -> PaddlePlace:
     """The concrete place (``tensor.set`` takes no generic ``Place``) ``tensor`` lives on now;
     ``default`` (the CPU if None) for a tensor that holds nothing yet."""
     import paddle
@@ -177,7 +182,9 @@ def own_place(tensor, default=None):
     return paddle.CPUPlace()
 
 
-def set_tensor(tensor, arr: np.ndarray, place, default_place=None) -> None:
+def set_tensor(
+    tensor: PaddleTensor, arr: np.ndarray, place: Optional[PaddlePlace], default_place: Optional[PaddlePlace] = None
+) -> None:
     """Replace ``tensor``'s contents with ``arr`` on ``place`` (the executor's); with None, on the
     place the tensor lives on now (``default_place``, else the CPU, for one that holds nothing yet)."""
     if place is None:
@@ -185,7 +192,14 @@ def set_tensor(tensor, arr: np.ndarray, place, default_place=None) -> None:
     tensor.set(arr, place)
 
 
-def write_program(loaded: LoadedCheckpoint, key: str, scope, place, consume: bool = True, default_place=None) -> int:
+def write_program(
+    loaded: LoadedCheckpoint,
+    key: str,
+    scope: PaddleScope,
+    place: Optional[PaddlePlace],
+    consume: bool = True,
+    default_place: Optional[PaddlePlace] = None,
+) -> int:
     """Write program ``key``'s pending tensors of ``loaded`` into ``scope``; returns how many.
 
     Tensors the scope already holds with the same dtype and shape on the CPU

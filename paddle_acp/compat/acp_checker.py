@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional, Union
 
 from paddle_acp import config as _config
 from paddle_acp.secrets import redact
@@ -22,21 +22,21 @@ class AutoCheckpointChecker:
     inactive one (every field ``None``).
     """
 
-    def __init__(self, env=None):
+    def __init__(self, env: Optional[Mapping[str, str]] = None) -> None:
         self._run_env, cfg = _config.paddlecloud_view_from_env(env)
         self._cfg = cfg
         active = cfg.active
-        self._platform = cfg.platform if active else None
-        self._job_id = cfg.job_id if active else None
-        self._trainer_id = cfg.trainer_id if active else None
+        self._platform: Optional[str] = cfg.platform if active else None
+        self._job_id: Optional[str] = cfg.job_id if active else None
+        self._trainer_id: Optional[int] = cfg.trainer_id if active else None
         self._hdfs_home = cfg.hdfs_home
         self._hdfs_name = cfg.hdfs_name
         self._hdfs_ugi = cfg.hdfs_ugi
         self._hdfs_checkpoint_path = cfg.hdfs_checkpoint_path
-        self._ce_test = int(cfg.ce_test) if active else None
+        self._ce_test: Optional[int] = int(cfg.ce_test) if active else None
         self._fs_cache = cfg.fs_cache
         interval = cfg.save_interval
-        self._save_checkpoint_inter = int(interval) if float(interval).is_integer() else interval
+        self._save_checkpoint_inter: Union[int, float] = int(interval) if float(interval).is_integer() else interval
 
     @property
     def config(self) -> _config.CheckpointConfig:
@@ -60,55 +60,55 @@ class AutoCheckpointChecker:
     def get_job_path(self) -> str:
         return f"{self._root()}/{self.job_id}"
 
-    def get_range_checkpoint_path(self, name) -> str:
+    def get_range_checkpoint_path(self, name: str) -> str:
         """Where range ``name``'s checkpoints live (paddle-acp's layout matches Paddle's here)."""
         return f"{self.get_job_path()}/range/{name}"
 
-    def get_exe_checkpoint_path(self, name) -> str:
+    def get_exe_checkpoint_path(self, name: str) -> str:
         """Paddle's per-program location; paddle-acp keeps program state inside the range checkpoints."""
         return f"{self.get_job_path()}/exe/{name}"
 
     @property
-    def save_checkpoint_inter(self):
+    def save_checkpoint_inter(self) -> Union[int, float]:
         return self._save_checkpoint_inter
 
     @property
-    def run_env(self):
+    def run_env(self) -> Optional[str]:
         return self._run_env
 
     @property
-    def platform(self):
+    def platform(self) -> Optional[str]:
         return self._platform
 
     @property
-    def job_id(self):
+    def job_id(self) -> Optional[str]:
         return self._job_id
 
     @property
-    def trainer_id(self):
+    def trainer_id(self) -> Optional[int]:
         return self._trainer_id
 
     @property
-    def hdfs_home(self):
+    def hdfs_home(self) -> Optional[str]:
         return self._hdfs_home
 
     @property
-    def hdfs_name(self):
+    def hdfs_name(self) -> Optional[str]:
         return self._hdfs_name
 
     @property
-    def hdfs_ugi(self):
+    def hdfs_ugi(self) -> Optional[str]:
         return self._hdfs_ugi
 
     @property
-    def hdfs_checkpoint_path(self):
+    def hdfs_checkpoint_path(self) -> Optional[str]:
         return self._hdfs_checkpoint_path
 
     @property
-    def ce_test(self):
+    def ce_test(self) -> Optional[int]:
         return self._ce_test
 
-    def __str__(self):
+    def __str__(self) -> str:
         ugi = self._hdfs_ugi
         if ugi and "," in ugi:  # "user,password": never print the password
             ugi = ugi.split(",", 1)[0] + ",***"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from paddle_acp.compat.acp_status import ExeTrainStatus
+from paddle_acp.format.manifest import Manifest
 from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
 from paddle_acp.runtime.range import EpochRange
 
@@ -19,9 +20,9 @@ logger = logging.getLogger("paddle_acp")
 class _RangeState:
     """Compat bookkeeping of one library range (holds no reference to it)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.statuses: Dict[str, ExeTrainStatus] = {}
-        self.manifest = None
+        self.manifest: Optional[Manifest] = None
         self.manifest_read = False
 
 
@@ -38,7 +39,7 @@ class TrainEpochRange:
     also available as :attr:`range`.
     """
 
-    def __init__(self, lib_range: EpochRange):
+    def __init__(self, lib_range: EpochRange) -> None:
         if not isinstance(lib_range, EpochRange):
             raise TypeError(
                 "TrainEpochRange wraps an active paddle-acp range: use train_epoch_range() "
@@ -56,55 +57,56 @@ class TrainEpochRange:
     def range(self) -> EpochRange:
         return self._range
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_range", "_state"):
             raise AttributeError(name)
         return getattr(self._range, name)
 
     # Paddle's public surface
     @property
-    def name(self):
+    def name(self) -> str:
         return self._range.name
 
     @property
-    def restored_from(self):
+    def restored_from(self) -> str:
         return self._range.restored_from
 
-    def get(self):
+    def get(self) -> int:
         return self._range.get()
 
     # Paddle's private names its tests read
     @property
-    def _name(self):
+    def _name(self) -> str:
         return self._range.name
 
     @property
-    def _epoch_no(self):
+    def _epoch_no(self) -> int:
         return self._range.epoch_no
 
     @property
-    def _max_epoch_num(self):
+    def _max_epoch_num(self) -> int:
         return self._range.max_epoch_num
 
     @property
-    def _restored_from(self):
+    def _restored_from(self) -> str:
         return self._range.restored_from
 
     @property
-    def _save_checkpoint_inter(self):
+    def _save_checkpoint_inter(self) -> float:
         return self._range.save_interval
 
     @property
-    def _checkpoint_path(self):
+    def _checkpoint_path(self) -> str:
         r = self._range
-        return r.storage.full(r.checkpointer.dir)
+        path: str = r.storage.full(r.checkpointer.dir)  # the range's Storage (untyped in runtime/)
+        return path
 
     @property
-    def _checkpoint_epoch_no(self):
+    def _checkpoint_epoch_no(self) -> Optional[int]:
         m = self._state.manifest
         return None if m is None else m.range.epoch_no
 
-    def _read_restored_manifest(self):
+    def _read_restored_manifest(self) -> Optional[Manifest]:
         st = self._state
         if st.manifest_read:
             return st.manifest
@@ -117,7 +119,7 @@ class TrainEpochRange:
                 logger.debug("cannot re-read checkpoint %s: %s", r.restored_number, exc)
         return st.manifest
 
-    def _last_checkpoint(self):
+    def _last_checkpoint(self) -> Union[Tuple[int, str], Tuple[None, None]]:
         r = self._range
         try:
             numbers = r.checkpointer.committed_numbers()
@@ -138,7 +140,7 @@ class TrainEpochRange:
         st = self._state
         m = st.manifest
         number, path = self._last_checkpoint()
-        out = {}
+        out: Dict[str, ExeTrainStatus] = {}
         for e in r.registry.entries:
             t = st.statuses.get(e.key)
             if t is None:
@@ -155,7 +157,7 @@ class TrainEpochRange:
             out[e.key] = t
         return out
 
-    def _to_dict(self):
+    def _to_dict(self) -> Dict[str, Any]:
         return {
             "max_epoch_num": self._max_epoch_num,
             "epoch_no": self._epoch_no,
@@ -165,17 +167,17 @@ class TrainEpochRange:
             "checkpoint_epoch_no": self._checkpoint_epoch_no,
         }
 
-    def _serialize(self, pop_keys=("restored_from", "checkpoint_epoch_no")):
+    def _serialize(self, pop_keys: Sequence[str] = ("restored_from", "checkpoint_epoch_no")) -> str:
         d = self._to_dict()
         for k in pop_keys:
             d.pop(k, None)
         d["exe_status"] = {k: t._serialize() for k, t in self._exe_status.items()}
         return json.dumps(d)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self._serialize(())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<TrainEpochRange {self.name} epoch {self.get()} restored_from={self.restored_from}>"
 
 

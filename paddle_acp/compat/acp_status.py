@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any, Dict, Optional, Sequence
 
 from paddle_acp.compat.checkpoint_saver import SerializableBase
 from paddle_acp.errors import CheckpointError
@@ -13,20 +14,21 @@ __all__ = ["ExeTrainStatus"]
 class ExeTrainStatus(SerializableBase):
     """The status of one training program in a range (Paddle's per-executor record)."""
 
-    def __init__(self):
-        self._epoch_no = -1
-        self._hash_key = None
-        self._key = None
-        self._checkpoint_path = None
-        self._checkpoint_no = None
-        self._restored_from = None
-        self._exe = None
-        self._program = None
-        self._exe_name = None
-        self._program_name = None
+    def __init__(self) -> None:
+        # Fields read back from JSON (untrusted) or set by the range from Paddle's objects: Any at that boundary.
+        self._epoch_no: Any = -1
+        self._hash_key: Any = None
+        self._key: Any = None
+        self._checkpoint_path: Any = None
+        self._checkpoint_no: Any = None
+        self._restored_from: Any = None
+        self._exe: Any = None  # a paddle.static.Executor
+        self._program: Any = None  # a paddle.static.Program (or CompiledProgram)
+        self._exe_name: Optional[str] = None
+        self._program_name: Optional[str] = None
         self._file_name = "exe_train_status"
 
-    def __eq__(self, t):
+    def __eq__(self, t: object) -> bool:
         if not isinstance(t, ExeTrainStatus):
             return NotImplemented
         return (
@@ -39,13 +41,13 @@ class ExeTrainStatus(SerializableBase):
             and self._program_name == t._program_name
         )
 
-    def __ne__(self, t):
+    def __ne__(self, t: object) -> bool:
         eq = self.__eq__(t)
         return eq if eq is NotImplemented else not eq
 
     __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as in Paddle
 
-    def _to_dict(self):
+    def _to_dict(self) -> Dict[str, Any]:
         return {
             "epoch_no": self._epoch_no,
             "key": self._key,
@@ -57,13 +59,13 @@ class ExeTrainStatus(SerializableBase):
             "checkpoint_no": self._checkpoint_no,
         }
 
-    def _serialize(self, pop_keys=("restored_from",)):
+    def _serialize(self, pop_keys: Sequence[str] = ("restored_from",)) -> str:
         d = self._to_dict()
         for k in pop_keys:
             d.pop(k, None)
         return json.dumps(d)
 
-    def _deserialize(self, s):
+    def _deserialize(self, s: str) -> None:
         d = json.loads(s)
         try:
             self._epoch_no = d["epoch_no"]
@@ -76,15 +78,15 @@ class ExeTrainStatus(SerializableBase):
         except KeyError as exc:
             raise CheckpointError(f"executor train status lacks {exc.args[0]!r}") from None
 
-    def serialize(self, path):
+    def serialize(self, path: str) -> None:
         with open(f"{path}/{self._file_name}", "w") as f:
             f.write(self._serialize())
 
-    def deserialize(self, path):
+    def deserialize(self, path: str) -> None:
         with open(f"{path}/{self._file_name}") as f:
             self._deserialize(f.read())
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self._serialize(())
 
     __repr__ = __str__

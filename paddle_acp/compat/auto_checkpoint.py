@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Dict, Optional
+from typing import Any, Dict, Generator, Iterator, Optional, Union, cast
 
 from paddle_acp import config as _config
 from paddle_acp.adapter.programs import program_info, unwrap
@@ -87,7 +87,7 @@ _seen_generator = generator
 _paddle_logger: Optional[logging.Logger] = None
 
 
-def _get_logger(log_level, name="auto_checkpoint") -> logging.Logger:
+def _get_logger(log_level: Union[int, str], name: str = "auto_checkpoint") -> logging.Logger:
     """Paddle's logger for its auto-checkpoint code and tests: ``name`` at ``log_level``, one
     stderr handler, not propagated (the same logger on every call, as Paddle's)."""
     global _paddle_logger
@@ -119,7 +119,7 @@ def _restart_if_reset() -> None:
             STATE.reset()
 
 
-def train_epoch_range(max_epoch_num, save_checkpoint_inter=None):
+def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float] = None) -> Iterator[int]:
     """Paddle's ``train_epoch_range``: paddle-acp's loop, with Paddle's module globals kept.
 
     Sets ``g_acp_type`` to ``CONST_ACP_TYPE`` when checkpointing is on (Paddle's meaning). Every
@@ -131,7 +131,8 @@ def train_epoch_range(max_epoch_num, save_checkpoint_inter=None):
     if _config.from_env().active:
         g_acp_type = CONST_ACP_TYPE
     every_due_save = not _config.busy_policy_chosen()
-    epochs = _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter)
+    # runtime declares Iterator[int]; it is a generator function, whose close() ends the loop
+    epochs = cast(Generator[int, None, None], _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter))
     try:
         for i in epochs:
             r = active_range()
@@ -152,7 +153,7 @@ def _get_checker() -> AutoCheckpointChecker:
 
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Optional[TrainEpochRange]:
     # Paddle's module global, kept live.
     if name == "g_train_epoch_range":
         return _get_train_epoch_range()
@@ -161,7 +162,7 @@ def __getattr__(name):
 
 
 # -- programs ----------------------------------------------------------------------
-def _check_program_oprole(program) -> bool:
+def _check_program_oprole(program: Any) -> bool:  # Paddle's programs are untyped: Any
     """True when ``program`` has backward and optimizer ops (PIR and legacy IR)."""
     try:
         info = program_info(program)
@@ -173,7 +174,7 @@ def _check_program_oprole(program) -> bool:
     return info.has_backward and info.has_optimizer
 
 
-def _is_program(prog) -> bool:
+def _is_program(prog: Any) -> bool:
     import paddle
     from paddle.base.framework import Program as LegacyProgram
 
@@ -182,7 +183,7 @@ def _is_program(prog) -> bool:
     return isinstance(prog, (LegacyProgram, paddle.pir.Program))
 
 
-def _can_auto_checkpoint(prog) -> bool:
+def _can_auto_checkpoint(prog: Any) -> bool:
     """Whether ``prog`` would be checkpointed now: a non-distributed training program while a range is active."""
     if active_range() is None or not _is_program(prog):
         return False
@@ -192,7 +193,7 @@ def _can_auto_checkpoint(prog) -> bool:
     return _check_program_oprole(program)
 
 
-def _auto_checkpoint(exe, program) -> None:
+def _auto_checkpoint(exe: Any, program: Any) -> None:
     """Paddle's executor hook. A no-op while paddle-acp's ``Executor.run`` hook is installed
     (it already registered the program); otherwise registers ``program`` with the active range."""
     from paddle_acp.runtime import hook
@@ -200,17 +201,17 @@ def _auto_checkpoint(exe, program) -> None:
     return hook.paddle_auto_checkpoint(exe, program)
 
 
-def _get_valid_program(prog):
+def _get_valid_program(prog: Any) -> Any:
     """The Program inside ``prog`` (a CompiledProgram's own Program), as Paddle's helper."""
     return unwrap(prog)
 
 
-def _get_running_key(exe_name, program_name) -> str:
+def _get_running_key(exe_name: str, program_name: str) -> str:
     """Paddle's key of an (executor, program) pair."""
     return f"{exe_name}_{program_name}"
 
 
-def _normal_yield(max_epoch_num):
+def _normal_yield(max_epoch_num: int) -> Iterator[int]:
     """Paddle's plain epoch loop (what ``train_epoch_range`` is when checkpointing is off)."""
     end = sys.maxsize if max_epoch_num < 0 else max_epoch_num
     yield from range(0, end)

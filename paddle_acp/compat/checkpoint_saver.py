@@ -30,7 +30,7 @@ import contextlib
 import json
 import logging
 import os
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Iterable, List, Optional, Sequence, Tuple
 
 from paddle_acp.adapter.programs import unwrap
 from paddle_acp.errors import CheckpointError
@@ -45,14 +45,14 @@ CHECKPOINT_PREFIX = "__paddle_checkpoint__"
 class SerializableBase:
     """Something that writes itself into, and reads itself from, a local directory."""
 
-    def serialize(self, path):
+    def serialize(self, path: str) -> None:
         raise NotImplementedError
 
-    def deserialize(self, path):
+    def deserialize(self, path: str) -> None:
         raise NotImplementedError
 
 
-def _inner_program(program):
+def _inner_program(program: Any) -> Any:  # Paddle's (untyped) Program or CompiledProgram
     """The Program of a CompiledProgram (or the program itself); PIR and legacy."""
     import paddle
 
@@ -78,24 +78,25 @@ class PaddleModel(SerializableBase):
     PARAM_FILE = "_paddle_fleet_param__"
     LR_SCHEDULER_FILE = "_paddle_acp_lr_scheduler.json"
 
-    def __init__(self, exe, program, scope=None):
+    def __init__(self, exe: Any, program: Any, scope: Any = None) -> None:  # Paddle's Executor, Program, Scope
         self._exe = exe
         self._origin_program = program
         self._program = _inner_program(program)
         self._scope = scope
         self._file_name = self.PARAM_FILE
 
-    def _scope_guard(self):
+    def _scope_guard(self) -> ContextManager[Any]:
         if self._scope is None:
             return contextlib.nullcontext()
         import paddle
 
-        return paddle.static.scope_guard(self._scope)
+        guard: ContextManager[Any] = paddle.static.scope_guard(self._scope)
+        return guard
 
-    def _lr_scheduler(self):
+    def _lr_scheduler(self) -> Any:
         return getattr(self._program, "lr_scheduler", None)
 
-    def serialize(self, path):
+    def serialize(self, path: str) -> None:
         import paddle
 
         os.makedirs(path, exist_ok=True)
@@ -115,7 +116,7 @@ class PaddleModel(SerializableBase):
             with open(os.path.join(path, self.LR_SCHEDULER_FILE), "w") as f:
                 json.dump(state, f)
 
-    def deserialize(self, path):
+    def deserialize(self, path: str) -> None:
         import paddle
 
         param_file = os.path.join(path, self._file_name)
@@ -140,7 +141,7 @@ class PaddleModel(SerializableBase):
                 sched.set_state_dict(state)
 
 
-def _local_fs():
+def _local_fs() -> Any:
     from paddle.distributed.fleet.utils.fs import LocalFS
 
     return LocalFS()
@@ -149,7 +150,7 @@ def _local_fs():
 class CheckpointSaver:
     """Numbered checkpoints ``<path>/__paddle_checkpoint__.<N>`` on a Paddle ``FS``."""
 
-    def __init__(self, fs):
+    def __init__(self, fs: Any) -> None:  # a Paddle FS client (LocalFS, HDFSClient): untyped
         self._fs = fs
         self._checkpoint_prefix = CHECKPOINT_PREFIX
 
@@ -167,25 +168,27 @@ class CheckpointSaver:
     def _path_of(self, root_path: str, number: int) -> str:
         return f"{root_path}/{self._checkpoint_prefix}.{number}"
 
-    def get_checkpoint_no(self, root_path) -> List[int]:
+    def get_checkpoint_no(self, root_path: str) -> List[int]:
         """The numbers of the committed checkpoints under ``root_path``, ascending.
 
         Only directories named exactly ``__paddle_checkpoint__.<int>`` count
         (not ``exe.1``, ``__paddle_checkpoint__.exe`` or ``...<N>.tmp``).
         """
-        found = []
+        found: List[int] = []
         for d in self._fs.list_dirs(root_path):
             n = self._parse_no(d)
             if n is not None:
                 found.append(n)
         return sorted(found)
 
-    def _get_last_checkpoint_no(self, root_path) -> int:
+    def _get_last_checkpoint_no(self, root_path: str) -> int:
         nos = self.get_checkpoint_no(root_path)
         return nos[-1] if nos else -1
 
     # -- save ----------------------------------------------------------------
-    def _fresh_cache(self, local_fs, local_cache_path, number, kind, trainer_id):
+    def _fresh_cache(
+        self, local_fs: Any, local_cache_path: str, number: int, kind: str, trainer_id: Optional[int]
+    ) -> str:
         """An empty local staging directory (a directory: a one-file checkpoint must not become a file)."""
         path = f"{local_cache_path}/{self._checkpoint_prefix}.{number}.{kind}"
         if trainer_id is not None:
@@ -195,7 +198,13 @@ class CheckpointSaver:
         local_fs.mkdirs(path)
         return path
 
-    def save_checkpoint(self, path, slists: Sequence[SerializableBase], trainer_id=None, local_cache_path=".cache") -> Tuple[str, int]:
+    def save_checkpoint(
+        self,
+        path: str,
+        slists: Sequence[SerializableBase],
+        trainer_id: Optional[int] = None,
+        local_cache_path: str = ".cache",
+    ) -> Tuple[str, int]:
         """Serialize ``slists`` into a new checkpoint under ``path``; returns (its path, its number).
 
         The objects write into a directory that is only renamed to its final
@@ -262,12 +271,12 @@ class CheckpointSaver:
     # -- load ----------------------------------------------------------------
     def load_checkpoint(
         self,
-        path,
+        path: str,
         slists: Sequence[SerializableBase],
-        trainer_id,
-        local_cache_path=".cache",
-        checkpoint_no=None,
-        ignore_empty=True,
+        trainer_id: Optional[int],
+        local_cache_path: str = ".cache",
+        checkpoint_no: Optional[int] = None,
+        ignore_empty: bool = True,
     ) -> Optional[str]:
         """Deserialize ``slists`` from checkpoint ``checkpoint_no`` (default: the newest).
 
@@ -305,7 +314,7 @@ class CheckpointSaver:
         return real_path
 
     # -- pruning -------------------------------------------------------------
-    def clean_redundant_checkpoints(self, root_path, reserved: Iterable[int] = (), keep_last: Optional[int] = None) -> List[int]:
+    def clean_redundant_checkpoints(self, root_path: str, reserved: Iterable[int] = (), keep_last: Optional[int] = None) -> List[int]:
         """Delete old checkpoints under ``root_path``; returns the numbers deleted.
 
         Kept: the numbers in ``reserved`` plus the newest ``keep_last``
@@ -322,7 +331,7 @@ class CheckpointSaver:
             raise CheckpointError(f"keep_last={keep_last!r} must be an integer >= 0")
         if keep_last:
             keep.update(nos[-keep_last:])
-        deleted = []
+        deleted: List[int] = []
         for n in nos:
             if n not in keep:
                 self._fs.delete(self._path_of(root_path, n))

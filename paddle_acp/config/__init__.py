@@ -174,7 +174,7 @@ class CheckpointConfig:
         """Several ranks, each writing its part of a globally committed checkpoint."""
         return self.world_size is not None and self.world_size > 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate_job_id(self.job_id, "job_id")
         if not isinstance(self.trainer_id, int) or self.trainer_id < 0:
             raise ConfigError(f"trainer_id must be an integer >= 0, got {self.trainer_id!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import re
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from paddle_acp.errors import ConfigError
 
@@ -47,7 +47,8 @@ def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
     return value
 
 
-def check_interval(value, name: str) -> float:
+def check_interval(value: Any, name: str) -> float:
+    # value: whatever the user passed (a string from the environment, a number from a call); float() decides
     try:
         seconds = float(value)
     except (TypeError, ValueError):

@@ -20,9 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from paddle_acp.config import StorageOptions
+from paddle_acp.storage.base import Storage
 from paddle_acp.storage.registry import open_storage
 from paddle_acp.tools import check_report as report
 from paddle_acp.tools.discovery import ToolError
@@ -69,7 +70,7 @@ class _Runs:
     def log(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.log")
 
-    def start(self, name: str) -> subprocess.Popen:
+    def start(self, name: str) -> subprocess.Popen[bytes]:
         out = open(self.log(name), "ab")
         try:
             return subprocess.Popen(self.command, env=self.env(name), stdout=out, stderr=subprocess.STDOUT,
@@ -79,7 +80,7 @@ class _Runs:
         finally:
             out.close()
 
-    def wait(self, proc: subprocess.Popen, name: str, started: float) -> Dict[str, Any]:
+    def wait(self, proc: subprocess.Popen[bytes], name: str, started: float) -> Dict[str, Any]:
         try:
             rc = proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
@@ -101,7 +102,7 @@ class _Runs:
         proc = self.start(name)
         victim: Optional[Dict[str, Any]] = None
         storage = open_storage(os.path.join(self.dir, f"ckpt-{name}"), StorageOptions())  # a local temporary directory
-        committed: set = set()
+        committed: Set[str] = set()
         while proc.poll() is None:
             if time.monotonic() - started > self.timeout:
                 _kill_group(proc)
@@ -137,14 +138,14 @@ class _Runs:
         return res
 
 
-def _has_commit(storage, range_name: str) -> bool:
+def _has_commit(storage: Storage, range_name: str) -> bool:
     try:
         return any(i.committed for i in scan_range(storage, JOB, range_name, quiet_progress=True))
     except Exception:  # not there yet, or being written
         return False
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -204,7 +205,7 @@ def check(command: List[str], epochs: int = 3, timeout: float = 600.0, quiet: bo
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p: argparse.ArgumentParser = sub.add_parser(
         "check", help="run a training command three ways (twice uninterrupted, once killed and restarted) and say "
         "whether it resumes exactly (exit 0), is not deterministic (1) or resumes differently (2)",
         description="Run the command a few epochs (--epochs, every range cut short; the script is not edited) "

@@ -162,7 +162,7 @@ def render(res: ExportResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("export", help="write a program's parameters in Paddle's own format (.pdparams/.pdopt)",
+    p: argparse.ArgumentParser = sub.add_parser("export", help="write a program's parameters in Paddle's own format (.pdparams/.pdopt)",
                        description="Write the parameters of one program of a checkpoint (and with --optimizer-state the "
                        "optimizer variables) as DIR/NAME.pdparams (and NAME.pdopt), the format of paddle.static.save: "
                        "load them with paddle.static.load, paddle.static.set_program_state or paddle.load, without paddle-acp.")

@@ -142,7 +142,7 @@ def render(res: GcResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("gc", help="delete old checkpoints and leftovers by hand (keeps the newest valid one)",
+    p: argparse.ArgumentParser = sub.add_parser("gc", help="delete old checkpoints and leftovers by hand (keeps the newest valid one)",
                        description="Keep the newest K committed checkpoints of every range (and always the newest valid "
                        "one) and delete the older ones and the leftovers of interrupted saves.")
     p.add_argument("uri", metavar="URI", help="storage root")

@@ -187,7 +187,7 @@ def add_ref_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("inspect", help="show one checkpoint's manifest",
+    p: argparse.ArgumentParser = sub.add_parser("inspect", help="show one checkpoint's manifest",
                        description="Show a checkpoint's programs, variables, LR scheduler, RNG and the Paddle version/IR it was made with.")
     add_ref_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -117,7 +117,7 @@ def render(res: LsResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("ls", help="list jobs, ranges and checkpoints (newest first) under a storage root",
+    p: argparse.ArgumentParser = sub.add_parser("ls", help="list jobs, ranges and checkpoints (newest first) under a storage root",
                        description="List jobs, ranges and checkpoints under a storage root, newest first, "
                        "and mark (*) the checkpoint a restart would load.")
     p.add_argument("uri", metavar="URI", help="storage root (the PADDLE_ACP_CHECKPOINT_URI of the job)")

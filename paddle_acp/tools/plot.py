@@ -43,12 +43,13 @@ def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: s
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise ToolError(f"cannot write the plot to {path!r}: directory {d!r} does not exist")
-    t0 = records[0]["time"]
+    t0: float = records[0]["time"]
     span = max(records[-1]["time"] - t0, 1.0)
     unit, per = time_axis(span)
 
     def x(r: Record) -> float:
-        return (r["time"] - t0) / per
+        t: float = r["time"]
+        return (t - t0) / per
 
     floor = 1e-4  # log axes: 0.1 ms stands for "no time at all"
 

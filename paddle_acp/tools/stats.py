@@ -166,7 +166,7 @@ def render(res: StatsResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("stats", help="summarize the save metrics of a job (blocked time, skipped saves, persist time)",
+    p: argparse.ArgumentParser = sub.add_parser("stats", help="summarize the save metrics of a job (blocked time, skipped saves, persist time)",
                        description="Summarize the metrics the saves write (JOB/metrics/trainer-*.jsonl).")
     p.add_argument("uri", metavar="URI", help="storage root")
     p.add_argument("--job", help="job id (optional when there is one job)")

@@ -100,7 +100,7 @@ def render(res: VerifyResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("verify", help="check every checkpoint's checksums (exit 1 if the one a restart loads is bad)",
+    p: argparse.ArgumentParser = sub.add_parser("verify", help="check every checkpoint's checksums (exit 1 if the one a restart loads is bad)",
                        description="Read every committed checkpoint and check its manifest and checksums. Exit status 1 "
                        "when the newest committed checkpoint of a range (the one a restart loads) is bad.")
     p.add_argument("uri", metavar="URI", help="storage root")
