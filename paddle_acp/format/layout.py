@@ -21,10 +21,12 @@ else under a checkpoint's name is foreign and never read or deleted. Inside
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Iterable, Optional, Tuple
 
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, align
-from paddle_acp.format.snapshot import ProgramSnapshot
+
+if TYPE_CHECKING:  # (format/snapshot.py lays a snapshot out with layout() below)
+    from paddle_acp.format.snapshot import ProgramSnapshot
 
 __all__ = [
     "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "absent_mark", "bad_mark", "final_name", "layout",
