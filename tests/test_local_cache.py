@@ -172,12 +172,12 @@ def snapshot(epoch: int, seed: int = 0, image: bool = True, mb: float = 0.05) ->
                TensorData("b", "float32", rng.standard_normal(33).astype("float32")),
                TensorData("step", "int64", np.array([epoch, seed], dtype="int64"))]
     prog = ProgramSnapshot("prog", "cache test", tensors, {"last_epoch": epoch})
-    snap = Snapshot(RangeRecord(RANGE, epoch, 100), [prog], None, "3.3.1", "pir")
-    snap.data_size = layout([prog])
+    size = layout([prog])
+    buf = None
     if image:  # the async saver's page-aligned image (its copy is written with O_DIRECT)
-        snap.image = Arena().ensure(snap.data_size)
-        copy_into([prog], snap.image)
-    return snap
+        buf = Arena().ensure(size)
+        copy_into([prog], buf)
+    return Snapshot(RangeRecord(RANGE, epoch, 100), [prog], None, "3.3.1", "pir", image=buf, data_size=size)
 
 
 def values(loaded):
