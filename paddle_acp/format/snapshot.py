@@ -11,13 +11,12 @@ copies laid-out tensors into the file's image (an :class:`~paddle_acp.format.are
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
 from paddle_acp.format.arena import chunked, copy_job, run_parallel
-from paddle_acp.format.layout import layout
-from paddle_acp.format.manifest import RangeRecord
+from paddle_acp.format.manifest import RangeRecord, align
 
 if TYPE_CHECKING:
     from paddle_acp.format.stream import ChunkStream
@@ -28,7 +27,7 @@ class TensorData:
     name: str
     dtype: str  # a key of manifest.DTYPES
     array: np.ndarray  # C-contiguous, storage dtype
-    offset: int = -1  # position in tensors.bin, set by layout.layout()
+    offset: int = -1  # position in tensors.bin, set by layout()
 
 
 @dataclasses.dataclass
@@ -37,6 +36,17 @@ class ProgramSnapshot:
     label: str
     tensors: List[TensorData]
     lr_scheduler: Optional[Dict[str, Any]] = None
+
+
+def layout(programs: Iterable[ProgramSnapshot]) -> int:
+    """Assign each tensor its (aligned) offset in the data file; returns the file size
+    (also :func:`paddle_acp.format.layout.layout`)."""
+    offset = 0
+    for p in programs:
+        for t in p.tensors:
+            t.offset = offset
+            offset += align(t.array.nbytes)
+    return offset
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
