@@ -9,6 +9,7 @@ global commit does not name), with one log line saying why. No mocks: real serve
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -357,9 +358,7 @@ def test_copy_not_committed_when_the_remote_commit_fails(hdfs_server, tmp_path):
 
 # -- several ranks ---------------------------------------------------------------------------------
 def rank_snapshot(rank: int, epoch: int, seed: int = 0) -> Snapshot:
-    s = snapshot(epoch, seed=seed * 100 + rank, mb=0.02)
-    s.extra = {"loader_state": {"rank": rank}}
-    return s
+    return dataclasses.replace(snapshot(epoch, seed=seed * 100 + rank, mb=0.02), extra={"loader_state": {"rank": rank}})
 
 
 def gck(uri: str, rank: int, cache_dir, world: int = 2) -> GlobalCheckpointer:
