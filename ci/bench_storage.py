@@ -51,6 +51,7 @@ Prints one line per figure, then the JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -410,9 +411,10 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
         for i in range(checkpoints + warm):
             if i == warm and on_warm:
                 on_warm()
-            snap.range = type(snap.range)(name, i, checkpoints + warm)
+            # (a new snapshot per position: a snapshot is not written into)
+            this = dataclasses.replace(snap, range=type(snap.range)(name, i, checkpoints + warm))
             t0 = time.perf_counter()
-            number, _ = ck.save(snap)
+            number, _ = ck.save(this)
             rec = {"event": "saved", "time": time.time(), "number": number}
             if record_type is not None:  # issue 26: a record is a MetricsRecord, no longer a dict
                 rec = record_type.from_dict(rec)

@@ -71,8 +71,7 @@ def rank_main(rank: int, world: int, uri: str, writers: str, mb: float, n: int, 
             programs, share = shares.own_share(full, rank, world)
         elif rank != 0:
             programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in full]
-        snap = Snapshot(RangeRecord(RANGE, epoch, 100), programs, None, "bench", "pir", extra={})
-        snap.share = share
+        snap = Snapshot(RangeRecord(RANGE, epoch, 100), programs, None, "bench", "pir", extra={}, share=share)
         barrier.wait()  # every rank starts its save at once (rank 0 has committed the previous one)
         t0 = time.time()
         res = gck.save(snap, "replicated")

@@ -67,6 +67,40 @@ def test_busy_action_is_the_whole_policy():
         assert got == want, (policy, busy, durable, free, fits, got)
 
 
+def test_the_saver_queues_tickets_and_writes_them_in_turn():
+    """The saver queues and writes SaveTickets: the snapshot (content) with what its save decided.
+    The one in flight is the saver's ``inflight`` (its buffer is not reused); a queued one is written
+    when it ends, with its own buffer and flags."""
+    import threading
+
+    import numpy as np
+
+    from paddle_acp.format.manifest import RangeRecord
+    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
+    from paddle_acp.runtime.saver import Saver, SaveTicket
+
+    def snap(epoch):
+        prog = ProgramSnapshot("k", "", [TensorData("w", "float32", np.full(3, epoch, dtype="float32"))])
+        return Snapshot(RangeRecord("_range_0", epoch, 9), [prog], None)
+
+    gate, seen = threading.Event(), []
+
+    def persist(ticket):
+        seen.append((ticket.snap.range.epoch_no, ticket.buffer, ticket.queued, ticket.skipped_before))
+        assert gate.wait(60)
+
+    saver = Saver(persist, async_save=True)
+    first = SaveTicket(snap(0), stall_seconds=0.5)
+    saver.submit(first)
+    assert saver.busy and saver.inflight is first and saver.queue_free
+    second = SaveTicket(snap(1), buffer=1, queued=True, skipped_before=2)
+    saver.enqueue(second)
+    assert not saver.queue_free and saver.inflight is first and saver.stats.queued == 1
+    gate.set()
+    saver.wait(for_previous=False)
+    assert seen == [(0, 0, False, 0), (1, 1, True, 2)] and saver.inflight is None and saver.stats.saves == 2
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     cache = {}

@@ -9,6 +9,7 @@ global commit does not name), with one log line saying why. No mocks: real serve
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -172,12 +173,12 @@ def snapshot(epoch: int, seed: int = 0, image: bool = True, mb: float = 0.05) ->
                TensorData("b", "float32", rng.standard_normal(33).astype("float32")),
                TensorData("step", "int64", np.array([epoch, seed], dtype="int64"))]
     prog = ProgramSnapshot("prog", "cache test", tensors, {"last_epoch": epoch})
-    snap = Snapshot(RangeRecord(RANGE, epoch, 100), [prog], None, "3.3.1", "pir")
-    snap.data_size = layout([prog])
+    size = layout([prog])
+    buf = None
     if image:  # the async saver's page-aligned image (its copy is written with O_DIRECT)
-        snap.image = Arena().ensure(snap.data_size)
-        copy_into([prog], snap.image)
-    return snap
+        buf = Arena().ensure(size)
+        copy_into([prog], buf)
+    return Snapshot(RangeRecord(RANGE, epoch, 100), [prog], None, "3.3.1", "pir", image=buf, data_size=size)
 
 
 def values(loaded):
@@ -357,9 +358,7 @@ def test_copy_not_committed_when_the_remote_commit_fails(hdfs_server, tmp_path):
 
 # -- several ranks ---------------------------------------------------------------------------------
 def rank_snapshot(rank: int, epoch: int, seed: int = 0) -> Snapshot:
-    s = snapshot(epoch, seed=seed * 100 + rank, mb=0.02)
-    s.extra = {"loader_state": {"rank": rank}}
-    return s
+    return dataclasses.replace(snapshot(epoch, seed=seed * 100 + rank, mb=0.02), extra={"loader_state": {"rank": rank}})
 
 
 def gck(uri: str, rank: int, cache_dir, world: int = 2) -> GlobalCheckpointer:

@@ -43,10 +43,8 @@ def snap(rank, world, epoch, spread=True, cap=None):
         programs, share = shares.own_share(programs, rank, world, cap)
     elif rank != 0:
         programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in programs]
-    s = Snapshot(RangeRecord(RANGE, epoch, 100, None), programs, None, "3.3.1", "pir",
-                 extra={"loader_state": {"rank": rank, "epoch": epoch}})
-    s.share = share
-    return s
+    return Snapshot(RangeRecord(RANGE, epoch, 100, None), programs, None, "3.3.1", "pir",
+                    extra={"loader_state": {"rank": rank, "epoch": epoch}}, share=share)
 
 
 def gck(root, rank, world, timeout=60.0):

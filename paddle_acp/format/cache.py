@@ -57,7 +57,7 @@ from paddle_acp.config import StorageOptions
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format import reader
 from paddle_acp.format.cache_trust import harden, untrusted
-from paddle_acp.format.layout import layout, parse_final, parse_name, position_key
+from paddle_acp.format.layout import parse_final, parse_name, position_key
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot
@@ -217,9 +217,7 @@ class RangeCache:
     def begin(self, snap: Snapshot) -> "CacheWrite":
         """Start writing the local copy of ``snap``'s data file (a thread); commit it with
         :meth:`CacheWrite.commit` after the remote commit, or :meth:`CacheWrite.abort`."""
-        if snap.data_size < 0:  # here, not on the copy's thread: it sets the tensors' offsets
-            snap.data_size = layout(snap.programs)
-        return CacheWrite(self, snap)
+        return CacheWrite(self, snap)  # (the snapshot was laid out when it was made)
 
     def committed(self, rank: Optional[int] = None) -> List[Tuple[Tuple[int, int], str]]:
         """(position, name) of the committed copies in ``rank``'s directory, oldest first."""

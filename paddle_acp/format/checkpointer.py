@@ -23,7 +23,7 @@ from paddle_acp.format.manifest import Manifest
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.retention import delete_checkpoint, policy_for
 from paddle_acp.format.snapshot import Snapshot
-from paddle_acp.format.writer import is_out_of_space, write_checkpoint
+from paddle_acp.format.writer import WriteResult, is_out_of_space, write_checkpoint
 from paddle_acp.storage.base import Storage
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class Checkpointer:
         try:
             while True:
                 try:
-                    offset = self._write_pending(snap, number)
+                    written = self._write_pending(snap, number)
                     break
                 except StorageError as exc:
                     if not is_out_of_space(exc) or not self._make_space(number, exc):
@@ -116,25 +116,25 @@ class Checkpointer:
             if copy is not None:
                 copy.abort()
             raise
-        if copy is not None and snap.manifest is not None:  # committed on the remote: now the copy
-            copy.commit(final_name(number), snap.manifest)
+        if copy is not None:  # committed on the remote: now the copy, with the very manifest bytes written
+            copy.commit(final_name(number), written.manifest)
         committed = committed + [atomic.DirEntry(final_name(number), number, True)]
         self._known_format[number] = True
         try:
             doomed = self._retain([e.number for e in committed])
         except (StorageError, CheckpointError) as exc:  # the new checkpoint is committed; pruning retries next time
             logger.warning("retention after checkpoint %d failed: %s", number, exc)
-            return number, offset
+            return number, written.data_size
         if self.single_writer and not self._space_made:  # (a deletion to make space: list again)
             self._known = [e for e in committed if e.number not in doomed]
-        return number, offset
+        return number, written.data_size
 
     @property
     def generation(self) -> Optional[int]:
         """The writer's fencing generation (carried by its temporary names), None without a fence."""
         return None if self.fence is None else self.fence.generation
 
-    def _write_pending(self, snap: Snapshot, number: int) -> int:
+    def _write_pending(self, snap: Snapshot, number: int) -> WriteResult:
         pending = atomic.begin(self.storage, self.dir, number, self.commit_strategy, self.generation)
         try:
             return self._write(pending, snap, number)
@@ -184,7 +184,7 @@ class Checkpointer:
     def _delete(self, n: int) -> None:
         delete_checkpoint(self.storage, self.base(n))
 
-    def _write(self, pending: atomic.Pending, snap: Snapshot, number: int) -> int:
+    def _write(self, pending: atomic.Pending, snap: Snapshot, number: int) -> WriteResult:
         return write_checkpoint(pending, snap, number, self._check_fence("commit checkpoint %d" % number))
 
     def _check_fence(self, what: str) -> Optional[Callable[[], None]]:

@@ -21,10 +21,10 @@ else under a checkpoint's name is foreign and never read or deleted. Inside
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional, Tuple
+from typing import Optional, Tuple
 
-from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, align
-from paddle_acp.format.snapshot import ProgramSnapshot
+from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME
+from paddle_acp.format.snapshot import layout  # (a snapshot is laid out when it is made)
 
 __all__ = [
     "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "absent_mark", "bad_mark", "final_name", "layout",
@@ -158,14 +158,3 @@ def parse_absent_mark(name: str) -> Optional[int]:
     """The rank of an absence's name ``absent-rank-<k>``, or None (strict, like every name here)."""
     m = ABSENT_RE.fullmatch(name)
     return int(m.group(1)) if m else None
-
-
-# -- inside tensors.bin ------------------------------------------------------------------
-def layout(programs: Iterable[ProgramSnapshot]) -> int:
-    """Assign each tensor its (aligned) offset in the data file; returns the file size."""
-    offset = 0
-    for p in programs:
-        for t in p.tensors:
-            t.offset = offset
-            offset += align(t.array.nbytes)
-    return offset

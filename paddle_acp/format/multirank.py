@@ -142,11 +142,13 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
 
     # -- writing ---------------------------------------------------------------
-    def save(self, snap: Snapshot, mode: str, wait: bool = True) -> SaveResult:
+    def save(self, snap: Snapshot, mode: str, wait: bool = True, part_wait: Optional[float] = None) -> SaveResult:
         """Write this rank's part; on rank 0 also hand the commit (wait for the others' parts, commit
         globally, retention) to the committer's thread, and with ``wait`` wait for its outcome
-        (``SaveResult.pending`` otherwise). A rank whose part cannot be written says so on storage
-        (:meth:`declare_absent`), so that rank 0 abandons the position at once."""
+        (``SaveResult.pending`` otherwise). ``part_wait``: rank 0's wait for the parts, when shorter
+        than ``PADDLE_ACP_PART_TIMEOUT`` (a preemption save: :data:`PREEMPT_PART_WAIT`). A rank whose
+        part cannot be written says so on storage (:meth:`declare_absent`), so that rank 0 abandons
+        the position at once."""
         name = position_name(snap.range.epoch_no, snap.range.step)
         if self.fence is not None and self.fence.fenced_by is not None:
             self.fence.check(f"write checkpoint {name}")  # fenced for good
@@ -161,7 +163,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             return SaveResult(name, 0, True)
         if self.rank != 0:
             return SaveResult(name, nbytes, None)
-        timeout = self.part_timeout if snap.part_wait is None else min(snap.part_wait, self.part_timeout)
+        timeout = self.part_timeout if part_wait is None else min(part_wait, self.part_timeout)
         epoch_no, step = snap.range.epoch_no, snap.range.step
         pending = self.committer.submit(name, timeout, lambda t: self._commit_and_retain(name, epoch_no, step, mode, timeout, t))
         if not wait:
@@ -179,19 +181,19 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             return None
         st.makedirs(ckdir)
         self._remove_own(name)
-        snap.extra = dict(snap.extra)
         gen = self._ck.generation
-        snap.extra["part"] = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
-                              "generation": -1 if gen is None else gen}
+        part = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
+                "generation": -1 if gen is None else gen}
         if snap.share is not None:  # this part holds its share of the replicated tensors (format/shares.py)
-            snap.extra["part"]["share"] = snap.share
+            part["share"] = snap.share
+        snap = dataclasses.replace(snap, extra={**snap.extra, "part": part})  # (the caller's snapshot is left as it is)
         pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy,
                                  generation=gen)
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
         try:
-            nbytes = self._ck._write(pending, snap, number)
+            written = self._ck._write(pending, snap, number)
         except BaseException:
             if copy is not None:
                 copy.abort()
@@ -200,9 +202,9 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             except Exception as exc:  # removed by this rank's next save or restart
                 logger.debug("could not remove %s: %s", pending.path, exc)
             raise
-        if copy is not None and snap.manifest is not None:  # the part is committed on the remote; restore
-            copy.commit(name, snap.manifest)  # uses the copy only once the global manifest names these bytes
-        return nbytes
+        if copy is not None:  # the part is committed on the remote; restore uses the copy
+            copy.commit(name, written.manifest)  # only once the global manifest names these bytes
+        return written.data_size
 
     def declare_absent(self, name: str, reason: str) -> Optional[str]:
         """Say on storage that this rank has no part at position ``name`` (its save failed, or it does not

@@ -2,19 +2,21 @@
 
 A :class:`Snapshot` is what the writer writes: the range's position, each
 program's tensors (host arrays, see :mod:`paddle_acp.adapter.tensors` for how
-they are taken out of a scope), the RNG and loader states. :func:`copy_into`
+they are taken out of a scope), the RNG and loader states, and the data file's
+layout. It holds content only: the writer returns what it wrote rather than
+writing into it, and a save's runtime facts travel beside it. :func:`copy_into`
 copies laid-out tensors into the file's image (an :class:`~paddle_acp.format.arena.Arena`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
 from paddle_acp.format.arena import chunked, copy_job, run_parallel
-from paddle_acp.format.manifest import RangeRecord
+from paddle_acp.format.manifest import RangeRecord, align
 
 if TYPE_CHECKING:
     from paddle_acp.format.stream import ChunkStream
@@ -25,7 +27,7 @@ class TensorData:
     name: str
     dtype: str  # a key of manifest.DTYPES
     array: np.ndarray  # C-contiguous, storage dtype
-    offset: int = -1  # position in tensors.bin, set by layout.layout()
+    offset: int = -1  # position in tensors.bin, set by layout()
 
 
 @dataclasses.dataclass
@@ -36,29 +38,48 @@ class ProgramSnapshot:
     lr_scheduler: Optional[Dict[str, Any]] = None
 
 
-@dataclasses.dataclass
-class Snapshot:
-    """Everything one checkpoint holds, already copied out of Paddle."""
+def layout(programs: Iterable[ProgramSnapshot]) -> int:
+    """Assign each tensor its (aligned) offset in the data file; returns the file size
+    (also :func:`paddle_acp.format.layout.layout`)."""
+    offset = 0
+    for p in programs:
+        for t in p.tensors:
+            t.offset = offset
+            offset += align(t.array.nbytes)
+    return offset
 
-    range: RangeRecord
-    programs: List[ProgramSnapshot]
-    rng: Optional[Dict[str, Any]]
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Snapshot:
+    """Everything one checkpoint holds, already copied out of Paddle: its content and how its
+    bytes are laid out, nothing about the save that takes it.
+
+    Frozen: the writer never writes into it; it returns what it wrote
+    (:class:`~paddle_acp.format.writer.WriteResult`). What the runtime decides about one save
+    (busy-policy queueing, waits, stalls, durability, rank 0's wait for the parts) travels
+    beside it (:class:`~paddle_acp.runtime.saver.SaveTicket`).
+    """
+
+    range: RangeRecord  # the manifest's training position
+    programs: List[ProgramSnapshot]  # the tensors and LR schedulers (their offsets: the layout)
+    rng: Optional[Dict[str, Any]]  # the RNG states
     paddle_version: str = ""
     ir: str = ""
-    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    image: Optional[np.ndarray] = None  # the file's bytes, tensors already laid out in it
-    data_size: int = -1  # set by layout()
-    mode: Optional[str] = None  # several ranks: "replicated" or "per-rank"
-    share: Optional[Dict[str, Any]] = None  # several ranks, spread writes: this part's share record (format/shares.py)
-    part_wait: Optional[float] = None  # several ranks: rank 0's wait for the parts (None: the configured timeout)
-    stall_seconds: float = 0.0  # training-thread time spent taking the snapshot
-    waited_seconds: float = 0.0  # of which waiting for the previous save
-    buffer: int = 0  # which of the range's snapshot buffers holds ``image`` (0, or 1 when queued)
-    durable: bool = False  # the final save of a range or a preemption save: its metrics are written at once
-    queued: bool = False  # it waited in the second buffer behind the previous checkpoint
-    skipped_before: int = 0  # saves skipped since the previous one was taken
-    manifest: Optional[bytes] = None  # set by the writer: the bytes of the manifest it wrote
-    stream: Optional["ChunkStream"] = None  # the state is over the host-memory budget: saved in chunks (format/stream.py)
+    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)  # loader state, objects, ... (manifest ``extra``)
+    # the data file's bytes, tensors already laid out in it (None: written from the tensors' arrays)
+    image: Optional[np.ndarray] = None
+    # the data file's size under the layout (format/layout.py); -1: laid out here, when the snapshot is made
+    data_size: int = -1
+    # several ranks: "replicated" or "per-rank", what this part holds (recorded in the part's manifest)
+    mode: Optional[str] = None
+    # several ranks, spread writes: this part's share record (format/shares.py; recorded in the part's manifest)
+    share: Optional[Dict[str, Any]] = None
+    # the state is over the host-memory budget: its bytes come in chunks (format/stream.py), not in ``image``
+    stream: Optional["ChunkStream"] = None
+
+    def __post_init__(self) -> None:
+        if self.data_size < 0:  # the tensors' offsets and the file size, decided with the content
+            object.__setattr__(self, "data_size", layout(self.programs))
 
 
 def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int = 2) -> None:

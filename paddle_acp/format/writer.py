@@ -2,26 +2,40 @@
 
 The tensors' checksums are computed on the CRC thread while this thread writes
 (both release the GIL). The manifest is read back before it is written: a
-checkpoint a restart would reject is never committed.
+checkpoint a restart would reject is never committed. The writer never writes
+into the :class:`~paddle_acp.format.snapshot.Snapshot`: it returns what it wrote,
+a :class:`WriteResult`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format.atomic import Pending
 from paddle_acp.format.crc import checksum, crc_pool
-from paddle_acp.format.layout import DATA_NAME, layout
+from paddle_acp.format.layout import DATA_NAME
 from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
 from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.format.stream import write_stream
 
 _ZEROS = bytes(ALIGN)
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    """What :func:`write_checkpoint` wrote and committed."""
+
+    number: int  # the manifest's checkpoint number
+    path: str  # the committed directory (checkpoint, or a rank's part)
+    data_size: int  # the bytes of the data file (tensors.bin)
+    manifest: bytes  # the manifest file's bytes, as committed (the node-local cache commits its copy with them)
+    checksums: Tuple[int, ...]  # each tensor's checksum, in the manifest's order
 
 
 def is_out_of_space(exc: Optional[BaseException]) -> bool:
@@ -38,15 +52,13 @@ def is_out_of_space(exc: Optional[BaseException]) -> bool:
 
 
 def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
-                     before_commit: Optional[Callable[[], None]] = None) -> int:
-    """Write ``snap`` as checkpoint ``number`` into ``pending`` and commit it; returns the data size.
+                     before_commit: Optional[Callable[[], None]] = None) -> WriteResult:
+    """Write ``snap`` as checkpoint ``number`` into ``pending`` and commit it; returns what was written.
 
     ``before_commit`` runs (and may raise, e.g. a fenced writer) right before the
     step that makes the checkpoint visible."""
     st = pending.storage
-    if snap.data_size < 0:
-        snap.data_size = layout(snap.programs)
-    size = snap.data_size
+    size = snap.data_size  # (the snapshot was laid out when it was made)
     tensors = [t for p in snap.programs for t in p.tensors]
     stream = snap.stream
     # checksums on a second core while this thread writes (both release the GIL); a streamed
@@ -74,8 +86,12 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             buffers.append(_ZEROS[: size - end])
         return st.write_buffers(path, buffers)
 
+    written_manifest: List[bytes] = []
+    written_crcs: List[int] = []
+
     def manifest_bytes() -> bytes:
-        it = iter(crc_values())
+        written_crcs[:] = crc_values()
+        it = iter(written_crcs)
         programs = [
             ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it)) for t in p.tensors], p.lr_scheduler)
             for p in snap.programs
@@ -91,7 +107,6 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             ir=snap.ir,
             extra=snap.extra,
         ).dumps()
-        snap.manifest = raw  # (the node-local cache commits its copy with these very bytes)
         try:  # what restarts will read: never commit a checkpoint they would reject
             Manifest.loads(raw, data_file_size=size)
         except CorruptCheckpointError as exc:
@@ -99,6 +114,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
                 f"checkpoint {number} is not written: a restart could not read it back ({exc}); "
                 "the LR scheduler or data loader state is not plain JSON data of bounded size and depth"
             ) from None
+        written_manifest.append(raw)
         return raw
 
     written: Union[int, BaseException]
@@ -132,4 +148,5 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         pending.publish(before_commit)
     else:
         pending.commit(manifest_bytes(), before=before_commit)
-    return size
+    return WriteResult(number=number, path=pending.final, data_size=size, manifest=written_manifest[0],
+                       checksums=tuple(written_crcs))

@@ -1,7 +1,8 @@
 """Saving: take a range's snapshot and persist it (the save and persist orchestration).
 
 :meth:`PersistMixin.save` decides what a due save does (the busy policy), copies the
-registered programs' state into the snapshot arena and hands the :class:`Snapshot` to the
+registered programs' state into the snapshot arena and hands the :class:`Snapshot` (the content),
+in a :class:`~paddle_acp.runtime.saver.SaveTicket` (what was decided about this save), to the
 :class:`~paddle_acp.runtime.saver.Saver`, which calls :meth:`PersistMixin._persist` on its
 thread: the checkpointer writes it (one writer, or this rank's part of a global checkpoint)
 and the metrics log records the outcome. :meth:`PersistMixin.close` waits for the last save
@@ -35,7 +36,7 @@ from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.agree import Agreement, agreed_action
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import Registry
-from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, busy_action
+from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, SaveTicket, busy_action
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.storage.base import redact
 from paddle_acp.threads import lower_thread_priority
@@ -183,15 +184,12 @@ class PersistMixin:
             extra=extra,
             mode=mode,
             share=share,
-            part_wait=PREEMPT_PART_WAIT if preempt else None,
-            buffer=buffer,
-            durable=sync or final,
-            queued=action == QUEUE,
-            skipped_before=self._skip_streak,
             stream=stream,
         )
+        ticket = SaveTicket(snap, buffer=buffer, durable=sync or final, queued=action == QUEUE,
+                            skipped_before=self._skip_streak, part_wait=PREEMPT_PART_WAIT if preempt else None,
+                            waited_seconds=waited)
         self._skip_streak = 0
-        snap.waited_seconds = waited
         if self.agreement is not None:  # (before the saver may end it)
             self.agreement.persist_started()
         if stream is not None:
@@ -199,14 +197,14 @@ class PersistMixin:
             # once the last chunk is copied (a synchronous saver writes it all within submit())
             stream.start(t0)
             try:
-                self.saver.submit(snap)
+                self.saver.submit(ticket)
             finally:
                 stream.join()
-        snap.stall_seconds = time.perf_counter() - t0
+        ticket.stall_seconds = time.perf_counter() - t0
         if stream is None and action == QUEUE:
-            self.saver.enqueue(snap)
+            self.saver.enqueue(ticket)
         elif stream is None:
-            self.saver.submit(snap)
+            self.saver.submit(ticket)
         if sync:
             self.saver.wait(for_previous=False)
         self._last_save = time.monotonic()
@@ -282,14 +280,15 @@ class PersistMixin:
         self.metrics.add(MetricsRecord.skipped(range=self.name, epoch=self.epoch_no, step=self.step,
                                                stall_s=time.perf_counter() - t0, policy=self.busy_policy))
 
-    def _persist(self, snap: Snapshot) -> None:
+    def _persist(self, ticket: SaveTicket) -> None:
         t0 = time.perf_counter()
+        snap = ticket.snap
         record = SaveBegun(range=self.name, epoch=snap.range.epoch_no, step=snap.range.step,
-                           stall_s=snap.stall_seconds, waited_s=snap.waited_seconds, policy=self.busy_policy,
-                           queued=bool(snap.queued), skipped_before=snap.skipped_before or 0)
+                           stall_s=ticket.stall_seconds, waited_s=ticket.waited_seconds, policy=self.busy_policy,
+                           queued=bool(ticket.queued), skipped_before=ticket.skipped_before or 0)
         try:
             if self.multi:
-                self._persist_part(snap, record, t0)
+                self._persist_part(ticket, record, t0)
                 return
             try:
                 number, nbytes = self.checkpointer.save(snap)
@@ -302,9 +301,9 @@ class PersistMixin:
         self._last_persist_error = None
         dt = time.perf_counter() - t0
         mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
-        record, stall = self._streamed_record(snap, record)
+        record, stall = self._streamed_record(ticket, record)
         self.metrics.add(record.saved(number=number, nbytes=nbytes, persist_s=dt))
-        if snap.durable:
+        if ticket.durable:
             self.metrics.flush()
         else:
             self.metrics.flush_due()
@@ -319,31 +318,34 @@ class PersistMixin:
         self.metrics.add(record.failed(error=exc, persist_s=time.perf_counter() - t0))
         self.metrics.flush_due()
 
-    def _streamed_record(self, snap: Snapshot, record: SaveBegun) -> tuple[SaveBegun, float]:
+    def _streamed_record(self, ticket: SaveTicket, record: SaveBegun) -> tuple[SaveBegun, float]:
         """The metrics record and stall of a saved snapshot. A streamed one's ended when its last chunk
         was copied, during the write: the metrics record gets it, and the stream's figures."""
-        if snap.stream is None:
-            return record, snap.stall_seconds
-        stall = snap.stream.stall_seconds()
+        stream = ticket.snap.stream
+        if stream is None:
+            return record, ticket.stall_seconds
+        stall = stream.stall_seconds()
         return record.with_stream(stall, budget=self._budget.nbytes if self._budget else None,
-                                  buffer=snap.stream.slots * snap.stream.chunk, chunk=snap.stream.chunk,
-                                  chunks=snap.stream.nchunks), stall
+                                  buffer=stream.slots * stream.chunk, chunk=stream.chunk,
+                                  chunks=stream.nchunks), stall
 
-    def _persist_part(self, snap: Snapshot, record: SaveBegun, t0: float) -> None:
+    def _persist_part(self, ticket: SaveTicket, record: SaveBegun, t0: float) -> None:
         """This rank's part; rank 0's commit goes on on the committer's thread (a durable save, or a
         synchronous saver, waits for it): the metrics record and log line come when it is decided."""
+        snap = ticket.snap
         try:
             assert snap.mode is not None  # decided by save() for every save of several ranks
-            res = self.gcheckpointer.save(snap, snap.mode, wait=snap.durable or not self.saver.async_save)
+            res = self.gcheckpointer.save(snap, snap.mode, wait=ticket.durable or not self.saver.async_save,
+                                          part_wait=ticket.part_wait)
         except BaseException as exc:
             if self.agreement is not None:
                 self.agreement.persist_ended()
             self._record_failure(record, exc, t0)
             raise
         self._last_persist_error = None
-        record, stall = self._streamed_record(snap, record)
+        record, stall = self._streamed_record(ticket, record)
         at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
-        done = (res.name, res.nbytes, at, stall, t0, snap.mode, snap.durable)
+        done = (res.name, res.nbytes, at, stall, t0, snap.mode, ticket.durable)
         if res.pending is not None and res.committed is None:  # decided later, on the committer's thread
             res.pending.add_done_callback(lambda p: self._part_done(record, done, p.committed, p.waited, p.error))
             return

@@ -4,7 +4,8 @@ At most one snapshot is being written, and at most one more may wait behind it
 (``enqueue``; the ``queue`` busy policy). ``wait`` blocks until both are
 committed and reports (logs, counts) failures on the calling (training) thread.
 What a save that comes due while the saver is busy does is decided by
-:func:`busy_action`, in one place.
+:func:`busy_action`, in one place. The saver queues and writes save tickets (:class:`SaveTicket`):
+a snapshot (the checkpoint's content) with what the runtime decided about its save.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from paddle_acp.errors import RestartRequiredError
 from paddle_acp.format.fencing import FencedError
+from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.threads import lower_thread_priority
 
 logger = logging.getLogger("paddle_acp")
@@ -47,6 +49,22 @@ def busy_action(policy: str, busy: bool, durable: bool, queue_free: bool, queue_
 
 
 @dataclasses.dataclass
+class SaveTicket:
+    """One save as the runtime decided it, beside the :class:`~paddle_acp.format.snapshot.Snapshot`
+    it writes (which holds the checkpoint's content only): the saver queues and writes tickets,
+    and the save's metrics record is made of them. None of it is in the checkpoint's files."""
+
+    snap: Snapshot
+    buffer: int = 0  # which of the range's snapshot buffers holds ``snap.image`` (0, or 1 when queued)
+    durable: bool = False  # the final save of a range or a preemption save: its metrics are written at once
+    queued: bool = False  # it waited in the second buffer behind the previous checkpoint
+    skipped_before: int = 0  # saves skipped since the previous one was taken
+    part_wait: Optional[float] = None  # several ranks: rank 0's wait for the parts (None: the configured timeout)
+    waited_seconds: float = 0.0  # of ``stall_seconds``: waiting for the previous save
+    stall_seconds: float = 0.0  # training-thread time spent taking the snapshot (set once it is taken)
+
+
+@dataclasses.dataclass
 class SaveStats:
     saves: int = 0
     failures: int = 0
@@ -58,21 +76,21 @@ class SaveStats:
 
 
 class Saver:
-    def __init__(self, persist: Callable[[Any], None], async_save: bool, name: str = "paddle-acp-saver"):
+    def __init__(self, persist: Callable[[SaveTicket], None], async_save: bool, name: str = "paddle-acp-saver"):
         self._persist = persist
         self.async_save = async_save
         self._name = name
         self._thread: Optional[threading.Thread] = None
         self._errors: list = []
         self._lock = threading.Lock()
-        self._inflight = None  # the snapshot being written (background thread)
-        self._queued = None  # the snapshot waiting behind it
+        self._inflight: Optional[SaveTicket] = None  # the save being written (background thread)
+        self._queued: Optional[SaveTicket] = None  # the save waiting behind it
         self._interrupt: Optional[BaseException] = None
         self.stats = SaveStats()
 
-    def _run(self, snap) -> None:
+    def _run(self, ticket: SaveTicket) -> None:
         try:
-            self._persist(snap)
+            self._persist(ticket)
         except RestartRequiredError as exc:
             # the ranks would go on from different checkpoints: not a failed save that the next one
             # retries, but the end of training, on the training thread (as an interrupt is)
@@ -96,13 +114,13 @@ class Saver:
                 raise
             self._interrupt = exc
 
-    def _loop(self, snap) -> None:
+    def _loop(self, ticket: Optional[SaveTicket]) -> None:
         lower_thread_priority()
-        while snap is not None:
-            self._run(snap)
+        while ticket is not None:
+            self._run(ticket)
             with self._lock:
-                snap, self._queued = self._queued, None
-                self._inflight = snap
+                ticket, self._queued = self._queued, None
+                self._inflight = ticket
 
     def _report(self) -> None:
         errors, self._errors = self._errors, []
@@ -148,21 +166,21 @@ class Saver:
             return self._queued is None
 
     @property
-    def inflight(self):
-        """The snapshot being written now, or None (its buffers must not be reused)."""
+    def inflight(self) -> Optional[SaveTicket]:
+        """The save being written now, or None (its snapshot's buffers must not be reused)."""
         with self._lock:
             return self._inflight
 
-    def enqueue(self, snap) -> None:
-        """Write ``snap`` after the checkpoint in flight (``busy_action`` said QUEUE); when that
-        one finished meanwhile, write it now. Its buffers must differ from the in-flight one's."""
+    def enqueue(self, ticket: SaveTicket) -> None:
+        """Write ``ticket``'s snapshot after the checkpoint in flight (``busy_action`` said QUEUE); when
+        that one finished meanwhile, write it now. Its buffers must differ from the in-flight one's."""
         with self._lock:
             if self._inflight is not None and self._queued is None:
-                self._queued = snap
+                self._queued = ticket
                 self.stats.saves += 1
                 self.stats.queued += 1
                 return
-        self.submit(snap)
+        self.submit(ticket)
 
     def wait(self, for_previous: bool = True) -> float:
         """Block until the saves in flight and queued (if any) are committed; returns seconds waited.
@@ -186,15 +204,15 @@ class Saver:
         self._report()
         return waited
 
-    def submit(self, snap) -> None:
-        """Persist ``snap`` (call ``wait`` first: the snapshot buffers are reused)."""
+    def submit(self, ticket: SaveTicket) -> None:
+        """Persist ``ticket``'s snapshot (call ``wait`` first: the snapshot buffers are reused)."""
         self.wait()
         self.stats.saves += 1
         if not self.async_save:
-            self._run(snap)
+            self._run(ticket)
             self._report()
             return
-        self._inflight = snap
+        self._inflight = ticket
         # Not a daemon: a normal interpreter exit waits for the save to commit.
-        self._thread = threading.Thread(target=self._loop, args=(snap,), name=self._name, daemon=False)
+        self._thread = threading.Thread(target=self._loop, args=(ticket,), name=self._name, daemon=False)
         self._thread.start()

@@ -1,5 +1,6 @@
 """Checkpointer on real local storage: round trips, corruption, fallback, retention."""
 
+import dataclasses
 import json
 import os
 import uuid
@@ -345,8 +346,7 @@ def test_a_manifest_restarts_would_reject_is_never_written(tmp_path):
     for _ in range(40):
         deep = [deep]
     for bad in ({"loader_state": deep}, {"loader_state": 2**70}):
-        snap = make_snapshot(1)
-        snap.extra = bad
+        snap = dataclasses.replace(make_snapshot(1), extra=bad)
         with pytest.raises(CheckpointError, match="could not read it back"):
             c.save(snap)
     assert c.committed_numbers() == [0]
