@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: sets up .venv on a fresh machine, then runs pytest.
 # Extra arguments go to pytest (e.g. `bash ci/test.sh -k checkpointer`).
+# The default run leaves out the tests marked `long` (pytest -m "not long": many real processes, kill-and-resume
+# rounds, benchmark smoke runs; ~15 more minutes); `bash ci/test.sh --long` runs every test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/ci/env.sh"
@@ -12,4 +14,10 @@ export PYTHONUNBUFFERED=1
 "$PYTHON" -m mypy
 # The Paddle-free tests (tests/unit/) once more in a venv without Paddle (~1 min; ci/unit_no_paddle.sh).
 bash "$ROOT/ci/unit_no_paddle.sh"
-"$PYTHON" -m pytest -q -p no:cacheprovider "$@" tests
+select=(-m "not long")
+if [ "${1:-}" = "--long" ]; then
+  shift
+  select=()
+fi
+# --durations: the slowest tests are printed at the end, to keep the default run fast
+"$PYTHON" -m pytest -q -p no:cacheprovider --durations=40 "${select[@]}" "$@" tests

@@ -104,6 +104,7 @@ def hdfs(hdfs_server):
 BUSY_ARGS = ["--kind", "dp", "--epochs", 40, "--steps-per-epoch", 1, "--hidden", 20000]
 
 
+@pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_busy_skip_on_hdfs_the_ranks_skip_the_same_positions(hdfs, tmp_path):
     uri, env = hdfs
     ref = reference(tmp_path, BUSY_ARGS)

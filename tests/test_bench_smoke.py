@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench.py"), "--quick", "--ir", "pir", "--json", str(out)],
@@ -55,6 +58,7 @@ def test_bench_ranks_smoke_local(tmp_path):
     assert "slope of checkpoint_calls_per_rank" in p.stdout and doc["command"].startswith("python ci/bench_ranks.py")
 
 
+@pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_bench_sim_quick(tmp_path):
     """ci/bench_sim.py (the simulated remote store): both figures at tiny sizes; each says it is simulated."""
     out = tmp_path / "bench_sim.json"

@@ -93,7 +93,7 @@ def test_commit_with_every_part_there_costs_a_few_calls_per_rank(tmp_path, world
     assert counting.calls["read_bytes"] <= world + 5, counting.calls
 
 
-@pytest.mark.parametrize("world", [4, 16, 64])
+@pytest.mark.parametrize("world", [4, 16, pytest.param(64, marks=pytest.mark.long)])
 def test_the_commit_costs_a_constant_per_poll_round_not_one_call_per_rank(tmp_path, world):
     """The parts arrive one by one while rank 0 polls: many rounds, each a few calls whatever W."""
     gs = ranks(tmp_path, world)

@@ -7,11 +7,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support.e2e import REPO
 
 HARNESS = os.path.join(REPO, "ci", "kill_anywhere.py")
 
 
+@pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_kill_anywhere_three_trials_pir(tmp_path):
     report = tmp_path / "report.json"
     proc = subprocess.run(
@@ -27,6 +29,7 @@ def test_kill_anywhere_three_trials_pir(tmp_path):
     assert data["irs"]["pir"]["kills"] >= 1, proc.stdout
 
 
+@pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_kill_anywhere_two_ranks_tensor_parallel_like(tmp_path):
     """Two ranks with different values under the same names, a mid-epoch checkpoint every
     other step: any rank killed at any moment, the whole job restarted, each rank ends

@@ -155,6 +155,7 @@ def _writers(tmp_path, opts, n):
     return [float(o.strip().splitlines()[-1]) for o in outs]
 
 
+@pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_clients_in_processes_share_the_aggregate_cap_only(tmp_path):
     """Real processes: three clients of 8 MB at 80 MB/s each and no aggregate cap run side by side
     (~0.1 s each); with a 40 MB/s aggregate cap they share it (the last ends after >= 0.6 s)."""
