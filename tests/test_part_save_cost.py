@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from support import counting
 
 from paddle_acp.format import fencing
 from paddle_acp.format.fencing import Fence, FencedError, writers_dir
@@ -17,7 +18,6 @@ from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
-from support import counting
 
 JOB, RANGE = "job", "_range_0"
 RDIR = range_dir(JOB, RANGE)
