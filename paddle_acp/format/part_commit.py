@@ -36,6 +36,9 @@ logger = logging.getLogger("paddle_acp")
 
 
 _UNSEEN = object()
+# seconds between two looks for ranks already at a later position while parts are missing (two listings on
+# HDFS cost six NameNode RPCs: not at every poll round, whose first ones come every few tens of milliseconds)
+LATER_PARTS_EVERY = 1.0
 
 
 def _token(e: Any) -> Any:
@@ -169,7 +172,8 @@ class PartCommitMixin:
         Storage calls: one listing of the position per poll round (parts and absences are seen in
         it), each part's manifest read when it appears (again only when it changes), each rank's
         generation looked up once, the base's marks checked before waiting and before the commit;
-        while parts are missing, one listing of the range (and of each later position) per round."""
+        while parts are missing, one listing of the range (and of each later position) at the first round
+        and then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within it)."""
         st = self.storage
         ckdir = f"{self.dir}/{name}"
         deadline = time.monotonic() + timeout if ticket is None else ticket.deadline
@@ -179,6 +183,7 @@ class PartCommitMixin:
         judged: Dict[int, Tuple[bytes, bool]] = {}  # the generation check, once per part (not per poll)
         self.check_base()  # never commit on a base a rank rejected (the ranks went apart)
         delay = self.poll_interval
+        later_at = 0.0  # when to look for ranks at a later position next (monotonic time)
         t0 = time.monotonic()
         while True:
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
@@ -209,7 +214,10 @@ class PartCommitMixin:
             missing = [k for k in range(self.world_size) if k not in parts]
             if not missing:
                 break
-            gave_up = self._later_parts(name, missing)
+            gave_up: List[int] = []
+            if time.monotonic() >= later_at:
+                gave_up = self._later_parts(name, missing)
+                later_at = time.monotonic() + LATER_PARTS_EVERY
             cancelled = ticket is not None and ticket.cancel.is_set()
             if ticket is not None:
                 deadline = ticket.deadline
