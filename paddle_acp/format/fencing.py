@@ -7,9 +7,9 @@ for rank ``k`` > 0, created with exclusive semantics (local disks: ``O_CREAT | O
 HDFS: a temporary file renamed onto a name that must not exist; S3: check-then-write,
 which two writers starting in the same instant can both pass). The newest record of
 a rank wins. A rank's writer checks that its generation is still the newest of its rank
-(one listing of its small records directory) right before every step that deletes
-or makes something visible: removing leftovers, its earlier part, old checkpoints, and
-each commit. When it is not, it deletes and commits nothing more and logs one error
+right before every step that deletes or makes something visible: removing leftovers, its
+earlier part, old checkpoints (one listing of its small records directory), and each commit
+(one look-up of the next generation's record, :func:`newer_recorded`; the listing when it is there). When it is not, it deletes and commits nothing more and logs one error
 naming both generations (:class:`FencedError` after that, logged by no one else).
 
 Temporary names carry the generation (``ckpt-N.tmp-g<G>-<id>``, ``rank-k.tmp-g<G>-<id>``):
