@@ -165,6 +165,13 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         except FencedError:
             raise  # a newer process of this rank speaks for it
         except Exception as exc:
+            if self.fence is not None:  # a superseded writer (e.g. its temporary part was removed by the live
+                try:                    # one's start) says so, once, and declares nothing in the live job's position
+                    self.fence.check(f"write checkpoint {name}", quick=True)
+                except FencedError:
+                    raise
+                except Exception as why:  # (the storage failing): the save's own error is what is reported
+                    logger.debug("could not check the fence after a failed save: %s", why)
             self.declare_absent(name, f"its part could not be written: {type(exc).__name__}: {exc}")
             raise
         if nbytes is None:
