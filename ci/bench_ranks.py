@@ -18,7 +18,8 @@ Counted per phase:
   per RPC method from ``RpcDetailedActivityForPort<port>``;
 * S3 (SeaweedFS): client-side counts only (the server exposes no request counter here).
 
-Reported per W: calls per checkpoint per rank (all ranks' calls of the last checkpoint / W; rank
+Reported per W (and in the JSON per phase: ``calls_by_method``, all ranks' client calls per storage
+method, ``calls_by_method_rank1``, rank 1's own, and ``nn_rpcs_by_method``): calls per checkpoint per rank (all ranks' calls of the last checkpoint / W; rank
 0's own calls beside the median rank's: the difference is rank 0's commit loop), calls per rank
 at restart (max over ranks), commit latency (rank 0's wait from its part written to the commit,
 and from the last part written to the commit), and per figure the slope in calls per extra rank
@@ -234,6 +235,13 @@ def run_world(base, world: int, args, hdfs: Optional[CountedHDFS]) -> Dict[str, 
         others = calls[1:] or calls
         out["calls_rank_median"] = statistics.median(others)
         out["calls_rank_max"] = max(calls)
+        by_method: Dict[str, int] = {}
+        for st in job.st:
+            for k, v in st.calls.items():
+                by_method[k] = by_method.get(k, 0) + v
+        out["calls_by_method"] = dict(sorted(by_method.items()))  # all ranks' calls of the phase, per method
+        if world > 1:  # a non-zero rank's own (rank 1; rank 0 adds its commit loop)
+            out["calls_by_method_rank1"] = dict(sorted(job.st[1].calls.items()))
         if hdfs is not None and before is not None:
             delta = rpc_delta(before, hdfs.rpc_counts())
             out["nn_rpcs_total"] = delta.pop("total", 0)
@@ -246,8 +254,8 @@ def run_world(base, world: int, args, hdfs: Optional[CountedHDFS]) -> Dict[str, 
         ck["rank0_commit_loop_calls"] = ck["calls_rank0"] - ck["calls_rank_median"]
         res["checkpoints"].append(ck)
         log(f"  W={world:5d} checkpoint {c}: {ck['calls_per_rank']:7.2f} calls/rank (rank 0: {ck['calls_rank0']}, "
-            f"median rank: {ck['calls_rank_median']})" + (f", {ck['nn_rpcs_per_rank']:7.2f} NameNode RPCs/rank"
-                                                          if "nn_rpcs_per_rank" in ck else "")
+            f"median rank: {ck['calls_rank_median']}, rank 1: {ck.get('calls_by_method_rank1')})"
+            + (f", {ck['nn_rpcs_per_rank']:7.2f} NameNode RPCs/rank {ck['nn_rpcs_by_method']}" if "nn_rpcs_per_rank" in ck else "")
             + f", commit {ck['commit_wait_s']:.2f} s ({ck['commit_after_last_part_s']:.2f} s after the last part), "
               f"wall {ck['wall_s']:.1f} s")
     rs = phase(job.restart)

@@ -118,15 +118,15 @@ def rank_env(ckpt, r, gen, extra=None):
 
 @pytest.mark.parametrize("stale", [0, 1])
 def test_superseded_rank_never_touches_the_live_jobs_checkpoint(tmp_path, stale):
-    """(b) rank 0, (c) rank 1 of a first start of a two-rank job stops inside its first save's
-    ``_remove_own`` (the other rank of that start is killed); a second start of the job trains and
+    """(b) rank 0, (c) rank 1 of a first start of a two-rank job stops in its first save, at the start of
+    the part's data write (the other rank of that start is killed); a second start of the job trains and
     commits the same positions; the stale rank then resumes: it deletes nothing of the live
     job's checkpoint (every committed checkpoint still verifies, part for part) and logs once
     that it is fenced."""
     ckpt = tmp_path / "ckpt"
     logs = {r: tmp_path / f"a{r}.log" for r in (0, 1)}
     mark = tmp_path / "stale.stop"
-    a = {r: spawn(rank_cmd(tmp_path, r, "a"), rank_env(ckpt, r, "a", {"ACP_TEST_STOP": f"remove_own:{mark}"}
+    a = {r: spawn(rank_cmd(tmp_path, r, "a"), rank_env(ckpt, r, "a", {"ACP_TEST_STOP": f"write:{mark}"}
                                                                  if r == stale else None), logs[r]) for r in (0, 1)}
     b = {}
     try:
@@ -141,7 +141,7 @@ def test_superseded_rank_never_touches_the_live_jobs_checkpoint(tmp_path, stale)
         live = [e.name for e in g.scan() if e.committed]
         assert live == ["ckpt-e0", "ckpt-e1"], live
         os.kill(a[stale].pid, signal.SIGCONT)
-        wait_for(lambda: (tmp_path / "stale.stop.done").exists(), 120, "the stale rank's _remove_own", [a[stale]],
+        wait_for(lambda: (tmp_path / "stale.stop.done").exists(), 120, "the stale rank's write of its part", [a[stale]],
                  [logs[stale]])
         deadline = time.monotonic() + 20  # what the rest of its save would do (it must do nothing)
         while time.monotonic() < deadline and "is fenced" not in logs[stale].read_text():

@@ -76,7 +76,7 @@ def test_rank_0_trains_on_while_its_commit_waits_and_ctrl_c_ends_the_wait(tmp_pa
     env = {"PADDLE_ACP_PART_TIMEOUT": 120, "PADDLE_ACP_RANK_STATE": "per-rank"}
     args = ["--kind", "tp", "--epochs", 6]
     p0 = popen(tmp_path, 0, args, ckpt, "s0", env, barrier=False)
-    p1 = popen(tmp_path, 1, args, ckpt, "s0", {**env, "ACP_TEST_STOP": f"remove_own:{stop}"}, barrier=False)
+    p1 = popen(tmp_path, 1, args, ckpt, "s0", {**env, "ACP_TEST_STOP": f"write:{stop}"}, barrier=False)
     try:
         wait_for(stop.exists, 200, "rank 1 to stop")
         wait_for(lambda: len(read_log(tmp_path / "out" / "r0")) == 6 or p0.poll() is not None, 90,
@@ -110,7 +110,7 @@ def test_ctrl_c_on_rank_0_waiting_for_a_stopped_rank_exits_in_seconds_and_resume
     ckpt = tmp_path / "ckpt"
     stop = tmp_path / "r1.stopped"
     p0 = popen(tmp_path, 0, args, ckpt, "i0", env)
-    p1 = popen(tmp_path, 1, args, ckpt, "i0", {**env, "ACP_TEST_STOP": f"remove_own@3:{stop}"})
+    p1 = popen(tmp_path, 1, args, ckpt, "i0", {**env, "ACP_TEST_STOP": f"write@3:{stop}"})
     try:
         wait_for(stop.exists, 300, "rank 1 to stop in its save of epoch 2")
         wait_for(lambda: (ckpt / RDIR / "ckpt-e2" / "rank-0" / "manifest.json").exists(), 60, "rank 0's part of ckpt-e2")

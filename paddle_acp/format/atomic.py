@@ -171,7 +171,8 @@ class RenameCommit(CommitStrategy):
     def begin(self, storage: Storage, final: str, generation: Optional[int] = None) -> str:
         parent, _, base = final.rpartition("/")
         path = f"{parent}/{tmp_name(base, uuid.uuid4().hex[:12], generation)}"
-        storage.makedirs(path)
+        if not storage.creates_parents:  # (HDFS: its first file's creation makes it, and ``parent`` too)
+            storage.makedirs(path)
         return path
 
     def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,

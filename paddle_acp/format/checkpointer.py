@@ -185,13 +185,15 @@ class Checkpointer:
         delete_checkpoint(self.storage, self.base(n))
 
     def _write(self, pending: atomic.Pending, snap: Snapshot, number: int) -> WriteResult:
-        return write_checkpoint(pending, snap, number, self._check_fence("commit checkpoint %d" % number))
+        # the commit's fence check is the quick one (one look-up, :func:`fencing.newer_recorded`): it
+        # runs at every save, and says the same as a listing
+        return write_checkpoint(pending, snap, number, self._check_fence("commit checkpoint %d" % number, quick=True))
 
-    def _check_fence(self, what: str) -> Optional[Callable[[], None]]:
+    def _check_fence(self, what: str, quick: bool = False) -> Optional[Callable[[], None]]:
         fence = self.fence
         if fence is None:
             return None
-        return lambda: fence.check(what)
+        return lambda: fence.check(what, quick)
 
     def apply_retention(self, keep: Optional[int] = None) -> List[int]:
         """Delete the committed checkpoints the retention policy (keep the newest ``keep``,

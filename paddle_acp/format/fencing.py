@@ -7,9 +7,9 @@ for rank ``k`` > 0, created with exclusive semantics (local disks: ``O_CREAT | O
 HDFS: a temporary file renamed onto a name that must not exist; S3: check-then-write,
 which two writers starting in the same instant can both pass). The newest record of
 a rank wins. A rank's writer checks that its generation is still the newest of its rank
-(one listing of its small records directory) right before every step that deletes
-or makes something visible: removing leftovers, its earlier part, old checkpoints, and
-each commit. When it is not, it deletes and commits nothing more and logs one error
+right before every step that deletes or makes something visible: removing leftovers, its
+earlier part, old checkpoints (one listing of its small records directory), and each commit
+(one look-up of the next generation's record, :func:`newer_recorded`; the listing when it is there). When it is not, it deletes and commits nothing more and logs one error
 naming both generations (:class:`FencedError` after that, logged by no one else).
 
 Temporary names carry the generation (``ckpt-N.tmp-g<G>-<id>``, ``rank-k.tmp-g<G>-<id>``):
@@ -74,6 +74,20 @@ def newest_generation(storage: Storage, job_id: str, rank: int = 0) -> int:
     return best
 
 
+def newer_recorded(storage: Storage, job_id: str, rank: int, generation: int) -> bool:
+    """Whether a record of a generation after ``generation`` may exist for rank ``rank``: one look-up
+    of ``gen-<generation + 1>`` (on HDFS one RPC when absent, where a listing costs three).
+
+    Generations are taken in order (:meth:`Fence.take`: newest + 1, or past a name found taken),
+    and records are never deleted, so every generation after a recorded one leaves a record (or a
+    foreign entry) at ``generation + 1``: False here means ``generation`` is still the newest of a
+    rank whose record ``gen-<generation>`` exists. True only says "look": the caller lists
+    (:func:`newest_generation`), which ignores foreign entries (a link or a directory of that name)."""
+    path = f"{writers_dir(job_id, rank)}/gen-{generation + 1}"
+    storage.forget_cached(path)  # other processes' generations must be seen at once
+    return storage.exists(path)
+
+
 def create_exclusive(storage: Storage, path: str, data: bytes) -> bool:
     """Create ``path`` holding ``data`` unless it exists; True when this call created it
     (see :meth:`Storage.create_exclusive`: O_EXCL on local disks, a rename on HDFS)."""
@@ -110,9 +124,13 @@ class Fence:
     def who(self) -> str:
         return "this writer" if self.rank == 0 else f"this writer of rank {self.rank}"
 
-    def check(self, what: str) -> None:
-        """Raise FencedError unless this generation is still the newest of its rank (one listing).
-        The first time it is not, one error is logged; nothing else logs a FencedError."""
+    def check(self, what: str, quick: bool = False) -> None:
+        """Raise FencedError unless this generation is still the newest of its rank (one listing;
+        ``quick``: one look-up of the next generation's record, listing only when it is there,
+        :func:`newer_recorded`). The first time it is not, one error is logged; nothing else logs a
+        FencedError."""
+        if self.fenced_by is None and quick and not newer_recorded(self.storage, self.job_id, self.rank, self.generation):
+            return
         if self.fenced_by is None:
             newest = newest_generation(self.storage, self.job_id, self.rank)
             if newest > self.generation:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
 from paddle_acp.format import absence, atomic, index, shares, verdict
@@ -56,7 +56,7 @@ from paddle_acp.format.part_commit import PartCommitMixin
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.retention import delete_checkpoint, policy_for
 from paddle_acp.format.snapshot import Snapshot
-from paddle_acp.storage.base import Storage
+from paddle_acp.storage.base import Entry, Storage
 
 if TYPE_CHECKING:
     from paddle_acp.format.cache import RangeCache
@@ -96,6 +96,8 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self.cache: Optional["RangeCache"] = None
         self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows
         self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
+        self._generations: Dict[int, int] = {}  # rank 0: each rank's newest generation (part_commit)
+        self._touched: Set[str] = set()  # positions this incarnation wrote (or declared absent) at
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
 
     @property
@@ -141,6 +143,14 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
     def part_committed(self, name: str, rank: int) -> bool:
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
 
+    def _own_part_there(self, name: str) -> bool:
+        """Whether this rank has a part at ``name``: its directory where parts are renamed into place
+        (a rename onto it must never happen), its manifest where they are written in place (the
+        files are replaced; the manifest is what commits them)."""
+        if self.commit_strategy.in_place:
+            return self.part_committed(name, self.rank)
+        return self.storage.exists(self.part_dir(name, self.rank))
+
     # -- writing ---------------------------------------------------------------
     def save(self, snap: Snapshot, mode: str, wait: bool = True, part_wait: Optional[float] = None) -> SaveResult:
         """Write this rank's part; on rank 0 also hand the commit (wait for the others' parts, commit
@@ -157,6 +167,13 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         except FencedError:
             raise  # a newer process of this rank speaks for it
         except Exception as exc:
+            if self.fence is not None:  # a superseded writer (e.g. its temporary part was removed by the live
+                try:                    # one's start) says so, once, and declares nothing in the live job's position
+                    self.fence.check(f"write checkpoint {name}", quick=True)
+                except FencedError:
+                    raise
+                except Exception as why:  # (the storage failing): the save's own error is what is reported
+                    logger.debug("could not check the fence after a failed save: %s", why)
             self.declare_absent(name, f"its part could not be written: {type(exc).__name__}: {exc}")
             raise
         if nbytes is None:
@@ -176,11 +193,24 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         number = position_number(snap.range.epoch_no, snap.range.step)
         ckdir = f"{self.dir}/{name}"
         st = self.storage
-        if st.exists(f"{ckdir}/{GLOBAL_NAME}"):
-            logger.info("range %s: checkpoint %s is already committed; not written again", self.range_name, name)
-            return None
-        st.makedirs(ckdir)
-        self._remove_own(name)
+        fresh = name not in self._touched and self.fence is not None
+        self._touched.add(name)
+        if not fresh or self._own_part_there(name):
+            # this rank was here before (this incarnation, or an earlier one's part): one listing
+            # shows the commit and every part and leftover of this rank, removed once the fence check passed
+            st.forget_cached(ckdir)  # rank 0 commits it from another process
+            listing = st.listdir(ckdir)
+            if any(e.name == GLOBAL_NAME for e in listing):
+                logger.info("range %s: checkpoint %s is already committed; not written again", self.range_name, name)
+                return None
+            self._remove_own(name, listing)
+        # else the first save of this incarnation at ``name`` and no part of this rank there (one
+        # look-up, on HDFS one RPC): nothing of this rank to remove nor to rename onto. Its absence
+        # there would count only had this incarnation written it (it never touched ``name``; an
+        # earlier incarnation's does not count, absence.counts); a leftover temporary part is never
+        # read (it goes with the position); a committed global.json lists this rank's part, which is
+        # not there, so no committed copy is written into. No makedirs: the part's own makes the
+        # position's directory (atomic.Pending; on HDFS its first file does).
         gen = self._ck.generation
         part = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                 "generation": -1 if gen is None else gen}
@@ -211,6 +241,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         take that position), best effort: rank 0 then abandons the position at once instead of waiting
         ``PADDLE_ACP_PART_TIMEOUT``. Returns the file's path, or None when it could not be written."""
         gen = self._ck.generation
+        self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
         a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
         return absence.declare(self.storage, self.commit_strategy, f"{self.dir}/{name}", a)
 
@@ -230,12 +261,13 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
                 logger.debug("could not remove rank 0's part of abandoned checkpoint %s: %s", name, exc)
         return committed
 
-    def _remove_own(self, name: str) -> None:
-        """Remove this rank's earlier part (or leftovers) at position ``name``: only after this
-        rank's fence check passed, and never a newer generation's part being written."""
+    def _remove_own(self, name: str, listing: Optional[List[Entry]] = None) -> None:
+        """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of its
+        directory, when just listed): only after this rank's fence check passed, and never a newer
+        generation's part being written."""
         gen = self._ck.generation
         doomed = []
-        for e in self.storage.listdir(f"{self.dir}/{name}"):
+        for e in self.storage.listdir(f"{self.dir}/{name}") if listing is None else listing:
             m = PART_RE.fullmatch(e.name) or PART_TMP_RE.fullmatch(e.name)
             if m and int(m.group(1)) == self.rank:
                 doomed.append((e.name, tmp_generation(m) if m.re is PART_TMP_RE else -1))

@@ -18,9 +18,17 @@ from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format import absence, shares, verdict
 from paddle_acp.format.atomic import CommitStrategy
 from paddle_acp.format.committer import PendingCommit as Ticket
-from paddle_acp.format.fencing import Fence, newest_generation
+from paddle_acp.format.fencing import Fence, newer_recorded, newest_generation
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
-from paddle_acp.format.layout import GLOBAL_NAME, MANIFEST_NAME, parse_absent_mark, parse_name, parse_part, position_key
+from paddle_acp.format.layout import (
+    GLOBAL_NAME,
+    MANIFEST_NAME,
+    parse_absent_mark,
+    parse_bad_mark,
+    parse_name,
+    parse_part,
+    position_key,
+)
 from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, Manifest
 from paddle_acp.storage.base import Storage
 
@@ -28,6 +36,9 @@ logger = logging.getLogger("paddle_acp")
 
 
 _UNSEEN = object()
+# seconds between two looks for ranks already at a later position while parts are missing (two listings on
+# HDFS cost six NameNode RPCs: not at every poll round, whose first ones come every few tens of milliseconds)
+LATER_PARTS_EVERY = 1.0
 
 
 def _token(e: Any) -> Any:
@@ -54,6 +65,7 @@ class PartCommitMixin:
     commit_strategy: CommitStrategy
     poll_interval: float
     part_timeout: float
+    _generations: Dict[int, int]  # rank -> its newest generation when last listed (newest never decreases)
 
     def part_dir(self, name: str, rank: int) -> str:
         raise NotImplementedError
@@ -94,10 +106,7 @@ class PartCommitMixin:
         gen = part.get("generation", -1) if isinstance(part, dict) else None  # -1: written without a fence
         if isinstance(gen, bool) or not isinstance(gen, int):
             gen = None
-        gens = {} if gens is None else gens
-        if rank not in gens:
-            gens[rank] = newest_generation(self.storage, self.job_id, rank)
-        newest = gens[rank]
+        newest = self._newest_generation(rank, {} if gens is None else gens)
         if self.fence is not None and rank == self.fence.rank and newest > self.fence.generation:
             self.fence.check(f"commit checkpoint {name}")  # raises: this writer is superseded
         if gen is not None and gen >= newest:
@@ -106,6 +115,19 @@ class PartCommitMixin:
                        "whose newest generation is %d: a superseded process wrote it; it is not committed (waiting "
                        "for the live rank's part)", self.range_name, rank, name, gen, newest)
         return True
+
+    def _newest_generation(self, rank: int, gens: Dict[int, int]) -> int:
+        """Rank ``rank``'s newest generation, looked up once per commit (``gens``). Once listed, it is
+        remembered across commits, and a later commit asks only whether the next one is recorded
+        (:func:`~paddle_acp.format.fencing.newer_recorded`: one look-up instead of a listing), listing
+        again only when it is: the answer is the listing's."""
+        if rank in gens:
+            return gens[rank]
+        known = self._generations.get(rank)
+        if known is None or newer_recorded(self.storage, self.job_id, rank, known):
+            known = newest_generation(self.storage, self.job_id, rank)
+        self._generations[rank] = gens[rank] = known
+        return known
 
     def _later_parts(self, name: str, ranks: List[int]) -> List[int]:
         """Those of ``ranks`` that already have a part at a later position (they will not write this
@@ -136,9 +158,7 @@ class PartCommitMixin:
         a = absence.read(self.storage, f"{self.dir}/{name}", rank)
         if a is None:
             return None
-        if rank not in gens:
-            gens[rank] = newest_generation(self.storage, self.job_id, rank)
-        if absence.counts(a, name, self.base, gens[rank]):
+        if absence.counts(a, name, self.base, self._newest_generation(rank, gens)):
             return a
         logger.debug("range %s: ignoring rank %d's absence at %s: of an earlier incarnation (generation %d, base %s)",
                      self.range_name, rank, name, a.generation, a.base)
@@ -152,7 +172,8 @@ class PartCommitMixin:
         Storage calls: one listing of the position per poll round (parts and absences are seen in
         it), each part's manifest read when it appears (again only when it changes), each rank's
         generation looked up once, the base's marks checked before waiting and before the commit;
-        while parts are missing, one listing of the range (and of each later position) per round."""
+        while parts are missing, one listing of the range (and of each later position) at the first round
+        and then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within it)."""
         st = self.storage
         ckdir = f"{self.dir}/{name}"
         deadline = time.monotonic() + timeout if ticket is None else ticket.deadline
@@ -162,6 +183,7 @@ class PartCommitMixin:
         judged: Dict[int, Tuple[bytes, bool]] = {}  # the generation check, once per part (not per poll)
         self.check_base()  # never commit on a base a rank rejected (the ranks went apart)
         delay = self.poll_interval
+        later_at = 0.0  # when to look for ranks at a later position next (monotonic time)
         t0 = time.monotonic()
         while True:
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
@@ -192,7 +214,10 @@ class PartCommitMixin:
             missing = [k for k in range(self.world_size) if k not in parts]
             if not missing:
                 break
-            gave_up = self._later_parts(name, missing)
+            gave_up: List[int] = []
+            if time.monotonic() >= later_at:
+                gave_up = self._later_parts(name, missing)
+                later_at = time.monotonic() + LATER_PARTS_EVERY
             cancelled = ticket is not None and ticket.cancel.is_set()
             if ticket is not None:
                 deadline = ticket.deadline
@@ -233,10 +258,13 @@ class PartCommitMixin:
             share_writers=share_writers,
         )
         self.check_base()  # again right before the commit: a rank may have rejected it meanwhile
-        if self.fence is not None:  # a fenced writer removes no verdict either
-            self.fence.check(f"commit checkpoint {name}")
-        listing = st.listdir(ckdir)
-        verdict.remove_marks(st, ckdir, listing)  # verdicts on an earlier copy of this position
+        # the last round's listing (every part in it) shows the marks and absences to remove: verdicts on
+        # an earlier copy of this position, absences of an earlier incarnation (neither is written anew
+        # once every rank's part of this incarnation is there)
+        if self.fence is not None and any(not e.is_dir and (parse_bad_mark(e.name) is not None or
+                                                            parse_absent_mark(e.name) is not None) for e in listing):
+            self.fence.check(f"commit checkpoint {name}")  # a fenced writer removes no verdict either
+        verdict.remove_marks(st, ckdir, listing)
         for e in listing:  # absences of an earlier incarnation (they did not count)
             if not e.is_dir and parse_absent_mark(e.name) is not None:
                 st.delete_file(f"{ckdir}/{e.name}")
@@ -255,8 +283,8 @@ class PartCommitMixin:
         before = None
         if fence is not None:
             if not self.commit_strategy.in_place:  # a fenced writer writes not even the temporary file
-                fence.check(f"commit checkpoint {name}")
+                fence.check(f"commit checkpoint {name}", quick=True)
 
             def before() -> None:
-                fence.check(f"commit checkpoint {name}")
+                fence.check(f"commit checkpoint {name}", quick=True)
         self.commit_strategy.write_file(self.storage, path, body, before)

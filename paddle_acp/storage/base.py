@@ -15,7 +15,9 @@ What differs between backends is stated by capabilities, never by asking which b
   cache (worth copying a snapshot into an aligned arena even for a synchronous save);
 * :attr:`Storage.has_symlinks`: entries may be symbolic links (never followed inside a job);
 * :attr:`Storage.overlap_writes`: closing a file waits on a remote acknowledgement, so independent
-  files are better written at once.
+  files are better written at once;
+* :attr:`Storage.creates_parents`: creating a file creates its missing parent directories (HDFS
+  through libhdfs), so a directory about to receive files needs no ``makedirs`` of its own.
 
 Every failure of a backend surfaces as :class:`~paddle_acp.errors.StorageError` with secrets
 removed, except a missing file, which is ``FileNotFoundError`` (callers treat it as "absent").
@@ -92,6 +94,7 @@ class Storage(abc.ABC):
     direct_io: bool = False
     has_symlinks: bool = False
     overlap_writes: bool = False
+    creates_parents: bool = False
 
     def __init__(self, root: str, uri: str):
         self.root = root.rstrip("/") or "/"

@@ -43,6 +43,10 @@ class HdfsStorage(ArrowStorage):
     def __init__(self, fs: Any, root: str, uri: str, client: str = "pyarrow"):
         super().__init__(fs, root, uri)
         self.client = client
+        # libhdfs creates a file with FileSystem.create, which makes missing parents (one Create
+        # RPC instead of a GetFileInfo and a Mkdirs before it); the other clients are not relied on
+        # for that (``hadoop fs -put`` refuses a missing parent)
+        self.creates_parents = client == "pyarrow"
 
     def hint(self, exc: BaseException) -> str:
         text = str(exc)

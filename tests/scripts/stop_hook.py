@@ -6,10 +6,11 @@ SIGCONT. When that call returns or raises, ``<file>.done`` is created, so the te
 what the resumed process did there is over. Points:
 
 * ``save``: the start of ``Checkpointer.save`` (a single writer's save, before it lists);
-* ``write``: the start of the data write of a single writer's save (its ``ckpt-N.tmp-*``
-  directory exists, nothing is committed);
-* ``remove_own``: the start of ``GlobalCheckpointer._remove_own`` (a rank's save removing its
-  earlier part at the position, before it lists).
+* ``write``: the start of the data write of a save (a single writer's checkpoint, or a rank's
+  part once its save decided to write it: its temporary directory exists where the storage
+  needs one made first; nothing is committed);
+* ``remove_own``: the start of ``GlobalCheckpointer._remove_own`` (a rank removing its earlier
+  part at a position, before it lists: at start, or a save at a position it was at before).
 
 ``<point>@<n>`` stops at the n-th call of the point instead of the first.
 """

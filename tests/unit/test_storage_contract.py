@@ -14,6 +14,7 @@ pieces, many HDFS packets and the -put/-get staging.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 
 import numpy as np
@@ -127,6 +128,7 @@ def test_backend_is_the_one_asked_for(backend):
         assert st.local_path("a") is None and not st.has_symlinks and not st.direct_io and st.overlap_writes
     assert st.commit_style == (MANIFEST_LAST if backend.kind == "s3" else RENAME)
     assert st.atomic_rename == (st.commit_style == RENAME)
+    assert st.creates_parents == (backend.kind == "hdfs-pyarrow")  # what the rename commit relies on
     assert "secret" not in st.uri and "?" not in st.uri
 
 
@@ -232,6 +234,33 @@ def test_rename(backend):
     assert st.read_bytes("r/ckpt-0/data") == b"payload"
     st.rename("r/ckpt-0/data", "r/ckpt-0/data2")  # a file
     assert [e.name for e in st.listdir("r/ckpt-0")] == ["data2"]
+
+
+def test_a_storage_that_creates_parents_makes_a_directory_that_renames_as_the_commit(backend):
+    """``creates_parents``: the rename commit writes a part's files into a directory it never made
+    (atomic.RenameCommit.begin): the first file makes it, two files written at once share it, and it
+    renames into place whole."""
+    st = backend.storage()
+    if not st.creates_parents:
+        return
+    assert st.kind("p/ckpt-0.tmp-abc") == "missing"
+    errors = []
+
+    def write(name):
+        try:
+            st.write_bytes(f"p/ckpt-0.tmp-abc/{name}", name.encode())
+        except Exception as exc:  # asserted below
+            errors.append(exc)
+    threads = [threading.Thread(target=write, args=(n,)) for n in ("data", "manifest")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and st.kind("p/ckpt-0.tmp-abc") == "dir"
+    st.rename("p/ckpt-0.tmp-abc", "p/ckpt-0")
+    assert [e.name for e in st.listdir("p")] == ["ckpt-0"]
+    assert [(e.name, st.read_bytes(f"p/ckpt-0/{e.name}")) for e in st.listdir("p/ckpt-0")] == [
+        ("data", b"data"), ("manifest", b"manifest")]
 
 
 def test_unicode_and_spaces_in_names(backend):
