@@ -61,13 +61,19 @@ def test_spread_writes_kill_and_resume_bit_identical(tmp_path):
     ckpt = tmp_path / "ckpt"
     procs = [subprocess.Popen(cmd(tmp_path, r), env=script_env(ckpt, "pir", env_of(r, 2, "k0")), cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True) for r in (0, 1)]
+    rng_dir = ckpt / "e2e" / "range" / "_range_0"
+
+    def committed():  # rank 0 commits on its committer thread: a checkpoint is visible some time after its epoch
+        return sorted(p.name for p in rng_dir.glob("ckpt-e*") if (p / "global.json").exists()) if rng_dir.exists() else []
+
     deadline = time.monotonic() + 200
-    while len(read_log(tmp_path / "out" / "r1")) < 3 and time.monotonic() < deadline:  # inside epoch 3
-        time.sleep(0.01)
+    while (len(read_log(tmp_path / "out" / "r1")) < 3 or not committed()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # inside epoch 3 (or later), with a global checkpoint committed
     for p in (procs[1], procs[0]):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    g, sizes = shares_of(ckpt, "ckpt-e1")
+    assert committed(), "no global checkpoint was committed within 200 s (liveness, not a wrong resume)"
+    g, sizes = shares_of(ckpt, committed()[-1])
     assert g["version"] == 4 and g["writers"] == "all" and all(s > 0 for s in sizes), (g, sizes)  # both wrote a share
     res = run_job(tmp_path, 2, ckpt, "k1")
     assert all(rc == 0 for rc, _ in res), tail(res)
