@@ -8,7 +8,16 @@ import sys
 import time
 
 import pytest
-from support.e2e import REPO, compare_results, is_done, load_result, read_log, run_script, script_env
+from support.e2e import (
+    REPO,
+    committed_positions,
+    compare_results,
+    is_done,
+    load_result,
+    read_log,
+    run_script,
+    script_env,
+)
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
 DETECT_SCRIPT = os.path.join(REPO, "tests", "scripts", "detect_modes.py")
@@ -103,16 +112,20 @@ def test_tensor_parallel_like_ranks_each_resume_their_own_state(tmp_path):
             [sys.executable, RANK_SCRIPT, "--out", str(tmp_path / "out" / f"r{r}"), "--barrier", str(tmp_path / "barrier")]
             + [str(a) for a in args], env=script_env(ckpt, "pir", e), cwd=REPO, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True))
+    rng_dir = ckpt / "e2e" / "range" / "_range_0"
     deadline = time.monotonic() + 200
-    while len(read_log(tmp_path / "out" / "r1")) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while (len(read_log(tmp_path / "out" / "r1")) < 3 or not committed_positions(rng_dir)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)  # inside epoch 3 (or later), with a global checkpoint committed
     for p in (procs[1], procs[0]):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+    assert committed_positions(rng_dir), "no global checkpoint was committed within 200 s (liveness, not a wrong resume)"
+    newest = committed_positions(rng_dir)[-1]
     res = start_job(tmp_path, 2, *args, ckpt=ckpt, env=env, gen="k1")
     assert all(rc == 0 for rc, _ in res), res
     restored = [events(tmp_path / "out" / f"r{r}")[-1] for r in (0, 1)]
-    assert restored[0]["restored"] == restored[1]["restored"] is not None, restored
+    assert restored[0]["restored"] == restored[1]["restored"] == newest, (newest, restored)  # the newest committed
     assert restored[0]["epoch"] == restored[1]["epoch"] >= 1, restored
     for r in (0, 1):
         assert is_done(tmp_path / "out" / f"r{r}")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from support.e2e import REPO, compare_results, is_done, load_result, read_log, script_env
+from support.e2e import REPO, committed_positions, compare_results, is_done, load_result, read_log, script_env
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
 ARGS = ["--kind", "dp", "--epochs", 6, "--steps-per-epoch", 3, "--hidden", 64]
@@ -62,23 +62,20 @@ def test_spread_writes_kill_and_resume_bit_identical(tmp_path):
     procs = [subprocess.Popen(cmd(tmp_path, r), env=script_env(ckpt, "pir", env_of(r, 2, "k0")), cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True) for r in (0, 1)]
     rng_dir = ckpt / "e2e" / "range" / "_range_0"
-
-    def committed():  # rank 0 commits on its committer thread: a checkpoint is visible some time after its epoch
-        return sorted(p.name for p in rng_dir.glob("ckpt-e*") if (p / "global.json").exists()) if rng_dir.exists() else []
-
     deadline = time.monotonic() + 200
-    while (len(read_log(tmp_path / "out" / "r1")) < 3 or not committed()) and time.monotonic() < deadline:
+    while (len(read_log(tmp_path / "out" / "r1")) < 3 or not committed_positions(rng_dir)) and time.monotonic() < deadline:
         time.sleep(0.01)  # inside epoch 3 (or later), with a global checkpoint committed
     for p in (procs[1], procs[0]):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    assert committed(), "no global checkpoint was committed within 200 s (liveness, not a wrong resume)"
-    g, sizes = shares_of(ckpt, committed()[-1])
+    assert committed_positions(rng_dir), "no global checkpoint was committed within 200 s (liveness, not a wrong resume)"
+    newest = committed_positions(rng_dir)[-1]
+    g, sizes = shares_of(ckpt, newest)
     assert g["version"] == 4 and g["writers"] == "all" and all(s > 0 for s in sizes), (g, sizes)  # both wrote a share
     res = run_job(tmp_path, 2, ckpt, "k1")
     assert all(rc == 0 for rc, _ in res), tail(res)
     restored = [starts(tmp_path / "out" / f"r{r}")[-1] for r in (0, 1)]
-    assert restored[0]["restored"] == restored[1]["restored"] is not None and restored[0]["epoch"] >= 2, restored
+    assert restored[0]["restored"] == restored[1]["restored"] == newest, (newest, restored)  # the newest committed
     for r in (0, 1):
         assert is_done(tmp_path / "out" / f"r{r}")
         assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), ref), r
@@ -126,18 +123,14 @@ def test_capped_share_writers_kill_and_resume_at_another_cap_bit_identical(tmp_p
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
              for r in range(3)]
     rng_dir = ckpt / "e2e" / "range" / "_range_0"
-
-    def committed():  # rank 0 commits on its committer thread: a checkpoint is visible some time after its epoch
-        return sorted(p for p in rng_dir.glob("ckpt-e*") if (p / "global.json").exists()) if rng_dir.exists() else []
-
     deadline = time.monotonic() + 250
-    while (len(read_log(tmp_path / "out" / "r2")) < 3 or not committed()) and time.monotonic() < deadline:
+    while (len(read_log(tmp_path / "out" / "r2")) < 3 or not committed_positions(rng_dir)) and time.monotonic() < deadline:
         time.sleep(0.01)  # inside epoch 3 (or later), with a global checkpoint committed
     for p in reversed(procs):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    assert committed(), "no global checkpoint was committed within 250 s (liveness, not a wrong resume)"
-    d = committed()[-1]
+    assert committed_positions(rng_dir), "no global checkpoint was committed within 250 s (liveness, not a wrong resume)"
+    d = rng_dir / committed_positions(rng_dir)[-1]
     g = json.loads((d / "global.json").read_bytes())
     sizes = [(d / f"rank-{k}" / "tensors.bin").stat().st_size for k in range(3)]
     assert g["version"] == 4 and g["share_writers"] == 2 and sizes[0] > 0 and sizes[1] > 0 and sizes[2] == 0, (g, sizes)

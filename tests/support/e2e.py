@@ -103,6 +103,22 @@ def describe(proc):
         (proc.stderr or "")[-4000:])
 
 
+def committed_positions(range_dir):
+    """The positions of a range directory whose global checkpoint is committed (``global.json`` there),
+    oldest first. Rank 0 commits on its committer thread, so a checkpoint becomes visible some time
+    after its epoch: a test that kills a job to resume from a checkpoint waits for one."""
+    import re
+
+    if not os.path.isdir(str(range_dir)):
+        return []
+    found = []
+    for name in os.listdir(str(range_dir)):
+        m = re.fullmatch(r"ckpt-e(\d+)(?:-s(\d+))?", name)
+        if m and os.path.exists(os.path.join(str(range_dir), name, "global.json")):
+            found.append(((int(m.group(1)), int(m.group(2) or -1)), name))
+    return [name for _, name in sorted(found)]
+
+
 def read_log(out_dir):
     """All entries of losses.jsonl, in order (a torn last line is dropped:
     the process may have been killed while appending it)."""
