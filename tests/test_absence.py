@@ -5,7 +5,6 @@ tools and retention take it with the position, and rank 0's commits run off its 
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.spawn import wrapped
 
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format import absence
@@ -173,15 +173,13 @@ except StorageError as exc:
     print("FAILED", exc)
 """
 
-    def limit():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
-
     res = {}
     t = threading.Thread(target=lambda: res.setdefault(0, gck(tmp_path, 0, fence=f0).save(snapshot(0, 0), "per-rank")))
     t.start()
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], preexec_fn=limit, cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+    # the file-size cap through an exec wrapper: a preexec_fn could deadlock the fork (thread t runs)
+    p = subprocess.run(wrapped([sys.executable, "-c", code, str(tmp_path)], fsize=8192), cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
     assert "FAILED" in p.stdout, p.stdout + p.stderr[-3000:]
     t.join(60)
     assert res[0].committed is False and time.monotonic() - t0 < 60

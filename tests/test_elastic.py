@@ -68,8 +68,8 @@ def run_alone(out, *args, env=None, timeout=120):
     """One trainer without the launcher (no peers: --no-barrier)."""
     cmd = [sys.executable, SCRIPT, "--out", str(out), "--no-barrier"] + [str(a) for a in TRAIN_ARGS] + \
         ["--sleep", "0"] + [str(a) for a in args]
-    p = subprocess.run(cmd, env=trainer_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout, preexec_fn=etcd.child_preexec(new_session=False))
+    p = subprocess.run(etcd.child_cmd(cmd), env=trainer_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-4000:]
     return p
 

@@ -4,13 +4,13 @@ for a part that does not come stops it in seconds, with nothing half-committed a
 resumes bit-identically from the last committed checkpoint."""
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
 import time
 
 from support.e2e import JOB_ID, REPO, compare_results, is_done, load_result, read_log, script_env
+from support.spawn import wrapped
 from test_multirank_e2e import RANK_SCRIPT, events, start_job
 
 RDIR = os.path.join(JOB_ID, "range", "_range_0")
@@ -22,13 +22,9 @@ def popen(tmp, rank, args, ckpt, gen, env=None, outs="out", barrier=True, limit_
     if barrier:
         cmd += ["--barrier", str(tmp / "barrier")]
 
-    def preexec():
-        os.setsid()
-        if limit_bytes is not None:  # the kernel refuses to grow any file of this process past it (EFBIG)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-
-    return subprocess.Popen(cmd, env=script_env(ckpt, "pir", e), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
+    # the kernel refuses to grow any file of this process past limit_bytes (EFBIG); set by an exec wrapper
+    return subprocess.Popen(wrapped(cmd, fsize=limit_bytes), env=script_env(ckpt, "pir", e), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def metrics(ckpt, rank):

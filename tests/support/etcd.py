@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import json
 import os
 import shutil
@@ -63,6 +62,11 @@ import weakref
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+try:
+    from .spawn import wrapped
+except ImportError:  # run as a script (python tests/support/etcd.py)
+    from spawn import wrapped  # type: ignore[no-redef]
+
 __all__ = [
     "EtcdUnavailable",
     "LAUNCHER_VARS",
@@ -77,7 +81,7 @@ __all__ = [
     "find_etcd",
     "ensure_etcd3",
     "free_ports",
-    "child_preexec",
+    "child_cmd",
     "EtcdServer",
 ]
 
@@ -124,22 +128,11 @@ def _log(msg: str) -> None:
 # processes that die with their parent
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def child_preexec(new_session: bool = True):
-    """A ``preexec_fn``: new session (own process group) and SIGKILL when the parent dies."""
-
-    def fn():
-        if new_session:
-            os.setsid()
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except Exception:
-            pass
-
-    return fn
+def child_cmd(cmd: Sequence[str]) -> List[str]:
+    """``cmd`` through an exec wrapper that makes the child get SIGKILL when the thread that started it ends
+    (PR_SET_PDEATHSIG); start it with ``start_new_session=True`` for its own process group. Not a Python
+    ``preexec_fn``: one can deadlock a fork from a process that already runs threads (support/spawn.py)."""
+    return wrapped([shutil.which(str(cmd[0])) or str(cmd[0]), *cmd[1:]], death_signal=int(signal.SIGKILL))
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -318,8 +311,8 @@ class EtcdServer:
             env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
             log = open(self.log_path, "ab")
             try:
-                self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, preexec_fn=child_preexec())
+                self.proc = subprocess.Popen(child_cmd(cmd), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
             finally:
                 log.close()
             _live.add(self)
@@ -458,8 +451,8 @@ class LaunchGroup:
         n = len(node["procs"])
         log = self.workdir / (f"launcher.{name}.out" if n == 0 else f"launcher.{name}.{n}.out")
         with open(log, "wb") as f:
-            p = subprocess.Popen(node["cmd"], env=self.env, cwd=self.workdir, stdout=f, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, preexec_fn=child_preexec())
+            p = subprocess.Popen(child_cmd(node["cmd"]), env=self.env, cwd=self.workdir, stdout=f,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         node["procs"].append(p)
         node["logs"].append(log)
         return p
