@@ -10,6 +10,23 @@ if os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1":  # ci/matrix.py tests the
     assert "site-packages" in paddle_acp.__file__, "expected the installed paddle_acp, got %s" % paddle_acp.__file__
 
 
+# Single cases of a parametrized test that belong to the long run (`bash ci/test.sh --long`): the multi-writer
+# protocol tests through the hadoop CLI backend, a JVM per call (20-80 s each); the same tests run on the other
+# four backends by default, and the CLI backend's other contract tests too.
+LONG_CASES = {
+    f"tests/unit/test_storage_contract.py::{name}[hdfs-cli]"
+    for name in ("test_per_rank_fencing_on_every_backend", "test_listing_a_directory_while_others_create_it",
+                 "test_global_commit_and_writer_fencing_on_every_backend",
+                 "test_checkpointer_round_trip_retention_and_leftovers")
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in LONG_CASES:
+            item.add_marker(pytest.mark.long)
+
+
 @pytest.fixture(scope="module")
 def static_mode():
     """Static-graph mode for a module's tests; the previous mode is restored after them."""

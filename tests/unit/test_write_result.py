@@ -127,6 +127,8 @@ def test_a_part_is_written_without_touching_the_snapshot_and_rank_0_waits_as_tol
     res = g.save(snap, "per-rank", wait=True, part_wait=0.3)  # rank 1 never writes its part
     waited = time.monotonic() - t0
     assert res.committed is False and res.nbytes == snap.data_size
-    assert 0.3 <= res.waited < 30 and waited < 60, f"rank 0 waited {res.waited:.1f} s for the parts, not the 0.3 s it was told"
+    # about the 0.3 s it was told (its deadline is set a moment before the wait is timed: 0.2998 s once), never
+    # the 300 s part timeout
+    assert 0.25 <= res.waited < 30 and waited < 60, f"rank 0 waited {res.waited:.3f} s for the parts, not the 0.3 s it was told"
     assert state(snap) == before and "part" not in snap.extra
     g.committer.wait_all()
