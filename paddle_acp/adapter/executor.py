@@ -40,3 +40,9 @@ def redirect_auto_checkpoint(module: ModuleType) -> None:
     if hasattr(executor_mod, "acp"):
         executor_mod.acp = module
 
+
+
+def executor_place(exe: Any) -> Any:
+    """The place ``exe`` (a ``paddle.static.Executor``) runs its programs on: its ``place`` attribute,
+    which Paddle sets from the constructor's argument; None for an object without one."""
+    return getattr(exe, "place", None)
