@@ -210,3 +210,156 @@ def test_paddle_tensor_internals_only_in_the_adapter(module, path):
     hits = [f"{no}: {line.strip()}" for no, line in enumerate(path.read_text().splitlines(), 1)
             if PADDLE_INTERNALS.search(line)]
     assert not hits, f"{module} touches Paddle tensor internals (move it into paddle_acp.adapter):\n" + "\n".join(hits)
+
+
+# -- Paddle's public API only, outside the adapter --------------------------------------------------------------
+# What the check below sees, in every runtime/ and compat/ module (the adapter is the one place for the rest):
+# * every Paddle module or name an import statement names (`import paddle.x.y`, `from paddle.x import y`);
+# * every dotted name rooted at a name those imports bind (`paddle.static.global_scope`, `alias.attr`), in full;
+# * every getattr/hasattr/setattr with a literal private name (`getattr(program, "_is_distributed", False)`):
+#   a private attribute read by name, whose object is Paddle's in these layers.
+# Each must be in PUBLIC_PADDLE (or, until moved, in KNOWN_PADDLE_INTERNALS). What it does not see: a Paddle
+# object reached through a call or another variable (`paddle.static.global_scope().find_var(...)`,
+# `exe.place`): PADDLE_INTERNALS above catches the tensor and scope methods by name; a public-looking
+# attribute of a Paddle object passed in (an Executor's `place`) is not told from any other object's.
+
+#: The Paddle names runtime/ and compat/ may use -> the public name each is (the same object). Public: the name
+#: is listed in its module's ``__all__`` (test_the_allowed_paddle_names_are_public checks it on the installed
+#: Paddle), is a public module, is ``paddle.__version__``, or is in DOCUMENTED_OUTSIDE_ALL.
+PUBLIC_PADDLE: Dict[str, str] = {
+    "paddle": "paddle",
+    "paddle.static": "paddle.static",
+    "paddle.__version__": "paddle.__version__",
+    "paddle.in_dynamic_mode": "paddle.in_dynamic_mode",
+    "paddle.static.global_scope": "paddle.static.global_scope",
+    "paddle.static.default_main_program": "paddle.static.default_main_program",
+    "paddle.static.CompiledProgram": "paddle.static.CompiledProgram",
+    "paddle.static.scope_guard": "paddle.static.scope_guard",
+    "paddle.static.save_vars": "paddle.static.save_vars",
+    "paddle.static.load_vars": "paddle.static.load_vars",
+    # compat/checkpoint_saver imports it from the module that defines it
+    "paddle.distributed.fleet.utils.fs.LocalFS": "paddle.distributed.fleet.utils.LocalFS",
+}
+#: Public modules (the static-graph API).
+PUBLIC_PADDLE_MODULES = {"paddle", "paddle.static"}
+#: Documented API that its module does not list in ``__all__``: Paddle's variable save/load
+#: (documented as fluid.io.save_vars/load_vars, the format compat/checkpoint_saver reproduces).
+DOCUMENTED_OUTSIDE_ALL = {"paddle.static.save_vars", "paddle.static.load_vars"}
+
+#: Paddle internals the runtime and compat layers still use, (module, use) -> the adapter function that
+#: replaces it. Shrink it; never grow it (a new internal goes into paddle_acp/adapter/).
+KNOWN_PADDLE_INTERNALS: Dict[Tuple[str, str], str] = {
+    ("paddle_acp.runtime.range", "getattr(..., '_is_distributed')"): "adapter.programs.is_distributed",
+    ("paddle_acp.compat.auto_checkpoint", "getattr(..., '_is_distributed')"): "adapter.programs.is_distributed",
+    ("paddle_acp.compat.auto_checkpoint", "paddle.base.framework.Program"): "adapter.programs.is_program",
+    ("paddle_acp.compat.auto_checkpoint", "paddle.pir.Program"): "adapter.programs.is_program",
+    ("paddle_acp.compat.acp_range", "getattr(..., '_auto_checkpoint_name')"): "adapter.programs.auto_checkpoint_name",
+    ("paddle_acp.compat.checkpoint_saver", "paddle.static.io.is_persistable"): "adapter.programs.persistable_predicate",
+}
+_ATTR_CALLS = {"getattr", "hasattr", "setattr"}
+
+
+def _paddle_uses(path: pathlib.Path) -> List[Tuple[int, str]]:
+    """(line, use) of every Paddle name ``path`` uses, as the comment above says."""
+    tree = ast.parse(path.read_text())
+    bound: Dict[str, str] = {}  # a name an import binds -> the Paddle path it stands for
+    uses: List[Tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "paddle":
+                    uses.append((node.lineno, a.name))
+                    bound[a.asname or "paddle"] = a.name if a.asname else "paddle"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "paddle":
+            for a in node.names:
+                uses.append((node.lineno, f"{node.module}.{a.name}"))
+                bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            parts: List[str] = []
+            cur: ast.expr = node
+            while isinstance(cur, ast.Attribute):
+                parts.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and cur.id in bound:
+                uses.append((node.lineno, ".".join([bound[cur.id]] + parts[::-1])))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ATTR_CALLS \
+                and len(node.args) >= 2:
+            arg = node.args[1]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("_") \
+                    and not arg.value.startswith("__"):
+                uses.append((node.lineno, f"{node.func.id}(..., {arg.value!r})"))
+    return sorted(set(uses))
+
+
+_OUTSIDE_ADAPTER = [(m, p) for m, p in MODULES if _layer(m) in ("runtime", "compat")]
+
+
+@pytest.mark.parametrize("module,path", _OUTSIDE_ADAPTER, ids=[m for m, _ in _OUTSIDE_ADAPTER])
+def test_runtime_and_compat_use_only_paddles_public_api(module, path):
+    """Paddle's internals (paddle.base, private attributes, undocumented helpers) are the adapter's."""
+    bad = [f"{no}: {use}" for no, use in _paddle_uses(path)
+           if use not in PUBLIC_PADDLE and (module, _known_key(use)) not in KNOWN_PADDLE_INTERNALS]
+    assert not bad, (f"{module} uses Paddle beyond its public API (put it behind a function in paddle_acp/adapter/, "
+                     "or, if it is public, into PUBLIC_PADDLE):\n" + "\n".join(bad))
+
+
+def _known_key(use: str) -> str:
+    """How KNOWN_PADDLE_INTERNALS names a use (getattr, hasattr and setattr of one name alike)."""
+    for call in _ATTR_CALLS:
+        if use.startswith(call + "("):
+            return "getattr" + use[len(call):]
+    return use
+
+
+def test_the_known_paddle_internals_are_still_there():
+    """An internal moved into the adapter leaves KNOWN_PADDLE_INTERNALS too (the list only shrinks)."""
+    found = {(m, _known_key(u)) for m, p in _OUTSIDE_ADAPTER for _, u in _paddle_uses(p)}
+    stale = sorted(k for k in KNOWN_PADDLE_INTERNALS if k not in found)
+    assert not stale, f"no longer used, remove from KNOWN_PADDLE_INTERNALS: {stale}"
+
+
+def test_the_paddle_use_check_sees_imports_attributes_and_private_names(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import paddle\nimport paddle.base.executor as ex\nfrom paddle.static import io as sio\n\n"
+                   "def f(p, exe):\n    paddle.static.global_scope().find_var('x')\n    ex.acp = None\n"
+                   "    sio.is_persistable(p)\n    return getattr(p, '_is_distributed', False), getattr(exe, 'place'), "
+                   "hasattr(p, '__len__')\n")
+    assert _paddle_uses(src) == [
+        (1, "paddle"), (2, "paddle.base.executor"), (3, "paddle.static.io"),
+        (6, "paddle.static.global_scope"), (7, "paddle.base.executor.acp"), (8, "paddle.static.io.is_persistable"),
+        (9, "getattr(..., '_is_distributed')"),
+    ]
+
+
+def _resolve(path: str) -> object:
+    """The object a dotted Paddle path names on the installed Paddle (importing its modules)."""
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise AssertionError(f"{path}: no such Paddle module")
+
+
+def test_the_allowed_paddle_names_are_public():
+    """Each PUBLIC_PADDLE name is the object of a public name of the installed Paddle: listed in its module's
+    ``__all__``, a public module, the version, or documented API (DOCUMENTED_OUTSIDE_ALL)."""
+    import inspect
+
+    pytest.importorskip("paddle")
+    for used, public in PUBLIC_PADDLE.items():
+        obj = _resolve(used)
+        assert obj is _resolve(public), f"{used} is not {public}"
+        parent, _, name = public.rpartition(".")
+        if inspect.ismodule(obj):
+            assert public in PUBLIC_PADDLE_MODULES, f"{public}: a module not known to be public"
+        elif public != "paddle.__version__" and public not in DOCUMENTED_OUTSIDE_ALL:
+            assert name in getattr(_resolve(parent), "__all__", ()), f"{public}: not in {parent}.__all__"

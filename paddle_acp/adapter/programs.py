@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CheckpointError
 
@@ -209,3 +209,35 @@ def is_training_program(program: PaddleProgram) -> bool:
 
 def lr_scheduler_of(program: PaddleProgram) -> Optional[object]:
     return getattr(unwrap(program), "lr_scheduler", None)
+
+
+def is_program(obj: object) -> bool:
+    """Whether ``obj`` is a Program Paddle can run: a legacy-IR or PIR ``Program``, or a ``CompiledProgram``
+    built from one (one built from a Graph has no Program)."""
+    import paddle
+    from paddle.base.framework import Program as LegacyProgram
+
+    if isinstance(obj, paddle.static.CompiledProgram):
+        return unwrap(obj) is not obj
+    return isinstance(obj, (LegacyProgram, paddle.pir.Program))
+
+
+def is_distributed(program: PaddleProgram) -> bool:
+    """Whether Paddle marked ``program`` a parameter-server program (its private ``_is_distributed``):
+    its state lives on the servers."""
+    return bool(getattr(program, "_is_distributed", False))
+
+
+def auto_checkpoint_name(program: PaddleProgram) -> Optional[str]:
+    """The name Paddle's own auto-checkpoint gave ``program`` (its private ``_auto_checkpoint_name``), or None."""
+    name: Optional[str] = getattr(program, "_auto_checkpoint_name", None)
+    return name
+
+
+def persistable_predicate() -> Callable[[Any], bool]:
+    """Paddle's test of a variable for ``paddle.static.save_vars``/``load_vars``: the persistable
+    ones but feed, fetch and reader variables (``paddle.static.io.is_persistable``)."""
+    import paddle
+
+    predicate: Callable[[Any], bool] = paddle.static.io.is_persistable
+    return predicate

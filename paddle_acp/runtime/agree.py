@@ -36,7 +36,7 @@ import math
 import threading
 import time
 import uuid
-from typing import Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.fencing import Fence, FencedError
@@ -167,7 +167,7 @@ class Agreement:
         self.policy = policy
         self.plan = initial_plan(range_name, base, "-", policy)  # until one is read
         self.planner = Planner(self.plan, policy, interval, time.monotonic()) if rank == 0 else None
-        self._pending: Dict[str, Tuple[threading.Thread, list]] = {}
+        self._pending: Dict[str, Tuple[threading.Thread, List[Optional[SavePlan]]]] = {}
         self._history: Deque[Tuple[str, int, bool, str]] = collections.deque(maxlen=8)
         self.disagreements = 0
         self.read_failures = 0
@@ -257,7 +257,7 @@ class Agreement:
                 time.sleep(0.02 * (attempt + 1))
         return None
 
-    def _read_into(self, box: list) -> None:
+    def _read_into(self, box: List[Optional[SavePlan]]) -> None:
         try:
             box.append(self._read())
         except (AcpError, OSError) as exc:
@@ -268,7 +268,7 @@ class Agreement:
                                self.rank, exc)
 
     def _start_read(self, kind: str) -> None:
-        box: list = []  # this read's result (a read that hangs never fills a later one's)
+        box: List[Optional[SavePlan]] = []  # this read's result (a read that hangs never fills a later one's)
         t = threading.Thread(target=self._read_into, args=(box,), name="paddle-acp-plan", daemon=True)
         self._pending[kind] = (t, box)
         t.start()

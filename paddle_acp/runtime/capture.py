@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 import sys
 from types import FrameType
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Set
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def find_captured(module_globals: Mapping[str, Any], frame_locals: Optional[Mapp
     ``module_globals`` itself (a loop at module level): then only ``module_global:`` names result.
     """
     found: Dict[str, Any] = {}
-    seen: set = set()
+    seen: Set[int] = set()  # the id()s of the objects found
 
     def add(name: str, obj: Any) -> None:
         if id(obj) not in seen and capturable(obj):

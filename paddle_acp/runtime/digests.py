@@ -27,11 +27,12 @@ import random
 import sys
 import time
 import types
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Tuple
 
 import numpy as np
 
 from paddle_acp.runtime.capture import capturable
+from paddle_acp.runtime.registry import Registry
 
 logger = logging.getLogger("paddle_acp")
 
@@ -81,13 +82,24 @@ def _visible(name: str, value: Any) -> bool:
     return not (name.startswith("__") or isinstance(value, _SKIP_TYPES))
 
 
+class DigestedRange(Protocol):
+    """What the digests read of a range (:class:`paddle_acp.runtime.range.EpochRange`, which imports
+    this module: hence a protocol, not that class)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+
 class EpochDigests:
     """The digests of one range's epochs, appended to ``path``."""
 
-    def __init__(self, path: str, frame: Optional[types.FrameType]):
+    def __init__(self, path: str, frame: Optional[types.FrameType]) -> None:
         self.path = path
         self._frame = frame  # the frame that opened the range (None: module level)
-        self._fetched: Dict[str, Any] = {}
+        self._fetched: Dict[str, hashlib._Hash] = {}  # fetched value's label -> the digest so far
         self._fetch_runs = 0
         self._started = 0.0
 
@@ -102,7 +114,7 @@ class EpochDigests:
             frame = None  # the script's globals are read anyway
         return cls(path, frame)
 
-    def _write(self, record: dict) -> None:
+    def _write(self, record: Dict[str, Any]) -> None:
         try:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
@@ -117,8 +129,9 @@ class EpochDigests:
         self._write({"kind": "start", "range": range_name, "epoch": epoch, "pid": os.getpid(),
                      "time": self._started, "resumed_mid_epoch": resumed_mid_epoch})
 
-    def on_fetch(self, args: tuple, kwargs: dict, result: Any) -> None:
-        """The values one Executor.run returned (the hook calls this after the run)."""
+    def on_fetch(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], result: Any) -> None:
+        """The values one Executor.run returned (the hook calls this after the run, with the run's
+        arguments; Paddle's, untyped)."""
         if result is None:
             return
         fetch_list = kwargs.get("fetch_list", args[2] if len(args) > 2 else None)
@@ -140,7 +153,7 @@ class EpochDigests:
             h.update(f"{arr.dtype.str}{arr.shape}".encode())
             h.update(np.ascontiguousarray(arr).tobytes())
 
-    def end_epoch(self, r: Any, epoch: int, resumed_mid_epoch: bool) -> None:
+    def end_epoch(self, r: DigestedRange, epoch: int, resumed_mid_epoch: bool) -> None:
         """Append the epoch's record (``r``: the range, whose registered programs are read)."""
         from paddle_acp.adapter.tensors import tensor_views
 
@@ -168,7 +181,8 @@ class EpochDigests:
                      "fetch_runs": self._fetch_runs, "scalars": scalars, "uncaptured": uncaptured,
                      "resumed_mid_epoch": resumed_mid_epoch})
 
-    def _namespaces(self):
+    def _namespaces(self) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        """(label prefix, names -> the script's objects) of the script's globals and the range's frame."""
         main = sys.modules.get("__main__")
         if main is not None:
             yield "", dict(vars(main))

@@ -2,6 +2,8 @@
 
 The fast path (no range to feed) is one attribute lookup on the process state
 (:data:`paddle_acp.runtime.state.STATE`); Executor.run is called thousands of times a second.
+Paddle's executor itself (the class patched, its own auto-checkpoint call) is reached through
+:mod:`paddle_acp.adapter.executor`.
 """
 
 from __future__ import annotations
@@ -9,26 +11,41 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from typing import Any, Optional, Protocol
 
+from paddle_acp.adapter import executor as paddle_executor
+from paddle_acp.adapter.executor import RunMethod
+from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.state import STATE
 
 logger = logging.getLogger("paddle_acp")
 
-_original_run = None
+
+class FedRange(Protocol):
+    """What the hook uses of the range it feeds (:class:`paddle_acp.runtime.range.EpochRange`, which
+    imports the process state this module reads: hence a protocol, not that class)."""
+
+    @property
+    def digests(self) -> Optional[EpochDigests]: ...
+
+    # exe: a paddle.static.Executor; program: a Program or CompiledProgram, or None (the default
+    # main program); scope: a core Scope, or None (the global scope): Paddle's objects are untyped
+    def on_run(self, exe: Any, program: Any, scope: Any) -> None: ...
+
+
+_original_run: Optional[RunMethod] = None
 
 
 def install() -> None:
     """Patch Executor.run (idempotent). Importing paddle_acp calls this."""
     global _original_run
-    from paddle.base.executor import Executor
-
     if _original_run is not None:
         return
-    original = Executor.run
+    original = paddle_executor.executor_run()
 
     @functools.wraps(original)
-    def run(self, *args, **kwargs):
-        r = STATE.hooked  # the public field of the process state
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:  # Paddle's Executor and its untyped run
+        r: Optional[FedRange] = STATE.hooked  # the public field of the process state
         if r is not None:
             program = args[0] if args else kwargs.get("program")
             scope = kwargs.get("scope")
@@ -42,8 +59,8 @@ def install() -> None:
                 return result
         return original(self, *args, **kwargs)
 
-    run.__paddle_acp_original__ = original  # type: ignore[attr-defined]
-    Executor.run = run  # type: ignore[method-assign]  # the patch
+    run.__paddle_acp_original__ = original  # type: ignore[attr-defined]  # a mark on the function: Paddle's run, for ci/bench_figures.py
+    paddle_executor.set_executor_run(run)  # the patch
     _original_run = original
     _neutralize_paddle_hook()
     logger.debug("installed the Executor.run hook")
@@ -51,11 +68,9 @@ def install() -> None:
 
 def uninstall() -> None:
     global _original_run
-    from paddle.base.executor import Executor
-
     if _original_run is None:
         return
-    Executor.run = _original_run  # type: ignore[method-assign]
+    paddle_executor.set_executor_run(_original_run)
     _original_run = None
 
 
@@ -63,11 +78,12 @@ def installed() -> bool:
     return _original_run is not None
 
 
-def paddle_auto_checkpoint(exe, program) -> None:
+def paddle_auto_checkpoint(exe: Any, program: Any) -> None:
     """What Paddle's executor calls as ``acp._auto_checkpoint`` (its own hook: dead on 2.6.2-3.3 but for a
     legacy inference path). A no-op while the Executor.run hook is installed (it registered the program
-    already); otherwise ``program`` goes to the active range."""
-    r = STATE.active
+    already); otherwise ``program`` goes to the active range. (``exe``: Paddle's Executor; ``program``:
+    a Program; untyped.)"""
+    r: Optional[FedRange] = STATE.active
     if r is None or installed():
         return None
     import paddle
@@ -85,7 +101,4 @@ def _neutralize_paddle_hook() -> None:
     Paddle's executor calls ``paddle.base.executor.acp._auto_checkpoint`` and nothing else of that
     module; ours (:func:`paddle_auto_checkpoint`) is a no-op while the hook above does the work.
     """
-    import paddle.base.executor as executor_mod
-
-    if hasattr(executor_mod, "acp"):
-        executor_mod.acp = sys.modules[__name__]  # its _auto_checkpoint is paddle_auto_checkpoint
+    paddle_executor.redirect_auto_checkpoint(sys.modules[__name__])  # its _auto_checkpoint is paddle_auto_checkpoint

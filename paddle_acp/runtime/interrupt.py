@@ -17,7 +17,8 @@ import logging
 import signal
 import threading
 import weakref
-from typing import Any
+from types import FrameType
+from typing import Optional
 
 from paddle_acp.format.committer import Committer
 from paddle_acp.format.multirank import PREEMPT_PART_WAIT
@@ -27,7 +28,7 @@ logger = logging.getLogger("paddle_acp")
 _committers: "weakref.WeakSet[Committer]" = weakref.WeakSet()
 
 
-def _on_sigint(signum: int, frame: Any) -> None:
+def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
     cancelled = sum(c.cancel("interrupted (SIGINT)") for c in list(_committers))
     if cancelled:
         logger.warning("interrupted: %d checkpoint commit(s) waiting for other ranks' parts abandoned; the last "

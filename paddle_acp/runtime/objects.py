@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import operator
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, TypeVar
 
 import numpy as np
 
@@ -34,6 +34,8 @@ from paddle_acp.runtime.state import STATE
 logger = logging.getLogger("paddle_acp")
 
 __all__ = ["Counter", "ScriptState", "Value", "check_state", "track", "tracked"]
+
+_V = TypeVar("_V", bound="Value")
 
 
 class Value:
@@ -59,19 +61,19 @@ class Value:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.value!r})"
 
-    def __iadd__(self, other):
+    def __iadd__(self: _V, other: object) -> _V:
         self.value += other
         return self
 
-    def __isub__(self, other):
+    def __isub__(self: _V, other: object) -> _V:
         self.value -= other
         return self
 
-    def __imul__(self, other):
+    def __imul__(self: _V, other: object) -> _V:
         self.value *= other
         return self
 
-    def __itruediv__(self, other):
+    def __itruediv__(self: _V, other: object) -> _V:
         self.value /= other
         return self
 
@@ -87,21 +89,21 @@ class Value:
     def __bool__(self) -> bool:
         return bool(self.value)
 
-    def __add__(self, o): return self.value + _v(o)
-    def __radd__(self, o): return _v(o) + self.value
-    def __sub__(self, o): return self.value - _v(o)
-    def __rsub__(self, o): return _v(o) - self.value
-    def __mul__(self, o): return self.value * _v(o)
-    def __rmul__(self, o): return _v(o) * self.value
-    def __truediv__(self, o): return self.value / _v(o)
-    def __rtruediv__(self, o): return _v(o) / self.value
-    def __floordiv__(self, o): return self.value // _v(o)
-    def __mod__(self, o): return self.value % _v(o)
-    def __eq__(self, o): return self.value == _v(o)
-    def __lt__(self, o): return self.value < _v(o)
-    def __le__(self, o): return self.value <= _v(o)
-    def __gt__(self, o): return self.value > _v(o)
-    def __ge__(self, o): return self.value >= _v(o)
+    def __add__(self, o: object) -> Any: return self.value + _v(o)
+    def __radd__(self, o: object) -> Any: return _v(o) + self.value
+    def __sub__(self, o: object) -> Any: return self.value - _v(o)
+    def __rsub__(self, o: object) -> Any: return _v(o) - self.value
+    def __mul__(self, o: object) -> Any: return self.value * _v(o)
+    def __rmul__(self, o: object) -> Any: return _v(o) * self.value
+    def __truediv__(self, o: object) -> Any: return self.value / _v(o)
+    def __rtruediv__(self, o: object) -> Any: return _v(o) / self.value
+    def __floordiv__(self, o: object) -> Any: return self.value // _v(o)
+    def __mod__(self, o: object) -> Any: return self.value % _v(o)
+    def __eq__(self, o: object) -> Any: return self.value == _v(o)
+    def __lt__(self, o: object) -> Any: return self.value < _v(o)
+    def __le__(self, o: object) -> Any: return self.value <= _v(o)
+    def __gt__(self, o: object) -> Any: return self.value > _v(o)
+    def __ge__(self, o: object) -> Any: return self.value >= _v(o)
 
 
 class Counter(Value):
@@ -115,7 +117,8 @@ class Counter(Value):
     def increment(self, n: int = 1) -> int:
         """Add ``n`` and return the new value."""
         self.value += n
-        return self.value
+        new: int = self.value  # a Counter holds an int (Value's value is whatever the script gave)
+        return new
 
 
 def _v(o: Any) -> Any:
@@ -228,7 +231,7 @@ class ScriptState:
             if kind is not None and id(o) not in registered:
                 self.rngs[n] = (kind, o)
         self.state = dict(state)
-        self._warned: set = set()
+        self._warned: Set[Tuple[str, Tuple[str, ...]]] = set()
 
     def __bool__(self) -> bool:
         return bool(self.rngs or self.state)
@@ -276,7 +279,9 @@ class ScriptState:
             rngs, state = objstate.validate(section)
         except CorruptCheckpointError as exc:  # validated when the manifest was read: cannot happen
             raise CheckpointError(f"{where}: {exc}") from None
-        missing, gone, other = [], [], []
+        missing: List[str] = []
+        gone: List[str] = []
+        other: List[str] = []
         for mine, saved in ((self.rngs, rngs), (self.state, state)):
             for name, (kind, obj) in mine.items():
                 if name not in saved:
@@ -322,7 +327,7 @@ class ScriptState:
                 "If the script changed, start a new job (a new PADDLE_JOB_ID)"
             ) from exc
 
-    def _warn(self, where: str, names: list, why: str) -> None:
+    def _warn(self, where: str, names: List[str], why: str) -> None:
         key = (why, tuple(names))
         if key in self._warned:
             return

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from types import FrameType
+from typing import Callable, Dict, List, Optional
 
 logger = logging.getLogger("paddle_acp")
 
@@ -34,9 +35,9 @@ class PreemptionWatcher:
         self._where = where  # where the save will happen (said when a signal comes)
         self._on_signal = on_signal  # called (in the handler) when the first signal comes
         self.received: Optional[int] = None
-        self._previous: Dict[int, Any] = {}
+        self._previous: Dict[int, signal._HANDLER] = {}  # signal -> the handler before ours
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         first = self.received is None
         self.received = signum if first else self.received
         if first:

@@ -9,17 +9,39 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import AbstractSet, Any, Dict, List, Optional, Tuple
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
-from paddle_acp.adapter.programs import ProgramInfo, lr_scheduler_of
-from paddle_acp.adapter.tensors import find_tensor, layout_size, tensor_items, tensor_meta, tensor_views, write_program
+from paddle_acp.adapter.programs import PaddleProgram, ProgramInfo, lr_scheduler_of
+from paddle_acp.adapter.tensors import (
+    PaddlePlace,
+    PaddleScope,
+    find_tensor,
+    layout_size,
+    tensor_items,
+    tensor_meta,
+    tensor_views,
+    write_program,
+)
 from paddle_acp.errors import CheckpointError
+from paddle_acp.format.manifest import ProgramRecord
+from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.snapshot import ProgramSnapshot
 
 logger = logging.getLogger("paddle_acp")
 
+#: Plain JSON data, as :func:`jsonable` gives it.
+JSONData = Union[None, bool, int, float, str, List["JSONData"], Dict[str, "JSONData"]]
 
-def jsonable(value, where: str):
+
+@overload
+def jsonable(value: Mapping[Any, Any], where: str) -> Dict[str, JSONData]: ...
+
+
+@overload
+def jsonable(value: object, where: str) -> JSONData: ...
+
+
+def jsonable(value: object, where: str) -> JSONData:
     """Convert an LR scheduler state value to plain JSON data, or fail clearly."""
     if value is None or isinstance(value, (bool, str)):
         return value
@@ -32,14 +54,16 @@ def jsonable(value, where: str):
     if isinstance(value, (list, tuple)):
         return [jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if hasattr(value, "tolist"):  # numpy scalars/arrays, paddle tensors
-        return jsonable(value.tolist(), where)
+        data: object = value.tolist()
+        return jsonable(data, where)
     raise CheckpointError(f"cannot checkpoint {where}: value of type {type(value).__name__} is not JSON data")
 
 
 class ProgramEntry:
     """One registered (program, scope) pair."""
 
-    def __init__(self, key: str, info: ProgramInfo, program, scope, place):
+    def __init__(self, key: str, info: ProgramInfo, program: PaddleProgram, scope: PaddleScope,
+                 place: Optional[PaddlePlace]) -> None:
         self.key = key
         self.info = info
         self.program = program
@@ -52,7 +76,7 @@ class ProgramEntry:
         the others are not touched (on an accelerator: not copied to the host)."""
         names = [n for n in self.info.persistables if only is None or (self.key, n) in only]
         tensors = tensor_views(self.scope, names)
-        sched: Any = lr_scheduler_of(self.program)
+        sched: Any = lr_scheduler_of(self.program)  # a Paddle LRScheduler (untyped) or None
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)
 
@@ -66,13 +90,15 @@ class ProgramEntry:
         metadata alone: what the split of replicated state into shares needs (format/shares.py)."""
         return [(self.key, n, d, s, b) for n, d, s, b in tensor_items(self.scope, self.info.persistables)]
 
-    def check_checkpoint(self, rec, where: str) -> None:
+    def check_checkpoint(self, rec: ProgramRecord, where: str) -> None:
         """Raise CheckpointError unless program record ``rec`` restores this program exactly:
         every persistable the scope holds, with the same dtype and shape, nothing else,
         and an LR scheduler state with the keys this program's scheduler has."""
         saved = {t.name: t for t in rec.tensors}
         persist = set(self.info.persistables)
-        missing, extra, differ = [], sorted(set(saved) - persist), []
+        missing: List[str] = []
+        extra = sorted(set(saved) - persist)
+        differ: List[str] = []
         for name in self.info.persistables:
             t = find_tensor(self.scope, name)
             rec_t = saved.get(name)
@@ -84,14 +110,14 @@ class ProgramEntry:
             dtype, shape = tensor_meta(t)
             if dtype != rec_t.dtype or shape != list(rec_t.shape):
                 differ.append(f"{name} is {dtype}{shape} here, {rec_t.dtype}{list(rec_t.shape)} in the checkpoint")
-        problems = []
+        problems: List[str] = []
         if missing:
             problems.append(f"missing from it: {_names(missing)}")
         if extra:
             problems.append(f"not variables of this program: {_names(extra)}")
         if differ:
             problems.append("; ".join(differ[:5]) + (f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""))
-        sched: Any = lr_scheduler_of(self.program)
+        sched: Any = lr_scheduler_of(self.program)  # a Paddle LRScheduler (untyped) or None
         if rec.lr_scheduler is not None and sched is not None:
             problem = _scheduler_mismatch(jsonable(sched.state_dict(), "lr_scheduler"), rec.lr_scheduler)
             if problem:
@@ -105,13 +131,13 @@ class ProgramEntry:
                 "use the one before)"
             )
 
-    def restore(self, loaded, sched_state) -> None:
+    def restore(self, loaded: LoadedCheckpoint, sched_state: Optional[Dict[str, Any]]) -> None:
         """Write this program's tensors from ``loaded`` (a verified checkpoint) and its LR scheduler."""
         rec = loaded.manifest.program(self.key)
         if rec is not None:
             self.check_checkpoint(rec, f"{loaded.manifest.number} ({loaded.path})")
         write_program(loaded, self.key, self.scope, self.place)
-        sched: Any = lr_scheduler_of(self.program)
+        sched: Any = lr_scheduler_of(self.program)  # a Paddle LRScheduler (untyped) or None
         if sched_state is not None:
             if sched is None:
                 logger.warning("checkpoint holds LR scheduler state for program %s but the program has no lr_scheduler", self.key)
@@ -119,11 +145,11 @@ class ProgramEntry:
                 sched.set_state_dict(sched_state)
 
 
-def _names(names, limit: int = 8) -> str:
+def _names(names: Sequence[str], limit: int = 8) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def _kind(v) -> str:
+def _kind(v: object) -> str:
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -133,7 +159,7 @@ def _kind(v) -> str:
     return type(v).__name__
 
 
-def _scheduler_mismatch(live, saved) -> str:
+def _scheduler_mismatch(live: object, saved: object) -> str:
     """'' when ``saved`` has the keys and value kinds of the live scheduler's state, else why not."""
     if not isinstance(live, dict) or not isinstance(saved, dict):
         return "is not an object" if not isinstance(saved, dict) else ""
@@ -153,16 +179,17 @@ def _scheduler_mismatch(live, saved) -> str:
 
 
 class Registry:
-    def __init__(self):
+    def __init__(self) -> None:
         self.entries: List[ProgramEntry] = []
         self._by_token: Dict[Tuple[int, int], ProgramEntry] = {}
         self._scopes_by_fp: Dict[str, List[int]] = {}
         self._aliases: List[object] = []
 
-    def lookup(self, program, scope) -> Optional[ProgramEntry]:
+    def lookup(self, program: PaddleProgram, scope: PaddleScope) -> Optional[ProgramEntry]:
         return self._by_token.get((id(program), id(scope)))
 
-    def add(self, info: ProgramInfo, program, scope, place) -> Tuple[ProgramEntry, bool]:
+    def add(self, info: ProgramInfo, program: PaddleProgram, scope: PaddleScope,
+            place: Optional[PaddlePlace]) -> Tuple[ProgramEntry, bool]:
         """Register; returns (entry, is_new). Identical programs on one scope share an entry."""
         scopes = self._scopes_by_fp.setdefault(info.fingerprint, [])
         sid = id(scope)

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from paddle_acp.errors import RestartRequiredError
 from paddle_acp.format.fencing import FencedError
@@ -81,7 +81,7 @@ class Saver:
         self.async_save = async_save
         self._name = name
         self._thread: Optional[threading.Thread] = None
-        self._errors: list = []
+        self._errors: List[Exception] = []  # the background saves' failures, raised by wait()
         self._lock = threading.Lock()
         self._inflight: Optional[SaveTicket] = None  # the save being written (background thread)
         self._queued: Optional[SaveTicket] = None  # the save waiting behind it

@@ -15,9 +15,11 @@ import logging
 import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from paddle_acp.config import CheckpointConfig
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.cache import LocalCache
 from paddle_acp.format.fencing import Fence
+from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
@@ -52,7 +54,7 @@ class ProcessState:
         self.range_counter += 1
         return name
 
-    def fence_for(self, storage, job_id: str, rank: int) -> Fence:
+    def fence_for(self, storage: Storage, job_id: str, rank: int) -> Fence:
         """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per
         process): a generation of its own rank (:mod:`paddle_acp.format.fencing`)."""
         key = (storage.uri, job_id, rank)
@@ -61,7 +63,7 @@ class ProcessState:
             f = self.fences[key] = Fence.take(storage, job_id, rank)
         return f
 
-    def local_cache(self, cfg, storage) -> Optional[LocalCache]:
+    def local_cache(self, cfg: CheckpointConfig, storage: Storage) -> Optional[LocalCache]:
         """The node-local cache tier of a remote checkpoint location (``PADDLE_ACP_LOCAL_CACHE``);
         None when it is not set, the location is local, or the directory is unusable."""
         if cfg.local_cache is None:

@@ -1,0 +1,48 @@
+"""Executor: Paddle's ``Executor.run`` (the method paddle-acp's hook replaces) and Paddle's own auto-checkpoint call.
+
+The only code that reaches into ``paddle.base.executor``: the class whose ``run`` is patched (the
+class ``paddle.static.Executor`` names) and the module attribute ``acp`` its ``run`` calls
+``_auto_checkpoint`` on. The hook's logic (what a run feeds the active range) is the runtime's
+(:mod:`paddle_acp.runtime.hook`).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable
+
+#: ``Executor.run(self, program, feed, fetch_list, feed_var_name, fetch_var_name, scope, ...)``: Paddle's
+#: API is untyped, so its arguments and result are Any at this boundary.
+RunMethod = Callable[..., Any]
+
+
+def executor_run() -> RunMethod:
+    """The ``run`` method ``Executor`` has now (Paddle's, or a patch)."""
+    from paddle.base.executor import Executor
+
+    run: RunMethod = Executor.run
+    return run
+
+
+def set_executor_run(run: RunMethod) -> None:
+    """Make ``run`` the ``run`` method of every ``Executor`` (a patch, or Paddle's put back)."""
+    from paddle.base.executor import Executor
+
+    Executor.run = run
+
+
+def redirect_auto_checkpoint(module: ModuleType) -> None:
+    """Point Paddle's own auto-checkpoint call (``paddle.base.executor.acp._auto_checkpoint``, the
+    only name of that module its executor uses) at ``module``'s ``_auto_checkpoint``; nothing on a
+    Paddle whose executor has no such call."""
+    import paddle.base.executor as executor_mod
+
+    if hasattr(executor_mod, "acp"):
+        executor_mod.acp = module
+
+
+
+def executor_place(exe: Any) -> Any:
+    """The place ``exe`` (a ``paddle.static.Executor``) runs its programs on: its ``place`` attribute,
+    which Paddle sets from the constructor's argument; None for an object without one."""
+    return getattr(exe, "place", None)
