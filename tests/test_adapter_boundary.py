@@ -14,7 +14,6 @@ import pytest
 import paddle_acp  # noqa: F401  # installs the Executor.run hook
 from paddle_acp.adapter import executor as adapter_executor
 from paddle_acp.adapter.programs import auto_checkpoint_name, is_distributed, is_program, persistable_predicate
-from paddle_acp.compat import auto_checkpoint as compat_acp
 from paddle_acp.runtime import hook
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,15 +70,14 @@ def test_executor_place_is_the_executors_place():
 
 
 @pytest.mark.parametrize("ir", IRS)
-def test_is_program_matches_compats_test(ir):
+def test_is_program_tells_programs_from_other_objects(ir):
     with ir_mode(ir):
         main, startup, _ = models.build("sgd")
-        objs = [main, startup, "not a program", None, 3, object()]
-        if ir == "legacy":
-            objs.append(paddle.static.CompiledProgram(main))
-        for obj in objs:
-            assert is_program(obj) is compat_acp._is_program(obj), obj
-        assert is_program(main) and is_program(startup) and not is_program("not a program")
+        programs = [main, startup] + ([paddle.static.CompiledProgram(main)] if ir == "legacy" else [])
+        for obj in programs:
+            assert is_program(obj), obj
+        for obj in ["not a program", None, 3, object()]:
+            assert not is_program(obj), obj
 
 
 @pytest.mark.parametrize("ir", IRS)

@@ -250,11 +250,6 @@ DOCUMENTED_OUTSIDE_ALL = {"paddle.static.save_vars", "paddle.static.load_vars"}
 #: replaces it. Shrink it; never grow it (a new internal goes into paddle_acp/adapter/).
 KNOWN_PADDLE_INTERNALS: Dict[Tuple[str, str], str] = {
     ("paddle_acp.runtime.range", "getattr(..., '_is_distributed')"): "adapter.programs.is_distributed",
-    ("paddle_acp.compat.auto_checkpoint", "getattr(..., '_is_distributed')"): "adapter.programs.is_distributed",
-    ("paddle_acp.compat.auto_checkpoint", "paddle.base.framework.Program"): "adapter.programs.is_program",
-    ("paddle_acp.compat.auto_checkpoint", "paddle.pir.Program"): "adapter.programs.is_program",
-    ("paddle_acp.compat.acp_range", "getattr(..., '_auto_checkpoint_name')"): "adapter.programs.auto_checkpoint_name",
-    ("paddle_acp.compat.checkpoint_saver", "paddle.static.io.is_persistable"): "adapter.programs.persistable_predicate",
 }
 _ATTR_CALLS = {"getattr", "hasattr", "setattr"}
 

@@ -7,6 +7,7 @@ import logging
 import weakref
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
+from paddle_acp.adapter.programs import auto_checkpoint_name
 from paddle_acp.compat.acp_status import ExeTrainStatus
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
@@ -147,7 +148,7 @@ class TrainEpochRange:
                 t = ExeTrainStatus()
                 t._key = t._hash_key = e.key
                 t._program = e.program
-                t._program_name = getattr(e.program, "_auto_checkpoint_name", None) or e.key
+                t._program_name = auto_checkpoint_name(e.program) or e.key
                 restored = m is not None and m.program(e.key) is not None
                 t._restored_from = CONST_CHECKPOINT if restored else CONST_MEMORYINIT
                 st.statuses[e.key] = t

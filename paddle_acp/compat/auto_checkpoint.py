@@ -38,7 +38,7 @@ import sys
 from typing import Any, Dict, Generator, Iterator, Optional, Union, cast
 
 from paddle_acp import config as _config
-from paddle_acp.adapter.programs import program_info, unwrap
+from paddle_acp.adapter.programs import is_distributed, is_program, program_info, unwrap
 from paddle_acp.compat.acp_checker import AutoCheckpointChecker
 from paddle_acp.compat.acp_range import TrainEpochRange, _get_train_epoch_range
 from paddle_acp.compat.acp_status import ExeTrainStatus
@@ -174,21 +174,12 @@ def _check_program_oprole(program: Any) -> bool:  # Paddle's programs are untype
     return info.has_backward and info.has_optimizer
 
 
-def _is_program(prog: Any) -> bool:
-    import paddle
-    from paddle.base.framework import Program as LegacyProgram
-
-    if isinstance(prog, paddle.static.CompiledProgram):
-        return unwrap(prog) is not prog  # one built from a Graph has no Program
-    return isinstance(prog, (LegacyProgram, paddle.pir.Program))
-
-
 def _can_auto_checkpoint(prog: Any) -> bool:
     """Whether ``prog`` would be checkpointed now: a non-distributed training program while a range is active."""
-    if active_range() is None or not _is_program(prog):
+    if active_range() is None or not is_program(prog):
         return False
     program = unwrap(prog)
-    if getattr(program, "_is_distributed", False):
+    if is_distributed(program):
         return False
     return _check_program_oprole(program)
 

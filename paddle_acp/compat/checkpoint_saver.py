@@ -32,7 +32,7 @@ import logging
 import os
 from typing import Any, ContextManager, Iterable, List, Optional, Sequence, Tuple
 
-from paddle_acp.adapter.programs import unwrap
+from paddle_acp.adapter.programs import lr_scheduler_of, persistable_predicate, unwrap
 from paddle_acp.errors import CheckpointError
 
 logger = logging.getLogger("paddle_acp")
@@ -94,7 +94,7 @@ class PaddleModel(SerializableBase):
         return guard
 
     def _lr_scheduler(self) -> Any:
-        return getattr(self._program, "lr_scheduler", None)
+        return lr_scheduler_of(self._program)
 
     def serialize(self, path: str) -> None:
         import paddle
@@ -105,7 +105,7 @@ class PaddleModel(SerializableBase):
                 self._exe,
                 path,
                 main_program=self._program,
-                predicate=paddle.static.io.is_persistable,
+                predicate=persistable_predicate(),
                 filename=self._file_name,
             )
         sched = self._lr_scheduler()
@@ -127,7 +127,7 @@ class PaddleModel(SerializableBase):
                 self._exe,
                 path,
                 main_program=self._program,
-                predicate=paddle.static.io.is_persistable,
+                predicate=persistable_predicate(),
                 filename=self._file_name,
             )
         lr_file = os.path.join(path, self.LR_SCHEDULER_FILE)
