@@ -120,3 +120,79 @@ def test_the_commit_costs_a_constant_per_poll_round_not_one_call_per_rank(tmp_pa
     per_round = (counting.total - (3 * world + 40)) / rounds
     assert per_round <= 3, (per_round, rounds, counting.calls)
     assert counting.calls["read_bytes"] <= world + 5, counting.calls
+
+
+def _counted_rank0(tmp_path, world, keep=3):
+    """The other ranks on a plain store; rank 0 (its fence too) on a counted one."""
+    gs = ranks(tmp_path, world)
+    counting = Counting(open_storage(str(tmp_path)))
+    g0 = GlobalCheckpointer(counting, JOB, RANGE, 0, world, keep, 120.0, Fence(counting, JOB, gs[0].fence.generation, 0))
+    g0.poll_interval = 0.002
+    return gs, counting, g0
+
+
+def _save_with_parts_late(counting, g0, others, snap0, snaps):
+    """Rank 0 saves first (its commit's first round finds the others' parts missing), then the others."""
+    res = {}
+    t = threading.Thread(target=lambda: res.setdefault(0, g0.save(snap0, "per-rank")))
+    t.start()
+    ckdir = f"{range_dir(JOB, RANGE)}/ckpt-e{snap0.range.epoch_no}"
+    deadline = time.monotonic() + 30
+    while ("listdir", ckdir) not in list(counting.log) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for g, s in zip(others, snaps):
+        g.save(s, "per-rank")
+    t.join(60)
+    assert not t.is_alive()
+    return res[0]
+
+
+def test_rank0_looks_up_its_own_next_generation_once_per_commit(tmp_path):
+    """Rank 0's own part is not judged by a look-up of its own generation records: the check right
+    before global.json's rename decides (one look-up for the commit; before: three, and a listing at
+    the first commit), besides the one before its own part's rename."""
+    world = 4
+    gs, counting, g0 = _counted_rank0(tmp_path, world)
+    for g in gs[1:]:
+        g.save(snapshot(g.rank), "per-rank")
+    assert g0.save(snapshot(0), "per-rank").committed is True
+    own_next = f"{JOB}/writers/gen-{g0.fence.generation + 1}"
+    looks = [c for c in counting.log if c[1] == own_next and c[0] != "forget_cached"]
+    assert looks == [("exists", own_next)] * 2, looks  # its part's rename, global.json's rename
+    assert ("listdir", f"{JOB}/writers") not in counting.log, counting.log
+
+
+def test_retention_after_a_commit_uses_the_commits_range_listing(tmp_path):
+    """When the commit listed the range (parts were missing at its first round), retention uses that
+    listing and does not look up the global.json just written; it still removes what it must: a
+    committed checkpoint beyond max_to_keep and an abandoned position older than the newest commit."""
+    world = 3
+    gs, counting, g0 = _counted_rank0(tmp_path, world, keep=1)
+    assert _save_with_parts_late(counting, g0, gs[1:], snapshot(0, 0), [snapshot(g.rank, 0) for g in gs[1:]]).committed
+    orphan = Snapshot(RangeRecord(RANGE, 1, 10, 5), snapshot(1, 1).programs, None, "3.3.1", "pir", extra={"rank": 1})
+    gs[1].save(orphan, "per-rank")  # a part of ckpt-e1-s5, never committed (rank 0 does not take that position)
+    rdir = range_dir(JOB, RANGE)
+    assert (tmp_path / rdir / "ckpt-e1-s5" / "rank-1").is_dir()
+    counting.calls.clear()
+    counting.log.clear()
+    res = _save_with_parts_late(counting, g0, gs[1:], snapshot(0, 2), [snapshot(g.rank, 2) for g in gs[1:]])
+    assert res.committed is True
+    assert sorted(p.name for p in (tmp_path / rdir).iterdir()) == ["ckpt-e2"]  # e0 (keep 1) and the orphan: gone
+    assert counting.log.count(("listdir", rdir)) == 1, counting.log
+    assert ("exists", f"{rdir}/ckpt-e2/{GLOBAL_NAME}") not in counting.log, counting.log
+
+
+def test_a_fenced_rank0_leaves_neither_global_json_nor_its_temporary(tmp_path):
+    """The fence is checked once, right before global.json's rename: a rank 0 fenced while it waited
+    for the parts writes the temporary file, is stopped, and removes it again."""
+    from paddle_acp.format.fencing import FencedError
+
+    world = 3
+    gs = ranks(tmp_path, world)
+    res = gs[0].save(snapshot(0), "per-rank", wait=False)
+    Fence.take(open_storage(str(tmp_path)), JOB, 0)  # a newer rank 0 starts
+    for g in gs[1:]:
+        g.save(snapshot(g.rank), "per-rank")
+    with pytest.raises(FencedError):
+        res.pending.wait()
+    assert sorted(p.name for p in (tmp_path / CKDIR).iterdir()) == [f"rank-{k}" for k in range(world)]

@@ -206,7 +206,14 @@ def _write_file(storage: Storage, path: str, body: bytes, before: Optional[Calla
     tmp = tmp_name(path, uuid.uuid4().hex[:12])
     storage.write_bytes(tmp, body)
     if before is not None:
-        before()
+        try:
+            before()
+        except BaseException:  # (a fenced writer): nothing of this write stays
+            try:
+                storage.delete_file(tmp)
+            except StorageError as exc:
+                logger.debug("could not remove %s: %s", tmp, exc)
+            raise
     storage.rename(tmp, path)
 
 

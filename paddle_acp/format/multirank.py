@@ -119,13 +119,15 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self._ck.memory_budget = nbytes
 
     # -- listing ---------------------------------------------------------------
-    def scan(self) -> List[GlobalEntry]:
+    def scan(self, listing: Optional[List[Entry]] = None, committed_now: Collection[str] = ()) -> List[GlobalEntry]:
+        """The range's checkpoints, oldest first (``listing``: of the range, when just listed;
+        ``committed_now``: names whose ``global.json`` this writer has just written, not looked up)."""
         out = []
-        for e in self.storage.listdir(self.dir):
+        for e in self.storage.listdir(self.dir) if listing is None else listing:
             pos = parse_name(e.name) if e.is_dir else None
             if pos is None:
                 continue
-            committed = self.storage.exists(f"{self.dir}/{e.name}/{GLOBAL_NAME}")
+            committed = e.name in committed_now or self.storage.exists(f"{self.dir}/{e.name}/{GLOBAL_NAME}")
             out.append(GlobalEntry(e.name, pos[0], pos[1], committed))
         return sorted(out, key=lambda g: g.key)
 
@@ -249,9 +251,10 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
                            ticket: PendingCommit) -> bool:
         """On the committer's thread: the commit of position ``name``, then retention when it committed."""
         committed = self._commit(name, epoch_no, step, mode, timeout, ticket)
+        listing, self._range_listing = self._range_listing, None
         if committed:
-            try:
-                self.apply_retention()
+            try:  # on the range as this commit listed it, if it did (a position newer since: the next time)
+                self.apply_retention(listing=listing, committed_now=(name,))
             except (StorageError, CheckpointError) as exc:
                 logger.warning("retention after checkpoint %s failed: %s", name, exc)
         elif not ticket.cancel.is_set():  # abandoned: its own part goes now (the others' at the next commit)
@@ -283,11 +286,13 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             else:
                 self.storage.delete_dir(f"{self.dir}/{name}/{part}")
 
-    def apply_retention(self, keep: Optional[int] = None) -> List[str]:
+    def apply_retention(self, keep: Optional[int] = None, listing: Optional[List[Entry]] = None,
+                        committed_now: Collection[str] = ()) -> List[str]:
         """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and
-        abandoned ones older than the newest commit. Returns the names removed."""
+        abandoned ones older than the newest commit. Returns the names removed. ``listing`` and
+        ``committed_now``: see :meth:`scan` (the commit just made lists the range no second time)."""
         keep = self.max_to_keep if keep is None else keep
-        entries = self.scan()
+        entries = self.scan(listing, committed_now)
         committed = [g for g in entries if g.committed]
         if not committed:
             return []

@@ -66,6 +66,7 @@ class PartCommitMixin:
     poll_interval: float
     part_timeout: float
     _generations: Dict[int, int]  # rank -> its newest generation when last listed (newest never decreases)
+    _range_listing: Optional[List[Any]] = None  # the range as the last commit's look for later parts listed it
 
     def part_dir(self, name: str, rank: int) -> str:
         raise NotImplementedError
@@ -106,7 +107,14 @@ class PartCommitMixin:
         gen = part.get("generation", -1) if isinstance(part, dict) else None  # -1: written without a fence
         if isinstance(gen, bool) or not isinstance(gen, int):
             gen = None
-        newest = self._newest_generation(rank, {} if gens is None else gens)
+        if self.fence is not None and rank == self.fence.rank and gen is not None and gen <= self.fence.generation:
+            # this rank 0's own rank: no look-up. Its own generation's part is the newest's for as long as
+            # this writer is not fenced, which the check right before global.json's rename decides
+            # (_write_global: a fenced writer commits nothing); an older generation's part is superseded
+            # by this very writer (newest >= its generation > the part's)
+            newest = self.fence.generation
+        else:
+            newest = self._newest_generation(rank, {} if gens is None else gens)
         if self.fence is not None and rank == self.fence.rank and newest > self.fence.generation:
             self.fence.check(f"commit checkpoint {name}")  # raises: this writer is superseded
         if gen is not None and gen >= newest:
@@ -138,7 +146,8 @@ class PartCommitMixin:
             return []
         key = position_key(*pos)
         later = []
-        for e in self.storage.listdir(self.dir):
+        self._range_listing = self.storage.listdir(self.dir)  # retention after this commit uses it (no second listing)
+        for e in self._range_listing:
             p = parse_name(e.name) if e.is_dir else None
             if p is not None and position_key(*p) > key:
                 later.append(e.name)
@@ -170,12 +179,14 @@ class PartCommitMixin:
         (a rank said it has no part, wrote a later one, sent none in time, or the wait was cancelled).
 
         Storage calls: one listing of the position per poll round (parts and absences are seen in
-        it), each part's manifest read when it appears (again only when it changes), each rank's
-        generation looked up once, the base's marks checked before waiting and before the commit;
+        it), each part's manifest read when it appears (again only when it changes), each other rank's
+        generation looked up once (this writer's own: once, right before global.json's rename), the
+        base's marks checked before waiting and before the commit;
         while parts are missing, one listing of the range (and of each later position) at the first round
         and then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within it)."""
         st = self.storage
         ckdir = f"{self.dir}/{name}"
+        self._range_listing = None
         deadline = time.monotonic() + timeout if ticket is None else ticket.deadline
         parts: Dict[int, Tuple[bytes, Manifest]] = {}
         seen: Dict[Any, Any] = {}  # rank -> the listing entry its part (or absence) was last read at
@@ -278,13 +289,13 @@ class PartCommitMixin:
         return False
 
     def _write_global(self, name: str, body: bytes) -> None:
+        """Write ``global.json`` whole or not at all (:meth:`CommitStrategy.write_file`), the fence checked
+        right before the one step that makes it visible (the rename; on S3 the write): one look-up. A
+        fenced writer's temporary file is removed again (atomic.write_file), so nothing of it stays."""
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
         fence = self.fence
         before = None
         if fence is not None:
-            if not self.commit_strategy.in_place:  # a fenced writer writes not even the temporary file
-                fence.check(f"commit checkpoint {name}", quick=True)
-
             def before() -> None:
                 fence.check(f"commit checkpoint {name}", quick=True)
         self.commit_strategy.write_file(self.storage, path, body, before)
