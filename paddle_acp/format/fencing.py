@@ -22,9 +22,11 @@ What is guaranteed and what is not: a writer that knows a newer generation exist
 deletes or commits again. The check and the step it guards are two storage calls (no
 store here offers a conditional delete or rename on another object): a writer stopped
 (GC pause, SIGSTOP, a partitioned node) *between* a passing check and its step still
-performs that one step when it resumes. A rename onto an existing directory fails on
-local disks and HDFS, so such a late commit never replaces a newer checkpoint there, and
-a late part is rejected by rank 0's generation check; a late delete removes what the
+performs that one step when it resumes. A rename onto an existing directory never replaces
+it: local disks and the hdfs-native client refuse it, libhdfs and the hadoop CLI move the
+source *into* it (HDFS's rename without options: a stray directory inside, removed with
+its checkpoint; tests/unit/test_storage_contract.py), so such a late commit never replaces
+a newer checkpoint there, and a late part is rejected by rank 0's generation check; a late delete removes what the
 check allowed (its own rank's leftovers, its earlier part, or old checkpoints the newer
 writer would also delete). On S3 (no rename, check-then-write) the window is the same
 and a late write can replace an object. The window is one call long; every later step

@@ -580,3 +580,24 @@ def test_registry_picks_the_class_by_scheme(tmp_path):
         assert st.uri == "scratch://area/sub"
     finally:
         _BACKENDS.pop("scratch")
+
+
+def test_a_rename_onto_an_existing_directory_never_replaces_it(backend):
+    """What a late writer's rename does (format/fencing: a writer stopped between its passing fence check and its
+    rename still renames when it resumes): the local disk and hdfs-native refuse it; libhdfs (hdfs-pyarrow) and
+    the hadoop CLI move the source *into* the existing directory (HDFS's rename without options); either way the directory's own files stay what they were,
+    so a late commit never replaces a newer checkpoint or part."""
+    st = backend.storage()
+    if not st.atomic_rename:
+        return  # object stores commit manifest-last, no directory rename (test_rename)
+    st.makedirs("r/rank-1")
+    st.write_bytes("r/rank-1/manifest.json", b"newer")
+    st.makedirs("r/rank-1.tmp-g1-late")
+    st.write_bytes("r/rank-1.tmp-g1-late/manifest.json", b"late")
+    try:
+        st.rename("r/rank-1.tmp-g1-late", "r/rank-1")
+    except StorageError:
+        pass  # refused: the local disk, the hdfs-native client (rename without overwrite)
+    assert st.read_bytes("r/rank-1/manifest.json") == b"newer"
+    names = sorted(e.name for e in st.listdir("r/rank-1"))
+    assert names in (["manifest.json"], ["manifest.json", "rank-1.tmp-g1-late"]), names
