@@ -12,7 +12,8 @@ export PYTHONUNBUFFERED=1
 "$PYTHON" -m ruff check paddle_acp paddle_acp_cli.py tests ci examples
 # Types: the whole package, with mypy's strict flags for every module but runtime/ (pyproject.toml).
 "$PYTHON" -m mypy
-# The Paddle-free tests (tests/unit/) once more in a venv without Paddle (~1 min; ci/unit_no_paddle.sh).
+# The Paddle-free tests (tests/unit/): their local cases in a venv without Paddle (~1 min; ci/unit_no_paddle.sh);
+# the main run below then runs only their HDFS and S3 cases (--unit-cases servers), where the servers are.
 bash "$ROOT/ci/unit_no_paddle.sh"
 select=(-m "not long")
 if [ "${1:-}" = "--long" ]; then
@@ -20,4 +21,4 @@ if [ "${1:-}" = "--long" ]; then
   select=()
 fi
 # --durations: the slowest tests are printed at the end, to keep the default run fast
-"$PYTHON" -m pytest -q -p no:cacheprovider --durations=40 "${select[@]}" "$@" tests
+"$PYTHON" -m pytest -q -p no:cacheprovider --durations=40 --unit-cases servers "${select[@]}" "$@" tests

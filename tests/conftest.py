@@ -21,10 +21,38 @@ LONG_CASES = {
 }
 
 
+# tests/unit/ runs twice in CI (ci/test.sh): its local cases in a venv without Paddle (ci/unit_no_paddle.sh,
+# `--unit-cases local`), then its HDFS and S3 cases in the main run (`--unit-cases servers`), where the real
+# servers are. A case is a server case when a -k "hdfs or s3" would pick it (its name, its parametrize id or
+# its module's name says hdfs or s3): one rule for both runs, so between them every case runs once.
+UNIT_DIR = "tests/unit/"
+SERVER_WORDS = ("hdfs", "s3")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--unit-cases", choices=("all", "local", "servers"), default="all",
+                     help="which cases of tests/unit/ run: all (default), the local ones only (ci/unit_no_paddle.sh), "
+                     "or the HDFS/S3 ones only (ci/test.sh's main run, after ci/unit_no_paddle.sh ran the local ones)")
+
+
+def _server_case(item):
+    return any(w in str(k).lower() for k in item.keywords for w in SERVER_WORDS)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in LONG_CASES:
             item.add_marker(pytest.mark.long)
+    which = config.getoption("unit_cases")
+    if which == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        unit = item.nodeid.startswith(UNIT_DIR)
+        (drop if unit and _server_case(item) != (which == "servers") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ storage and a real S3 server, each rank with its own node-local cache; the mark'
 formats are property-tested."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -217,20 +218,40 @@ def test_replicated_ranks_with_their_own_caches_never_resume_from_different_chec
         assert not compare_results(load_result(tmp_path / "out" / f"r{r}"), reference), r
 
 
+# -- the per-rank job the next two tests start from ----------------------------------------------------
+TP_ARGS = ["--kind", "tp", "--steps-per-epoch", 2]
+TP_ENV = {"PADDLE_ACP_RANK_STATE": "per-rank", "PADDLE_ACP_PART_TIMEOUT": 40}
+
+
+@pytest.fixture(scope="module")
+def tp_job(tmp_path_factory):
+    """The two ranks' uninterrupted 6-epoch runs without paddle-acp (``ref/``) and a per-rank job
+    trained to epoch 4 (``ckpt/``, ``out/``, start "a"), run once for the module: the tests below only
+    read them, each in its own copy (``tp_copy``), which it then damages and restarts."""
+    base = tmp_path_factory.mktemp("tp_job")
+    ref = launch(base, 2, *TP_ARGS, "--epochs", 6, outs="ref", barrier=False, no_acp=True)
+    assert all(rc == 0 for rc, _ in ref), tail(ref)
+    res = launch(base, 2, *TP_ARGS, "--epochs", 4, ckpt=base / "ckpt", env=TP_ENV, gen="a")
+    assert all(rc == 0 for rc, _ in res), tail(res)
+    return base
+
+
+def tp_copy(tp_job, tmp_path):
+    """This test's own copy of ``tp_job``'s checkpoints and outputs; the reference runs' results."""
+    for d in ("out", "ckpt"):
+        shutil.copytree(tp_job / d, tmp_path / d, symlinks=True)
+    return [load_result(tp_job / "ref" / f"r{r}") for r in (0, 1)]
+
+
 # -- item 3: a position written again carries no verdict of the copy it replaced ------------------
-def test_a_rewritten_position_is_resumed_from_and_the_tools_agree(tmp_path):
+def test_a_rewritten_position_is_resumed_from_and_the_tools_agree(tp_job, tmp_path):
     """Per-rank job: rank 1's part of ckpt-e3 is damaged; the restart stops both ranks (rank 1
     marks the copy), the next falls back to ckpt-e2 and writes ckpt-e3 again; the restart after
     that resumes from the new ckpt-e3 (not from ckpt-e2 again), `ls` and `verify` say so, and
     each rank ends bit-identical to its own uninterrupted run."""
-    args = ["--kind", "tp", "--steps-per-epoch", 2]
-    ref = launch(tmp_path, 2, *args, "--epochs", 6, outs="ref", barrier=False, no_acp=True)
-    assert all(rc == 0 for rc, _ in ref), tail(ref)
-    refs = [load_result(tmp_path / "ref" / f"r{r}") for r in (0, 1)]
+    args, env = TP_ARGS, TP_ENV
+    refs = tp_copy(tp_job, tmp_path)  # the reference runs, and the job trained to epoch 4 (start "a")
     ckpt = tmp_path / "ckpt"
-    env = {"PADDLE_ACP_RANK_STATE": "per-rank", "PADDLE_ACP_PART_TIMEOUT": 40}
-    res = launch(tmp_path, 2, *args, "--epochs", 4, ckpt=ckpt, env=env, gen="a")
-    assert all(rc == 0 for rc, _ in res), tail(res)
     st_ = open_storage(str(ckpt))
     flip_one_byte(st_, f"{RDIR}/ckpt-e3/rank-1/tensors.bin")
     old_crc = zlib.crc32(st_.read_bytes(f"{RDIR}/ckpt-e3/global.json"))
@@ -268,19 +289,14 @@ def test_a_rewritten_position_is_resumed_from_and_the_tools_agree(tmp_path):
 
 
 # -- issue 28: each rank reads only the parts it loads; a bad one is agreed on through the mark ----
-def test_a_damaged_part_manifest_is_seen_by_its_rank_alone_and_every_rank_falls_back_alike(tmp_path):
+def test_a_damaged_part_manifest_is_seen_by_its_rank_alone_and_every_rank_falls_back_alike(tp_job, tmp_path):
     """Per-rank job: one byte of rank 1's part manifest of ckpt-e3 is damaged. Rank 0 never reads
     rank 1's part and accepts ckpt-e3; rank 1 alone sees the damage, marks the copy bad and stops
     (it does not fall back alone); rank 0 stops before it commits anything. The restart falls
     back to ckpt-e2 on both ranks, and each ends bit-identical to its own uninterrupted run."""
-    args = ["--kind", "tp", "--steps-per-epoch", 2]
-    ref = launch(tmp_path, 2, *args, "--epochs", 6, outs="ref", barrier=False, no_acp=True)
-    assert all(rc == 0 for rc, _ in ref), tail(ref)
-    refs = [load_result(tmp_path / "ref" / f"r{r}") for r in (0, 1)]
+    args, env = TP_ARGS, TP_ENV
+    refs = tp_copy(tp_job, tmp_path)  # the reference runs, and the job trained to epoch 4 (start "a")
     ckpt = tmp_path / "ckpt"
-    env = {"PADDLE_ACP_RANK_STATE": "per-rank", "PADDLE_ACP_PART_TIMEOUT": 40}
-    res = launch(tmp_path, 2, *args, "--epochs", 4, ckpt=ckpt, env=env, gen="a")
-    assert all(rc == 0 for rc, _ in res), tail(res)
     st_ = open_storage(str(ckpt))
     flip_one_byte(st_, f"{RDIR}/ckpt-e3/rank-1/manifest.json")
     crc = zlib.crc32(st_.read_bytes(f"{RDIR}/ckpt-e3/global.json"))
@@ -306,15 +322,13 @@ def test_a_damaged_part_manifest_is_seen_by_its_rank_alone_and_every_rank_falls_
 
 
 # -- item 5: parts swapped between ranks -----------------------------------------------------------
-def test_swapped_parts_are_refused_on_every_rank(tmp_path):
-    """The rank-0 and rank-1 directories of ckpt-e1 are swapped, and their records in global.json
+def test_swapped_parts_are_refused_on_every_rank(tp_job, tmp_path):
+    """The rank-0 and rank-1 directories of ckpt-e3 (the newest) are swapped, and their records in global.json
     too (resealed: every checksum holds). Every rank stops with one clear error naming the
     checkpoint and both identities; nothing is trained, and nothing is deleted."""
+    tp_copy(tp_job, tmp_path)  # the job trained to epoch 4 (start "a")
     ckpt = tmp_path / "ckpt"
-    env = {"PADDLE_ACP_RANK_STATE": "per-rank"}
-    res = launch(tmp_path, 2, "--kind", "tp", "--epochs", 2, ckpt=ckpt, env=env, gen="a")
-    assert all(rc == 0 for rc, _ in res), tail(res)
-    ck = ckpt / RDIR / "ckpt-e1"
+    ck = ckpt / RDIR / "ckpt-e3"
     os.rename(ck / "rank-0", ck / "rank-x")
     os.rename(ck / "rank-1", ck / "rank-0")
     os.rename(ck / "rank-x", ck / "rank-1")
@@ -326,16 +340,16 @@ def test_swapped_parts_are_refused_on_every_rank(tmp_path):
     before = {r: len(read_log(tmp_path / "out" / f"r{r}")) for r in (0, 1)}
     tree = sorted(str(p.relative_to(ckpt)) for p in (ckpt / RDIR).rglob("*"))
     undone(tmp_path)
-    res = launch(tmp_path, 2, "--kind", "tp", "--epochs", 4, ckpt=ckpt, env=env, gen="b", barrier=False)
+    res = launch(tmp_path, 2, *TP_ARGS, "--epochs", 6, ckpt=ckpt, env=TP_ENV, gen="b", barrier=False)
     for r, (rc, out) in enumerate(res):  # each rank reads its own part only (issue 28), and refuses it
         assert rc != 0, tail(res)
-        assert "CheckpointError: checkpoint" in out and f"ckpt-e1: the part in rank-{r}/ records rank {1 - r} of world size 2" in out, tail(res)
+        assert "CheckpointError: checkpoint" in out and f"ckpt-e3: the part in rank-{r}/ records rank {1 - r} of world size 2" in out, tail(res)
         assert f"lists it as rank {r} of world size 2, mode 'per-rank'" in out and "moved or swapped" in out, tail(res)
         assert len(read_log(tmp_path / "out" / f"r{r}")) == before[r]  # not one step trained
         assert starts(tmp_path / "out" / f"r{r}")[-1]["gen"] == "a"
     assert sorted(str(p.relative_to(ckpt)) for p in (ckpt / RDIR).rglob("*")) == tree  # nothing deleted
     v = tool("verify", ckpt)
-    assert v.returncode == 1 and "ckpt-e1 is bad" in v.stdout and "moved or swapped" in v.stdout, v.stdout
+    assert v.returncode == 1 and "ckpt-e3 is bad" in v.stdout and "moved or swapped" in v.stdout, v.stdout
 
 
 def test_check_part_names_both_identities():

@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import REPO, describe, read_log, script_cmd, script_env  # noqa: E402
-from support.server_fixtures import _start, hdfs_server, servers  # noqa: E402,F401  (fixtures)
+from support.server_fixtures import _discard, _start, hdfs_server, servers  # noqa: E402,F401  (fixtures)
 
 SECRET = "Pl4ntedS3cr3t" + uuid.uuid4().hex[:12]
 ACCESS = "plantedaccess"
@@ -46,7 +46,7 @@ def s3_planted():
     try:
         yield srv
     finally:
-        srv.cleanup()
+        _discard(srv)
 
 
 def s3_env(srv, creds_in_env=False):
