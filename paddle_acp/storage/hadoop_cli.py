@@ -259,6 +259,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         if posixpath.basename(parent) not in dirs or len(dirs) > _MAX_PREFETCH_DIRS:
             return None
         glob = (grand.rstrip("/") or "") + "/*"
+        token = self._token()
         r = self._exec(["-ls", glob], META_TIMEOUT)
         if r.returncode != 0:
             return None  # changed meanwhile, or a transient error: stat instead
@@ -268,11 +269,12 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             if d in children:
                 children[d][posixpath.basename(info.path)] = info
         for d, entries in children.items():
-            self._store_listing(d, entries)
+            self._store_listing(d, entries, token)
         return self._cached_info(path)
 
     def _stat(self, paths: List[str]) -> Dict[str, FileInfo]:
         """One ``-stat`` for all ``paths`` (missing ones are reported on stderr, in order)."""
+        token = self._token()
         r = self._exec(["-stat", "%F\t%b\t%Y\t%n", *paths], META_TIMEOUT)
         stderr = r.stderr.decode("utf-8", "replace")
         missing = set()
@@ -303,8 +305,9 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
                 out[p] = FileInfo(p, FileType.Unknown, mtime_ns=mtime_ns)
         if self.metadata_ttl > 0:
             with self._lock:
-                for p, info in out.items():
-                    self._infos[p] = (now, info)
+                if self._unchanged_since(token):  # else stale: a change of this handler raced the command
+                    for p, info in out.items():
+                        self._infos[p] = (now, info)
         return out
 
     def get_file_info_selector(self, selector: Any) -> List[FileInfoT]:
@@ -319,11 +322,12 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
                 return []
             raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{base}: No such file or directory")
         args = ["-ls", "-R", base] if selector.recursive else ["-ls", base]
+        token = self._token()
         r = self._exec(args, META_TIMEOUT)
         if r.returncode != 0:
             err = self._error(r, args, "listing", [base])
             if isinstance(err, FileNotFoundError):
-                self._note(base, FileInfo(base, FileType.NotFound))
+                self._note(base, FileInfo(base, FileType.NotFound), token)  # unless it was made meanwhile
                 if selector.allow_not_found:
                     return []
             raise err
@@ -332,7 +336,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             raise NotADirectoryError(errno.ENOTDIR, f"{self.default_fs}{base} is not a directory")
         if not selector.recursive:
             infos = [i for i in infos if _parent(i.path) == base]
-            self._store_listing(base, {i.base_name: i for i in infos})
+            self._store_listing(base, {i.base_name: i for i in infos}, token)
         return infos
 
     # -- FileSystemHandler: changes ------------------------------------------------

@@ -69,15 +69,31 @@ class MetadataCache:
         # dir -> (time, {name: FileInfo}): complete listings; path -> (time, FileInfo)
         self._listings: Dict[str, Tuple[float, Dict[str, FileInfoT]]] = {}
         self._infos: Dict[str, Tuple[float, FileInfoT]] = {}
+        # changes this handler made (noted, invalidated, moved): what a command read is stored only when
+        # no change happened while it ran (a listing begun before another thread's mkdir returned would
+        # otherwise replace the directory that mkdir just recorded)
+        self._changes = 0
+
+    def _token(self) -> int:
+        """Taken before a command that reads metadata: :meth:`_unchanged_since` says whether to store it."""
+        with self._lock:
+            return self._changes
+
+    def _unchanged_since(self, token: int) -> bool:
+        """For callers holding the lock."""
+        return self._changes == token
 
     def _fresh(self, t: float) -> bool:
         return self.metadata_ttl > 0 and time.monotonic() - t <= self.metadata_ttl
 
-    def _store_listing(self, d: str, entries: Dict[str, FileInfoT]) -> None:
+    def _store_listing(self, d: str, entries: Dict[str, FileInfoT], token: int) -> None:
+        """Cache a listing read by a command begun at ``token`` (:meth:`_token`), unless this handler
+        changed anything since."""
         if self.metadata_ttl <= 0:
             return
         with self._lock:
-            self._listings[d] = (time.monotonic(), entries)
+            if self._unchanged_since(token):
+                self._listings[d] = (time.monotonic(), entries)
 
     def _cached_listing(self, d: str) -> Optional[Dict[str, FileInfoT]]:
         with self._lock:
@@ -115,6 +131,7 @@ class MetadataCache:
         under them, and their ancestors (``mkdir -p`` creates parents).  Used when a
         command failed and the outcome is unknown."""
         with self._lock:
+            self._changes += 1
             for p in paths:
                 for cache in (self._listings, self._infos):
                     for k in [k for k in cache if _is_under(k, p) or _is_under(p, k)]:
@@ -126,6 +143,7 @@ class MetadataCache:
         if self.metadata_ttl <= 0:
             return
         with self._lock:
+            self._changes += 1
             moved = []
             for cache in (self._listings, self._infos):
                 for k in [k for k in cache if _is_under(k, src)]:
@@ -139,14 +157,18 @@ class MetadataCache:
             for cache, nk, tv in moved:
                 cache[nk] = tv
 
-    def _note(self, path: str, info: FileInfoT) -> None:
+    def _note(self, path: str, info: FileInfoT, token: Optional[int] = None) -> None:
         """Record a fact this handler just caused (a file written, a directory made,
         a path removed): ``path`` and everything under it are replaced, the parent's
-        cached listing (if any) is updated in place."""
+        cached listing (if any) is updated in place. With ``token`` (:meth:`_token`): a fact
+        a command begun then observed, recorded only if this handler changed nothing since."""
         if self.metadata_ttl <= 0:
             return
         now = time.monotonic()
         with self._lock:
+            if token is not None and not self._unchanged_since(token):
+                return
+            self._changes += 1
             for cache in (self._listings, self._infos):
                 for k in [k for k in cache if _is_under(k, path) and k != path]:
                     del cache[k]
