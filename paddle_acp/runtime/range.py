@@ -25,7 +25,6 @@ from paddle_acp.format.fencing import Fence
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
@@ -33,7 +32,7 @@ from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import PersistMixin
 from paddle_acp.runtime.registry import Registry
-from paddle_acp.runtime.restore import CONST_MEMORYINIT, RestoreMixin
+from paddle_acp.runtime.restore import Restorer
 from paddle_acp.runtime.saver import Saver
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import StepsMixin
@@ -60,7 +59,7 @@ def open_storage_for(cfg: _config.CheckpointConfig):
     return open_storage(cfg.uri, cfg.storage)
 
 
-class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
+class EpochRange(StepsMixin, PersistMixin):
     """The state of one active ``train_epoch_range`` loop (``paddle_acp.active_range()``)."""
 
     @classmethod
@@ -86,8 +85,6 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         else:
             self.save_interval = _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
         self.epoch_no = -1
-        self.restored_from = CONST_MEMORYINIT
-        self.restored_number: Optional[int] = None
         self.registry = Registry()
         self.storage = storage
         # several ranks (PADDLE_TRAINERS_NUM > 1): every rank writes its part, rank 0 commits
@@ -98,6 +95,7 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self.gcheckpointer = GlobalCheckpointer(
             self.storage, cfg.job_id, name, cfg.trainer_id, cfg.world_size or 1, cfg.max_to_keep, cfg.part_timeout
         )
+        self.restorer = Restorer(name, cfg, self.checkpointer, self.gcheckpointer, self.release_hook)
         self.mode: Optional[str] = None  # decided at each save (multi-rank)
         self._mode_logged: Optional[str] = None
         self.saver = Saver(self._persist, cfg.async_save)
@@ -115,13 +113,10 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         self._seen_program: Any = None  # the last registered (program, scope) run
         self._seen_scope: Any = None
         self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
-        self._loaded: Optional[LoadedCheckpoint] = None
         self._last_save = time.monotonic()
         self._base_checked = False  # the marks of the checkpoint resumed from, checked at the first save
         self.is_writer = self.multi or cfg.trainer_id == 0
         self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
-        self._resume_step: Optional[int] = None
-        self._resume_extra: dict = {}
         self._epoch_start_rng: Optional[dict] = None
         self._epoch_start_objects: Optional[dict] = None
         # the script's own objects saved with each checkpoint (set by train_epoch_range)
@@ -170,14 +165,15 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             self.gcheckpointer.cache = cache.for_range(cfg.job_id, self.name, cfg.trainer_id)
         # a restore larger than the budget is neither mapped (local) nor held in memory (remote)
         self.checkpointer.memory_budget = self.gcheckpointer.memory_budget = host_budget.decide(cfg.host_memory).nbytes
-        self._load_newest()
+        self.restorer.load_newest()
+        self.epoch_no = self.restorer.resume_epoch
         if self.agreement is not None:  # rank 0: a fresh save plan, before any training step
             self.agreement.fence = self.fence
             self.agreement.start(self.gcheckpointer.base)
         if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
             self.metrics.add(MetricsRecord.start(
-                range=self.name, restored=self.restored_number, policy=self.busy_policy,
-                restore_source=self._loaded.source if self._loaded is not None else None))
+                range=self.name, restored=self.restorer.restored_number, policy=self.busy_policy,
+                restore_source=self.restorer.loaded.source if self.restorer.loaded is not None else None))
 
     # -- the loop ------------------------------------------------------------
     def epochs(self) -> Iterator[int]:
@@ -188,7 +184,7 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
                         self.name, self._check_epochs - 1)
             end = self._check_epochs
         start = self.epoch_no + 1
-        self._resume_rng(start)
+        self.restorer.resume_rng(start, self.script)
         self._log_plan(start, end)
         self._last_save = time.monotonic()
         if self.agreement is not None:
@@ -198,19 +194,19 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             for i in range(start, end):
                 self.epoch_no = i
                 self.step = None
-                mid_epoch = self._resume_step is not None
+                mid_epoch = self.restorer.resume_step is not None
                 if not mid_epoch:
                     self._epoch_start_rng = rng_state.capture()
                     self._epoch_start_objects = self.script.capture()
                 else:  # a mid-epoch resume replays the epoch from its start
-                    self._epoch_start_rng = self._resume_extra.get("epoch_start_rng")
-                    self._epoch_start_objects = self._resume_extra.get("epoch_start_objects")
+                    self._epoch_start_rng = self.restorer.resume_extra.get("epoch_start_rng")
+                    self._epoch_start_objects = self.restorer.resume_extra.get("epoch_start_objects")
                 if self.digests is not None:
                     self.digests.start_epoch(self.name, i, mid_epoch)
                 yield i
-                if self._resume_step is not None:
+                if self.restorer.resume_step is not None:
                     raise CheckpointError(
-                        f"range {self.name}: the checkpoint was taken at step {self._resume_step} of epoch {i}, "
+                        f"range {self.name}: the checkpoint was taken at step {self.restorer.resume_step} of epoch {i}, "
                         "but this epoch did not iterate its data through paddle_acp.resumable(...)"
                     )
                 self.step = None
@@ -310,17 +306,40 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if not is_new:
             return
         logger.info("range %s: registered training program %s (%s)", self.name, entry.key, info.label)
-        if self.multi and self._loaded is not None:
-            self._check_topology()
+        if self.multi and self.restorer.loaded is not None:
+            self.restorer.check_topology(self.registry)
         self._prepare_arena()
-        if self._loaded is not None and self._restore_entry(entry):
+        if self.restorer.loaded is not None and self.restorer.restore_entry(entry):
             return
         prev = self.inherited
-        if (prev is not None and prev._loaded is not None and prev.has_unrestored_state
-                and prev._loaded.manifest.program(entry.key) is not None):
+        if prev is not None and prev.restorer.holds(entry.key):
             # first run after an earlier, finished range restored from a checkpoint and this
             # range has none yet: the program continues from the state that range ended with
-            prev._restore_entry(entry)
+            prev.restorer.restore_entry(entry)
+
+    def release_hook(self) -> None:
+        """Every restored program has its state back: an ended range is no longer fed programs."""
+        if STATE.hooked is self and STATE.active is not self:
+            STATE.hooked = None
+
+    @property
+    def restored_from(self) -> str:
+        """``CONST_CHECKPOINT`` when the range resumed from a checkpoint, else ``CONST_MEMORYINIT``."""
+        return self.restorer.restored_from
+
+    @property
+    def restored_number(self) -> Optional[int]:
+        """The number of the checkpoint the range resumed from, or None."""
+        return self.restorer.restored_number
+
+    @property
+    def has_unrestored_state(self) -> bool:
+        """The checkpoint this range resumed from still holds tensors no program took back yet."""
+        return self.restorer.has_unrestored_state
+
+    def write_unrestored_into_global_scope(self) -> None:
+        """See :meth:`Restorer.write_unrestored_into_global_scope`."""
+        self.restorer.write_unrestored_into_global_scope()
 
     def get(self) -> int:
         return self.epoch_no

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import CheckpointError, ConfigError
 from paddle_acp.runtime.objects import ScriptState
+from paddle_acp.runtime.restore import Restorer
 from paddle_acp.runtime.saver import SKIP
 from paddle_acp.runtime.state import check_main_thread
 
@@ -26,13 +27,11 @@ class StepsMixin:
     name: str
     epoch_no: int
     step: Optional[int]  # batches done in the current epoch (resumable loops only)
-    _resume_step: Optional[int]  # the step a mid-epoch checkpoint was taken at, until steps() used it
-    _resume_extra: dict
     _epoch_start_rng: Optional[dict]
     _epoch_start_objects: Optional[dict]
     script: ScriptState
     _loader_state: Any
-    _loaded: Any
+    restorer: Restorer
     watcher: Any
     is_writer: bool
     multi: bool
@@ -52,8 +51,7 @@ class StepsMixin:
         check_main_thread("resumable")
         if save_every_steps is not None and (isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int) or save_every_steps < 1):
             raise ConfigError(f"save_every_steps={save_every_steps!r} must be a positive integer")
-        skip, extra = self._resume_step, self._resume_extra
-        self._resume_step, self._resume_extra = None, {}
+        skip, extra = self.restorer.take_step_resume()
         loader_state = extra.get("loader_state") if skip else None
         stateful = hasattr(iterable, "state_dict") and hasattr(iterable, "set_state_dict")
         if skip and stateful and loader_state is not None:
@@ -70,10 +68,8 @@ class StepsMixin:
                         f"but the data now yields only {done}: the data changed since the checkpoint. "
                         "Restore the original data or start a new job (new PADDLE_JOB_ID)."
                     ) from None
-        if skip and self._loaded is not None and self._loaded.manifest.rng is not None:
-            rng_state.restore(self._loaded.manifest.rng)
-        if skip and self._loaded is not None:  # the script's objects: their state at the step
-            self.script.restore(extra.get("objects"), f"checkpoint {self._loaded.name}")
+        if skip:  # the RNG state and the script's objects at the step
+            self.restorer.restore_step_state(extra, self.script)
         self.step = skip or 0
         first = self.step
         if skip and self.has_unrestored_state:
@@ -127,8 +123,9 @@ class StepsMixin:
             pass
         else:
             return itertools.chain([first], it)
+        loaded = self.restorer.loaded
         raise CheckpointError(
-            f"range {self.name}: checkpoint {self._loaded.name if self._loaded else '?'} was taken after the last "
+            f"range {self.name}: checkpoint {loaded.name if loaded else '?'} was taken after the last "
             f"batch ({skip}) of epoch {self.epoch_no}, so no batch is left to run before the epoch ends and its state "
             "cannot be restored in time (it was written by an earlier paddle-acp, which took such checkpoints). "
             "Delete that checkpoint (the previous one is then used) or start a new job (new PADDLE_JOB_ID)."
