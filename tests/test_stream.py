@@ -124,12 +124,12 @@ def test_registration_sizes_the_arena_without_copying(tmp_path, monkeypatch):
     next(it)
     r = epoch_range.active_range()
     exe.run(main, feed=feed, fetch_list=[loss], scope=scope)  # registers the program
-    r._join_arena()
+    r.persister.buffers.join()
     assert viewed == [], "registration viewed or copied tensors"
     (entry,) = r.registry.entries
     views = entry.views()
     assert entry.nbytes() == layout([views]) > 300 * 64 * 4 * 3
-    assert r._arena.nbytes >= entry.nbytes()
+    assert r.persister.buffers.first.nbytes >= entry.nbytes()
     viewed.clear()
     for _ in it:  # the saves view every tensor, as before
         exe.run(main, feed=feed, fetch_list=[loss], scope=scope)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Dict, Generator, Iterator, Optional, Union, cast
+from typing import Any, Dict, Iterator, Optional, Union
 
 from paddle_acp import config as _config
 from paddle_acp.adapter.programs import program_info, unwrap
@@ -131,13 +131,12 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
     if _config.from_env().active:
         g_acp_type = CONST_ACP_TYPE
     every_due_save = not _config.busy_policy_chosen()
-    # runtime declares Iterator[int]; it is a generator function, whose close() ends the loop
-    epochs = cast(Generator[int, None, None], _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter))
+    epochs = _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter)  # a generator: close() ends the loop
     try:
         for i in epochs:
             r = active_range()
             if every_due_save and r is not None:
-                r.busy_policy = WAIT
+                r.schedule.set_busy_policy(WAIT)
             yield i
     finally:
         epochs.close()  # leaving the loop early closes paddle-acp's loop as it would have been closed

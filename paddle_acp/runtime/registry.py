@@ -153,7 +153,7 @@ def _scheduler_mismatch(live, saved) -> str:
 
 
 class Registry:
-    def __init__(self):
+    def __init__(self) -> None:
         self.entries: List[ProgramEntry] = []
         self._by_token: Dict[Tuple[int, int], ProgramEntry] = {}
         self._scopes_by_fp: Dict[str, List[int]] = {}
