@@ -44,8 +44,8 @@ from paddle_acp.compat.acp_range import TrainEpochRange, _get_train_epoch_range
 from paddle_acp.compat.acp_status import ExeTrainStatus
 from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from paddle_acp.errors import AcpError
-from paddle_acp.runtime import epoch_range as _runtime
-from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
+from paddle_acp.runtime import api as _runtime
+from paddle_acp.runtime.api import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
 from paddle_acp.runtime.saver import WAIT
 from paddle_acp.runtime.state import STATE, check_main_thread
 

@@ -1,4 +1,4 @@
-"""Epoch ranges: ``train_epoch_range``, ``resumable`` and the process's range bookkeeping.
+"""The runtime's public API: ``train_epoch_range``, ``resumable``, ``active_range``, ``reset`` and the process's range bookkeeping.
 
 Each ``train_epoch_range`` loop in a script is a range named ``_range_0``,
 ``_range_1``, ... in creation order, with its own epoch counter and
