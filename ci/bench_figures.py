@@ -65,7 +65,7 @@ def bench_one(args):
     import paddle
 
     import paddle_acp as acp
-    from paddle_acp.runtime import epoch_range, hook
+    from paddle_acp.runtime import api, hook
 
     paddle.enable_static()
     legacy = os.environ.get("FLAGS_enable_pir_api") == "0"
@@ -137,7 +137,7 @@ def bench_one(args):
     def acp_epochs(async_save, epochs, steps, hold=0.0):
         uri = fresh(os.path.join(work, "acp"))
         os.environ.update(PADDLE_ACP_CHECKPOINT_URI=uri, PADDLE_ACP_ASYNC="1" if async_save else "0", PADDLE_ACP_MAX_TO_KEEP="1")
-        epoch_range.reset()
+        api.reset()
         stalls = []  # steady state: the first save (arena set-up) and the last (final commit) are dropped
         it = acp.train_epoch_range(epochs, save_checkpoint_inter=0)
         next(it)
@@ -270,7 +270,7 @@ def bench_one(args):
         exe.run(tiny_startup, scope=tscope)
         tfeed = {"x": np.ones((2, 8), "float32")}
         os.environ.update(PADDLE_ACP_CHECKPOINT_URI=fresh(os.path.join(work, "hook")), PADDLE_ACP_ASYNC="0")
-        epoch_range.reset()
+        api.reset()
         it = acp.train_epoch_range(1, save_checkpoint_inter=10**6)
         next(it)
         # fine-grained interleaving (blocks of 50 runs, many rounds): run-to-run drift cancels out
@@ -335,7 +335,7 @@ def bench_one(args):
                 os.environ.update(PADDLE_ACP_CHECKPOINT_URI=uri, PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="2")
             else:
                 os.environ.pop("PADDLE_ACP_CHECKPOINT_URI", None)
-            epoch_range.reset()
+            api.reset()
             boundaries = 0.0
             t0 = time.perf_counter()
             it = iter(acp.train_epoch_range(epochs, save_checkpoint_inter=0))

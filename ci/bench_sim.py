@@ -96,7 +96,7 @@ def rank_main(args):
     import paddle
 
     import paddle_acp as acp
-    from paddle_acp.runtime import epoch_range
+    from paddle_acp.runtime import api
 
     paddle.enable_static()
     seed = 1 if args.state == "replicated" else rank + 1  # per-rank state: every rank's values differ
@@ -129,7 +129,7 @@ def rank_main(args):
             os.environ["PADDLE_ACP_CHECKPOINT_URI"] = simstore.uri(run_dir, args.sim)
         else:
             os.environ.pop("PADDLE_ACP_CHECKPOINT_URI", None)
-        epoch_range.reset()
+        api.reset()
         barrier(args.barrier, f"run{index}", rank, world)
         t0 = time.time()
         boundaries = 0.0
@@ -166,7 +166,7 @@ def rank_main(args):
         for on in order:
             run(index, on)
             index += 1
-    epoch_range.reset()
+    api.reset()
     return 0
 
 

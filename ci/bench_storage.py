@@ -239,7 +239,8 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     def acp():
         c0 = getattr(handler, "commands_run", None)
         t0 = time.perf_counter()
-        number, written = ck.save(snap)
+        result = ck.save(snap)
+        number, written = result.number, result.data_size
         runs["acp_save_s"].append(time.perf_counter() - t0)
         assert written == size
         if c0 is not None:
@@ -414,7 +415,7 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
             # (a new snapshot per position: a snapshot is not written into)
             this = dataclasses.replace(snap, range=type(snap.range)(name, i, checkpoints + warm))
             t0 = time.perf_counter()
-            number, _ = ck.save(this)
+            number = ck.save(this).number
             rec = {"event": "saved", "time": time.time(), "number": number}
             if record_type is not None:  # issue 26: a record is a MetricsRecord, no longer a dict
                 rec = record_type.from_dict(rec)

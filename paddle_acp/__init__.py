@@ -102,14 +102,14 @@ __all__ = [
 
 # The public names that need Paddle: name -> (module, attribute), imported on first use, after the gate.
 _LAZY = {
-    "train_epoch_range": ("paddle_acp.runtime.epoch_range", "train_epoch_range"),
-    "resumable": ("paddle_acp.runtime.epoch_range", "resumable"),
+    "train_epoch_range": ("paddle_acp.runtime.api", "train_epoch_range"),
+    "resumable": ("paddle_acp.runtime.api", "resumable"),
     "track": ("paddle_acp.runtime.objects", "track"),
     "Value": ("paddle_acp.runtime.objects", "Value"),
     "Counter": ("paddle_acp.runtime.objects", "Counter"),
-    "active_range": ("paddle_acp.runtime.epoch_range", "active_range"),
-    "CONST_CHECKPOINT": ("paddle_acp.runtime.epoch_range", "CONST_CHECKPOINT"),
-    "CONST_MEMORYINIT": ("paddle_acp.runtime.epoch_range", "CONST_MEMORYINIT"),
+    "active_range": ("paddle_acp.runtime.api", "active_range"),
+    "CONST_CHECKPOINT": ("paddle_acp.runtime.api", "CONST_CHECKPOINT"),
+    "CONST_MEMORYINIT": ("paddle_acp.runtime.api", "CONST_MEMORYINIT"),
     "Preempted": ("paddle_acp.runtime.preemption", "Preempted"),
     "install": ("paddle_acp.runtime.hook", "install"),
     "uninstall": ("paddle_acp.runtime.hook", "uninstall"),

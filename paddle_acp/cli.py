@@ -66,7 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     sys.argv = [args.script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     runpy.run_path(args.script, run_name="__main__")
-    from paddle_acp.runtime.epoch_range import final_save_failures
+    from paddle_acp.runtime.api import final_save_failures
 
     if final_save_failures:  # logged already; the exit status says it too
         print(f"paddle-acp: error: {final_save_failures[-1]}", file=sys.stderr)

@@ -170,17 +170,17 @@ def test_ended_range_frees_its_snapshot_arena_without_the_gc(tmp_path, monkeypat
         for _ in acp.train_epoch_range(3, 0):
             exe.run(main, feed=extras["feed"], fetch_list=[extras["loss"]])
             r = acp.active_range()
-            r._join_arena()
-            buf = r._arena.buf
+            r.persister.buffers.join()
+            buf = r.persister.buffers.first.buf
             if buf is not None:  # a mapping of our own, as large as the state
                 assert isinstance(buf.base.obj, mmap.mmap)
                 refs.append(weakref.ref(buf.base.obj))
             del buf
         assert refs, "the range never prepared a snapshot arena"
-        assert r._arena.buf is None
+        assert r.persister.buffers.first.buf is None
         # the default busy policy may skip a save that came due while the previous one was written
-        assert r.saver.stats.saves + r.saver.stats.skipped == 3 and r.saver.stats.failures == 0
-        assert r.saver.stats.saves >= 1
+        assert r.persister.saver.stats.saves + r.persister.saver.stats.skipped == 3 and r.persister.saver.stats.failures == 0
+        assert r.persister.saver.stats.saves >= 1
         del r
         assert all(ref() is None for ref in refs), "the arena outlived its range"
         # an ended range that is still hooked (restore pending) prepares no new arena

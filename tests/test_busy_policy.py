@@ -334,7 +334,7 @@ def test_queue_falls_back_to_skip_when_host_memory_is_short(hdfs, monkeypatch, c
     from support.models import build
 
     import paddle_acp as acp
-    from paddle_acp.runtime import persist
+    from paddle_acp.runtime import buffers
 
     uri, env = hdfs
     for k, v in env.items():
@@ -342,7 +342,7 @@ def test_queue_falls_back_to_skip_when_host_memory_is_short(hdfs, monkeypatch, c
     monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", uri)
     monkeypatch.setenv("PADDLE_JOB_ID", JOB_ID)
     monkeypatch.setenv("PADDLE_ACP_BUSY_POLICY", "queue")
-    monkeypatch.setattr(persist, "QUEUE_HEADROOM", 1 << 62)
+    monkeypatch.setattr(buffers, "QUEUE_HEADROOM", 1 << 62)
     acp.simulate_restart()
     paddle.enable_static()
     with paddle.utils.unique_name.guard():
@@ -355,8 +355,8 @@ def test_queue_falls_back_to_skip_when_host_memory_is_short(hdfs, monkeypatch, c
         for _ in acp.train_epoch_range(30, 0):
             exe.run(main, feed=extras["feed"], fetch_list=[extras["loss"]])
             r = acp.active_range()
-            second = max(second, r._arena2.nbytes)  # (the range frees both buffers when it ends)
-        assert second == 0 and r.saver.stats.queued == 0
+            second = max(second, r.persister.buffers.second.nbytes)  # (the range frees both buffers when it ends)
+        assert second == 0 and r.persister.saver.stats.queued == 0
     finally:
         acp.simulate_restart()
     saved, skipped = check_saves(metrics_of(uri), epochs=30)

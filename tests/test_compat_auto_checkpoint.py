@@ -18,7 +18,7 @@ import pytest
 import paddle_acp
 from paddle_acp.compat import auto_checkpoint as acp
 from paddle_acp.errors import CheckpointError, ConfigError
-from paddle_acp.runtime import epoch_range, hook
+from paddle_acp.runtime import api, hook
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 import compat_scenarios as cs  # noqa: E402
@@ -324,7 +324,7 @@ def test_range_view_surface(cloud_env, ir):
             o = acp._get_train_epoch_range()
             assert isinstance(o, acp.TrainEpochRange)
             assert o is acp.g_train_epoch_range
-            assert o.range is epoch_range.active_range() and o.registry is o.range.registry
+            assert o.range is api.active_range() and o.registry is o.range.registry
             assert (o.name, o._name, o.get(), o._epoch_no, o._max_epoch_num) == ("_range_0", "_range_0", i, i, 2)
             exe.run(main, feed={"u_x": np.ones((2, 4), "float32")}, fetch_list=[loss])
             (t,) = o._exe_status.values()

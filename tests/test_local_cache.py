@@ -269,7 +269,7 @@ def test_stale_copy_remote_advanced_by_another_writer(kind, request, s3_env, tmp
     w.save(snapshot(1))
     other = writer(uri, tmp_path / "other-node")  # another node takes over and writes checkpoint 2
     newer = snapshot(2, seed=7)
-    assert other.save(newer)[0] == 2
+    assert other.save(newer).number == 2
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
         loaded = writer(uri, cache).load_latest()
     assert loaded.manifest.number == 2 and loaded.source == "remote"

@@ -31,7 +31,7 @@ def snapshot(rank, epoch, step=None, tensors=True, key=None):
     ts = [TensorData("w", "float32", rng.standard_normal(7).astype("float32")),
           TensorData("rank", "int64", np.array([rank, epoch], dtype="int64"))] if tensors else []
     prog = ProgramSnapshot(key or "fp-shared", "test", ts, {"last_epoch": epoch})
-    rng_state = {"marker": [rank, epoch]}  # opaque here: validated only by epoch_range's restore
+    rng_state = {"marker": [rank, epoch]}  # opaque here: validated only by the runtime's restore
     return Snapshot(RangeRecord(RANGE, epoch, 100, step), [prog], None, "3.3.1", "pir",
                     extra={"loader_state": {"rank": rank, "epoch": epoch}, "rng_probe": rng_state})
 

@@ -132,7 +132,7 @@ def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
 def test_s3_down_during_save_then_back(s3_server, s3_env):
     st = open_storage(f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}")
     ck = Checkpointer(st, "job", "_range_0", max_to_keep=2)
-    assert ck.save(snapshot(0))[0] == 0
+    assert ck.save(snapshot(0)).number == 0
 
     big = snapshot(1, mb=256)
     result = {}
@@ -169,7 +169,7 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
     latest = reader.load_latest()  # verifies every checksum
     assert latest.manifest.number == committed[-1] and latest.manifest.range.epoch_no == committed[-1]
     # ... and the next save succeeds, past the leftover's number, removing it
-    n, _ = ck.save(snapshot(2))
+    n = ck.save(snapshot(2)).number
     assert n == 2 and ck.committed_numbers() == committed[-1:] + [2] and uncommitted(st, ck) == []
     assert ck.load_latest().manifest.range.epoch_no == 2
 
@@ -191,7 +191,7 @@ def test_s3_save_and_restore_while_server_is_down(s3_server, s3_env):
     for e in (save_err.value, load_err.value):
         assert st.uri in str(e), str(e)
     assert ck.committed_numbers() == [0]
-    assert ck.save(snapshot(1))[0] == 1
+    assert ck.save(snapshot(1)).number == 1
 
 
 def test_restore_with_s3_unreachable_fails_clearly(s3_server, s3_env, tmp_path):

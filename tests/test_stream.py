@@ -96,7 +96,7 @@ def test_registration_sizes_the_arena_without_copying(tmp_path, monkeypatch):
     import paddle_acp as acp
     from paddle_acp.adapter import tensors as tensors_mod
     from paddle_acp.format.layout import layout
-    from paddle_acp.runtime import epoch_range
+    from paddle_acp.runtime import api
 
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
@@ -118,23 +118,23 @@ def test_registration_sizes_the_arena_without_copying(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tensors_mod, "tensor_view", counting_view)
     monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path / "ck"))
-    epoch_range.reset()
+    api.reset()
     feed = {"x": np.ones((2, 64), "float32")}
     it = acp.train_epoch_range(2, save_checkpoint_inter=0)
     next(it)
-    r = epoch_range.active_range()
+    r = api.active_range()
     exe.run(main, feed=feed, fetch_list=[loss], scope=scope)  # registers the program
-    r._join_arena()
+    r.persister.buffers.join()
     assert viewed == [], "registration viewed or copied tensors"
     (entry,) = r.registry.entries
     views = entry.views()
     assert entry.nbytes() == layout([views]) > 300 * 64 * 4 * 3
-    assert r._arena.nbytes >= entry.nbytes()
+    assert r.persister.buffers.first.nbytes >= entry.nbytes()
     viewed.clear()
     for _ in it:  # the saves view every tensor, as before
         exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
     assert viewed
-    epoch_range.reset()
+    api.reset()
 
 
 @pytest.mark.parametrize("flip,victim", [(None, None), (0, "t0"), (123_456, "t2"), ((9 << 20) + 100_000, "t3")])

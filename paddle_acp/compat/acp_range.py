@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 from paddle_acp.adapter.programs import auto_checkpoint_name
 from paddle_acp.compat.acp_status import ExeTrainStatus
 from paddle_acp.format.manifest import Manifest
-from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
+from paddle_acp.runtime.api import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
 from paddle_acp.runtime.range import EpochRange
 
 __all__ = ["TrainEpochRange", "_get_train_epoch_range"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Dict, Generator, Iterator, Optional, Union, cast
+from typing import Any, Dict, Iterator, Optional, Union
 
 from paddle_acp import config as _config
 from paddle_acp.adapter.programs import is_distributed, is_program, program_info, unwrap
@@ -44,8 +44,8 @@ from paddle_acp.compat.acp_range import TrainEpochRange, _get_train_epoch_range
 from paddle_acp.compat.acp_status import ExeTrainStatus
 from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, SerializableBase
 from paddle_acp.errors import AcpError
-from paddle_acp.runtime import epoch_range as _runtime
-from paddle_acp.runtime.epoch_range import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
+from paddle_acp.runtime import api as _runtime
+from paddle_acp.runtime.api import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
 from paddle_acp.runtime.saver import WAIT
 from paddle_acp.runtime.state import STATE, check_main_thread
 
@@ -131,13 +131,12 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
     if _config.from_env().active:
         g_acp_type = CONST_ACP_TYPE
     every_due_save = not _config.busy_policy_chosen()
-    # runtime declares Iterator[int]; it is a generator function, whose close() ends the loop
-    epochs = cast(Generator[int, None, None], _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter))
+    epochs = _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter)  # a generator: close() ends the loop
     try:
         for i in epochs:
             r = active_range()
             if every_due_save and r is not None:
-                r.busy_policy = WAIT
+                r.schedule.set_busy_policy(WAIT)
             yield i
     finally:
         epochs.close()  # leaving the loop early closes paddle-acp's loop as it would have been closed

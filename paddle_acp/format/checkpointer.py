@@ -36,7 +36,11 @@ class Checkpointer:
     """Numbered, atomically committed checkpoints of one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, max_to_keep: int = 3, fence: Optional[Fence] = None,
-                 single_writer: bool = False, commit: Optional[atomic.CommitStrategy] = None) -> None:
+                 single_writer: bool = False, commit: Optional[atomic.CommitStrategy] = None,
+                 cache: Optional["RangeCache"] = None, memory_budget: Optional[int] = None) -> None:
+        """``fence``: the writer's fence (None: unfenced); ``cache``: the node-local copies of this range
+        (``PADDLE_ACP_LOCAL_CACHE``, remote storage only); ``memory_budget``: ``PADDLE_ACP_HOST_MEMORY`` in
+        bytes, a restore larger than it is neither mapped nor held in memory."""
         self.storage = storage
         self.fence = fence  # a fencing.Fence (the writer's generation) or None
         self.job_id = job_id
@@ -50,30 +54,23 @@ class Checkpointer:
         # listing costs 1 + one stat per checkpoint on remote stores). Any failure forgets
         # what it knew and the next save lists again.
         self.single_writer = single_writer
-        # PADDLE_ACP_HOST_MEMORY in bytes: a restore larger than it is neither mapped nor held in memory
-        self.memory_budget: Optional[int] = None
+        self.memory_budget = memory_budget
         self._known: Optional[List[atomic.DirEntry]] = None
-        # the node-local copies of this range (PADDLE_ACP_LOCAL_CACHE, remote storage only)
-        self.cache: Optional["RangeCache"] = None
+        self.cache = cache
         # checkpoint number -> whether it is of a format this paddle-acp knows (never deleted when not)
         self._known_format: Dict[int, bool] = {}
 
     # -- writing ---------------------------------------------------------------
     def write_job_marker(self) -> None:
-        path = f"{self.job_id}/{JOB_MARKER}"
-        if self.storage.exists(path):
-            return
-        self.storage.makedirs(self.job_id)
-        body = {"format": "paddle-acp/job", "version": 1, "job_id": self.job_id, "created": time.time()}
-        self.storage.write_bytes(path, json.dumps(body).encode())
+        write_job_marker(self.storage, self.job_id)
 
     def check_no_links(self) -> None:
         """Refuse a job whose ``range`` directory or range directory is a symbolic link
         (:func:`paddle_acp.format.index.check_no_links`)."""
         index.check_no_links(self.storage, self.job_id, self.range_name)
 
-    def save(self, snap: Snapshot) -> Tuple[int, int]:
-        """Write and commit one checkpoint; returns (number, bytes written).
+    def save(self, snap: Snapshot) -> WriteResult:
+        """Write and commit one checkpoint; returns what was written (its number, its data's size, ...).
 
         Stray entries (a file or link named like a checkpoint, a leftover that cannot
         be removed) never stop it: the number goes past them. When the storage is
@@ -121,13 +118,13 @@ class Checkpointer:
         committed = committed + [atomic.DirEntry(final_name(number), number, True)]
         self._known_format[number] = True
         try:
-            doomed = self._retain([e.number for e in committed])
+            deleted = self._retain([e.number for e in committed])
         except (StorageError, CheckpointError) as exc:  # the new checkpoint is committed; pruning retries next time
             logger.warning("retention after checkpoint %d failed: %s", number, exc)
-            return number, written.data_size
+            return written
         if self.single_writer and not self._space_made:  # (a deletion to make space: list again)
-            self._known = [e for e in committed if e.number not in doomed]
-        return number, written.data_size
+            self._known = [e for e in committed if e.number not in deleted]
+        return written
 
     @property
     def generation(self) -> Optional[int]:
@@ -137,7 +134,7 @@ class Checkpointer:
     def _write_pending(self, snap: Snapshot, number: int) -> WriteResult:
         pending = atomic.begin(self.storage, self.dir, number, self.commit_strategy, self.generation)
         try:
-            return self._write(pending, snap, number)
+            return self.write(pending, snap, number)
         except BaseException:
             try:
                 pending.abort()
@@ -184,7 +181,8 @@ class Checkpointer:
     def _delete(self, n: int) -> None:
         delete_checkpoint(self.storage, self.base(n))
 
-    def _write(self, pending: atomic.Pending, snap: Snapshot, number: int) -> WriteResult:
+    def write(self, pending: atomic.Pending, snap: Snapshot, number: int) -> WriteResult:
+        """Write ``snap`` into ``pending`` as checkpoint ``number`` and commit it (the commit checks the fence)."""
         # the commit's fence check is the quick one (one look-up, :func:`fencing.newer_recorded`): it
         # runs at every save, and says the same as a listing
         return write_checkpoint(pending, snap, number, self._check_fence("commit checkpoint %d" % number, quick=True))
@@ -209,15 +207,15 @@ class Checkpointer:
         if not policy.doomed(sorted(committed)):  # nothing to delete even counting every checkpoint: no look inside
             return []
         # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
-        doomed = policy.doomed([n for n in sorted(committed) if self._deletable(n)])
-        if doomed:
+        to_delete = policy.doomed([n for n in sorted(committed) if self._deletable(n)])
+        if to_delete:
             if self.fence is not None:
                 self.fence.check("delete old checkpoints")
             check_deletable(self.storage, self.job_id, self.dir)
-        for n in doomed:
+        for n in to_delete:
             self._delete(n)
             logger.debug("retention: deleted checkpoint %d of %s", n, self.dir)
-        return doomed
+        return to_delete
 
     def _deletable(self, n: int) -> bool:
         """False for a checkpoint of a format this paddle-acp does not know: a newer paddle-acp
@@ -286,6 +284,16 @@ class Checkpointer:
         if search.found is not None or not search.rejected:
             return search.found
         raise no_usable(search, f"{self.storage.uri}/{self.dir}", self.job_id)
+
+
+def write_job_marker(storage: Storage, job_id: str) -> None:
+    """Mark ``job_id``'s directory as a paddle-acp job (written once, by trainer 0)."""
+    path = f"{job_id}/{JOB_MARKER}"
+    if storage.exists(path):
+        return
+    storage.makedirs(job_id)
+    body = {"format": "paddle-acp/job", "version": 1, "job_id": job_id, "created": time.time()}
+    storage.write_bytes(path, json.dumps(body).encode())
 
 
 def no_usable(search: "index.Search[LoadedCheckpoint]", where: str, job_id: str, who: str = "") -> BaseException:

@@ -179,6 +179,12 @@ class LoadedCheckpoint:
         if not self._pending:
             source.close()
 
+    def found_as(self, name: str, position_key: Tuple[int, int]) -> "LoadedCheckpoint":
+        """Record how the restart's listing names this checkpoint and its restart position; returns itself."""
+        self.name = name
+        self.position_key = position_key
+        return self
+
     @property
     def arrays(self) -> _PendingArrays:
         return _PendingArrays(self)

@@ -80,7 +80,11 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
     """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.part_commit`) for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
-                 max_to_keep: int = 3, part_timeout: float = 300.0, fence: Optional[Fence] = None) -> None:
+                 max_to_keep: int = 3, part_timeout: float = 300.0, fence: Optional[Fence] = None,
+                 cache: Optional["RangeCache"] = None, memory_budget: Optional[int] = None) -> None:
+        """``fence``: this rank's writer fence; ``cache``: this rank's node-local copies
+        (``PADDLE_ACP_LOCAL_CACHE``, remote storage only); ``memory_budget``: the host-memory budget of
+        this rank's restores (``PADDLE_ACP_HOST_MEMORY``)."""
         super().__init__(storage, job_id, range_name)
         self.rank = rank
         self.world_size = world_size
@@ -89,11 +93,11 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
         self.base_crc: Optional[int] = None  # the CRC32 of its global.json (the copy resumed from)
         self.poll_interval = 0.02
-        self._ck = Checkpointer(storage, job_id, range_name, 0)
-        self.fence = fence
+        # writes and reads this rank's part (a checkpoint of the single-writer format in the part's directory)
+        self._part_checkpointer = Checkpointer(storage, job_id, range_name, 0, fence=fence, memory_budget=memory_budget)
+        self.fence = fence  # this rank's writer fence: checked before each delete and each commit (its part's too)
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
-        # this rank's node-local copies (PADDLE_ACP_LOCAL_CACHE, remote storage only)
-        self.cache: Optional["RangeCache"] = None
+        self.cache = cache
         self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows
         self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
         self._generations: Dict[int, int] = {}  # rank 0: each rank's newest generation (part_commit)
@@ -101,22 +105,9 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
 
     @property
-    def fence(self) -> Optional[Fence]:
-        """This rank's writer fence: checked before each delete and each commit (its part's too)."""
-        return self._ck.fence
-
-    @fence.setter
-    def fence(self, fence: Optional[Fence]) -> None:
-        self._ck.fence = fence
-
-    @property
     def memory_budget(self) -> Optional[int]:
         """The host-memory budget of this rank's restores (``PADDLE_ACP_HOST_MEMORY``)."""
-        return self._ck.memory_budget
-
-    @memory_budget.setter
-    def memory_budget(self, nbytes: Optional[int]) -> None:
-        self._ck.memory_budget = nbytes
+        return self._part_checkpointer.memory_budget
 
     # -- listing ---------------------------------------------------------------
     def scan(self, listing: Optional[List[Entry]] = None, committed_now: Collection[str] = ()) -> List[GlobalEntry]:
@@ -213,7 +204,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         # read (it goes with the position); a committed global.json lists this rank's part, which is
         # not there, so no committed copy is written into. No makedirs: the part's own makes the
         # position's directory (atomic.Pending; on HDFS its first file does).
-        gen = self._ck.generation
+        gen = self._part_checkpointer.generation
         part = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                 "generation": -1 if gen is None else gen}
         if snap.share is not None:  # this part holds its share of the replicated tensors (format/shares.py)
@@ -225,7 +216,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
         try:
-            written = self._ck._write(pending, snap, number)
+            written = self._part_checkpointer.write(pending, snap, number)
         except BaseException:
             if copy is not None:
                 copy.abort()
@@ -242,7 +233,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         """Say on storage that this rank has no part at position ``name`` (its save failed, or it does not
         take that position), best effort: rank 0 then abandons the position at once instead of waiting
         ``PADDLE_ACP_PART_TIMEOUT``. Returns the file's path, or None when it could not be written."""
-        gen = self._ck.generation
+        gen = self._part_checkpointer.generation
         self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
         a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
         return absence.declare(self.storage, self.commit_strategy, f"{self.dir}/{name}", a)
@@ -268,17 +259,17 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of its
         directory, when just listed): only after this rank's fence check passed, and never a newer
         generation's part being written."""
-        gen = self._ck.generation
-        doomed = []
+        gen = self._part_checkpointer.generation
+        to_remove = []
         for e in self.storage.listdir(f"{self.dir}/{name}") if listing is None else listing:
             m = PART_RE.fullmatch(e.name) or PART_TMP_RE.fullmatch(e.name)
             if m and int(m.group(1)) == self.rank:
-                doomed.append((e.name, tmp_generation(m) if m.re is PART_TMP_RE else -1))
+                to_remove.append((e.name, tmp_generation(m) if m.re is PART_TMP_RE else -1))
             elif not e.is_dir and parse_absent_mark(e.name) == self.rank:
-                doomed.append((e.name, -2))  # its word that it had no part here: it is writing one now
-        if doomed and self.fence is not None:
+                to_remove.append((e.name, -2))  # its word that it had no part here: it is writing one now
+        if to_remove and self.fence is not None:
             self.fence.check(f"remove its earlier part of checkpoint {name}")
-        for part, part_gen in doomed:
+        for part, part_gen in to_remove:
             if gen is not None and part_gen > gen:
                 continue  # a newer incarnation of this rank is writing it
             if part_gen == -2:
@@ -298,17 +289,17 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             return []
         newest = committed[-1].key
         # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
-        doomed = policy_for(keep).doomed([g for g in committed if self._deletable(g)]) if policy_for(keep).doomed(committed) else []
-        doomed += [g for g in entries if not g.committed and g.key < newest]  # abandoned: never committed
-        if not doomed:
+        to_delete = policy_for(keep).doomed([g for g in committed if self._deletable(g)]) if policy_for(keep).doomed(committed) else []
+        to_delete += [g for g in entries if not g.committed and g.key < newest]  # abandoned: never committed
+        if not to_delete:
             return []
         if self.fence is not None:
             self.fence.check("delete old checkpoints")
         check_deletable(self.storage, self.job_id, self.dir)
-        for g in sorted(doomed, key=lambda g: g.key):
+        for g in sorted(to_delete, key=lambda g: g.key):
             delete_checkpoint(self.storage, f"{self.dir}/{g.name}")
             logger.debug("retention: deleted checkpoint %s of %s", g.name, self.dir)
-        return [g.name for g in doomed]
+        return [g.name for g in to_delete]
 
     def _deletable(self, g: GlobalEntry) -> bool:
         """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
@@ -435,7 +426,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         """Rank ``src``'s part, verified (the node-local copy when it is these very bytes)."""
         cached = self.cache.load(g.name, g.number, raws[src], src) if self.cache is not None else None
         try:
-            return cached if cached is not None else self._ck.load(g.number, f"{base}/{rank_part(src)}", raws[src])
+            return cached if cached is not None else self._part_checkpointer.load(g.number, f"{base}/{rank_part(src)}", raws[src])
         except CorruptCheckpointError as exc:
             if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
                 raise verdict.rejected(self.rank, base, g, self._whose(src), exc, self.storage) from exc
@@ -447,7 +438,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         goes through the bad mark like its own part would."""
         try:
             parts = shares.load_all(lambda k: self._load_part(g, base, raws, k) if k == self.rank
-                                    else self._ck.load(g.number, f"{base}/{rank_part(k)}", raws[k]),
+                                    else self._part_checkpointer.load(g.number, f"{base}/{rank_part(k)}", raws[k]),
                                     list(range(g.share_writers)))
         except shares.ShareFailed as failed:
             exc = failed.error

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("paddle_acp")
 
 
-def load_newest(v2: Checkpointer, gck: "GlobalCheckpointer", running_mode: Optional[str],
+def load_newest(checkpointer: Checkpointer, global_checkpointer: "GlobalCheckpointer", running_mode: Optional[str],
                 check: Optional[Callable[[LoadedCheckpoint], None]] = None,
                 start_fresh: bool = False) -> Optional[LoadedCheckpoint]:
     """The newest checkpoint of either layout that verifies (older ones are tried in turn), in
@@ -43,36 +43,33 @@ def load_newest(v2: Checkpointer, gck: "GlobalCheckpointer", running_mode: Optio
     ``start_fresh`` (``PADDLE_ACP_START_FRESH``) a warning and None instead. Never a silent start
     from scratch, and nothing is deleted here.
     """
-    v2.check_no_links()
-    where = f"{gck.storage.uri}/{gck.dir}"
-    multi = gck.world_size > 1
-    who = f"rank {gck.rank}: " if multi else ""
+    checkpointer.check_no_links()
+    where = f"{global_checkpointer.storage.uri}/{global_checkpointer.dir}"
+    multi = global_checkpointer.world_size > 1
+    who = f"rank {global_checkpointer.rank}: " if multi else ""
 
-    listed, listed_only = index.restart_candidates(gck.storage, gck.job_id, gck.range_name)
+    listed, listed_only = index.restart_candidates(global_checkpointer.storage, global_checkpointer.job_id, global_checkpointer.range_name)
     uncommitted = set()
 
     def load(e: index.Entry) -> LoadedCheckpoint:
         if e.layout == index.GLOBAL:
             try:
-                loaded = gck.load(e.name, running_mode, listed_only)
+                loaded = global_checkpointer.load(e.name, running_mode, listed_only)
             except index.NotCommitted:
                 uncommitted.add(e.name)
                 raise
-            loaded.position_key = e.key
+            return loaded.found_as(e.name, e.key)
         else:
             if running_mode == "per-rank" and multi:
                 raise CheckpointError(
-                    f"rank {gck.rank}: checkpoint {e.number} of range {gck.range_name} (job {gck.job_id}) was written by "
+                    f"rank {global_checkpointer.rank}: checkpoint {e.number} of range {global_checkpointer.range_name} (job {global_checkpointer.job_id}) was written by "
                     "trainer 0 alone (replicated state), but this job keeps per-rank state "
-                    f"({describe_topology(gck.world_size, 'per-rank')}): every rank would load rank 0's state. "
+                    f"({describe_topology(global_checkpointer.world_size, 'per-rank')}): every rank would load rank 0's state. "
                     "Set PADDLE_ACP_RANK_STATE=replicated if the ranks' state is identical, or start a new job "
                     "(a new PADDLE_JOB_ID)."
                 )
-            loaded = v2.load(e.number)
-            loaded.global_manifest = None
-            loaded.position_key = position_key(loaded.manifest.range.epoch_no, loaded.manifest.range.step)
-        loaded.name = e.name
-        return loaded
+            loaded = checkpointer.load(e.number)  # (of the single-writer format: no global manifest)
+            return loaded.found_as(e.name, position_key(loaded.manifest.range.epoch_no, loaded.manifest.range.step))
 
     def fatal(e: index.Entry, exc: StorageError) -> Optional[BaseException]:
         if e.layout != index.GLOBAL or not multi:
@@ -80,27 +77,27 @@ def load_newest(v2: Checkpointer, gck: "GlobalCheckpointer", running_mode: Optio
         # another rank may read it fine: falling back alone would resume the ranks from
         # different checkpoints. Fail; the job's restart tries again.
         return StorageError(
-            f"rank {gck.rank}: checkpoint {e.name} of {where} cannot be read ({exc}); every "
+            f"rank {global_checkpointer.rank}: checkpoint {e.name} of {where} cannot be read ({exc}); every "
             "rank must resume from the same checkpoint, so this rank does not fall back alone: fix the storage "
             "and restart the job"
         )
 
     search = index.first_usable(listed, load, check, where, fatal)  # (it passes over the uncommitted)
-    gck.remember_listing(listed, uncommitted)  # discard_newer removes what is newer than the choice without listing again
+    global_checkpointer.remember_listing(listed, uncommitted)  # discard_newer removes what is newer than the choice without listing again
     newer = [r for r in search.of_kind(index.NEWER_FORMAT) if r.entry.layout == index.GLOBAL]
     if multi and newer and (search.found is not None or start_fresh):
         if search.found is not None:
             search.found.close()
         # the positions this job would train again are taken by checkpoints it can neither read nor replace
         raise CheckpointError(
-            f"rank {gck.rank}: checkpoint(s) {', '.join(r.entry.name for r in newer)} of {where} (job {gck.job_id}) "
+            f"rank {global_checkpointer.rank}: checkpoint(s) {', '.join(r.entry.name for r in newer)} of {where} (job {global_checkpointer.job_id}) "
             f"are of a newer format ({newer[0].reason}); this job would train their positions again "
             f"{'from ' + search.found.name if search.found is not None else 'from scratch'} and cannot replace them. "
             "Resume with the newer paddle-acp that wrote them, or use a new PADDLE_JOB_ID. Nothing was deleted."
         )
     if search.found is not None or not search.rejected:
         return search.found
-    err = no_usable(search, where, gck.job_id, who)
+    err = no_usable(search, where, global_checkpointer.job_id, who)
     if start_fresh and isinstance(err, NoUsableCheckpointError):
         logger.warning("%sPADDLE_ACP_START_FRESH is set: STARTING FROM SCRATCH although checkpoints exist (%s); they are "
                        "kept%s", who, index.describe(search.rejected),

@@ -1,51 +1,55 @@
-"""The epoch range: one ``train_epoch_range`` loop, its epochs and the programs it feeds on.
+"""The epoch range: one ``train_epoch_range`` loop, composed of the collaborators that own its parts.
 
 :class:`EpochRange` is opened by :meth:`EpochRange.open` (the storage, the job marker and
-writer fence, the checkpoint it resumes from: all I/O happens there, the constructor does
-none) and iterated by :meth:`EpochRange.epochs`. Its parts live beside it:
-:mod:`~paddle_acp.runtime.steps` (mid-epoch steps), :mod:`~paddle_acp.runtime.persist`
-(saving) and :mod:`~paddle_acp.runtime.restore` (restoring).
+writer fence, the node-local cache, the checkpoint it resumes from: all I/O happens there, the
+constructor does none) and iterated by :meth:`EpochRange.epochs`. It composes, each owning its state:
+:class:`~paddle_acp.runtime.restore.Restorer` (the checkpoint resumed from),
+:class:`~paddle_acp.runtime.steps.Position` and :class:`~paddle_acp.runtime.steps.ResumableSteps`
+(where the loop is, mid-epoch steps), :class:`~paddle_acp.runtime.schedule.SaveSchedule` (when a
+checkpoint is due and what a due one does), :class:`~paddle_acp.runtime.buffers.SnapshotBuffers`
+(the host memory of the snapshots) and :class:`~paddle_acp.runtime.persist.Persister` (taking and
+persisting checkpoints).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import threading
-import time
-from typing import Any, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.programs import program_info, unwrap
 from paddle_acp.errors import AcpError, CheckpointError, ConfigError
-from paddle_acp.format.arena import Arena
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.cache import RangeCache
+from paddle_acp.format.checkpointer import Checkpointer, write_job_marker
 from paddle_acp.format.fencing import Fence
+from paddle_acp.format.layout import range_dir
 from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
+from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
-from paddle_acp.runtime.persist import PersistMixin
+from paddle_acp.runtime.persist import Persister
 from paddle_acp.runtime.registry import Registry
-from paddle_acp.runtime.restore import CONST_MEMORYINIT, RestoreMixin
-from paddle_acp.runtime.saver import Saver
+from paddle_acp.runtime.restore import Restorer
+from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
-from paddle_acp.runtime.steps import StepsMixin
-from paddle_acp.storage.base import redact
+from paddle_acp.runtime.steps import Position, ResumableSteps
+from paddle_acp.storage.base import Storage, redact
 from paddle_acp.storage.registry import open_storage
 
 logger = logging.getLogger("paddle_acp")
 
-_static = None
+_static: Any = None
 
 
-def _paddle_static():
+def _paddle_static() -> Any:
     global _static
     if _static is None:
         import paddle.static
@@ -54,130 +58,176 @@ def _paddle_static():
     return _static
 
 
-def open_storage_for(cfg: _config.CheckpointConfig):
+def open_storage_for(cfg: _config.CheckpointConfig) -> Storage:
     if cfg.uri is None:
         raise ConfigError(f"checkpointing is off: {cfg.inactive_reason}")
     return open_storage(cfg.uri, cfg.storage)
 
 
-class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
+@dataclass(frozen=True)
+class Opened:
+    """What opening a range found or took on storage, handed to the range's checkpointers at construction."""
+
+    fence: Optional[Fence] = None  # this rank's writer fence (every rank that writes)
+    cache: Optional[RangeCache] = None  # the node-local copies (single writer), PADDLE_ACP_LOCAL_CACHE
+    rank_cache: Optional[RangeCache] = None  # this rank's node-local copies (several ranks)
+    memory_budget: Optional[int] = None  # a restore larger than it is neither mapped nor held in memory
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop's settings from the environment, read (and refused when bad) before any I/O."""
+
+    exit_on_preempt: bool  # PADDLE_ACP_EXIT_ON_PREEMPT
+    preempt_signals: List[int]  # PADDLE_ACP_PREEMPT_SIGNALS
+    check_epochs: Optional[int]  # PADDLE_ACP_CHECK_EPOCHS (paddle-acp check)
+    check_digests: Optional[str]  # PADDLE_ACP_CHECK_DIGESTS (paddle-acp check)
+
+    @classmethod
+    def from_env(cls) -> "LoopSettings":
+        return cls(_config.exit_on_preempt_from_env(), _config.preempt_signals_from_env(),
+                   _config.check_epochs_from_env(), _config.check_digests_from_env())
+
+
+def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opened:
+    """A range's I/O before it is built: job marker and fence, the node-local cache. Every rank that
+    writes takes its own fence (a generation of its rank) before anything it deletes."""
+    fence = None
+    if cfg.multi_rank or cfg.trainer_id == 0:
+        marker = (storage.uri, cfg.job_id)
+        try:
+            if cfg.trainer_id == 0 and marker not in STATE.marked_jobs:  # once per process, not per range
+                write_job_marker(storage, cfg.job_id)
+                STATE.marked_jobs.add(marker)
+            fence = STATE.fence_for(storage, cfg.job_id, cfg.trainer_id)
+        except AcpError as exc:
+            raise ConfigError(
+                f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not writable: {exc}"
+            ) from exc
+    if cfg.trainer_id > 0 and cfg.world_size is None:
+        logger.warning(
+            "PADDLE_TRAINER_ID=%d but PADDLE_TRAINERS_NUM is not set: this trainer restores trainer 0's state "
+            "and writes nothing. Set PADDLE_TRAINERS_NUM (paddle.distributed.launch does) for per-rank state.",
+            cfg.trainer_id,
+        )
+    cache = STATE.local_cache(cfg, storage)  # local copies of remote checkpoints: written by the writer, read by restore
+    return Opened(fence=fence,
+                  cache=cache.for_range(cfg.job_id, name) if cache is not None else None,
+                  rank_cache=cache.for_range(cfg.job_id, name, cfg.trainer_id) if cache is not None else None,
+                  memory_budget=host_budget.decide(cfg.host_memory).nbytes)
+
+
+class EpochRange:
     """The state of one active ``train_epoch_range`` loop (``paddle_acp.active_range()``)."""
 
     @classmethod
     def open(cls, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig,
-             save_checkpoint_inter=None) -> "EpochRange":
+             save_checkpoint_inter: Optional[float] = None, script: Optional[ScriptState] = None) -> "EpochRange":
         """Open a range: validate the arguments, open the storage, write the job marker (trainer 0)
         and take the writer fence (every rank that writes), load the checkpoint it resumes from."""
         check_range_args(max_epoch_num, save_checkpoint_inter)
         storage = open_storage_for(cfg)
-        r = cls(max_epoch_num, name, cfg, storage, save_checkpoint_inter)
-        r._open()
+        settings = LoopSettings.from_env()
+        r = cls(max_epoch_num, name, cfg, storage, save_checkpoint_inter, script, open_io(name, cfg, storage), settings)
+        r._start()
         return r
 
-    def __init__(self, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig, storage,
-                 save_checkpoint_inter=None):
-        """No I/O here: :meth:`open` builds a range and opens it."""
+    def __init__(self, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig, storage: Storage,
+                 save_checkpoint_inter: Optional[float] = None, script: Optional[ScriptState] = None,
+                 opened: Opened = Opened(), settings: Optional[LoopSettings] = None) -> None:
+        """No I/O here: :meth:`open` does it, then builds a range and starts it. ``script``: the script's
+        own objects saved with each checkpoint; ``opened``: what :func:`open_io` took and found;
+        ``settings``: the environment's (read here when not given)."""
         check_range_args(max_epoch_num, save_checkpoint_inter)
+        settings = settings if settings is not None else LoopSettings.from_env()
         self.max_epoch_num = max_epoch_num
         self.name = name
         self.cfg = cfg
         if save_checkpoint_inter is None:
-            self.save_interval = cfg.save_interval
+            save_interval = cfg.save_interval
         else:
-            self.save_interval = _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
-        self.epoch_no = -1
-        self.restored_from = CONST_MEMORYINIT
-        self.restored_number: Optional[int] = None
+            save_interval = _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
         self.registry = Registry()
         self.storage = storage
         # several ranks (PADDLE_TRAINERS_NUM > 1): every rank writes its part, rank 0 commits
-        self.multi = cfg.multi_rank
-        self.rank = cfg.trainer_id
-        self.fence: Optional[Fence] = None
-        self.checkpointer = Checkpointer(self.storage, cfg.job_id, name, cfg.max_to_keep, single_writer=cfg.trainer_id == 0)
-        self.gcheckpointer = GlobalCheckpointer(
-            self.storage, cfg.job_id, name, cfg.trainer_id, cfg.world_size or 1, cfg.max_to_keep, cfg.part_timeout
-        )
-        self.mode: Optional[str] = None  # decided at each save (multi-rank)
-        self._mode_logged: Optional[str] = None
-        self.saver = Saver(self._persist, cfg.async_save)
-        self._arena = Arena()
-        self._arena2 = Arena()  # the ``queue`` policy's second buffer, allocated when first needed
-        self._queue_ok: Optional[bool] = None  # whether that buffer fits in host memory (decided once)
-        self._skip_streak = 0
-        self._arena_thread: Optional[threading.Thread] = None
-        # PADDLE_ACP_HOST_MEMORY, or the memory available at the first registration: the bound of
-        # the snapshot buffers; a state larger than it is saved through it in chunks
-        self._budget: Optional[host_budget.Budget] = None
-        self._state_size = 0  # the registered programs' state, from the tensors' metadata
-        self._stream_logged = False
-        self._closed = False  # ended: no more saves, the arena is freed
+        self.several_ranks = cfg.multi_rank
+        self.is_writer = self.several_ranks or cfg.trainer_id == 0
+        self.fence = opened.fence
+        self.checkpointer = Checkpointer(storage, cfg.job_id, name, cfg.max_to_keep, fence=opened.fence,
+                                         single_writer=cfg.trainer_id == 0, cache=opened.cache,
+                                         memory_budget=opened.memory_budget)
+        self.global_checkpointer = GlobalCheckpointer(
+            storage, cfg.job_id, name, cfg.trainer_id, cfg.world_size or 1, cfg.max_to_keep, cfg.part_timeout,
+            fence=opened.fence, cache=opened.rank_cache, memory_budget=opened.memory_budget)
+        self.script = script if script is not None else ScriptState(name, {}, {})
+        self.position = Position()
+        self.restorer = Restorer(name, cfg, self.checkpointer, self.global_checkpointer, self.release_hook)
+        # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree)
+        agreement = Agreement(storage, range_dir(cfg.job_id, name), name, cfg.trainer_id, cfg.busy_policy,
+                              save_interval) if self.several_ranks else None
+        self.schedule = SaveSchedule(save_interval, cfg.busy_policy, agreement)
+        self.metrics = MetricsLog(storage, cfg.job_id, cfg.trainer_id)
+        self.persister = Persister(name, max_epoch_num, cfg, storage, self.registry, self.position, self.script,
+                                   self.checkpointer, self.global_checkpointer, self.metrics, self.schedule,
+                                   SnapshotBuffers(name, cfg.host_memory))
+        self.exit_on_preempt = settings.exit_on_preempt
+        self.watcher = preemption.PreemptionWatcher(settings.preempt_signals, self._preempt_point,
+                                                    interrupt.preempted)
+        self.resumable_steps = ResumableSteps(name, self.position, self.restorer, self.script, self.watcher,
+                                              self.is_writer, self.persister.due_by_time, self._save_at_step,
+                                              self._preempt)
         self._seen_program: Any = None  # the last registered (program, scope) run
         self._seen_scope: Any = None
-        self.metrics = MetricsLog(self.storage, cfg.job_id, cfg.trainer_id)
-        self._loaded: Optional[LoadedCheckpoint] = None
-        self._last_save = time.monotonic()
-        self._base_checked = False  # the marks of the checkpoint resumed from, checked at the first save
-        self.is_writer = self.multi or cfg.trainer_id == 0
-        self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
-        self._resume_step: Optional[int] = None
-        self._resume_extra: dict = {}
-        self._epoch_start_rng: Optional[dict] = None
-        self._epoch_start_objects: Optional[dict] = None
-        # the script's own objects saved with each checkpoint (set by train_epoch_range)
-        self.script = ScriptState(name, {}, {})
-        self._loader_state = None
         self.inherited: Optional[EpochRange] = None  # an ended range that still holds unrestored state
-        self._final_submitted = False  # the save after the last epoch was submitted
-        self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
-        self.exit_on_preempt = _config.exit_on_preempt_from_env()
-        self.watcher = preemption.PreemptionWatcher(_config.preempt_signals_from_env(), self._preempt_point,
-                                                    interrupt.preempted)
-        self.busy_policy = cfg.busy_policy
-        # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree)
-        self.agreement = Agreement(storage, self.gcheckpointer.dir, name, cfg.trainer_id, cfg.busy_policy,
-                                   self.save_interval) if self.multi else None
         # ``paddle-acp check``: the range ends after this many epochs; per-epoch digests go to a file
-        self._check_epochs = _config.check_epochs_from_env()
-        self.digests = EpochDigests.for_range(_config.check_digests_from_env())
+        self._check_epochs = settings.check_epochs
+        self.digests = EpochDigests.for_range(settings.check_digests)
 
-    def _open(self) -> None:
-        """The range's I/O before its first epoch: job marker and fence, the checkpoint to resume from.
-        Every rank that writes takes its own fence (a generation of its rank) before anything it deletes."""
-        cfg = self.cfg
-        if self.is_writer:
-            marker = (self.storage.uri, cfg.job_id)
-            try:
-                if cfg.trainer_id == 0 and marker not in STATE.marked_jobs:  # once per process, not per range
-                    self.checkpointer.write_job_marker()
-                    STATE.marked_jobs.add(marker)
-                self.fence = STATE.fence_for(self.storage, cfg.job_id, cfg.trainer_id)
-            except AcpError as exc:
-                raise ConfigError(
-                    f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not writable: {exc}"
-                ) from exc
-            self.checkpointer.fence = self.gcheckpointer.fence = self.fence
-        if cfg.trainer_id > 0 and cfg.world_size is None:
-            logger.warning(
-                "PADDLE_TRAINER_ID=%d but PADDLE_TRAINERS_NUM is not set: this trainer restores trainer 0's state "
-                "and writes nothing. Set PADDLE_TRAINERS_NUM (paddle.distributed.launch does) for per-rank state.",
-                cfg.trainer_id,
-            )
-        cache = STATE.local_cache(cfg, self.storage)
-        if cache is not None:  # local copies of remote checkpoints: written by the writer, read by restore
-            self.checkpointer.cache = cache.for_range(cfg.job_id, self.name)
-            self.gcheckpointer.cache = cache.for_range(cfg.job_id, self.name, cfg.trainer_id)
-        # a restore larger than the budget is neither mapped (local) nor held in memory (remote)
-        self.checkpointer.memory_budget = self.gcheckpointer.memory_budget = host_budget.decide(cfg.host_memory).nbytes
-        self._load_newest()
-        if self.agreement is not None:  # rank 0: a fresh save plan, before any training step
-            self.agreement.fence = self.fence
-            self.agreement.start(self.gcheckpointer.base)
+    def _start(self) -> None:
+        """The range's reads before its first epoch: the checkpoint to resume from, the ranks' save plan."""
+        self.restorer.load_newest()
+        self.position.epoch_no = self.restorer.resume_epoch
+        self.schedule.start(self.fence, self.global_checkpointer.base)  # rank 0: a fresh plan, before any step
         if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
+            loaded = self.restorer.loaded
             self.metrics.add(MetricsRecord.start(
-                range=self.name, restored=self.restored_number, policy=self.busy_policy,
-                restore_source=self._loaded.source if self._loaded is not None else None))
+                range=self.name, restored=self.restorer.restored_number, policy=self.schedule.busy_policy,
+                restore_source=loaded.source if loaded is not None else None))
+
+    # -- what the loop and the API read ----------------------------------------
+    @property
+    def epoch_no(self) -> int:
+        """The current epoch (-1 before the first)."""
+        return self.position.epoch_no
+
+    @property
+    def step(self) -> Optional[int]:
+        """Batches done in the current epoch (``resumable`` loops only), else None."""
+        return self.position.step
+
+    @property
+    def save_interval(self) -> float:
+        """Seconds between checkpoints (0: every epoch)."""
+        return self.schedule.interval
+
+    @property
+    def restored_from(self) -> str:
+        """``CONST_CHECKPOINT`` when the range resumed from a checkpoint, else ``CONST_MEMORYINIT``."""
+        return self.restorer.restored_from
+
+    @property
+    def restored_number(self) -> Optional[int]:
+        """The number of the checkpoint the range resumed from, or None."""
+        return self.restorer.restored_number
+
+    @property
+    def has_unrestored_state(self) -> bool:
+        """The checkpoint this range resumed from still holds tensors no program took back yet."""
+        return self.restorer.has_unrestored_state
+
+    def get(self) -> int:
+        return self.position.epoch_no
 
     # -- the loop ------------------------------------------------------------
     def epochs(self) -> Iterator[int]:
@@ -187,38 +237,41 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             logger.info("range %s: ends after epoch %d (PADDLE_ACP_CHECK_EPOCHS, set by paddle-acp check)",
                         self.name, self._check_epochs - 1)
             end = self._check_epochs
-        start = self.epoch_no + 1
-        self._resume_rng(start)
+        pos = self.position
+        start = pos.epoch_no + 1
+        self.restorer.resume_rng(start, self.script)
         self._log_plan(start, end)
-        self._last_save = time.monotonic()
-        if self.agreement is not None:
-            self.agreement.restart_clock()
+        self.schedule.restart_clock()
         self.watcher.install()
         try:
             for i in range(start, end):
-                self.epoch_no = i
-                self.step = None
-                mid_epoch = self._resume_step is not None
+                pos.epoch_no = i
+                pos.step = None
+                mid_epoch = self.restorer.resume_step is not None
                 if not mid_epoch:
-                    self._epoch_start_rng = rng_state.capture()
-                    self._epoch_start_objects = self.script.capture()
+                    pos.epoch_start_rng = rng_state.capture()
+                    pos.epoch_start_objects = self.script.capture()
                 else:  # a mid-epoch resume replays the epoch from its start
-                    self._epoch_start_rng = self._resume_extra.get("epoch_start_rng")
-                    self._epoch_start_objects = self._resume_extra.get("epoch_start_objects")
+                    pos.epoch_start_rng = self.restorer.resume_extra.get("epoch_start_rng")
+                    pos.epoch_start_objects = self.restorer.resume_extra.get("epoch_start_objects")
                 if self.digests is not None:
                     self.digests.start_epoch(self.name, i, mid_epoch)
                 yield i
-                if self._resume_step is not None:
+                if self.restorer.resume_step is not None:
                     raise CheckpointError(
-                        f"range {self.name}: the checkpoint was taken at step {self._resume_step} of epoch {i}, "
+                        f"range {self.name}: the checkpoint was taken at step {self.restorer.resume_step} of epoch {i}, "
                         "but this epoch did not iterate its data through paddle_acp.resumable(...)"
                     )
-                self.step = None
+                pos.step = None
                 if self.digests is not None:
                     self.digests.end_epoch(self, i, mid_epoch)
                 self._end_of_epoch(last=(i == end - 1))
         finally:
             self.watcher.uninstall()
+
+    def steps(self, iterable: Any, save_every_steps: Optional[int] = None) -> Iterator[Any]:
+        """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume (``resumable``)."""
+        return self.resumable_steps.steps(iterable, save_every_steps)
 
     def _log_plan(self, start: int, end: int) -> None:
         """Say at the start when and where checkpoints will be taken (a short run with the default
@@ -230,14 +283,15 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             return
         if start >= end:
             return
-        if self.save_interval == 0:
+        interval = self.schedule.interval
+        if interval == 0:
             when = "at the end of every epoch"
-        elif self.multi:
-            when = (f"at an epoch end about {self.save_interval:g} s after the previous checkpoint, as rank 0's clock "
+        elif self.several_ranks:
+            when = (f"at an epoch end about {interval:g} s after the previous checkpoint, as rank 0's clock "
                     "says (the second epoch end after it said so, on every rank alike; save_checkpoint_inter / "
                     "PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
         else:
-            when = (f"at the end of the first epoch ending {self.save_interval:g} s or more after the previous "
+            when = (f"at the end of the first epoch ending {interval:g} s or more after the previous "
                     "checkpoint (save_checkpoint_inter / PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
         last = "" if self.max_epoch_num < 0 else f" and after the last epoch ({end - 1})"
         logger.info("range %s of job %s: checkpoints go to %s %s%s", self.name, self.cfg.job_id, where, when, last)
@@ -248,39 +302,43 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if not self.is_writer:
             return
         if last:
-            self.save(final=True)
-            self._final_submitted = True
-        elif self._save_due():
-            self.save(agreed=self.save_interval > 0)
+            self.persister.save(final=True)
+            self.persister.final_submitted()
+        elif self.persister.interval_due():
+            self.persister.save(agreed=self.schedule.interval > 0)
 
-    def _save_due(self) -> bool:
-        """Whether ``save_checkpoint_inter`` seconds have passed. Several ranks: whether rank 0's
-        save plan takes this epoch end (rank 0's clock alone decides, :mod:`~paddle_acp.runtime.agree`)."""
-        if self.save_interval <= 0:
-            return True
-        if self.agreement is not None:
-            return self._agreed_point("interval")
-        return time.monotonic() - self._last_save >= self.save_interval
+    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[Dict[str, Any]] = None, final: bool = False,
+             objects: Optional[Dict[str, Any]] = None, agreed: bool = False) -> None:
+        """Checkpoint now (see :meth:`Persister.save`)."""
+        self.persister.save(sync=sync, preempt=preempt, rng=rng, final=final, objects=objects, agreed=agreed)
+
+    def _save_at_step(self, rng: Optional[Dict[str, Any]], objects: Optional[Dict[str, Any]]) -> None:
+        self.persister.save(rng=rng, objects=objects)
 
     def _preempt_point(self) -> str:
         """Where a preemption signal received now is acted on (called in the signal handler)."""
-        if self.step is not None:
+        if self.position.step is not None:
             return "the next batch boundary (paddle_acp.resumable)"
-        return (f"the end of epoch {self.epoch_no} (this epoch's batches do not go through paddle_acp.resumable, "
-                "so not before)")
+        return (f"the end of epoch {self.position.epoch_no} (this epoch's batches do not go through "
+                "paddle_acp.resumable, so not before)")
 
-    def _preempt(self, rng: Optional[dict] = None, objects: Optional[dict] = None) -> None:
+    def _preempt(self, rng: Optional[Dict[str, Any]] = None, objects: Optional[Dict[str, Any]] = None) -> None:
         signum = self.watcher.received
+        assert signum is not None
         if self.is_writer:
-            self.save(sync=True, preempt=True, rng=rng, objects=objects)
-        logger.warning("range %s: preempted by signal %d at epoch %d%s", self.name, signum, self.epoch_no,
-                       f" step {self.step}" if self.step is not None else "")
+            self.persister.save(sync=True, preempt=True, rng=rng, objects=objects)
+        logger.warning("range %s: preempted by signal %d at epoch %d%s", self.name, signum, self.position.epoch_no,
+                       f" step {self.position.step}" if self.position.step is not None else "")
         if self.exit_on_preempt:
             raise preemption.Preempted(signum)
         self.watcher.clear()
 
+    def close(self) -> None:
+        """Wait for the last save and free the snapshot buffers (see :meth:`Persister.close`)."""
+        self.persister.close()
+
     # -- hook entry point ----------------------------------------------------
-    def on_run(self, exe, program, scope) -> None:
+    def on_run(self, exe: Any, program: Any, scope: Any) -> None:
         """Called by the hook before every Executor.run while this range is active."""
         try:
             self._on_run(exe, program, scope)
@@ -288,7 +346,7 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
             self.failed = True  # the error is the user's; nothing more is restored at the loop's end
             raise
 
-    def _on_run(self, exe, program, scope) -> None:
+    def _on_run(self, exe: Any, program: Any, scope: Any) -> None:
         if program is None:
             program = _paddle_static().default_main_program()
         if scope is None:
@@ -310,23 +368,28 @@ class EpochRange(StepsMixin, PersistMixin, RestoreMixin):
         if not is_new:
             return
         logger.info("range %s: registered training program %s (%s)", self.name, entry.key, info.label)
-        if self.multi and self._loaded is not None:
-            self._check_topology()
-        self._prepare_arena()
-        if self._loaded is not None and self._restore_entry(entry):
+        if self.several_ranks and self.restorer.loaded is not None:
+            self.restorer.check_topology(self.registry)
+        self.persister.prepare_buffers()
+        if self.restorer.loaded is not None and self.restorer.restore_entry(entry):
             return
         prev = self.inherited
-        if (prev is not None and prev._loaded is not None and prev.has_unrestored_state
-                and prev._loaded.manifest.program(entry.key) is not None):
+        if prev is not None and prev.restorer.holds(entry.key):
             # first run after an earlier, finished range restored from a checkpoint and this
             # range has none yet: the program continues from the state that range ended with
-            prev._restore_entry(entry)
+            prev.restorer.restore_entry(entry)
 
-    def get(self) -> int:
-        return self.epoch_no
+    def release_hook(self) -> None:
+        """Every restored program has its state back: an ended range is no longer fed programs."""
+        if STATE.hooked is self and STATE.active is not self:
+            STATE.hooked = None
+
+    def write_unrestored_into_global_scope(self) -> None:
+        """See :meth:`Restorer.write_unrestored_into_global_scope`."""
+        self.restorer.write_unrestored_into_global_scope()
 
 
-def check_range_args(max_epoch_num, save_checkpoint_inter) -> None:
+def check_range_args(max_epoch_num: Any, save_checkpoint_inter: Any) -> None:
     """ConfigError for a ``train_epoch_range`` argument that is not what it must be."""
     if isinstance(max_epoch_num, bool) or not isinstance(max_epoch_num, int):
         raise ConfigError(f"max_epoch_num={max_epoch_num!r} must be an integer")

@@ -1,19 +1,20 @@
-"""Restoring: find the checkpoint a range resumes from and write its state back.
+"""Restorer: owns the checkpoint a range resumes from, and writes its state back.
 
-:meth:`RestoreMixin._load_newest` (when the range opens) picks the newest valid checkpoint
+:meth:`Restorer.load_newest` (when the range opens) picks the newest valid checkpoint
 (``format/restart.load_newest``: the single-writer or the global one; checkpoints that exist but
-cannot be used stop the restart unless ``PADDLE_ACP_START_FRESH`` is set) and sets the epoch and step the loop
-resumes at; :meth:`RestoreMixin._resume_rng` restores the RNG state when the loop starts.
+cannot be used stop the restart unless ``PADDLE_ACP_START_FRESH`` is set) and records the epoch and
+step the loop resumes at; :meth:`Restorer.resume_rng` restores the RNG state when the loop starts.
 Each training program gets its tensors and LR scheduler back on its first ``Executor.run``
-(:meth:`RestoreMixin._restore_entry`); programs that never ran in the range are written
-into the global scope when the loop ends (:meth:`RestoreMixin.write_unrestored_into_global_scope`).
+(:meth:`Restorer.restore_entry`); programs that never ran in the range are written
+into the global scope when the loop ends (:meth:`Restorer.write_unrestored_into_global_scope`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
+from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.fleet import decide_mode, fleet_degrees
 from paddle_acp.adapter.tensors import NON_TENSOR, default_place, scope_var_meta, write_program
@@ -23,7 +24,7 @@ from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.format.reader import LoadedCheckpoint
 from paddle_acp.format.restart import load_newest
 from paddle_acp.runtime.objects import ScriptState
-from paddle_acp.runtime.state import STATE
+from paddle_acp.runtime.registry import ProgramEntry, Registry
 
 logger = logging.getLogger("paddle_acp")
 
@@ -31,76 +32,98 @@ CONST_CHECKPOINT = "checkpoint"
 CONST_MEMORYINIT = "memory_init"
 
 
-class RestoreMixin:
-    """The restoring part of :class:`paddle_acp.runtime.range.EpochRange`: what it reads and
-    writes of the range is declared here."""
+class Restorer:
+    """The checkpoint one range resumed from (:attr:`loaded`), the position it resumes at and the
+    state it still holds for programs that did not run yet."""
 
-    name: str
-    cfg: Any
-    multi: bool
-    rank: int
-    epoch_no: int
-    checkpointer: Checkpointer
-    script: ScriptState
-    gcheckpointer: GlobalCheckpointer
-    restored_from: str
-    restored_number: Optional[int]
-    _loaded: Optional[LoadedCheckpoint]
-    _resume_step: Optional[int]
-    _resume_extra: dict
-    registry: Any
+    def __init__(self, name: str, cfg: _config.CheckpointConfig, checkpointer: Checkpointer,
+                 global_checkpointer: GlobalCheckpointer, on_released: Callable[[], None]) -> None:
+        """``on_released``: called when every restored program has its state back (the range stops
+        being fed programs it only held for the restore)."""
+        self.name = name
+        self.cfg = cfg
+        self.several_ranks = cfg.multi_rank
+        self.rank = cfg.trainer_id
+        self.checkpointer = checkpointer
+        self.global_checkpointer = global_checkpointer
+        self.on_released = on_released
+        self.loaded: Optional[LoadedCheckpoint] = None
+        self.restored_from = CONST_MEMORYINIT
+        self.restored_number: Optional[int] = None
+        self.resume_epoch = -1  # the last epoch the checkpoint completed (-1: none)
+        # the step a mid-epoch checkpoint was taken at and its step state, until the epoch's steps took them
+        self.resume_step: Optional[int] = None
+        self.resume_extra: Dict[str, Any] = {}
 
-    def _load_newest(self) -> None:
-        """Load the newest valid checkpoint of this range (if any) and resume at its position."""
+    def load_newest(self) -> None:
+        """Load the newest valid checkpoint of this range (if any) and record its position."""
         cfg = self.cfg
         running = cfg.rank_state if cfg.rank_state != "auto" else (
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
-        loaded = load_newest(self.checkpointer, self.gcheckpointer, running if self.multi else None,
+        loaded = load_newest(self.checkpointer, self.global_checkpointer, running if self.several_ranks else None,
                              start_fresh=cfg.start_fresh)
-        if self.multi:
-            self.gcheckpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
-            self.gcheckpointer.discard_newer(loaded.position_key if loaded is not None else None)
+        if self.several_ranks:
+            self.global_checkpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
+            self.global_checkpointer.discard_newer(loaded.position_key if loaded is not None else None)
         if loaded is not None:
-            self._loaded = loaded
+            self.loaded = loaded
             rec = loaded.manifest.range
             # A mid-epoch checkpoint (step set) resumes inside its epoch.
-            self.epoch_no = rec.epoch_no if rec.step is None else rec.epoch_no - 1
-            self._resume_step = rec.step
-            self._resume_extra = loaded.manifest.extra
+            self.resume_epoch = rec.epoch_no if rec.step is None else rec.epoch_no - 1
+            self.resume_step = rec.step
+            self.resume_extra = loaded.manifest.extra
             self.restored_from = CONST_CHECKPOINT
             self.restored_number = loaded.manifest.number
 
-    def _resume_rng(self, start: int) -> None:
+    def take_step_resume(self) -> Tuple[Optional[int], Dict[str, Any]]:
+        """The mid-epoch step to resume at and its step state, once (the epoch's steps consume them)."""
+        skip, extra = self.resume_step, self.resume_extra
+        self.resume_step, self.resume_extra = None, {}
+        return skip, extra
+
+    def resume_rng(self, start: int, script: ScriptState) -> None:
         """At the loop's start: restore the checkpoint's RNG state and say where the loop resumes."""
-        if self._loaded is None:
+        if self.loaded is None:
             return
-        m = self._loaded.manifest
-        if self._resume_step is not None and self._resume_extra.get("epoch_start_rng") is not None:
+        m = self.loaded.manifest
+        if self.resume_step is not None and self.resume_extra.get("epoch_start_rng") is not None:
             # mid-epoch: replay the epoch's start; resumable() restores m.rng after fast-forward
-            rng_state.restore(self._resume_extra["epoch_start_rng"])
+            rng_state.restore(self.resume_extra["epoch_start_rng"])
         elif m.rng is not None:
             rng_state.restore(m.rng)
         # the script's objects (captured RNGs, state=, track), the same way: mid-epoch, their state at
         # the epoch's start now and at the step once resumable() has skipped the batches done
-        self.script.restore(m.extra.get("epoch_start_objects" if self._resume_step is not None else "objects"),
-                            f"checkpoint {self._loaded.name}")
-        at = f"epoch {start}" + (f", step {self._resume_step}" if self._resume_step is not None else "")
+        script.restore(m.extra.get("epoch_start_objects" if self.resume_step is not None else "objects"),
+                       f"checkpoint {self.loaded.name}")
+        at = f"epoch {start}" + (f", step {self.resume_step}" if self.resume_step is not None else "")
         held = m.range.epoch_no
-        holds = (f"the state after epoch {held}" if self._resume_step is None
-                 else f"the state after {self._resume_step} steps of epoch {held}")
-        if self._loaded.global_manifest is not None:
+        holds = (f"the state after epoch {held}" if self.resume_step is None
+                 else f"the state after {self.resume_step} steps of epoch {held}")
+        if self.loaded.global_manifest is not None:
             logger.info(
                 "range %s of job %s: rank %d resuming at %s from global checkpoint %s (%s, %s): it holds %s",
-                self.name, self.cfg.job_id, self.rank, at, self._loaded.name, self._loaded.path,
-                self._loaded.global_manifest.topology(), holds,
+                self.name, self.cfg.job_id, self.rank, at, self.loaded.name, self.loaded.path,
+                self.loaded.global_manifest.topology(), holds,
             )
         else:
             logger.info(
                 "range %s of job %s: resuming at %s from checkpoint %d (%s): it holds %s",
-                self.name, self.cfg.job_id, at, m.number, self._loaded.path, holds,
+                self.name, self.cfg.job_id, at, m.number, self.loaded.path, holds,
             )
 
-    def _restore_entry(self, entry) -> bool:
+    def restore_step_state(self, extra: Dict[str, Any], script: ScriptState) -> None:
+        """After a mid-epoch resume skipped the batches done: the RNG state and the script's objects at the step."""
+        if self.loaded is None:
+            return
+        if self.loaded.manifest.rng is not None:
+            rng_state.restore(self.loaded.manifest.rng)
+        script.restore(extra.get("objects"), f"checkpoint {self.loaded.name}")
+
+    def holds(self, key: str) -> bool:
+        """Whether the checkpoint resumed from holds state for the program ``key`` not yet restored."""
+        return self.loaded is not None and self.has_unrestored_state and self.loaded.manifest.program(key) is not None
+
+    def restore_entry(self, entry: ProgramEntry) -> bool:
         """Restore ``entry`` from this range's checkpoint; False when the checkpoint lacks it."""
         m = self._resumed.manifest
         rec = m.program(entry.key)
@@ -122,15 +145,14 @@ class RestoreMixin:
         entry.restore(self._resumed, rec.lr_scheduler)
         logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
         if not self._resumed.arrays:
-            self._release_restore()
+            self._release()
         return True
 
-    def _release_restore(self) -> None:
+    def _release(self) -> None:
         """Every restored program has its state back: drop the loaded arrays."""
-        if self._loaded is not None:
-            self._loaded.close()
-        if STATE.hooked is self and STATE.active is not self:
-            STATE.hooked = None
+        if self.loaded is not None:
+            self.loaded.close()
+        self.on_released()
 
     def write_unrestored_into_global_scope(self) -> None:
         """Write the state of restored programs that never ran into the global scope, by name.
@@ -152,7 +174,7 @@ class RestoreMixin:
             write_program(self._resumed, p.key, scope, None, consume=False, default_place=default)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
-    def _check_global_scope(self, scope) -> None:
+    def _check_global_scope(self, scope: Any) -> None:
         """The checkpoint's unrestored tensors must fit the variables the scope already holds (same
         dtype and shape), as a registered program's fingerprint guarantees mid-run: a model changed
         since the checkpoint must fail here, not leave the old model in the scope."""
@@ -173,7 +195,7 @@ class RestoreMixin:
                 if dt != t.dtype or shape != list(t.shape):
                     bad.append(f"{t.name}: checkpoint {t.dtype}{list(t.shape)}, program {dt}{shape}")
         if bad:
-            self._release_restore()
+            self._release()
             raise CheckpointError(
                 f"range {self.name} of job {self.cfg.job_id} finished in checkpoint {m.number} at {self._resumed.path}, "
                 f"but the model changed since: {len(bad)} variable(s) differ ({'; '.join(bad[:5])}"
@@ -184,18 +206,18 @@ class RestoreMixin:
     @property
     def _resumed(self) -> LoadedCheckpoint:
         """The checkpoint this range resumed from (called only where the range has one)."""
-        assert self._loaded is not None, "the range resumed from no checkpoint"
-        return self._loaded
+        assert self.loaded is not None, "the range resumed from no checkpoint"
+        return self.loaded
 
     @property
     def has_unrestored_state(self) -> bool:
         """The checkpoint this range resumed from still holds tensors no program took back yet."""
-        return self._loaded is not None and bool(self._loaded.arrays)
+        return self.loaded is not None and bool(self.loaded.arrays)
 
-    def _check_topology(self) -> None:
+    def check_topology(self, registry: Registry) -> None:
         """A job that keeps per-rank state must not resume from a replicated checkpoint
         (every rank would silently load rank 0's state)."""
-        mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
+        mode, why = decide_mode(self.cfg.rank_state, registry.entries)
         if mode != "per-rank":
             return
         g = self._resumed.global_manifest
@@ -207,5 +229,5 @@ class RestoreMixin:
                 "the ranks' state is identical, or start a new job (a new PADDLE_JOB_ID)."
             )
         if g.mode != "per-rank":
-            raise self.gcheckpointer.topology_error(g, "per-rank", f"this job keeps per-rank state ({why}) and a "
-                                                    "replicated checkpoint holds only rank 0's tensors")
+            raise self.global_checkpointer.topology_error(g, "per-rank", f"this job keeps per-rank state ({why}) and a "
+                                                          "replicated checkpoint holds only rank 0's tensors")

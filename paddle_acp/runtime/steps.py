@@ -1,59 +1,78 @@
-"""Mid-epoch steps: ``resumable`` batches, step-level checkpoints and mid-epoch resume.
+"""Mid-epoch steps: owns where the loop is (epoch, step) and the ``resumable`` batch iteration.
 
-A range's :meth:`StepsMixin.steps` counts the batches of the current epoch, takes a
-checkpoint every ``save_every_steps`` batches (or when the time interval passed), turns a
-preemption signal into a save at the next batch boundary and, after a restart, skips the
-batches a mid-epoch checkpoint already covers. The step state (``step``, the epoch's start
-RNG, the loader's state) is saved in the manifest's ``extra``.
+:class:`Position` is the loop's place: the epoch, the batches done in it (``resumable`` loops
+only) and the step state a mid-epoch checkpoint records in the manifest's ``extra`` (the epoch's
+start RNG and objects, the loader's state). :class:`ResumableSteps` iterates one epoch's batches:
+it counts them, asks for a checkpoint every ``save_every_steps`` batches (or when the time
+interval passed), turns a preemption signal into a save at the next batch boundary and, after a
+restart, skips the batches a mid-epoch checkpoint already covers.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import CheckpointError, ConfigError
 from paddle_acp.runtime.objects import ScriptState
-from paddle_acp.runtime.saver import SKIP
+from paddle_acp.runtime.preemption import PreemptionWatcher
+from paddle_acp.runtime.restore import Restorer
 from paddle_acp.runtime.state import check_main_thread
 
+# a mid-epoch save or preemption: called with the RNG states and the script's objects captured before the next batch
+StepSave = Callable[[Optional[Dict[str, Any]], Optional[Dict[str, Any]]], None]
 
-class StepsMixin:
-    """The mid-epoch part of :class:`paddle_acp.runtime.range.EpochRange`: what it reads and
-    writes of the range is declared here."""
 
-    name: str
-    epoch_no: int
-    step: Optional[int]  # batches done in the current epoch (resumable loops only)
-    _resume_step: Optional[int]  # the step a mid-epoch checkpoint was taken at, until steps() used it
-    _resume_extra: dict
-    _epoch_start_rng: Optional[dict]
-    _epoch_start_objects: Optional[dict]
-    script: ScriptState
-    _loader_state: Any
-    _loaded: Any
-    watcher: Any
-    is_writer: bool
-    multi: bool
-    save_interval: float
+class Position:
+    """Where a range's loop is, and the step state a mid-epoch checkpoint records."""
 
-    if TYPE_CHECKING:  # defined by the other parts of EpochRange
-        @property
-        def has_unrestored_state(self) -> bool: ...
-        def _save_due(self) -> bool: ...
-        def _busy_decision(self, durable: bool, agreed: bool = False) -> str: ...
-        def _preempt(self, rng: Optional[dict] = None, objects: Optional[dict] = None) -> None: ...
-        def save(self, sync: bool = False, preempt: bool = False, rng: Optional[dict] = None,
-                 final: bool = False, objects: Optional[dict] = None, agreed: bool = False) -> None: ...
+    def __init__(self) -> None:
+        self.epoch_no = -1
+        self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
+        self.epoch_start_rng: Optional[Dict[str, Any]] = None
+        self.epoch_start_objects: Optional[Dict[str, Any]] = None
+        self.loader_state: Any = None
 
-    def steps(self, iterable: Any, save_every_steps: Optional[int] = None) -> Iterator:
+    def at(self) -> str:
+        """``epoch E`` or ``epoch E step S`` (log lines, the ranks' save plan)."""
+        return f"epoch {self.epoch_no}" + ("" if self.step is None else f" step {self.step}")
+
+    def step_extra(self) -> Dict[str, Any]:
+        """The manifest's ``extra`` of a checkpoint taken now (empty at an epoch end)."""
+        if self.step is None:
+            return {}
+        extra: Dict[str, Any] = {"epoch_start_rng": self.epoch_start_rng, "loader_state": self.loader_state}
+        if self.epoch_start_objects is not None:
+            extra["epoch_start_objects"] = self.epoch_start_objects
+        return extra
+
+
+class ResumableSteps:
+    """One range's ``resumable`` iteration: step-level checkpoints and mid-epoch resume."""
+
+    def __init__(self, range_name: str, position: Position, restorer: Restorer, script: ScriptState,
+                 watcher: PreemptionWatcher, is_writer: bool, due_by_time: Callable[[], bool],
+                 save: StepSave, preempt: StepSave) -> None:
+        """``due_by_time()``: whether a save is due by the time interval alone and would be taken
+        now; ``save``, ``preempt``: take a mid-epoch checkpoint (and stop, for ``preempt``)."""
+        self.range_name = range_name
+        self.position = position
+        self.restorer = restorer
+        self.script = script
+        self.watcher = watcher
+        self.is_writer = is_writer
+        self.due_by_time = due_by_time
+        self.save = save
+        self.preempt = preempt
+
+    def steps(self, iterable: Any, save_every_steps: Optional[int] = None) -> Iterator[Any]:
         """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume."""
         check_main_thread("resumable")
         if save_every_steps is not None and (isinstance(save_every_steps, bool) or not isinstance(save_every_steps, int) or save_every_steps < 1):
             raise ConfigError(f"save_every_steps={save_every_steps!r} must be a positive integer")
-        skip, extra = self._resume_step, self._resume_extra
-        self._resume_step, self._resume_extra = None, {}
+        pos = self.position
+        skip, extra = self.restorer.take_step_resume()
         loader_state = extra.get("loader_state") if skip else None
         stateful = hasattr(iterable, "state_dict") and hasattr(iterable, "set_state_dict")
         if skip and stateful and loader_state is not None:
@@ -66,27 +85,23 @@ class StepsMixin:
                     next(it)
                 except StopIteration:
                     raise CheckpointError(
-                        f"range {self.name}: the checkpoint was taken after {skip} batches of epoch {self.epoch_no}, "
+                        f"range {self.range_name}: the checkpoint was taken after {skip} batches of epoch {pos.epoch_no}, "
                         f"but the data now yields only {done}: the data changed since the checkpoint. "
                         "Restore the original data or start a new job (new PADDLE_JOB_ID)."
                     ) from None
-        if skip and self._loaded is not None and self._loaded.manifest.rng is not None:
-            rng_state.restore(self._loaded.manifest.rng)
-        if skip and self._loaded is not None:  # the script's objects: their state at the step
-            self.script.restore(extra.get("objects"), f"checkpoint {self._loaded.name}")
-        self.step = skip or 0
-        first = self.step
-        if skip and self.has_unrestored_state:
+        if skip:  # the RNG state and the script's objects at the step
+            self.restorer.restore_step_state(extra, self.script)
+        pos.step = skip or 0
+        first = pos.step
+        if skip and self.restorer.has_unrestored_state:
             it = self._check_batches_left(it, skip)
         while True:
             due = None
-            if self.step > first:
+            if pos.step > first:
                 if self.watcher.received is not None:
                     due = "preempt"
                 elif self.is_writer and (
-                    (save_every_steps is not None and self.step % save_every_steps == 0)
-                    or (self.save_interval > 0 and not self.multi and self._save_due()
-                        and self._busy_decision(durable=False) != SKIP)
+                    (save_every_steps is not None and pos.step % save_every_steps == 0) or self.due_by_time()
                 ):
                     # (a save due by time alone that the busy policy would skip stays due: it is
                     # taken at the first batch boundary after the previous checkpoint is written;
@@ -105,20 +120,20 @@ class StepsMixin:
                     batch = next(it)
                 except StopIteration:
                     return
-                self._loader_state = loader_state
+                pos.loader_state = loader_state
                 if due == "preempt":
-                    self._preempt(rng=rng, objects=objects)
+                    self.preempt(rng, objects)
                 else:
-                    self.save(rng=rng, objects=objects)
+                    self.save(rng, objects)
             else:
                 try:
                     batch = next(it)
                 except StopIteration:
                     return
             yield batch
-            self.step += 1
+            pos.step += 1
 
-    def _check_batches_left(self, it: Iterator, skip: int) -> Iterator:
+    def _check_batches_left(self, it: Iterator[Any], skip: int) -> Iterator[Any]:
         """Refuse to resume silently wrong from a checkpoint taken after an epoch's last batch
         (earlier builds took such checkpoints): with no batch left, the restore would come too late."""
         try:
@@ -127,19 +142,10 @@ class StepsMixin:
             pass
         else:
             return itertools.chain([first], it)
+        loaded = self.restorer.loaded
         raise CheckpointError(
-            f"range {self.name}: checkpoint {self._loaded.name if self._loaded else '?'} was taken after the last "
-            f"batch ({skip}) of epoch {self.epoch_no}, so no batch is left to run before the epoch ends and its state "
-            "cannot be restored in time (it was written by an earlier paddle-acp, which took such checkpoints). "
-            "Delete that checkpoint (the previous one is then used) or start a new job (new PADDLE_JOB_ID)."
+            f"range {self.range_name}: checkpoint {loaded.name if loaded else '?'} was taken after the last "
+            f"batch ({skip}) of epoch {self.position.epoch_no}, so no batch is left to run before the epoch ends and "
+            "its state cannot be restored in time (it was written by an earlier paddle-acp, which took such "
+            "checkpoints). Delete that checkpoint (the previous one is then used) or start a new job (new PADDLE_JOB_ID)."
         )
-
-
-    def _step_extra(self) -> dict:
-        if self.step is None:
-            return {}
-        extra = {"epoch_start_rng": self._epoch_start_rng, "loader_state": self._loader_state}
-        if self._epoch_start_objects is not None:
-            extra["epoch_start_objects"] = self._epoch_start_objects
-        return extra
-

@@ -181,7 +181,7 @@ def train():
     started = False
     for epoch in acp.train_epoch_range(ARGS.epochs, save_checkpoint_inter=0):
         r = acp.active_range()
-        first_step = (getattr(r, "_resume_step", None) or 0) if r is not None else 0  # mid-epoch resume
+        first_step = (r.restorer.resume_step or 0) if r is not None else 0  # mid-epoch resume
         if not started:
             started = True
             event(event="start", rank=RANK, epoch=epoch, step=first_step,

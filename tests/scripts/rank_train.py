@@ -141,7 +141,7 @@ def main():
         if first:
             first = False
             r = acp.active_range()
-            restored = None if r is None or r.restored_number is None else r._loaded.name if r._loaded is not None else r.restored_number
+            restored = None if r is None or r.restored_number is None else r.restorer.loaded.name if r.restorer.loaded is not None else r.restored_number
             with open(os.path.join(out, "events.jsonl"), "a") as f:
                 f.write(json.dumps({"event": "start", "pid": os.getpid(), "epoch": epoch, "restored": restored,
                                     "gen": os.environ.get("ACP_TEST_GEN")}) + "\n")

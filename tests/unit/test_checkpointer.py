@@ -54,7 +54,8 @@ def ckdir(tmp_path, n):
 def test_round_trip_and_layout(tmp_path):
     c = ckpt(tmp_path)
     snap = make_snapshot(0)
-    number, nbytes = c.save(snap)
+    written = c.save(snap)
+    number, nbytes = written.number, written.data_size
     assert number == 0 and nbytes > 0
     assert sorted(os.listdir(ckdir(tmp_path, 0))) == sorted([DATA_NAME, MANIFEST_NAME])
     assert_loads(c.load_latest(), snap)
@@ -238,7 +239,7 @@ def test_leftover_temporary_directory_ignored_then_cleaned(tmp_path):
     uncommitted = ckdir(tmp_path, 2)
     uncommitted.mkdir()
     assert c.load_latest().manifest.number == 0
-    number, _ = c.save(make_snapshot(1))
+    number = c.save(make_snapshot(1)).number
     assert number == 3
     assert not leftover.exists() and not uncommitted.exists()
     assert c.load_latest().manifest.number == 3
@@ -300,13 +301,13 @@ def test_restore_returns_newest_intact_committed_state(tmp_path_factory, program
     epoch = 0
     for op in program:
         if op[0] == "save":
-            n, _ = c.save(make_snapshot(epoch))
+            n = c.save(make_snapshot(epoch)).number
             intact[n] = epoch
             epoch += 1
         elif op[0] == "crash":
             crashing = Checkpointer(CrashingStorage(storage, op[1]), "job", "_range_0", keep)
             try:
-                n, _ = crashing.save(make_snapshot(epoch))
+                n = crashing.save(make_snapshot(epoch)).number
                 intact[n] = epoch
                 epoch += 1
             except StorageError:
@@ -522,7 +523,7 @@ def test_both_commit_strategies_write_the_same_checkpoint(tmp_path_factory, styl
     pending = atomic.begin(st_, c.dir, 7, strategy)
     assert (pending.path == pending.final) == strategy.in_place == (style == "manifest-last")
     pending.abort()
-    number, _ = c.save(snap)
+    number = c.save(snap).number
     assert_loads(c.load_latest(), snap)
     assert sorted(os.listdir(ckdir(root, number))) == sorted([DATA_NAME, MANIFEST_NAME])
 
@@ -574,5 +575,5 @@ def test_a_writer_killed_anywhere_leaves_only_whole_checkpoints(tmp_path, style)
             loaded = c.load(n)
             assert loaded.arrays[("k", "w")][0] == loaded.manifest.range.epoch_no
             loaded.close()
-        n, _ = c.save(make_snapshot(99))
+        n = c.save(make_snapshot(99)).number
         assert n > max(numbers) and c.load_latest().manifest.range.epoch_no == 99

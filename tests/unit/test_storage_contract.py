@@ -377,8 +377,8 @@ def test_checkpointer_round_trip_retention_and_leftovers(backend):
     ck = Checkpointer(st, "job", "_range_0", max_to_keep=1)
     assert ck.load_latest() is None and ck.committed_numbers() == []
     s0, s1 = make_snapshot(0), make_snapshot(1)
-    assert ck.save(s0)[0] == 0
-    assert ck.save(s1)[0] == 1
+    assert ck.save(s0).number == 0
+    assert ck.save(s1).number == 1
     assert ck.committed_numbers() == [1]  # retention removed checkpoint 0 entirely
     assert [e.name for e in st.listdir(ck.dir)] == ["ckpt-1"]
     assert sorted(e.name for e in st.listdir(f"{ck.dir}/ckpt-1")) == [MANIFEST_NAME, DATA_NAME]
@@ -394,7 +394,7 @@ def test_checkpointer_round_trip_retention_and_leftovers(backend):
 
     # The next save cleans the leftover up and never reuses its number.
     s3 = make_snapshot(3)
-    assert ck.save(s3)[0] == 3
+    assert ck.save(s3).number == 3
     assert [e.name for e in st.listdir(ck.dir)] == ["ckpt-3"]
     reader = Checkpointer(backend.fresh(), "job", "_range_0")  # a fresh process's view
     assert reader.committed_numbers() == [3]
@@ -521,7 +521,7 @@ def test_per_rank_fencing_on_every_backend(backend):
         names = [e.name for e in st.listdir(ck_new.dir)]
         assert [e.name for e in kept] == [newer.path.rsplit("/", 1)[1]] == names, names
         assert older.path.rsplit("/", 1)[1] not in names and pending.path.rsplit("/", 1)[1] not in names
-    number, _ = ck_new.save(make_snapshot(3))
+    number = ck_new.save(make_snapshot(3)).number
     assert ck_new.committed_numbers() == [number]
 
 

@@ -1,4 +1,4 @@
-"""Epoch ranges: ``train_epoch_range``, ``resumable`` and the process's range bookkeeping.
+"""The runtime's public API: ``train_epoch_range``, ``resumable``, ``active_range``, ``reset`` and the process's range bookkeeping.
 
 Each ``train_epoch_range`` loop in a script is a range named ``_range_0``,
 ``_range_1``, ... in creation order, with its own epoch counter and
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Generator, Iterable, Iterator, Mapping, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.adapter import version as paddle_version
@@ -50,8 +50,8 @@ def active_range() -> Optional[EpochRange]:
     return STATE.active
 
 
-def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None,
-                      state: Optional[Mapping[str, Any]] = None) -> Iterator[int]:
+def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float] = None,
+                      state: Optional[Mapping[str, Any]] = None) -> Generator[int, None, None]:
     """Yield epoch numbers; checkpoint the training state at epoch ends and resume after a restart.
 
     ``save_checkpoint_inter``: seconds between checkpoints (0 = every epoch);
@@ -88,8 +88,8 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None,
     frame = caller_frame()
     rngs = find_captured(frame.f_globals, frame.f_locals) if frame is not None else {}
     del frame
-    r = EpochRange.open(max_epoch_num, STATE.next_range_name(), cfg, save_checkpoint_inter)
-    r.script = ScriptState(r.name, rngs, {**tracked(), **registered})
+    name = STATE.next_range_name()
+    r = EpochRange.open(max_epoch_num, name, cfg, save_checkpoint_inter, ScriptState(name, rngs, {**tracked(), **registered}))
     if r.script:
         logger.info("range %s: every checkpoint also saves %s", r.name, r.script.describe())
     prev = STATE.hooked
@@ -124,12 +124,12 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter=None,
                 r.digests.release()
             STATE.hooked = r if r.has_unrestored_state else None
             if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
-                r._closed = True
+                r.persister.closed = True
             else:
                 r.close()
 
 
-def resumable(iterable: Iterable, save_every_steps: Optional[int] = None) -> Iterator:
+def resumable(iterable: Iterable[Any], save_every_steps: Optional[int] = None) -> Iterator[Any]:
     """Iterate an epoch's batches so that checkpoints can be taken, and resumed, mid-epoch.
 
     Inside an active ``train_epoch_range``: counts batches, checkpoints every
@@ -143,7 +143,8 @@ def resumable(iterable: Iterable, save_every_steps: Optional[int] = None) -> Ite
     r = STATE.active
     if r is None:
         return iter(iterable)
-    return r.steps(iterable, save_every_steps)
+    steps: Iterator[Any] = r.steps(iterable, save_every_steps)
+    return steps
 
 
 def reset() -> None:

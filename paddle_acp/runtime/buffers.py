@@ -1,0 +1,139 @@
+"""Snapshot buffers: owns the host memory a range's checkpoints are copied into.
+
+:class:`SnapshotBuffers` holds the two snapshot arenas (the first, faulted in on a background
+thread when a program registers; the ``queue`` busy policy's second, allocated when first needed)
+and the host-memory budget (``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first
+registration). A state larger than the budget is streamed through the first arena in chunks
+(:class:`~paddle_acp.format.stream.ChunkStream`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from paddle_acp.config import HostMemory
+from paddle_acp.format.arena import Arena
+from paddle_acp.format.stream import chunk_size
+from paddle_acp.runtime import budget as host_budget
+from paddle_acp.threads import lower_thread_priority
+
+logger = logging.getLogger("paddle_acp")
+
+# The ``queue`` busy policy allocates its second snapshot buffer only when the host keeps
+# at least this much memory available after it.
+QUEUE_HEADROOM = 1 << 30
+
+
+def mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes, or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class SnapshotBuffers:
+    """The snapshot arenas of one range and the host-memory budget that bounds them."""
+
+    def __init__(self, range_name: str, host_memory: HostMemory | None) -> None:
+        """``host_memory``: ``PADDLE_ACP_HOST_MEMORY`` as configured (None: the memory available)."""
+        self.range_name = range_name
+        self.host_memory = host_memory
+        self.first = Arena()
+        self.second = Arena()  # the ``queue`` policy's second buffer, allocated when first needed
+        self._queue_ok: bool | None = None  # whether that buffer fits in host memory (decided once)
+        self._prefault: threading.Thread | None = None
+        self.budget: host_budget.Budget | None = None  # decided at the first registration
+        self.state_size = 0  # the registered programs' state, from the tensors' metadata
+        self._stream_logged = False
+
+    @property
+    def budget_nbytes(self) -> int | None:
+        """The host-memory budget in bytes, None before the first registration."""
+        return self.budget.nbytes if self.budget is not None else None
+
+    def prepare(self, size: int) -> None:
+        """A program registered; the state to save is ``size`` bytes: allocate and fault in the first
+        arena in the background, so the first save does not pay for it on the training thread."""
+        self.state_size = size
+        if self.budget is None:  # decided once, at the first registration
+            self.budget = host_budget.decide(self.host_memory)
+        arena = self.size_for(size)
+        if arena < size and not self._stream_logged:
+            self._stream_logged = True
+            logger.warning(
+                "range %s: the state (%d bytes) is larger than the host-memory budget for checkpoints (%d bytes: "
+                "%s): each save streams it through that buffer in chunks of %d bytes, and training waits while "
+                "most of each checkpoint is written (the stall grows from one copy to about the write time). "
+                "Set PADDLE_ACP_HOST_MEMORY to the memory you can spare (e.g. 8GiB or 30%%) for shorter stalls.",
+                self.range_name, size, self.budget.nbytes, self.budget.source, chunk_size(arena),
+            )
+        self.join()
+
+        def prefault() -> None:
+            lower_thread_priority()
+            self.first.ensure(arena)
+
+        self._prefault = threading.Thread(target=prefault, name="paddle-acp-arena", daemon=True)
+        self._prefault.start()
+
+    def size_for(self, size: int) -> int:
+        """The snapshot buffer for a state of ``size`` bytes: all of it when it fits the budget,
+        else the budget's whole chunks (at least two)."""
+        b = self.budget_nbytes
+        if b is None or size <= b:
+            return size
+        chunk = chunk_size(b)
+        return max(2, b // chunk) * chunk
+
+    def image(self, buffer: int, size: int) -> np.ndarray:
+        """Buffer ``buffer`` (0: the first, 1: the second) as ``size`` bytes to copy a snapshot into."""
+        return (self.second if buffer else self.first).ensure(size)
+
+    def chunks(self, nbytes: int) -> np.ndarray:
+        """The first buffer's ``nbytes`` bytes to stream a larger state through."""
+        return self.first.ensure(nbytes)[:nbytes]
+
+    def queue_fits(self) -> bool:
+        """Whether the ``queue`` policy's second buffer (the size of the first) fits in host
+        memory and in the host-memory budget; decided once per range, with one log line when it does not."""
+        b = self.budget_nbytes
+        if self._queue_ok is None and b is not None and 2 * self.state_size > b and (
+                self.host_memory is not None or self.state_size > b):
+            self._queue_ok = False
+            logger.warning(
+                "range %s: PADDLE_ACP_BUSY_POLICY=queue: a second snapshot buffer of %d bytes does not fit the "
+                "host-memory budget (%d bytes: %s); saves that come due while the previous checkpoint is being "
+                "written are skipped instead", self.range_name, self.state_size, b,
+                self.budget.source if self.budget else "")
+        if self._queue_ok is None:
+            need = self.first.nbytes
+            avail = mem_available()
+            self._queue_ok = avail is None or self.second.nbytes >= need or avail - need >= QUEUE_HEADROOM
+            if not self._queue_ok:
+                logger.warning(
+                    "range %s: PADDLE_ACP_BUSY_POLICY=queue: a second snapshot buffer of %d bytes would leave less "
+                    "than %d MiB of host memory available (MemAvailable %d bytes); saves that come due while the "
+                    "previous checkpoint is being written are skipped instead",
+                    self.range_name, need, QUEUE_HEADROOM >> 20, avail,
+                )
+        return self._queue_ok
+
+    def join(self) -> None:
+        """Wait until the first arena is faulted in (when that is under way)."""
+        t, self._prefault = self._prefault, None
+        if t is not None:
+            t.join()
+
+    def release(self) -> None:
+        """Free both buffers (the range ended)."""
+        self.join()
+        self.first.release()
+        self.second.release()
