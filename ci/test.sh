@@ -10,7 +10,7 @@ cd "$ROOT"
 export PYTHONUNBUFFERED=1
 # Lint and import order first (seconds): a layer rule broken is a failed test run.
 "$PYTHON" -m ruff check paddle_acp paddle_acp_cli.py tests ci examples
-# Types: the whole package, with mypy's strict flags for every module but runtime/ (pyproject.toml).
+# Types: the whole package, with mypy's strict flags for every module (pyproject.toml).
 "$PYTHON" -m mypy
 # The Paddle-free tests (tests/unit/): their local cases in a venv without Paddle (~1 min; ci/unit_no_paddle.sh);
 # the main run below then runs only their HDFS and S3 cases (--unit-cases servers), where the servers are.

@@ -248,9 +248,7 @@ DOCUMENTED_OUTSIDE_ALL = {"paddle.static.save_vars", "paddle.static.load_vars"}
 
 #: Paddle internals the runtime and compat layers still use, (module, use) -> the adapter function that
 #: replaces it. Shrink it; never grow it (a new internal goes into paddle_acp/adapter/).
-KNOWN_PADDLE_INTERNALS: Dict[Tuple[str, str], str] = {
-    ("paddle_acp.runtime.range", "getattr(..., '_is_distributed')"): "adapter.programs.is_distributed",
-}
+KNOWN_PADDLE_INTERNALS: Dict[Tuple[str, str], str] = {}  # none left: keep it so
 _ATTR_CALLS = {"getattr", "hasattr", "setattr"}
 
 

@@ -20,7 +20,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
-from paddle_acp.adapter.programs import program_info, unwrap
+from paddle_acp.adapter.executor import executor_place
+from paddle_acp.adapter.programs import is_distributed, program_info, unwrap
 from paddle_acp.errors import AcpError, CheckpointError, ConfigError
 from paddle_acp.format.cache import RangeCache
 from paddle_acp.format.checkpointer import Checkpointer, write_job_marker
@@ -357,13 +358,13 @@ class EpochRange:
         if self.registry.lookup(inner, scope) is not None:
             self._seen_program, self._seen_scope = program, scope
             return
-        if getattr(inner, "_is_distributed", False):
+        if is_distributed(inner):
             return  # parameter-server programs: their state lives on the servers (as in Paddle)
         info = program_info(inner)
         if not info.is_training:
             return
         check_main_thread("checkpointing")
-        place = getattr(exe, "place", None)
+        place = executor_place(exe)
         entry, is_new = self.registry.add(info, inner, scope, place)
         if not is_new:
             return
