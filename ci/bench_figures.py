@@ -22,7 +22,7 @@ def median_ratio(pairs):
 def memory_tools():
     """alloc_buffer, chunked, copy_job, run_parallel, tensor_view."""
     from paddle_acp.adapter.tensors import tensor_view
-    from paddle_acp.format.arena import alloc_buffer, chunked, copy_job, run_parallel
+    from paddle_acp.format.engine.arena import alloc_buffer, chunked, copy_job, run_parallel
 
     return alloc_buffer, chunked, copy_job, run_parallel, tensor_view
 
@@ -205,7 +205,7 @@ def bench_one(args):
             acp_epochs(False, 2, 1)  # a checkpoint to restore, and the same bytes raw
             raw_write(os.path.join(work, "raw.bin"))
         from paddle_acp.adapter.tensors import write_program
-        from paddle_acp.format.checkpointer import Checkpointer
+        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
         from paddle_acp.storage import open_storage
 
         uri = os.path.join(work, "acp")

@@ -117,8 +117,8 @@ def rpc_delta(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
 def tiny_snapshot(rank: int, epoch: int):
     import numpy as np
 
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
     from paddle_acp.format.manifest import RangeRecord
-    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 
     ts = [TensorData("w", "float32", np.full(4, rank + epoch, dtype=np.float32)),
           TensorData("rank", "int64", np.array([rank, epoch], dtype=np.int64))]
@@ -152,9 +152,9 @@ class Job:
 
     def start(self) -> None:
         """Each rank's first start (not counted): the job marker, a fence per rank."""
-        from paddle_acp.format.checkpointer import Checkpointer
-        from paddle_acp.format.fencing import Fence
-        from paddle_acp.format.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+        from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+        from paddle_acp.format.commit.fencing import Fence
 
         Checkpointer(self.st[0], self.job, "_range_0").write_job_marker()
 
@@ -192,10 +192,10 @@ class Job:
     def restart(self) -> Dict[str, Any]:
         """Every rank restarts: a new fence, the newest checkpoint found, verified and loaded, the
         clean-up of anything newer (what a restarted rank does in the format layer)."""
-        from paddle_acp.format.checkpointer import Checkpointer
-        from paddle_acp.format.fencing import Fence
-        from paddle_acp.format.multirank import GlobalCheckpointer
-        from paddle_acp.format.restart import load_newest
+        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+        from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.restart import load_newest
+        from paddle_acp.format.commit.fencing import Fence
 
         def one(r: int) -> Tuple[Optional[str], int]:
             st = self.st[r]

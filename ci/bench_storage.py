@@ -90,10 +90,10 @@ def make_snapshot(size: int):
     being views into the page-aligned image the async saver writes from."""
     import numpy as np
 
-    from paddle_acp.format.arena import Arena
+    from paddle_acp.format.engine.arena import Arena
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
     from paddle_acp.format.layout import layout
     from paddle_acp.format.manifest import RangeRecord
-    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 
     # a few large weight matrices, a few biases; each with two Adam moments
     shares = [0.40, 0.30, 0.15, 0.10, 0.03, 0.02]
@@ -217,7 +217,7 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     throughputs are medians, ratios medians of the per-round ratios."""
     import numpy as np
 
-    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.storage import open_storage
 
     if kind.startswith("hdfs-"):
@@ -364,10 +364,10 @@ def counting_storage(st):
 def tiny_snapshot(nbytes: int):
     import numpy as np
 
-    from paddle_acp.format.arena import Arena
+    from paddle_acp.format.engine.arena import Arena
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into
     from paddle_acp.format.layout import layout
     from paddle_acp.format.manifest import RangeRecord
-    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into
 
     n = max(1, nbytes // 4 // 6)
     tensors = [TensorData(f"w{i}", "float32", np.full(n, i, dtype=np.float32)) for i in range(6)]
@@ -386,8 +386,8 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
     write, commit, retention) and the metrics line. Code without the issue-21 API (no
     ``MetricsLog.add``) is driven the way its saver did: a fresh listing per save and a
     metrics append per save."""
-    from paddle_acp.format.checkpointer import Checkpointer
-    from paddle_acp.format.metrics import MetricsLog
+    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.metrics_log import MetricsLog
     from paddle_acp.storage import open_storage
 
     if kind.startswith("hdfs-"):
@@ -531,8 +531,8 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
     import numpy as np
 
     from paddle_acp.adapter.tensors import write_program
-    from paddle_acp.format.cache import LocalCache
-    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.cache import LocalCache
+    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.storage import open_storage
 
     results = {"mode": "cache", "rounds": rounds, "runs": [], "errors": {}}

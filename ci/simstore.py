@@ -410,7 +410,7 @@ class SimStorage(LocalStorage):
 
 def register() -> None:
     """Serve ``sim://`` URIs in this process."""
-    from paddle_acp.storage.registry import register_backend
+    from paddle_acp.storage.schemes import register_backend
 
     register_backend(SCHEME, SimStorage.from_uri)
 

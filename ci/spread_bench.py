@@ -38,7 +38,7 @@ JOB, RANGE = "bench", "_range_0"
 def state(mb: float, n: int) -> List[Any]:
     import numpy as np
 
-    from paddle_acp.format.snapshot import ProgramSnapshot, TensorData
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, TensorData
 
     total = int(mb * 1e6) // 4
     weights = np.linspace(1.0, 3.0, n)
@@ -52,12 +52,12 @@ def rank_main(rank: int, world: int, uri: str, writers: str, mb: float, n: int, 
     import simstore
 
     simstore.register()
-    from paddle_acp.format import shares
-    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.restart import load_newest
+    from paddle_acp.format.engine import shares
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot
     from paddle_acp.format.manifest import RangeRecord
-    from paddle_acp.format.multirank import GlobalCheckpointer
-    from paddle_acp.format.restart import load_newest
-    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot
     from paddle_acp.storage import open_storage
 
     storage = open_storage(uri)

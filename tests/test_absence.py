@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from support.spawn import wrapped
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format import absence
-from paddle_acp.format.absence import MAX_ABSENT_SIZE, Absence, clean_reason
-from paddle_acp.format.fencing import Fence
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.commit import absence
+from paddle_acp.format.commit.absence import MAX_ABSENT_SIZE, Absence, clean_reason
+from paddle_acp.format.commit.fencing import Fence
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.layout import GLOBAL_NAME, absent_mark, parse_absent_mark, position_name, range_dir
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.secrets import register_secret
 from paddle_acp.storage import open_storage
 
@@ -217,7 +217,7 @@ def test_cancel_ends_a_wait_at_once_and_commits_nothing(tmp_path):
 def test_the_tools_and_retention_take_absences_with_their_position(tmp_path):
     """ls, verify and gc accept a committed position holding a stray absence and an abandoned one holding
     a live one; gc deletes the abandoned position whole, absence included; `delete_checkpoint` too."""
-    from paddle_acp.format.retention import delete_checkpoint
+    from paddle_acp.format.commit.retention import delete_checkpoint
 
     st_ = open_storage(str(tmp_path))
     for e in (1, 2):

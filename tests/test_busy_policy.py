@@ -41,7 +41,7 @@ from paddle_acp import (
     cli,
     tools,  # noqa: E402
 )
-from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT, busy_action  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
@@ -75,8 +75,8 @@ def test_the_saver_queues_tickets_and_writes_them_in_turn():
 
     import numpy as np
 
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
     from paddle_acp.format.manifest import RangeRecord
-    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
     from paddle_acp.runtime.saver import Saver, SaveTicket
 
     def snap(epoch):

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from paddle_acp.format.fencing import Fence
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.commit.fencing import Fence
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.layout import GLOBAL_NAME, range_dir
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 JOB, RANGE = "job", "_range_0"
@@ -185,7 +185,7 @@ def test_retention_after_a_commit_uses_the_commits_range_listing(tmp_path):
 def test_a_fenced_rank0_leaves_neither_global_json_nor_its_temporary(tmp_path):
     """The fence is checked once, right before global.json's rename: a rank 0 fenced while it waited
     for the parts writes the temporary file, is stopped, and removes it again."""
-    from paddle_acp.format.fencing import FencedError
+    from paddle_acp.format.commit.fencing import FencedError
 
     world = 3
     gs = ranks(tmp_path, world)

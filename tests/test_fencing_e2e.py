@@ -16,8 +16,8 @@ import time
 import pytest
 from support.e2e import JOB_ID, REPO, SCRIPT, script_env
 
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.layout import MANIFEST_NAME, parse_final
-from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.storage import open_storage
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from support.e2e import JOB_ID
 from test_multirank_e2e import start_job
 
-from paddle_acp.format import fencing, layout
+from paddle_acp.format import layout
+from paddle_acp.format.commit import fencing
 from paddle_acp.storage import open_storage
 
 FOREIGN = ["ckpt-e0\n", "ckpt-e00", "ckpt-e\u0660", "ckpt-e0-s00", "ckpt-e\uff10", "ckpt-00", "ckpt-0\n",

@@ -29,15 +29,15 @@ from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (
 
 from paddle_acp.config import from_env  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402
-from paddle_acp.format.arena import Arena  # noqa: E402
-from paddle_acp.format.cache import KEY_RE, LocalCache, cache_key, canonical_location  # noqa: E402
-from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
-from paddle_acp.format.fencing import Fence, FencedError  # noqa: E402
+from paddle_acp.format.checkpoints.cache import KEY_RE, LocalCache, cache_key, canonical_location  # noqa: E402
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer  # noqa: E402
+from paddle_acp.format.checkpoints.restart import load_newest  # noqa: E402
+from paddle_acp.format.commit.fencing import Fence, FencedError  # noqa: E402
+from paddle_acp.format.engine.arena import Arena  # noqa: E402
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into  # noqa: E402
 from paddle_acp.format.layout import GLOBAL_NAME, layout  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
-from paddle_acp.format.multirank import GlobalCheckpointer  # noqa: E402
-from paddle_acp.format.restart import load_newest  # noqa: E402
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 from paddle_acp.tools.metrics import read_metrics as _read_job_metrics  # noqa: E402
 
@@ -96,7 +96,7 @@ def test_cache_keys_of_different_locations_differ(host, a, b):
 def test_copy_names_parse_and_order_like_the_remote(n, e1, e2, s2):
     """The names of committed copies are the remote's (``ckpt-N``, ``ckpt-eE[-sS]``) and sort as the
     remote sorts them; a temporary name, a non-canonical or foreign name is never a committed copy."""
-    from paddle_acp.format.cache import _TMP_RE, _position
+    from paddle_acp.format.checkpoints.cache import _TMP_RE, _position
     from paddle_acp.format.layout import position_key, position_name
 
     assert _position(f"ckpt-{n}") == (n, 0)

@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError
-from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.restart import load_newest
+from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
 from paddle_acp.format.layout import GLOBAL_NAME, parse_name, position_key, position_name
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.restart import load_newest
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 JOB, RANGE = "job", "_range_0"
@@ -476,7 +476,7 @@ def test_attacker_edits_of_a_global_manifest_load_or_raise_corrupt_only(path, va
 
 
 def test_a_symlinked_generation_record_is_not_a_writer(tmp_path):
-    from paddle_acp.format.fencing import newest_generation, writers_dir
+    from paddle_acp.format.commit.fencing import newest_generation, writers_dir
 
     other = tmp_path / "elsewhere"
     other.mkdir()
@@ -555,10 +555,10 @@ def test_checkpoints_of_a_newer_format_are_never_withdrawn_or_deleted(tmp_path):
 
 
 def test_restart_order_is_the_index_order(tmp_path):
-    """Issue 25, item 7: the restart tries checkpoints in the order of format.index.entries (the tools'
+    """Issue 25, item 7: the restart tries checkpoints in the order of format.checkpoints.index.entries (the tools'
     order): a checkpoint of several ranks before a ckpt-N at the same position, ckpt-N by its manifest's
     position once a committed checkpoint of several ranks exists, by number otherwise."""
-    from paddle_acp.format import index
+    from paddle_acp.format.checkpoints import index
 
     st_ = open_storage(str(tmp_path))
     ck = v2(tmp_path)

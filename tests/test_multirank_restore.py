@@ -13,12 +13,12 @@ from support.counting import counting, total
 from test_multirank import JOB, RANGE, snapshot
 
 from paddle_acp.errors import CorruptCheckpointError, RestartRequiredError
-from paddle_acp.format import index
-from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.fencing import Fence
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.restart import load_newest
+from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.format.layout import bad_mark, position_name
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.restart import load_newest
 from paddle_acp.storage import open_storage
 
 MAX_RESTART_CALLS = 20  # the target per rank

@@ -19,9 +19,9 @@ from support.e2e import JOB_ID, REPO, compare_results, is_done, load_result, rea
 from support.server_fixtures import s3_server  # noqa: F401  (fixture)
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, RestartRequiredError
+from paddle_acp.format.commit.verdict import MAX_MARK_SIZE, MAX_REASON, Mark
 from paddle_acp.format.layout import bad_mark, parse_bad_mark
 from paddle_acp.format.manifest import seal
-from paddle_acp.format.verdict import MAX_MARK_SIZE, MAX_REASON, Mark
 from paddle_acp.storage import open_storage
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
@@ -138,7 +138,7 @@ def test_hostile_mark_content_is_read_or_refused_as_corrupt(raw):
 def test_a_mark_condemns_one_copy_and_the_position_written_again_is_clean(tmp_path):
     from test_multirank import JOB, gck, save_all, v2
 
-    from paddle_acp.format.restart import load_newest
+    from paddle_acp.format.checkpoints.restart import load_newest
 
     for e in (0, 1):
         save_all(tmp_path, 2, e)
@@ -353,9 +353,9 @@ def test_swapped_parts_are_refused_on_every_rank(tp_job, tmp_path):
 
 
 def test_check_part_names_both_identities():
+    from paddle_acp.format.commit.verdict import check_part
     from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
     from paddle_acp.format.manifest import Manifest, RangeRecord
-    from paddle_acp.format.verdict import check_part
 
     g = GlobalManifest("ckpt-e2", "_range_0", 2, None, 2, "replicated", [PartRecord(0, 1, 10, 0, []), PartRecord(1, 2, 10, 0, [])])
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from support import counting
 
-from paddle_acp.format import fencing
-from paddle_acp.format.fencing import Fence, FencedError, writers_dir
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.commit import fencing
+from paddle_acp.format.commit.fencing import Fence, FencedError, writers_dir
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.layout import GLOBAL_NAME, range_dir
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 JOB, RANGE = "job", "_range_0"

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import JOB_ID, check_restart_log, compare_results, describe, is_done, load_result, read_log, run_script  # noqa: E402
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
-from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 EPOCHS, KILL_AT = 4, 2

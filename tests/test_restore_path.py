@@ -15,10 +15,10 @@ from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_se
 
 from paddle_acp.adapter.tensors import tensor_view, write_program
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format import reader as ckmod
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.engine import reader as ckmod
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.manifest import DATA_NAME, RangeRecord
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 

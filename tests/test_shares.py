@@ -16,13 +16,14 @@ from support.server_fixtures import s3_server  # noqa: F401  (fixture)
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, RestartRequiredError
 from paddle_acp.format import global_manifest as gm
-from paddle_acp.format import index, shares
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.restart import load_newest
+from paddle_acp.format.engine import shares
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.restart import load_newest
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 JOB, RANGE = "job", "_range_0"
@@ -195,7 +196,7 @@ def test_a_capped_number_of_share_writers_at_a_larger_world_restores_bit_identic
     assert g["version"] == 4 and g["writers"] == "all" and g["share_writers"] == 2
     sizes = [(d / f"rank-{k}" / "tensors.bin").stat().st_size for k in range(5)]
     assert sizes[0] > 0 and sizes[1] > 0 and sizes[2:] == [0, 0, 0], sizes
-    from paddle_acp.tools.inspect import inspect, render
+    from paddle_acp.tools.inspect_checkpoint import inspect, render
 
     assert "ranks 0..1 each write a share of the tensors); this is the part of rank 3, no tensors (not a share " \
         "writer)" in render(inspect(str(d), rank=3))
@@ -400,7 +401,7 @@ def test_spread_shares_with_node_local_caches_on_s3(s3_server, monkeypatch, tmp_
     import logging
     import uuid
 
-    from paddle_acp.format.cache import LocalCache
+    from paddle_acp.format.checkpoints.cache import LocalCache
 
     for k, v in s3_server.client_env().items():
         monkeypatch.setenv(k, v)

@@ -15,7 +15,7 @@ import uuid
 from support.e2e import JOB_ID, REPO, describe, is_done, run_script, script_env
 from support.server_fixtures import s3_server  # noqa: F401  (fixture)
 
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.storage import open_storage
 
 KEEP_ALL = {"PADDLE_ACP_MAX_TO_KEEP": 1000, "PADDLE_ACP_BUSY_POLICY": "wait"}

@@ -129,7 +129,7 @@ def test_step_checkpoints_are_never_taken_after_an_epochs_last_batch(tmp_path):
     out, ck = tmp_path / "out", tmp_path / "ck"
     p = run(out, ck, "pir", "--save-every-steps", "4", "--epochs", "2")  # 8 batches: 4 and (not) 8
     assert p.returncode == 0, p.stderr[-3000:]
-    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.storage import open_storage
 
     steps_seen = set()

@@ -28,10 +28,10 @@ from support.e2e import JOB_ID, describe, is_done, read_log, run_script, script_
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.errors import StorageError  # noqa: E402
-from paddle_acp.format import atomic  # noqa: E402
-from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.commit import atomic  # noqa: E402
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
 from paddle_acp.format.manifest import RangeRecord  # noqa: E402
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Streamed saves (format/stream.py) and sizing the snapshot buffer without copying.
+"""Streamed saves (format/engine/stream.py) and sizing the snapshot buffer without copying.
 
 A streamed save writes a checkpoint's data file through a bounded buffer in chunks: the file must
 be byte for byte the image an unbounded save writes (tensors at their offsets, zero padding), with
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paddle_acp.format.arena import alloc_buffer
+from paddle_acp.format.engine.arena import alloc_buffer
+from paddle_acp.format.engine.stream import PAGE, ChunkStream, StreamAborted, chunk_size, write_stream
 from paddle_acp.format.manifest import VERSION, align, checksum_function
-from paddle_acp.format.stream import PAGE, ChunkStream, StreamAborted, chunk_size, write_stream
 from paddle_acp.storage import open_storage
 
 
@@ -143,10 +143,10 @@ def test_spool_verifies_every_tensor_on_its_way(tmp_path, flip, victim):
     into an unlinked local spool file, every tensor checksummed on the way; one flipped byte
     anywhere is refused and leaves no spool behind."""
     from paddle_acp.errors import CorruptCheckpointError
-    from paddle_acp.format import reader
-    from paddle_acp.format.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+    from paddle_acp.format.engine import reader
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
     from paddle_acp.format.manifest import DATA_NAME, RangeRecord
-    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 
     rng = np.random.default_rng(7)
     arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in (100_000, 0, 50_000, 9 << 20, 7)]

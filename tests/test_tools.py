@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from paddle_acp import cli, config, tools
 from paddle_acp.errors import ConfigError, StorageError
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage import open_storage
 from paddle_acp.tools import refs
@@ -735,8 +735,8 @@ def test_job_directories_follow_the_job_id_rule(tmp_path, capsys):
 
 # -- checkpoints of several ranks (ckpt-e<E>[-s<S>]/rank-<k>/ + global.json) ---------------------------
 def _rank_snapshot(rank, epoch):
+    from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
     from paddle_acp.format.manifest import RangeRecord
-    from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 
     ts = [TensorData("w", "float32", np.full(5, 10 * rank + epoch, dtype="float32")),
           TensorData("w_moment1_0", "float32", np.full(5, -rank, dtype="float32"))]
@@ -748,7 +748,7 @@ def _save_ranks(root, epoch, ranks=(0, 1), world=2):
     """The ranks write their parts of one position; rank 0 (in a thread) commits when all arrived."""
     import threading
 
-    from paddle_acp.format.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 
     def gck(rank):
         g = GlobalCheckpointer(open_storage(str(root)), JOB, RANGE, rank, world, 100, 0.2 if len(ranks) < world else 60.0)

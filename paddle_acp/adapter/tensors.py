@@ -1,8 +1,8 @@
 """Paddle tensors: views of a scope's tensors for a snapshot, and writes of restored ones.
 
 The only code that reads or writes a Paddle tensor's memory. The snapshot
-types (:class:`~paddle_acp.format.snapshot.TensorData`, ``ProgramSnapshot``)
-are the format's; host buffers are :mod:`paddle_acp.format.arena`'s.
+types (:class:`~paddle_acp.format.engine.snapshot.TensorData`, ``ProgramSnapshot``)
+are the format's; host buffers are :mod:`paddle_acp.format.engine.arena`'s.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Final, Iterable, List, Literal, Optional, Sequence, Tupl
 import numpy as np
 
 from paddle_acp.errors import CheckpointError
+from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.snapshot import TensorData
 from paddle_acp.format.manifest import DTYPES, align
-from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.snapshot import TensorData
 
 logger = logging.getLogger("paddle_acp")
 

@@ -58,7 +58,7 @@ DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
 DEFAULT_PART_TIMEOUT = 300.0
 RANK_STATE_MODES = ("auto", "replicated", "per-rank")
-# PADDLE_ACP_REPLICATED_WRITERS: who writes the tensors of replicated state (format/shares.py):
+# PADDLE_ACP_REPLICATED_WRITERS: who writes the tensors of replicated state (format/engine/shares.py):
 # "all" (ranks 0..min(W, DEFAULT_SHARE_WRITERS)-1 each write a share), a number N >= 2 (ranks
 # 0..min(W, N)-1) or "one" (rank 0 writes every tensor; "1" means the same)
 REPLICATED_WRITERS = ("all", "one")

@@ -137,7 +137,7 @@ def s3_from_env(env: Optional[Mapping[str, str]] = None) -> S3Env:
 @dataclasses.dataclass(frozen=True)
 class StorageOptions:
     """Every setting a storage backend needs, built once here and handed to
-    :func:`paddle_acp.storage.registry.open_storage`: no backend reads the environment itself."""
+    :func:`paddle_acp.storage.schemes.open_storage`: no backend reads the environment itself."""
 
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # PADDLE_ACP_CONNECT_TIMEOUT
     hdfs_client: Optional[str] = None  # PADDLE_ACP_HDFS_CLIENT: one of HDFS_CLIENTS; None: the first that works

@@ -4,7 +4,7 @@ Written last, by rank 0, once every rank's part is committed: it lists each
 part with the CRC32 and size of its manifest, the size of its data and its
 program fingerprints, and the topology (world size, mode). Untrusted input like
 every manifest: size-capped before parsing, checksummed, every field checked.
-The protocol that writes and reads it is :mod:`paddle_acp.format.multirank`.
+The protocol that writes and reads it is :mod:`paddle_acp.format.checkpoints.multirank`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class GlobalManifest:
     generation: int = -1
     base: Optional[str] = None  # the checkpoint the writing incarnation resumed from
     # who wrote the replicated tensors: "one" (rank 0, version 3) or "all" (each rank its share,
-    # format/shares.py; version 4, which older builds refuse as a newer format)
+    # format/engine/shares.py; version 4, which older builds refuse as a newer format)
     writers: str = "one"
     # "all" only: how many ranks wrote shares, ranks 0..share_writers-1 (the parts from it on hold no
     # tensors); 0 with writers "one"

@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
+from paddle_acp.format.engine.snapshot import layout  # (a snapshot is laid out when it is made)
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME
-from paddle_acp.format.snapshot import layout  # (a snapshot is laid out when it is made)
 
 __all__ = [
     "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "absent_mark", "bad_mark", "final_name", "layout",

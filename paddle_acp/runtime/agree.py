@@ -39,7 +39,7 @@ import uuid
 from typing import Deque, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError
-from paddle_acp.format.fencing import Fence, FencedError
+from paddle_acp.format.commit.fencing import Fence, FencedError
 from paddle_acp.format.save_plan import SavePlan, read_plan, write_plan
 from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
 from paddle_acp.storage.base import Storage

@@ -3,7 +3,7 @@
 The snapshot arena was as large as the whole state, so a job whose model took more
 than half of the machine's memory was pushed into OOM by switching checkpointing on.
 Now the arena holds at most the budget; a state that does not fit is saved through
-it in chunks (:mod:`paddle_acp.format.stream`). Unset, the budget adapts to the
+it in chunks (:mod:`paddle_acp.format.engine.stream`). Unset, the budget adapts to the
 memory available when the first training program registers: half of ``MemAvailable``,
 and never so much that less than 1 GiB would stay available.
 """

@@ -4,7 +4,7 @@
 thread when a program registers; the ``queue`` busy policy's second, allocated when first needed)
 and the host-memory budget (``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first
 registration). A state larger than the budget is streamed through the first arena in chunks
-(:class:`~paddle_acp.format.stream.ChunkStream`).
+(:class:`~paddle_acp.format.engine.stream.ChunkStream`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import threading
 import numpy as np
 
 from paddle_acp.config import HostMemory
-from paddle_acp.format.arena import Arena
-from paddle_acp.format.stream import chunk_size
+from paddle_acp.format.engine.arena import Arena
+from paddle_acp.format.engine.stream import chunk_size
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.threads import lower_thread_priority
 

@@ -1,6 +1,6 @@
 """Ctrl-C while rank 0 waits for other ranks' parts: the waits end at once, then Python's own handler runs.
 
-Rank 0's commits wait on a thread of their own (:class:`~paddle_acp.format.committer.Committer`,
+Rank 0's commits wait on a thread of their own (:class:`~paddle_acp.format.commit.committer.Committer`,
 not a daemon: a normal exit lets them finish). A SIGINT must not leave the process waiting up to
 ``PADDLE_ACP_PART_TIMEOUT`` for a part that may never come: :func:`watch` installs, once, on the
 main thread and only where SIGINT raises KeyboardInterrupt (Python's default handler), a handler
@@ -20,8 +20,8 @@ import weakref
 from types import FrameType
 from typing import Optional
 
-from paddle_acp.format.committer import Committer
-from paddle_acp.format.multirank import PREEMPT_PART_WAIT
+from paddle_acp.format.checkpoints.multirank import PREEMPT_PART_WAIT
+from paddle_acp.format.commit.committer import Committer
 
 logger = logging.getLogger("paddle_acp")
 

@@ -20,16 +20,16 @@ from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.fleet import decide_mode
 from paddle_acp.config import writer_cap
 from paddle_acp.errors import AcpError, StorageError
-from paddle_acp.format import shares
-from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.fencing import FencedError
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.metrics_log import MetricsLog
+from paddle_acp.format.checkpoints.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
+from paddle_acp.format.commit.fencing import FencedError
+from paddle_acp.format.engine import shares
+from paddle_acp.format.engine.snapshot import Snapshot, copy_into
+from paddle_acp.format.engine.stream import ChunkStream, chunk_size
 from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import RangeRecord, align
-from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.metrics_record import MetricsRecord, SaveBegun
-from paddle_acp.format.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
-from paddle_acp.format.snapshot import Snapshot, copy_into
-from paddle_acp.format.stream import ChunkStream, chunk_size
 from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.objects import ScriptState
@@ -379,7 +379,7 @@ class Persister:
         return writer_cap(self.cfg.replicated_writers) is None or self.rank >= self._share_writers()
 
     def _spread(self, mode: Optional[str]) -> bool:
-        """The ranks write shares of the replicated state (PADDLE_ACP_REPLICATED_WRITERS=all or N, format/shares.py)."""
+        """The ranks write shares of the replicated state (PADDLE_ACP_REPLICATED_WRITERS=all or N, format/engine/shares.py)."""
         return self.several_ranks and mode == "replicated" and writer_cap(self.cfg.replicated_writers) is not None
 
     def _share_writers(self) -> int:

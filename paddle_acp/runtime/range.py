@@ -23,13 +23,13 @@ from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.executor import executor_place
 from paddle_acp.adapter.programs import is_distributed, program_info, unwrap
 from paddle_acp.errors import AcpError, CheckpointError, ConfigError
-from paddle_acp.format.cache import RangeCache
-from paddle_acp.format.checkpointer import Checkpointer, write_job_marker
-from paddle_acp.format.fencing import Fence
+from paddle_acp.format.checkpoints.cache import RangeCache
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer, write_job_marker
+from paddle_acp.format.checkpoints.metrics_log import MetricsLog
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.format.layout import range_dir
-from paddle_acp.format.metrics import MetricsLog
 from paddle_acp.format.metrics_record import MetricsRecord
-from paddle_acp.format.multirank import GlobalCheckpointer
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
@@ -43,7 +43,7 @@ from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position, ResumableSteps
 from paddle_acp.storage.base import Storage, redact
-from paddle_acp.storage.registry import open_storage
+from paddle_acp.storage.schemes import open_storage
 
 logger = logging.getLogger("paddle_acp")
 

@@ -23,9 +23,9 @@ from paddle_acp.adapter.tensors import (
     write_program,
 )
 from paddle_acp.errors import CheckpointError
+from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.snapshot import ProgramSnapshot
 from paddle_acp.format.manifest import ProgramRecord
-from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.snapshot import ProgramSnapshot
 
 logger = logging.getLogger("paddle_acp")
 
@@ -87,7 +87,7 @@ class ProgramEntry:
 
     def items(self) -> List[Tuple[str, str, str, Tuple[int, ...], int]]:
         """(program key, name, dtype, shape, bytes) of the tensors :meth:`views` would take, from their
-        metadata alone: what the split of replicated state into shares needs (format/shares.py)."""
+        metadata alone: what the split of replicated state into shares needs (format/engine/shares.py)."""
         return [(self.key, n, d, s, b) for n, d, s, b in tensor_items(self.scope, self.info.persistables)]
 
     def check_checkpoint(self, rec: ProgramRecord, where: str) -> None:

@@ -1,7 +1,7 @@
 """Restorer: owns the checkpoint a range resumes from, and writes its state back.
 
 :meth:`Restorer.load_newest` (when the range opens) picks the newest valid checkpoint
-(``format/restart.load_newest``: the single-writer or the global one; checkpoints that exist but
+(``format/checkpoints/restart.load_newest``: the single-writer or the global one; checkpoints that exist but
 cannot be used stop the restart unless ``PADDLE_ACP_START_FRESH`` is set) and records the epoch and
 step the loop resumes at; :meth:`Restorer.resume_rng` restores the RNG state when the loop starts.
 Each training program gets its tensors and LR scheduler back on its first ``Executor.run``
@@ -19,10 +19,10 @@ from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.fleet import decide_mode, fleet_degrees
 from paddle_acp.adapter.tensors import NON_TENSOR, default_place, scope_var_meta, write_program
 from paddle_acp.errors import CheckpointError
-from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.restart import load_newest
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.restart import load_newest
+from paddle_acp.format.engine.reader import LoadedCheckpoint
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import ProgramEntry, Registry
 

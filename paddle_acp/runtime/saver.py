@@ -17,8 +17,8 @@ import time
 from typing import Callable, List, Optional
 
 from paddle_acp.errors import RestartRequiredError
-from paddle_acp.format.fencing import FencedError
-from paddle_acp.format.snapshot import Snapshot
+from paddle_acp.format.commit.fencing import FencedError
+from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.threads import lower_thread_priority
 
 logger = logging.getLogger("paddle_acp")
@@ -50,7 +50,7 @@ def busy_action(policy: str, busy: bool, durable: bool, queue_free: bool, queue_
 
 @dataclasses.dataclass
 class SaveTicket:
-    """One save as the runtime decided it, beside the :class:`~paddle_acp.format.snapshot.Snapshot`
+    """One save as the runtime decided it, beside the :class:`~paddle_acp.format.engine.snapshot.Snapshot`
     it writes (which holds the checkpoint's content only): the saver queues and writes tickets,
     and the save's metrics record is made of them. None of it is in the checkpoint's files."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from paddle_acp.format.fencing import Fence
+from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.runtime.agree import Agreement, agreed_action
 from paddle_acp.runtime.saver import QUEUE, busy_action
 

@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from paddle_acp.config import CheckpointConfig
 from paddle_acp.errors import CheckpointError
-from paddle_acp.format.cache import LocalCache
-from paddle_acp.format.fencing import Fence
+from paddle_acp.format.checkpoints.cache import LocalCache
+from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -56,7 +56,7 @@ class ProcessState:
 
     def fence_for(self, storage: Storage, job_id: str, rank: int) -> Fence:
         """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per
-        process): a generation of its own rank (:mod:`paddle_acp.format.fencing`)."""
+        process): a generation of its own rank (:mod:`paddle_acp.format.commit.fencing`)."""
         key = (storage.uri, job_id, rank)
         f = self.fences.get(key)
         if f is None:

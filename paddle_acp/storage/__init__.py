@@ -10,8 +10,8 @@ from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import MANIFEST_LAST, RENAME, WRITE_CHUNK, Entry, Storage
 from paddle_acp.storage.hdfs import HdfsStorage
 from paddle_acp.storage.local import LocalStorage
-from paddle_acp.storage.registry import open_storage, register_backend
 from paddle_acp.storage.s3 import S3Storage
+from paddle_acp.storage.schemes import open_storage, register_backend
 
 __all__ = ["WRITE_CHUNK", "RENAME", "MANIFEST_LAST", "Entry", "Storage", "ArrowStorage", "LocalStorage",
            "S3Storage", "HdfsStorage", "open_storage", "register_backend", "redact", "scrub"]

@@ -3,7 +3,7 @@
 All paths given to :class:`Storage` methods are relative, '/'-separated and resolved under the
 storage root; nothing here uses ``os.path`` on them, so the same code runs on local disks, HDFS
 and S3. A backend is a subclass (``local``, ``s3``, ``hdfs``; ``arrow`` is the part they share),
-chosen by the URI's scheme in :mod:`paddle_acp.storage.registry`.
+chosen by the URI's scheme in :mod:`paddle_acp.storage.schemes`.
 
 What differs between backends is stated by capabilities, never by asking which backend it is:
 

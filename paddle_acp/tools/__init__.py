@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddle_acp.tools import check, export, gc, inspect, ls, stats, verify
+from paddle_acp.tools import check, export, gc, inspect_checkpoint, ls, stats, verify
 from paddle_acp.tools.discovery import ToolError, open_root, uri_join
 from paddle_acp.tools.kinds import export_split, tensor_kinds
 from paddle_acp.tools.metrics import EVENTS, clean_record, read_metrics, restarts_of, saves_of
@@ -34,7 +34,7 @@ from paddle_acp.tools.render import guard
 from paddle_acp.tools.scan import CkptInfo, restart_checkpoint, scan_range
 from paddle_acp.tools.stats import summarize_metrics
 
-COMMANDS = (ls, inspect, verify, gc, export, stats, check)
+COMMANDS = (ls, inspect_checkpoint, verify, gc, export, stats, check)
 
 __all__ = [
     "add_subcommands", "COMMANDS", "ToolError", "open_root", "uri_join", "export_split", "tensor_kinds", "EVENTS",

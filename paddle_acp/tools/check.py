@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from paddle_acp.config import StorageOptions
 from paddle_acp.storage.base import Storage
-from paddle_acp.storage.registry import open_storage
+from paddle_acp.storage.schemes import open_storage
 from paddle_acp.tools import check_report as report
 from paddle_acp.tools.discovery import ToolError
 from paddle_acp.tools.render import emit, emit_json

@@ -16,7 +16,7 @@ from paddle_acp.config import is_valid_job_id, storage_options_from_env
 from paddle_acp.errors import AcpError, StorageError
 from paddle_acp.format.layout import JOB_MARKER, MANIFEST_NAME
 from paddle_acp.storage.base import Storage, redact
-from paddle_acp.storage.registry import open_storage
+from paddle_acp.storage.schemes import open_storage
 from paddle_acp.tools.render import natural_key
 
 logger = logging.getLogger("paddle_acp")

@@ -13,10 +13,10 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format import reader, shares
+from paddle_acp.format.engine import reader, shares
 from paddle_acp.format.manifest import Manifest, ProgramRecord
 from paddle_acp.tools.discovery import ToolError, short_reason
-from paddle_acp.tools.inspect import add_ref_args
+from paddle_acp.tools.inspect_checkpoint import add_ref_args
 from paddle_acp.tools.kinds import export_split, program_ir
 from paddle_acp.tools.reading import read_checkpoint
 from paddle_acp.tools.refs import CkptRef, load_manifest, read_part, resolve_checkpoint
@@ -82,7 +82,7 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
     ref = resolve_checkpoint(checkpoint, job, range_name, number, rank)
     m = load_manifest(ref)
     spread = spread_parts(ref)
-    if spread is not None:  # every share's tensors (format/shares.py), the manifest of ``ref``'s rank
+    if spread is not None:  # every share's tensors (format/engine/shares.py), the manifest of ``ref``'s rank
         m = dataclasses.replace(m, programs=shares.merged_programs(spread, ref.rank))
     prog = pick_program(m, program, ref)
     ir = program_ir(prog.label, m.ir)

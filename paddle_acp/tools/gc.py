@@ -12,7 +12,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from paddle_acp.errors import StorageError
-from paddle_acp.format.retention import delete_checkpoint
+from paddle_acp.format.commit.retention import delete_checkpoint
 from paddle_acp.storage.base import Storage, scrub
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs
 from paddle_acp.tools.render import emit, emit_json, fmt_duration, human_bytes, plural, table

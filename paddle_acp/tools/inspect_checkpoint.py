@@ -116,7 +116,7 @@ def _part_rows(res: InspectResult) -> List[Tuple[str, str]]:
     p = res.part
     others = [r for r in p["ranks"] if r != p["rank"]]
     more = f"; --rank {others[0]} shows another" if others else ""
-    if p.get("writers") == "all":  # spread writes (format/shares.py): each part holds a share of the tensors
+    if p.get("writers") == "all":  # spread writes (format/engine/shares.py): each part holds a share of the tensors
         n = p.get("share_writers", p["world_size"])
         who = "each rank writes a share of the tensors" if n == p["world_size"] else \
             f"ranks 0..{n - 1} each write a share of the tensors"

@@ -1,5 +1,5 @@
 """Reading a job's save metrics (``JOB/metrics/trainer-<i>.jsonl``, written by
-:class:`paddle_acp.format.metrics.MetricsLog`): the one reader. Every line is untrusted: a torn,
+:class:`paddle_acp.format.checkpoints.metrics_log.MetricsLog`): the one reader. Every line is untrusted: a torn,
 malformed or out-of-range line is skipped and counted, never an error."""
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Reading a checkpoint's data for the tools, through the format layer's one reader
-(:func:`paddle_acp.format.reader.read_tensors`: the checks of a restore, streaming, in constant
+(:func:`paddle_acp.format.engine.reader.read_tensors`: the checks of a restore, streaming, in constant
 memory), with a progress line on a terminal."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Optional, Set, Tuple
 
-from paddle_acp.format import reader
+from paddle_acp.format.engine import reader
 from paddle_acp.format.layout import final_name, range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format import index, reader
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.engine import reader
 from paddle_acp.format.layout import MANIFEST_NAME, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage, redact
@@ -149,7 +150,7 @@ def _check_ref(ref: CkptRef) -> None:
 def read_part(ref: CkptRef) -> Tuple[GlobalManifest, Dict[int, bytes]]:
     """A checkpoint of several ranks: its global manifest and every part's manifest bytes, each checked
     against it; CorruptCheckpointError otherwise."""
-    from paddle_acp.format.global_reader import GlobalReader
+    from paddle_acp.format.checkpoints.global_reader import GlobalReader
 
     return GlobalReader(ref.storage, ref.job, ref.range).check_global(ref.dir_name)
 

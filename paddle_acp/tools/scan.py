@@ -1,9 +1,9 @@
 """The checkpoints of a range in restart order, each with its status, and the one a restart loads
-(decided by :mod:`paddle_acp.format.index`, the restart's own code).
+(decided by :mod:`paddle_acp.format.checkpoints.index`, the restart's own code).
 
 Both layouts: one writer (``ckpt-<N>/`` with ``manifest.json`` and ``tensors.bin``) and several ranks
 (``ckpt-e<E>[-s<S>]/`` with ``rank-<k>/`` parts and ``global.json``, see
-:mod:`paddle_acp.format.multirank`). Links and non-directories are never checkpoints.
+:mod:`paddle_acp.format.checkpoints.multirank`). Links and non-directories are never checkpoints.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
-from paddle_acp.format import index, reader
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.engine import reader
 from paddle_acp.format.layout import range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage
@@ -87,7 +88,7 @@ def scan_range(
     storage: Storage, job: str, range_name: str, verify: bool = False, quiet_progress: bool = False
 ) -> List[CkptInfo]:
     """Every checkpoint directory of a range, with its status, in the order a restart tries them
-    (:func:`paddle_acp.format.index.entries`, the restart's own ordering).
+    (:func:`paddle_acp.format.checkpoints.index.entries`, the restart's own ordering).
 
     Without ``verify`` a committed checkpoint is "ok" when its manifest is valid
     and its data file has the size the manifest gives (no data is read); with
@@ -115,7 +116,7 @@ def _refuse(i: CkptInfo) -> CkptInfo:
 
 def _mark(infos: List[CkptInfo], check: Callable[[CkptInfo], CkptInfo]) -> Optional[CkptInfo]:
     """Mark (``restart``) the first checkpoint of ``infos`` (restart order) that ``check`` passes,
-    found by the restart's own search (:func:`paddle_acp.format.index.first_usable`)."""
+    found by the restart's own search (:func:`paddle_acp.format.checkpoints.index.first_usable`)."""
     by_entry = {id(i.entry): i for i in infos if i.entry is not None}
     cands = [i.entry for i in infos if i.entry is not None]
     search = index.first_usable(cands, lambda e: check(by_entry[id(e)]), log=False)
@@ -167,7 +168,7 @@ def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, ve
     """A checkpoint of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
     "ok" when the global manifest and every part's manifest verify (and the data files have their
     sizes); with ``verify`` every part's checksums are read too."""
-    from paddle_acp.format.global_reader import GlobalReader
+    from paddle_acp.format.checkpoints.global_reader import GlobalReader
 
     gck = GlobalReader(storage, job, range_name)
     path = e.path
@@ -248,6 +249,6 @@ def restart_outcome(infos: List[CkptInfo], checked: bool) -> str:
 
 def verify_global(storage: Storage, job: str, range_name: str, name: str) -> None:
     """Every part of a checkpoint of several ranks, every checksum; CorruptCheckpointError otherwise."""
-    from paddle_acp.format.global_reader import GlobalReader
+    from paddle_acp.format.checkpoints.global_reader import GlobalReader
 
     GlobalReader(storage, job, range_name).verify(name)

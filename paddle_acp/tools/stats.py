@@ -9,7 +9,7 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional
 
-from paddle_acp.format.metrics import FLUSH_INTERVAL
+from paddle_acp.format.checkpoints.metrics_log import FLUSH_INTERVAL
 from paddle_acp.tools.discovery import ToolError, open_root, single_job, uri_join
 from paddle_acp.tools.metrics import METRICS_DIR, Record, is_num, read_metrics, restarts_of, saves_of, unrecorded_of
 from paddle_acp.tools.render import (

@@ -52,15 +52,15 @@ def install():
         setattr(owner, attr, hooked)
 
     if point == "save":
-        from paddle_acp.format.checkpointer import Checkpointer
+        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 
         wrap(Checkpointer, "save")
     elif point == "write":
-        import paddle_acp.format.checkpointer as checkpointer
+        import paddle_acp.format.checkpoints.checkpointer as checkpointer
 
         wrap(checkpointer, "write_checkpoint")
     elif point == "remove_own":
-        from paddle_acp.format.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 
         wrap(GlobalCheckpointer, "_remove_own")
     else:

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
 
 from paddle_acp.errors import CorruptCheckpointError, NoUsableCheckpointError, StorageError, UnknownFormatError
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.manifest import DATA_NAME, DTYPES, MANIFEST_NAME, RangeRecord, seal
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 
@@ -364,7 +364,7 @@ def test_verify_and_read_tensors_on_every_path(backend_storage):
     (local: mapped or read into buffers; HDFS and S3: the remote store's stream): they return
     exactly the tensors asked for, report every byte of the file, and refuse a checkpoint with one
     flipped bit."""
-    from paddle_acp.format import reader
+    from paddle_acp.format.engine import reader
 
     local = backend_storage.local_path("") is not None
 
@@ -416,7 +416,7 @@ def test_verify_and_read_tensors_on_every_path(backend_storage):
 def test_reader_checks_the_header_before_any_data(tmp_path):
     """check_header refuses a data file of the wrong size without reading it; verify and read_tensors
     refuse it the same way (nothing unverified is handed on)."""
-    from paddle_acp.format import reader
+    from paddle_acp.format.engine import reader
 
     c = ckpt(tmp_path)
     c.save(make_snapshot(0))
@@ -438,7 +438,7 @@ def test_reader_checks_the_header_before_any_data(tmp_path):
 @settings(max_examples=200, deadline=None)
 @given(numbers=st.lists(st.integers(0, 10**6), unique=True, max_size=30), n=st.integers(-2, 12))
 def test_keep_last_n_lets_go_of_exactly_the_oldest(numbers, n):
-    from paddle_acp.format.retention import KeepAll, KeepLast, policy_for
+    from paddle_acp.format.commit.retention import KeepAll, KeepLast, policy_for
 
     committed = sorted(numbers)
     policy = policy_for(n)
@@ -454,8 +454,8 @@ def test_keep_last_n_lets_go_of_exactly_the_oldest(numbers, n):
 def test_delete_checkpoint_removes_the_commit_file_first(tmp_path):
     """Both layouts: the commit file (manifest.json of ckpt-N, global.json of ckpt-e<E>) goes
     first. A directory that cannot be removed after that is an uncommitted leftover, not a checkpoint."""
-    from paddle_acp.format import atomic
-    from paddle_acp.format.retention import commit_file, delete_checkpoint
+    from paddle_acp.format.commit import atomic
+    from paddle_acp.format.commit.retention import commit_file, delete_checkpoint
 
     assert commit_file("job/range/r/ckpt-3") == MANIFEST_NAME
     assert commit_file("job/range/r/ckpt-e3-s7") == "global.json"
@@ -481,7 +481,7 @@ def test_delete_checkpoint_removes_the_commit_file_first(tmp_path):
 # -- commit strategies ----------------------------------------------------------------------------
 def test_commit_strategy_follows_the_storage_or_the_option(tmp_path):
     from paddle_acp.errors import CheckpointError
-    from paddle_acp.format import atomic
+    from paddle_acp.format.commit import atomic
 
     st_ = open_storage(str(tmp_path))
     assert isinstance(atomic.strategy_for(st_), atomic.RenameCommit)  # a local disk renames atomically
@@ -497,7 +497,7 @@ def test_both_commit_strategies_write_the_same_checkpoint(tmp_path_factory, styl
     """A checkpoint committed either way reads back the same; where it is written (a temporary
     directory or in place) is the strategy's, and a fence check that fails commits nothing."""
     from paddle_acp.errors import CheckpointError
-    from paddle_acp.format import atomic
+    from paddle_acp.format.commit import atomic
 
     root = tmp_path_factory.mktemp("commit")
     st_ = open_storage(str(root))
@@ -530,10 +530,10 @@ def test_both_commit_strategies_write_the_same_checkpoint(tmp_path_factory, styl
 
 _SAVER = """
 import sys, numpy as np
-from paddle_acp.format import atomic
-from paddle_acp.format.checkpointer import Checkpointer
+from paddle_acp.format.commit import atomic
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.storage import open_storage
 
 st = open_storage(sys.argv[1])

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_acp.format import metrics_record as mr
-from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.metrics_record import EVENTS, MetricsRecord, MetricsRecordError, SaveBegun
 from paddle_acp.storage import open_storage
 from paddle_acp.tools import metrics as tool_metrics

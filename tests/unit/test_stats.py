@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paddle_acp import cli
-from paddle_acp.format.metrics import MetricsLog
+from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage import open_storage
 from paddle_acp.tools import metrics, plot

@@ -23,10 +23,10 @@ import pytest
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.errors import StorageError  # noqa: E402
-from paddle_acp.format import atomic  # noqa: E402
-from paddle_acp.format.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.commit import atomic  # noqa: E402
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
 from paddle_acp.storage import (  # noqa: E402
     MANIFEST_LAST,
     RENAME,
@@ -414,9 +414,9 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
     writer generations: the same contract on every backend."""
     import threading
 
-    from paddle_acp.format.fencing import Fence, FencedError, create_exclusive
-    from paddle_acp.format.multirank import GLOBAL_NAME, GlobalCheckpointer
-    from paddle_acp.format.restart import load_newest
+    from paddle_acp.format.checkpoints.multirank import GLOBAL_NAME, GlobalCheckpointer
+    from paddle_acp.format.checkpoints.restart import load_newest
+    from paddle_acp.format.commit.fencing import Fence, FencedError, create_exclusive
 
     st = backend.storage()
     st.makedirs("job")
@@ -467,8 +467,8 @@ def test_per_rank_fencing_on_every_backend(backend):
     as a leftover, and a live writer removes only its own and older generations' leftovers."""
     import threading
 
-    from paddle_acp.format.fencing import Fence, FencedError, create_exclusive, newest_generation
-    from paddle_acp.format.multirank import GLOBAL_NAME, GlobalCheckpointer
+    from paddle_acp.format.checkpoints.multirank import GLOBAL_NAME, GlobalCheckpointer
+    from paddle_acp.format.commit.fencing import Fence, FencedError, create_exclusive, newest_generation
 
     st = backend.storage()
     st.makedirs("job")
@@ -574,7 +574,7 @@ def test_registry_picks_the_class_by_scheme(tmp_path):
     registered for a new scheme serves it."""
     from paddle_acp.errors import ConfigError
     from paddle_acp.storage import register_backend
-    from paddle_acp.storage.registry import _BACKENDS
+    from paddle_acp.storage.schemes import _BACKENDS
 
     assert type(open_storage(str(tmp_path))) is LocalStorage
     assert open_storage(f"file://{tmp_path}").root == str(tmp_path)
@@ -597,7 +597,7 @@ def test_registry_picks_the_class_by_scheme(tmp_path):
 
 
 def test_a_rename_onto_an_existing_directory_never_replaces_it(backend):
-    """What a late writer's rename does (format/fencing: a writer stopped between its passing fence check and its
+    """What a late writer's rename does (format/commit/fencing: a writer stopped between its passing fence check and its
     rename still renames when it resumes): the local disk and hdfs-native refuse it; libhdfs (hdfs-pyarrow) and
     the hadoop CLI move the source *into* the existing directory (HDFS's rename without options); either way the directory's own files stay what they were,
     so a late commit never replaces a newer checkpoint or part."""

@@ -38,7 +38,7 @@ def test_format_storage_and_tools_import_without_paddle():
         "print(json.dumps({'names': names, 'paddle': sys.modules.get('paddle') is not None,\n"
         "                  'hooked': 'paddle_acp.runtime.hook' in sys.modules}))\n")
     assert not out["paddle"] and not out["hooked"], out
-    assert {"paddle_acp.format.manifest", "paddle_acp.format.reader", "paddle_acp.storage.local",
+    assert {"paddle_acp.format.manifest", "paddle_acp.format.engine.reader", "paddle_acp.storage.local",
             "paddle_acp.storage.s3", "paddle_acp.tools.verify"} <= set(out["names"]), out["names"]
 
 

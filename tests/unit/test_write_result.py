@@ -18,14 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import backend_kind, backend_storage, hdfs_server, s3_server  # noqa: F401  (fixtures)
 
-from paddle_acp.format import atomic
-from paddle_acp.format.arena import Arena, alloc_buffer
+from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.commit import atomic
+from paddle_acp.format.engine.arena import Arena, alloc_buffer
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into
+from paddle_acp.format.engine.stream import PAGE, ChunkStream
+from paddle_acp.format.engine.writer import WriteResult, write_checkpoint
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME, layout
 from paddle_acp.format.manifest import Manifest, RangeRecord
-from paddle_acp.format.multirank import GlobalCheckpointer
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into
-from paddle_acp.format.stream import PAGE, ChunkStream
-from paddle_acp.format.writer import WriteResult, write_checkpoint
 from paddle_acp.storage import open_storage
 
 # what a save decides at run time, no longer fields of the snapshot (issue 26)

@@ -26,7 +26,7 @@ This module owns:
   remote's ``global.json`` records by CRC32 and size) and the copy then passes
   the normal verifier (every checksum, before anything reaches a scope), and
   only when nobody but this user could have written it
-  (:mod:`~paddle_acp.format.cache_trust`: owner and mode of the cache root, of
+  (:mod:`~paddle_acp.format.checkpoints.cache_trust`: owner and mode of the cache root, of
   every directory down to the copy and of its files, no symlinks; checksums
   catch damage, not edits). Otherwise (no copy, another copy, a copy others
   could write, a corrupt copy, an unreadable one) the remote is read, with one
@@ -55,14 +55,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from paddle_acp.config import StorageOptions
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import reader
-from paddle_acp.format.cache_trust import harden, untrusted
+from paddle_acp.format.checkpoints.cache_trust import harden, untrusted
+from paddle_acp.format.engine import reader
+from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot
 from paddle_acp.format.layout import parse_final, parse_name, position_key
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
-from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.snapshot import ProgramSnapshot, Snapshot
 from paddle_acp.storage.base import Storage, redact
-from paddle_acp.storage.registry import open_storage
+from paddle_acp.storage.schemes import open_storage
 
 logger = logging.getLogger("paddle_acp")
 

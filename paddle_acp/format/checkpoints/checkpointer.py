@@ -1,10 +1,10 @@
 """Checkpointer: the numbered checkpoints of one range of one job.
 
 It ties the format's parts together for one writer (the training process):
-numbering past leftovers and strays (:mod:`~paddle_acp.format.atomic`), the
-write (:mod:`~paddle_acp.format.writer`), making space when the storage is
-full, retention (:mod:`~paddle_acp.format.retention`), and restore: the newest
-checkpoint that verifies (:mod:`~paddle_acp.format.reader`). Paths and names
+numbering past leftovers and strays (:mod:`~paddle_acp.format.commit.atomic`), the
+write (:mod:`~paddle_acp.format.engine.writer`), making space when the storage is
+full, retention (:mod:`~paddle_acp.format.commit.retention`), and restore: the newest
+checkpoint that verifies (:mod:`~paddle_acp.format.engine.reader`). Paths and names
 are in :mod:`~paddle_acp.format.layout`.
 """
 
@@ -16,18 +16,20 @@ import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format import atomic, index, reader
-from paddle_acp.format.fencing import Fence, check_deletable
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.commit import atomic
+from paddle_acp.format.commit.fencing import Fence, check_deletable
+from paddle_acp.format.commit.retention import delete_checkpoint, policy_for
+from paddle_acp.format.engine import reader
+from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.snapshot import Snapshot
+from paddle_acp.format.engine.writer import WriteResult, is_out_of_space, write_checkpoint
 from paddle_acp.format.layout import JOB_MARKER, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
-from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.retention import delete_checkpoint, policy_for
-from paddle_acp.format.snapshot import Snapshot
-from paddle_acp.format.writer import WriteResult, is_out_of_space, write_checkpoint
 from paddle_acp.storage.base import Storage
 
 if TYPE_CHECKING:
-    from paddle_acp.format.cache import RangeCache
+    from paddle_acp.format.checkpoints.cache import RangeCache
 
 logger = logging.getLogger("paddle_acp")
 
@@ -66,7 +68,7 @@ class Checkpointer:
 
     def check_no_links(self) -> None:
         """Refuse a job whose ``range`` directory or range directory is a symbolic link
-        (:func:`paddle_acp.format.index.check_no_links`)."""
+        (:func:`paddle_acp.format.checkpoints.index.check_no_links`)."""
         index.check_no_links(self.storage, self.job_id, self.range_name)
 
     def save(self, snap: Snapshot) -> WriteResult:
@@ -166,7 +168,7 @@ class Checkpointer:
             return False
         if self.fence is not None:
             self.fence.check("delete an old checkpoint to make space")
-        from paddle_acp.format.fencing import check_deletable
+        from paddle_acp.format.commit.fencing import check_deletable
 
         check_deletable(self.storage, self.job_id, self.dir)
         victim = older[0]
@@ -256,7 +258,7 @@ class Checkpointer:
         """Read and verify checkpoint ``number`` completely (:func:`reader.load`); raises CorruptCheckpointError.
 
         With a node-local cache the data comes from the local copy when that copy is this very
-        checkpoint (see :meth:`paddle_acp.format.cache.RangeCache.load`)."""
+        checkpoint (see :meth:`paddle_acp.format.checkpoints.cache.RangeCache.load`)."""
         if self.cache is not None and base is None:
             _m, raw = reader.read_manifest_raw(self.storage, self.base(number), number, self.range_name, raw)
             cached = self.cache.load(final_name(number), number, raw)
@@ -267,7 +269,7 @@ class Checkpointer:
 
     def load_latest(self, check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
         """The newest checkpoint that verifies; older ones are tried in turn, in the order of
-        :func:`paddle_acp.format.index.entries` (this layout's checkpoints only).
+        :func:`paddle_acp.format.checkpoints.index.entries` (this layout's checkpoints only).
 
         A checkpoint that is corrupt, crafted, of a newer format or unreadable (a read error
         on it, not on the listing) is skipped with a warning naming it and the cause.
@@ -299,7 +301,7 @@ def write_job_marker(storage: Storage, job_id: str) -> None:
 def no_usable(search: "index.Search[LoadedCheckpoint]", where: str, job_id: str, who: str = "") -> BaseException:
     """Why a restart that found committed checkpoints but none it can use stops: the first
     misfit's CheckpointError, a StorageError when some could not be read, else
-    :func:`paddle_acp.format.index.no_usable_error` naming each checkpoint."""
+    :func:`paddle_acp.format.checkpoints.index.no_usable_error` naming each checkpoint."""
     misfits = search.of_kind(index.MISFIT)
     if misfits:
         return misfits[0].error

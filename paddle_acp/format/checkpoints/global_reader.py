@@ -13,7 +13,9 @@ import zlib
 from typing import Dict, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format import index, reader, shares, verdict
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.commit import verdict
+from paddle_acp.format.engine import reader, shares
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest
 from paddle_acp.format.layout import DATA_NAME, GLOBAL_NAME, MANIFEST_NAME, position_key, range_dir, rank_part
 from paddle_acp.format.manifest import Manifest

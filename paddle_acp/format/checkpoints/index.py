@@ -1,8 +1,8 @@
 """Index: the checkpoints of one range in both layouts, in the order a restart tries them.
 
 One read-only answer to "which checkpoint does a restart load", shared by the restart
-(:meth:`Checkpointer.load_latest <paddle_acp.format.checkpointer.Checkpointer.load_latest>`,
-:func:`paddle_acp.format.restart.load_newest`) and the operator tools (``ls``, ``verify``,
+(:meth:`Checkpointer.load_latest <paddle_acp.format.checkpoints.checkpointer.Checkpointer.load_latest>`,
+:func:`paddle_acp.format.checkpoints.restart.load_newest`) and the operator tools (``ls``, ``verify``,
 ``inspect``, ``gc``):
 
 - :func:`entries` lists the single-writer checkpoints (``ckpt-N``) and those of several ranks
@@ -32,7 +32,8 @@ from paddle_acp.errors import (
     StorageError,
     UnknownFormatError,
 )
-from paddle_acp.format import atomic, reader
+from paddle_acp.format.commit import atomic
+from paddle_acp.format.engine import reader
 from paddle_acp.format.global_manifest import GLOBAL_FORMAT, GLOBAL_VERSION, MAX_GLOBAL_SIZE
 from paddle_acp.format.layout import (
     FINAL_RE,

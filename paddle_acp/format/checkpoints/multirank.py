@@ -12,7 +12,7 @@ save never shifts the others' numbering. Each rank writes its part (renamed
 into place from ``rank-{k}.tmp-g<G>-<id>`` where renames are atomic, G its
 fencing generation; on S3 its manifest, written last, commits it). Rank 0 then
 waits, bounded by ``PADDLE_ACP_PART_TIMEOUT``, for every rank's part of the same
-position, checks each (:mod:`~paddle_acp.format.part_commit`: a part whose
+position, checks each (:mod:`~paddle_acp.format.commit.part_commit`: a part whose
 recorded generation is not the newest of its rank is a superseded process's and
 is never committed), and writes ``global.json`` listing every part with the CRC32 of
 its manifest and the topology (world size, mode, each rank's program
@@ -33,12 +33,18 @@ import logging
 from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
-from paddle_acp.format import absence, atomic, index, shares, verdict
-from paddle_acp.format.checkpointer import Checkpointer
-from paddle_acp.format.committer import Committer, PendingCommit
-from paddle_acp.format.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.global_reader import GlobalEntry, GlobalReader
+from paddle_acp.format.commit import absence, atomic, verdict
+from paddle_acp.format.commit.committer import Committer, PendingCommit
+from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.commit.part_commit import PartCommitMixin
+from paddle_acp.format.commit.retention import delete_checkpoint, policy_for
+from paddle_acp.format.engine import shares
+from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.global_manifest import GlobalManifest, describe_topology
-from paddle_acp.format.global_reader import GlobalEntry, GlobalReader
 from paddle_acp.format.layout import (
     GLOBAL_NAME,
     MANIFEST_NAME,
@@ -52,14 +58,10 @@ from paddle_acp.format.layout import (
     tmp_generation,
 )
 from paddle_acp.format.manifest import Manifest
-from paddle_acp.format.part_commit import PartCommitMixin
-from paddle_acp.format.reader import LoadedCheckpoint
-from paddle_acp.format.retention import delete_checkpoint, policy_for
-from paddle_acp.format.snapshot import Snapshot
 from paddle_acp.storage.base import Entry, Storage
 
 if TYPE_CHECKING:
-    from paddle_acp.format.cache import RangeCache
+    from paddle_acp.format.checkpoints.cache import RangeCache
 
 logger = logging.getLogger("paddle_acp")
 
@@ -77,7 +79,7 @@ class SaveResult:
 
 
 class GlobalCheckpointer(GlobalReader, PartCommitMixin):
-    """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.part_commit`) for one range of one job."""
+    """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.commit.part_commit`) for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
                  max_to_keep: int = 3, part_timeout: float = 300.0, fence: Optional[Fence] = None,
@@ -207,7 +209,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         gen = self._part_checkpointer.generation
         part = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                 "generation": -1 if gen is None else gen}
-        if snap.share is not None:  # this part holds its share of the replicated tensors (format/shares.py)
+        if snap.share is not None:  # this part holds its share of the replicated tensors (format/engine/shares.py)
             part["share"] = snap.share
         snap = dataclasses.replace(snap, extra={**snap.extra, "part": part})  # (the caller's snapshot is left as it is)
         pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy,

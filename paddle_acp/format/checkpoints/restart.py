@@ -1,7 +1,7 @@
 """Restart: the checkpoint a range resumes from, of either layout, on every rank alike.
 
 :func:`load_newest` walks the range's checkpoints in the order of
-:func:`paddle_acp.format.index.entries` (the operator tools walk the same order) and loads the
+:func:`paddle_acp.format.checkpoints.index.entries` (the operator tools walk the same order) and loads the
 first one that verifies and fits this job. When checkpoints exist but none can be used, the
 restart stops with an error naming each one and why (never a silent start from scratch, and
 nothing deleted), unless ``PADDLE_ACP_START_FRESH`` asks for a fresh start; a checkpoint of a
@@ -14,14 +14,14 @@ import logging
 from typing import TYPE_CHECKING, Callable, Optional
 
 from paddle_acp.errors import CheckpointError, NoUsableCheckpointError, StorageError
-from paddle_acp.format import index
-from paddle_acp.format.checkpointer import Checkpointer, no_usable
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer, no_usable
+from paddle_acp.format.engine.reader import LoadedCheckpoint
 from paddle_acp.format.global_manifest import describe_topology
 from paddle_acp.format.layout import position_key
-from paddle_acp.format.reader import LoadedCheckpoint
 
 if TYPE_CHECKING:
-    from paddle_acp.format.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 
 logger = logging.getLogger("paddle_acp")
 
@@ -30,7 +30,7 @@ def load_newest(checkpointer: Checkpointer, global_checkpointer: "GlobalCheckpoi
                 check: Optional[Callable[[LoadedCheckpoint], None]] = None,
                 start_fresh: bool = False) -> Optional[LoadedCheckpoint]:
     """The newest checkpoint of either layout that verifies (older ones are tried in turn), in
-    the order of :func:`paddle_acp.format.index.entries` (the tools' order too).
+    the order of :func:`paddle_acp.format.checkpoints.index.entries` (the tools' order too).
 
     Single-rank checkpoints (``ckpt-N``, written by rank 0 only) count as replicated.
     Topology mismatches raise CheckpointError instead of falling back.

@@ -1,7 +1,7 @@
 """Rank 0's commits of checkpoints of several ranks, on a thread of their own, in position order.
 
 Rank 0's saver writes rank 0's part and hands the rest of the checkpoint (wait for the other
-ranks' parts, write ``global.json``, retention: :mod:`~paddle_acp.format.part_commit`) to the
+ranks' parts, write ``global.json``, retention: :mod:`~paddle_acp.format.commit.part_commit`) to the
 :class:`Committer`: the saver is free for the next save once its own part is written, and the
 training thread never waits for another rank. Commits run one at a time, in the order they were
 handed over (the positions' order). Each has a deadline (``PADDLE_ACP_PART_TIMEOUT`` from when it

@@ -2,9 +2,9 @@
 
 A part counts when its manifest is valid, names its rank and the checkpoint this
 incarnation resumed from, and was written by the newest generation of its rank
-(:mod:`~paddle_acp.format.fencing`): a part of a superseded process never enters a
+(:mod:`~paddle_acp.format.commit.fencing`): a part of a superseded process never enters a
 global checkpoint. The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a missing part
-abandons the checkpoint. Mixed into :class:`~paddle_acp.format.multirank.GlobalCheckpointer`.
+abandons the checkpoint. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format import absence, shares, verdict
-from paddle_acp.format.atomic import CommitStrategy
-from paddle_acp.format.committer import PendingCommit as Ticket
-from paddle_acp.format.fencing import Fence, newer_recorded, newest_generation
+from paddle_acp.format.commit import absence, verdict
+from paddle_acp.format.commit.atomic import CommitStrategy
+from paddle_acp.format.commit.committer import PendingCommit as Ticket
+from paddle_acp.format.commit.fencing import Fence, newer_recorded, newest_generation
+from paddle_acp.format.engine import shares
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
 from paddle_acp.format.layout import (
     GLOBAL_NAME,
@@ -127,7 +128,7 @@ class PartCommitMixin:
     def _newest_generation(self, rank: int, gens: Dict[int, int]) -> int:
         """Rank ``rank``'s newest generation, looked up once per commit (``gens``). Once listed, it is
         remembered across commits, and a later commit asks only whether the next one is recorded
-        (:func:`~paddle_acp.format.fencing.newer_recorded`: one look-up instead of a listing), listing
+        (:func:`~paddle_acp.format.commit.fencing.newer_recorded`: one look-up instead of a listing), listing
         again only when it is: the answer is the listing's."""
         if rank in gens:
             return gens[rank]
@@ -252,7 +253,7 @@ class PartCommitMixin:
             delay = min(delay * 1.5, 0.5)
         if ticket is not None:
             ticket.waited = time.monotonic() - t0
-        try:  # spread writes: the parts' shares must cover the state exactly (format/shares.py)
+        try:  # spread writes: the parts' shares must cover the state exactly (format/engine/shares.py)
             writers, share_writers = shares.commit_writers(shares.part_share(parts[0][1]), {k: parts[k][1] for k in parts}, f"{self.dir}/{name}")
         except CorruptCheckpointError as exc:
             logger.error("range %s: checkpoint %s abandoned: %s; it stays invisible and training goes on",

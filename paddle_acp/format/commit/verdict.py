@@ -6,7 +6,7 @@ node-local copy, rank 0's data read from the remote or from a cache) can judge o
 differently. A rank that rejects data the others may accept never falls back alone: it writes
 a mark next to the checkpoint's ``global.json`` and stops (:class:`RestartRequiredError`); at
 the job's restart every rank sees the mark (:func:`marks`, read by
-:meth:`~paddle_acp.format.multirank.GlobalCheckpointer.load` with the global manifest, before
+:meth:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer.load` with the global manifest, before
 any part) and falls back alike. Each rank reads only the parts it loads, so a bad part is seen
 by the ranks that load it, and the mark is how the others learn of it.
 The ranks that accepted the copy stop too: each checks the marks of the checkpoint it resumed

@@ -1,6 +1,6 @@
 """A verified checkpoint in memory or on a local disk, its tensors handed out once each.
 
-What :func:`paddle_acp.format.reader.load` returns: nothing here reads anything
+What :func:`paddle_acp.format.engine.reader.load` returns: nothing here reads anything
 that was not verified first. :class:`FileSource` keeps a verified local file
 open (and mapped) and copies tensors out of it on demand; :class:`MemorySource`
 holds the verified image of a remote file.
@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Protocol
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format.arena import CopyJob, chunked, copy_job, run_parallel
+from paddle_acp.format.engine.arena import CopyJob, chunked, copy_job, run_parallel
 from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord
 
 __all__ = ["FileSource", "Key", "LoadedCheckpoint", "MemorySource", "ReadItem"]
@@ -126,7 +126,7 @@ Source = Union[MemorySource, FileSource]
 
 class TensorSource(Protocol):
     """What a LoadedCheckpoint reads its verified tensors from (a source above, or the shares of
-    a spread checkpoint, :class:`paddle_acp.format.shares.SharesSource`)."""
+    a spread checkpoint, :class:`paddle_acp.format.engine.shares.SharesSource`)."""
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray: ...
     def read_into(self, items: Sequence[ReadItem]) -> None: ...

@@ -32,12 +32,12 @@ from typing import Callable, Collection, Dict, List, Optional, Tuple
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format.arena import alloc_buffer
-from paddle_acp.format.crc import crc_pool, drain
+from paddle_acp.format.engine.arena import alloc_buffer
+from paddle_acp.format.engine.crc import crc_pool, drain
+from paddle_acp.format.engine.loaded import FileSource, Key, LoadedCheckpoint, MemorySource, pread_into
+from paddle_acp.format.engine.spool import open_spool, spool_writer
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
-from paddle_acp.format.loaded import FileSource, Key, LoadedCheckpoint, MemorySource, pread_into
 from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord, max_manifest_size
-from paddle_acp.format.spool import open_spool, spool_writer
 from paddle_acp.storage.base import InputFile, Storage
 
 __all__ = [
@@ -151,7 +151,7 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     A data file larger than ``memory_budget`` (``PADDLE_ACP_HOST_MEMORY``) is neither mapped
     (local: its mapped pages would count in the process's memory; it is read with ``preadv``)
     nor held in memory (remote: it is verified on its way into an unlinked local spool file,
-    see :mod:`paddle_acp.format.spool`)."""
+    see :mod:`paddle_acp.format.engine.spool`)."""
     m, data_path = check_header(storage, base, number, range_name, raw, sized_by_read=True)
     records = _records(m)
     over = memory_budget is not None and m.data_size > memory_budget
@@ -266,7 +266,7 @@ def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
 def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record],
                     budget: Optional[int], spool_dir: Optional[str] = None) -> FileSource:
     """A remote data file larger than the host-memory budget: verified by the one loop on its
-    way into an unlinked local spool file (:mod:`paddle_acp.format.spool`), then read from there
+    way into an unlinked local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there
     like a local one (no mapping)."""
     logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
                 "spool file instead of memory", data_path, m.data_size, budget)

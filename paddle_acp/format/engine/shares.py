@@ -37,9 +37,9 @@ import numpy as np
 
 from paddle_acp.config.values import MAX_WORLD
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format.loaded import Key, LoadedCheckpoint, ReadItem
+from paddle_acp.format.engine.loaded import Key, LoadedCheckpoint, ReadItem
+from paddle_acp.format.engine.snapshot import ProgramSnapshot
 from paddle_acp.format.manifest import Manifest, ProgramRecord, TensorRecord
-from paddle_acp.format.snapshot import ProgramSnapshot
 
 WRITERS_ALL = "all"
 WRITERS_ONE = "one"

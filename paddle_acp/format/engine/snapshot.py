@@ -5,7 +5,7 @@ program's tensors (host arrays, see :mod:`paddle_acp.adapter.tensors` for how
 they are taken out of a scope), the RNG and loader states, and the data file's
 layout. It holds content only: the writer returns what it wrote rather than
 writing into it, and a save's runtime facts travel beside it. :func:`copy_into`
-copies laid-out tensors into the file's image (an :class:`~paddle_acp.format.arena.Arena`).
+copies laid-out tensors into the file's image (an :class:`~paddle_acp.format.engine.arena.Arena`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from paddle_acp.format.arena import chunked, copy_job, run_parallel
+from paddle_acp.format.engine.arena import chunked, copy_job, run_parallel
 from paddle_acp.format.manifest import RangeRecord, align
 
 if TYPE_CHECKING:
-    from paddle_acp.format.stream import ChunkStream
+    from paddle_acp.format.engine.stream import ChunkStream
 
 
 @dataclasses.dataclass
@@ -55,7 +55,7 @@ class Snapshot:
     bytes are laid out, nothing about the save that takes it.
 
     Frozen: the writer never writes into it; it returns what it wrote
-    (:class:`~paddle_acp.format.writer.WriteResult`). What the runtime decides about one save
+    (:class:`~paddle_acp.format.engine.writer.WriteResult`). What the runtime decides about one save
     (busy-policy queueing, waits, stalls, durability, rank 0's wait for the parts) travels
     beside it (:class:`~paddle_acp.runtime.saver.SaveTicket`).
     """
@@ -72,9 +72,9 @@ class Snapshot:
     data_size: int = -1
     # several ranks: "replicated" or "per-rank", what this part holds (recorded in the part's manifest)
     mode: Optional[str] = None
-    # several ranks, spread writes: this part's share record (format/shares.py; recorded in the part's manifest)
+    # several ranks, spread writes: this part's share record (format/engine/shares.py; recorded in the part's manifest)
     share: Optional[Dict[str, Any]] = None
-    # the state is over the host-memory budget: its bytes come in chunks (format/stream.py), not in ``image``
+    # the state is over the host-memory budget: its bytes come in chunks (format/engine/stream.py), not in ``image``
     stream: Optional["ChunkStream"] = None
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 A remote data file is normally read once into memory and verified there, which doubles
 the process's memory at restore (the scope's tensors plus the image). When the file is
-larger than the budget, :func:`paddle_acp.format.reader.load` streams it instead through
+larger than the budget, :func:`paddle_acp.format.engine.reader.load` streams it instead through
 a few small buffers into an unlinked local file (the spool), every tensor's checksum
 computed on the way by the reader's one verification loop; only a file whose every
 checksum matched is handed on, and the tensors are then copied out of it with ``preadv``

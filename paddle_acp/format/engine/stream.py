@@ -24,8 +24,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from paddle_acp.errors import CheckpointError, StorageError
-from paddle_acp.format.arena import PAGE, chunked, copy_job, run_parallel
-from paddle_acp.format.crc import crc_pool
+from paddle_acp.format.engine.arena import PAGE, chunked, copy_job, run_parallel
+from paddle_acp.format.engine.crc import crc_pool
 from paddle_acp.format.manifest import VERSION, checksum_function
 
 logger = logging.getLogger("paddle_acp")

@@ -3,7 +3,7 @@
 The tensors' checksums are computed on the CRC thread while this thread writes
 (both release the GIL). The manifest is read back before it is written: a
 checkpoint a restart would reject is never committed. The writer never writes
-into the :class:`~paddle_acp.format.snapshot.Snapshot`: it returns what it wrote,
+into the :class:`~paddle_acp.format.engine.snapshot.Snapshot`: it returns what it wrote,
 a :class:`WriteResult`.
 """
 
@@ -17,12 +17,12 @@ from concurrent.futures import Future
 from typing import Callable, List, Optional, Tuple, Union
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
-from paddle_acp.format.atomic import Pending
-from paddle_acp.format.crc import checksum, crc_pool
+from paddle_acp.format.commit.atomic import Pending
+from paddle_acp.format.engine.crc import checksum, crc_pool
+from paddle_acp.format.engine.snapshot import Snapshot
+from paddle_acp.format.engine.stream import write_stream
 from paddle_acp.format.layout import DATA_NAME
 from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
-from paddle_acp.format.snapshot import Snapshot
-from paddle_acp.format.stream import write_stream
 
 _ZEROS = bytes(ALIGN)
 
