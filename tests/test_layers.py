@@ -10,6 +10,9 @@ dependency that goes the wrong way fails here, not in a reader's head:
 ``errors``, ``secrets``, ``config`` and ``threads`` are below every layer. Only the adapter, the runtime and the
 compat surfaces may import Paddle; format, storage and tools never do, not even inside a function
 (tests/unit/ runs them without Paddle installed).
+
+Inside ``format``, its floors (paddle_acp/format/__init__.py) go down alike: the on-disk formats at its top
+<- ``engine``, ``commit`` <- ``checkpoints`` (:func:`test_format_floors`).
 """
 
 import ast
@@ -197,6 +200,49 @@ def test_no_import_circles():
     """No module imports, directly or through others, a module that imports it."""
     new = [g for g in _import_cycles() if g not in KNOWN_CYCLES]
     assert not new, "import circles: " + "; ".join(" <-> ".join(g) for g in new)
+
+
+# The floors inside format/ (paddle_acp/format/__init__.py): the on-disk formats at its top, then the engine
+# (moving bytes) and commit (commit, fencing, retention), then the checkpoints (checkpointers, index, restart).
+FORMAT_FLOORS = ("engine", "commit", "checkpoints")  # the subpackages; any other format module is an on-disk format
+FORMAT_MAY_IMPORT: Dict[str, Set[str]] = {
+    "formats": {"formats"},
+    "engine": {"formats", "engine", "paddle_acp.format.commit.atomic"},  # the writer writes into a commit's directory
+    "commit": {"formats", "engine", "commit"},
+    "checkpoints": {"formats", "engine", "commit", "checkpoints"},
+}
+# (importer, imported) pairs that break the floors today, each a known debt: keep the list shrinking.
+KNOWN_FLOOR_BREAKS = [
+    ("paddle_acp.format.layout", "paddle_acp.format.engine.snapshot"),  # re-exports snapshot.layout (byte offsets)
+]
+
+
+def _format_floor(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) >= 3 and parts[2] in FORMAT_FLOORS else "formats"
+
+
+def _floor_breaks() -> List[Tuple[str, str]]:
+    out = []
+    for module, path in MODULES:
+        if _layer(module) != "format":
+            continue
+        allowed = FORMAT_MAY_IMPORT[_format_floor(module)]
+        for name in sorted({_module_of(n) for n in _imports(path) if n.startswith("paddle_acp.format.")}):
+            if _format_floor(name) not in allowed and name not in allowed:
+                out.append((module, name))
+    return out
+
+
+def test_format_floors():
+    """Inside format/, imports go down its floors too: the on-disk formats import no engine, commit or
+    checkpoints module; the engine and commit never import the checkpoints (the engine only the commit
+    strategy its writer writes through)."""
+    breaks = _floor_breaks()
+    new = [b for b in breaks if b not in KNOWN_FLOOR_BREAKS]
+    assert not new, "format/ floors broken: " + "; ".join(f"{a} imports {b}" for a, b in new)
+    gone = [b for b in KNOWN_FLOOR_BREAKS if b not in breaks]
+    assert not gone, f"no longer broken, remove from KNOWN_FLOOR_BREAKS: {gone}"
 
 
 PADDLE_INTERNALS = re.compile(r"\.get_tensor\(|\._ptr\(|\._dtype\(|\._is_initialized\(|\._place\(|framework\._\w+|\.find_var\(")

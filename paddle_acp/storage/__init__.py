@@ -1,7 +1,7 @@
 """Storage layer: one small interface over local disks, HDFS and S3, chosen by URI.
 
 ``base`` (the interface and its capabilities), ``arrow`` (what every pyarrow filesystem shares),
-``local``, ``s3``, ``hdfs`` (+ ``hadoop_cli``), ``registry`` (scheme -> class). Redaction of
+``local``, ``s3``, ``hdfs`` (+ ``hadoop_cli``), ``schemes`` (scheme -> class). Redaction of
 credentials is :mod:`paddle_acp.secrets` (below every layer; re-exported here).
 """
 

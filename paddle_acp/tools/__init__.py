@@ -1,6 +1,6 @@
 """Operator tools: ``paddle-acp ls / inspect / verify / gc / export / stats / check``.
 
-One module per command (:mod:`.ls`, :mod:`.inspect`, :mod:`.verify`, :mod:`.gc`, :mod:`.export`,
+One module per command (:mod:`.ls`, :mod:`.inspect_checkpoint`, :mod:`.verify`, :mod:`.gc`, :mod:`.export`,
 :mod:`.stats` with :mod:`.plot`, :mod:`.check` with :mod:`.check_report`); each has a function that computes a result object (a dataclass), a
 ``render`` to text and a ``to_json``, its ``register`` (argparse) and ``main``. Shared: :mod:`.discovery`
 (the root, jobs, ranges), :mod:`.scan` (the checkpoints of a range and the one a restart loads),

@@ -1,4 +1,4 @@
-"""Metrics: one JSON line per save in ``{job}/metrics/trainer-{id}.jsonl`` on the checkpoint storage.
+"""The metrics log: one JSON line per save in ``{job}/metrics/trainer-{id}.jsonl`` on the checkpoint storage.
 
 A line is a :class:`~paddle_acp.format.metrics_record.MetricsRecord` (its fields, their types and
 meanings, the events start, saved, failed and skipped, and the parsing of a line read back are defined
