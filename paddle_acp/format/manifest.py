@@ -62,7 +62,7 @@ MAX_MANIFEST_BASE = 4 << 20  # bytes every manifest may have (RNG states, loader
 MAX_MANIFEST_PER_DATA_BYTE = 16  # plus this many per byte of tensors.bin (a tensor record is ~250 bytes
 #                                  and a non-empty tensor takes at least 64 aligned bytes of data)
 MAX_MANIFEST_SIZE = 64 << 20  # and never more than this
-MAX_NUMBER = 10**15 - 1  # checkpoint numbers: at most 15 digits (atomic.py parses names the same way)
+MAX_NUMBER = 10**15 - 1  # checkpoint numbers: at most 15 digits (commit/atomic.py parses names the same way)
 MAX_BYTES = 2**62  # sizes and offsets
 MAX_INT = 2**64  # any integer anywhere in a manifest: |x| < 2**64 (RNG seeds are 64-bit)
 MAX_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: `created` must be a time a calendar can show

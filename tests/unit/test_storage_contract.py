@@ -568,7 +568,7 @@ def test_paths_stay_below_the_root_and_uris_keep_no_secret(tmp_path):
     check_uri()
 
 
-def test_registry_picks_the_class_by_scheme(tmp_path):
+def test_the_scheme_table_picks_the_class(tmp_path):
     """One table from scheme to backend: plain paths and file:// are local disks, an unknown
     scheme is a ConfigError naming the supported ones (never the URI's secrets), and a backend
     registered for a new scheme serves it."""
