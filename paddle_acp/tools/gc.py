@@ -40,7 +40,7 @@ class GcResult:
     errors: List[str]
 
     @property
-    def doomed(self) -> List[GcAction]:
+    def to_remove(self) -> List[GcAction]:
         return [a for a in self.plan if a.action == DELETE]
 
 
@@ -101,7 +101,7 @@ def gc(uri: str, keep: int, dry_run: bool = False, job: Optional[str] = None, le
         raise ToolError(f"gc of {storage.uri!r} stopped before deleting anything: {exc}") from exc
     res = GcResult(storage.uri, keep, dry_run, plan, [], [])
     if not dry_run:
-        for a in res.doomed:
+        for a in res.to_remove:
             try:
                 _delete(storage, a.info)
                 res.deleted.append(a)
@@ -131,7 +131,7 @@ def render(res: GcResult) -> str:
     if rows:
         lines.append(table(["JOB", "RANGE", "CHECKPOINT", "ACTION", "SIZE", "WHY"], rows, right=(4,)))
     if res.dry_run:
-        n, freed = len(res.doomed), sum(a.info.bytes for a in res.doomed)
+        n, freed = len(res.to_remove), sum(a.info.bytes for a in res.to_remove)
         lines.append(f"dry run: {n} {plural(n, 'directory', 'directories')} ({human_bytes(freed)}) would be deleted; "
                      "nothing was changed")
     else:

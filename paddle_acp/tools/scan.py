@@ -170,7 +170,7 @@ def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, ve
     sizes); with ``verify`` every part's checksums are read too."""
     from paddle_acp.format.checkpoints.global_reader import GlobalReader
 
-    gck = GlobalReader(storage, job, range_name)
+    global_reader = GlobalReader(storage, job, range_name)
     path = e.path
     info = CkptInfo(job, range_name, e.name, 0, e.committed, path, entry=e)
     info.position = e.key
@@ -186,14 +186,14 @@ def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, ve
     info.mtime = newest
     if e.committed and info.status != CORRUPT:
         try:
-            gm, raws = gck.check_global(e.name)
+            gm, raws = global_reader.check_global(e.name)
             info.number = gm.number
             info.manifest = Manifest.loads(raws[0])
             info.ranks = sorted(raws)
             info.status = OK
             info.reason = f"{gm.world_size} ranks, {gm.mode}"
             if verify:
-                gck.verify(e.name)
+                global_reader.verify(e.name)
                 info.status = VERIFIED
         except UnknownFormatError as exc:
             info.status, info.reason = NEWER, short_reason(exc, path)

@@ -442,13 +442,13 @@ def test_keep_last_n_lets_go_of_exactly_the_oldest(numbers, n):
 
     committed = sorted(numbers)
     policy = policy_for(n)
-    doomed = policy.doomed(committed)
+    to_remove = policy.to_remove(committed)
     if n <= 0:
-        assert isinstance(policy, KeepAll) and policy.keeps_everything and doomed == []
+        assert isinstance(policy, KeepAll) and policy.keeps_everything and to_remove == []
     else:
         assert policy == KeepLast(n) and not policy.keeps_everything
-        assert doomed == committed[:max(0, len(committed) - n)]
-        assert committed[len(doomed):] == committed[-n:]  # the newest n stay, in order
+        assert to_remove == committed[:max(0, len(committed) - n)]
+        assert committed[len(to_remove):] == committed[-n:]  # the newest n stay, in order
 
 
 def test_delete_checkpoint_removes_the_commit_file_first(tmp_path):

@@ -206,10 +206,10 @@ class Checkpointer:
     def _retain(self, committed: List[int], keep: Optional[int] = None) -> List[int]:
         """Delete what the retention policy lets go of the ``committed`` checkpoint numbers."""
         policy = policy_for(self.max_to_keep if keep is None else keep)
-        if not policy.doomed(sorted(committed)):  # nothing to delete even counting every checkpoint: no look inside
+        if not policy.to_remove(sorted(committed)):  # nothing to delete even counting every checkpoint: no look inside
             return []
         # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
-        to_delete = policy.doomed([n for n in sorted(committed) if self._deletable(n)])
+        to_delete = policy.to_remove([n for n in sorted(committed) if self._deletable(n)])
         if to_delete:
             if self.fence is not None:
                 self.fence.check("delete old checkpoints")

@@ -291,7 +291,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             return []
         newest = committed[-1].key
         # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
-        to_delete = policy_for(keep).doomed([g for g in committed if self._deletable(g)]) if policy_for(keep).doomed(committed) else []
+        to_delete = policy_for(keep).to_remove([g for g in committed if self._deletable(g)]) if policy_for(keep).to_remove(committed) else []
         to_delete += [g for g in entries if not g.committed and g.key < newest]  # abandoned: never committed
         if not to_delete:
             return []

@@ -1,7 +1,7 @@
 """Retention: which committed checkpoints to keep, and the one way to delete one.
 
 A policy looks at the committed checkpoints of a range, oldest first, and says
-which of them may go (:meth:`RetentionPolicy.doomed`); what the caller then
+which of them may go (:meth:`RetentionPolicy.to_remove`); what the caller then
 deletes goes through :func:`delete_checkpoint`, which removes the checkpoint's
 commit file first (its ``manifest.json``, or the ``global.json`` of a checkpoint
 of several ranks), then the directory: a half-deleted checkpoint is never
@@ -27,11 +27,11 @@ class RetentionPolicy(abc.ABC):
 
     @property
     def keeps_everything(self) -> bool:
-        """True when :meth:`doomed` never returns anything (callers need not list the range)."""
+        """True when :meth:`to_remove` never returns anything (callers need not list the range)."""
         return False
 
     @abc.abstractmethod
-    def doomed(self, committed: Sequence[T]) -> List[T]:
+    def to_remove(self, committed: Sequence[T]) -> List[T]:
         """The checkpoints of ``committed`` (oldest first) that may be deleted, oldest first."""
 
 
@@ -43,7 +43,7 @@ class KeepAll(RetentionPolicy):
     def keeps_everything(self) -> bool:
         return True
 
-    def doomed(self, committed: Sequence[T]) -> List[T]:
+    def to_remove(self, committed: Sequence[T]) -> List[T]:
         return []
 
 
@@ -57,7 +57,7 @@ class KeepLast(RetentionPolicy):
     def keeps_everything(self) -> bool:
         return self.n <= 0
 
-    def doomed(self, committed: Sequence[T]) -> List[T]:
+    def to_remove(self, committed: Sequence[T]) -> List[T]:
         if self.n <= 0 or len(committed) <= self.n:
             return []
         return list(committed[:-self.n])

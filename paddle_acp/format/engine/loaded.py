@@ -137,22 +137,22 @@ class _PendingArrays(MutableMapping[Key, np.ndarray]):
     """``(program key, tensor name) -> array`` over the tensors not yet handed out; reads on access."""
 
     def __init__(self, loaded: "LoadedCheckpoint"):
-        self._ck = loaded
+        self._loaded = loaded
 
     def __getitem__(self, k: Key) -> np.ndarray:
-        return self._ck.read(k[0], self._ck._pending[k])
+        return self._loaded.read(k[0], self._loaded._pending[k])
 
     def __setitem__(self, k: Key, v: np.ndarray) -> None:
         raise TypeError("the arrays of a loaded checkpoint are read-only")
 
     def __delitem__(self, k: Key) -> None:
-        self._ck.hand_out(k)  # KeyError when not pending
+        self._loaded.hand_out(k)  # KeyError when not pending
 
     def __iter__(self) -> Iterator[Key]:
-        return iter(list(self._ck._pending))
+        return iter(list(self._loaded._pending))
 
     def __len__(self) -> int:
-        return len(self._ck._pending)
+        return len(self._loaded._pending)
 
 
 class LoadedCheckpoint:
