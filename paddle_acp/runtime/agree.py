@@ -156,13 +156,14 @@ class Agreement:
     others) the plan that decides them."""
 
     def __init__(self, storage: Storage, range_dir: str, range_name: str, rank: int, policy: str,
-                 interval: float, base: Optional[str] = None) -> None:
+                 interval: float, base: Optional[str] = None, fence: Optional[Fence] = None) -> None:
+        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer)."""
         self.storage = storage
         self.dir = range_dir
         self.range_name = range_name
         self.rank = rank
         self.base = base
-        self.fence: Optional[Fence] = None
+        self.fence = fence
         self.counts = {"due": 0, "interval": 0}
         self.policy = policy
         self.plan = initial_plan(range_name, base, "-", policy)  # until one is read

@@ -165,7 +165,7 @@ class EpochRange:
         self.restorer = Restorer(name, cfg, self.checkpointer, self.global_checkpointer, self.release_hook)
         # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree)
         agreement = Agreement(storage, range_dir(cfg.job_id, name), name, cfg.trainer_id, cfg.busy_policy,
-                              save_interval) if self.several_ranks else None
+                              save_interval, fence=opened.fence) if self.several_ranks else None
         self.schedule = SaveSchedule(save_interval, cfg.busy_policy, agreement)
         self.metrics = MetricsLog(storage, cfg.job_id, cfg.trainer_id)
         self.persister = Persister(name, max_epoch_num, cfg, storage, self.registry, self.position, self.script,
@@ -189,7 +189,7 @@ class EpochRange:
         """The range's reads before its first epoch: the checkpoint to resume from, the ranks' save plan."""
         self.restorer.load_newest()
         self.position.epoch_no = self.restorer.resume_epoch
-        self.schedule.start(self.fence, self.global_checkpointer.base)  # rank 0: a fresh plan, before any step
+        self.schedule.start(self.global_checkpointer.base)  # rank 0: a fresh plan, before any step
         if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
             loaded = self.restorer.loaded
             self.metrics.add(MetricsRecord.start(

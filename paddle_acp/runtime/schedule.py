@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.runtime.agree import Agreement, agreed_action
 from paddle_acp.runtime.saver import QUEUE, busy_action
 
@@ -34,11 +33,10 @@ class SaveSchedule:
         """Change the busy policy of this range's later saves (Paddle's API takes every due save)."""
         self.busy_policy = policy
 
-    def start(self, fence: Optional[Fence], base: Optional[str]) -> None:
+    def start(self, base: Optional[str]) -> None:
         """Several ranks, when the range opens: rank 0 writes a fresh save plan (before any training
         step); ``base``: the global checkpoint this incarnation resumed from."""
         if self.agreement is not None:
-            self.agreement.fence = fence
             self.agreement.start(base)
 
     def restart_clock(self) -> None:
