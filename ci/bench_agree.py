@@ -76,7 +76,28 @@ def counts(uri: str) -> dict:
     return {"committed": sum(1 for x in r0 if x.get("committed") is True),
             "skipped": sum(1 for x in r0 if x["event"] == "skipped"),
             "abandoned": sum(1 for x in r0 if x.get("committed") is False),
-            "waited_s": round(sum(x.get("waited_s", 0.0) for x in recs if x["event"] == "saved"), 3)}
+            "waited_s": round(sum(x.get("waited_s", 0.0) for x in recs if x["event"] == "saved"), 3),
+            "split": split(recs)}
+
+
+def split(recs: list) -> dict:
+    """Where the training threads were blocked, per rank (seconds, from the "saved" records): waiting for the
+    previous checkpoint (``waited_s``) in the first block of due points (the plan takes every point until rank 0
+    has measured a persist), in the later ones, and at the last epoch (the final save); and the rest of the
+    stall (the snapshot copy, the hand-off)."""
+    out: dict = {}
+    saved = [x for x in recs if x["event"] == "saved"]
+    last = max((x.get("epoch", 0) for x in saved), default=0)
+    for x in saved:
+        d = out.setdefault(f"rank{x.get('trainer', 0)}", {"waited_first8": 0.0, "waited_later": 0.0,
+                                                          "waited_final": 0.0, "copy_and_handoff": 0.0,
+                                                          "saves": 0})
+        w = x.get("waited_s", 0.0)
+        key = "waited_final" if x.get("epoch") == last else "waited_first8" if x.get("epoch", 0) < 8 else "waited_later"
+        d[key] += w
+        d["copy_and_handoff"] += max(0.0, x.get("stall_s", 0.0) - w)
+        d["saves"] += 1
+    return {r: {k: round(v, 3) for k, v in d.items()} for r, d in sorted(out.items())}
 
 
 def main(argv=None) -> int:
@@ -102,6 +123,7 @@ def main(argv=None) -> int:
                 row[kind] = run_job(work, f"{kind}{r}", uri, env, args)
                 if uri is not None:
                     row.update(counts(uri))
+                    log(f"round {r}: blocked by saves {row['split']}")
                 log(f"round {r} {kind}: {row[kind]:.2f} s (job wall {time.perf_counter() - t0:.1f} s)")
             row["ratio"] = row["on"] / row["off"]
             results["rounds"].append(row)
