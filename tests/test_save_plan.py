@@ -229,3 +229,26 @@ def test_stride_is_never_above_k():
         planner.at("due", i, float(i), True)
     assert max(s for _, s in planner.plan.strides) == MAX_STRIDE
     assert math.isclose(planner.gap, 1.0)
+
+
+def test_the_stride_covers_an_occasional_slow_persist():
+    """Epochs of 1 s, persists of 1 s with every 4th one 3.5 s (a storage's occasional slow write, e.g. HDFS's
+    retried block completion): rank 0 plans for the slow one (every 5th point), not for the last persist
+    (which took the stride down to 2 after every fast one, so every rank waited after each slow persist)."""
+    persists = [3.5 if i % 4 == 0 else 1.0 for i in range(80)]
+    mine, _ = simulate("skip", [1.0] * 80, persists, [0])
+    taken = [i for i, t in enumerate(mine) if t]
+    assert {b - a for a, b in zip(taken[12:], taken[13:])} == {5}, taken
+
+
+def test_the_persist_planned_for_is_the_longest_of_the_last_few():
+    planner = Planner(SavePlan("r", None, "t"), "skip", 0.0, 0.0)
+    for start, seconds in enumerate([0.5, 3.0, 0.5, 0.5, 0.5, 0.5, 0.5]):
+        planner.persist_started(10.0 * start)
+        planner.persist_ended(10.0 * start + seconds)
+    assert planner.estimate(100.0) == 0.5  # the slow one is PERSIST_WINDOW persists ago
+    planner.persist_started(200.0)
+    planner.persist_ended(202.0)
+    assert planner.estimate(300.0) == 2.0
+    planner.persist_started(300.0)
+    assert planner.estimate(304.0) == 4.0  # in flight for longer than any

@@ -51,6 +51,7 @@ MAX_STRIDE = 8  # K: every K-th due point at least is taken (waiting for the pre
 # read it from point b*H - W + 1 on (W - 1 points of time for the read)
 SCHEDULE = {"due": (4, 3), "interval": (2, 2)}
 MARGIN = 1.2  # the stride covers the persist time with this margin
+PERSIST_WINDOW = 4  # the persist time planned for: the longest of this many last persists
 READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
 _TORN_RETRIES = 5
 
@@ -85,7 +86,8 @@ class Planner:
         self.interval = interval
         self._last_due: Optional[float] = None
         self.gap: Optional[float] = None  # seconds between due points (moving average)
-        self.persist = 0.0  # the last persist's seconds (submit to end)
+        self.persist = 0.0  # the longest of the last PERSIST_WINDOW persists' seconds (submit to end)
+        self._persists: Deque[float] = collections.deque(maxlen=PERSIST_WINDOW)
         self._inflight_since: Optional[float] = None
         self._last_interval = now
 
@@ -104,11 +106,14 @@ class Planner:
 
     def persist_ended(self, now: float) -> None:
         if self._inflight_since is not None:
-            self.persist = now - self._inflight_since
+            self._persists.append(now - self._inflight_since)
+            self.persist = max(self._persists)
             self._inflight_since = None
 
     def estimate(self, now: float) -> float:
-        """The persist time: the last one's, or longer while one is in flight."""
+        """The persist time: the longest of the last few (a storage's persists vary: one slow write in a few,
+        e.g. HDFS's retried block completion, would otherwise make every rank wait at the next taken point), or
+        longer while one is in flight."""
         if self._inflight_since is None:
             return self.persist
         return max(self.persist, now - self._inflight_since)
