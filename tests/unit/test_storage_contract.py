@@ -293,6 +293,35 @@ def test_unicode_and_spaces_in_names(backend):
     assert st.listdir("") == []
 
 
+def test_a_limited_read_allocates_what_the_file_holds_not_the_limit(backend):
+    """``read_bytes(path, limit)`` returns the file (or its first ``limit + 1`` bytes) without allocating the
+    limit: a 30 KB manifest read with its 64 MB limit once made a 64 MB object on every read (pyarrow and
+    Python's file ``read(n)`` allocate ``n`` first), fresh memory at every poll of rank 0's commit."""
+    import tracemalloc
+
+    st = backend.storage()
+    st.makedirs("lim")
+    small = os.urandom(30_000)
+    st.write_bytes("lim/small.bin", small)
+    big = os.urandom(3 * MB + 5)
+    st.write_bytes("lim/big.bin", big)
+    st.write_bytes("lim/empty.bin", b"")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        assert st.read_bytes("lim/small.bin", limit=64 * MB) == small
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * MB, f"reading 30 KB with a 64 MB limit allocated {peak} bytes at its peak"
+    assert st.read_bytes("lim/big.bin", limit=64 * MB) == big  # several pieces
+    assert st.read_bytes("lim/big.bin") == big
+    assert st.read_bytes("lim/big.bin", limit=2 * MB) == big[:2 * MB + 1]  # more than the limit: limit + 1
+    assert st.read_bytes("lim/small.bin", limit=len(small)) == small
+    assert st.read_bytes("lim/empty.bin", limit=10) == b"" and st.read_bytes("lim/empty.bin") == b""
+    st.delete_dir("lim")
+
+
 def test_large_object(backend, large_blob):
     size = LARGE.get(backend.kind, LARGE_DEFAULT)
     blob = large_blob[:size]
