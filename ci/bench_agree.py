@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -67,6 +68,27 @@ def run_job(work: str, tag: str, uri, env: dict, args) -> float:
     return max(secs)
 
 
+def proc_cpu(pids) -> float:
+    """CPU seconds (user + system) the live processes ``pids`` (and their waited-for children) have used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        if pid is None:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15]) / tick  # utime, stime, cutime, cstime
+    return total
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def counts(uri: str) -> dict:
     from paddle_acp import tools
     from paddle_acp.storage import open_storage
@@ -84,7 +106,7 @@ def split(recs: list) -> dict:
     """Where the training threads were blocked, per rank (seconds, from the "saved" records): waiting for the
     previous checkpoint (``waited_s``) in the first block of due points (the plan takes every point until rank 0
     has measured a persist), in the later ones, and at the last epoch (the final save); and the rest of the
-    stall (the snapshot copy, the hand-off)."""
+    stall (the snapshot copy, the hand-off, rank 0's decision and plan write); and the skipped points' stall."""
     out: dict = {}
     saved = [x for x in recs if x["event"] == "saved"]
     last = max((x.get("epoch", 0) for x in saved), default=0)
@@ -97,6 +119,10 @@ def split(recs: list) -> dict:
         d[key] += w
         d["copy_and_handoff"] += max(0.0, x.get("stall_s", 0.0) - w)
         d["saves"] += 1
+    for x in recs:  # a skipped point's stall: deciding it (rank 0: and writing a changed plan)
+        if x["event"] == "skipped" and f"rank{x.get('trainer', 0)}" in out:
+            out[f"rank{x.get('trainer', 0)}"].setdefault("skipped_stall", 0.0)
+            out[f"rank{x.get('trainer', 0)}"]["skipped_stall"] += x.get("stall_s", 0.0)
     return {r: {k: round(v, 3) for k, v in d.items()} for r, d in sorted(out.items())}
 
 
@@ -109,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=20000, help="hidden width (20000: ~4 MB of state with Adam)")
     ap.add_argument("--policy", default="skip")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", choices=("on", "off"), default=None,
+                    help="run only the job with (on) or without (off) checkpoints (for profiling; no ratio)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="acp-bench-agree-")
     results = {"world": args.world, "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,
@@ -117,16 +145,28 @@ def main(argv=None) -> int:
         env = hdfs.client_env()
         for r in range(args.rounds):
             row = {}
-            for kind in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            kinds = ("off", "on") if r % 2 == 0 else ("on", "off")
+            for kind in (k for k in kinds if args.only in (None, k)):
                 uri = None if kind == "off" else f"{hdfs.uri}/bench-agree/{uuid.uuid4().hex[:8]}"
                 t0 = time.perf_counter()
+                c0, s0 = children_cpu(), proc_cpu([hdfs.namenode_pid, hdfs.datanode_pid])
                 row[kind] = run_job(work, f"{kind}{r}", uri, env, args)
+                # where the 2 cores went: the ranks' processes (training, their saver threads and the
+                # in-process libhdfs JVM) and the HDFS server JVMs, over the whole job (start-up included)
+                row[f"cpu_{kind}"] = {"ranks_s": round(children_cpu() - c0, 2),
+                                      "hdfs_servers_s": round(proc_cpu([hdfs.namenode_pid, hdfs.datanode_pid])
+                                                              - s0, 2)}
                 if uri is not None:
                     row.update(counts(uri))
                     log(f"round {r}: blocked by saves {row['split']}")
-                log(f"round {r} {kind}: {row[kind]:.2f} s (job wall {time.perf_counter() - t0:.1f} s)")
+                log(f"round {r} {kind}: {row[kind]:.2f} s (job wall {time.perf_counter() - t0:.1f} s, "
+                    f"CPU {row[f'cpu_{kind}']})")
+            if args.only:
+                continue
             row["ratio"] = row["on"] / row["off"]
             results["rounds"].append(row)
+    if args.only:
+        return 0
     results["median_ratio"] = statistics.median(x["ratio"] for x in results["rounds"])
     results["off_median_s"] = statistics.median(x["off"] for x in results["rounds"])
     results["on_median_s"] = statistics.median(x["on"] for x in results["rounds"])

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.save_plan import MAX_ENTRIES, SavePlan, read_plan, write_plan
 from paddle_acp.runtime.agree import MAX_STRIDE, SCHEDULE, Agreement, Planner, agreed_action, initial_plan
 from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
@@ -91,9 +92,10 @@ def test_agreed_action():
 def simulate(policy, epochs, persists, lag_choices, interval=0.0):
     """Rank 0 plans at each due point with its clock (``epochs``: seconds between due points,
     ``persists``: each taken save's persist time); rank 1 decides block b (points [b*H, (b+1)*H))
-    on the plan as rank 0 had it after passing point x, for any x in [b*H - W, b*H] (lockstep:
-    its read starts when it reaches point b*H - W + 1, which rank 0 passed b*H - W before; and
-    rank 0 reaches b*H + 1 only after rank 1 passed b*H). Returns (rank 0's decisions, rank 1's)."""
+    on the plan as rank 0 had it after passing point x, for any x in [b*H - W + 1, b*H] (lockstep:
+    its read starts when it reaches point b*H - W + 2, which it reaches only after rank 0 passed
+    b*H - W + 1, where rank 0 waited for the write of the change it decided at b*H - W; and rank 0
+    reaches b*H + 1 only after rank 1 passed b*H). Returns (rank 0's decisions, rank 1's)."""
     kind = "interval" if interval > 0 else "due"
     h, w = SCHEDULE[kind]
     planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0)
@@ -125,7 +127,7 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0):
         if b == 0:
             plan = before0
         else:
-            x = b * h - w + lag_choices[b % len(lag_choices)] % (w + 1)
+            x = b * h - w + 1 + lag_choices[b % len(lag_choices)] % w
             plan = after[min(x, len(after) - 1)]
         theirs.append(plan.taken(kind, i))
     return mine, theirs
@@ -196,6 +198,7 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
     assert got0 == got1 and r1.disagreements == 0
     assert [s for _, s in r0.planner.plan.strides] == [MAX_STRIDE], r0.planner.plan
     assert all(got0[:20]) and not all(got0[28:])
+    r0.finish()
     assert read_plan(storage, "j/range/r") == r0.planner.plan
 
     # rank 1 far ahead of rank 0 (no lockstep): it decides points on the plan it has
@@ -211,6 +214,76 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
     assert all(ahead) and not all(r0.planner.plan.taken("due", i) for i in range(8, 20))
     assert r1.disagreements >= 1
     assert any("on an older save plan than rank 0's" in m for m in caplog.messages), caplog.messages
+
+
+class _Gate:
+    """Holds the real store's writes of the plan until released (a slow remote write, made deterministic)."""
+
+    def __init__(self, storage, fail: bool = False):
+        self.real = storage.write_bytes
+        self.fail = fail
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.writes = 0
+        storage.write_bytes = self.write
+
+    def write(self, path, data):
+        if path.endswith("/plan.json"):
+            self.writes += 1
+            self.held.set()
+            assert self.release.wait(60)
+            self.release.clear()
+            if self.fail:
+                raise StorageError(f"injected: the store refused {path}")
+        self.real(path, data)
+
+
+def _lockstep(storage, points, fail=False):
+    """Rank 0 then rank 1 at each point, in lockstep; a plan write rank 0 starts is held until rank 0 reaches
+    its next point. Returns both ranks' decisions and how many points rank 0 passed with its write held."""
+    r0, r1 = [Agreement(storage, "j/range/r", "r", k, "skip", 0.0) for k in (0, 1)]
+    for x in (r0, r1):
+        x.start(None)
+    gate = _Gate(storage, fail)  # the writes of changes from now on
+    got0, got1, went_on = [], [], 0
+    for i in range(points):
+        r0.planner.persist = 0.0 if i < 12 else 1e6
+        if gate.held.is_set():  # rank 0 is at the point after the one that started a write: let it finish
+            gate.held.clear()
+            threading.Timer(0.05, gate.release.set).start()
+        got0.append(r0.point("due", False, f"epoch {i}")[1])
+        if gate.held.is_set():
+            went_on += 1  # rank 0 passed this point while its plan write was still held
+            assert r0._writing is not None and r0._writing[0].is_alive()
+        got1.append(r1.point("due", False, f"epoch {i}")[1])
+        r0.point_done()
+    if gate.held.is_set():
+        gate.release.set()
+    r0.finish()
+    return gate, r0, r1, got0, got1, went_on
+
+
+def test_rank_0_trains_on_while_its_plan_is_written_and_the_others_read_it_after(tmp_path):
+    """Rank 0 starts the plan write at the point that decides a change and passes that point while the write
+    is still held; it waits for the write only at its next point, and rank 1, reading at the point after
+    that, decides every point as rank 0 does (the write used to hold rank 0's training thread, and with it
+    every rank in lockstep, at each change: ~0.1-0.5 s on HDFS)."""
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("j/range/r")
+    gate, r0, r1, got0, got1, went_on = _lockstep(storage, 40)
+    assert gate.writes >= 1 and went_on == gate.writes
+    assert got0 == got1 and r1.disagreements == 0 and r0.write_failures == 0
+    assert not all(got0[16:]) and read_plan(storage, "j/range/r") == r0.planner.plan
+
+
+def test_a_plan_write_that_fails_in_the_background_leaves_every_rank_on_the_previous_plan(tmp_path, caplog):
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("j/range/r")
+    caplog.set_level(logging.WARNING, logger="paddle_acp")
+    gate, r0, r1, got0, got1, went_on = _lockstep(storage, 40, fail=True)
+    assert gate.writes >= 2 and r0.write_failures == gate.writes
+    assert got0 == got1 and all(got0) and r1.disagreements == 0  # nobody followed the plan that was not written
+    assert sum("could not write the save plan" in m for m in caplog.messages) == 1
 
 
 def test_a_plan_of_another_start_is_not_followed(tmp_path):

@@ -6,12 +6,15 @@ epoch saves and ``save_every_steps`` boundaries; ``interval``: epoch ends when
 (:class:`~paddle_acp.format.save_plan.SavePlan`) says so. Only rank 0's clock decides
 (:class:`Planner`, pure: times and states are passed in). The points of a sequence fall in
 blocks of ``H`` (:data:`SCHEDULE`); the plan may change only from a block's first point on,
-and rank 0 decides and writes the change for block ``b`` at its point ``b*H - W``, before it
-goes on training. Every other rank starts one read of the plan (in the background) when it
-reaches point ``b*H - W + 1`` and uses it from point ``b*H`` on: one small read per block per
-rank, with ``W - 1`` due points of time to complete. Data-parallel ranks are in lockstep
-through their gradient collectives: a rank reaches point ``b*H - W + 1`` only after rank 0
-passed point ``b*H - W``, so that read sees every change rank 0 made for block ``b``. Without
+and rank 0 decides the change for block ``b`` at its point ``b*H - W`` and writes it in the
+background while it trains on: it waits for that write at its next point, ``b*H - W + 1``, before
+it passes it (a write to a remote store, ~0.1-0.5 s on HDFS, no longer holds rank 0's training
+thread, and with it every rank in lockstep, at each change). Every other rank starts one read of
+the plan (in the background) when it reaches point ``b*H - W + 2`` and uses it from point
+``b*H`` on: one small read per block per rank, with ``W - 2`` due points of time to complete.
+Data-parallel ranks are in lockstep through their gradient collectives: a rank reaches point
+``b*H - W + 2`` only after rank 0 passed point ``b*H - W + 1``, so that read sees every change
+rank 0 made for block ``b``. Without
 lockstep (a rank ``W`` points ahead of rank 0) a rank may decide a block on an older plan: the
 ranks then disagree on a checkpoint, which is abandoned (a global checkpoint needs every part),
 never resumed wrongly; the rank says so in a warning when it reads the plan that contradicts
@@ -47,9 +50,9 @@ from paddle_acp.storage.base import Storage
 logger = logging.getLogger("paddle_acp")
 
 MAX_STRIDE = 8  # K: every K-th due point at least is taken (waiting for the previous checkpoint if need be)
-# (H, W) per sequence: blocks of H points; rank 0 decides block b at its point b*H - W, the others
-# read it from point b*H - W + 1 on (W - 1 points of time for the read)
-SCHEDULE = {"due": (4, 3), "interval": (2, 2)}
+# (H, W) per sequence: blocks of H points; rank 0 decides block b at its point b*H - W and has written
+# it when it passes b*H - W + 1; the others read it from point b*H - W + 2 on (W - 2 points for the read)
+SCHEDULE = {"due": (4, 3), "interval": (2, 3)}
 MARGIN = 1.2  # the stride covers the persist time with this margin
 PERSIST_WINDOW = 4  # the persist time planned for: the longest of this many last persists
 READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
@@ -179,15 +182,19 @@ class Agreement:
         self.read_failures = 0
         self.write_failures = 0
         self._dir_made = False
+        # rank 0's plan write in flight: (its thread, the plan before it, what it raised)
+        self._writing: Optional[Tuple[threading.Thread, Optional[SavePlan], List[BaseException]]] = None
 
     def start(self, base: Optional[str]) -> None:
         """At the range's open (rank 0 before any training step): a fresh plan replaces one of an earlier start."""
+        self.finish()
         self.base = base
         self.plan = initial_plan(self.range_name, base, "-", self.policy)
         if self.planner is None:
             return
         self.planner.plan = self.plan = initial_plan(self.range_name, base, uuid.uuid4().hex[:16], self.policy)
         self._publish(self.planner.plan, None)
+        self.finish()
 
     def restart_clock(self) -> None:
         if self.planner is not None:
@@ -211,6 +218,7 @@ class Agreement:
         self.counts[kind] += 1
         h, w = SCHEDULE[kind]
         if self.planner is not None:
+            self.finish()  # the change decided at the previous point is on storage before this point is passed
             old = self.planner.plan
             new = self.planner.at(kind, index, time.monotonic(), busy)
             if new is not None:
@@ -220,13 +228,31 @@ class Agreement:
             self._adopt(self._await_read(kind))
         taken = self.plan.taken(kind, index)
         self._history.append((kind, index, taken, where))
-        if self.planner is None and (index + w - 1) % h == 0:
-            self._start_read(kind)  # rank 0 wrote block (index + w - 1) / h + 1's plan before it reached index
+        if self.planner is None and (index + w - 2) % h == 0:
+            self._start_read(kind)  # rank 0 wrote block (index + w - 2) / h + 1's plan before it passed index - 1
         return index, taken
 
     # -- rank 0 ----------------------------------------------------------------
-    def _publish(self, plan: SavePlan, old: Optional[SavePlan]) -> None:
-        assert self.planner is not None
+    def finish(self) -> None:
+        """Rank 0: wait for the plan write in flight; when it failed, the ranks go on with the plan before it."""
+        if self._writing is None:
+            return
+        t, old, raised = self._writing
+        self._writing = None
+        t.join()
+        exc = raised[0] if raised else None
+        if exc is None or isinstance(exc, FencedError):
+            return  # written, or fenced: said once by the fence; this writer commits nothing any more
+        if not isinstance(exc, AcpError):
+            raise exc  # not a storage failure: raised on the training thread, as when the write ran there
+        self.write_failures += 1
+        if self.write_failures == 1:
+            logger.warning("range %s: could not write the save plan (%s); the ranks go on with the previous one "
+                           "(said once)", self.range_name, exc)
+        if old is not None and self.planner is not None:
+            self.planner.plan = self.plan = old
+
+    def _write(self, plan: SavePlan, raised: List[BaseException]) -> None:
         try:
             if self.fence is not None:
                 self.fence.check("write the save plan")
@@ -234,16 +260,16 @@ class Agreement:
                 self.storage.makedirs(self.dir)
                 self._dir_made = True
             write_plan(self.storage, self.dir, plan)
-        except FencedError:
-            pass  # said once by the fence; this writer commits nothing any more
-        except AcpError as exc:
-            self.write_failures += 1
-            if self.write_failures == 1:
-                logger.warning("range %s: could not write the save plan (%s); the ranks go on with the previous one "
-                               "(said once)", self.range_name, exc)
-            if old is not None:
-                self.planner.plan = old
-            return
+        except BaseException as exc:  # told (or raised) on the training thread by finish()
+            raised.append(exc)
+
+    def _publish(self, plan: SavePlan, old: Optional[SavePlan]) -> None:
+        """Start writing ``plan`` in the background (:meth:`finish` waits for it)."""
+        assert self.planner is not None and self._writing is None
+        raised: List[BaseException] = []
+        t = threading.Thread(target=self._write, args=(plan, raised), name="paddle-acp-plan-write", daemon=True)
+        self._writing = (t, old, raised)
+        t.start()
         if plan.strides and (old is None or plan.strides != old.strides):
             anchor, stride = plan.strides[-1]
             logger.info("range %s: the ranks save at every %s due point from due point %d on (a checkpoint takes "
