@@ -339,6 +339,7 @@ class Persister:
         saves no more. Freed here, not when the garbage collector gets to the range: left
         to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
         try:
+            self.schedule.close()
             self.saver.wait(for_previous=False)  # the final save (its own line says when it committed)
             if self.several_ranks and self.rank == 0:  # rank 0's commits still waiting for parts (bounded by their deadlines)
                 self.global_checkpointer.committer.wait_all()

@@ -63,6 +63,12 @@ class SaveSchedule:
         """Several ranks: rank 0's save plan decides the due points."""
         return self.agreement is not None
 
+    def close(self) -> None:
+        """The range ended: rank 0's save-plan write still in flight is done (a later start's plan is never
+        overwritten by it)."""
+        if self.agreement is not None:
+            self.agreement.finish()
+
     def point_done(self) -> None:
         """Several ranks: this rank is done with a due point (taken or skipped)."""
         if self.agreement is not None:
