@@ -549,8 +549,8 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
         cache_dir = os.path.join(work, "cache")
         local_st, hdfs_st = open_storage(local_uri), open_storage(hdfs_uri)
         Checkpointer(local_st, "bench", "_range_0", max_to_keep=1).save(snap)
-        writer = Checkpointer(hdfs_st, "bench", "_range_0", max_to_keep=1)
-        writer.cache = LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0")
+        writer = Checkpointer(hdfs_st, "bench", "_range_0", max_to_keep=1,
+                              cache=LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0"))
         t0 = time.perf_counter()
         writer.save(snap)
         results["save_with_cache_s"] = time.perf_counter() - t0
@@ -566,10 +566,9 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
             if kind == "local":
                 ck = Checkpointer(local_st, "bench", "_range_0")
             else:
-                ck = Checkpointer(hdfs_st, "bench", "_range_0")
-                if kind == "hdfs_cache":
-                    cache = LocalCache.open(cache_dir, hdfs_uri, 1)
-                    ck.cache = cache.for_range("bench", "_range_0")
+                cache = (LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0")
+                         if kind == "hdfs_cache" else None)
+                ck = Checkpointer(hdfs_st, "bench", "_range_0", cache=cache)
             loaded = ck.load_latest()
             write_program(loaded, "bench", scope, place)
             seconds = time.perf_counter() - t0

@@ -214,11 +214,9 @@ def s3_env(request, monkeypatch):
     return apply
 
 
-def writer(uri: str, cache_dir, keep: int = 3) -> Checkpointer:
-    ck = Checkpointer(open_storage(uri), JOB_ID, RANGE, keep)
-    if cache_dir is not None:
-        ck.cache = LocalCache.open(str(cache_dir), uri, keep).for_range(JOB_ID, RANGE)
-    return ck
+def writer(uri: str, cache_dir, keep: int = 3, fence=None) -> Checkpointer:
+    cache = LocalCache.open(str(cache_dir), uri, keep).for_range(JOB_ID, RANGE) if cache_dir is not None else None
+    return Checkpointer(open_storage(uri), JOB_ID, RANGE, keep, fence=fence, cache=cache)
 
 
 def cache_files(cache_dir, uri: str, name: str) -> str:
@@ -344,9 +342,8 @@ def test_copy_not_committed_when_the_remote_commit_fails(hdfs_server, tmp_path):
     the remote, and its local copy is not committed either (no leftover stays in the cache)."""
     uri = f"{hdfs_server.uri}/cache/{uuid.uuid4().hex[:8]}"
     cache = tmp_path / "cache"
-    w = writer(uri, cache)
     st = open_storage(uri)
-    w.fence = Fence.take(st, JOB_ID)
+    w = writer(uri, cache, fence=Fence.take(st, JOB_ID))
     w.save(snapshot(0))
     Fence.take(st, JOB_ID)  # another writer of the job started
     with pytest.raises(FencedError):
@@ -362,10 +359,9 @@ def rank_snapshot(rank: int, epoch: int, seed: int = 0) -> Snapshot:
 
 
 def gck(uri: str, rank: int, cache_dir, world: int = 2) -> GlobalCheckpointer:
-    g = GlobalCheckpointer(open_storage(uri), JOB_ID, RANGE, rank, world, 3, 60.0)
+    cache = LocalCache.open(str(cache_dir), uri, 3).for_range(JOB_ID, RANGE, rank) if cache_dir is not None else None
+    g = GlobalCheckpointer(open_storage(uri), JOB_ID, RANGE, rank, world, 3, 60.0, cache=cache)
     g.poll_interval = 0.01
-    if cache_dir is not None:
-        g.cache = LocalCache.open(str(cache_dir), uri, 3).for_range(JOB_ID, RANGE, rank)
     return g
 
 

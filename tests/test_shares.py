@@ -408,9 +408,9 @@ def test_spread_shares_with_node_local_caches_on_s3(s3_server, monkeypatch, tmp_
     uri = f"s3://{s3_server.bucket}/spread/{uuid.uuid4().hex[:8]}"
 
     def cgck(rank):
-        g = GlobalCheckpointer(open_storage(uri), JOB, RANGE, rank, 2, 3, 60.0)
+        g = GlobalCheckpointer(open_storage(uri), JOB, RANGE, rank, 2, 3, 60.0,
+                               cache=LocalCache.open(str(tmp_path / f"node{rank}"), uri, 3).for_range(JOB, RANGE, rank))
         g.poll_interval = 0.01
-        g.cache = LocalCache.open(str(tmp_path / f"node{rank}"), uri, 3).for_range(JOB, RANGE, rank)
         return g
 
     for epoch in (0, 1):

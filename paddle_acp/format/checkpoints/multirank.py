@@ -395,11 +395,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             loaded = self._load_shares(g, base, raws, own)
         else:
             loaded = self._load_part(g, base, raws, src)
-        m = loaded.manifest
-        loaded.manifest = dataclasses.replace(m, rng=own_m.rng, extra=own_m.extra)
-        loaded.path = base
-        loaded.global_manifest = g
-        return loaded
+        return loaded.of_global(base, g, own_m)
 
     def _whose(self, rank: int) -> str:
         return "its part" if rank == self.rank else f"rank {rank}'s data"

@@ -8,6 +8,7 @@ holds the verified image of a remote file.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Protocol, Sequence, Tuple, Union
@@ -178,6 +179,16 @@ class LoadedCheckpoint:
         }
         if not self._pending:
             source.close()
+
+    def of_global(self, path: str, global_manifest: Any, own: Manifest) -> "LoadedCheckpoint":
+        """This rank's restore of a checkpoint of several ranks at ``path``: its global manifest, and this rank's
+        own RNG state and extra (from its own part's manifest ``own``; the tensors may come from other parts).
+        Returns itself."""
+        self.path = path
+        self.name = path.rsplit("/", 1)[-1]
+        self.global_manifest = global_manifest
+        self.manifest = dataclasses.replace(self.manifest, rng=own.rng, extra=own.extra)
+        return self
 
     def found_as(self, name: str, position_key: Tuple[int, int]) -> "LoadedCheckpoint":
         """Record how the restart's listing names this checkpoint and its restart position; returns itself."""
