@@ -37,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -114,6 +115,13 @@ def ensure_venv(version: str) -> str:
         with open(ready, "w") as f:
             f.write(version + "\n")
     return d
+
+
+def _prepare_quietly(versions: list) -> None:
+    """Make the environments of ``versions`` in order; a failure is left to run_version (it tries again, reports it)."""
+    for v in versions:
+        with contextlib.suppress(Exception):
+            ensure_venv(v)
 
 
 def paddle_dists(py: str) -> dict:
@@ -253,8 +261,13 @@ def main(argv=None) -> int:
     wheel = build_wheel()
     log(f"built {os.path.relpath(wheel, ROOT)}")
     main_paddle = paddle_dists(args.main_python) if args.main_python else {}
-    results = [main_version(v, wheel, args.main_python) if main_paddle == {"paddlepaddle": v}
-               else run_version(v, args.timeout, wheel) for v in (x.strip() for x in args.versions.split(",")) if v]
+    versions = [v for v in (x.strip() for x in args.versions.split(",")) if v]
+    own = [v for v in versions if main_paddle != {"paddlepaddle": v}]
+    # the environments are made (a first run: a venv and a Paddle wheel each, ~30 s) one after the other in the
+    # background while the versions before them run their tests; run_version waits for its own (the file lock)
+    threading.Thread(target=_prepare_quietly, args=(own,), daemon=True).start()
+    results = [run_version(v, args.timeout, wheel) if v in own else main_version(v, wheel, args.main_python)
+               for v in versions]
     print("\n[matrix] summary (Paddle version: result, tests, seconds)", flush=True)
     for r in results:
         t = r["tests"] or {}
