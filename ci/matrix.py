@@ -17,6 +17,15 @@ It ends with one summary line per version and exits 1 when anything failed.
     python ci/matrix.py                          # the default matrix
     python ci/matrix.py --versions 3.1.1,3.3.0   # others
     python ci/matrix.py --prepare 3.0.0          # only make that environment; prints its path
+    python ci/matrix.py --main-python .venv/bin/python   # .ci/run: the version .venv holds is ci/test.sh's
+
+With ``--main-python`` (``.ci/run`` passes ``.venv``'s interpreter, the one ``ci/test.sh`` runs the whole suite
+with), the version whose Paddle that environment holds gets no environment of its own (on a fresh machine that
+saves its venv, ~30 s, and its subset, ~35 s, which the whole suite runs on the same Paddle anyway): its plain
+install is checked with pip's resolver against that environment instead (``pip install --dry-run --report
+<wheel>``: nothing of Paddle may be installed, upgraded or replaced), after ``ci/env.sh`` checked that
+installing paddle-acp with its dependencies (``pip install -e .[test]``) left that Paddle as it was; the wheel's
+own contents are checked by the other versions' real installs (the same wheel), and its tests run in ci/test.sh.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -107,6 +117,13 @@ def ensure_venv(version: str) -> str:
     return d
 
 
+def _prepare_quietly(versions: list) -> None:
+    """Make the environments of ``versions`` in order; a failure is left to run_version (it tries again, reports it)."""
+    for v in versions:
+        with contextlib.suppress(Exception):
+            ensure_venv(v)
+
+
 def paddle_dists(py: str) -> dict:
     """{distribution name: version} of the Paddle distributions installed for ``py``."""
     p = _run([py, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"])
@@ -143,6 +160,30 @@ def build_wheel() -> str:
     if len(wheels) != 1:
         raise RuntimeError(f"building the paddle-acp wheel failed:\n{p.stdout[-4000:]}")
     return os.path.join(dist, wheels[0])
+
+
+def main_version(version: str, wheel: str, main_python: str) -> dict:
+    """``version`` is the Paddle of ``main_python``'s environment (ci/test.sh's): pip's resolver, asked what a plain
+    install of ``wheel`` would change there, must leave Paddle alone; the tests are ci/test.sh's (the whole suite)."""
+    t0 = time.monotonic()
+    res = {"version": version, "ok": False, "problems": [], "tests": None, "main": True}
+    report = os.path.join(CACHE, "main-dry-run.json")
+    p = _run([main_python, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check",
+              "--report", report, wheel])
+    if p.returncode != 0:
+        res["problems"].append("pip install --dry-run of paddle-acp failed")
+        log(p.stdout[-4000:])
+    else:
+        with open(report) as f:
+            plan = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(f)["install"]}
+        changed = {k: v for k, v in plan.items() if k in PADDLE_DISTS}
+        if changed:
+            res["problems"].append(f"a plain pip install would change Paddle: {changed}")
+        log(f"{version}: the environment of {main_python} (ci/test.sh runs the whole suite there, Paddle "
+            f"{paddle_dists(main_python)}): a plain `pip install {os.path.basename(wheel)}` would install {plan or 'nothing'}")
+    res["ok"] = not res["problems"]
+    res["seconds"] = time.monotonic() - t0
+    return res
 
 
 def run_version(version: str, timeout: float, wheel: str) -> dict:
@@ -209,6 +250,9 @@ def main(argv=None) -> int:
                     help="comma-separated Paddle versions (default: %(default)s)")
     ap.add_argument("--prepare", metavar="VERSION", help="only make the environment of VERSION and print its path")
     ap.add_argument("--timeout", type=float, default=900, help="seconds for one version's tests")
+    ap.add_argument("--main-python", metavar="PYTHON",
+                    help="the interpreter ci/test.sh runs the whole suite with: the version its Paddle is gets no "
+                    "environment of its own, only pip's dry run of the plain install there (see above)")
     args = ap.parse_args(argv)
     if args.prepare:
         print(ensure_venv(args.prepare))
@@ -216,11 +260,20 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     wheel = build_wheel()
     log(f"built {os.path.relpath(wheel, ROOT)}")
-    results = [run_version(v.strip(), args.timeout, wheel) for v in args.versions.split(",") if v.strip()]
+    main_paddle = paddle_dists(args.main_python) if args.main_python else {}
+    versions = [v for v in (x.strip() for x in args.versions.split(",")) if v]
+    own = [v for v in versions if main_paddle != {"paddlepaddle": v}]
+    # the environments are made (a first run: a venv and a Paddle wheel each, ~30 s) one after the other in the
+    # background while the versions before them run their tests; run_version waits for its own (the file lock)
+    threading.Thread(target=_prepare_quietly, args=(own,), daemon=True).start()
+    results = [run_version(v, args.timeout, wheel) if v in own else main_version(v, wheel, args.main_python)
+               for v in versions]
     print("\n[matrix] summary (Paddle version: result, tests, seconds)", flush=True)
     for r in results:
         t = r["tests"] or {}
         tests = "passed %d, failed %d, skipped %d" % (t.get("passed", 0), t.get("failed", 0), t.get("skipped", 0))
+        if r.get("main"):
+            tests = "plain install: pip's dry run in ci/test.sh's environment; tests: ci/test.sh (the whole suite)"
         line = "  %-7s %s  %s  %5.0f s" % (r["version"], "PASS" if r["ok"] else "FAIL", tests, r["seconds"])
         if r["problems"]:
             line += "  -- " + "; ".join(r["problems"])

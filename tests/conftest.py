@@ -1,6 +1,7 @@
 """Fixtures shared by several test modules; Paddle-free (tests/unit/ runs in a venv without Paddle)."""
 
 import os
+import sys
 
 import pytest
 
@@ -53,6 +54,13 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the session's shared HDFS and S3 servers (tests/support/server_fixtures.py), if any was started."""
+    fixtures = sys.modules.get("support.server_fixtures")
+    if fixtures is not None:
+        fixtures.discard_shared()
 
 
 @pytest.fixture(scope="module")

@@ -94,3 +94,42 @@ def test_the_check_catches_a_pinned_paddle(paddle_300_python, tmp_path):
         f.write(text.replace("dependencies = [\n", 'dependencies = [\n    "paddlepaddle==3.3.1",\n', 1))
     plan = dry_run(paddle_300_python, str(copy), tmp_path)
     assert plan.get("paddlepaddle") == "3.3.1", plan
+
+
+def _matrix_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_matrix", os.path.join(REPO, "ci", "matrix.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _wheel(project, out):
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(project)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (whl,) = out.glob("*.whl")
+    return str(whl)
+
+
+def test_matrix_checks_the_main_environments_version_with_pips_dry_run(tmp_path, monkeypatch):
+    """ci/matrix.py --main-python (.ci/run): the version this environment holds (ci/test.sh's) gets no environment of
+    its own; pip's resolver, asked what a plain install of the wheel would change here, must leave Paddle alone.
+    The real wheel passes; one that pins another Paddle (as this project once did) fails, naming the change."""
+    matrix = _matrix_module()
+    monkeypatch.setattr(matrix, "CACHE", str(tmp_path))
+    (version,) = [v for k, v in matrix.paddle_dists(sys.executable).items() if k == "paddlepaddle"]
+    res = matrix.main_version(version, _wheel(REPO, tmp_path / "dist"), sys.executable)
+    assert res["ok"] and res["main"] and not res["problems"], res
+    copy = tmp_path / "pinned"
+    shutil.copytree(os.path.join(REPO, "paddle_acp"), str(copy / "paddle_acp"), ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(REPO, "README.md"), str(copy / "README.md"))
+    with open(os.path.join(REPO, "pyproject.toml")) as f:
+        text = f.read()
+    other = OTHER_PADDLE if version != OTHER_PADDLE else "3.3.1"
+    with open(str(copy / "pyproject.toml"), "w") as f:
+        f.write(text.replace("dependencies = [\n", f'dependencies = [\n    "paddlepaddle=={other}",\n', 1))
+    res = matrix.main_version(version, _wheel(copy, tmp_path / "pinned-dist"), sys.executable)
+    assert not res["ok"] and res["problems"] == [f"a plain pip install would change Paddle: {{'paddlepaddle': '{other}'}}"], res
+    assert matrix.paddle_dists(sys.executable) == {"paddlepaddle": version}  # a dry run: nothing changed

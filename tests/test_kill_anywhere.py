@@ -122,7 +122,7 @@ def test_two_rank_trials_end_after_max_restarts_and_report_liveness_apart(tmp_pa
 
 from support import e2e as eu  # noqa: E402
 from support import storage_faults as sf  # noqa: E402
-from support.server_fixtures import s3_server  # noqa: E402,F401  (fixture)
+from support.server_fixtures import own_s3_server as s3_server  # noqa: E402,F401  (fixture: it kills and restarts it)
 
 _RAISE = """
 import os, sys

@@ -78,6 +78,16 @@ def tool(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
 
 
+# The restart where one rank rejects the checkpoint the job resumed from: that rank sends no part, and rank 0
+# sees its mark at the latest when its wait for that part ends (PADDLE_ACP_PART_TIMEOUT; format/commit/part_commit.py
+# checks the marks before the wait, when it gives up and before a commit), then stops. The wait is dead time (the
+# part never comes), so those restarts wait 15 s, not 40 (-25 s a test). Rank 1 writes its mark ~2 s after rank 0's
+# first save on a quiet machine; were rank 0's wait to end first, its wait for the next checkpoint's parts (epoch 5)
+# checks the marks again before it starts, so rank 1 has 2 x 15 s (with 1 s both waits end first and rank 0 trains
+# to the end: the test then fails, it does not pass wrongly).
+REJECTED_PART_TIMEOUT = 15
+
+
 def tail(res):
     return "\n".join(f"--- rank {r} (rc {rc}) ---\n{out[-4000:]}" for r, (rc, out) in enumerate(res))
 
@@ -196,7 +206,8 @@ def test_replicated_ranks_with_their_own_caches_never_resume_from_different_chec
     crc = zlib.crc32(st_.read_bytes(f"{RDIR}/ckpt-e3/global.json"))
     undone(tmp_path)
     # rank 1 starts once rank 0 has restored ckpt-e3 (from its cache) and trains on (no barrier holds it up)
-    res = launch(tmp_path, 2, "--kind", "dp", "--epochs", 6, ckpt=uri, env=env, rank_env=nodes, gen="b", barrier=False,
+    res = launch(tmp_path, 2, "--kind", "dp", "--epochs", 6, ckpt=uri, env=dict(env, PADDLE_ACP_PART_TIMEOUT=REJECTED_PART_TIMEOUT),
+                 rank_env=nodes, gen="b", barrier=False,
                  rank_0_first=True)
     (rc0, out0), (rc1, out1) = res
     assert f"checkpoint ckpt-e3 (part of rank 0) of {uri}" in out0 and CACHE_LOG in out0, tail(res)  # the premise
@@ -257,7 +268,8 @@ def test_a_rewritten_position_is_resumed_from_and_the_tools_agree(tp_job, tmp_pa
     old_crc = zlib.crc32(st_.read_bytes(f"{RDIR}/ckpt-e3/global.json"))
     undone(tmp_path)
     # rank 1 starts once rank 0 has restored ckpt-e3 and trains on (rank 0 has accepted the copy rank 1 rejects)
-    res = launch(tmp_path, 2, *args, "--epochs", 6, ckpt=ckpt, env=env, gen="b", barrier=False, rank_0_first=True)
+    res = launch(tmp_path, 2, *args, "--epochs", 6, ckpt=ckpt, env=dict(env, PADDLE_ACP_PART_TIMEOUT=REJECTED_PART_TIMEOUT),
+                 gen="b", barrier=False, rank_0_first=True)
     (rc0, out0), (rc1, out1) = res
     assert rc1 != 0 and "rank 1: its part of checkpoint" in out1 and "marked bad" in out1, tail(res)
     assert rc0 != 0 and "which this job resumed from, was marked bad at restore by rank(s) 1" in out0, tail(res)
@@ -301,7 +313,8 @@ def test_a_damaged_part_manifest_is_seen_by_its_rank_alone_and_every_rank_falls_
     flip_one_byte(st_, f"{RDIR}/ckpt-e3/rank-1/manifest.json")
     crc = zlib.crc32(st_.read_bytes(f"{RDIR}/ckpt-e3/global.json"))
     undone(tmp_path)
-    res = launch(tmp_path, 2, *args, "--epochs", 6, ckpt=ckpt, env=env, gen="b", barrier=False, rank_0_first=True)
+    res = launch(tmp_path, 2, *args, "--epochs", 6, ckpt=ckpt, env=dict(env, PADDLE_ACP_PART_TIMEOUT=REJECTED_PART_TIMEOUT),
+                 gen="b", barrier=False, rank_0_first=True)
     (rc0, out0), (rc1, out1) = res
     assert rc1 != 0 and "RestartRequiredError: rank 1: its part of checkpoint" in out1, tail(res)
     assert "does not match the checksum the global manifest records" in out1 and "does not fall back alone" in out1, tail(res)

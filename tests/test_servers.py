@@ -15,7 +15,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+from support.server_fixtures import own_hdfs_server as hdfs_server  # noqa: E402,F401  (fixtures: it stops and restarts them)
+from support.server_fixtures import own_s3_server as s3_server  # noqa: E402,F401
 
 pafs = pytest.importorskip("pyarrow.fs")
 

@@ -25,7 +25,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import JOB_ID, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
-from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
+from support.server_fixtures import own_hdfs_server as hdfs_server  # noqa: E402,F401  (fixtures: it stops and restarts them)
+from support.server_fixtures import own_s3_server as s3_server  # noqa: E402,F401
 
 from paddle_acp.errors import StorageError  # noqa: E402
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402

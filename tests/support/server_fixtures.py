@@ -4,8 +4,18 @@ Use from a test module::
 
     from support.server_fixtures import hdfs_server, s3_server  # noqa: F401 (pytest fixtures)
 
-Both fixtures are module-scoped. If a server cannot be fetched/built/started the
-test is skipped with the reason, or fails when PADDLE_ACP_REQUIRE_SERVERS=1.
+Both fixtures hand every module the same server, started once for the whole session (each
+HDFS start costs ~4-5 s, each S3 start ~1.5-4 s; ~20 modules use them) and stopped at its end
+(tests/conftest.py's pytest_sessionfinish, :func:`discard_shared`). Such a module never stops,
+restarts or pauses the server, and every test writes under its own unique path (a uuid, or a
+module's own prefix with a uuid per test). A module that stops, kills, restarts or pauses its
+server takes its own instead, module-scoped as before::
+
+    from support.server_fixtures import own_hdfs_server as hdfs_server  # noqa: F401 (pytest fixture)
+
+If a server cannot be fetched/built/started the test is skipped with the reason, or fails when
+PADDLE_ACP_REQUIRE_SERVERS=1 (a shared server that failed to start is not tried again: every
+module that asks for it is skipped, or fails, with the same reason).
 
 ``hdfs_server`` also puts its ``client_env()`` into ``os.environ`` for the module
 (JAVA_HOME, CLASSPATH, ARROW_LIBHDFS_DIR, ...): libhdfs reads them when the JVM
@@ -55,9 +65,57 @@ def _restore_env(old):
             os.environ[k] = v
 
 
+_SHARED: dict = {}  # server class -> the session's started server, or the ServerUnavailable it failed with
+
+
+def _shared(cls):
+    """The session's one server of ``cls``: started on first use; a start that failed fails alike again."""
+    got = _SHARED.get(cls)
+    if got is None:
+        srv = cls()
+        try:
+            got = srv.start()
+        except servers.ServerUnavailable as e:
+            srv.cleanup()
+            got = e
+        _SHARED[cls] = got
+    if isinstance(got, servers.ServerUnavailable):
+        servers.require_or_skip(got)  # skips, or fails with PADDLE_ACP_REQUIRE_SERVERS=1
+    procs = (got._nn, got._dn) if isinstance(got, servers.HDFSServer) else (got._proc,)
+    if any(p is None or p.poll() is not None for p in procs):  # a test broke the rule above: never hand out a dead one
+        pytest.fail(f"the shared {cls.__name__} is not running: a module that stops its server must use own_*_server")
+    return got
+
+
+def discard_shared() -> None:
+    """Stop the session's shared servers (tests/conftest.py, at the session's end)."""
+    for srv in _SHARED.values():
+        if not isinstance(srv, servers.ServerUnavailable):
+            _discard(srv)
+    _SHARED.clear()
+
+
 @pytest.fixture(scope="module")
 def hdfs_server():
-    """A started ``servers.HDFSServer``; its client_env() is applied to os.environ."""
+    """The session's ``servers.HDFSServer``; its client_env() is applied to os.environ for the module."""
+    srv = _shared(servers.HDFSServer)
+    old = srv.apply_client_env()
+    try:
+        yield srv
+    finally:
+        _restore_env(old)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """The session's ``servers.S3Server`` (bucket ``srv.bucket`` exists)."""
+    yield _shared(servers.S3Server)
+
+
+@pytest.fixture(scope="module")
+def own_hdfs_server():
+    """This module's own started ``servers.HDFSServer`` (it may stop, kill or restart it); its client_env()
+    is applied to os.environ for the module."""
     srv = _start(servers.HDFSServer())
     old = srv.apply_client_env()
     try:
@@ -68,8 +126,8 @@ def hdfs_server():
 
 
 @pytest.fixture(scope="module")
-def s3_server():
-    """A started ``servers.S3Server`` (bucket ``srv.bucket`` exists)."""
+def own_s3_server():
+    """This module's own started ``servers.S3Server`` (it may stop, kill or restart it)."""
     srv = _start(servers.S3Server())
     try:
         yield srv

@@ -85,13 +85,13 @@ def backend(request, tmp_path_factory, monkeypatch, _opened):
             client = "hdfs-native"
         srv = request.getfixturevalue("hdfs_server")
         monkeypatch.setenv("PADDLE_ACP_HDFS_CLIENT", client)
-        uri = f"{srv.uri}/contract/{kind}"
+        uri = f"{srv.uri}/contract-{uuid.uuid4().hex[:8]}/{kind}"  # the server is the session's: a path of its own
         kwargs = {"hadoop_home": str(srv.hadoop_home), "cache_dir": str(tmp_path_factory.mktemp("fscache"))}
     else:
         srv = request.getfixturevalue("s3_server")
         for k, v in srv.client_env().items():
             monkeypatch.setenv(k, v)
-        uri, kwargs = f"s3://{srv.bucket}/contract", {}
+        uri, kwargs = f"s3://{srv.bucket}/contract-{uuid.uuid4().hex[:8]}", {}
     if kind not in _opened:
         _opened[kind] = (open_storage(uri, **kwargs), uri, kwargs)
     base, uri, kwargs = _opened[kind]
