@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 
 from paddle_acp.errors import ConfigError
 from paddle_acp.storage.arrow import ArrowStorage
-from paddle_acp.storage.base import RENAME, Entry, kind_of, redact
+from paddle_acp.storage.base import RENAME, Entry, kind_of, read_pieces, redact
 
 logger = logging.getLogger("paddle_acp")
 
@@ -131,7 +131,7 @@ class LocalStorage(ArrowStorage):
             raise self.wrap("opening for read", path, exc) from exc
         try:
             with os.fdopen(fd, "rb", closefd=True) as f:
-                return f.read() if limit is None else f.read(limit + 1)
+                return read_pieces(f, None if limit is None else limit + 1)
         except OSError as exc:
             raise self.wrap("reading", path, exc) from exc
 
