@@ -184,7 +184,9 @@ class PartCommitMixin:
         generation looked up once (this writer's own: once, right before global.json's rename), the
         base's marks checked before waiting and before the commit;
         while parts are missing, one listing of the range (and of each later position) at the first round
-        and then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within it)."""
+        and then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within it),
+        and from the second such round on the marks on the base (a rank that rejected the checkpoint this job
+        resumed from stops rank 0 within about LATER_PARTS_EVERY seconds of its mark)."""
         st = self.storage
         ckdir = f"{self.dir}/{name}"
         self._range_listing = None
@@ -228,6 +230,8 @@ class PartCommitMixin:
                 break
             gave_up: List[int] = []
             if time.monotonic() >= later_at:
+                if later_at:  # parts missing for a while: a rank may have rejected the base at its restore and
+                    self.check_base()  # sends no part; stop now, not when PADDLE_ACP_PART_TIMEOUT ends (300 s)
                 gave_up = self._later_parts(name, missing)
                 later_at = time.monotonic() + LATER_PARTS_EVERY
             cancelled = ticket is not None and ticket.cancel.is_set()
