@@ -1,9 +1,10 @@
 """Snapshot buffers: owns the host memory a range's checkpoints are copied into.
 
 :class:`SnapshotBuffers` holds the two snapshot arenas (the first, populated on a background
-thread from when a program registers, the rest by the first save itself; the ``queue`` busy
-policy's second, allocated when first needed) and the host-memory budget (``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first
-registration). A state larger than the budget is streamed through the first arena in chunks
+thread from when a program registers, what is left by the first save itself; the ``queue`` busy
+policy's second, allocated when first needed) and the host-memory budget
+(``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first registration). A state larger
+than the budget is streamed through the first arena in chunks
 (:class:`~paddle_acp.format.engine.stream.ChunkStream`).
 """
 
