@@ -26,16 +26,18 @@ from paddle_acp.runtime.persist import ARENA_SKIPS  # noqa: E402
 SCRIPT = os.path.join(REPO, "tests", "scripts", "starved_arena.py")
 
 
-def run_starved(tmp_path, epochs, env=None):
+def run_starved(tmp_path, epochs, env=None, release_at=None):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
-    proc = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--epochs", str(epochs)],
+    extra = [] if release_at is None else ["--release-at", str(release_at)]
+    proc = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--epochs", str(epochs)] + extra,
                           env=script_env(ckpt, "pir", dict({"PADDLE_ACP_ASYNC": "1"}, **(env or {}))),
                           cwd=str(tmp_path) if INSTALLED else REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
-    assert result["starved"], "the arena thread was not starved while the arena was being populated"
+    assert result["starved"], ("test setup: the arena thread was not caught before it populated most of the arena",
+                               result, proc.stderr[-2000:])
     paths = glob.glob(os.path.join(str(ckpt), "**", "metrics", "trainer-0.jsonl"), recursive=True)
     assert len(paths) == 1, paths
     records = [json.loads(line) for line in open(paths[0])]
@@ -60,7 +62,7 @@ def test_a_final_save_waits_for_the_arena(tmp_path):
 
 
 def test_the_wait_policy_never_skips_for_the_arena(tmp_path):
-    saves, _ = run_starved(tmp_path, epochs=2, env={"PADDLE_ACP_BUSY_POLICY": "wait"})
+    saves, _ = run_starved(tmp_path, epochs=2, env={"PADDLE_ACP_BUSY_POLICY": "wait"}, release_at=0)
     assert [(r["event"], r["epoch"]) for r in saves] == [("saved", 0), ("saved", 1)], saves
 
 

@@ -6,7 +6,10 @@ The library populates the snapshot buffer on a background thread (``paddle-acp-a
 priority from the program's registration on. Here that thread gets almost no CPU, as a low-priority
 thread on a host loaded with other work: it starts on a CPU where a CPU hog (a child process) runs
 (the training thread registers the program there), and a watcher thread moves it to ``SCHED_IDLE``
-the moment it runs, and the training thread back to its own CPU.
+the moment it runs, and the training thread back to its own CPU. Before the end of epoch
+``--release-at`` (the save that must populate the arena) the arena thread goes back to the training
+CPU, still ``SCHED_IDLE``: a chunk it holds the address-space lock for then completes whenever training
+waits, instead of after minutes beside the hog.
 One fc layer ``--width`` x ``--width`` with Adam (12 bytes per weight).
 
 Writes ``--out``/result.json: {"boundaries": seconds the training thread spent at each epoch's end (the
@@ -28,7 +31,13 @@ def main():
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--width", type=int, default=4000)
     p.add_argument("--sleep", type=float, default=0.2, help="seconds of 'compute' per epoch")
+    p.add_argument("--release-at", type=int, default=None,
+                   help="the epoch before whose end the arena thread goes back to the training CPU (default: "
+                        "min(2, epochs - 1)): from then on it runs whenever training waits, as on any host, "
+                        "so that a save populating the arena does not wait behind a chunk it holds")
     args = p.parse_args()
+    if args.release_at is None:
+        args.release_at = min(2, args.epochs - 1)
     cpus = sorted(os.sched_getaffinity(0))
     hog_cpu, train_cpu = cpus[0], cpus[-1]
     os.sched_setaffinity(0, {train_cpu})
@@ -49,6 +58,7 @@ class Watcher(threading.Thread):
         super().__init__(daemon=True)
         self.cpu, self.train_cpu = hog_cpu, train_cpu
         self.main_tid = threading.get_native_id()
+        self.arena_tid = None
         self.starved = None  # whether the arena was still being populated when its thread was moved
         self.done = threading.Event()
 
@@ -61,6 +71,7 @@ class Watcher(threading.Thread):
         while time.monotonic() < deadline:
             for t in threading.enumerate():
                 if t.name == "paddle-acp-arena" and t.native_id is not None:
+                    self.arena_tid = t.native_id
                     try:
                         os.sched_setaffinity(t.native_id, {self.cpu})
                         os.sched_setscheduler(t.native_id, os.SCHED_IDLE, os.sched_param(0))
@@ -77,6 +88,15 @@ class Watcher(threading.Thread):
                     return
             time.sleep(0.0005)
         self.done.set()
+
+
+    def release(self):
+        """The arena thread back on the training CPU (still SCHED_IDLE: it runs when training waits)."""
+        if self.arena_tid is not None:
+            try:
+                os.sched_setaffinity(self.arena_tid, {self.train_cpu})
+            except ProcessLookupError:  # it ended
+                pass
 
 
 def train(args, hog_cpu, train_cpu):
@@ -106,6 +126,8 @@ def train(args, hog_cpu, train_cpu):
     it = iter(acp.train_epoch_range(args.epochs, save_checkpoint_inter=0))
     epoch = 0
     while True:
+        if epoch == args.release_at + 1:  # next(it) ends epoch release_at
+            watcher.release()
         t0 = time.perf_counter()
         try:
             next(it)
