@@ -1,9 +1,10 @@
 """Snapshot buffers: owns the host memory a range's checkpoints are copied into.
 
-:class:`SnapshotBuffers` holds the two snapshot arenas (the first, faulted in on a background
-thread when a program registers; the ``queue`` busy policy's second, allocated when first needed)
-and the host-memory budget (``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first
-registration). A state larger than the budget is streamed through the first arena in chunks
+:class:`SnapshotBuffers` holds the two snapshot arenas (the first, populated on a background
+thread from when a program registers, what is left by the first save itself; the ``queue`` busy
+policy's second, allocated when first needed) and the host-memory budget
+(``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first registration). A state larger
+than the budget is streamed through the first arena in chunks
 (:class:`~paddle_acp.format.engine.stream.ChunkStream`).
 """
 
@@ -49,9 +50,11 @@ class SnapshotBuffers:
         self.first = Arena()
         self.second = Arena()  # the ``queue`` policy's second buffer, allocated when first needed
         self._queue_ok: bool | None = None  # whether that buffer fits in host memory (decided once)
-        self._prefault: threading.Thread | None = None
+        self._prefault: list[threading.Thread] = []  # populating the first arena
+        self._whole = False  # the background thread allocates the first arena whole (no chunked population)
         self.budget: host_budget.Budget | None = None  # decided at the first registration
         self.state_size = 0  # the registered programs' state, from the tensors' metadata
+        self.first_size = 0  # the first arena's size for it
         self._stream_logged = False
 
     @property
@@ -60,12 +63,13 @@ class SnapshotBuffers:
         return self.budget.nbytes if self.budget is not None else None
 
     def prepare(self, size: int) -> None:
-        """A program registered; the state to save is ``size`` bytes: allocate and fault in the first
-        arena in the background, so the first save does not pay for it on the training thread."""
+        """A program registered; the state to save is ``size`` bytes: map the first arena and populate it
+        in the background, so the first save does not pay for it on the training thread (it populates
+        what is left itself, :meth:`ready`)."""
         self.state_size = size
         if self.budget is None:  # decided once, at the first registration
             self.budget = host_budget.decide(self.host_memory)
-        arena = self.size_for(size)
+        arena = self.first_size = self.size_for(size)
         if arena < size and not self._stream_logged:
             self._stream_logged = True
             logger.warning(
@@ -75,14 +79,48 @@ class SnapshotBuffers:
                 "Set PADDLE_ACP_HOST_MEMORY to the memory you can spare (e.g. 8GiB or 30%%) for shorter stalls.",
                 self.range_name, size, self.budget.nbytes, self.budget.source, chunk_size(arena),
             )
-        self.join()
+        if self._whole:  # the last registration's thread allocates the first arena whole: let it end
+            self.join()
+        # a mapping (cheap) on this thread, populated chunk by chunk by the thread below (a thread of an
+        # earlier registration still running goes on with the chunks of this mapping: nothing waits for it)
+        mapped = self.first.start(arena)
+        self._whole = not mapped
 
         def prefault() -> None:
             lower_thread_priority()
-            self.first.ensure(arena)
+            if mapped:
+                while self.first.populate_next():
+                    pass
+            else:  # no in-kernel population chunk by chunk here: allocate and populate it whole
+                self.first.ensure(arena)
 
-        self._prefault = threading.Thread(target=prefault, name="paddle-acp-arena", daemon=True)
-        self._prefault.start()
+        t = threading.Thread(target=prefault, name="paddle-acp-arena", daemon=True)
+        self._prefault = [p for p in self._prefault if p.is_alive()] + [t]
+        t.start()
+
+    @property
+    def populating(self) -> bool:
+        """Whether the first arena is still being populated in the background."""
+        if self._whole:
+            return any(t.is_alive() for t in self._prefault)
+        return self.first.populating
+
+    @property
+    def unpopulated(self) -> int:
+        """Bytes of the first arena that a save now would have to populate (or wait for)."""
+        if self._whole:
+            return self.first_size if any(t.is_alive() for t in self._prefault) else 0
+        return self.first.unclaimed
+
+    def ready(self) -> None:
+        """Before a save copies into the first arena: populate what the background thread has not
+        yet, on this (the training) thread and a helper at this thread's priority. The background
+        thread runs at a lower priority, which a loaded host may starve for many seconds; waiting
+        for it made the first save of a range stall that long (issue 28)."""
+        if self._whole:
+            self.join()
+        else:
+            self.first.finish()
 
     def size_for(self, size: int) -> int:
         """The snapshot buffer for a state of ``size`` bytes: all of it when it fits the budget,
@@ -127,13 +165,14 @@ class SnapshotBuffers:
         return self._queue_ok
 
     def join(self) -> None:
-        """Wait until the first arena is faulted in (when that is under way)."""
-        t, self._prefault = self._prefault, None
-        if t is not None:
+        """Wait until the background threads populating the first arena are done (when any runs)."""
+        threads, self._prefault = self._prefault, []
+        for t in threads:
             t.join()
 
     def release(self) -> None:
         """Free both buffers (the range ended)."""
+        self.first.cancel()
         self.join()
         self.first.release()
         self.second.release()

@@ -34,13 +34,19 @@ from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import Registry
-from paddle_acp.runtime.saver import QUEUE, SKIP, Saver, SaveTicket
+from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, Saver, SaveTicket
 from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position
 from paddle_acp.storage.base import Storage, redact
 
 logger = logging.getLogger("paddle_acp")
+
+# One writer, ``skip`` policy: at most this many due saves in a row are skipped while at least
+# ARENA_SKIP_BYTES of the snapshot arena are still to be populated; the next one populates the rest
+# itself (Persister._arena_skip). Less than that costs milliseconds to populate on the training thread.
+ARENA_SKIPS = 2
+ARENA_SKIP_BYTES = 64 << 20
 
 
 class Persister:
@@ -125,11 +131,14 @@ class Persister:
         if action == SKIP:
             self._skip(t0)
             return
+        if self._arena_skip(action, durable):
+            self._skip(t0, arena=True)
+            return
         waited = self.saver.wait() if action != QUEUE else 0.0
         irs = sorted({e.info.ir for e in self.registry.entries})
         import paddle
 
-        self.buffers.join()
+        self.buffers.ready()
         mode = None
         share = None
         only = None  # the (program key, name) of the tensors this rank writes; None: all
@@ -216,13 +225,28 @@ class Persister:
             return
         self._base_checked = True
 
-    def _skip(self, t0: float) -> None:
-        """Do not take this checkpoint: the previous one is still being written."""
+    def _arena_skip(self, action: str, durable: bool) -> bool:
+        """Whether a save the busy policy would take is skipped because the snapshot arena is still being
+        populated (one writer, ``skip`` policy, at least :data:`ARENA_SKIP_BYTES` left, at most
+        :data:`ARENA_SKIPS` due saves in a row; never a durable save). Populating fresh memory costs seconds per GB on some hosts: the first save of a
+        range would stall that long. Several ranks decide their saves by rank 0's plan, alike on every
+        rank: there each rank populates what is left itself instead (:meth:`SnapshotBuffers.ready`)."""
+        return (action == SAVE and not durable and not self.schedule.agreed and self.schedule.busy_policy == SKIP
+                and self._skip_streak < ARENA_SKIPS and self.buffers.unpopulated >= ARENA_SKIP_BYTES)
+
+    def _skip(self, t0: float, arena: bool = False) -> None:
+        """Do not take this checkpoint: the previous one is still being written (``arena``: the snapshot
+        arena is still being populated)."""
         self.saver.stats.skipped += 1
         self._skip_streak += 1
         at = self.position.at()
         policy = self.schedule.busy_policy
-        if self._skip_streak == 1 and self.schedule.agreed:
+        if arena:
+            logger.info(
+                "range %s: checkpoint at %s skipped: the snapshot buffer is still being populated in the background "
+                "(PADDLE_ACP_BUSY_POLICY=%s; at most %d due checkpoints in a row are skipped for it, the next one "
+                "waits)", self.name, at, policy, ARENA_SKIPS)
+        elif self._skip_streak == 1 and self.schedule.agreed:
             logger.info(
                 "range %s: checkpoint at %s skipped by the ranks' save plan (rank 0 takes every n-th due point "
                 "while a checkpoint takes longer than a due point to write; PADDLE_ACP_BUSY_POLICY=%s); further "

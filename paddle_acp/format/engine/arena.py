@@ -17,6 +17,7 @@ HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KB base pages) transparent huge page 
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _POPULATE_CHUNK = 32 << 20
+_BACKGROUND_CHUNK = HUGE_PAGE  # a background population's unit: it holds the address-space lock (see Arena)
 _COPY_CHUNK = 32 << 20
 
 J = TypeVar("J")
@@ -62,25 +63,130 @@ def alloc_buffer(size: int) -> np.ndarray:
     return np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
 
 
+def _map_unpopulated(size: int) -> Optional[mmap.mmap]:
+    """A private anonymous mapping of ``size`` bytes asking for huge pages, not populated; None where
+    this platform cannot populate a mapping in the kernel (``MADV_POPULATE_WRITE``)."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not flags:
+        return None
+    try:
+        mm = mmap.mmap(-1, size, flags=flags)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)  # see alloc_buffer
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:  # probe: the kernel populates (Linux >= 5.14); else alloc_buffer's MAP_POPULATE path
+        mm.madvise(_MADV_POPULATE_WRITE, 0, min(PAGE, size))
+    except (OSError, ValueError, AttributeError):
+        mm.close()
+        return None
+    return mm
+
+
 class Arena:
     """One reusable, page-aligned host buffer holding a checkpoint's file image.
 
     Reused from save to save (so its pages are faulted in once), and aligned
     for ``O_DIRECT`` writes.
+
+    :meth:`start` maps it without populating it; :meth:`populate_next` then populates it a chunk at a
+    time, from any number of threads (each chunk is claimed by one). A background thread does that at
+    low priority; :meth:`finish` lets the thread that needs the buffer populate what is left itself, at
+    its own priority, instead of waiting for a background thread that a loaded host may starve.
     """
 
     def __init__(self) -> None:
         self.buf: Optional[np.ndarray] = None
+        self._lock = threading.Lock()
+        self._mm: Optional[mmap.mmap] = None  # the mapping being populated
+        self._next = 0  # the offset of the first chunk not claimed yet
+        self._end = 0  # the end of the mapping being populated (0: none)
+        self._busy = 0  # chunks being populated now
+
+    @staticmethod
+    def padded(size: int) -> int:
+        return max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)  # whole huge pages
+
+    def start(self, size: int) -> bool:
+        """Map a buffer for ``size`` bytes unless there is one already; populated by :meth:`populate_next`.
+        False where this platform has no in-kernel population (:meth:`ensure` then allocates it whole)."""
+        padded = self.padded(size)
+        with self._lock:
+            if self.buf is not None and self.buf.nbytes >= padded:
+                return True
+            self._mm, self._next, self._end = None, 0, 0
+            self.buf = None  # release the old mapping first
+            mm = _map_unpopulated(padded)
+            if mm is None:
+                return False
+            self.buf = np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
+            self._mm, self._next, self._end = mm, 0, padded
+            return True
+
+    def populate_next(self, chunk: int = _BACKGROUND_CHUNK) -> bool:
+        """Populate the next unclaimed chunk of the mapping being populated; False when none is left."""
+        with self._lock:
+            mm, off = self._mm, self._next
+            if mm is None or off >= self._end:
+                return False
+            n = min(chunk, self._end - off)
+            self._next = off + n
+            self._busy += 1
+        try:
+            mm.madvise(_MADV_POPULATE_WRITE, off, n)
+        except (OSError, ValueError):  # unmapped meanwhile (released), or no memory: the copy faults it in
+            return False
+        finally:
+            with self._lock:
+                self._busy -= 1
+        return True
+
+    @property
+    def populating(self) -> bool:
+        """Whether part of the mapping is not populated yet (unclaimed, or being populated now)."""
+        with self._lock:
+            return self._mm is not None and (self._next < self._end or self._busy > 0)
+
+    @property
+    def unclaimed(self) -> int:
+        """Bytes of the mapping that no thread has begun to populate yet."""
+        with self._lock:
+            return self._end - self._next if self._mm is not None else 0
+
+    def finish(self, threads: int = 2) -> None:
+        """Populate what no thread claimed yet, on this thread and ``threads - 1`` helpers (at this
+        thread's priority). A chunk a background thread is still populating is not waited for: a copy
+        into it faults its pages in (population and writes to the same pages are safe together)."""
+        with self._lock:
+            left = self._end - self._next if self._mm is not None else 0
+        if left <= 0:
+            return
+        run_parallel(lambda _: self._drain(), list(range(threads)), threads)
+
+    def _drain(self) -> None:
+        while self.populate_next(_POPULATE_CHUNK):
+            pass
+
+    def cancel(self) -> None:
+        """Stop the population under way (what is left is faulted in by the first copy)."""
+        with self._lock:
+            self._next = self._end
 
     def ensure(self, size: int) -> np.ndarray:
-        padded = max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)  # whole huge pages
+        padded = self.padded(size)
         if self.buf is None or self.buf.nbytes < padded:
+            with self._lock:  # a population under way ends (its thread lets go of the old mapping)
+                self._mm, self._next, self._end = None, 0, 0
             self.buf = None  # release the old mapping first
             self.buf = alloc_buffer(padded)
         return self.buf
 
     def release(self) -> None:
         """Unmap the buffer now (views into it must be gone), not whenever the cyclic GC runs."""
+        with self._lock:
+            self._mm, self._next, self._end = None, 0, 0
         self.buf = None
 
     @property
