@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import INSTALLED, REPO, script_env  # noqa: E402
 
@@ -44,6 +46,7 @@ def run_starved(tmp_path, epochs, env=None, release_at=None):
     return [r for r in records if r["event"] in ("saved", "skipped", "failed")], proc.stderr
 
 
+@pytest.mark.long  # on demand (bash ci/test.sh --long): 40-120 s each, a thread starved beside a CPU hog
 def test_due_saves_skip_while_the_arena_is_populated_then_one_waits(tmp_path):
     saves, log = run_starved(tmp_path, epochs=ARENA_SKIPS + 2)
     events = [(r["event"], r["epoch"]) for r in saves]
@@ -56,11 +59,13 @@ def test_due_saves_skip_while_the_arena_is_populated_then_one_waits(tmp_path):
     assert "the snapshot buffer is still being populated" in log
 
 
+@pytest.mark.long  # on demand (bash ci/test.sh --long): 40-120 s each, a thread starved beside a CPU hog
 def test_a_final_save_waits_for_the_arena(tmp_path):
     saves, _ = run_starved(tmp_path, epochs=1)
     assert [(r["event"], r["epoch"], r.get("ok")) for r in saves] == [("saved", 0, True)], saves
 
 
+@pytest.mark.long  # on demand (bash ci/test.sh --long): 40-120 s each, a thread starved beside a CPU hog
 def test_the_wait_policy_never_skips_for_the_arena(tmp_path):
     saves, _ = run_starved(tmp_path, epochs=2, env={"PADDLE_ACP_BUSY_POLICY": "wait"}, release_at=0)
     assert [(r["event"], r["epoch"]) for r in saves] == [("saved", 0), ("saved", 1)], saves
