@@ -119,11 +119,15 @@ def split(recs: list) -> dict:
         d[key] += w
         d["copy_and_handoff"] += max(0.0, x.get("stall_s", 0.0) - w)
         d["saves"] += 1
+    for r, d in out.items():  # each rank's persists (rank 0: to the global commit; the others: their part)
+        ps = [x.get("persist_s", 0.0) for x in saved if f"rank{x.get('trainer', 0)}" == r]
+        d["persist_first3"] = [round(v, 3) for v in ps[:3]]
+        d["persist_median"] = statistics.median(ps) if ps else 0.0
     for x in recs:  # a skipped point's stall: deciding it (rank 0: and writing a changed plan)
         if x["event"] == "skipped" and f"rank{x.get('trainer', 0)}" in out:
             out[f"rank{x.get('trainer', 0)}"].setdefault("skipped_stall", 0.0)
             out[f"rank{x.get('trainer', 0)}"]["skipped_stall"] += x.get("stall_s", 0.0)
-    return {r: {k: round(v, 3) for k, v in d.items()} for r, d in sorted(out.items())}
+    return {r: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()} for r, d in sorted(out.items())}
 
 
 def main(argv=None) -> int:
