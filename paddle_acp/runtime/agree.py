@@ -218,9 +218,10 @@ class Agreement:
         self.counts[kind] += 1
         h, w = SCHEDULE[kind]
         if self.planner is not None:
+            now = time.monotonic()  # the point's time: the wait for the plan write below is not training time
             self.finish()  # the change decided at the previous point is on storage before this point is passed
             old = self.planner.plan
-            new = self.planner.at(kind, index, time.monotonic(), busy)
+            new = self.planner.at(kind, index, now, busy)
             if new is not None:
                 self._publish(new, old)
             self.plan = self.planner.plan
