@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -325,3 +326,28 @@ def test_the_persist_planned_for_is_the_longest_of_the_last_few():
     assert planner.estimate(300.0) == 2.0
     planner.persist_started(300.0)
     assert planner.estimate(304.0) == 4.0  # in flight for longer than any
+
+
+def test_the_wait_for_a_plan_write_is_not_counted_as_training_time(tmp_path):
+    """Rank 0 waits at a point for the plan write it started at the previous one; that wait is not time between
+    due points (it once was: the gap grew by the write's length and the planned stride came out too small)."""
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("j/range/r")
+    r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0)
+    r0.start(None)
+    gate = _Gate(storage)
+    r0.planner.persist = 1e6  # every decision changes the plan to stride K: a write to wait for
+    gaps = []
+    for i in range(12):
+        if gate.held.is_set():
+            gate.held.clear()
+            threading.Timer(0.5, gate.release.set).start()  # the write takes 0.5 s more
+        r0.point("due", False, f"epoch {i}")
+        gaps.append(r0.planner.gap)
+        time.sleep(0.01)  # training between due points
+        r0.point_done()
+    assert gate.writes >= 1
+    if gate.held.is_set():
+        gate.release.set()
+    r0.finish()
+    assert max(g for g in gaps if g is not None) < 0.25, gaps
