@@ -253,3 +253,28 @@ def test_a_preemption_signal_brings_pending_deadlines_forward(tmp_path, monkeypa
     monkeypatch.setattr(interrupt, "PREEMPT_PART_WAIT", 0.5)
     interrupt.preempted()
     assert r.pending.wait() is False and time.monotonic() - t0 < 10
+
+
+def test_a_rank_that_wrote_this_position_and_a_later_one_meanwhile_does_not_abandon_it(tmp_path, caplog):
+    """Rank 0 lists position e0 (rank 1's part not there yet); rank 1 then writes its parts of e0 AND e1 before
+    rank 0 looks for ranks at later positions. Rank 1 moved on, but wrote e0 first: rank 0 lists e0 once more
+    and commits it (it used to abandon the complete checkpoint: "rank(s) [1] already wrote a later one")."""
+    r0, r1 = gck(tmp_path, 0), gck(tmp_path, 1)
+    real = r0.storage.listdir
+    done = []
+
+    def listdir(path):
+        out = real(path)
+        if (path.endswith("/ckpt-e0") and threading.current_thread() is not threading.main_thread() and not done
+                and not any(e.name == "rank-1" for e in out)):
+            done.append(path)
+            r1.save(snapshot(1, 0), "per-rank")  # both written between that listing and the next look
+            r1.save(snapshot(1, 1), "per-rank")
+        return out
+
+    r0.storage.listdir = listdir
+    res = r0.save(snapshot(0, 0), "per-rank")
+    assert done, "test setup: rank 0's commit never listed the position before rank 1's part was there"
+    assert res.committed is True, caplog.messages
+    assert r0.storage.exists(f"{r0.dir}/ckpt-e0/{GLOBAL_NAME}")
+    assert not any("already wrote a later checkpoint" in m for m in caplog.messages)

@@ -198,6 +198,7 @@ class PartCommitMixin:
         self.check_base()  # never commit on a base a rank rejected (the ranks went apart)
         delay = self.poll_interval
         later_at = 0.0  # when to look for ranks at a later position next (monotonic time)
+        moved_on: List[int] = []  # ranks just seen at a later position: this position is listed once more
         t0 = time.monotonic()
         while True:
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
@@ -228,12 +229,18 @@ class PartCommitMixin:
             missing = [k for k in range(self.world_size) if k not in parts]
             if not missing:
                 break
-            gave_up: List[int] = []
-            if time.monotonic() >= later_at:
+            # a rank seen at a later position wrote its part here before it moved on, or never will: given up
+            # only when the listing after that one still misses it (it may have written both since this
+            # position's listing before; giving up at once abandoned a complete checkpoint)
+            gave_up = [k for k in moved_on if k in missing]
+            moved_on = []
+            if not gave_up and time.monotonic() >= later_at:
                 if later_at:  # parts missing for a while: a rank may have rejected the base at its restore and
                     self.check_base()  # sends no part; stop now, not when PADDLE_ACP_PART_TIMEOUT ends (300 s)
-                gave_up = self._later_parts(name, missing)
+                moved_on = self._later_parts(name, missing)
                 later_at = time.monotonic() + LATER_PARTS_EVERY
+                if moved_on:
+                    continue
             cancelled = ticket is not None and ticket.cancel.is_set()
             if ticket is not None:
                 deadline = ticket.deadline
