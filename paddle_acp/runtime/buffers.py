@@ -99,13 +99,6 @@ class SnapshotBuffers:
         t.start()
 
     @property
-    def populating(self) -> bool:
-        """Whether the first arena is still being populated in the background."""
-        if self._whole:
-            return any(t.is_alive() for t in self._prefault)
-        return self.first.populating
-
-    @property
     def unpopulated(self) -> int:
         """Bytes of the first arena that a save now would have to populate (or wait for)."""
         if self._whole:

@@ -43,14 +43,9 @@ def alloc_buffer(size: int) -> np.ndarray:
     if size <= 0:
         return np.empty(0, dtype=np.uint8)
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    try:
-        mm = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
-    except (OSError, ValueError, TypeError):
+    mm = _anonymous_mapping(size, flags)
+    if mm is None:
         return np.empty(size, dtype=np.uint8)
-    try:
-        mm.madvise(mmap.MADV_HUGEPAGE)  # see the docstring
-    except (OSError, ValueError, AttributeError):  # no transparent huge pages here
-        pass
     try:
         for off in range(0, size, _POPULATE_CHUNK):
             mm.madvise(_MADV_POPULATE_WRITE, off, min(_POPULATE_CHUNK, size - off))
@@ -63,20 +58,27 @@ def alloc_buffer(size: int) -> np.ndarray:
     return np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
 
 
+def _anonymous_mapping(size: int, flags: int) -> Optional[mmap.mmap]:
+    """An anonymous mapping of ``size`` bytes (``flags``: 0 where the platform has none to give) that asks
+    for transparent huge pages (see :func:`alloc_buffer`); None when it cannot be made."""
+    try:
+        mm = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, ValueError, AttributeError):  # no transparent huge pages here
+        pass
+    return mm
+
+
 def _map_unpopulated(size: int) -> Optional[mmap.mmap]:
     """A private anonymous mapping of ``size`` bytes asking for huge pages, not populated; None where
     this platform cannot populate a mapping in the kernel (``MADV_POPULATE_WRITE``)."""
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    if not flags:
+    mm = _anonymous_mapping(size, flags) if flags else None
+    if mm is None:
         return None
-    try:
-        mm = mmap.mmap(-1, size, flags=flags)
-    except (OSError, ValueError, TypeError):
-        return None
-    try:
-        mm.madvise(mmap.MADV_HUGEPAGE)  # see alloc_buffer
-    except (OSError, ValueError, AttributeError):
-        pass
     try:  # probe: the kernel populates (Linux >= 5.14); else alloc_buffer's MAP_POPULATE path
         mm.madvise(_MADV_POPULATE_WRITE, 0, min(PAGE, size))
     except (OSError, ValueError, AttributeError):
