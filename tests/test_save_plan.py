@@ -328,6 +328,50 @@ def test_the_persist_planned_for_is_the_longest_of_the_last_few():
     assert planner.estimate(304.0) == 4.0  # in flight for longer than any
 
 
+def test_persists_that_overlap_are_each_measured_from_their_own_start():
+    """Rank 0's saver is free once its own part is written while that checkpoint's global commit goes on, so the
+    next persist often starts before the previous one ended. Each is measured from its own start: the next start
+    once replaced the first's, so the first was measured from the second's start and the second not at all; the
+    plan's stride came out too small and every rank waited at taken points (ci/bench_agree.py's 2-rank HDFS job:
+    commits of 1.0-1.3 s planned as 0.3-0.5 s)."""
+    planner = Planner(SavePlan("r", None, "t"), "skip", 0.0, 0.0)
+    planner.persist_started(0.0)
+    planner.persist_started(1.0)
+    assert planner.estimate(2.0) == 2.0  # the oldest one in flight
+    planner.persist_ended(2.5)
+    assert planner.persist == 2.5
+    planner.persist_ended(3.5)
+    assert planner.persist == 2.5  # the second took 2.5 s as well
+    assert planner.estimate(4.0) == 2.5
+    planner.persist_ended(5.0)  # nothing in flight: nothing measured
+    assert planner.estimate(6.0) == 2.5
+
+
+def test_the_stride_covers_commits_that_outlast_the_parts():
+    """Due points every 0.15 s; each rank's part is written in 0.3 s, the global commit decided 1.2 s after the
+    save (rank 0's saver is free at 0.3 s, its commit goes on): the plan takes a point at most every 1.2 s of
+    training time, so taken points never find a part in flight."""
+    planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0)
+    now, part_done, commits = 0.0, None, []
+    waits = []
+    for i in range(120):
+        now += 0.15
+        while commits and commits[0] <= now:
+            planner.persist_ended(commits.pop(0))
+        busy = part_done is not None and part_done > now
+        planner.at("due", i, now, busy)
+        if planner.plan.taken("due", i):
+            waits.append((i, busy))
+            if busy:
+                now = part_done
+            planner.persist_started(now)
+            part_done, _ = now + 0.3, commits.append(now + 1.2)
+        planner.point_done(now)
+    late = [i for i, busy in waits if busy and i >= 3 * SCHEDULE["due"][0]]  # from the third block on
+    assert not late, waits
+    assert planner.plan.stride_at(100)[1] >= math.ceil(1.2 / 0.15), planner.plan.strides
+
+
 def test_the_wait_for_a_plan_write_is_not_counted_as_training_time(tmp_path):
     """Rank 0 waits at a point for the plan write it started at the previous one; that wait is not time between
     due points (it once was: the gap grew by the write's length and the planned stride came out too small)."""

@@ -91,7 +91,10 @@ class Planner:
         self.gap: Optional[float] = None  # seconds between due points (moving average)
         self.persist = 0.0  # the longest of the last PERSIST_WINDOW persists' seconds (submit to end)
         self._persists: Deque[float] = collections.deque(maxlen=PERSIST_WINDOW)
-        self._inflight_since: Optional[float] = None
+        # the start times of the persists in flight, oldest first: rank 0's saver is free once its own part is
+        # written, while that checkpoint's global commit goes on (its committer commits in order), so the next
+        # persist often starts before the previous one ended
+        self._inflight: Deque[float] = collections.deque()
         self._last_interval = now
 
     def restart_clock(self, now: float) -> None:
@@ -105,21 +108,22 @@ class Planner:
         self._last_due = now
 
     def persist_started(self, now: float) -> None:
-        self._inflight_since = now
+        self._inflight.append(now)
 
     def persist_ended(self, now: float) -> None:
-        if self._inflight_since is not None:
-            self._persists.append(now - self._inflight_since)
+        """The oldest persist in flight ended (called from the saver's or the committer's thread)."""
+        if self._inflight:
+            self._persists.append(now - self._inflight.popleft())
             self.persist = max(self._persists)
-            self._inflight_since = None
 
     def estimate(self, now: float) -> float:
         """The persist time: the longest of the last few (a storage's persists vary: one slow write in a few,
         e.g. HDFS's retried block completion, would otherwise make every rank wait at the next taken point), or
-        longer while one is in flight."""
-        if self._inflight_since is None:
+        longer while the oldest one in flight has taken longer already."""
+        inflight = list(self._inflight)[:1]  # (a copy: another thread may end it meanwhile)
+        if not inflight:
             return self.persist
-        return max(self.persist, now - self._inflight_since)
+        return max(self.persist, now - inflight[0])
 
     def at(self, kind: str, index: int, now: float, busy: bool) -> Optional[SavePlan]:
         """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish (it
