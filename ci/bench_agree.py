@@ -149,17 +149,19 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", default="skip")
     ap.add_argument("--json", default=None)
     ap.add_argument("--libhdfs-opts", default=None,
-                    help="the ranks' LIBHDFS_OPTS (default: the test client's, %r)" % servers.CLIENT_JVM_OPTS)
+                    help="the ranks' LIBHDFS_OPTS (default: unset, so paddle-acp's; '': the JVM's own defaults; "
+                         "the tests' client uses %r)" % servers.CLIENT_JVM_OPTS)
     ap.add_argument("--records", default="", help="append each job's metrics records (a JSON list per line) to this file")
     ap.add_argument("--only", choices=("on", "off"), default=None,
                     help="run only the job with (on) or without (off) checkpoints (for profiling; no ratio)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="acp-bench-agree-")
     results = {"world": args.world, "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,
-               "policy": args.policy, "rounds": []}
+               "policy": args.policy, "libhdfs_opts": args.libhdfs_opts, "rounds": []}
     with servers.HDFSServer() as hdfs:
         env = hdfs.client_env()
-        if args.libhdfs_opts is not None:  # the ranks' libhdfs client JVM (what a user sets in LIBHDFS_OPTS)
+        env.pop("LIBHDFS_OPTS")  # as most users run: paddle-acp's options for the ranks' libhdfs JVM
+        if args.libhdfs_opts is not None:  # what a user sets in LIBHDFS_OPTS ("": the JVM's own defaults)
             env["LIBHDFS_OPTS"] = args.libhdfs_opts
         for r in range(args.rounds):
             row = {}

@@ -7,16 +7,19 @@ Clients, in order (``PADDLE_ACP_HDFS_CLIENT`` forces one):
 * ``cli``: the ``hadoop fs`` command line (:mod:`paddle_acp.storage.hadoop_cli`), as Paddle's
   ``HDFSClient`` used it.
 
-Each is tried within ``PADDLE_ACP_CONNECT_TIMEOUT`` (a dead NameNode fails at open, not in the
+libhdfs's JVM starts with :data:`~paddle_acp.config.components.DEFAULT_LIBHDFS_OPTS` unless the user set
+``LIBHDFS_OPTS`` (:func:`libhdfs_jvm_options`). Each is tried within ``PADDLE_ACP_CONNECT_TIMEOUT`` (a dead NameNode fails at open, not in the
 middle of a save). A directory rename is atomic: checkpoints are committed by renaming.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import ParseResult, unquote
 
 import pyarrow
@@ -94,8 +97,9 @@ def _connect(client: str, host: str, port: int, user: Optional[str], options: St
     """A pyarrow filesystem of ``client`` (not yet connected) and why it is the one used."""
     timeout = options.connect_timeout
     if client == "pyarrow":
-        return (pafs.HadoopFileSystem(host, port, user=user, extra_conf=hdfs_ipc_conf(timeout)),
-                "libhdfs and a JVM are available")
+        with libhdfs_jvm_options(options.libhdfs_opts):
+            fs = pafs.HadoopFileSystem(host, port, user=user, extra_conf=hdfs_ipc_conf(timeout))
+        return fs, "libhdfs and a JVM are available"
     if client == "hdfs-native":
         try:
             from hdfs_native.fsspec import HdfsFileSystem
@@ -111,6 +115,28 @@ def _connect(client: str, host: str, port: int, user: Optional[str], options: St
     fs = pafs.PyFileSystem(HadoopCliHandler(options.hadoop_home, f"hdfs://{host}:{port}", user, options.cache_dir,
                                             extra_conf=hdfs_ipc_conf(timeout), ugi=ugi))
     return fs, "neither libhdfs nor hdfs-native is usable; using the hadoop command line"
+
+
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def libhdfs_jvm_options(opts: Optional[str]) -> Iterator[None]:
+    """``opts`` as ``LIBHDFS_OPTS`` while libhdfs may start this process's JVM (on its first connection; a JVM
+    already running keeps its options), unless the user set ``LIBHDFS_OPTS``: theirs are never replaced. The
+    variable is removed again afterwards, so the script's own subprocesses see the environment it set."""
+    if not opts:
+        yield
+        return
+    with _ENV_LOCK:
+        if "LIBHDFS_OPTS" in os.environ:  # the user's (read only to leave it alone)
+            yield
+            return
+        os.environ["LIBHDFS_OPTS"] = opts
+        try:
+            yield
+        finally:
+            os.environ.pop("LIBHDFS_OPTS", None)
 
 
 def hdfs_ipc_conf(timeout: float) -> Dict[str, str]:
