@@ -127,7 +127,7 @@ LIBHDFS_SOURCES = [
 ]
 
 SERVER_HEAP = "256m"
-CLIENT_JVM_OPTS = "-Xmx256m -XX:+UseSerialGC"
+CLIENT_JVM_OPTS = "-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"  # C1 alone: less CPU per client start (as paddle-acp's default)
 S3_ACCESS_KEY = "paddleacp"
 S3_SECRET_KEY = "paddleacp-secret-key-0123456789"
 S3_BUCKET = "paddle-acp"
