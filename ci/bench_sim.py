@@ -69,7 +69,8 @@ def saves_of(run_dir, rank):
         for line in open(path):
             rec = json.loads(line)
             if rec.get("event") in ("saved", "failed"):
-                out.append({k: rec.get(k) for k in ("event", "epoch", "stall_s", "waited_s", "persist_s", "committed")})
+                out.append({k: rec.get(k) for k in ("event", "epoch", "stall_s", "waited_s", "persist_s", "committed", "time",
+                                                     "parts_wait_s", "bytes")})
     return out
 
 
