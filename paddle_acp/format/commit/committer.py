@@ -4,12 +4,13 @@ Rank 0's saver writes rank 0's part and hands the rest of the checkpoint (wait f
 ranks' parts, write ``global.json``, retention: :mod:`~paddle_acp.format.commit.part_commit`) to the
 :class:`Committer`: the saver is free for the next save once its own part is written, and the
 training thread never waits for another rank. A commit is decided (its done callbacks told, its
-``decided_at`` taken) when ``global.json`` is in place or the position is abandoned; what it hands on
-with :meth:`PendingCommit.then` (retention) runs after that, on the same thread, before the next
-commit, and :meth:`PendingCommit.wait` returns once that is done too. Commits run one at a time, in the order they were
-handed over (the positions' order). Each has a deadline (``PADDLE_ACP_PART_TIMEOUT`` from when it
-was handed over); a later commit with an earlier deadline (a preemption save) brings the earlier
-ones' deadlines forward, so none waits behind a commit that waits for longer than it may.
+``decided_at`` taken) when ``global.json`` is in place or the position is abandoned; what it hands
+on with :meth:`PendingCommit.then` (retention) runs after that, on the same thread, before the next
+commit, and :meth:`PendingCommit.wait` returns once that is done too. Commits run one at a time, in
+the order they were handed over (the positions' order). Each has a deadline
+(``PADDLE_ACP_PART_TIMEOUT`` from when it was handed over); a later commit with an earlier deadline
+(a preemption save) brings the earlier ones' deadlines forward, so none waits behind a commit that
+waits for longer than it may.
 
 :meth:`Committer.cancel` (Ctrl-C) ends every commit waiting or queued at once: each is abandoned,
 never half-committed; the last committed checkpoint stays intact. The thread is not a daemon (a
@@ -68,7 +69,8 @@ class PendingCommit:
         self._then.append(fn)
 
     def wait(self) -> bool:
-        """Block until decided and its ``then`` work done; True when committed. Raises the commit's error, if it failed."""
+        """Block until decided and its ``then`` work done; True when committed. Raises the commit's
+        error, if it failed."""
         self._settled.wait()
         if self.error is not None:
             raise self.error
