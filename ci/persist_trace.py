@@ -79,12 +79,15 @@ def split(rows):
             m = PART.search(d["path"])
             if d["op"] == "open_input" and m and d["path"].endswith("manifest.json") and f"/{name}/" in d["path"]:
                 noticed.setdefault(int(m.group(1)), d["t0"])
+        began = parts.get(0, {}).get("landed")  # rank 0's commit begins once its own part is in place
         for k in sorted(parts):
             p = parts[k]
             up = p.get("up")
+            late = "landed" in p and began is not None and p["landed"] > began
             lines.append(f"  rank {k}: upload {at(up[0]) if up else '   -   '} .. {at(up[1]) if up else '   -   '}"
                          f" ({(up[1] - up[0]) if up else 0:.3f} s), landed {at(p['landed']) if 'landed' in p else '-'}"
-                         + (f", noticed by rank 0 {at(noticed[k])} (+{noticed[k] - p['landed']:.3f} s)"
+                         + (f", noticed by rank 0 {at(noticed[k])} (+{noticed[k] - p['landed']:.3f} s"
+                            + (")" if late or k == 0 else ", landed before rank 0's own part)")
                             if k in noticed and "landed" in p else ""))
         if gl is not None:
             first = next((d for d in committer if d["t0"] >= parts.get(0, {}).get("landed", t)), None)
