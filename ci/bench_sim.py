@@ -7,7 +7,8 @@ benchmark says it is simulated, and with which parameters.
 
 The job: W rank processes (``PADDLE_TRAINERS_NUM=W``, ``PADDLE_ACP_RANK_STATE=per-rank``: every rank
 holds its own state, rank 0 commits the global checkpoint; W = 1: one plain process). Each holds
-``--params`` float32 parameters with Adam (12 bytes per parameter: 100e6 = 1.2 GB per rank). An
+``--params`` float32 parameters with Adam (12 bytes per parameter: 100e6 = 1.2 GB per rank) in
+``--layers`` square fc layers (default 2: six equal large tensors, the weights and their two moments). An
 epoch is ``--batches`` batches; a batch is one run of a real small Paddle program (fc 64x64 + Adam)
 and a sleep of ``epoch_seconds / batches``, which stands for the accelerator's compute (a GPU's
 work uses no host CPU; on 2 cores 4 ranks cannot each compute 12 s per epoch honestly), and each
@@ -69,7 +70,8 @@ def saves_of(run_dir, rank):
         for line in open(path):
             rec = json.loads(line)
             if rec.get("event") in ("saved", "failed"):
-                out.append({k: rec.get(k) for k in ("event", "epoch", "stall_s", "waited_s", "persist_s", "committed")})
+                out.append({k: rec.get(k) for k in ("event", "epoch", "stall_s", "waited_s", "persist_s", "committed", "time",
+                                                     "parts_wait_s", "bytes")})
     return out
 
 
@@ -102,18 +104,20 @@ def rank_main(args):
     seed = 1 if args.state == "replicated" else rank + 1  # per-rank state: every rank's values differ
     paddle.seed(seed)
     np.random.seed(seed)
-    width = max(8, int((args.params / 2) ** 0.5))
+    width = max(8, int((args.params / args.layers) ** 0.5))
 
-    def build(w, prefix):
+    def build(w, prefix, layers=2):
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard(prefix):
             x = paddle.static.data("x", [None, w], "float32")
-            h = paddle.static.nn.fc(paddle.static.nn.fc(x, w), w)
+            h = x
+            for _ in range(layers):
+                h = paddle.static.nn.fc(h, w)
             loss = paddle.mean(h * h)
             paddle.optimizer.Adam(1e-4).minimize(loss)
         return main, startup, loss
 
-    big, big_start, big_loss = build(width, "big_")
+    big, big_start, big_loss = build(width, "big_", args.layers)
     small, small_start, small_loss = build(64, "small_")
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(big_start)
@@ -175,7 +179,7 @@ def measure(args, world, work):
     """One configuration: W rank processes; returns its figure and the rounds."""
     res_file = os.path.join(work, f"w{world}.jsonl")
     cmd = [sys.executable, os.path.abspath(__file__), "--_rank", "--state", args.state] + (["--persist"] if args.persist else []) + [ "--out", res_file, "--store", os.path.join(work, f"store{world}"),
-           "--barrier", os.path.join(work, f"barrier{world}"), "--params", str(args.params), "--epochs", str(args.epochs),
+           "--barrier", os.path.join(work, f"barrier{world}"), "--params", str(args.params), "--layers", str(args.layers), "--epochs", str(args.epochs),
            "--epoch-seconds", str(args.epoch_seconds), "--batches", str(args.batches), "--rounds", str(args.rounds),
            "--_sim", args.sim.query()]
     env = dict(os.environ, PADDLE_ACP_LOG_LEVEL="WARNING", PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="1",
@@ -245,6 +249,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="1,4", help="world sizes to measure, comma-separated")
     ap.add_argument("--params", type=float, default=100e6, help="parameters per rank (x12 bytes with Adam)")
+    ap.add_argument("--layers", type=int, default=2,
+                    help="fc layers of the large program (width x width each; with Adam three equal tensors per "
+                         "layer: with 2, spread writes over 4 ranks cut by tensor give two ranks a third of the state)")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--epoch-seconds", type=float, default=12.0, help="the accelerator's compute per epoch (a sleep)")
     ap.add_argument("--batches", type=int, default=20, help="batches per epoch (one small Paddle run each)")

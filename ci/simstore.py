@@ -25,6 +25,10 @@ underneath (little CPU), small files through the page cache; nothing is fsync-ed
 durability is its own business; its time is the simulated one). Restores read through
 ``open_input`` (no local path is offered), as from a remote store.
 
+With ``ACP_SIM_TRACE=<dir>`` in a process's environment every storage call it makes is appended to
+``<dir>/trace-<rank>-<pid>.jsonl`` (operation, path, wall-clock start and end, thread):
+``ci/persist_trace.py`` splits a benchmark's persists into their steps from it.
+
 Options come from the environment (``ACP_SIM_LATENCY_MS``, ``ACP_SIM_CLIENT_MBPS``,
 ``ACP_SIM_AGGREGATE_MBPS``, ``ACP_SIM_COMMIT``; 0 = no limit) and may be overridden per URI by its
 query (``sim:///abs/dir?latency_ms=2&client_mbps=500``). Register it in every process that opens
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import json
 import os
 import runpy
 import struct
@@ -208,7 +213,12 @@ class SimInput:
     def __init__(self, inner: Any, links: Links):
         self.inner, self.links = inner, links
 
-    def _paced(self, nbytes: int) -> float:
+    def _paced(self, nbytes: int, offset: Optional[int] = None) -> float:
+        """Reserve the link for the bytes a read of ``nbytes`` (at ``offset``; default: the position)
+        gets: never past the file's end (a remote store sends what there is, not what was asked for;
+        charging the ask cost every small file's read ~30 ms at 100 MB/s: read_bytes asks for 1 MB pieces)."""
+        at = self.inner.tell() if offset is None else offset
+        nbytes = max(0, min(nbytes, self.inner.size() - at))
         return self.links.reserve(READ, nbytes) if nbytes else time.monotonic()
 
     def read(self, nbytes: Optional[int] = None) -> bytes:
@@ -238,7 +248,7 @@ class SimInput:
 
     def read_at(self, nbytes: int, offset: int) -> bytes:
         self.links.round_trip()
-        end = self._paced(nbytes)
+        end = self._paced(nbytes, offset)
         b = self.inner.read_at(nbytes, offset)
         sleep_until(end)
         return bytes(b)
@@ -408,11 +418,48 @@ class SimStorage(LocalStorage):
         return None
 
 
+# -- a trace of every call, for benchmarks that split a persist into its steps ------------------
+TRACE_ENV = "ACP_SIM_TRACE"  # a directory: each process appends one JSON line per storage call to a file there
+_TRACED = {SimStorage: ("makedirs", "open_output", "open_input", "append_bytes", "stat", "exists", "size", "listdir",
+                        "_delete_dir", "_delete_file", "_rename", "create_exclusive", "write_image"),
+           SimOutput: ("close",), SimInput: ("read_at",)}
+_trace_lock = threading.Lock()
+
+
+def _traced(op: str, fn: Any, out: str) -> Any:
+    def call(self: Any, *a: Any, **k: Any) -> Any:
+        t0 = time.time()
+        try:
+            return fn(self, *a, **k)
+        finally:
+            t1 = time.time()
+            line = json.dumps({"op": op, "path": str(a[0]) if a and isinstance(a[0], str) else "", "t0": t0, "t1": t1,
+                               "thread": threading.current_thread().name}) + "\n"
+            with _trace_lock, open(out, "a") as f:
+                f.write(line)
+    return call
+
+
+def trace_calls(directory: str) -> None:
+    """Record every storage call of this process (``op``, ``path``, wall-clock ``t0``/``t1``, ``thread``)
+    in ``directory/trace-<rank>-<pid>.jsonl`` (``ACP_SIM_TRACE``): cheap (one small append per call)."""
+    os.makedirs(directory, exist_ok=True)
+    out = os.path.join(directory, f"trace-{os.environ.get('PADDLE_TRAINER_ID', '0')}-{os.getpid()}.jsonl")
+    for cls, names in _TRACED.items():
+        for name in names:
+            if not getattr(getattr(cls, name), "_acp_traced", False):
+                fn = _traced(name.lstrip("_") if cls is SimStorage else f"{cls.__name__}.{name}", getattr(cls, name), out)
+                fn._acp_traced = True
+                setattr(cls, name, fn)
+
+
 def register() -> None:
-    """Serve ``sim://`` URIs in this process."""
+    """Serve ``sim://`` URIs in this process (``ACP_SIM_TRACE`` set: with a trace of every call, :func:`trace_calls`)."""
     from paddle_acp.storage.schemes import register_backend
 
     register_backend(SCHEME, SimStorage.from_uri)
+    if os.environ.get(TRACE_ENV):
+        trace_calls(os.environ[TRACE_ENV])
 
 
 def uri(directory: str, opts: Optional[SimOptions] = None) -> str:

@@ -182,6 +182,46 @@ def test_retention_after_a_commit_uses_the_commits_range_listing(tmp_path):
     assert ("exists", f"{rdir}/ckpt-e2/{GLOBAL_NAME}") not in counting.log, counting.log
 
 
+def test_the_commit_is_decided_at_global_json_and_retention_runs_after(tmp_path):
+    """The outcome (the done callbacks: rank 0's metrics line, the save plan's end of the persist) is
+    told and ``decided_at`` taken when global.json is in place, before retention deletes the older
+    checkpoint (a persist used to be timed to retention's last delete); ``wait`` (a durable save)
+    returns only once retention is done too."""
+    gs = ranks(tmp_path, 2)
+    for g in gs:
+        g.max_to_keep = 1
+    rdir = tmp_path / range_dir(JOB, RANGE)
+    for epoch in (0, 1):
+        gs[1].save(snapshot(1, epoch), "per-rank")
+        res = gs[0].save(snapshot(0, epoch), "per-rank", wait=False)
+        seen = []
+        res.pending.add_done_callback(lambda p, seen=seen, name=f"ckpt-e{epoch}": seen.append(
+            (p.committed, sorted(x.name for x in rdir.iterdir()), (rdir / name / GLOBAL_NAME).exists(),
+             p.decided_at is not None)))
+        assert res.pending.wait() is True
+        assert seen == [(True, ["ckpt-e0"] + (["ckpt-e1"] if epoch else []), True, True)], seen
+        assert sorted(x.name for x in rdir.iterdir()) == [f"ckpt-e{epoch}"]  # e0 removed (keep 1) once wait returned
+
+
+def test_a_failing_retention_is_logged_and_leaves_the_commit_committed(tmp_path, caplog):
+    """Retention after a decided commit that fails (a newer rank 0 took over once the commit was told:
+    the fence stops the deletes) is a warning: the commit stays committed, nothing is deleted, the
+    committer goes idle."""
+    gs = ranks(tmp_path, 2)
+    gs[0].max_to_keep = 1
+    gs[1].save(snapshot(1, 0), "per-rank")
+    assert gs[0].save(snapshot(0, 0), "per-rank").committed is True
+    gs[1].save(snapshot(1, 1), "per-rank")
+    res = gs[0].save(snapshot(0, 1), "per-rank", wait=False)
+    res.pending.add_done_callback(lambda p: Fence.take(open_storage(str(tmp_path)), JOB, 0))
+    with caplog.at_level("WARNING", logger="paddle_acp"):
+        assert res.pending.wait() is True
+        gs[0].committer.wait_all()
+    rdir = tmp_path / range_dir(JOB, RANGE)
+    assert (rdir / "ckpt-e1" / GLOBAL_NAME).exists() and (rdir / "ckpt-e0" / GLOBAL_NAME).exists()
+    assert any("retention after checkpoint ckpt-e1 failed" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_a_fenced_rank0_leaves_neither_global_json_nor_its_temporary(tmp_path):
     """The fence is checked once, right before global.json's rename: a rank 0 fenced while it waited
     for the parts writes the temporary file, is stopped, and removes it again."""

@@ -107,6 +107,61 @@ def test_latency_and_bandwidth_wait_without_cpu(tmp_path):
     assert wall >= 0.24 and cpu < 0.5 * wall and np.array_equal(back, data)
 
 
+def test_reads_are_charged_the_bytes_they_get_not_the_bytes_asked_for(tmp_path, monkeypatch):
+    """A small file read through read_bytes (which asks for 1 MB pieces), readinto a larger buffer or
+    read_at past the end reserves the link for the file's bytes only, as a remote store sends them:
+    charging the ask cost a 3 KB manifest ~30 ms at 100 MB/s."""
+    st = open_storage(simstore.uri(str(tmp_path / "s"), simstore.SimOptions(client_mbps=100.0)))
+    st.write_bytes("small", bytes(range(256)) * 12)
+    reserved = []
+    real = simstore.Links.reserve
+
+    def reserve(self, direction, nbytes):
+        if direction == simstore.READ:
+            reserved.append(nbytes)
+        return real(self, direction, nbytes)
+    monkeypatch.setattr(simstore.Links, "reserve", reserve)
+    assert st.read_bytes("small", limit=64 << 20) == bytes(range(256)) * 12
+    assert sum(reserved) == 3072, reserved
+    reserved.clear()
+    buf = bytearray(2 * MB)
+    with st.open_input("small") as f:
+        assert f.readinto(memoryview(buf)) == 3072
+        assert f.read_at(4096, 3000) == (bytes(range(256)) * 12)[3000:]
+        assert f.read_at(10, 5000) == b""
+    assert sum(reserved) == 3072 + 72, reserved
+
+
+_TRACED_RUN = """
+import sys
+sys.path.insert(0, {ci!r})
+import simstore
+simstore.register()
+from paddle_acp.storage import open_storage
+st = open_storage(sys.argv[1])
+st.makedirs("d")
+st.write_bytes("d/f", b"x" * 10)
+st.rename("d/f", "d/g")
+assert st.read_bytes("d/g") == b"x" * 10
+"""
+
+
+def test_trace_records_every_call_of_a_process_in_order(tmp_path):
+    """ACP_SIM_TRACE: a real process's calls, one line each, in the order made, with their thread."""
+    script = _TRACED_RUN.format(ci=os.path.join(ROOT, "ci"))
+    env = dict(os.environ, ACP_SIM_TRACE=str(tmp_path / "trace"), PADDLE_TRAINER_ID="3")
+    subprocess.run([sys.executable, "-c", script, simstore.uri(str(tmp_path / "s"))], env=env, check=True, timeout=120)
+    (name,) = os.listdir(tmp_path / "trace")
+    assert name.startswith("trace-3-")
+    import json
+
+    rows = [json.loads(line) for line in open(tmp_path / "trace" / name)]
+    assert [r["op"] for r in rows] == ["makedirs", "open_output", "SimOutput.close", "rename", "open_input"]
+    assert rows[0]["path"] == "d" and rows[3]["path"] == "d/f" and rows[4]["path"] == "d/g"
+    assert all(r["thread"] == "MainThread" and r["t0"] <= r["t1"] for r in rows)
+    assert [r["t0"] for r in rows] == sorted(r["t0"] for r in rows)
+
+
 def simstore_aligned(n):
     """A page-aligned buffer (as the saver's arena): the write goes O_DIRECT underneath."""
     import mmap

@@ -331,15 +331,17 @@ class Persister:
         if res.pending is not None and res.committed is None:  # decided later, on the committer's thread
             res.pending.add_done_callback(lambda p: self._part_done(record, done, p.committed, p.waited, p.error))
             return
-        self._part_done(record, done, res.committed, res.waited, None)
+        self._part_done(record, done, res.committed, res.waited, None,
+                        res.pending.decided_at if res.pending is not None else None)
 
     def _part_done(self, record: SaveBegun, done: "_PartWritten", committed: Optional[bool], waited: float,
-                   error: Optional[BaseException]) -> None:
-        """The metrics record and log line of a part written (rank 0: of its commit, once decided)."""
+                   error: Optional[BaseException], decided_at: Optional[float] = None) -> None:
+        """The metrics record and log line of a part written (rank 0: of its commit, once decided;
+        ``decided_at``: when, if it was earlier than now: a durable save waited for retention too)."""
         # rank 0: the persist time its save plan is sized by, until the global commit (every rank's part
-        # written), not its own part alone
+        # written), not its own part alone, nor retention after the commit
         self.schedule.persist_ended()
-        dt = time.perf_counter() - done.t0
+        dt = (time.perf_counter() if decided_at is None else decided_at) - done.t0
         if error is not None:  # the commit failed (storage, fenced, or the base was condemned)
             committed = False
             self.saver.interrupt(error)

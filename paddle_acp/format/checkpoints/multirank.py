@@ -242,20 +242,28 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
 
     def _commit_and_retain(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
                            ticket: PendingCommit) -> bool:
-        """On the committer's thread: the commit of position ``name``, then retention when it committed."""
+        """On the committer's thread: the commit of position ``name``, then retention when it committed
+        (once the commit is decided and told, :meth:`PendingCommit.then`: rank 0's metrics line and save
+        plan time the persist to its global commit, not to retention's last delete; ``wait`` still
+        returns after retention)."""
         committed = self._commit(name, epoch_no, step, mode, timeout, ticket)
         listing, self._range_listing = self._range_listing, None
         if committed:
-            try:  # on the range as this commit listed it, if it did (a position newer since: the next time)
-                self.apply_retention(listing=listing, committed_now=(name,))
-            except (StorageError, CheckpointError) as exc:
-                logger.warning("retention after checkpoint %s failed: %s", name, exc)
+            ticket.then(lambda: self._retain_after(name, listing))
         elif not ticket.cancel.is_set():  # abandoned: its own part goes now (the others' at the next commit)
             try:
                 self._remove_own(name)
             except (StorageError, CheckpointError) as exc:
                 logger.debug("could not remove rank 0's part of abandoned checkpoint %s: %s", name, exc)
         return committed
+
+    def _retain_after(self, name: str, listing: Optional[List[Entry]]) -> None:
+        """Retention after the commit of ``name``, on the range as that commit listed it, if it did
+        (a position newer since: the next time)."""
+        try:
+            self.apply_retention(listing=listing, committed_now=(name,))
+        except (StorageError, CheckpointError) as exc:
+            logger.warning("retention after checkpoint %s failed: %s", name, exc)
 
     def _remove_own(self, name: str, listing: Optional[List[Entry]] = None) -> None:
         """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of its

@@ -3,10 +3,14 @@
 Rank 0's saver writes rank 0's part and hands the rest of the checkpoint (wait for the other
 ranks' parts, write ``global.json``, retention: :mod:`~paddle_acp.format.commit.part_commit`) to the
 :class:`Committer`: the saver is free for the next save once its own part is written, and the
-training thread never waits for another rank. Commits run one at a time, in the order they were
-handed over (the positions' order). Each has a deadline (``PADDLE_ACP_PART_TIMEOUT`` from when it
-was handed over); a later commit with an earlier deadline (a preemption save) brings the earlier
-ones' deadlines forward, so none waits behind a commit that waits for longer than it may.
+training thread never waits for another rank. A commit is decided (its done callbacks told, its
+``decided_at`` taken) when ``global.json`` is in place or the position is abandoned; what it hands
+on with :meth:`PendingCommit.then` (retention) runs after that, on the same thread, before the next
+commit, and :meth:`PendingCommit.wait` returns once that is done too. Commits run one at a time, in
+the order they were handed over (the positions' order). Each has a deadline
+(``PADDLE_ACP_PART_TIMEOUT`` from when it was handed over); a later commit with an earlier deadline
+(a preemption save) brings the earlier ones' deadlines forward, so none waits behind a commit that
+waits for longer than it may.
 
 :meth:`Committer.cancel` (Ctrl-C) ends every commit waiting or queued at once: each is abandoned,
 never half-committed; the last committed checkpoint stays intact. The thread is not a daemon (a
@@ -37,11 +41,14 @@ class PendingCommit:
         self.started = time.monotonic()
         self.waited = 0.0  # seconds spent waiting for the other parts (set by the commit)
         self.committed: Optional[bool] = None
+        self.decided_at: Optional[float] = None  # time.perf_counter() when decided (before the ``then`` work)
         self.error: Optional[BaseException] = None
         self._run = run
         self._done = threading.Event()
+        self._settled = threading.Event()  # decided and its ``then`` work done
         self._lock = threading.Lock()
         self._callbacks: List[Callable[["PendingCommit"], None]] = []
+        self._then: List[Callable[[], None]] = []
 
     @property
     def done(self) -> bool:
@@ -55,9 +62,16 @@ class PendingCommit:
                 return
         fn(self)
 
+    def then(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the committer's thread once this commit is decided and told (after its done
+        callbacks), before :meth:`wait` returns and the next commit: housekeeping that is no part of the
+        outcome (retention), so that a persist is timed to its commit (``decided_at``)."""
+        self._then.append(fn)
+
     def wait(self) -> bool:
-        """Block until decided; True when committed. Raises the commit's error, if it failed."""
-        self._done.wait()
+        """Block until decided and its ``then`` work done; True when committed. Raises the commit's
+        error, if it failed."""
+        self._settled.wait()
         if self.error is not None:
             raise self.error
         return bool(self.committed)
@@ -68,6 +82,7 @@ class PendingCommit:
     def _finish(self, committed: Optional[bool], error: Optional[BaseException]) -> None:
         with self._lock:
             self.committed, self.error = committed, error
+            self.decided_at = time.perf_counter()
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
@@ -78,11 +93,20 @@ class PendingCommit:
 
     def run(self) -> None:
         try:
-            committed = self._run(self)
-        except BaseException as exc:  # handed to whoever waits for it (or to the done callbacks)
-            self._finish(False, exc)
-            return
-        self._finish(committed, None)
+            try:
+                committed = self._run(self)
+            except BaseException as exc:  # handed to whoever waits for it (or to the done callbacks)
+                self._finish(False, exc)
+                return
+            self._finish(committed, None)
+            then, self._then = self._then, []
+            for fn in then:
+                try:
+                    fn()
+                except Exception as exc:  # housekeeping after a decided commit: never its outcome
+                    logger.warning("after the commit of checkpoint %s: %s", self.name, exc)
+        finally:
+            self._settled.set()
 
 
 class Committer:
