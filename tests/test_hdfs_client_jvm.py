@@ -14,7 +14,7 @@ import pytest
 from support.server_fixtures import hdfs_server  # noqa: F401  (fixture)
 
 from paddle_acp.config.components import DEFAULT_LIBHDFS_OPTS
-from paddle_acp.storage.hdfs import libhdfs_jvm_options
+from paddle_acp.storage.hdfs import FirstJvm, libhdfs_jvm_options
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,14 +55,18 @@ def test_the_users_libhdfs_opts_are_left_alone(hdfs_server, given):  # noqa: F81
     assert seen["env"] == given
 
 
-def test_the_options_are_set_only_while_the_client_connects(monkeypatch):
+def test_the_options_are_set_only_while_the_first_client_connects(monkeypatch):
     monkeypatch.delenv("LIBHDFS_OPTS", raising=False)
-    with libhdfs_jvm_options(DEFAULT_LIBHDFS_OPTS):
-        assert os.environ["LIBHDFS_OPTS"] == DEFAULT_LIBHDFS_OPTS
-    assert "LIBHDFS_OPTS" not in os.environ
-    with libhdfs_jvm_options(None):
+    first = FirstJvm()
+    with libhdfs_jvm_options(None, first):
         assert "LIBHDFS_OPTS" not in os.environ
     monkeypatch.setenv("LIBHDFS_OPTS", "-Xmx1g")
-    with libhdfs_jvm_options(DEFAULT_LIBHDFS_OPTS):
-        assert os.environ["LIBHDFS_OPTS"] == "-Xmx1g"
+    with libhdfs_jvm_options(DEFAULT_LIBHDFS_OPTS, first):
+        assert os.environ["LIBHDFS_OPTS"] == "-Xmx1g"  # the user's
     assert os.environ["LIBHDFS_OPTS"] == "-Xmx1g"
+    monkeypatch.delenv("LIBHDFS_OPTS")
+    with libhdfs_jvm_options(DEFAULT_LIBHDFS_OPTS, first):
+        assert os.environ["LIBHDFS_OPTS"] == DEFAULT_LIBHDFS_OPTS
+    assert "LIBHDFS_OPTS" not in os.environ
+    with libhdfs_jvm_options(DEFAULT_LIBHDFS_OPTS, first):  # the JVM was asked for: its options are fixed
+        assert "LIBHDFS_OPTS" not in os.environ

@@ -117,19 +117,29 @@ def _connect(client: str, host: str, port: int, user: Optional[str], options: St
     return fs, "neither libhdfs nor hdfs-native is usable; using the hadoop command line"
 
 
-_ENV_LOCK = threading.Lock()
+class FirstJvm:
+    """Whether this process's libhdfs JVM was asked for (its options are fixed from then on: the environment is
+    changed at most once per process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.asked = False
+
+
+_FIRST_JVM = FirstJvm()
 
 
 @contextlib.contextmanager
-def libhdfs_jvm_options(opts: Optional[str]) -> Iterator[None]:
-    """``opts`` as ``LIBHDFS_OPTS`` while libhdfs may start this process's JVM (on its first connection; a JVM
-    already running keeps its options), unless the user set ``LIBHDFS_OPTS``: theirs are never replaced. The
-    variable is removed again afterwards, so the script's own subprocesses see the environment it set."""
+def libhdfs_jvm_options(opts: Optional[str], first: FirstJvm = _FIRST_JVM) -> Iterator[None]:
+    """``opts`` as ``LIBHDFS_OPTS`` while libhdfs starts this process's JVM (its first connection), unless the
+    user set ``LIBHDFS_OPTS``: theirs are never replaced. The variable is removed again afterwards, so the
+    script's own subprocesses see the environment it set; later connections (the JVM runs, its options
+    fixed) leave the environment alone."""
     if not opts:
         yield
         return
-    with _ENV_LOCK:
-        if "LIBHDFS_OPTS" in os.environ:  # the user's (read only to leave it alone)
+    with first.lock:
+        if first.asked or "LIBHDFS_OPTS" in os.environ:  # (the user's: read only to leave it alone)
             yield
             return
         os.environ["LIBHDFS_OPTS"] = opts
@@ -137,6 +147,7 @@ def libhdfs_jvm_options(opts: Optional[str]) -> Iterator[None]:
             yield
         finally:
             os.environ.pop("LIBHDFS_OPTS", None)
+            first.asked = True
 
 
 def hdfs_ipc_conf(timeout: float) -> Dict[str, str]:
