@@ -243,3 +243,58 @@ def test_simulate_restart_resets_the_process_state(tmp_path, monkeypatch):
     for _ in acp.train_epoch_range(1, 0):
         pass
     assert next(iter(STATE.fences.values())).generation > fence.generation  # a restart takes a new generation
+
+
+def _barrier_storage(root, fail_marker=False):
+    """A local storage whose write of the job marker and creation of the fence's record each wait (10 s at
+    most) for the other to be in flight: an open that makes them one after the other breaks the barrier."""
+    from paddle_acp.errors import StorageError
+    from paddle_acp.storage.local import LocalStorage
+
+    barrier = threading.Barrier(2, timeout=10)
+
+    class Storage(LocalStorage):
+        def write_bytes(self, path, data):
+            if path.endswith("/job.json"):
+                barrier.wait()
+                if fail_marker:
+                    raise StorageError("the marker could not be written (test)")
+            return super().write_bytes(path, data)
+
+        def create_exclusive(self, path, data):
+            if "/writers/gen-" in path:
+                barrier.wait()
+            return super().create_exclusive(path, data)
+
+    return Storage(str(root), str(root))
+
+
+def test_the_job_marker_is_written_while_the_fence_is_taken(tmp_path):
+    """Trainer 0's open writes the job marker and its fence's record concurrently (each a whole file write:
+    ~0.4 s on HDFS 2.7): both are in flight at once, and both are on storage when the open returns."""
+    from paddle_acp.config import from_env
+    from paddle_acp.runtime.range import open_io
+    from paddle_acp.runtime.state import STATE
+
+    acp.simulate_restart()
+    cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": str(tmp_path / "ck"), "PADDLE_JOB_ID": "j"})
+    storage = _barrier_storage(tmp_path / "ck")
+    opened = open_io("_range_0", cfg, storage)
+    assert opened.fence is not None and opened.fence.generation == 0
+    assert (tmp_path / "ck" / "j" / "job.json").is_file() and (tmp_path / "ck" / "j" / "writers" / "gen-0").is_file()
+    assert (storage.uri, "j") in STATE.marked_jobs
+    acp.simulate_restart()
+
+
+def test_a_job_marker_that_cannot_be_written_stops_the_open(tmp_path):
+    from paddle_acp.config import from_env
+    from paddle_acp.runtime.range import open_io
+    from paddle_acp.runtime.state import STATE
+
+    acp.simulate_restart()
+    cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": str(tmp_path / "ck"), "PADDLE_JOB_ID": "j"})
+    storage = _barrier_storage(tmp_path / "ck", fail_marker=True)
+    with pytest.raises(acp.ConfigError, match="not reachable or not writable: the marker could not be written"):
+        open_io("_range_0", cfg, storage)
+    assert not STATE.marked_jobs
+    acp.simulate_restart()
