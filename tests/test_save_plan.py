@@ -245,6 +245,7 @@ def _lockstep(storage, points, fail=False):
     r0, r1 = [Agreement(storage, "j/range/r", "r", k, "skip", 0.0) for k in (0, 1)]
     for x in (r0, r1):
         x.start(None)
+    r0.finish()  # the fresh plan's write (in the background since the open)
     gate = _Gate(storage, fail)  # the writes of changes from now on
     got0, got1, went_on = [], [], 0
     for i in range(points):
@@ -275,6 +276,23 @@ def test_rank_0_trains_on_while_its_plan_is_written_and_the_others_read_it_after
     assert gate.writes >= 1 and went_on == gate.writes
     assert got0 == got1 and r1.disagreements == 0 and r0.write_failures == 0
     assert not all(got0[16:]) and read_plan(storage, "j/range/r") == r0.planner.plan
+
+
+def test_the_fresh_plan_is_written_while_rank_0_trains_its_first_epoch(tmp_path):
+    """The open returns while rank 0's fresh plan is still being written (a file write: ~0.4 s on HDFS 2.7);
+    rank 0 waits for it at its first due point, before any other rank reads a plan."""
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("j/range/r")
+    write_plan(storage, "j/range/r", SavePlan("r", None, "earlier-start").with_stride(0, 7))
+    gate = _Gate(storage)
+    r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0)
+    r0.start(None)
+    assert gate.held.wait(10) and r0._writing is not None and r0._writing[0].is_alive()  # the open returned
+    assert read_plan(storage, "j/range/r").token == "earlier-start"
+    threading.Timer(0.05, gate.release.set).start()
+    assert r0.point("due", False, "epoch 0") == (0, True)
+    assert r0._writing is None and read_plan(storage, "j/range/r") == r0.planner.plan != SavePlan("r", None, "-")
+    assert read_plan(storage, "j/range/r").token == r0.planner.plan.token != "earlier-start"
 
 
 def test_a_plan_write_that_fails_in_the_background_leaves_every_rank_on_the_previous_plan(tmp_path, caplog):
@@ -379,6 +397,7 @@ def test_the_wait_for_a_plan_write_is_not_counted_as_training_time(tmp_path):
     storage.makedirs("j/range/r")
     r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0)
     r0.start(None)
+    r0.finish()
     gate = _Gate(storage)
     r0.planner.persist = 1e6  # every decision changes the plan to stride K: a write to wait for
     gaps = []

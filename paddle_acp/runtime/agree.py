@@ -190,7 +190,9 @@ class Agreement:
         self._writing: Optional[Tuple[threading.Thread, Optional[SavePlan], List[BaseException]]] = None
 
     def start(self, base: Optional[str]) -> None:
-        """At the range's open (rank 0 before any training step): a fresh plan replaces one of an earlier start."""
+        """At the range's open (rank 0 before any training step): a fresh plan replaces one of an earlier start.
+        Written in the background while rank 0 trains its first steps: :meth:`point` waits for it at rank 0's
+        first due point, before any other rank reads a plan (from its second point on, in lockstep)."""
         self.finish()
         self.base = base
         self.plan = initial_plan(self.range_name, base, "-", self.policy)
@@ -198,7 +200,6 @@ class Agreement:
             return
         self.planner.plan = self.plan = initial_plan(self.range_name, base, uuid.uuid4().hex[:16], self.policy)
         self._publish(self.planner.plan, None)
-        self.finish()
 
     def restart_clock(self) -> None:
         if self.planner is not None:
