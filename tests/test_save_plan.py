@@ -414,3 +414,43 @@ def test_the_wait_for_a_plan_write_is_not_counted_as_training_time(tmp_path):
         gate.release.set()
     r0.finish()
     assert max(g for g in gaps if g is not None) < 0.25, gaps
+
+
+def test_the_second_block_is_planned_on_the_opens_write_time_until_a_persist_is_measured():
+    """Due points 0.1 s apart, persists of 0.4 s. Rank 0 decides the second block one point in, before any
+    persist ended: on the in-flight persist's 0.1 s alone it took every other point there (4, 6: a wait at
+    each); on the floor (the fence record's write at the open: 0.4 s) only the block's first. Once a persist
+    is measured, it alone counts (a faster one brings the stride down)."""
+    def second_block(floor):
+        planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=floor)
+        now = 0.0
+        for i in range(2):  # points 0 and 1: the first block takes both; point 1 decides the second block
+            planner.at("due", i, now, i > 0)
+            if i == 0:
+                planner.persist_started(now)
+            planner.point_done(now)
+            now += 0.1
+        return [i for i in range(4, 8) if planner.plan.taken("due", i)], planner
+
+    assert second_block(0.0)[0] == [4, 6]
+    taken, planner = second_block(0.4)
+    assert taken == [4] and planner.planned_for == pytest.approx(0.4)
+    planner.persist_ended(0.15)  # the first persist took 0.15 s: the floor no longer counts
+    assert planner.estimate(0.2) == pytest.approx(0.15)
+
+
+def test_the_fence_records_how_long_its_record_took(tmp_path):
+    from paddle_acp.format.commit.fencing import Fence
+
+    storage = open_storage(str(tmp_path))
+    real = storage.create_exclusive
+
+    def slow(path, data):
+        time.sleep(0.2)
+        return real(path, data)
+
+    storage.create_exclusive = slow
+    fence = Fence.take(storage, "j", 0)
+    assert fence.generation == 0 and 0.2 <= fence.took_s < 30
+    r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0, fence=fence)
+    assert r0.planner.floor == fence.took_s

@@ -83,12 +83,16 @@ def agreed_action(taken: bool, busy: bool, policy: str, queue_free: bool, queue_
 class Planner:
     """Rank 0's decisions (the only clock that decides). No I/O, no clock reads: ``now`` is passed in."""
 
-    def __init__(self, plan: SavePlan, policy: str, interval: float, now: float) -> None:
+    def __init__(self, plan: SavePlan, policy: str, interval: float, now: float, floor: float = 0.0) -> None:
+        """``floor``: the least a persist takes on this storage, known before any is measured (the seconds
+        one small file's write took at the open: every persist writes one at least)."""
         self.plan = plan
         self.policy = policy
         self.interval = interval
         self._last_due: Optional[float] = None
         self.gap: Optional[float] = None  # seconds between due points (moving average)
+        self.floor = floor
+        self.planned_for = 0.0  # the persist time the last decision planned for (logged)
         self.persist = 0.0  # the longest of the last PERSIST_WINDOW persists' seconds (submit to end)
         self._persists: Deque[float] = collections.deque(maxlen=PERSIST_WINDOW)
         # the start times of the persists in flight, oldest first: rank 0's saver is free once its own part is
@@ -119,11 +123,13 @@ class Planner:
     def estimate(self, now: float) -> float:
         """The persist time: the longest of the last few (a storage's persists vary: one slow write in a few,
         e.g. HDFS's retried block completion, would otherwise make every rank wait at the next taken point), or
-        longer while the oldest one in flight has taken longer already."""
+        longer while the oldest one in flight has taken longer already. Before any persist ended: at least the
+        floor (without it the second block, decided one due point in, took every other point at best)."""
+        known = self.persist if self._persists else max(self.persist, self.floor)
         inflight = list(self._inflight)[:1]  # (a copy: another thread may end it meanwhile)
         if not inflight:
-            return self.persist
-        return max(self.persist, now - inflight[0])
+            return known
+        return max(known, now - inflight[0])
 
     def at(self, kind: str, index: int, now: float, busy: bool) -> Optional[SavePlan]:
         """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish (it
@@ -142,7 +148,8 @@ class Planner:
         if self.plan.strides and self.plan.strides[-1][0] >= index:
             return None  # the previous change does not hold yet
         anchor, stride = self.plan.stride_at(start)
-        want = max(1, min(MAX_STRIDE, math.ceil(MARGIN * self.estimate(now) / self.gap)))
+        self.planned_for = self.estimate(now)
+        want = max(1, min(MAX_STRIDE, math.ceil(MARGIN * self.planned_for / self.gap)))
         if want == stride:
             return None
         # the change starts at a point the current plan takes: no streak of skips longer than the larger stride
@@ -169,7 +176,8 @@ class Agreement:
 
     def __init__(self, storage: Storage, range_dir: str, range_name: str, rank: int, policy: str,
                  interval: float, base: Optional[str] = None, fence: Optional[Fence] = None) -> None:
-        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer)."""
+        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer);
+        the time its record took to create is rank 0's persist time until one is measured."""
         self.storage = storage
         self.dir = range_dir
         self.range_name = range_name
@@ -179,7 +187,8 @@ class Agreement:
         self.counts = {"due": 0, "interval": 0}
         self.policy = policy
         self.plan = initial_plan(range_name, base, "-", policy)  # until one is read
-        self.planner = Planner(self.plan, policy, interval, time.monotonic()) if rank == 0 else None
+        self.planner = Planner(self.plan, policy, interval, time.monotonic(),
+                               floor=fence.took_s if fence is not None else 0.0) if rank == 0 else None
         self._pending: Dict[str, Tuple[threading.Thread, List[Optional[SavePlan]]]] = {}
         self._history: Deque[Tuple[str, int, bool, str]] = collections.deque(maxlen=8)
         self.disagreements = 0
@@ -280,7 +289,7 @@ class Agreement:
             anchor, stride = plan.strides[-1]
             logger.info("range %s: the ranks save at every %s due point from due point %d on (a checkpoint takes "
                         "~%.3f s to write, due points come every ~%.3f s; at least every %d)", self.range_name,
-                        "" if stride == 1 else _ordinal(stride), anchor, self.planner.persist,
+                        "" if stride == 1 else _ordinal(stride), anchor, self.planner.planned_for,
                         self.planner.gap or 0.0, MAX_STRIDE)
 
     # -- the other ranks -------------------------------------------------------

@@ -105,6 +105,9 @@ class Fence:
         self.generation = generation
         self.rank = rank
         self.fenced_by: Optional[int] = None
+        # seconds the record took to create (one small file's write, a rename on HDFS): the least any
+        # checkpoint's write takes on this storage, known before any is written (0.0: not measured)
+        self.took_s = 0.0
 
     @classmethod
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
@@ -116,9 +119,12 @@ class Fence:
         if n == 0:  # no record yet: the directory may not exist either (a restart's lists it, one call less)
             storage.makedirs(wdir)
         for _ in range(1000):
+            t0 = time.monotonic()
             if create_exclusive(storage, f"{wdir}/gen-{n}", body):
                 logger.info("job %s: this writer%s is generation %d", job_id, f" (rank {rank})" if rank else "", n)
-                return cls(storage, job_id, n, rank)
+                fence = cls(storage, job_id, n, rank)
+                fence.took_s = time.monotonic() - t0
+                return fence
             n += 1
         raise StorageError(f"could not record a writer generation under {storage.uri}/{wdir}")
 
