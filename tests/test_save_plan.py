@@ -90,7 +90,7 @@ def test_agreed_action():
 
 
 # -- a model of two ranks ----------------------------------------------------------------
-def simulate(policy, epochs, persists, lag_choices, interval=0.0):
+def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0):
     """Rank 0 plans at each due point with its clock (``epochs``: seconds between due points,
     ``persists``: each taken save's persist time); rank 1 decides block b (points [b*H, (b+1)*H))
     on the plan as rank 0 had it after passing point x, for any x in [b*H - W + 1, b*H] (lockstep:
@@ -99,7 +99,7 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0):
     reaches b*H + 1 only after rank 1 passed b*H). Returns (rank 0's decisions, rank 1's)."""
     kind = "interval" if interval > 0 else "due"
     h, w = SCHEDULE[kind]
-    planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0)
+    planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0, floor=floor)
     now, done_at = 0.0, None
     after = []  # the plan as rank 0 had it after passing point i
     mine = []
@@ -138,9 +138,10 @@ times = st.lists(st.floats(0.001, 5.0), min_size=1, max_size=100)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8))
-def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, persists, lags):
-    mine, theirs = simulate(policy, epochs, persists, lags)
+@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
+       st.sampled_from([0.0, 0.05, 0.5, 5.0]))
+def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, persists, lags, floor):
+    mine, theirs = simulate(policy, epochs, persists, lags, floor=floor)
     assert mine == theirs
     streak = longest = 0
     for taken in mine:
@@ -418,9 +419,10 @@ def test_the_wait_for_a_plan_write_is_not_counted_as_training_time(tmp_path):
 
 def test_the_second_block_is_planned_on_the_opens_write_time_until_a_persist_is_measured():
     """Due points 0.1 s apart, persists of 0.4 s. Rank 0 decides the second block one point in, before any
-    persist ended: on the in-flight persist's 0.1 s alone it took every other point there (4, 6: a wait at
-    each); on the floor (the fence record's write at the open: 0.4 s) only the block's first. Once a persist
-    is measured, it alone counts (a faster one brings the stride down)."""
+    persist ended: on the in-flight persist's 0.1 s alone it takes every other point (5, 7: a wait at each);
+    on the floor (the fence record's write at the open: 0.4 s) every 5th, from the first block's last point
+    (3) on: none in the second block. Once a persist is measured, it alone counts (a faster one brings the
+    stride down)."""
     def second_block(floor):
         planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=floor)
         now = 0.0
@@ -432,9 +434,9 @@ def test_the_second_block_is_planned_on_the_opens_write_time_until_a_persist_is_
             now += 0.1
         return [i for i in range(4, 8) if planner.plan.taken("due", i)], planner
 
-    assert second_block(0.0)[0] == [4, 6]
+    assert second_block(0.0)[0] == [5, 7]
     taken, planner = second_block(0.4)
-    assert taken == [4] and planner.planned_for == pytest.approx(0.4)
+    assert taken == [] and planner.plan.strides == ((3, 5),) and planner.planned_for == pytest.approx(0.4)
     planner.persist_ended(0.15)  # the first persist took 0.15 s: the floor no longer counts
     assert planner.estimate(0.2) == pytest.approx(0.15)
 

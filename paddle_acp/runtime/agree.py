@@ -152,9 +152,14 @@ class Planner:
         want = max(1, min(MAX_STRIDE, math.ceil(MARGIN * self.planned_for / self.gap)))
         if want == stride:
             return None
-        # the change starts at a point the current plan takes: no streak of skips longer than the larger stride
-        start += (anchor - start) % stride
-        self.plan = self.plan.with_stride(start, want)
+        # the change is anchored at a point the current plan takes: no streak of skips longer than the larger
+        # stride. A longer stride counts from the last point taken before the block (the points between it and
+        # the block, which every rank may have decided already, stay untaken): after a block of every point,
+        # the next checkpoint comes ``want`` points after the last one, not at the block's first point (a wait
+        # for the persist of the point before it). Otherwise: the block's first point the current plan takes.
+        last = start - 1 - (start - 1 - anchor) % stride
+        anchor = last if last + want >= start else start + (anchor - start) % stride
+        self.plan = self.plan.with_stride(anchor, want)
         return self.plan
 
     def _interval(self, index: int, now: float, busy: bool, start: Optional[int]) -> Optional[SavePlan]:
