@@ -120,7 +120,7 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0):
             planner.persist_started(now)
             done_at = now + next(p, 1.0)
         planner.point_done(now)
-        after.append(planner.plan)
+        after.append(SavePlan.loads(planner.plan.dumps()))  # as the others read it
     before0 = initial_plan("r", None, "t", policy)
     theirs = []
     for i in range(len(epochs)):
@@ -456,3 +456,12 @@ def test_the_fence_records_how_long_its_record_took(tmp_path):
     assert fence.generation == 0 and 0.2 <= fence.took_s < 30
     r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0, fence=fence)
     assert r0.planner.floor == fence.took_s
+
+
+def test_a_stride_at_the_last_anchor_replaces_it_and_the_plan_reads_back():
+    plan = SavePlan("r", None, "t").with_stride(3, 2).with_stride(7, 6)
+    again = plan.with_stride(7, 8)
+    assert again.strides == ((3, 2), (7, 8)) and again.seq == plan.seq + 1
+    assert SavePlan.loads(again.dumps()) == again
+    with pytest.raises(ValueError, match="before the last one"):
+        again.with_stride(5, 4)

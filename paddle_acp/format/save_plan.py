@@ -67,7 +67,12 @@ class SavePlan:
         return (index - anchor) % stride == 0
 
     def with_stride(self, anchor: int, stride: int) -> "SavePlan":
-        return dataclasses.replace(self, seq=self.seq + 1, strides=(self.strides + ((anchor, stride),))[-MAX_ENTRIES:])
+        """Every ``stride``-th due point from ``anchor`` on. Anchors increase: an entry at the last one's anchor
+        replaces it (ValueError for an earlier anchor)."""
+        kept = self.strides[:-1] if self.strides and self.strides[-1][0] == anchor else self.strides
+        if kept and kept[-1][0] > anchor:
+            raise ValueError(f"save plan: anchor {anchor} before the last one ({kept[-1][0]})")
+        return dataclasses.replace(self, seq=self.seq + 1, strides=(kept + ((anchor, stride),))[-MAX_ENTRIES:])
 
     def with_request(self, index: int) -> "SavePlan":
         return dataclasses.replace(self, seq=self.seq + 1, requests=(self.requests + (index,))[-MAX_ENTRIES:])
