@@ -181,8 +181,9 @@ class Agreement:
 
     def __init__(self, storage: Storage, range_dir: str, range_name: str, rank: int, policy: str,
                  interval: float, base: Optional[str] = None, fence: Optional[Fence] = None) -> None:
-        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer);
-        the time its record took to create is rank 0's persist time until one is measured."""
+        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer).
+        Until rank 0 measured a persist, it plans on twice the time the fence's record took to create: its
+        persist creates two files one after the other at least (its part's manifest, then the global one)."""
         self.storage = storage
         self.dir = range_dir
         self.range_name = range_name
@@ -193,7 +194,7 @@ class Agreement:
         self.policy = policy
         self.plan = initial_plan(range_name, base, "-", policy)  # until one is read
         self.planner = Planner(self.plan, policy, interval, time.monotonic(),
-                               floor=fence.took_s if fence is not None else 0.0) if rank == 0 else None
+                               floor=2 * fence.took_s if fence is not None else 0.0) if rank == 0 else None
         self._pending: Dict[str, Tuple[threading.Thread, List[Optional[SavePlan]]]] = {}
         self._history: Deque[Tuple[str, int, bool, str]] = collections.deque(maxlen=8)
         self.disagreements = 0
