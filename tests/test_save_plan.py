@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.save_plan import MAX_ENTRIES, SavePlan, read_plan, write_plan
-from paddle_acp.runtime.agree import MAX_STRIDE, SCHEDULE, Agreement, Planner, agreed_action, initial_plan
+from paddle_acp.runtime.agree import MAX_STRIDE, OFFSET, SCHEDULE, Agreement, Planner, agreed_action, initial_plan
 from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
 from paddle_acp.storage import open_storage
 
@@ -91,15 +91,18 @@ def test_agreed_action():
 
 # -- a model of two ranks ----------------------------------------------------------------
 def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0):
-    """Rank 0 plans at each due point with its clock (``epochs``: seconds between due points,
-    ``persists``: each taken save's persist time); rank 1 decides block b (points [b*H, (b+1)*H))
-    on the plan as rank 0 had it after passing point x, for any x in [b*H - W + 1, b*H] (lockstep:
-    its read starts when it reaches point b*H - W + 2, which it reaches only after rank 0 passed
-    b*H - W + 1, where rank 0 waited for the write of the change it decided at b*H - W; and rank 0
-    reaches b*H + 1 only after rank 1 passed b*H). Returns (rank 0's decisions, rank 1's)."""
+    """Rank 0 plans at each due point with its clock (``epochs``: seconds between due points, the
+    first one from the loop's start; ``persists``: each taken save's persist time); rank 1 decides
+    block b (points [s, s + H), s = b*H - O) on the plan as rank 0 had it after passing point x, for
+    any x in [s - W + 1, s] (lockstep: its read starts when it reaches point s - W + 2, which it
+    reaches only after rank 0 passed s - W + 1, where rank 0 waited for the write of the change it
+    decided at s - W; and rank 0 reaches s + 1 only after rank 1 passed s). Returns (rank 0's
+    decisions, rank 1's)."""
     kind = "interval" if interval > 0 else "due"
     h, w = SCHEDULE[kind]
+    o = OFFSET[kind]
     planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0, floor=floor)
+    planner.restart_clock(0.0)
     now, done_at = 0.0, None
     after = []  # the plan as rank 0 had it after passing point i
     mine = []
@@ -124,11 +127,11 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0):
     before0 = initial_plan("r", None, "t", policy)
     theirs = []
     for i in range(len(epochs)):
-        b = i // h
+        b = (i + o) // h
         if b == 0:
             plan = before0
         else:
-            x = b * h - w + 1 + lag_choices[b % len(lag_choices)] % w
+            x = b * h - o - w + 1 + lag_choices[b % len(lag_choices)] % w
             plan = after[min(x, len(after) - 1)]
         theirs.append(plan.taken(kind, i))
     return mine, theirs
@@ -417,28 +420,26 @@ def test_the_wait_for_a_plan_write_is_not_counted_as_training_time(tmp_path):
     assert max(g for g in gaps if g is not None) < 0.25, gaps
 
 
-def test_the_second_block_is_planned_on_the_opens_write_time_until_a_persist_is_measured():
-    """Due points 0.1 s apart, persists of 0.4 s. Rank 0 decides the second block one point in, before any
-    persist ended: on the in-flight persist's 0.1 s alone it takes every other point (5, 7: a wait at each);
-    on the floor (the fence record's write at the open: 0.4 s) every 5th, from the first block's last point
-    (3) on: none in the second block. Once a persist is measured, it alone counts (a faster one brings the
-    stride down)."""
+def test_the_second_block_is_planned_at_the_first_point_on_the_opens_write_time():
+    """Due points 0.1 s apart, persists of 0.4 s. Rank 0 decides the second block (points 3-6) at its first
+    point, on the first epoch's length and, before any persist ended, on the floor (the fence record's write
+    at the open): every 5th point from the first block's last (2) on, none in the second block. Without a
+    floor nothing is known yet: every point. Once a persist is measured, it alone counts (a faster one brings
+    the stride down)."""
     def second_block(floor):
         planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=floor)
-        now = 0.0
-        for i in range(2):  # points 0 and 1: the first block takes both; point 1 decides the second block
-            planner.at("due", i, now, i > 0)
-            if i == 0:
-                planner.persist_started(now)
-            planner.point_done(now)
-            now += 0.1
-        return [i for i in range(4, 8) if planner.plan.taken("due", i)], planner
+        planner.restart_clock(0.0)
+        planner.at("due", 0, 0.1, False)  # the first due point, one epoch after the loop's start
+        planner.persist_started(0.1)
+        planner.point_done(0.1)
+        return [i for i in range(3, 7) if planner.plan.taken("due", i)], planner
 
-    assert second_block(0.0)[0] == [5, 7]
+    assert second_block(0.0)[0] == [3, 4, 5, 6]
     taken, planner = second_block(0.4)
-    assert taken == [] and planner.plan.strides == ((3, 5),) and planner.planned_for == pytest.approx(0.4)
-    planner.persist_ended(0.15)  # the first persist took 0.15 s: the floor no longer counts
-    assert planner.estimate(0.2) == pytest.approx(0.15)
+    assert taken == [] and planner.plan.strides == ((2, 5),) and planner.planned_for == pytest.approx(0.4)
+    assert [i for i in range(3) if planner.plan.taken("due", i)] == [0, 1, 2]  # the first block: every point
+    planner.persist_ended(0.25)  # the first persist took 0.15 s: the floor no longer counts
+    assert planner.estimate(0.3) == pytest.approx(0.15)
 
 
 def test_the_fence_records_how_long_its_record_took(tmp_path):

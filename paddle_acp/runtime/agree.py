@@ -5,16 +5,19 @@ epoch saves and ``save_every_steps`` boundaries; ``interval``: epoch ends when
 ``save_checkpoint_inter`` > 0), and takes a due point exactly when the plan
 (:class:`~paddle_acp.format.save_plan.SavePlan`) says so. Only rank 0's clock decides
 (:class:`Planner`, pure: times and states are passed in). The points of a sequence fall in
-blocks of ``H`` (:data:`SCHEDULE`); the plan may change only from a block's first point on,
-and rank 0 decides the change for block ``b`` at its point ``b*H - W`` and writes it in the
-background while it trains on: it waits for that write at its next point, ``b*H - W + 1``, before
+blocks of ``H`` (:data:`SCHEDULE`), block ``b`` >= 1 from point ``s = b*H - O`` on (:data:`OFFSET`:
+the first block is ``H - O`` points long); the plan may change only from a block's first point on,
+and rank 0 decides the change for the block at ``s`` at its point ``s - W`` and writes it in the
+background while it trains on: it waits for that write at its next point, ``s - W + 1``, before
 it passes it (a write to a remote store, ~0.1-0.5 s on HDFS, no longer holds rank 0's training
 thread, and with it every rank in lockstep, at each change). Every other rank starts one read of
-the plan (in the background) when it reaches point ``b*H - W + 2`` and uses it from point
-``b*H`` on: one small read per block per rank, with ``W - 2`` due points of time to complete.
+the plan (in the background) when it reaches point ``s - W + 2`` and uses it from point
+``s`` on: one small read per block per rank, with ``W - 2`` due points of time to complete.
 Data-parallel ranks are in lockstep through their gradient collectives: a rank reaches point
-``b*H - W + 2`` only after rank 0 passed point ``b*H - W + 1``, so that read sees every change
-rank 0 made for block ``b``. Without
+``s - W + 2`` only after rank 0 passed point ``s - W + 1``, so that read sees every change
+rank 0 made for that block. For ``due`` points rank 0 decides the second block at its first point
+(``O`` = 1, ``W`` = 3): the first epoch's length stands for the time between due points, and until a
+persist is measured, the time the fence's record took to write at the open for a persist's. Without
 lockstep (a rank ``W`` points ahead of rank 0) a rank may decide a block on an older plan: the
 ranks then disagree on a checkpoint, which is abandoned (a global checkpoint needs every part),
 never resumed wrongly; the rank says so in a warning when it reads the plan that contradicts
@@ -50,9 +53,12 @@ from paddle_acp.storage.base import Storage
 logger = logging.getLogger("paddle_acp")
 
 MAX_STRIDE = 8  # K: every K-th due point at least is taken (waiting for the previous checkpoint if need be)
-# (H, W) per sequence: blocks of H points; rank 0 decides block b at its point b*H - W and has written
-# it when it passes b*H - W + 1; the others read it from point b*H - W + 2 on (W - 2 points for the read)
+# (H, W) per sequence: blocks of H points; rank 0 decides the block from point s at its point s - W and has written
+# it when it passes s - W + 1; the others read it from point s - W + 2 on (W - 2 points for the read)
 SCHEDULE = {"due": (4, 3), "interval": (2, 3)}
+# O per sequence: block b >= 1 begins at point b*H - O (the first block is H - O points long; due: points 0-2,
+# decided before anything is measured, the second decided at point 0)
+OFFSET = {"due": 1, "interval": 0}
 MARGIN = 1.2  # the stride covers the persist time with this margin
 PERSIST_WINDOW = 4  # the persist time planned for: the longest of this many last persists
 READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
@@ -102,9 +108,10 @@ class Planner:
         self._last_interval = now
 
     def restart_clock(self, now: float) -> None:
-        """The loop starts: interval saves count from now."""
+        """The loop starts: interval saves count from now, and the first due point's distance from now is
+        the first estimate of the time between due points (it decides the second block)."""
         self._last_interval = now
-        self._last_due = None
+        self._last_due = now
 
     def point_done(self, now: float) -> None:
         """The due point's save (or skip) returned: the time to the next one is training time (a wait
@@ -135,7 +142,7 @@ class Planner:
         """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish (it
         changes only the points of the next block, :data:`SCHEDULE`), or None."""
         h, w = SCHEDULE[kind]
-        decide = (index + w) % h == 0
+        decide = (index + OFFSET[kind] + w) % h == 0
         if kind == "interval":
             return self._interval(index, now, busy, index + w if decide else None)
         if self._last_due is not None:
@@ -237,6 +244,7 @@ class Agreement:
         index = self.counts[kind]
         self.counts[kind] += 1
         h, w = SCHEDULE[kind]
+        o = OFFSET[kind]
         if self.planner is not None:
             now = time.monotonic()  # the point's time: the wait for the plan write below is not training time
             self.finish()  # the change decided at the previous point is on storage before this point is passed
@@ -245,12 +253,12 @@ class Agreement:
             if new is not None:
                 self._publish(new, old)
             self.plan = self.planner.plan
-        elif index % h == 0 and index > 0 and self._pending.get(kind) is not None:
+        elif (index + o) % h == 0 and index > 0 and self._pending.get(kind) is not None:
             self._adopt(self._await_read(kind))
         taken = self.plan.taken(kind, index)
         self._history.append((kind, index, taken, where))
-        if self.planner is None and (index + w - 2) % h == 0:
-            self._start_read(kind)  # rank 0 wrote block (index + w - 2) / h + 1's plan before it passed index - 1
+        if self.planner is None and (index + o + w - 2) % h == 0:
+            self._start_read(kind)  # rank 0 wrote the next block's plan (from point index + 1 on) before it passed index - 1
         return index, taken
 
     # -- rank 0 ----------------------------------------------------------------
