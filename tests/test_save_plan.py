@@ -466,3 +466,22 @@ def test_a_stride_at_the_last_anchor_replaces_it_and_the_plan_reads_back():
     assert SavePlan.loads(again.dumps()) == again
     with pytest.raises(ValueError, match="before the last one"):
         again.with_stride(5, 4)
+
+
+def test_a_slightly_shorter_stride_is_not_worth_a_plan_write():
+    """At every 8th point, a wanted 7th (the estimates swing between blocks) leaves the plan as it is: each change
+    is a write rank 0 waits for at its next point. A 6th, or any shorter stride below 6, is planned."""
+    def plan_after(persist):
+        planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0)
+        planner.restart_clock(0.0)
+        now = 0.0
+        for i in range(20):
+            planner.persist = 1e6 if i < 8 else persist  # stride K first, then the wanted one
+            now += 1.0
+            planner.at("due", i, now, False)
+            planner.point_done(now)
+        return planner.plan.stride_at(19)[1]
+
+    assert plan_after(5.5) == MAX_STRIDE  # wants every 7th: ceil(1.2 * 5.5)
+    assert plan_after(4.9) == 6
+    assert plan_after(0.5) == 1

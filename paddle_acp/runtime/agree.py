@@ -60,6 +60,10 @@ SCHEDULE = {"due": (4, 3), "interval": (2, 3)}
 # decided before anything is measured, the second decided at point 0)
 OFFSET = {"due": 1, "interval": 0}
 MARGIN = 1.2  # the stride covers the persist time with this margin
+# a shorter stride is planned only when it is at most this fraction of the current one: a write of the plan
+# (and rank 0's wait for it) is not spent on e.g. every 7th point instead of every 8th, which the estimates of
+# the persist and of the gap between due points swing between from block to block
+SHORTEN_BELOW = 0.8
 PERSIST_WINDOW = 4  # the persist time planned for: the longest of this many last persists
 READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
 _TORN_RETRIES = 5
@@ -157,7 +161,7 @@ class Planner:
         anchor, stride = self.plan.stride_at(start)
         self.planned_for = self.estimate(now)
         want = max(1, min(MAX_STRIDE, math.ceil(MARGIN * self.planned_for / self.gap)))
-        if want == stride:
+        if want == stride or stride * SHORTEN_BELOW < want < stride:
             return None
         # the change is anchored at a point the current plan takes: no streak of skips longer than the larger
         # stride. A longer stride counts from the last point taken before the block (the points between it and
