@@ -94,8 +94,8 @@ class Planner:
     """Rank 0's decisions (the only clock that decides). No I/O, no clock reads: ``now`` is passed in."""
 
     def __init__(self, plan: SavePlan, policy: str, interval: float, now: float, floor: float = 0.0) -> None:
-        """``floor``: the least a persist takes on this storage, known before any is measured (the seconds
-        one small file's write took at the open: every persist writes one at least)."""
+        """``floor``: the least a persist takes on this storage, known before any is measured (from the time a
+        small file's write took at the open, :class:`Agreement`)."""
         self.plan = plan
         self.policy = policy
         self.interval = interval
@@ -135,7 +135,7 @@ class Planner:
         """The persist time: the longest of the last few (a storage's persists vary: one slow write in a few,
         e.g. HDFS's retried block completion, would otherwise make every rank wait at the next taken point), or
         longer while the oldest one in flight has taken longer already. Before any persist ended: at least the
-        floor (without it the second block, decided one due point in, took every other point at best)."""
+        floor (the second block is decided at the first due point, before any persist can have ended)."""
         known = self.persist if self._persists else max(self.persist, self.floor)
         inflight = list(self._inflight)[:1]  # (a copy: another thread may end it meanwhile)
         if not inflight:
