@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -126,22 +126,10 @@ def _marked_and_fenced(storage: Storage, job_id: str) -> Fence:
     block's report before it completes a file): in flight together, the open waits for one of them.
     Both are done before the open returns (nothing is deleted before the marker exists); the fence's
     error wins when both fail."""
-    raised: List[BaseException] = []
-
-    def mark() -> None:
-        try:
-            write_job_marker(storage, job_id)
-        except BaseException as exc:  # raised on the opening thread below
-            raised.append(exc)
-
-    t = threading.Thread(target=mark, name="paddle-acp-job-marker", daemon=True)
-    t.start()
-    try:
-        fence = STATE.fence_for(storage, job_id, 0)
-    finally:
-        t.join()
-    if raised:
-        raise raised[0]
+    with ThreadPoolExecutor(1, thread_name_prefix="paddle-acp-job-marker") as pool:
+        marked = pool.submit(write_job_marker, storage, job_id)
+        fence = STATE.fence_for(storage, job_id, 0)  # (on an error the pool's exit still waits for the marker)
+        marked.result()
     return fence
 
 

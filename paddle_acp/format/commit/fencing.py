@@ -99,15 +99,15 @@ def create_exclusive(storage: Storage, path: str, data: bytes) -> bool:
 class Fence:
     """This process's generation as the writer of one rank of one job."""
 
-    def __init__(self, storage: Storage, job_id: str, generation: int, rank: int = 0):
+    def __init__(self, storage: Storage, job_id: str, generation: int, rank: int = 0, took_s: float = 0.0):
+        """``took_s``: seconds the record took to create (one small file's write, a rename on HDFS): the least
+        any checkpoint's write takes on this storage, known before any is written (0.0: not measured)."""
         self.storage = storage
         self.job_id = job_id
         self.generation = generation
         self.rank = rank
+        self.took_s = took_s
         self.fenced_by: Optional[int] = None
-        # seconds the record took to create (one small file's write, a rename on HDFS): the least any
-        # checkpoint's write takes on this storage, known before any is written (0.0: not measured)
-        self.took_s = 0.0
 
     @classmethod
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
@@ -122,9 +122,7 @@ class Fence:
             t0 = time.monotonic()
             if create_exclusive(storage, f"{wdir}/gen-{n}", body):
                 logger.info("job %s: this writer%s is generation %d", job_id, f" (rank {rank})" if rank else "", n)
-                fence = cls(storage, job_id, n, rank)
-                fence.took_s = time.monotonic() - t0
-                return fence
+                return cls(storage, job_id, n, rank, took_s=time.monotonic() - t0)
             n += 1
         raise StorageError(f"could not record a writer generation under {storage.uri}/{wdir}")
 
