@@ -3,6 +3,7 @@ storage calls are the same at any world size (counted by a pass-through wrapper 
 storage, tests/support/counting.py; Paddle-free), and a part it loads that is damaged on a real
 backend (local disk, HDFS, S3) is refused by that rank alone, which marks the copy bad and stops."""
 
+import copy
 import zlib
 
 import pytest
@@ -135,3 +136,42 @@ def test_a_restart_listed_with_one_call_tries_the_checkpoints_the_full_listing_t
         raise CorruptCheckpointError("try the next")
     search = index.first_usable(listed, load, log=False)
     assert tried == full and [r.entry.name for r in search.rejected] == full
+
+
+def _deleting_after_open(storage, suffix, action):
+    """A copy of ``storage`` (same backend, same connection) that runs ``action()`` once, right after
+    it opened a file whose path ends with ``suffix`` and before anything of it is read: the
+    interleaving of two ranks' restarts forced, on the real backend."""
+    base = type(storage)
+    done = []
+
+    def open_input(self, path):
+        f = base.open_input(self, path)
+        if path.endswith(suffix) and not done:
+            done.append(path)
+            action()
+        return f
+    st_ = copy.copy(storage)
+    st_.__class__ = type(f"AfterOpen{base.__name__}", (base,), {"open_input": open_input})
+    return st_, done
+
+
+@pytest.mark.parametrize("backend_storage", ["hdfs", "s3"], indirect=True)  # (a local file unlinked after its open still reads)
+def test_a_global_manifest_withdrawn_while_another_rank_reads_it_is_passed_over(backend_storage):
+    """The CI failure of 2026-12-02: ckpt-e1 is marked bad; at the restart rank 0 resumes from
+    ckpt-e0 and withdraws ckpt-e1's global manifest just after rank 1 listed it and opened it (an
+    object store opens with one request and reads with another: the read found no such key).
+    Rank 1 once stopped there ("cannot be read ... does not fall back alone"); a global manifest
+    deleted under its reader reads as missing, so rank 1 passes over ckpt-e1 as rank 0 did and
+    both resume from ckpt-e0."""
+    st = backend_storage
+    for e in (0, 1):
+        save_all(st, 2, e)
+    _truncate(st, f"{RDIR}/ckpt-e1/rank-1/tensors.bin")
+    with pytest.raises(RestartRequiredError):
+        restart(st, 1, 2, "per-rank")  # rank 1 marks its copy bad
+    first = []
+    hooked, opened = _deleting_after_open(st, "ckpt-e1/global.json", lambda: first.append(restart(st, 0, 2, "per-rank")))
+    assert restart(hooked, 1, 2, "per-rank")[:2] == ("ckpt-e0", 1)
+    assert opened and [f[:2] for f in first] == [("ckpt-e0", 0)]
+    assert not st.exists(f"{RDIR}/ckpt-e1/global.json")  # withdrawn by rank 0 while rank 1 had it open

@@ -211,7 +211,19 @@ class Storage(abc.ABC):
             try:
                 return read_pieces(f, None if limit is None else limit + 1)
             except self.errors as exc:
+                if self._vanished(path):
+                    raise FileNotFoundError(f"{path} was deleted while it was read") from None
                 raise self.wrap("reading", path, exc) from exc
+
+    def _vanished(self, path: str) -> bool:
+        """Whether a file whose read just failed is no longer there (deleted between the open and
+        the read: an object store opens with one request and reads with others). It then reads as
+        missing, as it would a moment later; any doubt (the check fails too) keeps the read error."""
+        doubt: Tuple[Type[BaseException], ...] = (StorageError,) + self.errors
+        try:
+            return not self.exists(path)
+        except doubt:
+            return False
 
     def write_bytes(self, path: str, data: bytes) -> None:
         self.write_buffers(path, [data])
