@@ -175,3 +175,23 @@ def test_a_global_manifest_withdrawn_while_another_rank_reads_it_is_passed_over(
     assert restart(hooked, 1, 2, "per-rank")[:2] == ("ckpt-e0", 1)
     assert opened and [f[:2] for f in first] == [("ckpt-e0", 0)]
     assert not st.exists(f"{RDIR}/ckpt-e1/global.json")  # withdrawn by rank 0 while rank 1 had it open
+
+
+@pytest.mark.parametrize("backend_storage", ["s3"], indirect=True)
+def test_a_file_deleted_under_its_reader_reads_as_missing_only_while_its_directory_stays(backend_storage):
+    """On S3 (the open and the read are separate requests): a file deleted after its open reads as
+    missing (FileNotFoundError) while its directory holds other files; when the directory went with
+    it (what libhdfs also reports for a NameNode that does not answer) the read error stays a
+    StorageError: doubt never turns a failed read into "not there"."""
+    from paddle_acp.errors import StorageError
+
+    st = backend_storage
+    for d in ("a", "b"):
+        st.write_bytes(f"{d}/global.json", b"{}")
+    st.write_bytes("a/other", b"x")
+    hooked, _ = _deleting_after_open(st, "a/global.json", lambda: st.delete_file("a/global.json"))
+    with pytest.raises(FileNotFoundError):
+        hooked.read_bytes("a/global.json")
+    hooked, _ = _deleting_after_open(st, "b/global.json", lambda: st.delete_dir("b"))
+    with pytest.raises(StorageError, match="reading .*b/global.json failed"):
+        hooked.read_bytes("b/global.json")

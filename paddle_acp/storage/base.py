@@ -217,11 +217,13 @@ class Storage(abc.ABC):
 
     def _vanished(self, path: str) -> bool:
         """Whether a file whose read just failed is no longer there (deleted between the open and
-        the read: an object store opens with one request and reads with others). It then reads as
-        missing, as it would a moment later; any doubt (the check fails too) keeps the read error."""
+        the read: an object store opens with one request and reads with others) while its directory
+        still is. It then reads as missing, as it would a moment later. Any doubt keeps the read
+        error: the check fails too, or the directory looks gone as well (libhdfs reports a call the
+        NameNode did not answer as "not found": an outage must never read as a missing file)."""
         doubt: Tuple[Type[BaseException], ...] = (StorageError,) + self.errors
         try:
-            return not self.exists(path)
+            return not self.exists(path) and self.exists(posixpath.dirname(path))
         except doubt:
             return False
 
