@@ -13,7 +13,7 @@ from support import backend_storage, hdfs_server, s3_server  # noqa: F401  (pyte
 from support.counting import counting, total
 from test_multirank import JOB, RANGE, snapshot
 
-from paddle_acp.errors import CorruptCheckpointError, RestartRequiredError
+from paddle_acp.errors import CorruptCheckpointError, RestartRequiredError, StorageError
 from paddle_acp.format.checkpoints import index
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
@@ -183,14 +183,12 @@ def test_a_file_deleted_under_its_reader_reads_as_missing_only_while_its_directo
     missing (FileNotFoundError) while its directory holds other files; when the directory went with
     it (what libhdfs also reports for a NameNode that does not answer) the read error stays a
     StorageError: doubt never turns a failed read into "not there"."""
-    from paddle_acp.errors import StorageError
-
     st = backend_storage
     for d in ("a", "b"):
         st.write_bytes(f"{d}/global.json", b"{}")
     st.write_bytes("a/other", b"x")
     hooked, _ = _deleting_after_open(st, "a/global.json", lambda: st.delete_file("a/global.json"))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=f"{st.uri}/a/global.json was deleted while it was read"):
         hooked.read_bytes("a/global.json")
     hooked, _ = _deleting_after_open(st, "b/global.json", lambda: st.delete_dir("b"))
     with pytest.raises(StorageError, match="reading .*b/global.json failed"):

@@ -212,7 +212,7 @@ class Storage(abc.ABC):
                 return read_pieces(f, None if limit is None else limit + 1)
             except self.errors as exc:
                 if self._vanished(path):
-                    raise FileNotFoundError(f"{path} was deleted while it was read") from None
+                    raise FileNotFoundError(scrub(f"{self.uri}/{path} was deleted while it was read")) from None
                 raise self.wrap("reading", path, exc) from exc
 
     def _vanished(self, path: str) -> bool:
