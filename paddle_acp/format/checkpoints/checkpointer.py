@@ -134,8 +134,7 @@ class Checkpointer:
         return None if self.fence is None else self.fence.generation
 
     def _write_pending(self, snap: Snapshot, number: int) -> WriteResult:
-        pending = atomic.Pending(self.storage, self.dir, number, strategy=self.commit_strategy,
-                                 generation=self.generation)  # (named only: write prepares it inside the try)
+        pending = atomic.begin(self.storage, self.dir, number, self.commit_strategy, self.generation)
         try:
             return self.write(pending, snap, number)
         except BaseException:

@@ -57,7 +57,6 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
 
     ``before_commit`` runs (and may raise, e.g. a fenced writer) right before the
     step that makes the checkpoint visible."""
-    pending.prepare()  # (inside the caller's abort block: named before, made here)
     st = pending.storage
     size = snap.data_size  # (the snapshot was laid out when it was made)
     tensors = [t for p in snap.programs for t in p.tensors]
