@@ -577,3 +577,26 @@ def test_a_writer_killed_anywhere_leaves_only_whole_checkpoints(tmp_path, style)
             loaded.close()
         n = c.save(make_snapshot(99)).number
         assert n > max(numbers) and c.load_latest().manifest.range.epoch_no == 99
+
+
+def test_a_ctrl_c_right_after_the_save_made_its_directory_leaves_nothing(tmp_path):
+    """A KeyboardInterrupt lands at any bytecode: here the moment the save's temporary directory was made
+    (what `tests/test_user_facing.py`'s Ctrl-C test once caught in CI: the directory was made before the
+    block that removes it on any exception was entered, and stayed). Nothing of that save stays; the
+    checkpoint before it is intact and the next save goes on."""
+    c = ckpt(tmp_path)
+    c.save(make_snapshot(0))
+    real = type(c.storage).makedirs
+    calls = []
+
+    def makedirs(self, path):
+        real(self, path)
+        if ".tmp-" in path and not calls:
+            calls.append(path)
+            raise KeyboardInterrupt
+    c.storage.makedirs = makedirs.__get__(c.storage)
+    with pytest.raises(KeyboardInterrupt):
+        c.save(make_snapshot(1))
+    assert calls and not c.storage.exists(calls[0])
+    assert sorted(os.listdir(tmp_path / "job" / "range" / "_range_0")) == ["ckpt-0"]
+    assert c.save(make_snapshot(1)).number == 1

@@ -134,8 +134,10 @@ class Checkpointer:
         return None if self.fence is None else self.fence.generation
 
     def _write_pending(self, snap: Snapshot, number: int) -> WriteResult:
-        pending = atomic.begin(self.storage, self.dir, number, self.commit_strategy, self.generation)
+        pending = atomic.Pending(self.storage, self.dir, number, strategy=self.commit_strategy,
+                                 generation=self.generation)  # (named only: made inside the try)
         try:
+            pending.prepare()  # a Ctrl-C right after its directory is made still removes it (below)
             return self.write(pending, snap, number)
         except BaseException:
             try:

@@ -218,6 +218,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
         try:
+            pending.prepare()  # (inside the try: a Ctrl-C right after its directory is made still removes it)
             written = self._part_checkpointer.write(pending, snap, number)
         except BaseException:
             if copy is not None:

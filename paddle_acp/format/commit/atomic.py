@@ -140,9 +140,14 @@ class CommitStrategy(abc.ABC):
     in_place: bool = False
 
     @abc.abstractmethod
-    def begin(self, storage: Storage, final: str, generation: Optional[int] = None) -> str:
+    def path_for(self, final: str, generation: Optional[int] = None) -> str:
         """Where to write the directory that becomes ``final`` (``generation``: the writer's, for
-        a temporary name)."""
+        a temporary name). No I/O: the path is known before anything of it exists, so a write
+        interrupted at any moment (Ctrl-C) knows what to remove."""
+
+    @abc.abstractmethod
+    def prepare(self, storage: Storage, path: str) -> None:
+        """Make what the files of ``path`` need before they are written (a directory, where the storage needs one)."""
 
     @abc.abstractmethod
     def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,
@@ -168,12 +173,13 @@ class RenameCommit(CommitStrategy):
 
     name = RENAME
 
-    def begin(self, storage: Storage, final: str, generation: Optional[int] = None) -> str:
+    def path_for(self, final: str, generation: Optional[int] = None) -> str:
         parent, _, base = final.rpartition("/")
-        path = f"{parent}/{tmp_name(base, uuid.uuid4().hex[:12], generation)}"
-        if not storage.creates_parents:  # (HDFS: its first file's creation makes it, and ``parent`` too)
+        return f"{parent}/{tmp_name(base, uuid.uuid4().hex[:12], generation)}"
+
+    def prepare(self, storage: Storage, path: str) -> None:
+        if not storage.creates_parents:  # (HDFS: its first file's creation makes it, and its parent too)
             storage.makedirs(path)
-        return path
 
     def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,
                before: Optional[Callable[[], None]] = None) -> None:
@@ -228,10 +234,12 @@ class ManifestLastCommit(CommitStrategy):
     name = MANIFEST_LAST
     in_place = True
 
-    def begin(self, storage: Storage, final: str, generation: Optional[int] = None) -> str:
-        if storage.commit_style == RENAME:  # a file system: files need their directory
-            storage.makedirs(final)
+    def path_for(self, final: str, generation: Optional[int] = None) -> str:
         return final
+
+    def prepare(self, storage: Storage, path: str) -> None:
+        if storage.commit_style == RENAME:  # a file system: files need their directory
+            storage.makedirs(path)
 
     def commit(self, storage: Storage, path: str, final: str, commit_file: str, body: bytes,
                before: Optional[Callable[[], None]] = None) -> None:
@@ -271,7 +279,15 @@ class Pending:
         self.number = number
         self.strategy = strategy or strategy_for(storage)
         self.final = f"{parent}/{name or final_name(number)}"
-        self.path = self.strategy.begin(storage, self.final, generation)
+        self.path = self.strategy.path_for(self.final, generation)  # nothing on storage yet: see prepare
+        self._prepared = False
+
+    def prepare(self) -> None:
+        """Make what the files need (once; the writer calls it inside the block that aborts on any
+        exception, so a Ctrl-C right after the directory is made still removes it)."""
+        if not self._prepared:
+            self.strategy.prepare(self.storage, self.path)
+            self._prepared = True
 
     def commit(self, manifest: bytes, before: Optional[Callable[[], None]] = None) -> None:
         """Write the manifest (after the data), then make the checkpoint visible; ``before``
@@ -293,4 +309,7 @@ class Pending:
 
 def begin(storage: Storage, parent: str, number: int, strategy: Optional[CommitStrategy] = None,
           generation: Optional[int] = None) -> Pending:
-    return Pending(storage, parent, number, strategy=strategy, generation=generation)
+    """A prepared :class:`Pending` (tests and tools; a writer prepares inside its abort block instead)."""
+    pending = Pending(storage, parent, number, strategy=strategy, generation=generation)
+    pending.prepare()
+    return pending
