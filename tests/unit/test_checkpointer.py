@@ -600,3 +600,61 @@ def test_a_ctrl_c_right_after_the_save_made_its_directory_leaves_nothing(tmp_pat
     assert calls and not c.storage.exists(calls[0])
     assert sorted(os.listdir(tmp_path / "job" / "range" / "_range_0")) == ["ckpt-0"]
     assert c.save(make_snapshot(1)).number == 1
+
+
+def test_a_ctrl_c_during_an_overlapped_write_waits_for_one_piece_of_the_data_not_all(tmp_path, monkeypatch):
+    """Where the manifest is written beside the data (HDFS: ``overlap_writes``), a Ctrl-C on the
+    training thread while the manifest is written used to wait for the data thread to write the whole
+    state (on a remote store, seconds per GB) before the save was given up. The data thread now stops
+    at its next piece; nothing of the save stays and the next save goes on."""
+    import threading
+    import time
+
+    import paddle_acp.format.engine.writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "WRITE_CHUNK", 4096)  # the data's pieces
+    c = ckpt(tmp_path)
+    c.save(make_snapshot(0))
+    st_ = c.storage
+    st_.overlap_writes = True
+    pieces = []
+    first = threading.Event()
+    real_open, real_write_bytes = st_.open_output, st_.write_bytes
+
+    class Counting:
+        def __init__(self, out):
+            self.out = out
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.out.__exit__(*exc)
+
+        def write(self, b):
+            time.sleep(0.005)  # a remote store: each piece takes a while
+            pieces.append(len(b))
+            first.set()
+            return self.out.write(b)
+
+    def open_output(path):
+        out = real_open(path)
+        return Counting(out.__enter__()) if path.endswith(DATA_NAME) else out
+
+    def write_bytes(path, data):
+        if path.endswith(MANIFEST_NAME) and ".tmp-" in path:
+            assert first.wait(30)
+            raise KeyboardInterrupt
+        return real_write_bytes(path, data)
+
+    st_.open_output, st_.write_bytes = open_output, write_bytes
+    snap = make_snapshot(1, sizes=(3, 250_000, 1))  # ~1 MB: ~245 pieces of 4 KB
+    total = -(-snap.data_size // 4096)
+    with pytest.raises(KeyboardInterrupt):
+        c.save(snap)
+    n = len(pieces)
+    time.sleep(0.2)  # the data thread wrote no piece after the save was given up
+    assert n == len(pieces) and n < total // 4, (n, total)
+    st_.open_output, st_.write_bytes = real_open, real_write_bytes
+    assert sorted(os.listdir(tmp_path / "job" / "range" / "_range_0")) == ["ckpt-0"]
+    assert c.save(make_snapshot(1)).number == 1

@@ -14,7 +14,7 @@ import errno
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format.commit.atomic import Pending
@@ -23,6 +23,7 @@ from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.engine.stream import write_stream
 from paddle_acp.format.layout import DATA_NAME
 from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
+from paddle_acp.storage.base import WRITE_CHUNK
 
 _ZEROS = bytes(ALIGN)
 
@@ -49,6 +50,21 @@ def is_out_of_space(exc: Optional[BaseException]) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+class WriteAbandoned(Exception):
+    """Raised inside the data thread when the write it belongs to was given up."""
+
+
+def _pieces(buffers: List[Union[bytes, memoryview]], stop: threading.Event) -> Iterator[memoryview]:
+    """``buffers`` in pieces of at most ``WRITE_CHUNK`` bytes, ending (WriteAbandoned) once ``stop`` is set."""
+    for buf in buffers:
+        mv = memoryview(buf)
+        mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+        for i in range(0, max(mv.nbytes, 1), WRITE_CHUNK):
+            if stop.is_set():
+                raise WriteAbandoned("the checkpoint's write was given up")
+            yield mv[i:i + WRITE_CHUNK]
 
 
 def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
@@ -84,8 +100,9 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             end = t.offset + t.array.nbytes
         if size > end:
             buffers.append(_ZEROS[: size - end])
-        return st.write_buffers(path, buffers)
+        return st.write_buffers(path, _pieces(buffers, stop))
 
+    stop = threading.Event()  # set when the write is given up (Ctrl-C): the data stops at its next piece
     written_manifest: List[bytes] = []
     written_crcs: List[int] = []
 
@@ -135,8 +152,15 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         t.start()
         try:
             pending.write_manifest_early(manifest_bytes())
+        except BaseException:
+            stop.set()  # (a Ctrl-C here waits for one piece of the data, not for all of it)
+            raise
         finally:
-            t.join()
+            try:
+                t.join()
+            except BaseException:  # a Ctrl-C while waiting: the data thread writes no further piece
+                stop.set()
+                raise
         written = box[0]
         if isinstance(written, BaseException):
             raise written
