@@ -151,17 +151,23 @@ class Job:
             return list(pool.map(fn, ranks))
 
     def start(self) -> None:
-        """Each rank's first start (not counted): the job marker, a fence per rank."""
+        """Each rank's first start (not counted): the job marker, a fence per rank, the start's look for a
+        checkpoint and its clean-up."""
         from paddle_acp.format.checkpoints.checkpointer import Checkpointer
         from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.restart import load_newest
         from paddle_acp.format.commit.fencing import Fence
 
         Checkpointer(self.st[0], self.job, "_range_0").write_job_marker()
 
         def one(r: int) -> None:
-            g = GlobalCheckpointer(self.st[r], self.job, "_range_0", r, self.world, self.keep, 1800.0,
-                                   Fence.take(self.st[r], self.job, r))
+            fence = Fence.take(self.st[r], self.job, r)
+            g = GlobalCheckpointer(self.st[r], self.job, "_range_0", r, self.world, self.keep, 1800.0, fence)
+            # as the runtime starts a rank (runtime/restore.py): nothing to load in a new range, then the clean-up
+            loaded = load_newest(Checkpointer(self.st[r], self.job, "_range_0", self.keep, fence), g, "per-rank")
+            assert loaded is None
             g.resume_from(None)
+            g.discard_newer(None)
             self.gck[r] = g
         self.ranks(one, range(self.world))
 

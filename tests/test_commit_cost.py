@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from paddle_acp.errors import StorageError
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
@@ -236,3 +237,57 @@ def test_a_fenced_rank0_leaves_neither_global_json_nor_its_temporary(tmp_path):
     with pytest.raises(FencedError):
         res.pending.wait()
     assert sorted(p.name for p in (tmp_path / CKDIR).iterdir()) == [f"rank-{k}" for k in range(world)]
+
+
+def test_a_ranks_first_save_after_its_starts_clean_up_looks_up_no_part_of_its_own(tmp_path):
+    """A rank's start removes its parts newer than the checkpoint it resumes from (discard_newer); a
+    first save at a newer position then makes no look-up for a part of its own there (one NameNode RPC
+    per rank and checkpoint on HDFS). A position where that removal failed is still looked into, and
+    its leftover part is removed before the new one is written."""
+    st = open_storage(str(tmp_path))
+    g1 = GlobalCheckpointer(st, JOB, RANGE, 1, 2, 3, 120.0, Fence.take(st, JOB, 1))
+    g1.save(snapshot(1, epoch=3), "per-rank")  # a part of an earlier start that never got committed
+    counted = Counting(open_storage(str(tmp_path)))
+    fence = Fence.take(st, JOB, 1)
+    g = GlobalCheckpointer(counted, JOB, RANGE, 1, 2, 3, 120.0, fence)
+    real_delete_dir = counted._inner.delete_dir
+
+    def failing_delete_dir(path):
+        raise StorageError(f"cannot delete {path}")
+    counted._inner.delete_dir = failing_delete_dir
+    g.discard_newer(None)  # (a new range: every position is newer) removal fails at ckpt-e3
+    counted._inner.delete_dir = real_delete_dir
+    counted.calls.clear()
+    counted.log.clear()
+    g.save(snapshot(1, epoch=0), "per-rank")
+    part = f"{range_dir(JOB, RANGE)}/ckpt-e0/rank-1"
+    assert ("exists", part) not in counted.log, counted.log
+    assert not any(name == "listdir" and path.endswith("/ckpt-e0") for name, path in counted.log), counted.log
+    counted.log.clear()
+    g.save(snapshot(1, epoch=3), "per-rank")  # the position whose clean-up failed: looked into, replaced
+    assert ("listdir", f"{range_dir(JOB, RANGE)}/ckpt-e3") in counted.log, counted.log
+    m = st.read_bytes(f"{range_dir(JOB, RANGE)}/ckpt-e3/rank-1/manifest.json")
+    assert f'"generation":{fence.generation}' in m.decode().replace(" ", ""), m
+
+
+def test_a_part_an_older_process_of_the_rank_wrote_after_the_clean_up_is_never_committed(tmp_path):
+    """The look-up the clean-up saves guarded nothing a rename does not: an older process of rank 1 (a
+    zombie) writes its part at a position after the live rank 1's start cleaned up. The live rank's part
+    cannot replace it (the rename onto a directory fails here; libhdfs would move it inside), the rank
+    says it has no part there, and rank 0 abandons that position at once: the zombie's part never enters a
+    global checkpoint; the next position commits."""
+    st = open_storage(str(tmp_path))
+    gs = ranks(tmp_path, 2)  # the live job's ranks (generation 0 of each)
+    zombie = GlobalCheckpointer(st, JOB, RANGE, 1, 2, 3, 120.0, gs[1].fence)
+    live1 = GlobalCheckpointer(st, JOB, RANGE, 1, 2, 3, 120.0, Fence.take(st, JOB, 1))
+    for g in (gs[0], live1):
+        g.discard_newer(None)
+    zombie.fence.check = lambda *a, **k: None  # its check passed before the live rank 1 started: it renames now
+    zombie._write_part("ckpt-e0", snapshot(1), "per-rank")
+    with pytest.raises(StorageError):
+        live1.save(snapshot(1), "per-rank")
+    res = gs[0].save(snapshot(0), "per-rank")
+    assert res.committed is False
+    assert not st.exists(f"{CKDIR}/{GLOBAL_NAME}")
+    live1.save(snapshot(1, epoch=1), "per-rank")
+    assert gs[0].save(snapshot(0, epoch=1), "per-rank").committed is True

@@ -52,6 +52,7 @@ from paddle_acp.format.layout import (
     PART_TMP_RE,
     parse_absent_mark,
     parse_name,
+    position_key,
     position_name,
     position_number,
     rank_part,
@@ -104,6 +105,11 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
         self._generations: Dict[int, int] = {}  # rank 0: each rank's newest generation (part_commit)
         self._touched: Set[str] = set()  # positions this incarnation wrote (or declared absent) at
+        # what discard_newer made sure of at start: no part of this rank at a position after ``_cleared_after``
+        # (every position when None), except those named in ``_not_cleared`` (see _known_clear)
+        self._cleared = False
+        self._cleared_after: Optional[Tuple[int, int]] = None
+        self._not_cleared: Set[str] = set()
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
 
     @property
@@ -137,6 +143,17 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
 
     def part_committed(self, name: str, rank: int) -> bool:
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
+
+    def _known_clear(self, name: str) -> bool:
+        """Whether this rank knows, without a look-up, that it has no part at ``name``: its start's clean-up
+        (:meth:`discard_newer`) removed every part of its own newer than the checkpoint it resumed from, at
+        every position the range held, and ``name`` is newer still. A part an older process of this rank
+        (a zombie) renamed there since is never committed: a rename onto it fails or lands inside it, and
+        rank 0 commits no part of a superseded generation (fencing.py); that position is abandoned."""
+        if not self._cleared or name in self._not_cleared:
+            return False
+        pos = parse_name(name)
+        return pos is not None and (self._cleared_after is None or position_key(*pos) > self._cleared_after)
 
     def _own_part_there(self, name: str) -> bool:
         """Whether this rank has a part at ``name``: its directory where parts are renamed into place
@@ -190,7 +207,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         st = self.storage
         fresh = name not in self._touched and self.fence is not None
         self._touched.add(name)
-        if not fresh or self._own_part_there(name):
+        if not fresh or (not self._known_clear(name) and self._own_part_there(name)):
             # this rank was here before (this incarnation, or an earlier one's part): one listing
             # shows the commit and every part and leftover of this rank, removed once the fence check passed
             st.forget_cached(ckdir)  # rank 0 commits it from another process
@@ -199,8 +216,8 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
                 logger.info("range %s: checkpoint %s is already committed; not written again", self.range_name, name)
                 return None
             self._remove_own(name, listing)
-        # else the first save of this incarnation at ``name`` and no part of this rank there (one
-        # look-up, on HDFS one RPC): nothing of this rank to remove nor to rename onto. Its absence
+        # else the first save of this incarnation at ``name`` and no part of this rank there (known from
+        # the start's clean-up, else one look-up, on HDFS one RPC): nothing of this rank to remove nor to rename onto. Its absence
         # there would count only had this incarnation written it (it never touched ``name``; an
         # earlier incarnation's does not count, absence.counts); a leftover temporary part is never
         # read (it goes with the position); a committed global.json lists this rank's part, which is
@@ -332,10 +349,12 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         global manifests. Positions newer than ``key`` (every one when None) are re-trained. Uses the
         restart's listing when there is one (:meth:`remember_listing`)."""
         listed, self._listed = self._listed, None
+        not_cleared: Set[str] = set()
         for g in self.scan() if listed is None else listed:
             if key is not None and g.key <= key:
                 continue
             if g.committed and not self._deletable(g):
+                not_cleared.add(g.name)
                 continue  # of a newer format: neither withdrawn nor is any part of it removed
             try:
                 if self.rank == 0 and g.committed:
@@ -347,7 +366,10 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             except FencedError:
                 return  # a newer incarnation of this rank started (said once, by the fence): it cleans up
             except (StorageError, CheckpointError) as exc:
+                not_cleared.add(g.name)
                 logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
+        # its first save at a newer position needs no look-up for a part of its own there (_known_clear)
+        self._cleared, self._cleared_after, self._not_cleared = True, key, not_cleared
 
     def topology_error(self, g: GlobalManifest, running_mode: str, why: str) -> CheckpointError:
         return CheckpointError(
