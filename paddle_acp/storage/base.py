@@ -31,7 +31,7 @@ import dataclasses
 import posixpath
 import stat as _stat
 import uuid
-from typing import Any, Iterable, List, Optional, Protocol, Tuple, Type
+from typing import Any, Iterable, Iterator, List, Optional, Protocol, Tuple, Type
 
 from paddle_acp.errors import StorageError
 from paddle_acp.secrets import redact, register_secret, register_uri, scrub
@@ -40,6 +40,18 @@ __all__ = ["WRITE_CHUNK", "RENAME", "MANIFEST_LAST", "Entry", "Storage",
            "redact", "register_secret", "register_uri", "scrub"]
 
 WRITE_CHUNK = 16 << 20  # largest single write handed to a filesystem (see Storage.write_buffers)
+
+
+def pieces(buffers: Iterable[Any]) -> Iterator[Any]:
+    """``buffers`` as writes of at most ``WRITE_CHUNK`` bytes (a larger one in slices of its bytes)."""
+    for buf in buffers:
+        mv = memoryview(buf)
+        if mv.nbytes <= WRITE_CHUNK:
+            yield buf
+            continue
+        mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+        for i in range(0, mv.nbytes, WRITE_CHUNK):
+            yield mv[i:i + WRITE_CHUNK]
 RENAME = "rename"  # commit by renaming a temporary directory into place
 MANIFEST_LAST = "manifest-last"  # commit by writing the manifest after the data
 
@@ -240,14 +252,8 @@ class Storage(abc.ABC):
         out = self.open_output(path)
         try:
             with out:  # closing uploads the rest (remote stores): it fails like a write
-                for buf in buffers:
-                    mv = memoryview(buf)
-                    if mv.nbytes <= WRITE_CHUNK:
-                        total += out.write(buf)
-                        continue
-                    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-                    for i in range(0, mv.nbytes, WRITE_CHUNK):
-                        total += out.write(mv[i:i + WRITE_CHUNK])
+                for piece in pieces(buffers):
+                    total += out.write(piece)
         except StorageError:
             raise
         except self.errors as exc:

@@ -610,9 +610,7 @@ def test_a_ctrl_c_during_an_overlapped_write_waits_for_one_piece_of_the_data_not
     import threading
     import time
 
-    import paddle_acp.format.engine.writer as writer_mod
-
-    monkeypatch.setattr(writer_mod, "WRITE_CHUNK", 4096)  # the data's pieces
+    monkeypatch.setattr("paddle_acp.storage.base.WRITE_CHUNK", 4096)  # the data's pieces
     c = ckpt(tmp_path)
     c.save(make_snapshot(0))
     st_ = c.storage

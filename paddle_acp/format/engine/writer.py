@@ -14,7 +14,7 @@ import errno
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format.commit.atomic import Pending
@@ -23,7 +23,7 @@ from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.engine.stream import write_stream
 from paddle_acp.format.layout import DATA_NAME
 from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
-from paddle_acp.storage.base import WRITE_CHUNK
+from paddle_acp.storage.base import pieces
 
 _ZEROS = bytes(ALIGN)
 
@@ -56,15 +56,13 @@ class WriteAbandoned(Exception):
     """Raised inside the data thread when the write it belongs to was given up."""
 
 
-def _pieces(buffers: List[Union[bytes, memoryview]], stop: threading.Event) -> Iterator[memoryview]:
-    """``buffers`` in pieces of at most ``WRITE_CHUNK`` bytes, ending (WriteAbandoned) once ``stop`` is set."""
-    for buf in buffers:
-        mv = memoryview(buf)
-        mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-        for i in range(0, max(mv.nbytes, 1), WRITE_CHUNK):
-            if stop.is_set():
-                raise WriteAbandoned("the checkpoint's write was given up")
-            yield mv[i:i + WRITE_CHUNK]
+def _until(stop: threading.Event, buffers: List[Union[bytes, memoryview]]) -> Iterator[Any]:
+    """``buffers`` as the storage writes them (:func:`~paddle_acp.storage.base.pieces`), ending
+    (WriteAbandoned) once ``stop`` is set."""
+    for piece in pieces(buffers):
+        if stop.is_set():
+            raise WriteAbandoned("the checkpoint's write was given up")
+        yield piece
 
 
 def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
@@ -100,7 +98,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             end = t.offset + t.array.nbytes
         if size > end:
             buffers.append(_ZEROS[: size - end])
-        return st.write_buffers(path, _pieces(buffers, stop))
+        return st.write_buffers(path, _until(stop, buffers))
 
     stop = threading.Event()  # set when the write is given up (Ctrl-C): the data stops at its next piece
     written_manifest: List[bytes] = []
