@@ -98,15 +98,42 @@ items_st = st.lists(st.tuples(st.sampled_from(["p", "q"]), st.text("abcxyz", min
 @settings(max_examples=200, deadline=None)
 def test_split_is_deterministic_complete_and_balanced(raw, world, rnd):
     items = [(k, n, "float32", (b,), b) for k, n, b in raw]
-    owner = shares.split(items, world)
+    split = shares.split(items, world)
     shuffled = list(items)
     rnd.shuffle(shuffled)
-    assert shares.split(shuffled, world) == owner  # every rank computes the same, whatever its order
-    assert set(owner) == {(k, n) for k, n, *_ in items} and all(0 <= r < world for r in owner.values())
-    loads = [sum(b for k, n, _d, _s, b in items if owner[(k, n)] == r) for r in range(world)]
-    biggest = max((b for *_x, b in items), default=0)
-    assert max(loads) - min(loads) <= biggest  # greedy, largest first: within one tensor
-    assert sum(shares.share_nbytes([(k, n, b) for k, n, _d, _s, b in items], r, world) for r in range(world)) == sum(loads)
+    assert shares.split(shuffled, world) == split  # every rank computes the same, whatever its order
+    assert set(split) == set(range(world))
+    for k, n, _d, _s, b in items:  # every tensor once: whole on one rank, or pieces that tile its bytes
+        held = sorted((piece or (0, b), r) for r in range(world) for kn, piece in split[r].items() if kn == (k, n))
+        assert held, (k, n)
+        assert [lo for (lo, _hi), _r in held] == [0] + [hi for (_lo, hi), _r in held[:-1]]
+        assert held[-1][0][1] == b and all(hi > lo for (lo, hi), _r in held if b)
+        assert len(held) == 1 or all(piece is not None for r in range(world)
+                                     for kn, piece in split[r].items() if kn == (k, n))
+        assert [r for _p, r in held] == sorted({r for _p, r in held})  # pieces go to consecutive writers
+    total = sum(b for *_x, b in items)
+    loads = [shares.share_nbytes([(k, n, b) for k, n, _d, _s, b in items], r, world) for r in range(world)]
+    assert sum(loads) == total and max(loads) - min(loads) <= 1  # equal byte ranges, whatever the tensors
+    assert all(shares.share_layout_nbytes(items, r, world) >= loads[r] for r in range(world))
+
+
+def test_a_large_tensor_is_cut_into_pieces_that_join_bit_identically():
+    """Six equal tensors over four writers: each writes a quarter (cut by whole tensor two would write a third)."""
+    rng = np.random.default_rng(3)
+    programs = [ProgramSnapshot("fp", "l", [TensorData(f"t{i}", "float32", rng.standard_normal((50, 7)).astype("float32"))
+                                            for i in range(6)], None)]
+    total = sum(t.array.nbytes for t in programs[0].tensors)
+    held = {}
+    for r in range(4):
+        (part,), _rec = shares.own_share(programs, r, 4)
+        assert sum(t.array.nbytes for t in part.tensors) == total // 4
+        for t in part.tensors:
+            held.setdefault(t.name, []).append(t)
+            assert t.piece is None or (t.array.dtype == np.uint8 and t.shape == (50, 7))
+    assert any(t.piece is not None for ts in held.values() for t in ts)
+    for t in programs[0].tensors:
+        joined = b"".join(x.array.tobytes() for x in sorted(held[t.name], key=lambda x: (x.piece or (0, 0))[0]))
+        assert joined == t.array.tobytes()
 
 
 # -- the global manifest, version 4 ------------------------------------------------------
@@ -164,6 +191,12 @@ def test_shares_restore_bit_identical_at_the_same_and_other_world_sizes(tmp_path
     assert g["version"] == 4 and g["writers"] == "all" and g["share_writers"] == 3
     sizes = [(ckdir(tmp_path, "ckpt-e4") / f"rank-{k}" / "tensors.bin").stat().st_size for k in range(3)]
     assert all(s > 0 for s in sizes) and max(sizes) < sum(sizes) * 0.6  # every rank wrote a share
+    parts = [json.loads((ckdir(tmp_path, "ckpt-e4") / f"rank-{k}" / "manifest.json").read_bytes()) for k in range(3)]
+    cut = [t for d in parts for p in d["programs"] for t in p["tensors"] if "piece" in t]
+    assert cut and all(d["version"] == (3 if any("piece" in t for p in d["programs"] for t in p["tensors"]) else 2)
+                       for d in parts)  # tensors cut into pieces across the shares: those parts are version 3
+    held = [sum(t["nbytes"] for p in d["programs"] for t in p["tensors"]) for d in parts]
+    assert max(held) - min(held) <= 1  # equal byte ranges
     for world in (3, 2, 1, 4):
         for r in range(world):
             loaded = load_newest(v2(tmp_path), gck(tmp_path, r, world), "replicated")
@@ -316,7 +349,7 @@ def test_a_crafted_share_record_is_refused_on_every_rank():
     three = {**good, "share_writers": 3}
     with pytest.raises(CorruptCheckpointError, match="record 3 share writers, but the checkpoint has the parts of ranks"):
         shares.check_cover({0: part(0, ["a"], three), 1: part(1, ["b"], three)}, "x")
-    with pytest.raises(CorruptCheckpointError, match="ranks 0 and 1"):
+    with pytest.raises(CorruptCheckpointError, match=r"held twice by the parts of ranks \[0, 1\]"):
         shares.check_cover({0: part(0, ["a", "b"], good), 1: part(1, ["b"], good)}, "x")
     with pytest.raises(CorruptCheckpointError, match="not the 2"):
         shares.check_cover({0: part(0, ["a"], good), 1: part(1, [], good)}, "x")
@@ -325,6 +358,77 @@ def test_a_crafted_share_record_is_refused_on_every_rank():
                 {k: v for k, v in good.items() if k != "share_writers"}):
         with pytest.raises(CorruptCheckpointError):
             shares.check_cover({0: part(0, ["a"], bad), 1: part(1, ["b"], bad)}, "x")
+
+
+def test_crafted_pieces_are_refused_on_every_rank():
+    """The pieces of a tensor (untrusted, as every manifest) must tile its bytes exactly once, with one
+    dtype and shape: a gap, an overlap, a piece missing or a different shape is CorruptCheckpointError."""
+    from paddle_acp.format.manifest import Manifest, ProgramRecord, TensorRecord
+
+    items = [("fp", "a", "float32", (4,), 16), ("fp", "b", "float32", (2,), 8)]
+    good = {"writers": "all", "share_writers": 2, "items": 2, "digest": shares.digest(items)}
+
+    def part(rank, recs):
+        return Manifest(0, 1.0, RangeRecord(RANGE, 0, 1), [ProgramRecord("fp", "l", recs)], 64,
+                        extra={"part": {"rank": rank, "share": good}}, version=3)
+
+    def a(lo, hi, shape=(4,), dtype="float32"):
+        return TensorRecord("a", dtype, list(shape), 0, hi - lo, 0, (lo, hi))
+
+    b = TensorRecord("b", "float32", [2], 32, 8, 0)
+    assert shares.check_cover({0: part(0, [a(0, 10)]), 1: part(1, [a(10, 16), b])}, "x") == good
+    for recs0, recs1, msg in [
+        ([a(0, 9)], [a(10, 16), b], r"held without its bytes \[9, 10\) by the parts of ranks \[0, 1\]"),
+        ([a(0, 11)], [a(10, 16), b], r"held twice by the parts of ranks \[0, 1\]"),
+        ([a(0, 10)], [b], r"bytes \[0, 10\) of tensor 'a' of program fp, which has 16 \(a piece is missing\)"),
+        ([a(2, 10)], [a(10, 16), b], r"without its bytes \[0, 2\)"),
+        ([a(0, 10)], [a(10, 16, (2, 2)), b], r"is float32\[4\] in the part of rank 0 and float32\[2, 2\]"),
+        ([a(0, 10)], [a(10, 16, dtype="int32"), b], "and int32"),
+        ([TensorRecord("a", "float32", [4], 0, 16, 0)], [a(10, 16), b], "held twice"),
+    ]:
+        with pytest.raises(CorruptCheckpointError, match=msg):
+            shares.check_cover({0: part(0, recs0), 1: part(1, recs1)}, "x")
+
+
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=6), st.integers(1, 5), st.data())
+@settings(max_examples=200, deadline=None)
+def test_any_edit_of_the_pieces_is_caught_or_the_same_tiling(sizes, writers, data):
+    """The split's pieces pass the cover check; moving any piece's bounds (or dropping a record) either
+    still tiles every tensor exactly (then the same bytes are read) or is CorruptCheckpointError."""
+    from paddle_acp.format.manifest import Manifest, ProgramRecord, TensorRecord
+
+    items = [("fp", f"t{i}", "uint8", (n,), n) for i, n in enumerate(sizes)]
+    split = shares.split(items, writers)
+    rec = shares.record(items, writers)
+    recs = {r: [TensorRecord(n, "uint8", [b], 0, (piece or (0, b))[1] - (piece or (0, b))[0], 0, piece)
+                for (_k, n, _d, _s, b) in items if ("fp", n) in split[r] for piece in [split[r][("fp", n)]]]
+            for r in range(writers)}
+
+    def parts():
+        return {r: Manifest(0, 1.0, RangeRecord(RANGE, 0, 1), [ProgramRecord("fp", "l", recs[r])], 10**4,
+                            extra={"part": {"rank": r, "share": rec}}, version=3) for r in range(writers)}
+
+    assert shares.check_cover(parts(), "x") == rec
+    r = data.draw(st.sampled_from([r for r in range(writers) if recs[r]] or [0]))
+    if not recs[r]:
+        return
+    i = data.draw(st.integers(0, len(recs[r]) - 1))
+    t = recs[r][i]
+    if data.draw(st.booleans()):
+        del recs[r][i]
+    else:
+        whole = t.whole_nbytes
+        lo = data.draw(st.integers(0, whole - 1))
+        hi = data.draw(st.integers(lo + 1, whole))
+        recs[r][i] = TensorRecord(t.name, t.dtype, t.shape, 0, hi - lo, 0, (lo, hi))
+    try:
+        shares.check_cover(parts(), "x")
+    except CorruptCheckpointError:
+        return
+    for (_k, n, _d, _s, b) in items:  # accepted: every tensor's records still tile its bytes exactly once
+        ranges = sorted(x.piece or (0, x.nbytes) for q in recs.values() for x in q if x.name == n)
+        assert ranges[0][0] == 0 and ranges[-1][1] == b
+        assert all(ranges[j][1] == ranges[j + 1][0] for j in range(len(ranges) - 1))
 
 
 def test_an_older_paddle_acp_refuses_a_spread_checkpoint_as_a_newer_format(tmp_path, monkeypatch):
@@ -340,6 +444,15 @@ def test_an_older_paddle_acp_refuses_a_spread_checkpoint_as_a_newer_format(tmp_p
             load_newest(v2(tmp_path), gck(tmp_path, r, 2), None)
         gck(tmp_path, r, 2).apply_retention(keep=1)
     assert (ckdir(tmp_path, "ckpt-e1") / "global.json").exists()
+    # a part that holds pieces of tensors is a version-3 manifest: a build that reads up to version 2 says so
+    from paddle_acp.errors import UnknownFormatError
+    from paddle_acp.format import manifest as mf
+
+    raw = (ckdir(tmp_path, "ckpt-e1") / "rank-0" / "manifest.json").read_bytes()
+    assert json.loads(raw)["version"] == 3
+    monkeypatch.setattr(mf, "TENSOR_CHECKSUMS", {1: "crc32", 2: "crc32c"})
+    with pytest.raises(UnknownFormatError, match="manifest format version 3 is newer than this paddle-acp reads"):
+        mf.Manifest.loads(raw)
 
 
 def test_tools_verify_ls_inspect_and_export_spread_checkpoints(tmp_path):
@@ -362,6 +475,12 @@ def test_tools_verify_ls_inspect_and_export_spread_checkpoints(tmp_path):
     info = json.loads((tmp_path / "x" / "model.export.json").read_text())
     got = sorted((info["parameters"] or []) + (info["optimizer_state"] or []))
     assert got == sorted(t.name for t in state(2)[0].tensors)  # every share's tensors, not rank 0's alone
+    import paddle  # the exported files hold the tensors bit-identically, pieces joined
+
+    exported = {**paddle.load(str(tmp_path / "x" / "model.pdparams"), return_numpy=True)}
+    if (tmp_path / "x" / "model.pdopt").exists():
+        exported.update(paddle.load(str(tmp_path / "x" / "model.pdopt"), return_numpy=True))
+    assert {n: a.tobytes() for n, a in exported.items()} == {t.name: t.array.tobytes() for t in state(2)[0].tensors}
     data = ckdir(tmp_path, "ckpt-e2") / "rank-2" / "tensors.bin"
     raw = bytearray(data.read_bytes())
     raw[0] ^= 0xFF
@@ -497,7 +616,8 @@ def test_the_share_is_chosen_from_metadata_and_only_its_tensors_are_viewed(monke
             mine = shares.owned(items, rank, 2)
             part = entry.views(mine)
             assert len(viewed) == len(mine) == len(part.tensors) and (rank < 2) == bool(mine)
-            want = [t for t in full.tensors if ("fp-x", t.name) in mine]
-            assert [(t.name, t.dtype, t.array.tobytes()) for t in part.tensors] == \
-                [(t.name, t.dtype, t.array.tobytes()) for t in want]
+            want = [t if mine[("fp-x", t.name)] is None else t.cut(*mine[("fp-x", t.name)])
+                    for t in full.tensors if ("fp-x", t.name) in mine]
+            assert [(t.name, t.dtype, t.piece, t.array.tobytes()) for t in part.tensors] == \
+                [(t.name, t.dtype, t.piece, t.array.tobytes()) for t in want]
             assert part.lr_scheduler == full.lr_scheduler

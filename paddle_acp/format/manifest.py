@@ -20,7 +20,7 @@ import json
 import math
 import re
 import zlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import crc32c
 import numpy as np
@@ -29,8 +29,11 @@ from paddle_acp.errors import CorruptCheckpointError, UnknownFormatError
 
 FORMAT = "paddle-acp/checkpoint"
 VERSION = 2  # what this paddle-acp writes
+# what it writes for a part that holds pieces of tensors (spread writes, format/engine/shares.py): a
+# tensor record may then be a byte range of a tensor (``piece``), which older builds must refuse
+PIECES_VERSION = 3
 # version -> the checksum of each tensor's bytes (also its JSON key). Version 1 is still read.
-TENSOR_CHECKSUMS: Dict[int, str] = {1: "crc32", 2: "crc32c"}
+TENSOR_CHECKSUMS: Dict[int, str] = {1: "crc32", 2: "crc32c", 3: "crc32c"}
 # (data, running value) -> value: both release the GIL; CRC32C uses the CPU's crc32 instruction
 _CHECKSUM_FUNCTIONS: Dict[str, Callable[[Any, int], int]] = {"crc32": zlib.crc32, "crc32c": crc32c.crc32c}
 MANIFEST_NAME = "manifest.json"
@@ -228,15 +231,33 @@ def check_file_name(name: str, where: str = "file") -> str:
 class TensorRecord:
     name: str
     dtype: str
-    shape: List[int]
+    shape: List[int]  # the whole tensor's, also for a piece
     offset: int
-    nbytes: int
-    checksum: int  # of the tensor's bytes, with the manifest version's algorithm
+    nbytes: int  # the bytes this record holds in the data file (a piece's: stop - start)
+    checksum: int  # of those bytes, with the manifest version's algorithm
+    # spread writes: this record holds bytes [start, stop) of the tensor's bytes, not the whole tensor
+    piece: Optional[Tuple[int, int]] = None
 
     def to_json(self, version: int = VERSION) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         d[TENSOR_CHECKSUMS[version]] = d.pop("checksum")
+        if self.piece is None:
+            del d["piece"]
+        else:
+            d["piece"] = list(self.piece)
         return d
+
+    @property
+    def whole_nbytes(self) -> int:
+        """The bytes of the whole tensor (its dtype and shape)."""
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
+    def stored(self) -> Tuple[List[int], np.dtype]:
+        """Shape and NumPy dtype (``np.empty``'s arguments) of the bytes this record holds: the
+        tensor's, or a piece's raw bytes."""
+        if self.piece is not None:
+            return [self.nbytes], np.dtype(np.uint8)
+        return list(self.shape), DTYPES[self.dtype]
 
     @classmethod
     def from_json(cls, d: Any, where: str, version: int = VERSION) -> "TensorRecord":
@@ -254,9 +275,22 @@ class TensorRecord:
         algorithm = TENSOR_CHECKSUMS[version]
         crc = _int_in(d, algorithm, where, 0, 2**32 - 1)
         expected = math.prod(shape) * DTYPES[dtype].itemsize
-        if expected != nbytes:
+        piece: Optional[Tuple[int, int]] = None
+        if "piece" in d:
+            raw = d["piece"]
+            if version < PIECES_VERSION:
+                raise _fail(f"{where}.piece: a manifest of version {version} holds whole tensors only")
+            if (not isinstance(raw, list) or len(raw) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw)
+                    or not 0 <= raw[0] < raw[1] <= expected):
+                raise _fail(f"{where}.piece {str(raw)[:100]} is not a byte range [start, stop) of the "
+                            f"tensor's {expected} bytes")
+            piece = (raw[0], raw[1])
+            if nbytes != piece[1] - piece[0]:
+                raise _fail(f"{where}: nbytes {nbytes} does not match its piece {list(piece)}")
+        elif expected != nbytes:
             raise _fail(f"{where}: nbytes {nbytes} does not match shape {shape} of {dtype} ({expected})")
-        return cls(name, dtype, list(shape), offset, nbytes, crc)
+        return cls(name, dtype, list(shape), offset, nbytes, crc, piece)
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ from paddle_acp.format.engine import shares
 from paddle_acp.format.engine.snapshot import Snapshot, copy_into
 from paddle_acp.format.engine.stream import ChunkStream, chunk_size
 from paddle_acp.format.layout import layout
-from paddle_acp.format.manifest import RangeRecord, align
+from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.format.metrics_record import MetricsRecord, SaveBegun
 from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.buffers import SnapshotBuffers
@@ -141,7 +141,7 @@ class Persister:
         self.buffers.ready()
         mode = None
         share = None
-        only = None  # the (program key, name) of the tensors this rank writes; None: all
+        only = None  # (program key, name) of the tensors this rank writes -> the piece (None: whole); None: all
         if self.several_ranks:
             mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
             if mode != self._mode_logged:
@@ -153,7 +153,7 @@ class Persister:
                 only = shares.owned(items, self.rank, self._share_writers())
                 share = shares.record(items, self._share_writers())
             elif mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
-                only = set()
+                only = {}
         programs = [e.views(only) for e in self.registry.entries]
         size = layout(programs)
         image = None
@@ -422,8 +422,7 @@ class Persister:
         size = sum(e.nbytes() for e in self.registry.entries)  # metadata only: nothing is copied
         if self._spread(decide_mode(self.cfg.rank_state, self.registry.entries)[0]):  # this rank's share of it
             items = [i for e in self.registry.entries for i in e.items()]
-            mine = shares.owned(items, self.rank, self._share_writers())
-            size = sum(align(i[4]) for i in items if (i[0], i[1]) in mine)
+            size = shares.share_layout_nbytes(items, self.rank, self._share_writers())
         self.buffers.prepare(size)
 
 

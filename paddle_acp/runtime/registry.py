@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 from paddle_acp.adapter.programs import PaddleProgram, ProgramInfo, lr_scheduler_of
 from paddle_acp.adapter.tensors import (
@@ -24,7 +24,7 @@ from paddle_acp.adapter.tensors import (
 )
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.engine.reader import LoadedCheckpoint
-from paddle_acp.format.engine.snapshot import ProgramSnapshot
+from paddle_acp.format.engine.snapshot import ProgramSnapshot, TensorData
 from paddle_acp.format.manifest import ProgramRecord
 
 logger = logging.getLogger("paddle_acp")
@@ -59,6 +59,10 @@ def jsonable(value: object, where: str) -> JSONData:
     raise CheckpointError(f"cannot checkpoint {where}: value of type {type(value).__name__} is not JSON data")
 
 
+def _piece_of(t: TensorData, piece: Optional[Tuple[int, int]]) -> TensorData:
+    return t if piece is None else t.cut(*piece)
+
+
 class ProgramEntry:
     """One registered (program, scope) pair."""
 
@@ -70,12 +74,15 @@ class ProgramEntry:
         self.scope = scope
         self.place = place
 
-    def views(self, only: Optional[AbstractSet[Tuple[str, str]]] = None) -> ProgramSnapshot:
+    def views(self, only: Optional[Mapping[Tuple[str, str], Optional[Tuple[int, int]]]] = None) -> ProgramSnapshot:
         """The program's state as zero-copy views; copy them before Paddle runs again. ``only``: the
-        (program key, name) of the tensors to take (a rank's share of replicated state), None: all;
-        the others are not touched (on an accelerator: not copied to the host)."""
+        (program key, name) of the tensors to take (a rank's share of replicated state) -> the byte
+        range of it to take (None: the whole tensor), None: all; the others are not touched (on an
+        accelerator: not copied to the host)."""
         names = [n for n in self.info.persistables if only is None or (self.key, n) in only]
         tensors = tensor_views(self.scope, names)
+        if only:
+            tensors = [_piece_of(t, only[(self.key, t.name)]) for t in tensors]
         sched: Any = lr_scheduler_of(self.program)  # a Paddle LRScheduler (untyped) or None
         state = jsonable(sched.state_dict(), "lr_scheduler") if sched is not None else None
         return ProgramSnapshot(self.key, self.info.label, tensors, state)

@@ -95,12 +95,13 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
             _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting",
                                         base=ref.part_path)
         else:
-            arrays = {}
+            by_part = {}  # rank -> its verified tensors (or pieces of tensors) that ``want`` names
             for k, part in sorted(spread.items()):
                 theirs = {(p.key, t.name) for p in part.programs for t in p.tensors} & want
                 if theirs:
-                    arrays.update(read_checkpoint(ref.storage, ref.job, ref.range, ref.number, theirs,
-                                                  verb="exporting", base=f"{ref.path}/rank-{k}")[1])
+                    by_part[k] = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, theirs,
+                                                 verb="exporting", base=f"{ref.path}/rank-{k}")[1]
+            arrays = shares.assemble(spread, by_part, want)
     except CorruptCheckpointError as exc:
         raise ToolError(f"cannot export checkpoint {ref.uri}: it is corrupt ({short_reason(exc, ref.path)})") from exc
     except StorageError as exc:

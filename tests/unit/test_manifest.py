@@ -14,6 +14,7 @@ from paddle_acp.errors import CorruptCheckpointError, UnknownFormatError
 from paddle_acp.format.manifest import (
     DTYPES,
     FORMAT,
+    PIECES_VERSION,
     TENSOR_CHECKSUMS,
     VERSION,
     Manifest,
@@ -58,6 +59,7 @@ lr_states = st.fixed_dictionaries(
 
 @st.composite
 def manifests(draw):
+    version = draw(st.sampled_from(sorted(TENSOR_CHECKSUMS)))
     offset = 0
     programs = []
     keys = draw(st.lists(st.text("0123456789abcdef.", min_size=1, max_size=18), unique=True, max_size=3))
@@ -67,7 +69,12 @@ def manifests(draw):
             dt = draw(dtype_names)
             shape = draw(shapes)
             nbytes = math.prod(shape) * DTYPES[dt].itemsize
-            tensors.append(TensorRecord(name, dt, shape, offset, nbytes, draw(st.integers(0, 2**32 - 1))))
+            piece = None
+            if version >= PIECES_VERSION and nbytes and draw(st.booleans()):  # a byte range of the tensor
+                lo = draw(st.integers(0, nbytes - 1))
+                piece = (lo, draw(st.integers(lo + 1, nbytes)))
+                nbytes = piece[1] - piece[0]
+            tensors.append(TensorRecord(name, dt, shape, offset, nbytes, draw(st.integers(0, 2**32 - 1)), piece))
             offset += nbytes + draw(st.integers(0, 64))
         sched = draw(st.one_of(st.none(), lr_states))
         programs.append(ProgramRecord(key, draw(st.text(max_size=20)), tensors, sched))
@@ -82,7 +89,7 @@ def manifests(draw):
         paddle_version=draw(st.text(max_size=10)),
         ir=draw(st.sampled_from(["pir", "legacy", "legacy+pir", ""])),
         extra=draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3)),
-        version=draw(st.sampled_from(sorted(TENSOR_CHECKSUMS))),
+        version=version,
     )
 
 
@@ -132,14 +139,15 @@ def _valid_doc(version=VERSION):
 
 def test_checksum_key_follows_the_version():
     """Version 1 (written before the switch to CRC32C) keys each tensor's zlib CRC32 as "crc32";
-    version 2 keys its CRC32C as "crc32c". Each is read back with its own algorithm."""
-    assert TENSOR_CHECKSUMS == {1: "crc32", 2: "crc32c"} and VERSION == 2
+    version 2 keys its CRC32C as "crc32c"; so does version 3 (a part that may hold pieces of tensors).
+    Each is read back with its own algorithm."""
+    assert TENSOR_CHECKSUMS == {1: "crc32", 2: "crc32c", 3: "crc32c"} and VERSION == 2 and PIECES_VERSION == 3
     for version, key in TENSOR_CHECKSUMS.items():
         doc = _valid_doc(version)
         assert doc["version"] == version and doc["programs"][0]["tensors"][0][key] == 1
         m = Manifest.loads(seal(doc))
         assert m.version == version and m.programs[0].tensors[0].checksum == 1
-        other = TENSOR_CHECKSUMS[3 - version]
+        other = "crc32" if key == "crc32c" else "crc32c"
         doc["programs"][0]["tensors"][0][other] = doc["programs"][0]["tensors"][0].pop(key)
         with pytest.raises(CorruptCheckpointError, match=f"{key} is missing"):
             Manifest.loads(seal(doc))
@@ -334,9 +342,14 @@ def test_crafted_edits_load_exactly_or_are_corrupt(m, data):
     assert 0 <= again.created <= 253402300799.0 and 0 <= again.number < 10**15
     for p in again.programs:
         for t in p.tensors:
-            assert math.prod(t.shape) * DTYPES[t.dtype].itemsize == t.nbytes
+            whole = math.prod(t.shape) * DTYPES[t.dtype].itemsize
+            if t.piece is None:
+                assert whole == t.nbytes
+            else:  # a byte range of the tensor, only in a manifest that may hold pieces
+                assert again.version >= PIECES_VERSION and 0 <= t.piece[0] < t.piece[1] <= whole
+                assert t.nbytes == t.piece[1] - t.piece[0]
             assert t.offset + t.nbytes <= again.data_size
-            np.empty(t.shape, DTYPES[t.dtype]) if t.nbytes == 0 else None  # a zero-size tensor can be made
+            np.empty(*t.stored()) if t.nbytes == 0 else None  # a zero-size tensor can be made
     if again.rng is not None:
         from paddle_acp.adapter import rng as rng_state
 
@@ -372,3 +385,34 @@ def test_a_newer_format_version_is_told_from_a_corrupt_manifest(version, checksu
     with pytest.raises(CorruptCheckpointError) as err:
         load(seal(doc))
     assert not isinstance(err.value, UnknownFormatError)
+
+
+@pytest.mark.parametrize("version, piece, message", [
+    (2, [0, 4], "a manifest of version 2 holds whole tensors only"),
+    (1, [0, 4], "a manifest of version 1 holds whole tensors only"),
+    (3, [4, 4], "is not a byte range"),
+    (3, [8, 4], "is not a byte range"),
+    (3, [-1, 3], "is not a byte range"),
+    (3, [0, 17], "is not a byte range"),
+    (3, [0, True], "is not a byte range"),
+    (3, [0, 4, 8], "is not a byte range"),
+    (3, "0:4", "is not a byte range"),
+    (3, [0, 8], "nbytes 4 does not match its piece"),
+])
+def test_a_crafted_piece_is_refused(version, piece, message):
+    """A tensor record's ``piece`` (spread writes: bytes [start, stop) of the tensor) exists only in
+    manifests of version 3 and must be a non-empty byte range of the tensor that ``nbytes`` matches."""
+    doc = _valid_doc(version)
+    doc["programs"][0]["tensors"][0].update(piece=piece, nbytes=4)
+    with pytest.raises(CorruptCheckpointError, match=message):
+        Manifest.loads(seal(doc))
+
+
+def test_a_piece_round_trips_and_stores_raw_bytes():
+    t = TensorRecord("w", "float32", [2, 2], 0, 6, 1, (4, 10))
+    m = Manifest(1, 0.0, RangeRecord("_range_0", 0, 3), [ProgramRecord("k", "l", [t])], 16, version=PIECES_VERSION)
+    back = Manifest.loads(m.dumps())
+    assert back == m and back.programs[0].tensors[0].piece == (4, 10)
+    assert t.stored() == ([6], np.dtype(np.uint8)) and t.whole_nbytes == 16
+    whole = TensorRecord("w", "float32", [2, 2], 0, 16, 1)
+    assert "piece" not in whole.to_json() and whole.stored() == ([2, 2], np.dtype("float32"))

@@ -17,7 +17,7 @@ import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.engine.arena import CopyJob, chunked, copy_job, run_parallel
-from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord
+from paddle_acp.format.manifest import Manifest, TensorRecord
 
 __all__ = ["FileSource", "Key", "LoadedCheckpoint", "MemorySource", "ReadItem"]
 
@@ -89,7 +89,8 @@ class FileSource:
             raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified (byte {offset + got})")
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray:
-        arr = np.empty(rec.shape, DTYPES[rec.dtype])
+        shape, dtype = rec.stored()
+        arr = np.empty(shape, dtype)
         if rec.nbytes:
             self.read_into([(key, rec, arr)])
         return arr

@@ -37,7 +37,7 @@ from paddle_acp.format.engine.crc import crc_pool, drain
 from paddle_acp.format.engine.loaded import FileSource, Key, LoadedCheckpoint, MemorySource, pread_into
 from paddle_acp.format.engine.spool import open_spool, spool_writer
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
-from paddle_acp.format.manifest import DTYPES, Manifest, TensorRecord, max_manifest_size
+from paddle_acp.format.manifest import Manifest, TensorRecord, max_manifest_size
 from paddle_acp.storage.base import InputFile, Storage
 
 __all__ = [
@@ -172,8 +172,9 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
         _check_end(f, data_path, m)
     arrays: Dict[Key, np.ndarray] = {}
     for off, key, t in records:
-        arrays[(key, t.name)] = (image[off:off + t.nbytes].view(DTYPES[t.dtype]).reshape(t.shape) if t.nbytes
-                                 else np.empty(t.shape, DTYPES[t.dtype]))
+        shape, dtype = t.stored()  # a piece of a tensor (spread writes): its raw bytes
+        arrays[(key, t.name)] = (image[off:off + t.nbytes].view(dtype).reshape(shape) if t.nbytes
+                                 else np.empty(shape, dtype))
     return LoadedCheckpoint(base, m, MemorySource(arrays))
 
 
@@ -191,7 +192,7 @@ def read_tensors(storage: Storage, base: str, number: int, range_name: str, want
     (``(program key, tensor name)`` pairs), each a new array. Raises CorruptCheckpointError."""
     m, data_path = check_header(storage, base, number, range_name, raw)
     records = _records(m)
-    out = {(key, t.name): np.empty(t.shape, DTYPES[t.dtype]) for _off, key, t in records if (key, t.name) in want}
+    out = {(key, t.name): np.empty(*t.stored()) for _off, key, t in records if (key, t.name) in want}
     keep = {i: out[(key, t.name)] for i, (_off, key, t) in enumerate(records) if (key, t.name) in out}
     os_path = _local_path(storage, data_path)
     if os_path is not None:

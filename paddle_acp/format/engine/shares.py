@@ -1,32 +1,37 @@
-"""Spread writes of replicated state: which rank writes which tensor, and reading the shares back.
+"""Spread writes of replicated state: which rank writes which bytes, and reading the shares back.
 
 With ``PADDLE_ACP_REPLICATED_WRITERS=all`` (or a number) a data-parallel job (replicated
 state) does not leave every tensor to rank 0: the *share writers*, ranks 0..S-1 with
 S = min(world size, cap), each write a *share* into their own part; the ranks from S on
 write a part with no tensors (as every rank but 0 does under ``one``), so a restore opens S
 data files, not one per rank. The split (:func:`split`) is a pure function of the tensor
-metadata every rank holds alike: the tensors, sorted by size (largest first) then by program
-key and name, go one by one to the writer with the fewest bytes so far (lowest rank on a
-tie), so every rank computes the same assignment and the writers' bytes differ by at most
-one tensor. It needs only names, dtypes, shapes and sizes (:data:`Item`), so a rank takes
-views of (on a GPU: copies to the host) only its own share.
+metadata every rank holds alike: the tensors' bytes, one after the other in canonical order
+(program key, then name), are cut into S equal byte ranges, and writer r writes range r. A
+tensor that lies in one range is written whole; one that crosses a boundary is written as
+*pieces* (a part's tensor record with ``piece = [start, stop)``, the bytes of the tensor it
+holds; such a part is a version-3 manifest, which older builds refuse as a newer format), so
+every writer writes T/S bytes (+-1) whatever the tensors' sizes. It needs only names,
+dtypes, shapes and sizes (:data:`Item`), so a rank takes views of (on a GPU: copies to the
+host) only its own share. (Checkpoints of earlier builds cut shares by whole tensor: they read
+the same way; :func:`check_cover` asks only that the shares cover the state exactly.)
 
-What records who holds what: each part's manifest lists the tensors of its share (its
-programs, each with the LR scheduler state, and only the share's tensors) and carries
+What records who holds what: each part's manifest lists the tensors and pieces of its share
+(its programs, each with the LR scheduler state, and only the share's records) and carries
 ``extra.part.share = {"writers": "all", "share_writers": S, "items": N, "digest": D}``: the
 number of share writers, the number of tensors of the whole state and a CRC32 of their
 canonical list (program key, name, dtype, shape), the same in every part; the global manifest
 (version 4, ``"writers": "all"``, ``"share_writers": S``) says the checkpoint is spread and
 which parts hold shares. :func:`check_cover` validates this untrusted record when rank 0
-commits and whenever a checkpoint is read: the shares are disjoint, each part lists the
-same programs, the parts from S on hold no tensors, and together the shares are exactly the
-N tensors whose list has digest D.
+commits and whenever a checkpoint is read: each part lists the same programs, the parts from
+S on hold no tensors, every tensor's records (whole, or pieces) tile its bytes exactly once
+with one dtype and shape, and together they are the N tensors whose list has digest D.
 :func:`merge` joins the verified parts into one :class:`LoadedCheckpoint` whose tensors are
-read from the part that holds them.
+read from the part (or, piece by piece, the parts) that hold them.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import zlib
@@ -39,7 +44,7 @@ from paddle_acp.config.values import MAX_WORLD
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.engine.loaded import Key, LoadedCheckpoint, ReadItem
 from paddle_acp.format.engine.snapshot import ProgramSnapshot
-from paddle_acp.format.manifest import Manifest, ProgramRecord, TensorRecord
+from paddle_acp.format.manifest import DTYPES, Manifest, ProgramRecord, TensorRecord, align
 
 WRITERS_ALL = "all"
 WRITERS_ONE = "one"
@@ -54,14 +59,30 @@ def digest(items: Sequence[Item]) -> int:
     return zlib.crc32(json.dumps(canon, separators=(",", ":")).encode("utf-8")) & 0xFFFFFFFF
 
 
-def split(items: Sequence[Item], world: int) -> Dict[Tuple[str, str], int]:
-    """(program key, tensor name) -> the rank that writes it: largest first, to the least-loaded rank."""
-    loads = [0] * world
-    out: Dict[Tuple[str, str], int] = {}
-    for key, name, _d, _s, nbytes in sorted(items, key=lambda i: (-i[4], i[0], i[1])):
-        k = min(range(world), key=lambda r: (loads[r], r))
-        out[(key, name)] = k
-        loads[k] += nbytes
+Piece = Optional[Tuple[int, int]]  # bytes [start, stop) of a tensor; None: the whole tensor
+
+
+def split(items: Sequence[Item], writers: int) -> Dict[int, Dict[Tuple[str, str], Piece]]:
+    """rank -> {(program key, tensor name): the piece it writes (None: the whole tensor)}: the
+    tensors' bytes in canonical order cut into ``writers`` equal ranges (every rank computes the same)."""
+    if writers < 1:
+        raise ValueError(f"a split among {writers} writers")
+    order = sorted(items, key=lambda i: (i[0], i[1]))
+    total = sum(i[4] for i in order)
+    bounds = [r * total // writers for r in range(writers + 1)]
+    out: Dict[int, Dict[Tuple[str, str], Piece]] = {r: {} for r in range(writers)}
+    start = 0
+    for key, name, _d, _s, nbytes in order:
+        stop = start + nbytes
+        r = min(bisect.bisect_right(bounds, start) - 1, writers - 1)
+        if nbytes == 0:
+            out[r][(key, name)] = None
+        while r < writers and bounds[r] < stop:
+            lo, hi = max(start, bounds[r]), min(stop, bounds[r + 1])
+            if hi > lo:
+                out[r][(key, name)] = None if (lo, hi) == (start, stop) else (lo - start, hi - start)
+            r += 1
+        start = stop
     return out
 
 
@@ -82,30 +103,50 @@ def record(items: Sequence[Item], writers: int) -> Dict[str, Any]:
     return {"writers": WRITERS_ALL, "share_writers": writers, "items": len(items), "digest": digest(items)}
 
 
-def owned(items: Sequence[Item], rank: int, writers: int) -> Set[Tuple[str, str]]:
-    """The (program key, name) of ``rank``'s share of ``items`` (none for a rank from ``writers`` on)."""
+def owned(items: Sequence[Item], rank: int, writers: int) -> Dict[Tuple[str, str], Piece]:
+    """(program key, name) -> the piece of it ``rank`` writes (None: whole), for ``rank``'s share of
+    ``items`` (none for a rank from ``writers`` on)."""
     if rank >= writers:
-        return set()
-    return {kn for kn, r in split(items, writers).items() if r == rank}
+        return {}
+    return split(items, writers)[rank]
 
 
 def own_share(programs: Sequence[ProgramSnapshot], rank: int, world: int,
               writers: Optional[int] = None) -> Tuple[List[ProgramSnapshot], Dict[str, Any]]:
-    """This rank's share of the replicated state ``programs`` (every program, only the share's tensors)
-    and the record its part carries (``extra.part.share``); ``writers``: the share writers (default: all
-    ``world`` ranks). The runtime selects the share from metadata before it takes views (:func:`owned`)."""
+    """This rank's share of the replicated state ``programs`` (every program, only the share's tensors
+    and pieces) and the record its part carries (``extra.part.share``); ``writers``: the share writers
+    (default: all ``world`` ranks). The runtime selects the share from metadata before it takes views
+    (:func:`owned`, :func:`take`)."""
     n = world if writers is None else share_writers(world, writers)
     items = _snapshot_items(programs)
-    mine_keys = owned(items, rank, n)
-    mine = [ProgramSnapshot(p.key, p.label, [t for t in p.tensors if (p.key, t.name) in mine_keys], p.lr_scheduler)
-            for p in programs]
-    return mine, record(items, n)
+    return [take(p, owned(items, rank, n)) for p in programs], record(items, n)
+
+
+def take(program: ProgramSnapshot, mine: Mapping[Tuple[str, str], Piece]) -> ProgramSnapshot:
+    """``program`` with only the tensors (whole, or the pieces: views) that ``mine`` names."""
+    tensors = []
+    for t in program.tensors:
+        if (program.key, t.name) not in mine:
+            continue
+        piece = mine[(program.key, t.name)]
+        tensors.append(t if piece is None else t.cut(*piece))
+    return ProgramSnapshot(program.key, program.label, tensors, program.lr_scheduler)
 
 
 def share_nbytes(sizes: Sequence[Tuple[str, str, int]], rank: int, world: int) -> int:
     """The bytes of ``rank``'s share of tensors given as (program key, name, bytes) among ``world`` writers."""
     mine = owned([(k, n, "", (), b) for k, n, b in sizes], rank, world)
-    return sum(b for k, n, b in sizes if (k, n) in mine)
+    return sum(_piece_nbytes(mine[(k, n)], b) for k, n, b in sizes if (k, n) in mine)
+
+
+def share_layout_nbytes(items: Sequence[Item], rank: int, writers: int) -> int:
+    """The data file size of ``rank``'s share of ``items`` (each tensor or piece at an aligned offset)."""
+    mine = owned(items, rank, writers)
+    return sum(align(_piece_nbytes(mine[(i[0], i[1])], i[4])) for i in items if (i[0], i[1]) in mine)
+
+
+def _piece_nbytes(piece: Piece, whole: int) -> int:
+    return whole if piece is None else piece[1] - piece[0]
 
 
 def part_share(m: Manifest) -> Optional[Dict[str, Any]]:
@@ -143,8 +184,7 @@ def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = 
         raise CorruptCheckpointError(f"{where}: the parts record {share['share_writers']} share writers, but the "
                                      f"checkpoint has the parts of ranks {sorted(manifests)[:20]}")
     keys = [p.key for p in manifests[0].programs]
-    seen: Dict[Tuple[str, str], int] = {}
-    items: List[Item] = []
+    held: Dict[Tuple[str, str], List[Tuple[int, int, int, TensorRecord]]] = {}  # tensor -> (start, stop, rank, record)
     for k, m in sorted(manifests.items()):
         if [p.key for p in m.programs] != keys:
             raise CorruptCheckpointError(f"{where}: the part of rank {k} lists other programs than rank 0's")
@@ -153,11 +193,28 @@ def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = 
                                          f"0..{share['share_writers'] - 1} hold shares")
         for p in m.programs:
             for t in p.tensors:
-                if (p.key, t.name) in seen:
-                    raise CorruptCheckpointError(f"{where}: tensor {t.name!r} of program {p.key} is in the parts of "
-                                                 f"ranks {seen[(p.key, t.name)]} and {k}")
-                seen[(p.key, t.name)] = k
-                items.append((p.key, t.name, t.dtype, tuple(t.shape), t.nbytes))
+                lo, hi = t.piece if t.piece is not None else (0, t.nbytes)
+                held.setdefault((p.key, t.name), []).append((lo, hi, k, t))
+    items: List[Item] = []
+    for (key, name), recs in held.items():
+        recs.sort(key=lambda x: (x[0], x[1]))
+        first = recs[0][3]
+        end = 0
+        for lo, hi, k, t in recs:
+            if (t.dtype, t.shape) != (first.dtype, first.shape):
+                raise CorruptCheckpointError(f"{where}: tensor {name!r} of program {key} is {first.dtype}"
+                                             f"{first.shape} in the part of rank {recs[0][2]} and {t.dtype}{t.shape} "
+                                             f"in the part of rank {k}")
+            if lo != end:
+                ranks = sorted({x[2] for x in recs})
+                what = "twice" if lo < end else f"without its bytes [{end}, {lo})"
+                raise CorruptCheckpointError(f"{where}: tensor {name!r} of program {key} is held {what} by the "
+                                             f"parts of ranks {ranks[:20]}")
+            end = hi
+        if end != first.whole_nbytes:
+            raise CorruptCheckpointError(f"{where}: the parts hold bytes [0, {end}) of tensor {name!r} of program "
+                                         f"{key}, which has {first.whole_nbytes} (a piece is missing)")
+        items.append((key, name, first.dtype, tuple(first.shape), first.whole_nbytes))
     if len(items) != share["items"] or digest(items) != share["digest"]:
         raise CorruptCheckpointError(f"{where}: the parts' shares hold {len(items)} tensors that are not the "
                                      f"{share['items']} the parts record (a share is missing or altered)")
@@ -165,31 +222,71 @@ def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = 
 
 
 def merged_programs(manifests: Mapping[int, Manifest], own: int) -> List[ProgramRecord]:
-    """Every program with the tensors of every share (in rank order); LR scheduler state of rank ``own``'s part."""
+    """Every program with the tensors of every share (in rank order; a tensor written as pieces once,
+    where its first piece is, as a whole record whose offset and checksum are not a file's); LR scheduler
+    state of rank ``own``'s part."""
     out = []
     for i, p in enumerate(manifests[own].programs):
-        tensors = [t for _k, m in sorted(manifests.items()) for t in m.programs[i].tensors]
+        tensors: List[TensorRecord] = []
+        joined: Set[str] = set()
+        for _k, m in sorted(manifests.items()):
+            for t in m.programs[i].tensors:
+                if t.piece is None:
+                    tensors.append(t)
+                elif t.name not in joined:
+                    joined.add(t.name)
+                    tensors.append(TensorRecord(t.name, t.dtype, list(t.shape), 0, t.whole_nbytes, 0))
         out.append(ProgramRecord(p.key, p.label, tensors, p.lr_scheduler))
     return out
 
 
+def _held(manifests: Mapping[int, Manifest]) -> Dict[Key, List[Tuple[int, TensorRecord]]]:
+    """(program key, name) -> [(rank, its record: whole, or a piece)], pieces in byte order."""
+    out: Dict[Key, List[Tuple[int, TensorRecord]]] = {}
+    for k, m in sorted(manifests.items()):
+        for p in m.programs:
+            for t in p.tensors:
+                out.setdefault((p.key, t.name), []).append((k, t))
+    for recs in out.values():
+        recs.sort(key=lambda x: x[1].piece[0] if x[1].piece is not None else 0)
+    return out
+
+
+def _flat_bytes(view: np.ndarray) -> np.ndarray:
+    """The bytes of ``view`` as a flat uint8 view (a copy would lose what is written into it)."""
+    if not view.flags.c_contiguous:
+        raise ValueError("a tensor of a spread checkpoint is read into a C-contiguous array only")
+    return view.reshape(-1).view(np.uint8)
+
+
 class SharesSource:
-    """Tensors of a spread checkpoint: each read from the verified part that holds it."""
+    """Tensors of a spread checkpoint: each read from the verified part that holds it, or joined from
+    the verified parts that hold its pieces."""
 
     def __init__(self, parts: Mapping[int, LoadedCheckpoint]):
         self._parts = dict(parts)
-        self._where: Dict[Key, LoadedCheckpoint] = {
-            (p.key, t.name): ck for ck in self._parts.values() for p in ck.manifest.programs for t in p.tensors}
+        self._where = _held({k: ck.manifest for k, ck in self._parts.items()})
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray:
-        return self._where[(key, rec.name)].read(key, rec)
+        held = self._where[(key, rec.name)]
+        if len(held) == 1 and held[0][1].piece is None:
+            k, part_rec = held[0]
+            return self._parts[k].read(key, part_rec)
+        arr = np.empty(rec.shape, DTYPES[rec.dtype])
+        self.read_into([(key, rec, arr)])
+        return arr
 
     def read_into(self, items: Sequence[ReadItem]) -> None:
         groups: Dict[int, List[ReadItem]] = {}
-        for item in items:
-            groups.setdefault(id(self._where[(item[0], item[1].name)]), []).append(item)
-        for group in groups.values():
-            self._where[(group[0][0], group[0][1].name)].read_into(group)
+        for key, rec, view in items:
+            for k, part_rec in self._where[(key, rec.name)]:
+                if part_rec.piece is None:
+                    groups.setdefault(k, []).append((key, part_rec, view))
+                else:
+                    lo, hi = part_rec.piece
+                    groups.setdefault(k, []).append((key, part_rec, _flat_bytes(view)[lo:hi]))
+        for k, group in groups.items():
+            self._parts[k].read_into(group)
 
     def close(self) -> None:
         for ck in self._parts.values():
@@ -206,6 +303,27 @@ def merge(parts: Mapping[int, LoadedCheckpoint], own: int, path: str) -> LoadedC
     kinds = {ck.source for ck in parts.values()}
     loaded.source = kinds.pop() if len(kinds) == 1 else "mixed"
     return loaded
+
+
+def assemble(manifests: Mapping[int, Manifest], arrays: Mapping[int, Mapping[Key, np.ndarray]],
+             want: Set[Key]) -> Dict[Key, np.ndarray]:
+    """The tensors ``want`` names, from the verified parts' arrays (rank -> (program key, name) -> the
+    array its record holds: a tensor, or a piece's bytes), pieces joined into whole tensors."""
+    out: Dict[Key, np.ndarray] = {}
+    for kn, held in _held(manifests).items():
+        if kn not in want:
+            continue
+        if len(held) == 1 and held[0][1].piece is None:
+            out[kn] = arrays[held[0][0]][kn]
+            continue
+        first = held[0][1]
+        arr = np.empty(first.shape, DTYPES[first.dtype])
+        flat = _flat_bytes(arr)
+        for k, rec in held:
+            lo, hi = rec.piece if rec.piece is not None else (0, rec.nbytes)
+            flat[lo:hi] = arrays[k][kn].reshape(-1).view(np.uint8)
+        out[kn] = arr
+    return out
 
 
 MAX_READERS = 8  # shares read at once by one rank

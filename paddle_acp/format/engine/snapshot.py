@@ -26,8 +26,23 @@ if TYPE_CHECKING:
 class TensorData:
     name: str
     dtype: str  # a key of manifest.DTYPES
-    array: np.ndarray  # C-contiguous, storage dtype
+    array: np.ndarray  # C-contiguous, storage dtype (a piece: its raw bytes, uint8)
     offset: int = -1  # position in tensors.bin, set by layout()
+    # spread writes: ``array`` is bytes [start, stop) of the tensor whose shape is ``shape``
+    piece: Optional[Tuple[int, int]] = None
+    shape: Optional[Tuple[int, ...]] = None  # the whole tensor's (a piece); None: ``array.shape``
+
+    def cut(self, start: int, stop: int) -> "TensorData":
+        """Bytes [start, stop) of this whole tensor (a view: nothing is copied)."""
+        if self.piece is not None or not 0 <= start < stop <= self.array.nbytes:
+            raise ValueError(f"bytes [{start}, {stop}) of tensor {self.name!r} ({self.array.nbytes} bytes)")
+        flat = np.ascontiguousarray(self.array).reshape(-1).view(np.uint8)
+        return TensorData(self.name, self.dtype, flat[start:stop], piece=(start, stop),
+                          shape=tuple(int(x) for x in self.array.shape))
+
+    def record_shape(self) -> List[int]:
+        """The shape its manifest record carries: the whole tensor's."""
+        return list(self.shape if self.shape is not None else self.array.shape)
 
 
 @dataclasses.dataclass

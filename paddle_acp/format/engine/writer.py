@@ -22,7 +22,7 @@ from paddle_acp.format.engine.crc import checksum, crc_pool
 from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.engine.stream import write_stream
 from paddle_acp.format.layout import DATA_NAME
-from paddle_acp.format.manifest import ALIGN, Manifest, ProgramRecord, TensorRecord
+from paddle_acp.format.manifest import ALIGN, PIECES_VERSION, VERSION, Manifest, ProgramRecord, TensorRecord
 from paddle_acp.storage.base import pieces
 
 _ZEROS = bytes(ALIGN)
@@ -108,9 +108,11 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         written_crcs[:] = crc_values()
         it = iter(written_crcs)
         programs = [
-            ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, list(t.array.shape), t.offset, t.array.nbytes, next(it)) for t in p.tensors], p.lr_scheduler)
+            ProgramRecord(p.key, p.label, [TensorRecord(t.name, t.dtype, t.record_shape(), t.offset, t.array.nbytes,
+                                                        next(it), t.piece) for t in p.tensors], p.lr_scheduler)
             for p in snap.programs
         ]
+        pieces_held = any(t.piece is not None for t in tensors)
         raw = Manifest(
             number=number,
             created=time.time(),
@@ -121,6 +123,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             paddle_version=snap.paddle_version,
             ir=snap.ir,
             extra=snap.extra,
+            version=PIECES_VERSION if pieces_held else VERSION,
         ).dumps()
         try:  # what restarts will read: never commit a checkpoint they would reject
             Manifest.loads(raw, data_file_size=size)
