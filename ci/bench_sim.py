@@ -251,7 +251,7 @@ def main():
     ap.add_argument("--params", type=float, default=100e6, help="parameters per rank (x12 bytes with Adam)")
     ap.add_argument("--layers", type=int, default=2,
                     help="fc layers of the large program (width x width each; with Adam three equal tensors per "
-                         "layer: with 2, spread writes over 4 ranks cut by tensor give two ranks a third of the state)")
+                         "layer: with 2, six equal tensors, which spread writes over 4 ranks cut into byte ranges)")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--epoch-seconds", type=float, default=12.0, help="the accelerator's compute per epoch (a sleep)")
     ap.add_argument("--batches", type=int, default=20, help="batches per epoch (one small Paddle run each)")

@@ -469,6 +469,11 @@ def test_tools_verify_ls_inspect_and_export_spread_checkpoints(tmp_path):
     assert tool("verify", str(tmp_path)).returncode == 0
     ins = tool("inspect", str(ckdir(tmp_path, "ckpt-e2")))
     assert ins.returncode == 0 and "share" in ins.stdout, ins.stdout
+    pieces = [(k, t) for k in range(3) for p in json.loads((ckdir(tmp_path, "ckpt-e2") / f"rank-{k}" / "manifest.json")
+                                                           .read_bytes())["programs"] for t in p["tensors"] if "piece" in t]
+    k, t = pieces[0]  # a piece is shown as the byte range of its tensor that the part holds
+    out = tool("inspect", str(ckdir(tmp_path, "ckpt-e2")), "--rank", str(k)).stdout
+    assert f"its bytes {t['piece'][0]}..{t['piece'][1]}" in out, out
     exp = tool("export", str(ckdir(tmp_path, "ckpt-e2")), "--program", "fp-a", "--to", str(tmp_path / "x"),
                "--optimizer-state")
     assert exp.returncode == 0, exp.stdout

@@ -167,8 +167,9 @@ def render(res: InspectResult) -> str:
             lines.append(f"  LR scheduler: {sched}")
         else:
             lines.append("  LR scheduler: none saved")
-        trows = [[t["name"], t["kind"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]", t["nbytes"]]
-                 for t in p["tensors"]]
+        trows = [[t["name"], t["kind"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]",
+                  t["nbytes"] if "piece" not in t else f"{t['nbytes']} (its bytes {t['piece'][0]}..{t['piece'][1]})"]
+                 for t in p["tensors"]]  # a piece: a byte range of the tensor (spread writes)
         lines.append(table(["VARIABLE", "KIND", "DTYPE", "SHAPE", "BYTES"], trows, right=(4,), indent="  "))
         total = sum(t["nbytes"] for t in p["tensors"])
         lines.append(f"  {len(p['tensors'])} variables, {human_bytes(total)}; "

@@ -119,7 +119,8 @@ def own_share(programs: Sequence[ProgramSnapshot], rank: int, world: int,
     (:func:`owned`, :func:`take`)."""
     n = world if writers is None else share_writers(world, writers)
     items = _snapshot_items(programs)
-    return [take(p, owned(items, rank, n)) for p in programs], record(items, n)
+    mine = owned(items, rank, n)
+    return [take(p, mine) for p in programs], record(items, n)
 
 
 def take(program: ProgramSnapshot, mine: Mapping[Tuple[str, str], Piece]) -> ProgramSnapshot:
