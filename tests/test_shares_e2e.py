@@ -72,6 +72,9 @@ def test_spread_writes_kill_and_resume_bit_identical(tmp_path):
     newest = committed_positions(rng_dir)[-1]
     g, sizes = shares_of(ckpt, newest)
     assert g["version"] == 4 and g["writers"] == "all" and all(s > 0 for s in sizes), (g, sizes)  # both wrote a share
+    parts = [json.loads((rng_dir / newest / f"rank-{k}" / "manifest.json").read_bytes()) for k in (0, 1)]
+    held = [sum(t["nbytes"] for p in d["programs"] for t in p["tensors"]) for d in parts]
+    assert abs(held[0] - held[1]) <= 1, held  # equal byte ranges of the real program's state (pieces where cut)
     res = run_job(tmp_path, 2, ckpt, "k1")
     assert all(rc == 0 for rc, _ in res), tail(res)
     restored = [starts(tmp_path / "out" / f"r{r}")[-1] for r in (0, 1)]
