@@ -99,7 +99,7 @@ def copy_base(base, tmp_path):
 
 def newer_format(root):
     for n in range(EPOCHS):
-        reseal(os.path.join(cdir(root, f"ckpt-{n}"), MANIFEST_NAME), version=3)
+        reseal(os.path.join(cdir(root, f"ckpt-{n}"), MANIFEST_NAME), version=4)
 
 
 def flip_every(root):
@@ -117,7 +117,7 @@ def test_no_usable_checkpoint_stops_the_restart_and_deletes_nothing(base, tmp_pa
     assert p.returncode != 0, p.stdout
     last = last_line(p.stderr)
     assert last.startswith("paddle_acp.errors.NoUsableCheckpointError: none of the 3 committed checkpoint(s) of "), last
-    why = "newer format: .*format version 3 is newer" if case == "newer format" else r"corrupt: .*checksum mismatch"
+    why = "newer format: .*format version 4 is newer" if case == "newer format" else r"corrupt: .*checksum mismatch"
     for n in (2, 1, 0):  # each named, newest first, with why
         assert re.search(rf"ckpt-{n} \({why}", last), last
     assert "PADDLE_ACP_START_FRESH=1" in last and "PADDLE_JOB_ID" in last and "nothing was deleted" in last

@@ -431,6 +431,59 @@ def test_any_edit_of_the_pieces_is_caught_or_the_same_tiling(sizes, writers, dat
         assert all(ranges[j][1] == ranges[j + 1][0] for j in range(len(ranges) - 1))
 
 
+def test_a_piece_is_never_read_into_a_whole_tensor():
+    """Defence in depth under the manifest checks: a source refuses to fill an array with a record of
+    another size (a piece would leave the rest of the tensor as it was: a silent partial restore)."""
+    from paddle_acp.format.engine.loaded import FileSource, MemorySource
+    from paddle_acp.format.manifest import TensorRecord
+
+    piece = TensorRecord("w", "float32", [2, 2], 0, 6, 0, (4, 10))
+    with pytest.raises(CorruptCheckpointError, match="holds 6 bytes of it \\(a piece\\), not the 16"):
+        MemorySource({("k", "w"): np.zeros(6, np.uint8)}).read_into([("k", piece, np.empty((2, 2), np.float32))])
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        f.write(bytes(range(64)))
+        f.flush()
+        for mapped in (False, True):
+            import mmap
+
+            src = FileSource(os.dup(f.fileno()), "x", 64, mmap.mmap(f.fileno(), 64, prot=mmap.PROT_READ) if mapped else None)
+            with pytest.raises(CorruptCheckpointError, match="not the 16"):
+                src.read_into([("k", piece, np.empty((2, 2), np.float32))])
+            out = np.empty(6, np.uint8)
+            src.read_into([("k", piece, out)])
+            assert out.tobytes() == bytes(range(6))
+            src.close()
+
+
+def test_a_one_writer_global_manifest_over_parts_that_hold_shares_is_refused_alike(tmp_path):
+    """A crafted global.json that says one writer (version 3) over spread parts (whose records it keeps):
+    no rank reads rank 0's share as if it were the whole state; every rank falls back alike."""
+    from paddle_acp.format.manifest import seal
+
+    save_all(tmp_path, 2, 0, spread=False)
+    save_all(tmp_path, 2, 1)
+    path = ckdir(tmp_path, "ckpt-e1") / "global.json"
+    d = json.loads(path.read_bytes())
+    d.pop("checksum")
+    d.pop("writers")
+    d.pop("share_writers")
+    d["version"] = 3
+    path.write_bytes(seal(d))
+    why = None
+    for _restart in range(2):
+        for r in range(2):
+            try:
+                loaded = load_newest(v2(tmp_path), gck(tmp_path, r, 2), None)
+            except RestartRequiredError as exc:
+                why = str(exc)
+                continue
+            assert loaded.global_manifest.name == "ckpt-e0" and same(values(loaded), expected(0))
+            loaded.close()
+    assert why is not None and "holds a share" in why, why  # the first rank to read it marked it bad
+
+
 def test_an_older_paddle_acp_refuses_a_spread_checkpoint_as_a_newer_format(tmp_path, monkeypatch):
     """What a build that reads global manifests up to version 3 (every one before spread writes) does."""
     save_all(tmp_path, 2, 0, spread=False)

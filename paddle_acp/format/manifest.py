@@ -450,6 +450,13 @@ class Manifest:
             raise _fail(f"more than {MAX_TENSORS} tensors")
         extra = _get(d, "extra", dict, "manifest", optional=True) or {}
         check_json_data(extra, "manifest.extra", max_items=1_000_000)
+        part = extra.get("part")
+        if not (isinstance(part, dict) and isinstance(part.get("share"), dict)):  # only a share holds pieces
+            for p in programs:
+                for t in p.tensors:
+                    if t.piece is not None:
+                        raise _fail(f"tensor {t.name!r} of program {p.key} is a piece of a tensor, but this is no "
+                                    "part of a checkpoint whose ranks wrote shares (extra.part.share)")
         if extra.get("epoch_start_rng") is not None:
             _check_rng(extra["epoch_start_rng"], "manifest.extra.epoch_start_rng")
         for key in ("objects", "epoch_start_objects"):  # the script's own state (format/objstate.py)

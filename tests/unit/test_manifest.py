@@ -60,6 +60,7 @@ lr_states = st.fixed_dictionaries(
 @st.composite
 def manifests(draw):
     version = draw(st.sampled_from(sorted(TENSOR_CHECKSUMS)))
+    spread = draw(st.booleans())  # a part of a spread checkpoint (extra.part.share): it may hold pieces
     offset = 0
     programs = []
     keys = draw(st.lists(st.text("0123456789abcdef.", min_size=1, max_size=18), unique=True, max_size=3))
@@ -70,7 +71,7 @@ def manifests(draw):
             shape = draw(shapes)
             nbytes = math.prod(shape) * DTYPES[dt].itemsize
             piece = None
-            if version >= PIECES_VERSION and nbytes and draw(st.booleans()):  # a byte range of the tensor
+            if version >= PIECES_VERSION and spread and nbytes and draw(st.booleans()):  # a byte range of the tensor
                 lo = draw(st.integers(0, nbytes - 1))
                 piece = (lo, draw(st.integers(lo + 1, nbytes)))
                 nbytes = piece[1] - piece[0]
@@ -88,9 +89,13 @@ def manifests(draw):
         rng=rng,
         paddle_version=draw(st.text(max_size=10)),
         ir=draw(st.sampled_from(["pir", "legacy", "legacy+pir", ""])),
-        extra=draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3)),
+        extra={**draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3)),
+               **({"part": {"rank": 0, "share": SHARE}} if spread else {})},
         version=version,
     )
+
+
+SHARE = {"writers": "all", "share_writers": 2, "items": 1, "digest": 0}
 
 
 @settings(max_examples=200, deadline=None)
@@ -410,9 +415,21 @@ def test_a_crafted_piece_is_refused(version, piece, message):
 
 def test_a_piece_round_trips_and_stores_raw_bytes():
     t = TensorRecord("w", "float32", [2, 2], 0, 6, 1, (4, 10))
-    m = Manifest(1, 0.0, RangeRecord("_range_0", 0, 3), [ProgramRecord("k", "l", [t])], 16, version=PIECES_VERSION)
+    m = Manifest(1, 0.0, RangeRecord("_range_0", 0, 3), [ProgramRecord("k", "l", [t])], 16, version=PIECES_VERSION,
+                 extra={"part": {"rank": 1, "share": SHARE}})
     back = Manifest.loads(m.dumps())
     assert back == m and back.programs[0].tensors[0].piece == (4, 10)
     assert t.stored() == ([6], np.dtype(np.uint8)) and t.whole_nbytes == 16
     whole = TensorRecord("w", "float32", [2, 2], 0, 16, 1)
     assert "piece" not in whole.to_json() and whole.stored() == ([2, 2], np.dtype("float32"))
+
+
+@pytest.mark.parametrize("extra", [{}, {"part": {"rank": 0}}, {"part": {"rank": 0, "share": None}}, {"part": "x"}])
+def test_a_piece_outside_a_share_is_refused(extra):
+    """Only the part of a spread checkpoint (one that carries ``extra.part.share``) may hold pieces: a
+    single process's checkpoint or a whole-tensor part with a piece would restore part of a tensor."""
+    t = TensorRecord("w", "float32", [2, 2], 0, 6, 1, (4, 10))
+    m = Manifest(1, 0.0, RangeRecord("_range_0", 0, 3), [ProgramRecord("k", "l", [t])], 16, version=PIECES_VERSION,
+                 extra=extra)
+    with pytest.raises(CorruptCheckpointError, match="is a piece of a tensor, but this is no part of a checkpoint whose"):
+        Manifest.loads(m.dumps())

@@ -27,6 +27,14 @@ Key = Tuple[str, str]  # (program key, tensor name)
 ReadItem = Tuple[str, TensorRecord, np.ndarray]  # (program key, tensor, the array to fill)
 
 
+def _check_fits(view: np.ndarray, rec: TensorRecord) -> None:
+    """Tensor ``rec`` fills ``view`` exactly (a piece read into a whole tensor would leave the rest as it was)."""
+    if view.nbytes != rec.nbytes:
+        raise CorruptCheckpointError(f"tensor {rec.name!r}: the checkpoint holds {rec.nbytes} bytes of it "
+                                     f"({'a piece' if rec.piece is not None else 'the whole tensor'}), "
+                                     f"not the {view.nbytes} it is read into")
+
+
 class MemorySource:
     """Verified tensors held in one in-memory image (remote stores: read once)."""
 
@@ -39,6 +47,7 @@ class MemorySource:
     def read_into(self, items: Sequence[ReadItem]) -> None:
         jobs: List[CopyJob] = []
         for key, rec, view in items:
+            _check_fits(view, rec)
             chunked(view, self._arrays[(key, rec.name)], jobs)
         run_parallel(copy_job, jobs)
 
@@ -100,11 +109,13 @@ class FileSource:
             copies: List[CopyJob] = []
             self._check_size()
             for _key, rec, view in items:
+                _check_fits(view, rec)
                 chunked(view, self._bytes[rec.offset:rec.offset + rec.nbytes], copies)
             run_parallel(copy_job, copies)
             return
         reads: List[Tuple[memoryview, int]] = []
         for _key, rec, view in items:
+            _check_fits(view, rec)
             mv = view.reshape(-1).view(np.uint8).data
             for i in range(0, rec.nbytes, _PREAD_CHUNK):
                 reads.append((mv[i:i + _PREAD_CHUNK], rec.offset + i))
