@@ -208,6 +208,29 @@ def test_shares_restore_bit_identical_at_the_same_and_other_world_sizes(tmp_path
             loaded.close()
 
 
+def test_spread_checkpoints_of_earlier_builds_cut_by_whole_tensor_still_restore(tmp_path, monkeypatch):
+    """Builds before byte ranges gave each tensor whole to the least-loaded writer (largest first): their
+    version-2 parts (no pieces) under a version-4 global manifest restore bit-identically."""
+    def by_tensor(items, writers):  # the earlier split, as it was
+        loads, out = [0] * writers, {r: {} for r in range(writers)}
+        for key, name, _d, _s, nbytes in sorted(items, key=lambda i: (-i[4], i[0], i[1])):
+            k = min(range(writers), key=lambda r: (loads[r], r))
+            out[k][(key, name)] = None
+            loads[k] += nbytes
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(shares, "split", by_tensor)
+        assert save_all(tmp_path, 3, 5).committed
+    parts = [json.loads((ckdir(tmp_path, "ckpt-e5") / f"rank-{k}" / "manifest.json").read_bytes()) for k in range(3)]
+    assert all(d["version"] == 2 and all("piece" not in t for p in d["programs"] for t in p["tensors"]) for d in parts)
+    for world in (3, 2):
+        for r in range(world):
+            loaded = load_newest(v2(tmp_path), gck(tmp_path, r, world), "replicated")
+            assert loaded.name == "ckpt-e5" and same(values(loaded), expected(5))
+            loaded.close()
+
+
 def test_one_writer_checkpoints_are_still_written_and_read(tmp_path):
     save_all(tmp_path, 2, 1, spread=False)
     g = json.loads((ckdir(tmp_path, "ckpt-e1") / "global.json").read_bytes())
