@@ -29,9 +29,7 @@ from paddle_acp.errors import CorruptCheckpointError, UnknownFormatError
 
 FORMAT = "paddle-acp/checkpoint"
 VERSION = 2  # what this paddle-acp writes
-# what it writes for a part that holds pieces of tensors (spread writes, format/engine/shares.py): a
-# tensor record may then be a byte range of a tensor (``piece``), which older builds must refuse
-PIECES_VERSION = 3
+PIECES_VERSION = 3  # a part that holds pieces of tensors (spread writes): older builds must refuse it
 # version -> the checksum of each tensor's bytes (also its JSON key). Version 1 is still read.
 TENSOR_CHECKSUMS: Dict[int, str] = {1: "crc32", 2: "crc32c", 3: "crc32c"}
 # (data, running value) -> value: both release the GIL; CRC32C uses the CPU's crc32 instruction
@@ -243,8 +241,6 @@ class TensorRecord:
         d[TENSOR_CHECKSUMS[version]] = d.pop("checksum")
         if self.piece is None:
             del d["piece"]
-        else:
-            d["piece"] = list(self.piece)
         return d
 
     @property
@@ -253,8 +249,7 @@ class TensorRecord:
         return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
     def stored(self) -> Tuple[List[int], np.dtype]:
-        """Shape and NumPy dtype (``np.empty``'s arguments) of the bytes this record holds: the
-        tensor's, or a piece's raw bytes."""
+        """Shape and dtype (``np.empty``'s arguments) of the bytes it holds: the tensor's, or a piece's."""
         if self.piece is not None:
             return [self.nbytes], np.dtype(np.uint8)
         return list(self.shape), DTYPES[self.dtype]
@@ -285,9 +280,9 @@ class TensorRecord:
                     or not 0 <= raw[0] < raw[1] <= expected):
                 raise _fail(f"{where}.piece {str(raw)[:100]} is not a byte range [start, stop) of the "
                             f"tensor's {expected} bytes")
+            if nbytes != raw[1] - raw[0]:
+                raise _fail(f"{where}: nbytes {nbytes} does not match its piece {raw}")
             piece = (raw[0], raw[1])
-            if nbytes != piece[1] - piece[0]:
-                raise _fail(f"{where}: nbytes {nbytes} does not match its piece {list(piece)}")
         elif expected != nbytes:
             raise _fail(f"{where}: nbytes {nbytes} does not match shape {shape} of {dtype} ({expected})")
         return cls(name, dtype, list(shape), offset, nbytes, crc, piece)
@@ -451,12 +446,10 @@ class Manifest:
         extra = _get(d, "extra", dict, "manifest", optional=True) or {}
         check_json_data(extra, "manifest.extra", max_items=1_000_000)
         part = extra.get("part")
-        if not (isinstance(part, dict) and isinstance(part.get("share"), dict)):  # only a share holds pieces
-            for p in programs:
-                for t in p.tensors:
-                    if t.piece is not None:
-                        raise _fail(f"tensor {t.name!r} of program {p.key} is a piece of a tensor, but this is no "
-                                    "part of a checkpoint whose ranks wrote shares (extra.part.share)")
+        strays = [f"{t.name!r} of program {p.key}" for p in programs for t in p.tensors if t.piece is not None]
+        if strays and not (isinstance(part, dict) and isinstance(part.get("share"), dict)):  # only a share has pieces
+            raise _fail(f"tensor {strays[0]} is a piece of a tensor, but this is no part of a checkpoint whose ranks "
+                        "wrote shares (extra.part.share)")
         if extra.get("epoch_start_rng") is not None:
             _check_rng(extra["epoch_start_rng"], "manifest.extra.epoch_start_rng")
         for key in ("objects", "epoch_start_objects"):  # the script's own state (format/objstate.py)
