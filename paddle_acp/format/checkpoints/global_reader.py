@@ -75,13 +75,9 @@ class GlobalReader:
     def check_shares(self, name: str, g: GlobalManifest, raws: Dict[int, bytes]) -> None:
         """A spread checkpoint (:mod:`.shares`): the parts in ``raws`` (every part, or at least the share
         writers' ones a restore reads) are one state, as the global manifest records. CorruptCheckpointError."""
-        where = f"{self.dir}/{name}/{GLOBAL_NAME}"
-        if g.writers != shares.WRITERS_ALL:  # whole tensors only: a part that holds a share is not of this checkpoint
-            for k, r in raws.items():
-                if shares.part_share(Manifest.loads(r)) is not None:
-                    raise CorruptCheckpointError(f"{where} records one writer of the replicated tensors, but the "
-                                                 f"part of rank {k} holds a share of them")
+        if g.writers != shares.WRITERS_ALL:
             return
+        where = f"{self.dir}/{name}/{GLOBAL_NAME}"
         share = shares.check_cover({k: Manifest.loads(r) for k, r in raws.items()}, where,
                                    complete=len(raws) == g.world_size)
         if share["share_writers"] != g.share_writers:
@@ -106,6 +102,9 @@ class GlobalReader:
         if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
             raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
         verdict.check_part(f"{self.dir}/{name}", g, rank, m)
+        if g.writers != shares.WRITERS_ALL and shares.part_share(m) is not None:  # whole tensors only
+            raise CorruptCheckpointError(f"{path} holds a share of the replicated tensors, but {GLOBAL_NAME} "
+                                         "records one writer of them")
         if data:
             try:
                 size = self.storage.size(f"{pdir}/{DATA_NAME}")

@@ -411,12 +411,13 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         # verified against the global manifest's record: a rank's restore costs the same at any world size
         loads = set(range(g.share_writers)) if g.writers == shares.WRITERS_ALL else {src}
         raws = {k: self._own_verdict(name, g, k) for k in sorted(loads | ({own} if own is not None else set()))}
-        try:  # the shares this rank reads are one state; without spread writes, no part holds a share
-            self.check_shares(name, g, raws)
-        except CorruptCheckpointError as exc:
-            if self.world_size > 1:
-                raise verdict.rejected(self.rank, base, g, "the shares", exc, self.storage) from exc
-            raise
+        if g.writers == shares.WRITERS_ALL:  # the shares this rank reads are one state
+            try:
+                self.check_shares(name, g, raws)
+            except CorruptCheckpointError as exc:
+                if self.world_size > 1:
+                    raise verdict.rejected(self.rank, base, g, "the shares", exc, self.storage) from exc
+                raise
         own_m = Manifest.loads(raws[own]) if own is not None else Manifest.loads(raws[0])
         if own is None:
             logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",

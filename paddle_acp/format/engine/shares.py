@@ -185,29 +185,24 @@ def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = 
         raise CorruptCheckpointError(f"{where}: the parts record {share['share_writers']} share writers, but the "
                                      f"checkpoint has the parts of ranks {sorted(manifests)[:20]}")
     keys = [p.key for p in manifests[0].programs]
-    held: Dict[Tuple[str, str], List[Tuple[int, int, int, TensorRecord]]] = {}  # tensor -> (start, stop, rank, record)
     for k, m in sorted(manifests.items()):
         if [p.key for p in m.programs] != keys:
             raise CorruptCheckpointError(f"{where}: the part of rank {k} lists other programs than rank 0's")
         if k >= share["share_writers"] and any(p.tensors for p in m.programs):
             raise CorruptCheckpointError(f"{where}: the part of rank {k} holds tensors, but only the parts of ranks "
                                          f"0..{share['share_writers'] - 1} hold shares")
-        for p in m.programs:
-            for t in p.tensors:
-                lo, hi = t.piece if t.piece is not None else (0, t.nbytes)
-                held.setdefault((p.key, t.name), []).append((lo, hi, k, t))
     items: List[Item] = []
-    for (key, name), recs in held.items():
-        recs.sort(key=lambda x: (x[0], x[1]))
-        first = recs[0][3]
+    for (key, name), recs in _held(manifests).items():
+        first = recs[0][1]
         end = 0
-        for lo, hi, k, t in recs:
+        for k, t in recs:
+            lo, hi = _bytes_held(t)
             if (t.dtype, t.shape) != (first.dtype, first.shape):
                 raise CorruptCheckpointError(f"{where}: tensor {name!r} of program {key} is {first.dtype}"
-                                             f"{first.shape} in the part of rank {recs[0][2]} and {t.dtype}{t.shape} "
+                                             f"{first.shape} in the part of rank {recs[0][0]} and {t.dtype}{t.shape} "
                                              f"in the part of rank {k}")
             if lo != end:
-                ranks = sorted({x[2] for x in recs})
+                ranks = sorted({x[0] for x in recs})
                 what = "twice" if lo < end else f"without its bytes [{end}, {lo})"
                 raise CorruptCheckpointError(f"{where}: tensor {name!r} of program {key} is held {what} by the "
                                              f"parts of ranks {ranks[:20]}")
@@ -249,8 +244,13 @@ def _held(manifests: Mapping[int, Manifest]) -> Dict[Key, List[Tuple[int, Tensor
             for t in p.tensors:
                 out.setdefault((p.key, t.name), []).append((k, t))
     for recs in out.values():
-        recs.sort(key=lambda x: x[1].piece[0] if x[1].piece is not None else 0)
+        recs.sort(key=lambda x: _bytes_held(x[1]))
     return out
+
+
+def _bytes_held(t: TensorRecord) -> Tuple[int, int]:
+    """The byte range of its tensor that record ``t`` holds (the whole tensor: [0, nbytes))."""
+    return t.piece if t.piece is not None else (0, t.nbytes)
 
 
 def _flat_bytes(view: np.ndarray) -> np.ndarray:
@@ -321,7 +321,7 @@ def assemble(manifests: Mapping[int, Manifest], arrays: Mapping[int, Mapping[Key
         arr = np.empty(first.shape, DTYPES[first.dtype])
         flat = _flat_bytes(arr)
         for k, rec in held:
-            lo, hi = rec.piece if rec.piece is not None else (0, rec.nbytes)
+            lo, hi = _bytes_held(rec)
             flat[lo:hi] = arrays[k][kn].reshape(-1).view(np.uint8)
         out[kn] = arr
     return out
