@@ -152,17 +152,22 @@ def main(argv=None) -> int:
                     help="the ranks' LIBHDFS_OPTS (default: unset, so paddle-acp's; '': the JVM's own defaults; "
                          "the tests' client uses %r)" % servers.CLIENT_JVM_OPTS)
     ap.add_argument("--records", default="", help="append each job's metrics records (a JSON list per line) to this file")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for the ranks of both jobs (e.g. PADDLE_ACP_CONNECT_EARLY=0)")
     ap.add_argument("--only", choices=("on", "off"), default=None,
                     help="run only the job with (on) or without (off) checkpoints (for profiling; no ratio)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="acp-bench-agree-")
     results = {"world": args.world, "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,
-               "policy": args.policy, "libhdfs_opts": args.libhdfs_opts, "rounds": []}
+               "policy": args.policy, "libhdfs_opts": args.libhdfs_opts, "env": args.env, "rounds": []}
     with servers.HDFSServer() as hdfs:
         env = hdfs.client_env()
         env.pop("LIBHDFS_OPTS")  # as most users run: paddle-acp's options for the ranks' libhdfs JVM
         if args.libhdfs_opts is not None:  # what a user sets in LIBHDFS_OPTS ("": the JVM's own defaults)
             env["LIBHDFS_OPTS"] = args.libhdfs_opts
+        for kv in args.env:
+            k, _, v = kv.partition("=")
+            env[k] = v
         for r in range(args.rounds):
             row = {}
             kinds = ("off", "on") if r % 2 == 0 else ("on", "off")

@@ -173,6 +173,9 @@ def _activate() -> str:
     from paddle_acp.runtime.hook import install
 
     install()
+    from paddle_acp.runtime import early
+
+    early.start()  # an HDFS location: its client starts while the script builds its programs
     globals()["PADDLE_VERSION"] = version
     _active = True
     return version

@@ -28,6 +28,7 @@ from paddle_acp.config.components import HDFS_CLIENTS as HDFS_CLIENTS
 from paddle_acp.config.components import LOG_LEVELS as LOG_LEVELS
 from paddle_acp.config.components import S3Env as S3Env
 from paddle_acp.config.components import StorageOptions as StorageOptions
+from paddle_acp.config.components import connect_early_from_env as connect_early_from_env
 from paddle_acp.config.components import connect_timeout_from_env as connect_timeout_from_env
 from paddle_acp.config.components import exit_on_preempt_from_env as exit_on_preempt_from_env
 from paddle_acp.config.components import hadoop_home_from_env as hadoop_home_from_env
@@ -90,6 +91,7 @@ ENV_VARS = (
     "PADDLE_ACP_ASYNC",
     "PADDLE_ACP_LOG_LEVEL",
     "PADDLE_ACP_CONNECT_TIMEOUT",
+    "PADDLE_ACP_CONNECT_EARLY",
     "PADDLE_ACP_BUSY_POLICY",
     "PADDLE_ACP_HOST_MEMORY",
     "PADDLE_ACP_PREEMPT_SIGNALS",

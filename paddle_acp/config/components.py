@@ -79,6 +79,13 @@ def exit_on_preempt_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
     return parse_bool(env.get("PADDLE_ACP_EXIT_ON_PREEMPT"), "PADDLE_ACP_EXIT_ON_PREEMPT", True)
 
 
+def connect_early_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
+    """``PADDLE_ACP_CONNECT_EARLY``: open a remote store whose client is slow to start (HDFS) in the background
+    from the package's import, for the first range (default 1; see :mod:`paddle_acp.runtime.early`)."""
+    env = os.environ if env is None else env
+    return parse_bool(env.get("PADDLE_ACP_CONNECT_EARLY"), "PADDLE_ACP_CONNECT_EARLY", True)
+
+
 def progress_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
     """``PADDLE_ACP_PROGRESS``: True/False forces the tools' progress line on or off (a boolean, or
     ``always``/``never``); None (unset, empty or ``auto``): shown when stderr is a terminal."""

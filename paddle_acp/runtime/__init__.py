@@ -14,5 +14,6 @@
   (the training programs of a range), :mod:`~paddle_acp.runtime.saver` (the background writer and the
   busy policy), :mod:`~paddle_acp.runtime.preemption` (signals), :mod:`~paddle_acp.runtime.budget`
   (the host-memory budget of the snapshot buffers), :mod:`~paddle_acp.runtime.digests` (the per-epoch
-  digests ``paddle-acp check`` compares).
+  digests ``paddle-acp check`` compares), :mod:`~paddle_acp.runtime.early` (an HDFS location opened
+  in the background from the package's import, handed to the first range).
 """

@@ -16,6 +16,7 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, Optional
 from paddle_acp import config as _config
 from paddle_acp.adapter import version as paddle_version
 from paddle_acp.errors import AcpError, CheckpointError, ConfigError
+from paddle_acp.runtime import early
 from paddle_acp.runtime.capture import caller_frame, find_captured
 from paddle_acp.runtime.objects import ScriptState, check_state, tracked
 from paddle_acp.runtime.range import EpochRange
@@ -150,4 +151,5 @@ def resumable(iterable: Iterable[Any], save_every_steps: Optional[int] = None) -
 def reset() -> None:
     """Forget all process state, as a restart would (waits for the active range's save first)."""
     STATE.reset()
+    early.forget()
 

@@ -32,7 +32,7 @@ from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.format.layout import range_dir
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.runtime import budget as host_budget
-from paddle_acp.runtime import interrupt, preemption
+from paddle_acp.runtime import early, interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.digests import EpochDigests
@@ -61,9 +61,11 @@ def _paddle_static() -> Any:
 
 
 def open_storage_for(cfg: _config.CheckpointConfig) -> Storage:
+    """The range's storage: the process's early connection where it is to this location (runtime.early)."""
     if cfg.uri is None:
         raise ConfigError(f"checkpointing is off: {cfg.inactive_reason}")
-    return open_storage(cfg.uri, cfg.storage)
+    storage = early.take(cfg)
+    return storage if storage is not None else open_storage(cfg.uri, cfg.storage)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,15 @@ _BACKENDS: Dict[str, Opener] = {
     "viewfs": HdfsStorage.from_uri,
 }
 
+# The schemes whose opening is slow (a client to start, a connection to make: libhdfs starts a JVM, ~1 s):
+# a training process opens them in the background from its import (paddle_acp.runtime.early)
+SLOW_TO_OPEN = frozenset({"hdfs", "viewfs"})
+
+
+def slow_to_open(uri: str) -> bool:
+    """Whether ``uri``'s backend is slow to open (:data:`SLOW_TO_OPEN`)."""
+    return urlparse(uri).scheme.lower() in SLOW_TO_OPEN
+
 
 def register_backend(scheme: str, opener: Opener) -> None:
     """Serve ``scheme://`` URIs with ``opener(uri, parsed, options)`` (options: the
