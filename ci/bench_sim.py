@@ -12,7 +12,9 @@ holds its own state, rank 0 commits the global checkpoint; W = 1: one plain proc
 epoch is ``--batches`` batches; a batch is one run of a real small Paddle program (fc 64x64 + Adam)
 and a sleep of ``epoch_seconds / batches``, which stands for the accelerator's compute (a GPU's
 work uses no host CPU; on 2 cores 4 ranks cannot each compute 12 s per epoch honestly), and each
-epoch ends with one real optimizer step of the large program (every byte of the state changes).
+epoch starts with one real optimizer step of the large program (every byte of the state changes), as
+a script's training program runs from its range's first step (``--step-at-end``: at each epoch's end,
+the layout of the runs before 2026-12-05, where the program registered right before the first save).
 The ranks keep in lockstep through a file barrier at each epoch start, as data-parallel ranks do
 through their collectives.
 
@@ -149,10 +151,13 @@ def rank_main(args):
                 break
             boundaries += time.perf_counter() - tb
             barrier(args.barrier, f"run{index}.e{epoch}", rank, world)
+            if not args.step_at_end:  # the epoch's first step: the state's program runs from a range's first step
+                exe.run(big, feed=big_feed, fetch_list=[big_loss])
             for _ in range(args.batches):
                 exe.run(small, feed={"x": np.random.rand(8, 64).astype("float32")}, fetch_list=[small_loss])
                 time.sleep(sleep)  # the accelerator's compute: no host CPU
-            exe.run(big, feed=big_feed, fetch_list=[big_loss])
+            if args.step_at_end:
+                exe.run(big, feed=big_feed, fetch_list=[big_loss])
             epoch += 1
         t1 = time.time()
         saves = saves_of(run_dir, rank) if on else []
@@ -181,7 +186,7 @@ def measure(args, world, work):
     cmd = [sys.executable, os.path.abspath(__file__), "--_rank", "--state", args.state] + (["--persist"] if args.persist else []) + [ "--out", res_file, "--store", os.path.join(work, f"store{world}"),
            "--barrier", os.path.join(work, f"barrier{world}"), "--params", str(args.params), "--layers", str(args.layers), "--epochs", str(args.epochs),
            "--epoch-seconds", str(args.epoch_seconds), "--batches", str(args.batches), "--rounds", str(args.rounds),
-           "--_sim", args.sim.query()]
+           "--_sim", args.sim.query()] + (["--step-at-end"] if args.step_at_end else [])
     env = dict(os.environ, PADDLE_ACP_LOG_LEVEL="WARNING", PADDLE_ACP_ASYNC="1", PADDLE_ACP_MAX_TO_KEEP="1",
                PADDLE_TRAINERS_NUM=str(world), OMP_NUM_THREADS="1", GLOG_minloglevel="2")
     env.pop("PADDLE_ACP_CHECKPOINT_URI", None)
@@ -265,6 +270,10 @@ def main():
     ap.add_argument("--persist", action="store_true",
                     help="the persist figure: runs with checkpoints only; rank 0's persist seconds (to the global "
                          "commit) per world size, and the largest world's against the smallest's")
+    ap.add_argument("--step-at-end", action="store_true",
+                    help="run the large program's step at each epoch's end, not at its start (the layout of runs "
+                         "before 2026-12-05: the program then registers right before the first save, whose copy "
+                         "waits for the snapshot arena's population)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for the ranks (e.g. a feature switch of the code under test)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
@@ -289,7 +298,8 @@ def main():
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     log(f"storage: {args.sim.describe()}")
     log("compute: a sleep of epoch_seconds per epoch (the accelerator's work, no host CPU), one small Paddle "
-        "program run per batch, one optimizer step of the full state per epoch")
+        "program run per batch, one optimizer step of the full state per epoch, at its "
+        + ("end" if args.step_at_end else "start"))
     work = tempfile.mkdtemp(prefix="acp-bench-sim-", dir=args.dir)
     results = []
     try:
@@ -319,7 +329,7 @@ def main():
     doc = {"command": " ".join(["python"] + sys.argv), "date": started, "machine": f"{os.cpu_count()} cores, {platform.machine()}",
            "storage": {"simulated": True, "description": args.sim.describe(), **vars(args.sim)},
            "compute": "sleep of epoch_seconds per epoch for the accelerator + one small Paddle run per batch "
-                      "+ one optimizer step of the full state per epoch",
+                      "+ one optimizer step of the full state per epoch, at its " + ("end" if args.step_at_end else "start"),
            "args": {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("sim", "out", "store", "barrier")},
            "results": results}
     if persist_ratio is not None:

@@ -1,0 +1,83 @@
+#!/usr/bin/env python
+"""A range's open on the real HDFS with and without the early connection (PADDLE_ACP_CONNECT_EARLY, issue 28).
+
+Each run is a fresh process that imports paddle_acp with an HDFS checkpoint location, builds a tiny
+program, runs its startup program, sleeps ``SETUP`` seconds (the script's own setup: its data and
+model; a sleep, no CPU), then opens a range: the figure is the time from the range's call to its first
+epoch (the HDFS client's start where it has not started yet, the job marker and fence, the restore
+check). Early connection on and off alternate (ABBA) over ``--rounds``, at each setup time given.
+A benchmark, not a timed test: this machine's 2 cores also run the HDFS server JVMs.
+
+    python ci/bench_open.py --rounds 5 --setups 0,1.5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from support import servers  # noqa: E402
+
+PROBE = r"""
+import json, sys, time
+import numpy as np
+import paddle
+import paddle_acp as acp
+paddle.enable_static()
+main, startup = paddle.static.Program(), paddle.static.Program()
+with paddle.static.program_guard(main, startup):
+    x = paddle.static.data("x", [None, 4], "float32")
+    loss = paddle.mean(paddle.static.nn.fc(x, 4))
+    paddle.optimizer.SGD(0.1).minimize(loss)
+exe = paddle.static.Executor(paddle.CPUPlace())
+exe.run(startup)
+time.sleep(float(sys.argv[1]))  # the script's own setup (its data, its model): no CPU of ours
+t0 = time.perf_counter()
+for epoch in acp.train_epoch_range(1, save_checkpoint_inter=0):
+    t1 = time.perf_counter()
+    exe.run(main, feed={"x": np.ones((2, 4), "float32")}, fetch_list=[loss])
+print(json.dumps({"open_s": t1 - t0}))
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--setups", default="0,1.5", help="the script's setup seconds before its range, comma-separated")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    setups = [s.strip() for s in args.setups.split(",") if s.strip()]
+    res: dict = {}
+    with servers.HDFSServer() as hdfs:
+        env = dict(os.environ, **hdfs.client_env(), PYTHONPATH=REPO, PADDLE_ACP_LOG_LEVEL="WARNING")
+        env.pop("LIBHDFS_OPTS")  # as most users run: paddle-acp's options for libhdfs's JVM
+        for r in range(args.rounds):
+            for early in ("1", "0") if r % 2 == 0 else ("0", "1"):
+                for setup in setups:
+                    e = dict(env, PADDLE_ACP_CONNECT_EARLY=early,
+                             PADDLE_ACP_CHECKPOINT_URI=f"{hdfs.uri}/bench-open/{uuid.uuid4().hex[:8]}")
+                    out = subprocess.run([sys.executable, "-c", PROBE, setup], env=e, capture_output=True, text=True,
+                                         timeout=300, cwd=REPO)
+                    if out.returncode != 0:
+                        raise RuntimeError(f"probe failed (rc {out.returncode}): {out.stderr[-3000:]}")
+                    res.setdefault(f"early={early} setup={setup}", []).append(
+                        json.loads(out.stdout.strip().splitlines()[-1])["open_s"])
+    summary = {k: {"median_s": statistics.median(v), "runs_s": [round(x, 3) for x in v]} for k, v in sorted(res.items())}
+    for k, v in summary.items():
+        print(f"[bench_open] {k}s: the range's open, median of {args.rounds}: {v['median_s']:.3f} s {v['runs_s']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": args.rounds, "setups": setups, "results": summary}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
