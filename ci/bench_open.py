@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """A range's open on the real HDFS with and without the early connection (PADDLE_ACP_CONNECT_EARLY, issue 28).
 
-Each run is a fresh process that imports paddle_acp with an HDFS checkpoint location, builds a tiny
-program, runs its startup program, sleeps ``SETUP`` seconds (the script's own setup: its data and
-model; a sleep, no CPU), then opens a range: the figure is the time from the range's call to its first
-epoch (the HDFS client's start where it has not started yet, the job marker and fence, the restore
+Each run is a fresh process of ``tests/scripts/rank_train.py`` (one rank, one epoch of one step) that
+imports paddle_acp with an HDFS checkpoint location, builds its small programs, runs its startup
+program, sleeps ``--setup-sleep`` seconds (the script's own setup: its data and model; a sleep, no
+CPU), then opens a range: the figure is the time from the range's call to its first epoch (the HDFS client's start where it has not started yet, the job marker and fence, the restore
 check). Early connection on and off alternate (ABBA) over ``--rounds``, at each setup time given.
 A benchmark, not a timed test: this machine's 2 cores also run the HDFS server JVMs.
 
@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,26 +28,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from support import servers  # noqa: E402
 
-PROBE = r"""
-import json, sys, time
-import numpy as np
-import paddle
-import paddle_acp as acp
-paddle.enable_static()
-main, startup = paddle.static.Program(), paddle.static.Program()
-with paddle.static.program_guard(main, startup):
-    x = paddle.static.data("x", [None, 4], "float32")
-    loss = paddle.mean(paddle.static.nn.fc(x, 4))
-    paddle.optimizer.SGD(0.1).minimize(loss)
-exe = paddle.static.Executor(paddle.CPUPlace())
-exe.run(startup)
-time.sleep(float(sys.argv[1]))  # the script's own setup (its data, its model): no CPU of ours
-t0 = time.perf_counter()
-for epoch in acp.train_epoch_range(1, save_checkpoint_inter=0):
-    t1 = time.perf_counter()
-    exe.run(main, feed={"x": np.ones((2, 4), "float32")}, fetch_list=[loss])
-print(json.dumps({"open_s": t1 - t0}))
-"""
+SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")  # its --timing file holds the range's open
 
 
 def main(argv=None) -> int:
@@ -56,6 +39,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     setups = [s.strip() for s in args.setups.split(",") if s.strip()]
     res: dict = {}
+    work = tempfile.mkdtemp(prefix="acp-bench-open-")
     with servers.HDFSServer() as hdfs:
         env = dict(os.environ, **hdfs.client_env(), PYTHONPATH=REPO, PADDLE_ACP_LOG_LEVEL="WARNING")
         env.pop("LIBHDFS_OPTS")  # as most users run: paddle-acp's options for libhdfs's JVM
@@ -64,12 +48,15 @@ def main(argv=None) -> int:
                 for setup in setups:
                     e = dict(env, PADDLE_ACP_CONNECT_EARLY=early,
                              PADDLE_ACP_CHECKPOINT_URI=f"{hdfs.uri}/bench-open/{uuid.uuid4().hex[:8]}")
-                    out = subprocess.run([sys.executable, "-c", PROBE, setup], env=e, capture_output=True, text=True,
-                                         timeout=300, cwd=REPO)
+                    timing = os.path.join(work, f"timing-{r}-{early}-{setup}.json")
+                    cmd = [sys.executable, SCRIPT, "--out", os.path.join(work, f"out-{r}-{early}-{setup}"), "--kind", "dp",
+                           "--epochs", "1", "--steps-per-epoch", "1", "--setup-sleep", setup, "--timing", timing]
+                    out = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=300, cwd=REPO)
                     if out.returncode != 0:
-                        raise RuntimeError(f"probe failed (rc {out.returncode}): {out.stderr[-3000:]}")
-                    res.setdefault(f"early={early} setup={setup}", []).append(
-                        json.loads(out.stdout.strip().splitlines()[-1])["open_s"])
+                        raise RuntimeError(f"run failed (rc {out.returncode}): {out.stderr[-3000:]}")
+                    with open(timing) as f:
+                        res.setdefault(f"early={early} setup={setup}", []).append(json.load(f)["open_s"])
+    shutil.rmtree(work, ignore_errors=True)
     summary = {k: {"median_s": statistics.median(v), "runs_s": [round(x, 3) for x in v]} for k, v in sorted(res.items())}
     for k, v in summary.items():
         print(f"[bench_open] {k}s: the range's open, median of {args.rounds}: {v['median_s']:.3f} s {v['runs_s']}")

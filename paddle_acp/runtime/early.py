@@ -12,7 +12,8 @@ Nothing here changes what a range does with its storage or reports: a connection
 the error the range's own open would (the same call), and one to another location or with other
 settings is dropped unused (the range opens its storage itself). Until the range opens, Ctrl-C and
 SIGTERM reach the JVM's handlers once it has started (it ends the process, as their default would);
-the range installs its own handlers after it, as it does after its own connection. ``PADDLE_ACP_CONNECT_EARLY=0`` switches it off. Only the schemes of
+the range installs its own handlers after it, as it does after its own connection.
+``PADDLE_ACP_CONNECT_EARLY=0`` switches it off. Only the schemes of
 :data:`~paddle_acp.storage.schemes.SLOW_TO_OPEN` are opened early (a local directory or S3 opens in
 milliseconds). At interpreter exit a connection still being made is waited for (bounded by
 ``PADDLE_ACP_CONNECT_TIMEOUT``), so a short script never exits in the middle of a JVM's start; a
@@ -58,7 +59,6 @@ class _Early:
 _lock = threading.Lock()
 _slot: Optional[_Early] = None  # not taken yet
 _started: Optional[_Early] = None  # the last one started, taken or not (waited for at exit)
-_exit_registered = False
 
 
 def key_of(cfg: _config.CheckpointConfig) -> Tuple[Any, ...]:
@@ -70,7 +70,7 @@ def start() -> bool:
     """Open the environment's checkpoint location in the background, where it is remote and slow to open
     and early connections are on. Never raises (a bad setting is the range's to report). Whether one
     was started."""
-    global _slot, _started, _exit_registered
+    global _slot, _started
     try:
         if not _config.connect_early_from_env():
             return False
@@ -84,9 +84,6 @@ def start() -> bool:
             return False
         _slot = _started = _Early(cfg)
         _slot.thread.start()
-        if not _exit_registered:
-            atexit.register(_wait_at_exit)
-            _exit_registered = True
     logger.debug("connecting to the checkpoint location in the background")
     return True
 
@@ -131,5 +128,6 @@ def _after_fork_in_child() -> None:
     _lock, _slot, _started = threading.Lock(), None, None
 
 
+atexit.register(_wait_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--no-acp", action="store_true", help="plain range (the reference run)")
     p.add_argument("--inter", type=float, default=0.0, help="save_checkpoint_inter (seconds; 0: every epoch)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds each epoch sleeps (a longer epoch)")
+    p.add_argument("--setup-sleep", type=float, default=0.0,
+                   help="seconds slept before the range (the script's own setup: its data, its model)")
     p.add_argument("--timing", default=None, help="write {'train_s': seconds of the epoch loop} to this file")
     p.add_argument("--clock-skew", type=float, default=0.0,
                    help="shift this process's wall clock (time.time) by this many seconds, before anything imports it")
@@ -134,6 +136,7 @@ def main():
     eval_y = (eval_x @ true_w).astype("float32")
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
+    time.sleep(ARGS.setup_sleep)
     epochs = range(ARGS.epochs) if ARGS.no_acp else acp.train_epoch_range(ARGS.epochs, save_checkpoint_inter=ARGS.inter)
     first = True
     t0 = time.perf_counter()
