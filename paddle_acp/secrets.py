@@ -43,6 +43,12 @@ def register_secret(value: Optional[str]) -> None:
 _SECRET_KEY_RE = re.compile(r"key|secret|token|pass|pwd|sig|cred|auth|session", re.IGNORECASE)
 
 
+def secret_name(name: str) -> bool:
+    """Whether ``name`` (a query parameter, a dict key) is named like a credential (``secret_key``,
+    ``password``, ``session_token``...): its value is shown as ``***``."""
+    return bool(_SECRET_KEY_RE.search(name))
+
+
 def uri_secrets(uri: str) -> List[str]:
     """The parts of ``uri`` that may hold credentials: its user info (and the password alone) and
     the values of query parameters named like credentials (access_key, secret_key, session_token...)."""
@@ -56,7 +62,7 @@ def uri_secrets(uri: str) -> List[str]:
         user, _, password = userinfo.partition(":")
         out += [password, unquote(password), unquote(user) if password else ""]
     for key, value in parse_qsl(p.query, keep_blank_values=True):
-        if _SECRET_KEY_RE.search(key):  # not endpoint_override or scheme: "http" is no secret
+        if secret_name(key):  # not endpoint_override or scheme: "http" is no secret
             out.append(value)
     return [x for x in out if x]
 

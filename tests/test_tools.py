@@ -160,6 +160,8 @@ def test_ls_lists_newest_first_and_marks_the_restart_checkpoint(readonly, traine
     # epoch column and status
     assert marked[0][2] == "3" and marked[0][-1] == "ok", p.stdout
     assert "CHECKPOINT" in p.stdout and "EPOCH" in p.stdout and "SIZE" in p.stdout and "CREATED" in p.stdout
+    # the run trained all its epochs: a rerun trains nothing, and ls says so (tests/unit/test_tools_values.py: the rest)
+    assert f"FINISHED: every epoch done (0..{EPOCHS - 1}, max_epoch_num {EPOCHS})" in p.stdout, p.stdout
 
 
 def test_ls_json(readonly, trained):
@@ -169,7 +171,7 @@ def test_ls_json(readonly, trained):
     (job,) = doc["jobs"]
     assert job["job"] == JOB
     (rng,) = job["ranges"]
-    assert rng["range"] == RANGE and rng["restart"] == 3
+    assert rng["range"] == RANGE and rng["restart"] == 3 and rng["finished"] is True and rng["max_epoch_num"] == EPOCHS
     cks = rng["checkpoints"]
     assert [c["number"] for c in cks] == [3, 2, 1]
     assert [c["epoch"] for c in cks] == [3, 2, 1]
@@ -209,6 +211,11 @@ def test_inspect_shows_variables_scheduler_rng_and_versions(readonly, trained):
     assert "RNG saved" in out and "yes (Paddle: 1 generator(s), NumPy: yes, Python: yes)" in out, out
     assert "epoch             3 (max_epoch_num 4), end of epoch" in out, out
     assert "restart loads it  yes" in out, out
+    # the RandomState the script holds in its loop's function, captured: its saved state, shortened
+    assert "script state (restored into the script's objects at a restart)" in out, out
+    ers = next(line for line in out.splitlines() if "local:ers" in line)
+    assert ers.split()[:3] == ["RNG", "local:ers", "numpy.RandomState"], ers
+    assert "'bit_generator': 'MT19937'" in ers and "'key': array(uint32, shape [624]: [" in ers and len(ers) < 200, ers
     # StepDecay(step_size=2, gamma=0.5) after 4 scheduler steps
     assert "LR scheduler: last_epoch=4, last_lr=0.0025" in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  m0_") or line.startswith("  learning_rate")}

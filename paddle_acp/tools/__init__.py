@@ -5,7 +5,8 @@ One module per command (:mod:`.ls`, :mod:`.inspect_checkpoint`, :mod:`.verify`, 
 ``render`` to text and a ``to_json``, its ``register`` (argparse) and ``main``. Shared: :mod:`.discovery`
 (the root, jobs, ranges), :mod:`.scan` (the checkpoints of a range and the one a restart loads),
 :mod:`.refs` (checkpoint references), :mod:`.reading` (every checksum, streaming), :mod:`.metrics`
-(the save metrics), :mod:`.kinds`, :mod:`.render` and :mod:`.progress`.
+(the save metrics), :mod:`.kinds`, :mod:`.values` (saved values, bounded and redacted), :mod:`.render` and
+:mod:`.progress`.
 
 Everything goes through :class:`paddle_acp.storage.Storage`, so the commands work on every root
 :func:`paddle_acp.storage.open_storage` accepts. Only ``gc`` modifies the storage; ``export`` writes

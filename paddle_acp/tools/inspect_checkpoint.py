@@ -1,5 +1,6 @@
 """``paddle-acp inspect``: one checkpoint's manifest (programs, variables and their kinds, LR scheduler,
-RNG, the Paddle version and IR it was made with), its data file, and whether a restart loads it."""
+RNG, the Paddle version and IR it was made with, the script's own saved objects and other values, shown
+bounded and redacted by :mod:`.values`), its data file, and whether a restart loads it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from paddle_acp.tools.kinds import tensor_kinds
 from paddle_acp.tools.refs import load_manifest, read_part, resolve_checkpoint
 from paddle_acp.tools.render import emit, emit_json, fmt_time, human_bytes, table
 from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, scan_range
+from paddle_acp.tools.values import extra_values, render_extra, rng_summary, rng_text
 
 
 @dataclasses.dataclass
@@ -64,17 +66,6 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
                          ref.dir_name, part)
 
 
-def rng_summary(rng: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    if not rng:
-        return {"saved": False}
-    return {
-        "saved": True,
-        "paddle_generators": len(rng.get("paddle") or []),
-        "numpy": rng.get("numpy") is not None,
-        "python": rng.get("python") is not None,
-    }
-
-
 def to_json(res: InspectResult) -> Dict[str, Any]:
     m = res.manifest
     return {
@@ -92,6 +83,7 @@ def to_json(res: InspectResult) -> Dict[str, Any]:
         "data_status": res.this.status if res.this is not None else None,
         "data_problem": (res.this.reason or None) if res.this is not None else None,
         "extra_keys": sorted(m.extra),
+        "extra": extra_values(m.extra),  # each value bounded and redacted (tools/values.py)
         "programs": res.programs,
         **({"part": res.part} if res.part is not None else {}),
     }
@@ -136,13 +128,6 @@ def render(res: InspectResult) -> str:
         loads = "no (no valid checkpoint in this range)"
     else:
         loads = f"no (a restart loads {res.restart})"
-    rng = rng_summary(m.rng)
-    if rng["saved"]:
-        yn = {True: "yes", False: "no"}
-        rng_text = (f"yes (Paddle: {rng['paddle_generators']} generator(s), NumPy: {yn[rng['numpy']]}, "
-                    f"Python: {yn[rng['python']]})")
-    else:
-        rng_text = "no"
     rows = [
         ("checkpoint", res.uri),
         ("number", str(m.number)),
@@ -152,13 +137,13 @@ def render(res: InspectResult) -> str:
         ("epoch", f"{r.epoch_no} (max_epoch_num {r.max_epoch_num}), {where}"),
         ("restart loads it", loads),
         ("made with", f"Paddle {m.paddle_version or '?'}, IR {m.ir or '?'}"),
-        ("RNG saved", rng_text),
+        ("RNG saved", rng_text(rng_summary(m.rng))),
         ("data", _data_text(res)),
     ]
-    if m.extra:
-        rows.append(("extra", ", ".join(sorted(m.extra))))
     w = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(w)}  {v}" for k, v in rows]
+    for title, block in render_extra(extra_values(m.extra), r.epoch_no):
+        lines += ["", title, *block]
     for p in res.programs:
         n_param = sum(1 for t in p["tensors"] if t["kind"] == "param")
         lines += ["", f"program {p['key']}  ({p['label']})"]

@@ -1,5 +1,10 @@
 """``paddle-acp ls``: jobs, ranges and checkpoints under a storage root, newest first; ``*`` marks the
-checkpoint a restart would load."""
+checkpoint a restart would load, and each range says whether it is finished.
+
+A range is finished when the checkpoint a restart loads was taken at the end of its last epoch: the
+range record of its manifest (``epoch_no``, ``max_epoch_num``, ``step`` None) is what the restart itself
+resumes from (``runtime/restore``), so a rerun with the same ``max_epoch_num`` trains no epoch (a larger
+one trains the epochs after it; a negative one never ends)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,31 @@ class RangeListing:
     @property
     def restart(self) -> Optional[CkptInfo]:
         return next((i for i in self.checkpoints if i.restart), None)
+
+    @property
+    def finished(self) -> Optional[bool]:
+        """Whether the range ran all its epochs (in the checkpoint a restart loads); None: it has none."""
+        pick = self.restart
+        if pick is None or pick.manifest is None:
+            return None
+        r = pick.manifest.range
+        return r.step is None and r.max_epoch_num >= 0 and r.epoch_no >= r.max_epoch_num - 1
+
+
+def progress_text(r: RangeListing) -> str:
+    """Where the range stands, by the checkpoint a restart loads."""
+    pick = r.restart
+    if pick is None or pick.manifest is None:
+        return "no checkpoint yet: a restart starts from epoch 0" if not any(i.committed for i in r.checkpoints) \
+            else "unknown (no checkpoint a restart can load)"
+    rec = pick.manifest.range
+    of = f"max_epoch_num {rec.max_epoch_num}" + (", no last epoch" if rec.max_epoch_num < 0 else "")
+    if r.finished:
+        return (f"FINISHED: every epoch done (0..{rec.epoch_no}, {of}); a rerun with the same max_epoch_num "
+                "trains nothing")
+    if rec.step is not None:
+        return f"not finished: in epoch {rec.epoch_no} after step {rec.step} ({of}); a restart goes on from there"
+    return f"not finished: epochs 0..{rec.epoch_no} done ({of}); a restart trains epoch {rec.epoch_no + 1} next"
 
 
 @dataclasses.dataclass
@@ -57,6 +87,9 @@ def to_json(res: LsResult) -> Dict[str, Any]:
                 "created": j.created,
                 "ranges": [
                     {"range": r.range, "restart": r.restart.number if r.restart else None,
+                     "finished": r.finished,
+                     "max_epoch_num": r.restart.manifest.range.max_epoch_num
+                     if r.restart and r.restart.manifest else None,
                      "restart_name": r.restart.name if r.restart else None,
                      "restart_outcome": restart_outcome(r.checkpoints, bool(res.verified)),
                      "data_checked": bool(res.verified),
@@ -97,6 +130,7 @@ def render(res: LsResult) -> str:
             lines.append("  (no checkpoints yet)")
         for r in j.ranges:
             lines.append(f"  range {r.range}: a restart {restart_outcome(r.checkpoints, res.verified)}")
+            lines.append(f"    {progress_text(r)}")
             rows = []
             for i in r.checkpoints:
                 m = i.manifest

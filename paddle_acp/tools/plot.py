@@ -23,11 +23,11 @@ def time_axis(span: float) -> Tuple[str, float]:
     return "days", 86400.0
 
 
-def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: str, title: str) -> None:
+def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: str, title: str) -> List[str]:
     """Saves over wall time, as an image (needs matplotlib): per save the time the training
     thread was blocked and the time the write took; failed saves, skipped saves and
     (re)starts of the training process marked. ``summary``: :func:`paddle_acp.tools.stats.summarize_metrics`
-    of the same records."""
+    of the same records. Returns the legend's labels, in order."""
     try:
         import matplotlib
 
@@ -38,7 +38,7 @@ def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: s
     except ImportError:
         raise ToolError(
             "--plot needs matplotlib, which is not installed here: `pip install matplotlib` "
-            "(or `pip install paddle-acp[plot]`), or leave out --plot for the text summary"
+            "(or `pip install '.[plot]'` in a paddle-acp checkout), or leave out --plot for the text summary"
         ) from None
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
@@ -72,7 +72,8 @@ def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: s
     color = {name: colors[i % len(colors)] for i, name in enumerate(ranges)}
     labelled = set()
     for (_tr, _pid, name), recs in segments.items():
-        label = None if name in labelled else f"saved, range {name.lstrip('_')}"  # '_' hides a label
+        # the range's own name (`_range_0`); a label starting with '_' would hide it, this one does not
+        label = None if name in labelled else f"saved, range {name}"
         labelled.add(name)
         for ax, key in ((ax1, "stall_s"), (ax2, "persist_s")):
             pts = [(x(r), y(r, key)) for r in recs if y(r, key) is not None]
@@ -109,7 +110,8 @@ def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: s
     if restarts:
         parts.append(f"{len(restarts)} restart(s)")
     ax1.set_title(title + "\n" + ", ".join(p for p in parts if p), fontsize=11)
-    ax1.legend(loc="upper left", fontsize="small", framealpha=0.85)
+    legend = ax1.legend(loc="upper left", fontsize="small", framealpha=0.85)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return [t.get_text() for t in legend.get_texts()]

@@ -89,6 +89,7 @@ class StatsResult:
     skipped_lines: int
     summary: Dict[str, Any]
     plot: Optional[str]  # the image written, if any
+    plot_legend: List[str] = dataclasses.field(default_factory=list)  # its legend's labels
 
 
 def stats(uri: str, job: Optional[str] = None, plot: Optional[str] = None) -> StatsResult:
@@ -103,7 +104,7 @@ def stats(uri: str, job: Optional[str] = None, plot: Optional[str] = None) -> St
     if plot:
         from paddle_acp.tools.plot import plot_metrics
 
-        plot_metrics(records, res.summary, plot, f"paddle-acp saves of job {name}")
+        res.plot_legend = plot_metrics(records, res.summary, plot, f"paddle-acp saves of job {name}")
     return res
 
 
@@ -171,7 +172,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("uri", metavar="URI", help="storage root")
     p.add_argument("--job", help="job id (optional when there is one job)")
     p.add_argument("--plot", metavar="PNG", help="draw the saves over wall time, with failed and skipped saves "
-                   "and restarts marked (needs matplotlib: pip install paddle-acp[plot])")
+                   "and restarts marked (needs matplotlib: pip install matplotlib)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 

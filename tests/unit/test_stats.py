@@ -174,3 +174,16 @@ def test_plot_marks_restarts_failures_and_skips(tmp_path, capsys):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert plot.time_axis(50) == ("seconds", 1.0) and plot.time_axis(3000)[0] == "minutes"
     assert plot.time_axis(20000)[0] == "hours" and plot.time_axis(10 ** 6)[0] == "days"
+
+
+def test_plot_legend_names_each_range_as_the_tools_do(tmp_path):
+    """The legend says `_range_0` (the name ls, inspect and the metrics use), not `range_0`, for every range."""
+    pytest.importorskip("matplotlib")
+    from paddle_acp.tools.stats import stats
+
+    root = str(tmp_path / "m")
+    now = time.time()
+    write_lines(root, [good(i, now, range=f"_range_{i % 2}") for i in range(6)])
+    res = stats(root, JOB, str(tmp_path / "p.png"))
+    assert "saved, range _range_0" in res.plot_legend and "saved, range _range_1" in res.plot_legend, res.plot_legend
+    assert not any(label.endswith(" range_0") for label in res.plot_legend), res.plot_legend
