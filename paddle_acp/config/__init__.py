@@ -2,8 +2,8 @@
 
 Two ways to switch checkpointing on:
 
-* ``PADDLE_ACP_CHECKPOINT_URI`` (a local path, ``file://``, later ``hdfs://`` and
-  ``s3://``): the plain way for everyone outside PaddleCloud.
+* ``PADDLE_ACP_CHECKPOINT_URI`` (a local path, ``file://``, ``hdfs://`` or ``s3://``): the plain
+  way for everyone outside PaddleCloud.
 * ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` plus the PaddleCloud
   variables that Paddle's original ``auto_checkpoint`` read.
 
