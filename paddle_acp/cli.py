@@ -48,6 +48,12 @@ def redirect_paddle_auto_checkpoint() -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if _config.check_digests_from_env() is not None:  # under `paddle-acp check`: its runs keep its location
+        for option, value in (("--checkpoint", args.checkpoint), ("--interval", args.interval), ("--job-id", args.job_id)):
+            if value is not None:
+                logger.warning("paddle-acp run: %s ignored under paddle-acp check (its runs checkpoint into its own "
+                               "temporary directory, every epoch, never into the job's location)", option)
+        args.checkpoint = args.interval = args.job_id = None
     if args.checkpoint is not None:
         os.environ["PADDLE_ACP_CHECKPOINT_URI"] = args.checkpoint
     if args.interval is not None:

@@ -117,6 +117,7 @@ ENV_VARS = (
     "PADDLE_EDL_SAVE_CHECKPOINT_INTER",
     "PADDLE_ACP_CHECK_DIGESTS",
     "PADDLE_ACP_CHECK_EPOCHS",
+    "PADDLE_ACP_CHECK_KILL_AT",
     # other tools' variables, read for their clients
     "HADOOP_HOME",
     "AWS_ENDPOINT_URL_S3",
@@ -254,6 +255,21 @@ def check_epochs_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[i
     if value < 1:
         raise ConfigError(f"PADDLE_ACP_CHECK_EPOCHS={raw!r} must be a positive integer (epochs per range)")
     return value
+
+
+def check_kill_at_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, int, Optional[int]]]:
+    """``PADDLE_ACP_CHECK_KILL_AT`` (set by ``paddle-acp check`` on the first process of a killed run):
+    ``EPOCH[:STEP]@RANGE``, where the process SIGKILLs itself once every checkpoint taken before that
+    point is committed (inside epoch EPOCH of range RANGE, after its first training run; with STEP,
+    in batch STEP, counted from 0). (range, epoch, step or None); None when unset."""
+    raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_KILL_AT")
+    if raw is None or raw.strip() == "":
+        return None
+    where, sep, range_name = raw.strip().partition("@")
+    parts = where.split(":")
+    if not sep or not range_name or not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"PADDLE_ACP_CHECK_KILL_AT={raw!r} must be EPOCH[:STEP]@RANGE (set by paddle-acp check)")
+    return range_name, int(parts[0]), int(parts[1]) if len(parts) == 2 else None
 
 
 def _interval(env: Mapping[str, str]) -> float:

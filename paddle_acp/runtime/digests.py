@@ -12,6 +12,10 @@ start of every epoch a ``start`` record is appended; at its end an ``epoch`` rec
   iterators, generators, counters), by name and type;
 * ``resumed_mid_epoch``: the epoch started from a mid-epoch checkpoint (its fetches are partial).
 
+A ``save`` record marks a mid-epoch checkpoint (its epoch and step), a ``kill`` record the point where
+the process killed itself (:mod:`~paddle_acp.runtime.check_kill`). Every record holds the writer's
+``rank``; rank k > 0 writes to the file's name + ``.rank<k>`` (one writer per file).
+
 One JSON object a line, flushed at once (the process may be killed right after).
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import io
 import itertools
 import json
 import logging
@@ -32,6 +37,7 @@ from typing import Any, Dict, Iterator, List, Optional, Protocol, Tuple
 import numpy as np
 
 from paddle_acp.runtime.capture import capturable
+from paddle_acp.runtime.check_kill import KillPoint
 from paddle_acp.runtime.registry import Registry
 
 logger = logging.getLogger("paddle_acp")
@@ -53,8 +59,8 @@ def uncaptured_kind(obj: Any) -> Optional[str]:
     paddle-acp captures Paddle's generators, the global RNGs of NumPy and ``random``, and the RNG
     objects the script holds (:func:`paddle_acp.runtime.capture.capturable`): none of these is reported.
     """
-    if isinstance(obj, bool) or capturable(obj):
-        return None
+    if isinstance(obj, (bool, io.IOBase)) or capturable(obj):
+        return None  # (an open file is not training state, though it iterates its lines)
     if isinstance(obj, (random.Random, np.random.RandomState, np.random.Generator)):
         return f"RNG object ({type(obj).__module__}.{type(obj).__name__})"
     if isinstance(obj, types.GeneratorType):
@@ -96,15 +102,19 @@ class DigestedRange(Protocol):
 class EpochDigests:
     """The digests of one range's epochs, appended to ``path``."""
 
-    def __init__(self, path: str, frame: Optional[types.FrameType]) -> None:
-        self.path = path
+    def __init__(self, path: str, frame: Optional[types.FrameType], rank: int = 0) -> None:
+        self.path = path if rank == 0 else f"{path}.rank{rank}"  # one file per rank: one writer each
+        self.rank = rank
+        self.kill: Optional[KillPoint] = None  # paddle-acp check's kill point (runtime.check_kill)
+        self._range = ""
         self._frame = frame  # the frame that opened the range (None: module level)
         self._fetched: Dict[str, hashlib._Hash] = {}  # fetched value's label -> the digest so far
         self._fetch_runs = 0
         self._started = 0.0
 
     @classmethod
-    def for_range(cls, path: Optional[str]) -> Optional["EpochDigests"]:
+    def for_range(cls, path: Optional[str], rank: int = 0) -> Optional["EpochDigests"]:
+        """The digests of a range opened now (None: no check runs); ``rank``: this process's trainer id."""
         if path is None:
             return None
         frame = inspect.currentframe()
@@ -112,9 +122,10 @@ class EpochDigests:
             frame = frame.f_back
         if frame is not None and frame.f_code.co_name == "<module>":
             frame = None  # the script's globals are read anyway
-        return cls(path, frame)
+        return cls(path, frame, rank)
 
     def _write(self, record: Dict[str, Any]) -> None:
+        record["rank"] = self.rank
         try:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
@@ -126,6 +137,7 @@ class EpochDigests:
         self._fetched = {}
         self._fetch_runs = 0
         self._started = time.time()
+        self._range = range_name
         self._write({"kind": "start", "range": range_name, "epoch": epoch, "pid": os.getpid(),
                      "time": self._started, "resumed_mid_epoch": resumed_mid_epoch})
 
@@ -152,6 +164,16 @@ class EpochDigests:
                 h = self._fetched[label] = hashlib.sha256()
             h.update(f"{arr.dtype.str}{arr.shape}".encode())
             h.update(np.ascontiguousarray(arr).tobytes())
+        if self.kill is not None:
+            self.kill.after_run(self._fetch_runs)
+
+    def note(self, record: Dict[str, Any]) -> None:
+        """Append a record of this range at the current epoch (a kill, a mid-epoch save)."""
+        self._write({"range": self._range, "pid": os.getpid(), "time": time.time(), **record})
+
+    def saved_at(self, epoch: int, step: Optional[int]) -> None:
+        """A checkpoint was taken at ``step`` of ``epoch`` (a mid-epoch one: the check kills after it)."""
+        self.note({"kind": "save", "epoch": epoch, "step": step})
 
     def end_epoch(self, r: DigestedRange, epoch: int, resumed_mid_epoch: bool) -> None:
         """Append the epoch's record (``r``: the range, whose registered programs are read)."""

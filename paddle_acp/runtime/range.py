@@ -17,7 +17,7 @@ import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
@@ -35,6 +35,7 @@ from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import early, interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
 from paddle_acp.runtime.buffers import SnapshotBuffers
+from paddle_acp.runtime.check_kill import KillPoint
 from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import Persister
@@ -86,11 +87,12 @@ class LoopSettings:
     preempt_signals: List[int]  # PADDLE_ACP_PREEMPT_SIGNALS
     check_epochs: Optional[int]  # PADDLE_ACP_CHECK_EPOCHS (paddle-acp check)
     check_digests: Optional[str]  # PADDLE_ACP_CHECK_DIGESTS (paddle-acp check)
+    check_kill_at: Optional[Tuple[str, int, Optional[int]]] = None  # PADDLE_ACP_CHECK_KILL_AT (paddle-acp check)
 
     @classmethod
     def from_env(cls) -> "LoopSettings":
         return cls(_config.exit_on_preempt_from_env(), _config.preempt_signals_from_env(),
-                   _config.check_epochs_from_env(), _config.check_digests_from_env())
+                   _config.check_epochs_from_env(), _config.check_digests_from_env(), _config.check_kill_at_from_env())
 
 
 def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opened:
@@ -200,7 +202,10 @@ class EpochRange:
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
         # ``paddle-acp check``: the range ends after this many epochs; per-epoch digests go to a file
         self._check_epochs = settings.check_epochs
-        self.digests = EpochDigests.for_range(settings.check_digests)
+        self.digests = EpochDigests.for_range(settings.check_digests, cfg.trainer_id)
+        kill = settings.check_kill_at
+        if self.digests is not None and kill is not None and kill[0] == name:  # runtime.check_kill
+            self.digests.kill = KillPoint(kill[1], kill[2], self.position, self._committed, self.digests.note)
 
     def _start(self) -> None:
         """The range's reads before its first epoch: the checkpoint to resume from, the ranks' save plan."""
@@ -330,8 +335,16 @@ class EpochRange:
         """Checkpoint now (see :meth:`Persister.save`)."""
         self.persister.save(sync=sync, preempt=preempt, rng=rng, final=final, objects=objects, agreed=agreed)
 
+    def _committed(self) -> None:
+        """Block until every checkpoint taken so far is committed (rank 0 of several: globally)."""
+        self.persister.saver.wait(for_previous=False)
+        if self.several_ranks and self.cfg.trainer_id == 0:
+            self.global_checkpointer.committer.wait_all()
+
     def _save_at_step(self, rng: Optional[Dict[str, Any]], objects: Optional[Dict[str, Any]]) -> None:
         self.persister.save(rng=rng, objects=objects)
+        if self.digests is not None:
+            self.digests.saved_at(self.position.epoch_no, self.position.step)
 
     def _preempt_point(self) -> str:
         """Where a preemption signal received now is acted on (called in the signal handler)."""

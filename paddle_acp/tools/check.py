@@ -1,219 +1,184 @@
-"""``paddle-acp check -- CMD ...``: does this training command resume exactly after a kill?
+"""``paddle-acp check -- CMD ...``: does this training command resume exactly after a kill anywhere?
 
-Runs the user's own command (unchanged) three ways, each with its checkpoints in a temporary
-directory, a checkpoint at every epoch end and every range cut to ``--epochs`` epochs
-(``PADDLE_ACP_CHECK_EPOCHS``): uninterrupted, uninterrupted again, and SIGKILLed inside an epoch
-after a checkpoint was committed, then restarted. The runtime appends what it sees at every epoch end
-to the file ``PADDLE_ACP_CHECK_DIGESTS`` names (:mod:`paddle_acp.runtime.digests`); the verdict
-(:mod:`.check_report`) is *resumes exactly* (exit 0), *not deterministic even without a kill* (1) or
-*resumes differently* (2). A command that cannot be checked (it fails, it ends before it can be killed
-inside an epoch) exits with 3.
+Runs the user's own command (the script unchanged; :mod:`.check_runs`) with its checkpoints in a
+temporary directory, a checkpoint at every epoch end and every range cut to ``--epochs`` epochs
+(``PADDLE_ACP_CHECK_EPOCHS``): uninterrupted, uninterrupted again, then once per kill point, killed
+there (the runtime SIGKILLs itself at that training position once the checkpoints before it are
+committed: the same point on any machine load) and restarted. The kill points are early, middle and
+last epochs of the first run and a batch after its first mid-epoch checkpoint (where the script takes
+one), or those ``--kill-at EPOCH[:STEP]`` names. The runtime appends what it sees at every epoch end
+to the file ``PADDLE_ACP_CHECK_DIGESTS`` names, one per rank (:mod:`paddle_acp.runtime.digests`);
+the verdict (:mod:`.check_report`) is *resumes exactly* (exit 0), *not deterministic even without a
+kill* (1), *resumes differently* (2) or *state not restored* (4: the epochs compared match, but the
+restart reset state of the script that a longer run may train with). A command that cannot be checked
+(it fails, it ends before a kill point) exits with 3; Ctrl-C or SIGTERM ends every process the check
+started and removes its directory (unless ``--keep``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Tuple
 
-from paddle_acp.config import StorageOptions
-from paddle_acp.storage.base import Storage
-from paddle_acp.storage.schemes import open_storage
 from paddle_acp.tools import check_report as report
+from paddle_acp.tools.check_runs import Point, Runs, strip_runner_options, tail
 from paddle_acp.tools.discovery import ToolError
 from paddle_acp.tools.render import emit, emit_json
-from paddle_acp.tools.scan import scan_range
-
-JOB = "check"
-_POLL = 0.005  # seconds between looks at the killed run's digests
-# Variables of the caller that would send the runs' checkpoints elsewhere or change when they are taken.
-_STRIP_PREFIXES = ("PADDLE_ACP_", "PADDLE_EDL_")
-_STRIP_NAMES = ("PADDLE_JOB_ID", "PADDLE_RUNNING_ENV")
 
 
-class _Runs:
-    """The runs of one check, in a temporary directory."""
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP reached the check (Ctrl-C is a KeyboardInterrupt)."""
 
-    def __init__(self, command: List[str], epochs: int, timeout: float, workdir: str, quiet: bool):
-        self.command = command
-        self.epochs = epochs
-        self.timeout = timeout
-        self.dir = workdir
-        self.quiet = quiet
-
-    def say(self, text: str) -> None:
-        if not self.quiet:
-            print(f"paddle-acp check: {text}", file=sys.stderr, flush=True)
-
-    def env(self, name: str) -> Dict[str, str]:
-        e = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP_PREFIXES) and k not in _STRIP_NAMES}
-        e.update({
-            "PADDLE_ACP_CHECKPOINT_URI": os.path.join(self.dir, f"ckpt-{name}"),
-            "PADDLE_JOB_ID": JOB,
-            "PADDLE_ACP_SAVE_INTERVAL": "0",
-            "PADDLE_EDL_SAVE_CHECKPOINT_INTER": "0",
-            "PADDLE_ACP_CHECK_EPOCHS": str(self.epochs),
-            "PADDLE_ACP_CHECK_DIGESTS": self.digests(name),
-            "PYTHONUNBUFFERED": "1",
-        })
-        return e
-
-    def digests(self, name: str) -> str:
-        return os.path.join(self.dir, f"{name}.jsonl")
-
-    def log(self, name: str) -> str:
-        return os.path.join(self.dir, f"{name}.log")
-
-    def start(self, name: str) -> subprocess.Popen[bytes]:
-        out = open(self.log(name), "ab")
-        try:
-            return subprocess.Popen(self.command, env=self.env(name), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            raise ToolError(f"cannot run {self.command[0]!r}: {exc}") from exc
-        finally:
-            out.close()
-
-    def wait(self, proc: subprocess.Popen[bytes], name: str, started: float) -> Dict[str, Any]:
-        try:
-            rc = proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise ToolError(f"the {name} run did not end within {self.timeout:g} s (--timeout); its output: "
-                            f"{self.log(name)}") from None
-        if rc != 0:
-            raise ToolError(f"the {name} run failed with exit status {rc}:\n{_tail(self.log(name))}")
-        return {"name": name, "returncode": rc, "seconds": round(time.monotonic() - started, 3)}
-
-    def uninterrupted(self, name: str) -> Dict[str, Any]:
-        started = time.monotonic()
-        return self.wait(self.start(name), name, started)
-
-    def killed(self, reference: Dict[report.Key, Dict[str, Any]]) -> Dict[str, Any]:
-        """Kill the run inside an epoch once a checkpoint is committed, restart it, wait for the end."""
-        name = "killed"
-        started = time.monotonic()
-        proc = self.start(name)
-        victim: Optional[Dict[str, Any]] = None
-        storage = open_storage(os.path.join(self.dir, f"ckpt-{name}"), StorageOptions())  # a local temporary directory
-        committed: Set[str] = set()
-        while proc.poll() is None:
-            if time.monotonic() - started > self.timeout:
-                _kill_group(proc)
-                raise ToolError(f"the {name} run did not end within {self.timeout:g} s (--timeout)")
-            records = report.read_records(self.digests(name))
-            last = records[-1] if records else None
-            if last is not None and last.get("kind") == "start":
-                rng, epoch = last["range"], last["epoch"]
-                if rng not in committed and _has_commit(storage, rng):
-                    committed.add(rng)
-                if rng in committed:
-                    ref = reference.get((rng, epoch))
-                    duration = float(ref.get("seconds", 0.0)) if ref else 0.0
-                    if time.time() >= float(last.get("time", 0.0)) + duration / 2:
-                        _kill_group(proc)
-                        proc.wait()
-                        victim = last
-                        break
-            time.sleep(_POLL)
-        if victim is None:
-            proc.wait()
-            raise ToolError(
-                "the run ended before it could be killed inside an epoch after a checkpoint was committed: give it "
-                f"more epochs (--epochs, now {self.epochs}) or longer ones; its output: {self.log(name)}")
-        self.say(f"killed (SIGKILL) in epoch {victim['epoch']} of range {victim['range']}; restarting")
-        before = len(report.read_records(self.digests(name)))
-        proc = self.start(name)
-        res = self.wait(proc, name, started)
-        after = report.read_records(self.digests(name))[before:]
-        starts = [r for r in after if r.get("kind") == "start" and r["range"] == victim["range"]]
-        res.update({"killed_in_epoch": victim["epoch"], "killed_in_range": victim["range"],
-                    "resumed_at_epoch": starts[0]["epoch"] if starts else None})
-        return res
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
-def _has_commit(storage: Storage, range_name: str) -> bool:
-    try:
-        return any(i.committed for i in scan_range(storage, JOB, range_name, quiet_progress=True))
-    except Exception:  # not there yet, or being written
-        return False
+def parse_kill_at(text: str) -> Tuple[int, Optional[int]]:
+    """``EPOCH`` or ``EPOCH:STEP`` (--kill-at) -> (epoch, step or None); ToolError naming a bad one."""
+    parts = text.strip().split(":")
+    if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+        raise ToolError(f"--kill-at {text!r}: EPOCH or EPOCH:STEP (non-negative integers; STEP counts the "
+                        "epoch's batches from 0), e.g. --kill-at 3 or --kill-at 1:4")
+    return int(parts[0]), int(parts[1]) if len(parts) == 2 else None
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
+def _epoch_starts(records: List[Dict[str, Any]]) -> List[Tuple[str, int]]:
+    out: List[Tuple[str, int]] = []
+    for r in records:
+        key = (r["range"], r["epoch"])
+        if r.get("kind") == "start" and key not in out:
+            out.append(key)
+    return out
 
 
-def _tail(path: str, n: int = 3000) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return ""
-    return data[-n:].decode("utf-8", "replace")
+def kill_points(records: List[Dict[str, Any]], asked: List[Tuple[int, Optional[int]]]) -> List[Point]:
+    """Where to kill, from the first run's records (its lowest rank's): the points ``asked``
+    (--kill-at, in the first range that ran that epoch), else early, middle and last epochs and the
+    batch after the first mid-epoch checkpoint."""
+    seq = _epoch_starts(records)
+    points: List[Point] = []
+    if asked:
+        for epoch, step in asked:
+            ranges = [r for r, e in seq if e == epoch]
+            if not ranges:
+                ran = ", ".join(f"{e} of {r}" for r, e in seq)
+                raise ToolError(f"--kill-at {epoch}{'' if step is None else f':{step}'}: the first run never "
+                                f"started epoch {epoch} (it ran epochs {ran}); raise --epochs or pick another")
+            points.append((ranges[0], epoch, step))
+    else:
+        picks = [seq[1], seq[len(seq) // 2], seq[-1]] if len(seq) > 1 else seq[:1]
+        points = [(r, e, None) for r, e in picks]
+        saves = [r for r in records if r.get("kind") == "save" and isinstance(r.get("step"), int)]
+        if saves:
+            points.append((saves[0]["range"], saves[0]["epoch"], saves[0]["step"]))
+    out: List[Point] = []
+    for p in points:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
 
 
 def check(command: List[str], epochs: int = 3, timeout: float = 600.0, quiet: bool = False,
-          keep: bool = False) -> report.CheckResult:
+          keep: bool = False, kill_at: Optional[List[Tuple[int, Optional[int]]]] = None) -> report.CheckResult:
     if not command:
         raise ToolError("no command to check: paddle-acp check -- python train.py ARGS")
     if epochs < 2:
         raise ToolError(f"--epochs {epochs}: at least 2 (a checkpoint must be committed before the kill)")
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(f"paddle-acp check: {text}", file=sys.stderr, flush=True)
+
+    command, removed = strip_runner_options(command)
+    notes = [f"removed {o} (and its value) from the paddle-acp run command: the check's runs checkpoint into its "
+             "own temporary directory, never into the job's location, every epoch" for o in removed]
+    for n in notes:
+        say(n)
     workdir = tempfile.mkdtemp(prefix="paddle-acp-check-")
-    runs = _Runs(command, epochs, timeout, workdir, quiet)
+    runs = Runs(command, epochs, timeout, workdir, say)
     try:
-        runs.say(f"run 1/3 (uninterrupted, {epochs} epochs per range): {' '.join(command)}")
+        say(f"run 1 (uninterrupted, {epochs} epochs per range): {' '.join(command)}")
         first = runs.uninterrupted("reference")
-        runs.say(f"run 1/3 took {first['seconds']:.1f} s; the check needs about {3.2 * first['seconds']:.0f} s "
-                 "more (another run, a killed run and its restart)")
-        ref = report.epochs_of(report.read_records(runs.digests("reference")))
-        if not ref:
+        ref_records = runs.records("reference")
+        ref = report.rank_epochs(ref_records)
+        if not any(ref.values()):
             raise ToolError("the command ran no epoch of a paddle-acp range (train_epoch_range, or Paddle's "
                             f"auto_checkpoint under `paddle-acp run`): nothing to compare. Its output:\n"
-                            f"{_tail(runs.log('reference'))}")
-        runs.say("run 2/3 (uninterrupted again)")
+                            f"{tail(runs.log('reference'))}")
+        points = kill_points(ref_records[min(ref_records)], kill_at or [])
+        total = 2 + len(points)
+        say(f"run 1/{total} took {first['seconds']:.1f} s; the check needs about "
+            f"{(1 + 2.2 * len(points)) * first['seconds']:.0f} s more (another run, then for each of "
+            f"{len(points)} kill points a killed run and its restart)")
+        say(f"run 2/{total} (uninterrupted again)")
         second = runs.uninterrupted("repeat")
-        rep = report.epochs_of(report.read_records(runs.digests("repeat")))
-        diff = report.first_difference(ref, rep, "first", "second")
+        rep = report.rank_epochs(runs.records("repeat"))
+        compared = sum(len(e) for e in ref.values())
+        diff = report.first_rank_difference(ref, rep, "first", "second")
         if diff is not None:
             return report.CheckResult(command, epochs, report.NOT_DETERMINISTIC, [first, second], diff, [],
-                                      report.uncaptured_objects(ref, rep), len(ref))
-        runs.say("run 3/3 (killed inside an epoch after a checkpoint, then restarted)")
-        third = runs.killed(ref)
-        kil = report.epochs_of(report.read_records(runs.digests("killed")))
-        diff = report.first_difference(ref, kil, "uninterrupted", "killed")
-        verdict = report.RESUMES_EXACTLY if diff is None else report.RESUMES_DIFFERENTLY
-        return report.CheckResult(command, epochs, verdict, [first, second, third], diff,
-                                  report.differing_scalars(ref, rep, kil), report.uncaptured_objects(ref, rep, kil),
-                                  len(ref))
+                                      report.uncaptured_objects(ref, rep), compared, notes=notes)
+        done: List[Dict[str, Any]] = [first, second]
+        kills: List[Dict[str, Any]] = []
+        killed_runs: List[report.RankEpochs] = []
+        scalars: Dict[Tuple[int, str], Dict[str, Any]] = {}
+        for i, point in enumerate(points):
+            name = f"killed-{i + 1}"
+            where = report.point_text({"range": point[0], "epoch": point[1], "step": point[2]})
+            say(f"run {3 + i}/{total} (SIGKILL at {where}, then a restart)")
+            res = runs.killed(name, point)
+            done.append(res)
+            kil = report.rank_epochs(runs.records(name))
+            killed_runs.append(kil)
+            diff = report.first_rank_difference(ref, kil, "uninterrupted", "killed")
+            for s in report.differing_scalars(ref, rep, kil):
+                scalars.setdefault((s["rank"], s["name"]), s)
+            kills.append({**res["killed_at"], "run": name, "resumed_at_epoch": res["resumed_at_epoch"],
+                          "resumed_mid_epoch": res["resumed_mid_epoch"], "identical": diff is None})
+            if diff is not None:
+                break
+        uncaptured = report.uncaptured_objects(ref, rep, *killed_runs)
+        if diff is not None:
+            verdict = report.RESUMES_DIFFERENTLY
+        elif scalars or uncaptured:
+            verdict = report.STATE_NOT_RESTORED
+        else:
+            verdict = report.RESUMES_EXACTLY
+        return report.CheckResult(command, epochs, verdict, done, diff, list(scalars.values()), uncaptured, compared,
+                                  kills, notes)
     finally:
+        runs.end_all()
         if keep:
-            runs.say(f"kept the runs' checkpoints, digests and output in {workdir}")
+            say(f"kept the runs' checkpoints, digests and output in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
-        "check", help="run a training command three ways (twice uninterrupted, once killed and restarted) and say "
-        "whether it resumes exactly (exit 0), is not deterministic (1) or resumes differently (2)",
-        description="Run the command a few epochs (--epochs, every range cut short; the script is not edited) "
-        "three ways, each checkpointing every epoch to a temporary directory: uninterrupted, uninterrupted again, "
-        "and SIGKILLed inside an epoch after a checkpoint was committed, then restarted. Compare what paddle-acp "
-        "sees at every epoch end (every registered persistable, the values the script fetched). Exit status 0: "
-        "resumes exactly; 1: not deterministic even without a kill; 2: resumes differently; 3: could not check.")
+        "check", help="run a training command uninterrupted and killed at several points, and say whether it "
+        "resumes exactly (exit 0), is not deterministic (1), resumes differently (2) or resets state (4)",
+        description="Run the command a few epochs (--epochs, every range cut short; the script is not edited), "
+        "each run checkpointing every epoch to a temporary directory: twice uninterrupted, then once per kill "
+        "point SIGKILLed there (early, middle and last epochs, a batch after a mid-epoch checkpoint; or "
+        "--kill-at) and restarted. Compare what paddle-acp sees at every epoch end on every rank (every "
+        "registered persistable, the values the script fetched, the script's numbers). Exit status 0: resumes "
+        "exactly; 1: not deterministic even without a kill; 2: resumes differently; 3: could not check; "
+        "4: the restart reset state of the script that paddle-acp does not capture.")
     p.add_argument("--epochs", type=int, default=3, help="epochs per range in each run (default 3, at least 2)")
+    p.add_argument("--kill-at", action="append", default=[], metavar="EPOCH[:STEP]",
+                   help="kill inside this epoch (after its first batch; with STEP in batch STEP, from 0) of the "
+                   "first range that runs it; repeatable (default: early, middle and last epochs, and a batch "
+                   "after the first mid-epoch checkpoint)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take (default 600)")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (checkpoints, digests, output)")
@@ -225,11 +190,26 @@ def main(args: argparse.Namespace) -> int:
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
+    previous: Dict[int, Any] = {}
+    for num in (int(signal.SIGTERM), int(signal.SIGHUP)):
+        try:
+            previous[num] = signal.signal(num, _on_signal)
+        except ValueError:  # not the main thread: the caller handles its signals
+            pass
     try:
-        res = check(command, args.epochs, args.timeout, keep=args.keep)
+        points = [parse_kill_at(k) for k in args.kill_at]
+        res = check(command, args.epochs, args.timeout, keep=args.keep, kill_at=points)
     except ToolError as exc:
         print(f"paddle-acp check: error: {exc}", file=sys.stderr)
         return 3
+    except (KeyboardInterrupt, Interrupted) as exc:
+        got = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+        print(f"paddle-acp check: interrupted (signal {got}): every process it started was ended"
+              + ("" if args.keep else ", its temporary directory removed"), file=sys.stderr)
+        return 128 + got
+    finally:
+        for num, handler in previous.items():
+            signal.signal(num, handler)
     if args.json:
         emit_json(report.to_json(res))
     else:
