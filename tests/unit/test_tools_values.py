@@ -13,7 +13,7 @@ import random
 import shutil
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paddle_acp import cli
@@ -152,11 +152,11 @@ values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2 ** 200), 2 ** 200) | st.floats(allow_nan=False) | st.text(max_size=300),
     lambda inner: st.lists(inner, max_size=40) | st.tuples(inner, inner)
     | st.dictionaries(st.text(max_size=30), inner, max_size=40),
-    max_leaves=200,
+    max_leaves=100,
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # same result under load
 @given(values, st.integers(20, 400))
 def test_preview_is_one_bounded_line_of_any_saved_value(value, width):
     """Property: whatever a manifest holds (decoded from its encoded form), its preview is one line of at
