@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -73,12 +74,19 @@ rng_factories = {
     "numpy.BitGenerator": lambda s: np.random.SFC64(s),
     "numpy.RandomState": lambda s: np.random.RandomState(s),
     "random.Random": lambda s: random.Random(s),
+    "numpy.SeedSequence": lambda s: np.random.SeedSequence(s),
+    "numpy.SeedSequence[spawned]": lambda s: np.random.SeedSequence([s, 2**80 + s], pool_size=8).spawn(3)[2],
 }
 
 
 def draw_some(obj, n):
+    """What ``obj`` draws (and, for NumPy's Generators and BitGenerators, what the children it spawns draw)."""
+    if isinstance(obj, np.random.SeedSequence):
+        return [[int(x) for x in c.generate_state(2)] for c in obj.spawn(n)]
     if isinstance(obj, np.random.BitGenerator):
-        return [int(x) for x in obj.random_raw(n)]
+        return [int(x) for x in obj.random_raw(n)] + [int(c.random_raw()) for c in obj.spawn(n % 3)]
+    if isinstance(obj, np.random.Generator):
+        return list(obj.standard_normal(n)) + [float(obj.random())] + [float(c.random()) for c in obj.spawn(n % 3)]
     if isinstance(obj, random.Random):
         return [obj.random() for _ in range(n)] + [obj.gauss(0, 1)]
     return list(obj.standard_normal(n)) + [float(obj.random())]
@@ -103,12 +111,142 @@ def test_every_rng_kind_round_trips_through_a_manifest_and_restores_in_place(lab
     assert id(obj) == ident and draw_some(obj, 7) == expect
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["numpy.Generator", "numpy.Generator[Philox]", "numpy.BitGenerator"]), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1), st.integers(0, 5))
+def test_a_generator_restores_into_another_generator_of_its_type_spawn_count_and_seed_sequence_included(label, seed, other, n):
+    """A name rebound in the loop: a restart restores the saved object's state into the one the name holds then."""
+    saved = rng_factories[label](seed)
+    draw_some(saved, n)
+    section = json.loads(json.dumps(section_of({"module_global:rng": saved})))
+    expect = draw_some(saved, 4)
+    target = rng_factories[label](other)
+    ScriptState("_range_0", {"module_global:rng": target}, {}).restore(section, "test")
+    assert draw_some(target, 4) == expect
+
+
+def test_a_seed_sequence_of_another_entropy_spawn_key_or_pool_size_is_refused_naming_what_differs():
+    ss = np.random.SeedSequence(7)
+    ss.spawn(3)
+    section = section_of({"module_global:ss": ss})
+    for other, field in ((np.random.SeedSequence(8), "entropy"), (np.random.SeedSequence(7).spawn(1)[0], "spawn_key"),
+                         (np.random.SeedSequence(7, pool_size=8), "pool_size")):
+        with pytest.raises(CheckpointError, match=f"'module_global:ss'.*SeedSequence's {field} differs"):
+            ScriptState("_range_0", {"module_global:ss": other}, {}).restore(section, "ckpt-3")
+    same = np.random.SeedSequence(7)
+    ScriptState("_range_0", {"module_global:ss": same}, {}).restore(section, "ckpt-3")
+    assert same.n_children_spawned == 3
+
+
+def test_a_generator_shares_its_seed_sequence_with_a_captured_one_after_a_restore():
+    ss = np.random.SeedSequence(11)
+    g = np.random.default_rng(ss)
+    g.spawn(2)
+    ss.spawn(1)
+    section = section_of({"module_global:ss": ss, "module_global:g": g})
+    ss2 = np.random.SeedSequence(11)
+    g2 = np.random.default_rng(ss2)
+    ScriptState("_range_0", {"module_global:ss": ss2, "module_global:g": g2}, {}).restore(section, "ckpt")
+    assert g2.bit_generator.seed_seq is ss2 and ss2.n_children_spawned == 3
+
+
+def test_a_captured_name_rebound_after_the_open_is_saved_as_it_holds_at_each_save(caplog):
+    from paddle_acp.runtime.capture import Site
+
+    rng = np.random.default_rng(1)
+    alias = rng
+    site = Site(sys._getframe())
+    assert "local:rng" in site.found and "local:alias" not in site.found
+    script = ScriptState("_range_0", site.found, {}, site)
+    with caplog.at_level(logging.WARNING, logger="paddle_acp"):
+        rng = np.random.default_rng(2)
+        rng.random()
+        first = script.capture()
+        assert first["rng"]["local:rng"]["value"]["$dict"]["seed_seq"]["$dict"]["entropy"] == 2
+        rng = np.random.default_rng(3)
+        script.capture()
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "local:rng holds another numpy.Generator" in m]) == 1, said
+    assert len([m for m in said if "local:alias held the same object as local:rng" in m]) == 1, said
+    assert alias is not rng
+    script.release()  # the loop ended: the frame is dropped, the last object found goes on being saved
+    assert script.site is None and script.capture()["rng"]["local:rng"]["value"]["$dict"]["seed_seq"]["$dict"]["entropy"] == 3
+
+
+def test_more_objects_or_bytes_than_a_checkpoint_holds_are_refused_at_the_open_naming_the_limit():
+    many = {f"local:rngs[{i}]": np.random.default_rng(i) for i in range(objstate.MAX_OBJECTS + 1)}
+    with pytest.raises(ConfigError, match=f"{objstate.MAX_OBJECTS + 1} captured RNG objects, more than the {objstate.MAX_OBJECTS}.*local:rngs\\[0\\]"):
+        ScriptState("_range_0", many, {}).check()
+    states = {f"local:rs[{i}]": np.random.RandomState(i) for i in range(400)}  # ~3.4 kB each
+    with pytest.raises(ConfigError, match="bytes serialized"):
+        ScriptState("_range_0", states, {}).check()
+    ok = dict(list(many.items())[:1000])
+    ScriptState("_range_0", ok, {}).check()
+    section = json.loads(json.dumps(section_of(ok)))
+    assert len(objstate.validate(section)[0]) == 1000
+
+
+# -- in-place restore of nested containers -----------------------------------------------------------
+plain = st.recursive(
+    st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3),
+              st.builds(lambda n, k: np.arange(n, dtype="float32") + k, st.integers(0, 3), st.integers(0, 3))),
+    lambda c: st.one_of(st.lists(c, max_size=4), st.tuples(c, c), st.dictionaries(st.sampled_from("abcd"), c, max_size=4)),
+    max_leaves=14,
+)
+
+
+def containers(v):
+    """Every list, dict and array inside ``v`` (with ``v``), by path: the keys and the types they are taken from."""
+    out = {}
+
+    def walk(x, path):
+        if isinstance(x, (list, dict, np.ndarray)):
+            out[path + (type(x).__name__, getattr(x, "shape", None))] = x
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else ()
+        for k, y in items:
+            walk(y, path + (type(x).__name__, k))
+    walk(v, ())
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain, plain)
+def test_restore_into_gives_the_saved_value_keeping_every_container_both_sides_have(live, saved):
+    from paddle_acp.runtime.inplace import restore_into
+
+    saved = objstate.decode(json.loads(json.dumps(objstate.encode(saved))))
+    before = containers(live)
+    got = restore_into(live, saved)
+    assert same(got, saved)
+    for path, obj in containers(got).items():
+        if path in before:
+            assert obj is before[path], path  # the container the script holds is the restored one
+
+
+def test_nested_containers_of_registered_state_and_of_a_value_are_restored_in_place():
+    metrics = {"hist": [1.0, 2.0], "best": {"loss": 0.5}, "w": np.zeros(2)}
+    v = acp.Value([[1], {"a": [2]}])
+    state = check_state({"metrics": metrics, "v": v})
+    section = json.loads(json.dumps(section_of({}, state)))
+    hist, best, w, lst, inner = metrics["hist"], metrics["best"], metrics["w"], v.value, v.value[1]["a"]
+    hist.append(3.0)
+    best["loss"] = 0.1
+    w += 1
+    lst.append(9)
+    inner.clear()
+    ScriptState("_range_0", {}, state).restore(section, "ckpt")
+    assert metrics["hist"] is hist and hist == [1.0, 2.0] and metrics["best"] is best and best == {"loss": 0.5}
+    assert metrics["w"] is w and w.tolist() == [0.0, 0.0]
+    assert v.value is lst and lst == [[1], {"a": [2]}] and lst[1]["a"] is inner
+
+
 def test_capturable_is_the_one_decision():
     assert capturable(np.random.default_rng(0)) and capturable(np.random.RandomState(0))
     assert capturable(random.Random(0)) and capturable(np.random.PCG64(0))
     assert not capturable(random.SystemRandom()) and not capturable(random) and not capturable(np.random)
-    assert not capturable(np.random.SeedSequence(0)) and not capturable(3) and not capturable([np.random.default_rng(0)])
+    assert not capturable(3) and not capturable([np.random.default_rng(0)])
     assert rng_kind(np.random.default_rng(0)) == "numpy.Generator"
+    assert rng_kind(np.random.SeedSequence(0)) == "numpy.SeedSequence"
 
 
 def test_find_captured_names_globals_locals_and_one_level_into_containers():
@@ -218,13 +356,22 @@ def test_track_registers_for_the_next_ranges_and_a_restart_forgets_it():
 
 # -- hostile sections ---------------------------------------------------------------------------------
 def _valid_section():
-    g = np.random.default_rng(0)
-    return section_of({"module_global:rng": g, "local:r": random.Random(1), "local:rs": np.random.RandomState(2)},
+    g = np.random.default_rng([0, 2**70])
+    g.spawn(2)
+    return section_of({"module_global:rng": g, "local:r": random.Random(1), "local:rs": np.random.RandomState(2),
+                       "local:ss": np.random.SeedSequence(9).spawn(1)[0]},
                       check_state({"step": acp.Counter(3), "arr": np.arange(3.0)}))
 
 
+def _seq(section, name):
+    """The encoded seed sequence of RNG ``name`` (a Generator's or a SeedSequence's), as a dict of encoded fields."""
+    value = section["rng"][name]["value"]["$dict"]
+    return value["seed_seq"]["$dict"] if "seed_seq" in value else value
+
+
 @pytest.mark.parametrize("mutate", [
-    lambda s: s.update(version=2),
+    lambda s: s.update(version=3),
+    lambda s: s.update(version=True),
     lambda s: s.pop("state"),
     lambda s: s["rng"].update({"": s["rng"]["local:r"]}),
     lambda s: s["rng"].update({"x" * 600: s["rng"]["local:r"]}),
@@ -240,7 +387,18 @@ def _valid_section():
     lambda s: s["state"]["arr"]["value"].update({"$pickle": "x"}),
     lambda s: s["state"]["step"]["value"]["$dict"].update(value={"$int": "1" * 100}),
     lambda s: s["state"]["step"]["value"]["$dict"].update(value=2**64),
-    lambda s: s["state"].update({f"k{i}": s["state"]["step"] for i in range(300)}),
+    lambda s: s["state"].update({f"k{i}": s["state"]["step"] for i in range(objstate.MAX_OBJECTS + 1)}),
+    lambda s: s["rng"]["module_global:rng"]["value"]["$dict"].update(seed_seq=None),
+    lambda s: _seq(s, "module_global:rng")["entropy"].__setitem__(0, -1),
+    lambda s: _seq(s, "module_global:rng").update(pool_size=2),
+    lambda s: _seq(s, "module_global:rng").update(pool_size=10**6),
+    lambda s: _seq(s, "module_global:rng").update(n_children_spawned=2**32),
+    lambda s: _seq(s, "module_global:rng").update(n_children_spawned=True),
+    lambda s: _seq(s, "module_global:rng").update(spawn_key=list(range(300))),
+    lambda s: _seq(s, "module_global:rng").update(extra=1),
+    lambda s: _seq(s, "local:ss").pop("entropy"),
+    lambda s: _seq(s, "local:ss").update(entropy=[]),
+    lambda s: _seq(s, "local:ss").update(entropy="7"),
 ])
 def test_malformed_sections_are_refused_when_the_manifest_is_read(mutate):
     section = _valid_section()
@@ -284,6 +442,8 @@ def test_any_field_replaced_by_any_json_loads_or_raises_corrupt_only(data):
         if kind in ("numpy.Generator", "numpy.BitGenerator"):
             bitgen = getattr(np.random, value["bit_generator"])(0)
             obj = np.random.Generator(bitgen) if kind == "numpy.Generator" else bitgen
+        elif kind == "numpy.SeedSequence":
+            obj = np.random.SeedSequence(value["entropy"], spawn_key=value["spawn_key"], pool_size=value["pool_size"])
         else:
             obj = np.random.RandomState(0) if kind == "numpy.RandomState" else random.Random()
         objstate.apply_rng(kind, obj, value)

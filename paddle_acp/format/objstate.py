@@ -6,9 +6,16 @@ the RNG objects captured from its globals and locals and the values it registere
 (:mod:`paddle_acp.runtime.capture`, :mod:`paddle_acp.runtime.objects`). They are stored as
 plain JSON data in the manifest, never pickled::
 
-    extra.objects = {"version": 1,
+    extra.objects = {"version": 2,
                      "rng":   {"module_global:rng": {"kind": "numpy.Generator", "value": V}, ...},
                      "state": {"step": {"kind": "state_dict", "value": V}, ...}}
+
+The value of a ``numpy.Generator`` / ``numpy.BitGenerator`` is its bit generator's ``state`` dict,
+plus (version 2) a ``"seed_seq"`` key when the bit generator has a ``SeedSequence``: that
+sequence's ``{"entropy", "spawn_key", "pool_size", "n_children_spawned"}`` (``Generator.spawn``
+draws its children from it, and ``state`` does not hold how many it spawned); a
+``numpy.SeedSequence`` object (version 2) is saved as the same four fields. Version 1 sections
+(no seed sequences, at most 256 objects a part) are read as before.
 
 ``extra.epoch_start_objects`` (mid-epoch checkpoints) has the same shape: the state at the
 start of the checkpoint's epoch. A value ``V`` is :func:`encode`'s form of a Python value:
@@ -29,7 +36,7 @@ import base64
 import binascii
 import math
 import random
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -40,8 +47,9 @@ __all__ = [
     "EncodeError", "apply_rng", "decode", "encode", "read_rng", "validate",
 ]
 
-VERSION = 1
-MAX_OBJECTS = 256  # named objects in one section ("rng" or "state")
+VERSION = 2  # 2: seed sequences, MAX_OBJECTS raised from 256 (version 1 is read too)
+VERSIONS = (1, 2)
+MAX_OBJECTS = 4096  # named objects in one part ("rng" or "state"); MAX_BYTES bounds them too (~250 bytes a Generator)
 MAX_NAME = 512  # characters of an object's name
 MAX_BYTES = 1 << 20  # encoded size of all the objects of one checkpoint (the manifest holds them twice at most)
 MAX_DEPTH = 24  # JSON nesting of one value (the manifest's 32 levels hold 5 above it)
@@ -49,9 +57,13 @@ MAX_INT_DIGITS = 80  # {"$int": ...}: 2**256 has 78 digits
 _SMALL_INT = 1 << 63
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")
-RNG_KINDS = ("numpy.Generator", "numpy.BitGenerator", "numpy.RandomState", "random.Random")
+RNG_KINDS = ("numpy.Generator", "numpy.BitGenerator", "numpy.RandomState", "random.Random", "numpy.SeedSequence")
 STATE_KINDS = ("state_dict", "dict", "list", "ndarray") + RNG_KINDS
 _BIT_GENERATORS = ("MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64")
+_SEED_SEQ_KEYS = ("entropy", "spawn_key", "pool_size", "n_children_spawned")
+MAX_ENTROPY_WORDS = 256  # integers in a seed sequence's entropy list
+MAX_SPAWN_DEPTH = 256  # integers in a seed sequence's spawn key (one per spawn level)
+MAX_POOL_SIZE = 1024  # a seed sequence's pool size (NumPy's default is 4)
 
 
 class EncodeError(ValueError):
@@ -188,30 +200,139 @@ def _dec_array(body: Dict[str, Any], where: str, scalar: bool) -> np.ndarray:
 # -- RNG objects ---------------------------------------------------------------------------------
 def read_rng(kind: str, obj: Any) -> Any:
     """The state of RNG object ``obj`` of ``kind``, as a Python value ``apply_rng`` takes back."""
-    if kind == "numpy.Generator":
-        return obj.bit_generator.state
-    if kind == "numpy.BitGenerator":
-        return obj.state
+    if kind in ("numpy.Generator", "numpy.BitGenerator"):
+        bitgen = obj.bit_generator if kind == "numpy.Generator" else obj
+        state = dict(bitgen.state)
+        seq = getattr(bitgen, "_seed_seq", None)  # (the public ``seed_seq`` is NumPy >= 1.25)
+        if isinstance(seq, np.random.SeedSequence):
+            state["seed_seq"] = read_seed_seq(seq)
+        return state
     if kind == "numpy.RandomState":
         return obj.get_state(legacy=False)
     if kind == "random.Random":
         return obj.getstate()
+    if kind == "numpy.SeedSequence":
+        return read_seed_seq(obj)
     raise ValueError(f"unknown RNG kind {kind!r}")
 
 
 def apply_rng(kind: str, obj: Any, state: Any) -> None:
-    """Set RNG object ``obj`` of ``kind`` to ``state`` in place (the same object goes on drawing)."""
-    if kind == "numpy.Generator":
-        obj.bit_generator.state = state
-    elif kind == "numpy.BitGenerator":
-        obj.state = state
+    """Set RNG object ``obj`` of ``kind`` to ``state`` in place (the same object goes on drawing).
+
+    A Generator's or BitGenerator's seed sequence: the one it has gets the saved spawn count in
+    place when it is the saved one (same entropy, spawn key and pool size); another one (the
+    name holds an object seeded otherwise than the one saved) is replaced by the saved one, so
+    that the object spawns as the saved one did. A ``SeedSequence`` object: ValueError unless it
+    is the saved one (a seed sequence's identity cannot be changed in place)."""
+    if kind in ("numpy.Generator", "numpy.BitGenerator"):
+        bitgen = obj.bit_generator if kind == "numpy.Generator" else obj
+        state = dict(state)
+        saved_seq = state.pop("seed_seq", None)
+        if saved_seq is not None:
+            seq = getattr(bitgen, "_seed_seq", None)
+            if isinstance(seq, np.random.SeedSequence) and not _seed_seq_differs(seq, saved_seq):
+                _set_children(seq, saved_seq["n_children_spawned"])
+            else:
+                _replace_seed_seq(bitgen, _new_seed_seq(saved_seq))
+        bitgen.state = state
     elif kind == "numpy.RandomState":
         obj.set_state(state)
     elif kind == "random.Random":
         version, internal, gauss = state
         obj.setstate((version, tuple(internal), gauss))
+    elif kind == "numpy.SeedSequence":
+        differ = _seed_seq_differs(obj, state)
+        if differ:
+            raise ValueError(
+                f"the SeedSequence's {' and '.join(differ)} {'differs' if len(differ) == 1 else 'differ'} from the checkpoint's (this run's "
+                f"{_short(read_seed_seq(obj), differ)}, the checkpoint's {_short(state, differ)}): it is another "
+                "seed sequence than the one saved, and only its spawn count can be restored in place"
+            )
+        _set_children(obj, state["n_children_spawned"])
     else:
         raise ValueError(f"unknown RNG kind {kind!r}")
+
+
+def read_seed_seq(seq: Any) -> Dict[str, Any]:
+    """A ``numpy.random.SeedSequence`` as plain data: entropy, spawn key, pool size, spawn count."""
+    entropy = seq.entropy
+    if isinstance(entropy, (int, np.integer)):
+        ent: Any = int(entropy)
+    else:
+        try:
+            ent = [int(x) for x in entropy]
+        except (TypeError, ValueError):
+            raise EncodeError(f"a SeedSequence whose entropy is a {type(entropy).__name__} of other than integers") from None
+    return {"entropy": ent, "spawn_key": [int(k) for k in seq.spawn_key], "pool_size": int(seq.pool_size),
+            "n_children_spawned": int(seq.n_children_spawned)}
+
+
+def _seed_seq_differs(seq: Any, saved: Dict[str, Any]) -> List[str]:
+    mine = read_seed_seq(seq)
+    return [k for k in _SEED_SEQ_KEYS[:3] if mine[k] != saved[k]]
+
+
+def _short(d: Dict[str, Any], keys: List[str]) -> str:
+    return ", ".join(f"{k}={str(d[k])[:48]}" for k in keys)
+
+
+def _new_seed_seq(saved: Dict[str, Any]) -> Any:
+    return np.random.SeedSequence(saved["entropy"], spawn_key=tuple(saved["spawn_key"]), pool_size=saved["pool_size"],
+                                  n_children_spawned=saved["n_children_spawned"])
+
+
+_children_slot: List[int] = []  # the index of n_children_spawned in SeedSequence's pickled state, once found
+
+
+def _set_children(seq: Any, n: int) -> None:
+    """Set ``seq.n_children_spawned`` to ``n`` in place (read-only from Python: through the state its
+    pickling sets, found once by a probe; else by spawning the difference when it grows)."""
+    if seq.n_children_spawned == n:
+        return
+    try:
+        if not _children_slot:
+            probe = np.random.SeedSequence(0, n_children_spawned=54321).__reduce_cython__()[2]
+            _children_slot.extend(i for i, v in enumerate(probe) if type(v) is int and v == 54321)
+        state = list(seq.__reduce_cython__()[2])
+        if len(_children_slot) == 1 and state[_children_slot[0]] == seq.n_children_spawned:
+            state[_children_slot[0]] = n
+            seq.__setstate_cython__(tuple(state))
+    except (AttributeError, IndexError, TypeError):
+        pass  # another NumPy: below
+    if seq.n_children_spawned < n <= seq.n_children_spawned + (1 << 16):
+        seq.spawn(n - seq.n_children_spawned)  # deterministic: only the count changes
+    if seq.n_children_spawned != n:
+        raise ValueError(f"cannot set the SeedSequence's spawn count to {n} (it is {seq.n_children_spawned}) "
+                         f"on NumPy {np.__version__}")
+
+
+def _replace_seed_seq(bitgen: Any, seq: Any) -> None:
+    """Give ``bitgen`` the seed sequence ``seq`` in place (NumPy >= 1.25 pickles a bit generator
+    as its state and seed sequence)."""
+    if isinstance(bitgen.__getstate__(), tuple):
+        bitgen.__setstate__((bitgen.state, seq))
+    if getattr(bitgen, "_seed_seq", None) is not seq:
+        raise ValueError(f"its {type(bitgen).__name__} was seeded otherwise than the one saved, and NumPy "
+                         f"{np.__version__} cannot give it the saved seed sequence (NumPy >= 1.25 can)")
+
+
+def _check_seed_seq(v: Any) -> None:
+    if not isinstance(v, dict) or set(v) != set(_SEED_SEQ_KEYS):
+        raise ValueError(f"a seed sequence is not an object with keys {', '.join(_SEED_SEQ_KEYS)}")
+
+    def uint(x: Any, bound: int) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < bound
+
+    ent = v["entropy"]
+    if not (uint(ent, 10**MAX_INT_DIGITS) or (isinstance(ent, list) and 0 < len(ent) <= MAX_ENTROPY_WORDS
+                                              and all(uint(x, 10**MAX_INT_DIGITS) for x in ent))):
+        raise ValueError(f"entropy is not a non-negative integer or a list of at most {MAX_ENTROPY_WORDS} of them")
+    key = v["spawn_key"]
+    if not (isinstance(key, list) and len(key) <= MAX_SPAWN_DEPTH and all(uint(x, 1 << 64) for x in key)):
+        raise ValueError(f"spawn_key is not a list of at most {MAX_SPAWN_DEPTH} non-negative integers")
+    if not uint(v["pool_size"], MAX_POOL_SIZE + 1) or not uint(v["n_children_spawned"], 1 << 32):
+        raise ValueError(f"pool_size is not an integer of at most {MAX_POOL_SIZE}, or n_children_spawned not below 2**32")
+    _new_seed_seq(v)  # NumPy's own checks (a pool size below 4, ...)
 
 
 def _check_rng_state(kind: str, state: Any, where: str) -> None:
@@ -221,8 +342,10 @@ def _check_rng_state(kind: str, state: Any, where: str) -> None:
             name = state.get("bit_generator") if isinstance(state, dict) else None
             if name not in _BIT_GENERATORS:
                 raise ValueError(f"bit generator {str(name)[:40]!r} is not one of {', '.join(_BIT_GENERATORS)}")
+            if "seed_seq" in state:
+                _check_seed_seq(state["seed_seq"])
             fresh: Any = getattr(np.random, name)(0)
-            fresh.state = state
+            fresh.state = {k: v for k, v in state.items() if k != "seed_seq"}
             if fresh.state["bit_generator"] != name:
                 raise ValueError("the state names another bit generator")
         elif kind == "numpy.RandomState":
@@ -231,6 +354,8 @@ def _check_rng_state(kind: str, state: Any, where: str) -> None:
             if not (isinstance(state, tuple) and len(state) == 3 and isinstance(state[1], tuple)):
                 raise ValueError("not a (version, internal state, gauss_next) tuple")
             apply_rng(kind, random.Random(), state)
+        elif kind == "numpy.SeedSequence":
+            _check_seed_seq(state)
         else:
             raise ValueError(f"unknown RNG kind {str(kind)[:40]!r}")
     except CorruptCheckpointError:
@@ -246,8 +371,8 @@ def validate(section: Any, where: str = "manifest.extra.objects") -> Tuple[Dict[
     the capture could not have written."""
     if not isinstance(section, dict) or set(section) != {"version", "rng", "state"}:
         raise _fail(f"{where} is not an object with keys version, rng, state")
-    if section["version"] != VERSION or isinstance(section["version"], bool):
-        raise _fail(f"{where}.version {str(section['version'])[:20]} is not {VERSION} (written by a newer paddle-acp?)")
+    if section["version"] not in VERSIONS or isinstance(section["version"], bool):
+        raise _fail(f"{where}.version {str(section['version'])[:20]} is not one of {VERSIONS} (written by a newer paddle-acp?)")
     out = []
     for part, kinds in (("rng", RNG_KINDS), ("state", STATE_KINDS)):
         objs = section[part]

@@ -17,7 +17,7 @@ from paddle_acp import config as _config
 from paddle_acp.adapter import version as paddle_version
 from paddle_acp.errors import AcpError, CheckpointError, ConfigError
 from paddle_acp.runtime import early
-from paddle_acp.runtime.capture import caller_frame, find_captured
+from paddle_acp.runtime.capture import Site, caller_frame
 from paddle_acp.runtime.objects import ScriptState, check_state, tracked
 from paddle_acp.runtime.range import EpochRange
 from paddle_acp.runtime.restore import CONST_CHECKPOINT, CONST_MEMORYINIT
@@ -87,10 +87,12 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
     if STATE.active is not None:
         raise CheckpointError(f"train_epoch_range cannot be nested (range {STATE.active.name} is active)")
     frame = caller_frame()
-    rngs = find_captured(frame.f_globals, frame.f_locals) if frame is not None else {}
+    site = Site(frame) if frame is not None else None
     del frame
     name = STATE.next_range_name()
-    r = EpochRange.open(max_epoch_num, name, cfg, save_checkpoint_inter, ScriptState(name, rngs, {**tracked(), **registered}))
+    script = ScriptState(name, site.found if site is not None else {}, {**tracked(), **registered}, site)
+    script.check()
+    r = EpochRange.open(max_epoch_num, name, cfg, save_checkpoint_inter, script)
     if r.script:
         logger.info("range %s: every checkpoint also saves %s", r.name, r.script.describe())
     prev = STATE.hooked
@@ -124,6 +126,7 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
             if r.digests is not None:
                 r.digests.release()
             STATE.hooked = r if r.has_unrestored_state else None
+            r.script.release()
             if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
                 r.persister.closed = True
             else:

@@ -12,7 +12,12 @@ Captured (restored in place: the same object goes on drawing):
 * ``numpy.random.Generator`` (``np.random.default_rng(seed)``): its bit generator's state;
 * a bare NumPy ``BitGenerator`` (``np.random.PCG64(seed)``, ...);
 * ``numpy.random.RandomState``;
-* ``random.Random`` and subclasses, except ``random.SystemRandom`` (it has no state).
+* ``random.Random`` and subclasses, except ``random.SystemRandom`` (it has no state);
+* ``numpy.random.SeedSequence``: how many children it spawned (``ss.spawn(n)``); a Generator's
+  or BitGenerator's seed sequence is saved with it (``Generator.spawn`` draws from it).
+
+A captured name is looked up again at each save (:class:`Site`): a name rebound inside the loop
+(``rng = np.random.default_rng(rng.integers(2**32))``) is saved as it holds then, and said once.
 
 Not captured, because every checkpoint saves them already or they have no state: Paddle's
 generators (``paddle.Generator(device)`` returns the device's default generator, saved with the
@@ -27,11 +32,11 @@ from __future__ import annotations
 import random
 import sys
 from types import FrameType
-from typing import Any, Dict, Mapping, Optional, Set
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["MAX_CONTAINER", "caller_frame", "capturable", "find_captured", "rng_kind"]
+__all__ = ["MAX_CONTAINER", "MISSING", "WHOLE", "Binding", "Site", "caller_frame", "capturable", "find_captured", "rng_kind"]
 
 MAX_CONTAINER = 1000  # a list, tuple or dict with more items is not looked into (cheap start)
 
@@ -41,6 +46,8 @@ def rng_kind(obj: Any) -> Optional[str]:
     is not one paddle-acp can save and restore in place."""
     if isinstance(obj, np.random.Generator):
         return "numpy.Generator"
+    if isinstance(obj, np.random.SeedSequence):
+        return "numpy.SeedSequence"
     if isinstance(obj, np.random.RandomState):
         return "numpy.RandomState"
     if isinstance(obj, np.random.BitGenerator):
@@ -52,12 +59,47 @@ def rng_kind(obj: Any) -> Optional[str]:
 
 def capturable(obj: Any) -> bool:
     """Whether ``obj`` is captured without code when a script holds it: a NumPy ``Generator``,
-    ``BitGenerator`` or ``RandomState``, or a ``random.Random`` (not ``SystemRandom``)."""
+    ``BitGenerator``, ``RandomState`` or ``SeedSequence``, or a ``random.Random`` (not ``SystemRandom``)."""
     return rng_kind(obj) is not None
 
 
 def _label(key: Any) -> str:
     return repr(key) if isinstance(key, (str, int)) else f"<{type(key).__name__}>"
+
+
+class Binding(NamedTuple):
+    """Where a captured object was found: ``scope`` ("module_global" or "local"), the variable,
+    and ``key`` (:data:`WHOLE`, or the key or index of the item of the container it holds)."""
+
+    scope: str
+    var: str
+    key: Any
+
+
+WHOLE = object()  # Binding.key of an object held by the name itself
+MISSING = object()  # Site.resolve: the name, or its item, is gone
+
+
+def _walk(module_globals: Mapping[str, Any], frame_locals: Optional[Mapping[str, Any]]) -> Iterator[Tuple[str, Binding, Any]]:
+    """Every capturable object reachable from the scopes, with its name and binding (repeats included)."""
+    scopes = [("module_global", module_globals)]
+    if frame_locals is not None and frame_locals is not module_globals:
+        scopes.append(("local", frame_locals))
+    for prefix, scope in scopes:
+        for name, obj in list(scope.items()):
+            if not isinstance(name, str) or name.startswith("__"):
+                continue
+            base = f"{prefix}:{name}"
+            if capturable(obj):
+                yield base, Binding(prefix, name, WHOLE), obj
+            if type(obj) in (list, tuple) and len(obj) <= MAX_CONTAINER:
+                for i, item in enumerate(obj):
+                    if capturable(item):
+                        yield f"{base}[{i}]", Binding(prefix, name, i), item
+            elif type(obj) is dict and len(obj) <= MAX_CONTAINER:
+                for key, item in list(obj.items()):
+                    if capturable(item):
+                        yield f"{base}[{_label(key)}]", Binding(prefix, name, key), item
 
 
 def find_captured(module_globals: Mapping[str, Any], frame_locals: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
@@ -70,30 +112,57 @@ def find_captured(module_globals: Mapping[str, Any], frame_locals: Optional[Mapp
     under the first. Names that start with ``__`` are skipped. ``frame_locals`` may be
     ``module_globals`` itself (a loop at module level): then only ``module_global:`` names result.
     """
-    found: Dict[str, Any] = {}
-    seen: Set[int] = set()  # the id()s of the objects found
+    return {name: obj for name, (_, obj) in _find(module_globals, frame_locals)[0].items()}
 
-    def add(name: str, obj: Any) -> None:
-        if id(obj) not in seen and capturable(obj):
-            seen.add(id(obj))
-            found[name] = obj
 
-    scopes = [("module_global", module_globals)]
-    if frame_locals is not None and frame_locals is not module_globals:
-        scopes.append(("local", frame_locals))
-    for prefix, scope in scopes:
-        for name, obj in list(scope.items()):
-            if not isinstance(name, str) or name.startswith("__"):
-                continue
-            base = f"{prefix}:{name}"
-            add(base, obj)
-            if type(obj) in (list, tuple) and len(obj) <= MAX_CONTAINER:
-                for i, item in enumerate(obj):
-                    add(f"{base}[{i}]", item)
-            elif type(obj) is dict and len(obj) <= MAX_CONTAINER:
-                for key, item in list(obj.items()):
-                    add(f"{base}[{_label(key)}]", item)
-    return found
+def _find(module_globals: Mapping[str, Any], frame_locals: Optional[Mapping[str, Any]]
+          ) -> Tuple[Dict[str, Tuple[Binding, Any]], Dict[str, List[Tuple[str, Binding]]]]:
+    found: Dict[str, Tuple[Binding, Any]] = {}
+    first: Dict[int, str] = {}  # id() of an object found -> its name
+    aliases: Dict[str, List[Tuple[str, Binding]]] = {}
+    for name, binding, obj in _walk(module_globals, frame_locals):
+        if id(obj) in first:
+            aliases.setdefault(first[id(obj)], []).append((name, binding))
+        else:
+            first[id(obj)] = name
+            found[name] = (binding, obj)
+    return found, aliases
+
+
+class Site:
+    """The scopes of the frame that opened a loop: what is captured there, looked up again at each save.
+
+    ``found``: name -> object (as :func:`find_captured`); ``bindings``: name -> :class:`Binding`;
+    ``aliases``: name -> the other names that held the same object when the loop opened.
+    :meth:`release` drops the frame when the loop ends (it holds the frame's locals alive)."""
+
+    def __init__(self, frame: FrameType) -> None:
+        self._globals: Mapping[str, Any] = frame.f_globals
+        self._frame: Optional[FrameType] = frame if frame.f_locals is not frame.f_globals else None
+        found, self.aliases = _find(self._globals, self._frame.f_locals if self._frame is not None else None)
+        self.bindings = {name: b for name, (b, _) in found.items()}
+        self.found = {name: obj for name, (_, obj) in found.items()}
+
+    def resolve(self, b: Binding) -> Any:
+        """What ``b`` holds now, or :data:`MISSING`."""
+        if b.scope == "module_global":
+            scope: Optional[Mapping[str, Any]] = self._globals
+        else:
+            scope = self._frame.f_locals if self._frame is not None else None
+        if scope is None or b.var not in scope:
+            return MISSING
+        obj = scope[b.var]
+        if b.key is WHOLE:
+            return obj
+        if type(obj) in (list, tuple):
+            return obj[b.key] if isinstance(b.key, int) and 0 <= b.key < len(obj) else MISSING
+        if type(obj) is dict:
+            return obj.get(b.key, MISSING)
+        return MISSING
+
+    def release(self) -> None:
+        self._frame = None
+        self._globals = {}
 
 
 def caller_frame() -> Optional[FrameType]:

@@ -9,8 +9,11 @@ state into the serialized form of :mod:`paddle_acp.format.objstate` (saved in th
 Registered objects (checked by :func:`check_state` when the loop opens, not at the first save):
 
 * any object with ``state_dict()`` and ``set_state_dict(state)`` (Paddle's convention: LR
-  schedulers, a user class, :class:`Value` and :class:`Counter`), whose state is plain data;
-* a ``dict`` or ``list`` of plain data (restored in place: cleared and refilled);
+  schedulers, a user class, :class:`Value` and :class:`Counter`), whose state is plain data
+  (restored into what its ``state_dict()`` returns, then set: containers it hands out keep
+  their identity);
+* a ``dict`` or ``list`` of plain data (restored in place at every level:
+  :func:`paddle_acp.runtime.inplace.restore_into`);
 * a NumPy array (restored in place: same shape and dtype);
 * an RNG object (:func:`~paddle_acp.runtime.capture.capturable`) the frame search cannot reach.
 
@@ -28,7 +31,8 @@ import numpy as np
 
 from paddle_acp.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from paddle_acp.format import objstate
-from paddle_acp.runtime.capture import rng_kind
+from paddle_acp.runtime.capture import MISSING, Site, rng_kind
+from paddle_acp.runtime.inplace import restore_into
 from paddle_acp.runtime.state import STATE
 
 logger = logging.getLogger("paddle_acp")
@@ -222,8 +226,10 @@ def _describe(kind: str, obj: Any) -> str:
 class ScriptState:
     """The script's objects one range saves with each checkpoint: captured RNGs and registered state."""
 
-    def __init__(self, range_name: str, rngs: Dict[str, Any], state: Dict[str, Tuple[str, Any]]) -> None:
+    def __init__(self, range_name: str, rngs: Dict[str, Any], state: Dict[str, Tuple[str, Any]],
+                 site: Optional[Site] = None) -> None:
         self.range_name = range_name
+        self.site = site  # where ``rngs`` were found: their names are looked up again at each save
         registered = {id(obj) for _, obj in state.values()}
         self.rngs: Dict[str, Tuple[str, Any]] = {}
         for n, o in rngs.items():
@@ -245,10 +251,65 @@ class ScriptState:
             parts.append("the state " + ", ".join(f"{n} ({_describe(k, o)})" for n, (k, o) in self.state.items()))
         return " and ".join(parts)
 
+    def check(self) -> None:
+        """At the loop's open: ConfigError when the objects are more, or their state larger, than a
+        checkpoint holds (naming the limit and the objects), instead of every save failing."""
+        for what, objs in (("captured RNG objects", self.rngs), ("registered state objects (state=, track)", self.state)):
+            if len(objs) > objstate.MAX_OBJECTS:
+                names = list(objs)
+                raise ConfigError(
+                    f"range {self.range_name}: {len(objs)} {what}, more than the {objstate.MAX_OBJECTS} a checkpoint "
+                    f"holds: {', '.join(names[:8])}, ... {names[-1]}; keep them in one container registered with "
+                    "state= (e.g. their states in a list), or fewer"
+                )
+        try:
+            self.capture()
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def release(self) -> None:
+        """The loop ended: forget the frame the captured names were found in."""
+        if self.site is not None:
+            self.site.release()
+            self.site = None
+
+    def _refresh(self) -> None:
+        """Look the captured names up again: a name rebound since the loop opened is saved as it holds now."""
+        site = self.site
+        if site is None:
+            return
+        for name, (kind, obj) in list(self.rngs.items()):
+            binding = site.bindings.get(name)
+            cur = site.resolve(binding) if binding is not None else obj
+            if cur is not obj:
+                ckind = rng_kind(cur) if cur is not MISSING else None
+                if ckind is None:
+                    self._say(name, "gone", f"{name} no longer holds an RNG object since the loop opened (deleted or "
+                              f"rebound to a {type(cur).__name__}): checkpoints go on saving the {kind} it held")
+                    continue
+                self._say(name, "rebound", f"{name} holds another {ckind} than when the loop opened (rebound in the "
+                          f"loop): checkpoints save the object it holds at each save, and a restart restores that state "
+                          f"into the {ckind} {name} holds when its loop opens")
+                self.rngs[name] = (ckind, cur)
+                obj = cur
+            for alias, ab in site.aliases.get(name, ()):
+                other = site.resolve(ab)
+                if other is not obj and other is not MISSING and rng_kind(other) is not None:
+                    self._say(alias, "alias", f"{alias} held the same object as {name} when the loop opened and holds "
+                              f"another {rng_kind(other)} now: checkpoints save {name}'s object only, so a restart "
+                              f"restores {alias} to {name}'s state; keep the RNG under one name, or pass it with state=")
+
+    def _say(self, name: str, what: str, message: str) -> None:
+        key = (what, (name,))
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("range %s: %s", self.range_name, message)
+
     def capture(self) -> Optional[Dict[str, Any]]:
         """The objects' state now, in the serialized form (None when there is nothing to save)."""
         if not self:
             return None
+        self._refresh()
         section: Dict[str, Any] = {"version": objstate.VERSION, "rng": {}, "state": {}}
         parts: Tuple[Tuple[str, Dict[str, Tuple[str, Any]]], ...] = (("rng", self.rngs), ("state", self.state))
         for part, objs in parts:
@@ -306,16 +367,11 @@ class ScriptState:
             if kind in objstate.RNG_KINDS:
                 objstate.apply_rng(kind, obj, value)
             elif kind == "state_dict":
-                obj.set_state_dict(value)
-            elif kind == "dict":
-                if not isinstance(value, dict):
+                obj.set_state_dict(restore_into(obj.state_dict(), value))  # the containers it hands out stay
+            elif kind in ("dict", "list"):
+                if not isinstance(value, dict if kind == "dict" else list):
                     raise TypeError(f"the checkpoint holds a {type(value).__name__}")
-                obj.clear()
-                obj.update(value)
-            elif kind == "list":
-                if not isinstance(value, list):
-                    raise TypeError(f"the checkpoint holds a {type(value).__name__}")
-                obj[:] = value
+                restore_into(obj, value)
             elif kind == "ndarray":
                 if not isinstance(value, np.ndarray) or value.shape != obj.shape or value.dtype != obj.dtype:
                     raise TypeError(f"the checkpoint holds {getattr(value, 'dtype', type(value).__name__)}"
