@@ -12,7 +12,9 @@
 - :mod:`~paddle_acp.runtime.state`: what the process remembers between ranges (one object, ``STATE``).
 - :mod:`~paddle_acp.runtime.hook` (the ``Executor.run`` patch), :mod:`~paddle_acp.runtime.registry`
   (the training programs of a range), :mod:`~paddle_acp.runtime.saver` (the background writer and the
-  busy policy), :mod:`~paddle_acp.runtime.preemption` (signals), :mod:`~paddle_acp.runtime.budget`
+  busy policy), :mod:`~paddle_acp.runtime.preemption` (signals), :mod:`~paddle_acp.runtime.shield` (the
+  preemption signals in children forked during a range: DataLoader workers leave them to the training process),
+  :mod:`~paddle_acp.runtime.budget`
   (the host-memory budget of the snapshot buffers), :mod:`~paddle_acp.runtime.digests` (the per-epoch
   digests ``paddle-acp check`` compares), :mod:`~paddle_acp.runtime.early` (an HDFS location opened
   in the background from the package's import, handed to the first range).

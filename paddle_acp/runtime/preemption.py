@@ -5,6 +5,9 @@ Which signals, and whether to exit, come from the configuration
 The handler only records the signal; the training thread saves at the next
 step or epoch boundary and then raises :class:`Preempted` (a ``SystemExit``
 with status 128 + signal number, 143 for SIGTERM) unless told to continue.
+
+A child forked while the handlers are installed gets the handlers from before them back, and Paddle's
+DataLoader workers forked meanwhile leave the signals to this process (:mod:`~paddle_acp.runtime.shield`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import signal
 import threading
 from types import FrameType
 from typing import Callable, Dict, List, Optional
+
+from paddle_acp.runtime import shield
 
 logger = logging.getLogger("paddle_acp")
 
@@ -55,8 +60,10 @@ class PreemptionWatcher:
         for sig in self.signals:
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handle)
+        shield.engage(dict(self._previous))
 
     def uninstall(self) -> None:
+        shield.release()
         for sig, prev in self._previous.items():
             if signal.getsignal(sig) == self._handle:
                 signal.signal(sig, prev if prev is not None else signal.SIG_DFL)

@@ -4,7 +4,10 @@ Writes one JSON line per trained step to OUT/steps.jsonl: {"epoch", "step", "los
 and all parameters to OUT/final.npz at the end.
 Options: --kill-at E:S (SIGKILL itself before training step S of epoch E, once),
 --term-at E:S (SIGTERM itself right after training step S of epoch E, once),
---save-every-steps K, --loader generator|list|dataloader|stateful, --batches N, --shrink (data has N-3 batches).
+--stop-at E:S (right after training step S of epoch E, once: writes OUT/stopping and waits until OUT/stopped
+exists, for a test that signals it from outside, e.g. its whole process group), --save-every-steps K,
+--loader generator|list|dataloader|stateful, --batches N, --shrink (data has N-3 batches),
+--workers N (the DataLoader's num_workers; each worker writes its pid to OUT/workers/<pid>).
 """
 
 import argparse
@@ -12,6 +15,7 @@ import json
 import os
 import random
 import signal
+import time
 
 import numpy as np
 import paddle
@@ -24,6 +28,8 @@ ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--batches", type=int, default=8)
 ap.add_argument("--kill-at", default=None)
 ap.add_argument("--term-at", default=None)
+ap.add_argument("--stop-at", default=None)
+ap.add_argument("--workers", type=int, default=0)
 ap.add_argument("--save-every-steps", type=int, default=None)
 ap.add_argument("--loader", choices=["generator", "list", "dataloader", "stateful"], default="generator")
 ap.add_argument("--shrink", action="store_true")
@@ -98,7 +104,13 @@ def loader_for_epoch():
         def __getitem__(self, i):
             return ds[i][0][0], ds[i][1][0]
 
-    return paddle.io.DataLoader(DS(), feed_list=[x, y], batch_size=1, shuffle=False, return_list=False)
+    return paddle.io.DataLoader(DS(), feed_list=[x, y], batch_size=1, shuffle=False, return_list=False,
+                                num_workers=a.workers, worker_init_fn=note_worker if a.workers else None)
+
+
+def note_worker(worker_id):
+    os.makedirs(os.path.join(a.out, "workers"), exist_ok=True)
+    open(os.path.join(a.out, "workers", str(os.getpid())), "w").close()
 
 
 stateful = StatefulLoader()
@@ -111,7 +123,7 @@ def parse(spec):
     return int(e), int(s)
 
 
-kill_at, term_at = parse(a.kill_at), parse(a.term_at)
+kill_at, term_at, stop_at = parse(a.kill_at), parse(a.term_at), parse(a.stop_at)
 log = open(os.path.join(a.out, "steps.jsonl"), "a")
 first = True
 for epoch in acp.train_epoch_range(a.epochs, save_checkpoint_inter=0):
@@ -132,6 +144,10 @@ for epoch in acp.train_epoch_range(a.epochs, save_checkpoint_inter=0):
         if term_at == (epoch, step) and not os.path.exists(os.path.join(a.out, "termed")):
             open(os.path.join(a.out, "termed"), "w").close()
             os.kill(os.getpid(), signal.SIGTERM)
+        if stop_at == (epoch, step) and not os.path.exists(os.path.join(a.out, "stopping")):
+            open(os.path.join(a.out, "stopping"), "w").close()
+            while not os.path.exists(os.path.join(a.out, "stopped")):  # the test signals now (from outside)
+                time.sleep(0.01)
     sched.step()
 scope = paddle.static.global_scope()
 names = [op.str_attr("parameter_name") for op in main.global_block().ops if op.name() == "builtin.parameter"] if not legacy else [p.name for p in main.all_parameters()]

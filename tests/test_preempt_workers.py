@@ -1,0 +1,121 @@
+"""A job stopped as Kubernetes and Slurm stop it: a signal to every process of it, DataLoader workers included.
+
+Real processes throughout: the training script runs in a session of its own with a ``paddle.io.DataLoader``
+of two worker processes; the test signals the whole process group from outside it (``os.killpg``), as the
+node's agent would, while the script waits at a known step.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from test_steps import SCRIPT, assert_same, reference, steps
+
+
+def start(out, ck, *args):
+    env = dict(os.environ, PADDLE_ACP_CHECKPOINT_URI=str(ck), PADDLE_ACP_ASYNC="0")
+    return subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), *args], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path, proc, timeout=60):
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def running(pid):
+    """The process exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def stop_group_at_step(out, ck, sig):
+    """Run the script with 2 DataLoader workers; at epoch 1 step 3 send ``sig`` to its whole process group."""
+    p = start(out, ck, "--loader", "dataloader", "--workers", "2", "--stop-at", "1:3")
+    try:
+        wait_for(out / "stopping", p)
+        workers = [int(w) for w in os.listdir(out / "workers") if running(w)]
+        assert len(workers) == 2, workers  # the epoch's loader's workers, in the script's process group
+        assert all(os.getpgid(w) == p.pid for w in workers)
+        os.killpg(p.pid, sig)
+        (out / "stopped").touch()
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return p.returncode, err, workers
+
+
+def test_sigterm_to_the_process_group_with_dataloader_workers_saves_exits_143_and_resumes(tmp_path, tmp_path_factory):
+    """Before: a worker died of the SIGTERM first and Paddle raised SystemError in the training process,
+    inside the preemption save; no checkpoint, exit status 1."""
+    ref = reference(tmp_path_factory, "pir", "--loader", "dataloader", "--workers", "2")
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    rc, err, workers = stop_group_at_step(out, ck, signal.SIGTERM)
+    assert rc == 143, err[-3000:]
+    assert "SystemError" not in err and "exited unexpectedly" not in err
+    assert "saved checkpoint 1 (epoch 1 step 4)" in err
+    assert [w for w in workers if running(w)] == []  # the workers ended with the process, none left behind
+    _, order = steps(out)
+    assert order[-1][0] == (1, 3)
+    p = start(out, ck, "--loader", "dataloader", "--workers", "2")
+    o, e = p.communicate(timeout=120)
+    assert p.returncode == 0, e[-3000:]
+    assert "resumed at epoch 1 step 4" in o
+    assert_same(out, ref)
+
+
+def test_ctrl_c_to_the_process_group_with_dataloader_workers_is_unchanged(tmp_path, tmp_path_factory):
+    """SIGINT is not a preemption signal: KeyboardInterrupt, no save, the committed checkpoint intact (as before)."""
+    ref = reference(tmp_path_factory, "pir", "--loader", "dataloader", "--workers", "2")
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    rc, err, workers = stop_group_at_step(out, ck, signal.SIGINT)
+    assert rc == -signal.SIGINT, err[-3000:]
+    assert "KeyboardInterrupt" in err
+    assert [w for w in workers if running(w)] == []
+    assert sorted(os.listdir(ck / "default" / "range" / "_range_0")) == ["ckpt-0"]
+    p = start(out, ck, "--loader", "dataloader", "--workers", "2")
+    o, e = p.communicate(timeout=120)
+    assert p.returncode == 0, e[-3000:]
+    assert "resumed at epoch 1 step 0" in o
+    assert_same(out, ref)
+
+
+def test_other_children_forked_in_a_range_still_take_sigterm(tmp_path):
+    """Only Paddle's DataLoader workers are shielded: a process the script forks itself ends on the job's SIGTERM."""
+    code = textwrap.dedent(f"""
+        import multiprocessing, os, time
+        import paddle_acp as acp
+        for epoch in acp.train_epoch_range(1, 0):
+            child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
+            child.start()
+            open({str(tmp_path / "stopping")!r}, "w").close()
+            while not os.path.exists({str(tmp_path / "stopped")!r}):
+                time.sleep(0.01)
+        child.join(30)
+        print("child exitcode", child.exitcode, flush=True)
+    """)
+    env = dict(os.environ, PADDLE_ACP_CHECKPOINT_URI=str(tmp_path / "ck"), PADDLE_ACP_EXIT_ON_PREEMPT="0")
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(tmp_path / "stopping", p)
+        os.killpg(p.pid, signal.SIGTERM)
+        (tmp_path / "stopped").touch()
+        o, e = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 0, e[-3000:]
+    assert f"child exitcode {-signal.SIGTERM}" in o
