@@ -125,6 +125,20 @@ def test_a_generator_restores_into_another_generator_of_its_type_spawn_count_and
     assert draw_some(target, 4) == expect
 
 
+def test_a_version_1_section_restores_as_before():
+    """Checkpoints written before seed sequences were saved: the bit state restores, the spawn count is left."""
+    g = np.random.default_rng(5)
+    g.random()
+    section = json.loads(json.dumps(section_of({"module_global:rng": g})))
+    section["version"] = 1
+    del section["rng"]["module_global:rng"]["value"]["$dict"]["seed_seq"]
+    expect = g.random()
+    target = np.random.default_rng(5)
+    target.spawn(2)
+    ScriptState("_range_0", {"module_global:rng": target}, {}).restore(section, "old")
+    assert target.random() == expect and target.bit_generator.seed_seq.n_children_spawned == 2
+
+
 def test_a_seed_sequence_of_another_entropy_spawn_key_or_pool_size_is_refused_naming_what_differs():
     ss = np.random.SeedSequence(7)
     ss.spawn(3)
@@ -301,6 +315,14 @@ def test_registered_state_restores_in_place_and_rejects_kind_changes(caplog):
     # an array of another shape cannot be restored in place: a clear error naming it
     with pytest.raises(CheckpointError, match="'arr'"):
         ScriptState("_range_0", {}, check_state({"arr": np.zeros(3)})).restore(section, "ckpt-1")
+    # an object of another kind than saved: refused before anything is restored
+    fresh = acp.Counter(0)
+    with pytest.raises(CheckpointError, match=r"lr \(a state_dict in the checkpoint, a list here\).*PADDLE_JOB_ID"):
+        ScriptState("_range_0", {}, check_state({"step": fresh, "lr": [0.1]})).restore(section, "ckpt-1")
+    assert fresh == 0
+    rng_section = section_of({"module_global:rng": np.random.default_rng(0)})
+    with pytest.raises(CheckpointError, match="module_global:rng .a numpy.Generator in the checkpoint, a numpy.RandomState here"):
+        ScriptState("_range_0", {"module_global:rng": np.random.RandomState(0)}, {}).restore(rng_section, "ckpt-2")
 
 
 @pytest.mark.parametrize("obj,match", [

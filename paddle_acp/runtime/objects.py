@@ -223,6 +223,15 @@ def _describe(kind: str, obj: Any) -> str:
     return kind
 
 
+def _into_state_dict(current: Any, saved: Any) -> Any:
+    """What ``set_state_dict`` gets: the saved state, restored into the containers ``state_dict()``
+    hands out (``Value([])``'s list stays the script's), its top-level dict a new one (keys the
+    object has and the checkpoint lacks are left to ``set_state_dict``, as before)."""
+    if isinstance(current, dict) and isinstance(saved, dict):
+        return {k: restore_into(current[k], v) if k in current else v for k, v in saved.items()}
+    return restore_into(current, saved)
+
+
 class ScriptState:
     """The script's objects one range saves with each checkpoint: captured RNGs and registered state."""
 
@@ -244,11 +253,15 @@ class ScriptState:
 
     def describe(self) -> str:
         """What is saved, for the start log."""
+        def listed(objs: Dict[str, Tuple[str, Any]]) -> str:
+            shown = [f"{n} ({_describe(k, o)})" for n, (k, o) in list(objs.items())[:16]]
+            return ", ".join(shown) + (f" and {len(objs) - 16} more" if len(objs) > 16 else "")
+
         parts = []
         if self.rngs:
-            parts.append("the script's RNGs " + ", ".join(f"{n} ({_describe(k, o)})" for n, (k, o) in self.rngs.items()))
+            parts.append("the script's RNGs " + listed(self.rngs))
         if self.state:
-            parts.append("the state " + ", ".join(f"{n} ({_describe(k, o)})" for n, (k, o) in self.state.items()))
+            parts.append("the state " + listed(self.state))
         return " and ".join(parts)
 
     def check(self) -> None:
@@ -329,7 +342,8 @@ class ScriptState:
 
     def restore(self, section: Any, where: str) -> None:
         """Write the state of ``section`` (a checkpoint's, read and validated with its manifest) back
-        into the objects, in place. An object the checkpoint lacks, or one this run lacks: one warning."""
+        into the objects, in place. An object the checkpoint lacks, or one this run lacks: one warning;
+        one of another kind than saved (or that cannot take the saved state): CheckpointError."""
         if not self and section is None:
             return
         if section is None:
@@ -342,22 +356,24 @@ class ScriptState:
             raise CheckpointError(f"{where}: {exc}") from None
         missing: List[str] = []
         gone: List[str] = []
-        other: List[str] = []
+        other = [f"{name} (a {saved[name][0]} in the checkpoint, a {kind} here)"
+                 for mine, saved in ((self.rngs, rngs), (self.state, state))
+                 for name, (kind, _) in mine.items() if name in saved and saved[name][0] != kind]
+        if other:  # (before anything is restored: all or nothing)
+            raise CheckpointError(
+                f"range {self.range_name}: cannot restore the script's state from {where}: {', '.join(other)}; "
+                "each is restored into the object its name holds when the loop opens, which must be of the kind "
+                "saved. If the script changed, start a new job (a new PADDLE_JOB_ID)"
+            )
         for mine, saved in ((self.rngs, rngs), (self.state, state)):
             for name, (kind, obj) in mine.items():
                 if name not in saved:
                     missing.append(name)
                     continue
-                skind, value = saved[name]
-                if skind != kind:
-                    other.append(f"{name} (a {skind} in the checkpoint, a {kind} here)")
-                    continue
-                self._apply(name, kind, obj, value, where)
+                self._apply(name, kind, obj, saved[name][1], where)
             gone += [n for n in saved if n not in mine]
         if missing:
             self._warn(where, missing, "the checkpoint does not hold them; they keep their current state")
-        if other:
-            self._warn(where, other, "they changed kind since the checkpoint and keep their current state")
         if gone:
             self._warn(where, gone, "the checkpoint holds them but this run has no such object (renamed or "
                        "removed?): not restored")
@@ -367,7 +383,7 @@ class ScriptState:
             if kind in objstate.RNG_KINDS:
                 objstate.apply_rng(kind, obj, value)
             elif kind == "state_dict":
-                obj.set_state_dict(restore_into(obj.state_dict(), value))  # the containers it hands out stay
+                obj.set_state_dict(_into_state_dict(obj.state_dict(), value))
             elif kind in ("dict", "list"):
                 if not isinstance(value, dict if kind == "dict" else list):
                     raise TypeError(f"the checkpoint holds a {type(value).__name__}")
