@@ -1,7 +1,9 @@
 """The restore path: verify every checksum first, then read straight into the scope's tensors.
 
-Tests taking ``backend_storage`` run on every real backend (local disk, HDFS, S3: tests/support.py);
-local files are mapped or read through buffers, remote ones read once into memory."""
+Tests taking ``backend_storage`` run on every real backend (local disk, HDFS, S3: tests/support.py).
+A restore lands in a lent buffer (the runtime's snapshot arena: local files read once into it,
+remote ones by ranged reads in parallel), or without one is verified through rotating buffers
+(local) or into a spool file (remote) and read again from there."""
 
 import os
 import uuid
@@ -53,8 +55,9 @@ def test_checksums_span_read_chunks(backend_storage):
         chunk_pages=st.integers(1, 3),
         flip=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.floats(0, 1, exclude_max=True))),
         mapped=st.booleans() if local else st.just(False),
+        landed=st.booleans(),
     )
-    def check(sizes, chunk_pages, flip, mapped):
+    def check(sizes, chunk_pages, flip, mapped, landed):
         st_ = backend_storage.sub(uuid.uuid4().hex[:12])
         rng = np.random.default_rng(len(sizes) * 7919 + sum(sizes))
         arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64).astype(np.float32) for i, n in enumerate(sizes)}
@@ -72,31 +75,123 @@ def test_checksums_span_read_chunks(backend_storage):
             mp.setattr(ckmod, "_VERIFY_CHUNK", 4096 * chunk_pages)
             if not mapped:
                 mp.setattr(ckmod, "_map_file", lambda fd, size: None)
+            if landed:  # small ranged reads on remote stores: chunks and connections in every mix
+                mp.setattr(ckmod, "_READ_CHUNK", 4096 * chunk_pages)
+            lender = Lender() if landed else None
             if target is not None:
                 with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-                    ck.load(0)
+                    ck.load(0, landing=lender)
+                assert lender is None or lender.back == lender.lent  # refused: the buffer is given back
                 return
-            loaded = ck.load(0)
+            loaded = ck.load(0, landing=lender)
         for name, a in arrays.items():
             got = loaded.arrays[("k", name)]
             assert got.tobytes() == a.tobytes(), (kind, name)
         loaded.close()
+        if lender is not None:
+            assert lender.back == lender.lent == (1 if sum(sizes) else 0)
         if not local:
             st_.delete_dir("")
 
     check()
 
 
-def test_local_restore_maps_the_file(tmp_path):
-    """On Linux >= 5.14 the verification pass maps the file (no copy); the copy into the
-    tensors then comes straight from the page cache."""
+class Lender:
+    """A landing (what the runtime's snapshot buffers lend a restore): counts the buffers lent and given back."""
+
+    def __init__(self):
+        self.lent = self.back = 0
+        self.bufs = []
+
+    def __call__(self, size):
+        self.lent += 1
+        buf = np.full(size + 4096, 0xEE, np.uint8)
+        self.bufs.append(buf)
+
+        def give_back():
+            self.back += 1
+
+        return buf, give_back
+
+
+def mapped_paths():
+    with open("/proc/self/maps") as f:
+        return f.read()
+
+
+def test_local_restore_lands_in_the_lent_buffer_and_maps_nothing(tmp_path):
+    """The data file is read once, straight into the lent buffer (no mapping of it), and the tensors
+    handed out are that buffer's bytes; it is given back once every tensor is handed out."""
+    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
+    w = np.arange(1 << 20, dtype=np.float32)
+    ck.save(snapshot(0, {"w": w, "b": np.ones(3, np.float64)}))
+    lender = Lender()
+    loaded = ck.load(0, landing=lender)
+    assert loaded.source == "local"
+    assert DATA_NAME not in mapped_paths()
+    got = loaded.arrays[("k", "w")]
+    assert got.tobytes() == w.tobytes() and np.shares_memory(got, lender.bufs[0])
+    del loaded.arrays[("k", "w")]
+    assert lender.back == 0  # "b" is still pending
+    del loaded.arrays[("k", "b")]
+    assert lender.lent == lender.back == 1
+    loaded.close()
+    assert lender.back == 1  # given back once
+
+
+def test_restore_without_landing_maps_nothing(tmp_path):
+    """Without a buffer to land in (over the budget, or a rank that keeps no snapshot buffer) the file
+    is verified through small buffers and read again from it at the copy: still nothing mapped."""
     ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
     ck.save(snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
-    loaded = ck.load(0)
-    assert loaded._source._map is not None
+    lender = Lender()
+    loaded = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0", memory_budget=1 << 20).load(0, landing=lender)
+    assert lender.lent == 0 and loaded._source._map is None and DATA_NAME not in mapped_paths()
     assert loaded.arrays[("k", "w")].tobytes() == np.arange(1 << 20, dtype=np.float32).tobytes()
-    del loaded.arrays[("k", "w")]
-    assert loaded._source._map is None  # every tensor handed out: unmapped
+    loaded.close()
+
+
+def test_restore_checksums_run_at_normal_priority(tmp_path):
+    """Training waits for a restore's checksums: its CRC thread runs at the process's priority, not at
+    the background threads' lower one."""
+    import threading
+
+    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
+    ck.save(snapshot(0, {"w": np.arange(1 << 16, dtype=np.float32)}))
+    ck.load(0, landing=Lender()).close()
+    threads = [t for t in threading.enumerate() if t.name.startswith("paddle-acp-crc-restore")]
+    assert threads, [t.name for t in threading.enumerate()]
+    me = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert all(os.getpriority(os.PRIO_PROCESS, t.native_id) == me for t in threads)
+
+
+def test_truncated_file_or_manifest_past_the_end_is_refused_on_every_backend(backend_storage):
+    """A data file shorter than its manifest says, or a manifest whose tensor lies past the end of the
+    file: refused before anything is handed out, with and without a buffer to land in; the buffer is
+    given back; the previous checkpoint is used instead."""
+    from paddle_acp.format.manifest import MANIFEST_NAME, Manifest
+
+    st_ = backend_storage.sub(uuid.uuid4().hex[:12])
+    ck = Checkpointer(st_, "job", "_range_0")
+    old = {"w": np.full(5000, 1.0, np.float32)}
+    ck.save(snapshot(0, old))
+    ck.save(snapshot(1, {"w": np.full(5000, 2.0, np.float32)}))
+    ck.save(snapshot(2, {"w": np.full(5000, 3.0, np.float32)}))
+    data = st_.read_bytes(data_path(1))
+    st_.write_bytes(data_path(1), data[:len(data) // 2])  # truncated
+    mpath = f"{os.path.dirname(data_path(2))}/{MANIFEST_NAME}"
+    m = Manifest.loads(st_.read_bytes(mpath))
+    m.programs[0].tensors[0].offset += 4096  # past the end of the data file
+    st_.write_bytes(mpath, m.dumps())
+    for landed in (False, True):
+        lender = ck.landing = Lender() if landed else None
+        for n in (1, 2):
+            with pytest.raises(CorruptCheckpointError):
+                ck.load(n)
+        loaded = ck.load_latest()
+        assert loaded.manifest.number == 0 and loaded.arrays[("k", "w")].tobytes() == old["w"].tobytes()
+        loaded.close()
+        assert lender is None or lender.back == lender.lent
 
 
 def test_file_truncated_after_verification_is_an_error_not_a_crash(static_mode, tmp_path):

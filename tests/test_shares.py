@@ -260,9 +260,9 @@ def test_a_capped_number_of_share_writers_at_a_larger_world_restores_bit_identic
     opened = []
     real = Checkpointer.load
 
-    def spy(self, number, base, raw=None):  # the real load; records which part's data this rank opens
+    def spy(self, number, base, raw=None, landing=None):  # the real load; records which part's data this rank opens
         opened.append(base.rsplit("/", 1)[-1])
-        return real(self, number, base, raw)
+        return real(self, number, base, raw, landing)
 
     monkeypatch.setattr(Checkpointer, "load", spy)
     for world in (5, 3, 1, 7):

@@ -5,18 +5,22 @@ thread from when a program registers, what is left by the first save itself; the
 policy's second, allocated when first needed) and the host-memory budget
 (``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first registration). A state larger
 than the budget is streamed through the first arena in chunks
-(:class:`~paddle_acp.format.engine.stream.ChunkStream`).
+(:class:`~paddle_acp.format.engine.stream.ChunkStream`). A restore lands in the first arena
+(:meth:`SnapshotBuffers.lend`): the pages the first save needs anyway, filled by the restore's
+one read instead of by the background population.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Optional
 
 import numpy as np
 
 from paddle_acp.config import HostMemory
 from paddle_acp.format.engine.arena import Arena
+from paddle_acp.format.engine.loaded import Lent
 from paddle_acp.format.engine.stream import chunk_size
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.threads import lower_thread_priority
@@ -56,11 +60,37 @@ class SnapshotBuffers:
         self.state_size = 0  # the registered programs' state, from the tensors' metadata
         self.first_size = 0  # the first arena's size for it
         self._stream_logged = False
+        self._released = False
 
     @property
     def budget_nbytes(self) -> int | None:
         """The host-memory budget in bytes, None before the first registration."""
         return self.budget.nbytes if self.budget is not None else None
+
+    def lend(self, size: int) -> Optional[Lent]:
+        """The first arena, mapped for ``size`` bytes (not populated: the restore's read faults its pages in),
+        lent to a restore to land in; None when ``size`` is over the budget. While it is lent this object
+        holds a fresh arena; given back, it is the first arena again (its pages already in) unless a save
+        mapped another one meanwhile or the range ended (then it is unmapped)."""
+        if self.budget is None:
+            self.budget = host_budget.decide(self.host_memory)
+        if size <= 0 or self._released or not self.budget.fits(size):
+            return None
+        arena, self.first = self.first, Arena()
+        if arena.start(size):
+            arena.cancel()  # no population: the read fills every page it needs
+        else:
+            arena.ensure(size)
+        buf = arena.buf
+        assert buf is not None
+
+        def give_back() -> None:
+            if not self._released and self.first.buf is None:
+                self.first = arena
+            else:
+                arena.release()
+
+        return buf, give_back
 
     def prepare(self, size: int) -> None:
         """A program registered; the state to save is ``size`` bytes: map the first arena and populate it
@@ -164,7 +194,8 @@ class SnapshotBuffers:
             t.join()
 
     def release(self) -> None:
-        """Free both buffers (the range ended)."""
+        """Free both buffers (the range ended); one lent to a restore is freed when it comes back."""
+        self._released = True
         self.first.cancel()
         self.join()
         self.first.release()

@@ -25,6 +25,7 @@ from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.commit.fencing import FencedError
 from paddle_acp.format.engine import shares
+from paddle_acp.format.engine.loaded import Lent
 from paddle_acp.format.engine.snapshot import Snapshot, copy_into
 from paddle_acp.format.engine.stream import ChunkStream, chunk_size
 from paddle_acp.format.layout import layout
@@ -413,6 +414,13 @@ class Persister:
         """Spread writes: how many ranks write shares (ranks 0..n-1)."""
         cap = writer_cap(self.cfg.replicated_writers)
         return shares.share_writers(self.global_checkpointer.world_size, cap if cap is not None else 1)
+
+    def landing(self, size: int) -> Optional[Lent]:
+        """Where a restore of ``size`` bytes lands: the snapshot arena this rank's first save needs anyway
+        (None where this rank keeps none: it writes nothing, or saves synchronously; or over the budget)."""
+        if self.closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io):
+            return None
+        return self.buffers.lend(size)
 
     def prepare_buffers(self) -> None:
         """A program registered: prepare the snapshot buffer for this rank's state (in the background),

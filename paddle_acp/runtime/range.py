@@ -209,7 +209,7 @@ class EpochRange:
 
     def _start(self) -> None:
         """The range's reads before its first epoch: the checkpoint to resume from, the ranks' save plan."""
-        self.restorer.load_newest()
+        self.restorer.load_newest(self.persister.landing)  # lands in the snapshot arena the first save needs
         self.position.epoch_no = self.restorer.resume_epoch
         self.schedule.start(self.global_checkpointer.base)  # rank 0: a fresh plan, before any step
         if self.is_writer:  # written with the first save's metrics: marks a (re)start in `paddle-acp stats`
@@ -401,14 +401,13 @@ class EpochRange:
         logger.info("range %s: registered training program %s (%s)", self.name, entry.key, info.label)
         if self.several_ranks and self.restorer.loaded is not None:
             self.restorer.check_topology(self.registry)
-        self.persister.prepare_buffers()
-        if self.restorer.loaded is not None and self.restorer.restore_entry(entry):
-            return
-        prev = self.inherited
-        if prev is not None and prev.restorer.holds(entry.key):
-            # first run after an earlier, finished range restored from a checkpoint and this
-            # range has none yet: the program continues from the state that range ended with
-            prev.restorer.restore_entry(entry)
+        if not (self.restorer.loaded is not None and self.restorer.restore_entry(entry)):
+            prev = self.inherited
+            if prev is not None and prev.restorer.holds(entry.key):
+                # first run after an earlier, finished range restored from a checkpoint and this
+                # range has none yet: the program continues from the state that range ended with
+                prev.restorer.restore_entry(entry)
+        self.persister.prepare_buffers()  # after the restore's copy (its arena back), never beside it
 
     def release_hook(self) -> None:
         """Every restored program has its state back: an ended range is no longer fed programs."""

@@ -22,7 +22,7 @@ from paddle_acp.errors import CheckpointError
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.checkpoints.restart import load_newest
-from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import ProgramEntry, Registry
 
@@ -55,13 +55,18 @@ class Restorer:
         self.resume_step: Optional[int] = None
         self.resume_extra: Dict[str, Any] = {}
 
-    def load_newest(self) -> None:
-        """Load the newest valid checkpoint of this range (if any) and record its position."""
+    def load_newest(self, landing: Optional[Landing] = None) -> None:
+        """Load the newest valid checkpoint of this range (if any) and record its position. ``landing``:
+        where its bytes are read into (this rank's snapshot arena, :meth:`Persister.landing`)."""
         cfg = self.cfg
         running = cfg.rank_state if cfg.rank_state != "auto" else (
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
-        loaded = load_newest(self.checkpointer, self.global_checkpointer, running if self.several_ranks else None,
-                             start_fresh=cfg.start_fresh)
+        self.checkpointer.landing = self.global_checkpointer.landing = landing
+        try:
+            loaded = load_newest(self.checkpointer, self.global_checkpointer, running if self.several_ranks else None,
+                                 start_fresh=cfg.start_fresh)
+        finally:
+            self.checkpointer.landing = self.global_checkpointer.landing = None
         if self.several_ranks:
             self.global_checkpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
             self.global_checkpointer.discard_newer(loaded.position_key if loaded is not None else None)

@@ -57,7 +57,7 @@ from paddle_acp.config import StorageOptions
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format.checkpoints.cache_trust import harden, untrusted
 from paddle_acp.format.engine import reader
-from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot
 from paddle_acp.format.layout import parse_final, parse_name, position_key
 from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
@@ -282,12 +282,14 @@ class RangeCache:
         self._failing = True
 
     # -- reading ------------------------------------------------------------------------------
-    def load(self, name: str, number: int, raw: bytes, src_rank: Optional[int] = None) -> Optional[LoadedCheckpoint]:
+    def load(self, name: str, number: int, raw: bytes, src_rank: Optional[int] = None,
+             memory_budget: Optional[int] = None, landing: Optional[Landing] = None) -> Optional[LoadedCheckpoint]:
         """A LoadedCheckpoint of checkpoint ``name`` (manifest ``number``) read from its local copy,
         or None: the caller reads the remote. ``raw``: the manifest bytes of the remote's committed
         checkpoint (or part), just read from the remote. ``src_rank``: whose part (several ranks);
         the copy is looked for in that rank's directory (a rank restoring rank 0's replicated
-        tensors on rank 0's node finds rank 0's copy).
+        tensors on rank 0's node finds rank 0's copy). ``memory_budget``, ``landing``: as for
+        :func:`reader.load` (the local copy is read like any local checkpoint).
         Logs exactly one line saying which and why."""
         d = self.own_dir(src_rank)
         base = f"{d}/{name}"
@@ -317,7 +319,7 @@ class RangeCache:
                 remote(f"the local copy in {self.location(base)} is not the remote's committed checkpoint (its manifest "
                        "differs: another writer or another run wrote this name)")
                 return None
-            loaded = reader.load(self.storage, base, number, self.range_name, raw)
+            loaded = reader.load(self.storage, base, number, self.range_name, raw, memory_budget, landing)
         except CorruptCheckpointError as exc:
             remote(f"the local copy failed verification ({exc}); it is removed", logging.WARNING)
             if src_rank == self.rank:

@@ -21,7 +21,7 @@ from paddle_acp.format.commit import atomic
 from paddle_acp.format.commit.fencing import Fence, check_deletable
 from paddle_acp.format.commit.retention import delete_checkpoint, policy_for
 from paddle_acp.format.engine import reader
-from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.engine.writer import WriteResult, is_out_of_space, write_checkpoint
 from paddle_acp.format.layout import JOB_MARKER, final_name, range_dir
@@ -57,6 +57,7 @@ class Checkpointer:
         # what it knew and the next save lists again.
         self.single_writer = single_writer
         self.memory_budget = memory_budget
+        self.landing: Optional[Landing] = None  # where a restore lands (the runtime's snapshot arena), while it loads
         self._known: Optional[List[atomic.DirEntry]] = None
         self.cache = cache
         # checkpoint number -> whether it is of a format this paddle-acp knows (never deleted when not)
@@ -256,18 +257,22 @@ class Checkpointer:
         m, data_path = reader.check_header(self.storage, base, number, self.range_name, raw)
         return m, base, data_path
 
-    def load(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> LoadedCheckpoint:
+    def load(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None,
+             landing: Optional[Landing] = None) -> LoadedCheckpoint:
         """Read and verify checkpoint ``number`` completely (:func:`reader.load`); raises CorruptCheckpointError.
 
         With a node-local cache the data comes from the local copy when that copy is this very
-        checkpoint (see :meth:`paddle_acp.format.checkpoints.cache.RangeCache.load`)."""
+        checkpoint (see :meth:`paddle_acp.format.checkpoints.cache.RangeCache.load`). ``landing``
+        (else :attr:`landing`): the buffer its bytes are read into, within :attr:`memory_budget`."""
+        landing = landing if landing is not None else self.landing
         if self.cache is not None and base is None:
             _m, raw = reader.read_manifest_raw(self.storage, self.base(number), number, self.range_name, raw)
-            cached = self.cache.load(final_name(number), number, raw)
+            cached = self.cache.load(final_name(number), number, raw, memory_budget=self.memory_budget, landing=landing)
             if cached is not None:
                 cached.path = self.base(number)
                 return cached
-        return reader.load(self.storage, base or self.base(number), number, self.range_name, raw, self.memory_budget)
+        return reader.load(self.storage, base or self.base(number), number, self.range_name, raw, self.memory_budget,
+                           landing)
 
     def load_latest(self, check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
         """The newest checkpoint that verifies; older ones are tried in turn, in the order of

@@ -42,7 +42,7 @@ from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.commit.part_commit import PartCommitMixin
 from paddle_acp.format.commit.retention import delete_checkpoint, policy_for
 from paddle_acp.format.engine import shares
-from paddle_acp.format.engine.reader import LoadedCheckpoint
+from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.global_manifest import GlobalManifest, describe_topology
 from paddle_acp.format.layout import (
@@ -101,6 +101,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self.fence = fence  # this rank's writer fence: checked before each delete and each commit (its part's too)
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
         self.cache = cache
+        self.landing: Optional[Landing] = None  # where this rank's own part lands at a restore (its snapshot arena)
         self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows
         self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
         self._generations: Dict[int, int] = {}  # rank 0: each rank's newest generation (part_commit)
@@ -452,10 +453,11 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             raise
 
     def _load_part(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], src: int) -> LoadedCheckpoint:
-        """Rank ``src``'s part, verified (the node-local copy when it is these very bytes)."""
-        cached = self.cache.load(g.name, g.number, raws[src], src) if self.cache is not None else None
+        """Rank ``src``'s part, verified (the node-local copy when it is these very bytes); its own lands in :attr:`landing`."""
+        own = self.landing if src == self.rank else None
+        cached = self.cache.load(g.name, g.number, raws[src], src, self.memory_budget, own) if self.cache is not None else None
         try:
-            return cached if cached is not None else self._part_checkpointer.load(g.number, f"{base}/{rank_part(src)}", raws[src])
+            return cached if cached is not None else self._part_checkpointer.load(g.number, f"{base}/{rank_part(src)}", raws[src], own)
         except CorruptCheckpointError as exc:
             if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
                 raise verdict.rejected(self.rank, base, g, self._whose(src), exc, self.storage) from exc

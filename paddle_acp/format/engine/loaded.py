@@ -2,8 +2,9 @@
 
 What :func:`paddle_acp.format.engine.reader.load` returns: nothing here reads anything
 that was not verified first. :class:`FileSource` keeps a verified local file
-open (and mapped) and copies tensors out of it on demand; :class:`MemorySource`
-holds the verified image of a remote file.
+open and copies tensors out of it on demand (a restore over the host-memory budget, or
+one with nowhere to land); :class:`MemorySource` holds the verified image of a file in a
+buffer, the snapshot arena a restore landed in (see :data:`Landing`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
-from typing import Any, Dict, Iterator, List, MutableMapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, MutableMapping, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -19,12 +20,17 @@ from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.engine.arena import CopyJob, chunked, copy_job, run_parallel
 from paddle_acp.format.manifest import Manifest, TensorRecord
 
-__all__ = ["FileSource", "Key", "LoadedCheckpoint", "MemorySource", "ReadItem"]
+__all__ = ["FileSource", "Key", "Landing", "Lent", "LoadedCheckpoint", "MemorySource", "ReadItem"]
 
 _PREAD_CHUNK = 32 << 20
 
 Key = Tuple[str, str]  # (program key, tensor name)
 ReadItem = Tuple[str, TensorRecord, np.ndarray]  # (program key, tensor, the array to fill)
+# Where a restore lands (the runtime's snapshot arena, which the first save needs anyway): given the
+# data file's size, a buffer of at least that many bytes and the call that gives it back (once its
+# tensors are all handed out, or the load failed), or None where there is none to lend.
+Lent = Tuple[np.ndarray, Callable[[], None]]
+Landing = Callable[[int], Optional[Lent]]
 
 
 def _check_fits(view: np.ndarray, rec: TensorRecord) -> None:
@@ -36,10 +42,12 @@ def _check_fits(view: np.ndarray, rec: TensorRecord) -> None:
 
 
 class MemorySource:
-    """Verified tensors held in one in-memory image (remote stores: read once)."""
+    """Verified tensors held in one in-memory image (the buffer a restore landed in); ``on_close``
+    gives that buffer back (called once)."""
 
-    def __init__(self, arrays: Dict[Key, np.ndarray]):
+    def __init__(self, arrays: Dict[Key, np.ndarray], on_close: Optional[Callable[[], None]] = None):
         self._arrays = arrays
+        self._on_close = on_close
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray:
         return self._arrays[(key, rec.name)]
@@ -53,6 +61,9 @@ class MemorySource:
 
     def close(self) -> None:
         self._arrays.clear()
+        give_back, self._on_close = self._on_close, None
+        if give_back is not None:
+            give_back()
 
 
 def pread_into(fd: int, mv: memoryview, offset: int) -> int:

@@ -6,10 +6,11 @@ and the data file's size (:func:`check_header`); the data entry points check
 every tensor's checksum before they return anything:
 
 - :func:`load` (restore): a :class:`LoadedCheckpoint` whose tensors are handed
-  out once each. Local files are mapped and checksummed as the kernel reads them
-  in (or read into three rotating buffers where mapping is not possible), then
-  copied again from the page cache straight into the scope's tensors; remote
-  files are read once into memory.
+  out once each. Its bytes are read once, straight into the snapshot arena that the
+  first save needs anyway (lent by the runtime, within the host-memory budget), and
+  checksummed there at normal priority; without one, a local file is verified
+  through rotating buffers and read again from the page cache into the tensors, a
+  remote one verified into a local spool. Nothing maps or buffers a whole file.
 - :func:`verify` (``paddle-acp verify``, ``ls --verify``, ``gc``): every checksum,
   nothing kept (constant memory on every backend).
 - :func:`read_tensors` (``paddle-acp export``): every checksum, the asked-for
@@ -26,22 +27,24 @@ import errno
 import logging
 import mmap
 import os
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Collection, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format.engine.arena import alloc_buffer
-from paddle_acp.format.engine.crc import crc_pool, drain
-from paddle_acp.format.engine.loaded import FileSource, Key, LoadedCheckpoint, MemorySource, pread_into
+from paddle_acp.format.engine.chunks import Chunks, IntoChunks, PreadChunks, RangedChunks, RemoteChunks, local_chunks
+from paddle_acp.format.engine.chunks import map_file as _map_file
+from paddle_acp.format.engine.chunks import populate as _populate  # noqa: F401  (tests call it here)
+from paddle_acp.format.engine.crc import crc_pool, drain, restore_crc_pool
+from paddle_acp.format.engine.loaded import FileSource, Key, Landing, Lent, LoadedCheckpoint, MemorySource
 from paddle_acp.format.engine.spool import open_spool, spool_writer
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.manifest import Manifest, TensorRecord, max_manifest_size
 from paddle_acp.storage.base import InputFile, Storage
 
 __all__ = [
-    "Key", "LoadedCheckpoint", "Progress", "check_header", "file_size", "load", "read_manifest",
+    "Key", "Landing", "LoadedCheckpoint", "Progress", "check_header", "file_size", "load", "read_manifest",
     "read_manifest_raw", "read_tensors", "verify",
 ]
 
@@ -49,7 +52,6 @@ logger = logging.getLogger("paddle_acp")
 
 _READ_CHUNK = 32 << 20
 _VERIFY_CHUNK = 8 << 20
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 
 Record = Tuple[int, str, TensorRecord]  # (offset, program key, tensor), sorted by offset
 Progress = Callable[[int, int], None]  # (bytes just read, bytes of the whole data file)
@@ -141,41 +143,68 @@ def check_header(storage: Storage, base: str, number: int, range_name: str,
 
 # -- the data file: the entry points -------------------------------------------------------
 def load(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None,
-         memory_budget: Optional[int] = None) -> LoadedCheckpoint:
+         memory_budget: Optional[int] = None, landing: Optional[Landing] = None) -> LoadedCheckpoint:
     """Read and verify checkpoint ``number`` (directory ``base``) completely; raises CorruptCheckpointError.
 
-    Every tensor's checksum is checked before this returns, so nothing of a
-    corrupt checkpoint can reach a scope. Local files stay open (and mapped)
-    for the copy into the scope; remote files are read once into memory.
+    Every tensor's checksum is checked before this returns, so nothing of a corrupt checkpoint can
+    reach a scope. The checksums run at normal priority (training waits for them) as the bytes
+    arrive, and nothing maps or buffers the whole file beyond what is lent:
 
-    A data file larger than ``memory_budget`` (``PADDLE_ACP_HOST_MEMORY``) is neither mapped
-    (local: its mapped pages would count in the process's memory; it is read with ``preadv``)
-    nor held in memory (remote: it is verified on its way into an unlinked local spool file,
-    see :mod:`paddle_acp.format.engine.spool`)."""
+    - ``landing`` (the snapshot arena the first save needs anyway) lends a buffer for a data file
+      within ``memory_budget``: its bytes are read once, straight into it (a local file with
+      ``preadv``; a remote one with ranged reads on several connections), and copied from there
+      into the scope's tensors; the buffer is given back when they are all handed out.
+    - Else a local file is verified through three rotating buffers and stays open: the tensors are
+      read from it (the page cache) with ``preadv`` at the copy; a remote one is verified on its way
+      into an unlinked local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there."""
     m, data_path = check_header(storage, base, number, range_name, raw, sized_by_read=True)
     records = _records(m)
-    over = memory_budget is not None and m.data_size > memory_budget
     os_path = _local_path(storage, data_path)
-    if os_path is None and over:
-        return LoadedCheckpoint(base, m, _spool_verified(storage, m, data_path, records, memory_budget))
-    if os_path is not None:
-        fd, mapping = _open_local(storage, os_path, data_path, m.data_size, mapped=not over)
+    fits = m.data_size > 0 and (memory_budget is None or m.data_size <= memory_budget)
+    lent = landing(m.data_size) if landing is not None and fits else None
+    if lent is not None:
+        loaded = _land(storage, base, m, data_path, records, lent, os_path)
+    elif os_path is None:
+        loaded = LoadedCheckpoint(base, m, _spool_verified(storage, m, data_path, records, memory_budget))
+    else:
+        fd, _mapping = _open_local(storage, os_path, data_path, m.data_size, mapped=False)
         try:
-            _verify_stream(_local_chunks(fd, mapping, data_path), m, data_path, records)
+            _verify_stream(PreadChunks(fd, data_path, _VERIFY_CHUNK), m, data_path, records, pool=restore_crc_pool())
         except BaseException:
-            _close_local(fd, mapping)
+            os.close(fd)
             raise
-        return LoadedCheckpoint(base, m, FileSource(fd, data_path, m.data_size, mapping))
-    image = alloc_buffer(m.data_size)
-    with _open_remote(storage, data_path) as f:
-        _verify_stream(_RemoteChunks(f, data_path, image), m, data_path, records)
-        _check_end(f, data_path, m)
+        loaded = LoadedCheckpoint(base, m, FileSource(fd, data_path, m.data_size))
+    loaded.source = "local" if os_path is not None else "remote"
+    return loaded
+
+
+def _land(storage: Storage, base: str, m: Manifest, data_path: str, records: List[Record], lent: Lent,
+          os_path: Optional[str]) -> LoadedCheckpoint:
+    """The one pass of a restore that lands in a lent buffer: every byte read once into it and
+    checksummed there; the buffer is given back at once when the file does not verify."""
+    buf, give_back = lent
+    image = buf[:m.data_size]
+    try:
+        if os_path is not None:
+            fd, _mapping = _open_local(storage, os_path, data_path, m.data_size, mapped=False)
+            try:
+                _verify_stream(IntoChunks(fd, data_path, _VERIFY_CHUNK, image), m, data_path, records,
+                               pool=restore_crc_pool())
+            finally:
+                os.close(fd)
+        else:
+            with RangedChunks(lambda: _open_remote(storage, data_path), data_path, _READ_CHUNK, image) as chunks:
+                _verify_stream(chunks, m, data_path, records, pool=restore_crc_pool())
+                chunks.check_end(m.data_size)
+    except BaseException:
+        give_back()
+        raise
     arrays: Dict[Key, np.ndarray] = {}
     for off, key, t in records:
         shape, dtype = t.stored()  # a piece of a tensor (spread writes): its raw bytes
         arrays[(key, t.name)] = (image[off:off + t.nbytes].view(dtype).reshape(shape) if t.nbytes
                                  else np.empty(shape, dtype))
-    return LoadedCheckpoint(base, m, MemorySource(arrays))
+    return LoadedCheckpoint(base, m, MemorySource(arrays, on_close=give_back))
 
 
 def verify(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None,
@@ -198,12 +227,12 @@ def read_tensors(storage: Storage, base: str, number: int, range_name: str, want
     if os_path is not None:
         fd, mapping = _open_local(storage, os_path, data_path, m.data_size)
         try:
-            _verify_stream(_local_chunks(fd, mapping, data_path), m, data_path, records, keep, progress)
+            _verify_stream(local_chunks(fd, mapping, data_path, _VERIFY_CHUNK), m, data_path, records, keep, progress)
         finally:
             _close_local(fd, mapping)
     else:
         with _open_remote(storage, data_path) as f:
-            _verify_stream(_RemoteChunks(f, data_path), m, data_path, records, keep, progress)
+            _verify_stream(RemoteChunks(f, data_path, _READ_CHUNK), m, data_path, records, keep, progress)
     return m, out
 
 
@@ -266,15 +295,20 @@ def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
 
 def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record],
                     budget: Optional[int], spool_dir: Optional[str] = None) -> FileSource:
-    """A remote data file larger than the host-memory budget: verified by the one loop on its
-    way into an unlinked local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there
+    """A remote data file with no buffer to land in (larger than the host-memory budget, or a process that
+    keeps no snapshot buffer): verified by the one loop on its way into an unlinked local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there
     like a local one (no mapping)."""
-    logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
-                "spool file instead of memory", data_path, m.data_size, budget)
+    if budget is not None and m.data_size > budget:
+        logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
+                    "spool file instead of memory", data_path, m.data_size, budget)
+    else:
+        logger.info("%s: %d bytes and no snapshot buffer to land in: verified on its way into a local spool file",
+                    data_path, m.data_size)
     fd = open_spool(data_path, spool_dir)
     try:
         with _open_remote(storage, data_path) as f:
-            _verify_stream(_RemoteChunks(f, data_path), m, data_path, records, sink=spool_writer(fd, data_path))
+            _verify_stream(RemoteChunks(f, data_path, _READ_CHUNK), m, data_path, records,
+                           sink=spool_writer(fd, data_path), pool=restore_crc_pool())
             _check_end(f, data_path, m)
     except BaseException:
         os.close(fd)
@@ -282,146 +316,18 @@ def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List
     return FileSource(fd, data_path, m.data_size)
 
 
-def _populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:
-    """Wait until bytes [pos, pos + n) of a mapped file are in the page cache and mapped."""
-    while True:
-        try:
-            mapping.madvise(_MADV_POPULATE_READ, pos, n)
-            return
-        except (InterruptedError, BlockingIOError):  # EINTR, EAGAIN: try again
-            continue
-        except OSError as exc:
-            if exc.errno == errno.EFAULT:  # pages past the end: the file shrank under the mapping
-                raise CorruptCheckpointError(f"{data_path}: short read at byte {pos}") from None
-            raise StorageError(f"reading {data_path} failed at byte {pos}: {exc}") from exc
-
-
-def _map_file(fd: int, size: int) -> Optional[mmap.mmap]:
-    """The file mapped read-only for the verification pass, or None where that is not
-    possible (empty file, no ``mmap``/``MADV_POPULATE_READ``): then it is read into buffers."""
-    if size <= 0 or not hasattr(mmap, "MAP_SHARED"):
-        return None
-    try:
-        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    except (OSError, ValueError):
-        return None
-    try:
-        mapping.madvise(mmap.MADV_SEQUENTIAL)
-        mapping.madvise(_MADV_POPULATE_READ, 0, min(size, mmap.PAGESIZE))  # EINVAL before Linux 5.14
-    except (OSError, ValueError, AttributeError):
-        mapping.close()
-        return None
-    return mapping
-
-
-class _Chunks:
-    """Where the bytes of a data file come from, a chunk at a time, in order.
-
-    ``get(pos, n, slot)`` returns bytes ``[pos, pos + n)``; with ``depth`` set,
-    chunks live in ``depth`` rotating buffers (``slot`` is the one to use, its
-    previous checksum done), else every chunk stays valid until the end."""
-
-    depth: Optional[int] = None
-
-    @property
-    def size(self) -> int:
-        return _VERIFY_CHUNK
-
-    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
-        raise NotImplementedError
-
-
-class _MappedChunks(_Chunks):
-    """A mapped local file: this thread waits for each chunk's pages (``MADV_POPULATE_READ``:
-    read from disk into the page cache and mapped, no copy); they are checksummed in place."""
-
-    def __init__(self, mapping: mmap.mmap, data_path: str):
-        self._map = mapping
-        self._data = np.frombuffer(mapping, dtype=np.uint8)
-        self._path = data_path
-
-    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
-        _populate(self._map, pos, n, self._path)
-        return self._data[pos:pos + n]
-
-
-class _Buffered(_Chunks):
-    """Chunks read into three rotating buffers."""
-
-    depth: Optional[int] = 3
-
-    def __init__(self, data_path: str):
-        self._path = data_path
-        self._bufs: List[np.ndarray] = []
-
-    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
-        while len(self._bufs) <= slot:
-            self._bufs.append(alloc_buffer(self.size))
-        buf = self._bufs[slot][:n]
-        self._fill(buf.data, pos)
-        return buf
-
-    def _fill(self, mv: memoryview, pos: int) -> None:
-        raise NotImplementedError
-
-
-class _PreadChunks(_Buffered):
-    """A local file that cannot be mapped, read with ``preadv``."""
-
-    def __init__(self, fd: int, data_path: str):
-        super().__init__(data_path)
-        self._fd = fd
-
-    def _fill(self, mv: memoryview, pos: int) -> None:
-        got = pread_into(self._fd, mv, pos)
-        if got < mv.nbytes:
-            raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
-
-
-class _RemoteChunks(_Buffered):
-    """A remote file read in order: into ``image`` (the whole file, kept) or into rotating buffers."""
-
-    @property
-    def size(self) -> int:
-        return _READ_CHUNK
-
-    def __init__(self, f: InputFile, data_path: str, image: Optional[np.ndarray] = None):
-        super().__init__(data_path)
-        self._f = f
-        self._image = image
-        if image is not None:
-            self.depth = None
-
-    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
-        if self._image is None:
-            return super().get(pos, n, slot)
-        buf = self._image[pos:pos + n]
-        self._fill(buf.data, pos)
-        return buf
-
-    def _fill(self, mv: memoryview, pos: int) -> None:
-        got = 0
-        while got < mv.nbytes:
-            r = self._f.readinto(mv[got:])
-            if not r or r <= 0:
-                raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
-            got += r
-
-
-def _local_chunks(fd: int, mapping: Optional[mmap.mmap], data_path: str) -> _Chunks:
-    return _MappedChunks(mapping, data_path) if mapping is not None else _PreadChunks(fd, data_path)
-
-
 # -- the data file: the one verification loop ----------------------------------------------
-def _verify_stream(chunks: _Chunks, m: Manifest, data_path: str, records: List[Record],
+def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Record],
                    keep: Optional[Dict[int, np.ndarray]] = None, progress: Optional[Progress] = None,
-                   sink: Optional[Callable[[np.ndarray, int], None]] = None) -> None:
+                   sink: Optional[Callable[[np.ndarray, int], None]] = None,
+                   pool: Optional[ThreadPoolExecutor] = None) -> None:
     """Read the data file once, in order, and check every tensor's checksum (CorruptCheckpointError).
 
     This thread gets each chunk (and hands it to ``sink(chunk, offset)``, the spool of a
     restore over the memory budget); the CRC thread checksums it, tensor by tensor (a
     tensor may span chunks: its running value carries over), and copies the bytes of the
-    tensors in ``keep`` (record index -> array) into them."""
+    tensors in ``keep`` (record index -> array) into them. ``pool``: the CRC thread (the
+    background one, at a lower priority, unless given: a restore's runs at normal priority)."""
     size = m.data_size
     fn = m.checksum
     crcs = [0] * len(records)
@@ -441,6 +347,7 @@ def _verify_stream(chunks: _Chunks, m: Manifest, data_path: str, records: List[R
             i += 1
 
     futs: List["Future[None]"] = []
+    checker = pool if pool is not None else crc_pool()
     pos, first, k = 0, 0, 0
     try:
         while pos < size:
@@ -455,7 +362,7 @@ def _verify_stream(chunks: _Chunks, m: Manifest, data_path: str, records: List[R
                 sink(buf, pos)
             while first < len(spans) and spans[first][1] <= pos:
                 first += 1
-            futs.append(crc_pool().submit(crc_chunk, buf, pos, n, first))
+            futs.append(checker.submit(crc_chunk, buf, pos, n, first))
             if progress is not None:
                 progress(n, size)
             pos += n

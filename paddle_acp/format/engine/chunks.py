@@ -1,0 +1,222 @@
+"""Where the reader's bytes come from: a data file's chunks, in order, for its one verification loop.
+
+:func:`paddle_acp.format.engine.reader._verify_stream` asks a :class:`Chunks` for each chunk in
+turn and checksums it. The sources: a mapped local file (``paddle-acp verify`` and ``export``),
+a local file read with ``preadv`` into rotating buffers, a remote file read in order (rotating
+buffers, or a spool), and the two that land a restore in the buffer it is needed in (the snapshot
+arena): :class:`IntoChunks` (a local file, read once straight into it) and :class:`RangedChunks`
+(a remote file, ranged reads on several connections in parallel, straight into it).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from paddle_acp.errors import CorruptCheckpointError, StorageError
+from paddle_acp.format.engine.arena import alloc_buffer
+from paddle_acp.format.engine.crc import drain
+from paddle_acp.format.engine.loaded import pread_into
+from paddle_acp.storage.base import InputFile
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+RANGED_READERS = 4  # connections a remote restore reads on in parallel
+
+
+def populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:
+    """Wait until bytes [pos, pos + n) of a mapped file are in the page cache and mapped."""
+    while True:
+        try:
+            mapping.madvise(MADV_POPULATE_READ, pos, n)
+            return
+        except (InterruptedError, BlockingIOError):  # EINTR, EAGAIN: try again
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EFAULT:  # pages past the end: the file shrank under the mapping
+                raise CorruptCheckpointError(f"{data_path}: short read at byte {pos}") from None
+            raise StorageError(f"reading {data_path} failed at byte {pos}: {exc}") from exc
+
+
+def map_file(fd: int, size: int) -> Optional[mmap.mmap]:
+    """The file mapped read-only for a verification pass, or None where that is not
+    possible (empty file, no ``mmap``/``MADV_POPULATE_READ``): then it is read into buffers."""
+    if size <= 0 or not hasattr(mmap, "MAP_SHARED"):
+        return None
+    try:
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
+    try:
+        mapping.madvise(mmap.MADV_SEQUENTIAL)
+        mapping.madvise(MADV_POPULATE_READ, 0, min(size, mmap.PAGESIZE))  # EINVAL before Linux 5.14
+    except (OSError, ValueError, AttributeError):
+        mapping.close()
+        return None
+    return mapping
+
+
+class Chunks:
+    """Where the bytes of a data file come from, a chunk at a time, in order.
+
+    ``get(pos, n, slot)`` returns bytes ``[pos, pos + n)``; with ``depth`` set,
+    chunks live in ``depth`` rotating buffers (``slot`` is the one to use, its
+    previous checksum done), else every chunk stays valid until the end."""
+
+    depth: Optional[int] = None
+
+    def __init__(self, data_path: str, size: int):
+        self._path = data_path
+        self.size = size  # the chunk size
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class MappedChunks(Chunks):
+    """A mapped local file: this thread waits for each chunk's pages (``MADV_POPULATE_READ``:
+    read from disk into the page cache and mapped, no copy); they are checksummed in place."""
+
+    def __init__(self, mapping: mmap.mmap, data_path: str, size: int):
+        super().__init__(data_path, size)
+        self._map = mapping
+        self._data = np.frombuffer(mapping, dtype=np.uint8)
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        populate(self._map, pos, n, self._path)
+        return self._data[pos:pos + n]
+
+
+class Buffered(Chunks):
+    """Chunks read into three rotating buffers, or (``image``) each into its place in one buffer
+    that holds the whole file (then every chunk stays valid)."""
+
+    depth: Optional[int] = 3
+
+    def __init__(self, data_path: str, size: int, image: Optional[np.ndarray] = None):
+        super().__init__(data_path, size)
+        self._bufs: List[np.ndarray] = []
+        self._image = image
+        if image is not None:
+            self.depth = None
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        if self._image is not None:
+            buf = self._image[pos:pos + n]
+        else:
+            while len(self._bufs) <= slot:
+                self._bufs.append(alloc_buffer(self.size))
+            buf = self._bufs[slot][:n]
+        self._fill(buf.data, pos)
+        return buf
+
+    def _fill(self, mv: memoryview, pos: int) -> None:
+        raise NotImplementedError
+
+
+class PreadChunks(Buffered):
+    """A local file read with ``preadv``: into rotating buffers, or (:class:`IntoChunks`) once,
+    straight into the buffer the restore lands in."""
+
+    def __init__(self, fd: int, data_path: str, size: int, image: Optional[np.ndarray] = None):
+        super().__init__(data_path, size, image)
+        self._fd = fd
+
+    def _fill(self, mv: memoryview, pos: int) -> None:
+        got = pread_into(self._fd, mv, pos)
+        if got < mv.nbytes:
+            raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
+
+
+IntoChunks = PreadChunks  # with ``image``: a local restore's one pass into its landing buffer
+
+
+def fill_from(f: InputFile, mv: memoryview, pos: int, data_path: str) -> None:
+    """Fill ``mv`` from a remote file read in order (``readinto`` until full)."""
+    got = 0
+    while got < mv.nbytes:
+        r = f.readinto(mv[got:])
+        if not r or r <= 0:
+            raise CorruptCheckpointError(f"{data_path}: short read at byte {pos + got}")
+        got += r
+
+
+class RemoteChunks(Buffered):
+    """A remote file read in order, into rotating buffers (a verification, a spool)."""
+
+    def __init__(self, f: InputFile, data_path: str, size: int):
+        super().__init__(data_path, size)
+        self._f = f
+
+    def _fill(self, mv: memoryview, pos: int) -> None:
+        fill_from(self._f, mv, pos, self._path)
+
+
+class RangedChunks(Chunks):
+    """A remote file read straight into ``image`` (the whole file's place) on ``readers`` connections
+    in parallel, each chunk a ranged read (``seek`` + ``readinto``); chunks are handed on in order,
+    each as soon as it is complete. :meth:`close` (also on an error) cancels the reads not started
+    and waits for the running ones: nothing writes into ``image`` after it returns."""
+
+    def __init__(self, open_file: Callable[[], InputFile], data_path: str, size: int, image: np.ndarray,
+                 readers: int = RANGED_READERS):
+        super().__init__(data_path, size)
+        self._open = open_file
+        self._image = image
+        self._local = threading.local()
+        self._files: List[InputFile] = []
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max(1, readers), thread_name_prefix="paddle-acp-restore-read")
+        self._futs: Dict[int, "Future[None]"] = {}
+        total = image.nbytes
+        for pos in range(0, total, size):
+            self._futs[pos] = self._pool.submit(self._read, pos, min(size, total - pos))
+
+    def _file(self) -> InputFile:
+        f: Optional[InputFile] = getattr(self._local, "f", None)
+        if f is None:
+            f = self._open()
+            with self._lock:
+                self._files.append(f)
+            self._local.f = f
+        return f
+
+    def _read(self, pos: int, n: int) -> None:
+        f = self._file()
+        f.seek(pos)
+        fill_from(f, self._image[pos:pos + n].data, pos, self._path)
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        self._futs[pos].result()
+        return self._image[pos:pos + n]
+
+    def check_end(self, end: int) -> None:
+        """Nothing may follow byte ``end`` (the size of a remote data file is checked as it is read)."""
+        f = self._file()
+        f.seek(end)
+        if f.read(1):
+            raise CorruptCheckpointError(f"{self._path} is larger than the {end} bytes its manifest records")
+
+    def close(self) -> None:
+        drain(self._futs.values())
+        self._pool.shutdown(wait=True)
+        for f in self._files:
+            try:
+                f.close()
+            except (OSError, StorageError):
+                pass
+        self._files = []
+
+    def __enter__(self) -> "RangedChunks":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def local_chunks(fd: int, mapping: Optional[mmap.mmap], data_path: str, size: int) -> Chunks:
+    return MappedChunks(mapping, data_path, size) if mapping is not None else PreadChunks(fd, data_path, size)
