@@ -59,6 +59,7 @@ from typing import Any as _Any
 from paddle_acp import config as _config
 from paddle_acp.config import CheckpointConfig
 from paddle_acp.config import from_env as config_from_env
+from paddle_acp.config import names as _config_names
 from paddle_acp.errors import (
     AcpError,
     CheckpointError,
@@ -209,5 +210,7 @@ def simulate_restart() -> None:
 
 
 _setup_logging(_gate_deferred())
+# a misspelled PADDLE_ACP_* variable is not ignored without a word: one warning naming the closest known one
+_config_names.warn_unknown()
 if not _gate_deferred() and _paddle_installed():
     _activate()
