@@ -10,7 +10,9 @@ start of every epoch a ``start`` record is appended; at its end an ``epoch`` rec
   that opened the range: a counter that drives training shows up here;
 * ``uncaptured``: the objects there that hold state paddle-acp does not checkpoint (other RNG objects,
   iterators, generators, counters), by name and type;
-* ``resumed_mid_epoch``: the epoch started from a mid-epoch checkpoint (its fetches are partial).
+* ``resumed_mid_epoch``: the epoch started from a mid-epoch checkpoint (its fetches are partial);
+* ``left_early``: the loop was left inside the epoch (``break``, ``return``, an exception): the record
+  holds the state where it was left.
 
 A ``save`` record marks a mid-epoch checkpoint (its epoch and step), a ``kill`` record the point where
 the process killed itself (:mod:`~paddle_acp.runtime.check_kill`). Every record holds the writer's
@@ -175,8 +177,16 @@ class EpochDigests:
         """A checkpoint was taken at ``step`` of ``epoch`` (a mid-epoch one: the check kills after it)."""
         self.note({"kind": "save", "epoch": epoch, "step": step})
 
-    def end_epoch(self, r: DigestedRange, epoch: int, resumed_mid_epoch: bool) -> None:
-        """Append the epoch's record (``r``: the range, whose registered programs are read)."""
+    def end_epoch(self, r: DigestedRange, epoch: int, resumed_mid_epoch: bool, left: bool = False) -> None:
+        """Append the epoch's record (``r``: the range, whose registered programs are read; ``left``: the
+        loop was left inside the epoch, by ``break``, ``return`` or an exception: the record says so).
+        Never raises (it may run while the loop is being left)."""
+        try:
+            self._end_epoch(r, epoch, resumed_mid_epoch, left)
+        except Exception as exc:  # a digest is a diagnosis: it never breaks the training it watches
+            logger.warning("paddle-acp check: cannot digest epoch %d of range %s: %s", epoch, r.name, exc)
+
+    def _end_epoch(self, r: DigestedRange, epoch: int, resumed_mid_epoch: bool, left: bool) -> None:
         from paddle_acp.adapter.tensors import tensor_views
 
         tensors: Dict[str, str] = {}
@@ -201,7 +211,7 @@ class EpochDigests:
                      "seconds": time.time() - self._started, "tensors": tensors,
                      "fetched": {k: h.hexdigest()[:16] for k, h in self._fetched.items()},
                      "fetch_runs": self._fetch_runs, "scalars": scalars, "uncaptured": uncaptured,
-                     "resumed_mid_epoch": resumed_mid_epoch})
+                     "resumed_mid_epoch": resumed_mid_epoch, "left_early": left})
 
     def _namespaces(self) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """(label prefix, names -> the script's objects) of the script's globals and the range's frame."""

@@ -279,7 +279,12 @@ class EpochRange:
                     pos.epoch_start_objects = self.restorer.resume_extra.get("epoch_start_objects")
                 if self.digests is not None:
                     self.digests.start_epoch(self.name, i, mid_epoch)
-                yield i
+                try:
+                    yield i
+                except GeneratorExit:  # the loop was left (break, return, an exception)
+                    if self.digests is not None:  # paddle-acp check: the state where it was left
+                        self.digests.end_epoch(self, i, mid_epoch, left=True)
+                    raise
                 if self.restorer.resume_step is not None:
                     raise CheckpointError(
                         f"range {self.name}: the checkpoint was taken at step {self.restorer.resume_step} of epoch {i}, "

@@ -94,6 +94,10 @@ def first_difference(ref: Epochs, other: Epochs, ref_name: str, other_name: str)
         b = other.get(key)
         if b is None:
             return Difference(key[0], key[1], [], [], missing=f"epoch {key[1]} of range {key[0]} never ended in the {other_name} run")
+        if bool(a.get("left_early")) != bool(b.get("left_early")):
+            left_in = ref_name if a.get("left_early") else other_name
+            return Difference(key[0], key[1], [], [], missing=f"the loop was left inside epoch {key[1]} of range "
+                              f"{key[0]} (break, return or an exception) in the {left_in} run only")
         tensors = _diff_maps(a.get("tensors") or {}, b.get("tensors") or {})
         fetched: List[str] = []
         if not (a.get("resumed_mid_epoch") or b.get("resumed_mid_epoch")):  # a mid-epoch resume fetched a part only
