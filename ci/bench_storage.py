@@ -616,7 +616,7 @@ def run_training(args, work) -> dict:
             timing = os.path.join(work, f"timing-{kind}-{r}.json")
             ckpt = None if kind == "off" else f"{hdfs.uri}/train/{kind}-{r}-{uuid.uuid4().hex[:6]}"
             extra = dict(env)
-            if kind in ("skip", "wait", "queue"):
+            if kind in ("auto", "skip", "wait", "queue"):
                 extra["PADDLE_ACP_BUSY_POLICY"] = kind
             proc = eu.run_script(out, ckpt, "pir", *script_args, "--timing", timing, env=extra, timeout=1800)
             if proc.returncode != 0:

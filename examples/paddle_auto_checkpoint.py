@@ -6,6 +6,12 @@ The runner installs the Executor.run hook and makes ``paddle.incubate.checkpoint
 resolve to paddle-acp, so ``train_epoch_range`` saves and resumes as Paddle's documentation describes
 (Paddle's own hook never runs on Paddle 2.6.2 to 3.3). Run directly with ``python``, it trains without
 checkpoints, as it would on plain Paddle.
+
+What this run does: 5 epochs (``--epochs``) of 8 batches; with ``--interval 0`` a checkpoint after every
+epoch, each one taken (Paddle's API waits for the previous checkpoint rather than skip a due one, unless
+``PADDLE_ACP_BUSY_POLICY`` says otherwise). A kill loses the epoch in progress, and also the one before it
+when it lands while that epoch's checkpoint is still being written; the rerun of the same command says
+where it resumes.
 """
 import argparse
 

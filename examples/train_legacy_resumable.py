@@ -2,9 +2,14 @@
 
     PADDLE_ACP_CHECKPOINT_URI=/tmp/acp-ckpt PADDLE_JOB_ID=example-steps python examples/train_legacy_resumable.py
 
-``acp.resumable(batches, save_every_steps=5)`` counts the batches of an epoch, takes a checkpoint every 5
-of them, and after a restart skips the batches the checkpoint already covers, so a kill inside a long epoch
-loses at most 5 batches. A SIGTERM (a preemption) saves at the next batch and exits.
+What this run does: 4 epochs (``--epochs``) of 12 batches. ``acp.resumable(batches, save_every_steps=5)``
+counts the batches of an epoch and takes a checkpoint after batches 5 and 10, and ``save_checkpoint_inter=0``
+one at every epoch end; each one is taken (under the default busy policy, ``auto``, a checkpoint that
+comes due while the previous one is still being written waits for it: milliseconds here). After a restart
+it skips the batches the checkpoint already covers. A kill loses the batches since the last committed
+checkpoint: at most 5, or at most 10 when it lands while the newest checkpoint is still being written (its
+persist takes milliseconds on a local disk). A SIGTERM (a preemption) saves at the next batch and exits,
+losing nothing.
 """
 import os
 

@@ -70,9 +70,12 @@ DEFAULT_REPLICATED_WRITERS = "all"
 DEFAULT_SHARE_WRITERS = 8
 # What a save that comes due while the previous checkpoint is still being written does
 # (asynchronous saves only; the final save of a range, preemption saves and synchronous
-# mode always wait): see saver.busy_action.
-BUSY_POLICIES = ("skip", "queue", "wait")
-DEFAULT_BUSY_POLICY = "skip"
+# mode always wait): see saver.busy_action. ``auto`` waits for it unless the range's waits would pass
+# AUTO_WAIT_SHARE of its time beyond its first AUTO_WAIT_FREE_S seconds (runtime/schedule.py): then it skips.
+BUSY_POLICIES = ("auto", "skip", "queue", "wait")
+DEFAULT_BUSY_POLICY = "auto"
+AUTO_WAIT_SHARE = 0.05
+AUTO_WAIT_FREE_S = 2.0
 # Set in every trainer by ``python -m paddle.distributed.launch``, which does NOT pass its --job_id on.
 _LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
 
@@ -221,9 +224,11 @@ def _busy_policy(env: Mapping[str, str]) -> str:
     value = raw.strip().lower()
     if value not in BUSY_POLICIES:
         raise ConfigError(
-            f"PADDLE_ACP_BUSY_POLICY={raw!r} is not a policy: use skip (default: a save that comes due while the "
-            "previous checkpoint is still being written is skipped), queue (it waits in a second host buffer when "
-            "memory allows) or wait (training waits for the previous checkpoint)"
+            f"PADDLE_ACP_BUSY_POLICY={raw!r} is not a policy: use auto (default: a save that comes due while the "
+            "previous checkpoint is still being written waits for it, unless the range's waits would pass "
+            f"{AUTO_WAIT_SHARE:.0%} of its time beyond its first {AUTO_WAIT_FREE_S:g} s: then it is skipped), skip "
+            "(it is always skipped), queue (it waits in a second host buffer when memory allows) or wait (training "
+            "always waits for the previous checkpoint)"
         )
     return value
 

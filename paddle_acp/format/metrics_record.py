@@ -79,7 +79,7 @@ class MetricsRecord:
     restored: Optional[int] = _doc("int or null (start): the number of the checkpoint the process resumed from "
                                    "(several ranks: its position, (epoch + 1) << 32 | step)")
     restore_source: Optional[str] = _doc("str or null (start): where it was read from: local, remote or cache")
-    policy: Optional[str] = _doc("str: PADDLE_ACP_BUSY_POLICY of the process (skip, queue or wait)")
+    policy: Optional[str] = _doc("str: PADDLE_ACP_BUSY_POLICY of the process (auto, skip, queue or wait)")
     epoch: Optional[int] = _doc("int: the epoch the save (or skipped save) is of")
     step: Optional[int] = _doc("int or null: the step within the epoch (null: an epoch's end)")
     stall_s: Optional[float] = _doc("float: seconds the training thread was blocked by this save, waited_s included")

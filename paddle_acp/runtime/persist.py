@@ -35,7 +35,7 @@ from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import Registry
-from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, Saver, SaveTicket
+from paddle_acp.runtime.saver import AUTO, QUEUE, SAVE, SKIP, WAIT, Saver, SaveTicket
 from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position
@@ -76,6 +76,7 @@ class Persister:
         self.saver = Saver(self._persist, cfg.async_save)
         self._mode_logged: Optional[str] = None
         self._skip_streak = 0
+        self._skip_from = ""  # where the current run of skips began
         self._base_checked = False  # the marks of the checkpoint resumed from, checked at the first save
         self._final_submitted = False  # the save after the last epoch was submitted
         self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
@@ -92,9 +93,14 @@ class Persister:
         return self.schedule.interval_due(self.saver.busy, self.position.at())
 
     def due_by_time(self) -> bool:
-        """Mid-epoch, one writer: the interval passed and the busy policy would take the save now."""
-        return (self.schedule.interval > 0 and not self.several_ranks and self.interval_due()
-                and self.busy_action(durable=False) != SKIP)
+        """Mid-epoch, one writer: the interval passed and the busy policy would take the save now (``auto``: the
+        wait for the checkpoint in flight is expected to fit the range's budget; else it stays due)."""
+        if not (self.schedule.interval > 0 and not self.several_ranks and self.interval_due()):
+            return False
+        action = self.busy_action(durable=False)
+        if action == WAIT and self.schedule.busy_policy == AUTO:
+            return self.schedule.expected_wait() <= self.schedule.wait_allowance()
+        return action != SKIP
 
     # -- taking a checkpoint -----------------------------------------------------
     def save(self, sync: bool = False, preempt: bool = False, rng: Optional[Dict[str, Any]] = None, final: bool = False,
@@ -129,13 +135,19 @@ class Persister:
                 self.schedule.point_done()
                 return
         action = self.busy_action(durable=durable, agreed=agreed)
+        waited = 0.0
+        if action == WAIT and not durable and not agreed and self.schedule.busy_policy == AUTO:
+            idle, waited = self._auto_wait()
+            if not idle:
+                self._skip(t0, costly=True)
+                return
         if action == SKIP:
             self._skip(t0)
             return
         if self._arena_skip(action, durable):
             self._skip(t0, arena=True)
             return
-        waited = self.saver.wait() if action != QUEUE else 0.0
+        waited += self.saver.wait() if action != QUEUE else 0.0
         irs = sorted({e.info.ir for e in self.registry.entries})
         import paddle
 
@@ -191,6 +203,9 @@ class Persister:
         ticket = SaveTicket(snap, buffer=buffer, durable=sync or final, queued=action == QUEUE,
                             skipped_before=self._skip_streak, part_wait=PREEMPT_PART_WAIT if preempt else None,
                             waited_seconds=waited)
+        if self._skip_streak:
+            logger.info("range %s: checkpoint at %s taken after %d due checkpoint(s) skipped, from %s on", self.name,
+                        pos.at(), self._skip_streak, self._skip_from)
         self._skip_streak = 0
         self.schedule.persist_started()  # (before the saver may end it)
         if stream is not None:
@@ -232,17 +247,36 @@ class Persister:
         :data:`ARENA_SKIPS` due saves in a row; never a durable save). Populating fresh memory costs seconds per GB on some hosts: the first save of a
         range would stall that long. Several ranks decide their saves by rank 0's plan, alike on every
         rank: there each rank populates what is left itself instead (:meth:`SnapshotBuffers.ready`)."""
-        return (action == SAVE and not durable and not self.schedule.agreed and self.schedule.busy_policy == SKIP
+        return (action == SAVE and not durable and not self.schedule.agreed and self.schedule.busy_policy in (SKIP, AUTO)
                 and self._skip_streak < ARENA_SKIPS and self.buffers.unpopulated >= ARENA_SKIP_BYTES)
 
-    def _skip(self, t0: float, arena: bool = False) -> None:
+    def _auto_wait(self) -> Tuple[bool, float]:
+        """``auto``, one writer: wait for the checkpoint in flight within the range's wait budget; (whether it
+        ended, seconds waited). Not at all when it is expected to take longer than the budget allows."""
+        allowance = self.schedule.wait_allowance()
+        if self.schedule.expected_wait() > allowance:
+            return False, 0.0
+        idle, waited = self.saver.wait_idle(allowance)
+        self.schedule.waited_s += waited
+        return idle, waited
+
+    def _skip(self, t0: float, arena: bool = False, costly: bool = False) -> None:
         """Do not take this checkpoint: the previous one is still being written (``arena``: the snapshot
-        arena is still being populated)."""
+        arena is still being populated; ``costly``: auto, waiting for it would pass the range's wait budget).
+        The first skip of a run says why; the save that ends the run says how many were skipped."""
         self.saver.stats.skipped += 1
         self._skip_streak += 1
         at = self.position.at()
+        if self._skip_streak == 1:
+            self._skip_from = at
         policy = self.schedule.busy_policy
-        if arena:
+        if costly and self._skip_streak == 1:
+            logger.info(
+                "range %s: checkpoint at %s skipped: the previous checkpoint is still being written and waiting for "
+                "it would take the range's waits past %.0f%% of its time beyond its first %g s (PADDLE_ACP_BUSY_POLICY=%s; "
+                "waited %.3f s so far); the next due one is taken when it can be", self.name, at,
+                100 * _config.AUTO_WAIT_SHARE, _config.AUTO_WAIT_FREE_S, policy, self.schedule.waited_s)
+        elif arena:
             logger.info(
                 "range %s: checkpoint at %s skipped: the snapshot buffer is still being populated in the background "
                 "(PADDLE_ACP_BUSY_POLICY=%s; at most %d due checkpoints in a row are skipped for it, the next one "
@@ -250,13 +284,13 @@ class Persister:
         elif self._skip_streak == 1 and self.schedule.agreed:
             logger.info(
                 "range %s: checkpoint at %s skipped by the ranks' save plan (rank 0 takes every n-th due point "
-                "while a checkpoint takes longer than a due point to write; PADDLE_ACP_BUSY_POLICY=%s); further "
-                "skips in a row are not logged", self.name, at, policy)
-        elif self._skip_streak == 1:
+                "while a checkpoint takes longer than a due point to write; PADDLE_ACP_BUSY_POLICY=%s); the "
+                "checkpoint that ends this run of skips says how many", self.name, at, policy)
+        elif self._skip_streak == 1 and not costly:
             logger.info(
                 "range %s: checkpoint at %s skipped: the previous checkpoint is still being written "
-                "(PADDLE_ACP_BUSY_POLICY=%s); the next due one is taken (further skips in a row are not logged)",
-                self.name, at, policy,
+                "(PADDLE_ACP_BUSY_POLICY=%s); the next due one is taken (the one that ends this run of skips says "
+                "how many)", self.name, at, policy,
             )
         self.metrics.add(MetricsRecord.skipped(range=self.name, epoch=self.position.epoch_no, step=self.position.step,
                                                stall_s=time.perf_counter() - t0, policy=policy))
@@ -278,6 +312,8 @@ class Persister:
             except BaseException as exc:
                 self._record_failure(record, exc, t0)
                 raise
+            finally:
+                self.schedule.persist_took(time.perf_counter() - t0)
         finally:
             if snap.stream is not None:  # a save that failed before its data was written frees the copy
                 snap.stream.abort("the checkpoint was not written")

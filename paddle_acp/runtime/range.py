@@ -41,7 +41,7 @@ from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import Persister
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.restore import Restorer
-from paddle_acp.runtime.schedule import SaveSchedule
+from paddle_acp.runtime.schedule import SaveSchedule, describe_policy
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position, ResumableSteps
 from paddle_acp.storage.base import Storage, redact
@@ -322,7 +322,10 @@ class EpochRange:
             when = (f"at the end of the first epoch ending {interval:g} s or more after the previous "
                     "checkpoint (save_checkpoint_inter / PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
         last = "" if self.max_epoch_num < 0 else f" and after the last epoch ({end - 1})"
-        logger.info("range %s of job %s: checkpoints go to %s %s%s", self.name, self.cfg.job_id, where, when, last)
+        busy = describe_policy(self.schedule.busy_policy, self.several_ranks) if self.persister.saver.async_save else (
+            "synchronous saves (PADDLE_ACP_ASYNC=0): training waits for each")
+        logger.info("range %s of job %s: checkpoints go to %s %s%s; %s", self.name, self.cfg.job_id, where, when, last,
+                    busy)
 
     def _end_of_epoch(self, last: bool) -> None:
         if self.watcher.received is not None:

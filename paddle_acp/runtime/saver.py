@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from paddle_acp.errors import RestartRequiredError
 from paddle_acp.format.commit.fencing import FencedError
@@ -24,6 +24,7 @@ from paddle_acp.threads import lower_thread_priority
 logger = logging.getLogger("paddle_acp")
 
 SAVE, WAIT, QUEUE, SKIP = "save", "wait", "queue", "skip"
+AUTO = "auto"  # the default policy: WAIT within the range's wait budget (runtime.schedule), else SKIP
 
 
 def busy_action(policy: str, busy: bool, durable: bool, queue_free: bool, queue_fits: bool) -> str:
@@ -34,14 +35,15 @@ def busy_action(policy: str, busy: bool, durable: bool, queue_free: bool, queue_
     preemption save, synchronous mode); ``queue_free``: no snapshot waits in the
     second buffer yet; ``queue_fits``: host memory allows a second buffer.
     Returns ``SAVE`` (the saver is idle: take it), ``WAIT`` (wait for the previous
-    checkpoint, then take it), ``QUEUE`` (copy it into the second buffer; it is
-    written when the previous one is done) or ``SKIP`` (this checkpoint is not
-    taken; the next due one is). A coordinator of several ranks can call it with
+    checkpoint, then take it; under ``auto`` only within the range's wait budget, which the
+    caller holds: :meth:`~paddle_acp.runtime.schedule.SaveSchedule.wait_allowance`), ``QUEUE``
+    (copy it into the second buffer; it is written when the previous one is done) or ``SKIP``
+    (this checkpoint is not taken; the next due one is). A coordinator of several ranks can call it with
     the combined state of all of them so that every rank decides alike.
     """
     if not busy:
         return SAVE
-    if durable or policy == WAIT:
+    if durable or policy in (WAIT, AUTO):
         return WAIT
     if policy == QUEUE and queue_free and queue_fits:
         return QUEUE
@@ -203,6 +205,19 @@ class Saver:
             self._thread = None
         self._report()
         return waited
+
+    def wait_idle(self, timeout: float) -> Tuple[bool, float]:
+        """Wait at most ``timeout`` seconds for the checkpoint in flight (the ``auto`` policy):
+        (whether the saver is idle now, seconds waited). Failures are reported by the next :meth:`wait`."""
+        t = self._thread
+        if t is None or not self.busy:
+            return True, 0.0
+        start = time.perf_counter()
+        t.join(max(0.0, timeout))
+        waited = time.perf_counter() - start
+        self.stats.waits += 1
+        self.stats.wait_seconds += waited
+        return not t.is_alive(), waited
 
     def submit(self, ticket: SaveTicket) -> None:
         """Persist ``ticket``'s snapshot (call ``wait`` first: the snapshot buffers are reused)."""

@@ -9,6 +9,7 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional
 
+from paddle_acp.config import AUTO_WAIT_FREE_S, AUTO_WAIT_SHARE
 from paddle_acp.format.checkpoints.metrics_log import FLUSH_INTERVAL
 from paddle_acp.tools.discovery import ToolError, open_root, single_job, uri_join
 from paddle_acp.tools.metrics import METRICS_DIR, Record, is_num, read_metrics, restarts_of, saves_of, unrecorded_of
@@ -60,6 +61,9 @@ def summarize_metrics(records: List[Record], now: Optional[float] = None) -> Dic
             "waited_median_s": statistics.median(waited) if waited else None,
             "waited_worst_s": max(waited) if waited else None,
             "waited_saves": sum(1 for w in waited if w > 0),
+            "waited_total_s": sum(waited),
+            # the busy policies the skips were made under (auto: waiting would have passed the range's budget)
+            "skip_policies": sorted({str(r.get("policy")) for r in skipped}),
             "persist_median_s": statistics.median(persist) if persist else None,
             "persist_worst_s": max(persist) if persist else None,
             "throughput_median_mb_s": statistics.median(thr) if thr else None,
@@ -115,7 +119,13 @@ def to_json(res: StatsResult) -> Dict[str, Any]:
 def render(res: StatsResult) -> str:
     s = res.summary
     failed = f", {s['failed']} FAILED" if s["failed"] else ""
-    skipped = f", {s['skipped']} skipped (the previous checkpoint was still being written)" if s["skipped"] else ""
+    why = "the previous checkpoint was still being written"
+    if s["skip_policies"] == ["auto"]:
+        why += (f" and waiting for it would have taken the range's waits past {AUTO_WAIT_SHARE:.0%} of its time "
+                f"beyond its first {AUTO_WAIT_FREE_S:g} s; PADDLE_ACP_BUSY_POLICY=auto")
+    elif s["skip_policies"]:
+        why += f"; PADDLE_ACP_BUSY_POLICY={'/'.join(s['skip_policies'])}"
+    skipped = f", {s['skipped']} skipped ({why})" if s["skipped"] else ""
     restarts = f", {s['restarts']} restart(s)" if s["restarts"] else ""
     lines = [f"job {res.job} at {res.uri}: {s['count']} save(s){failed}{skipped}{restarts}"]
     w = s["stall_worst_at"]
@@ -125,7 +135,8 @@ def render(res: StatsResult) -> str:
         worst_where = f" ({w['range']}, {fmt_time(w['time'])})" if w else ""
     waited = "-"
     if s["waited_median_s"] is not None:
-        waited = (f"{s['waited_saves']} save(s) waited for the previous one, worst {fmt_seconds(s['waited_worst_s'])}"
+        waited = (f"{s['waited_saves']} save(s) waited for the previous one, worst {fmt_seconds(s['waited_worst_s'])}, "
+                  f"in all {fmt_seconds(s['waited_total_s'])}"
                   if s["waited_saves"] else "no save waited for the previous one")
     thr = "-" if s["throughput_median_mb_s"] is None else (
         f"median {s['throughput_median_mb_s']:.1f} MB/s, slowest {s['throughput_min_mb_s']:.1f} MB/s")

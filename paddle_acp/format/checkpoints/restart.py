@@ -19,6 +19,7 @@ from paddle_acp.format.checkpoints.checkpointer import Checkpointer, no_usable
 from paddle_acp.format.engine.reader import LoadedCheckpoint
 from paddle_acp.format.global_manifest import describe_topology
 from paddle_acp.format.layout import position_key
+from paddle_acp.secrets import redact
 
 if TYPE_CHECKING:
     from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
@@ -95,6 +96,12 @@ def load_newest(checkpointer: Checkpointer, global_checkpointer: "GlobalCheckpoi
             f"{'from ' + search.found.name if search.found is not None else 'from scratch'} and cannot replace them. "
             "Resume with the newer paddle-acp that wrote them, or use a new PADDLE_JOB_ID. Nothing was deleted."
         )
+    if search.found is None and not search.rejected:
+        unfinished = sorted({e.name for e in listed if not e.committed} | uncommitted)
+        logger.info("%sno committed checkpoint of range %s in %s: starting at epoch 0%s", who,
+                    global_checkpointer.range_name, redact(where),
+                    f" ({', '.join(unfinished)}: left by a save that did not finish, not a checkpoint)"
+                    if unfinished else "")
     if search.found is not None or not search.rejected:
         return search.found
     err = no_usable(search, where, global_checkpointer.job_id, who)
