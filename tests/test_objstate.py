@@ -179,10 +179,13 @@ def test_a_captured_name_rebound_after_the_open_is_saved_as_it_holds_at_each_sav
         assert first["rng"]["local:rng"]["value"]["$dict"]["seed_seq"]["$dict"]["entropy"] == 2
         rng = np.random.default_rng(3)
         script.capture()
+        assert alias is not rng
+        del rng  # gone: the object it held last goes on being saved
+        assert script.capture()["rng"]["local:rng"]["value"]["$dict"]["seed_seq"]["$dict"]["entropy"] == 3
     said = [r.getMessage() for r in caplog.records]
     assert len([m for m in said if "local:rng holds another numpy.Generator" in m]) == 1, said
     assert len([m for m in said if "local:alias held the same object as local:rng" in m]) == 1, said
-    assert alias is not rng
+    assert len([m for m in said if "local:rng no longer holds an RNG object since the loop opened (deleted)" in m]) == 1, said
     script.release()  # the loop ended: the frame is dropped, the last object found goes on being saved
     assert script.site is None and script.capture()["rng"]["local:rng"]["value"]["$dict"]["seed_seq"]["$dict"]["entropy"] == 3
 

@@ -129,11 +129,25 @@ def _find(module_globals: Mapping[str, Any], frame_locals: Optional[Mapping[str,
     return found, aliases
 
 
+def _resolve(scope: Optional[Mapping[str, Any]], b: Binding) -> Any:
+    if scope is None or b.var not in scope:
+        return MISSING
+    obj = scope[b.var]
+    if b.key is WHOLE:
+        return obj
+    if type(obj) in (list, tuple):
+        return obj[b.key] if isinstance(b.key, int) and 0 <= b.key < len(obj) else MISSING
+    if type(obj) is dict:
+        return obj.get(b.key, MISSING)
+    return MISSING
+
+
 class Site:
     """The scopes of the frame that opened a loop: what is captured there, looked up again at each save.
 
     ``found``: name -> object (as :func:`find_captured`); ``bindings``: name -> :class:`Binding`;
-    ``aliases``: name -> the other names that held the same object when the loop opened.
+    ``aliases``: name -> the other names (with bindings) that held the same object when the loop opened;
+    :meth:`current`: what they all hold now.
     :meth:`release` drops the frame when the loop ends (it holds the frame's locals alive)."""
 
     def __init__(self, frame: FrameType) -> None:
@@ -143,22 +157,12 @@ class Site:
         self.bindings = {name: b for name, (b, _) in found.items()}
         self.found = {name: obj for name, (_, obj) in found.items()}
 
-    def resolve(self, b: Binding) -> Any:
-        """What ``b`` holds now, or :data:`MISSING`."""
-        if b.scope == "module_global":
-            scope: Optional[Mapping[str, Any]] = self._globals
-        else:
-            scope = self._frame.f_locals if self._frame is not None else None
-        if scope is None or b.var not in scope:
-            return MISSING
-        obj = scope[b.var]
-        if b.key is WHOLE:
-            return obj
-        if type(obj) in (list, tuple):
-            return obj[b.key] if isinstance(b.key, int) and 0 <= b.key < len(obj) else MISSING
-        if type(obj) is dict:
-            return obj.get(b.key, MISSING)
-        return MISSING
+    def current(self) -> Dict[str, Any]:
+        """What each name (captured or alias) holds now: name -> object, or :data:`MISSING`."""
+        scopes: Dict[str, Optional[Mapping[str, Any]]] = {
+            "module_global": self._globals, "local": self._frame.f_locals if self._frame is not None else None}
+        named = list(self.bindings.items()) + [a for names in self.aliases.values() for a in names]
+        return {name: _resolve(scopes[b.scope], b) for name, b in named}
 
     def release(self) -> None:
         self._frame = None

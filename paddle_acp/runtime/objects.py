@@ -291,22 +291,23 @@ class ScriptState:
         site = self.site
         if site is None:
             return
+        now = site.current()
         for name, (kind, obj) in list(self.rngs.items()):
-            binding = site.bindings.get(name)
-            cur = site.resolve(binding) if binding is not None else obj
+            cur = now.get(name, obj)
             if cur is not obj:
                 ckind = rng_kind(cur) if cur is not MISSING else None
                 if ckind is None:
-                    self._say(name, "gone", f"{name} no longer holds an RNG object since the loop opened (deleted or "
-                              f"rebound to a {type(cur).__name__}): checkpoints go on saving the {kind} it held")
+                    how = "deleted" if cur is MISSING else f"rebound to a {type(cur).__name__}"
+                    self._say(name, "gone", f"{name} no longer holds an RNG object since the loop opened ({how}): "
+                              f"checkpoints go on saving the {kind} it held")
                     continue
                 self._say(name, "rebound", f"{name} holds another {ckind} than when the loop opened (rebound in the "
                           f"loop): checkpoints save the object it holds at each save, and a restart restores that state "
                           f"into the {ckind} {name} holds when its loop opens")
                 self.rngs[name] = (ckind, cur)
                 obj = cur
-            for alias, ab in site.aliases.get(name, ()):
-                other = site.resolve(ab)
+            for alias, _ in site.aliases.get(name, ()):
+                other = now[alias]
                 if other is not obj and other is not MISSING and rng_kind(other) is not None:
                     self._say(alias, "alias", f"{alias} held the same object as {name} when the loop opened and holds "
                               f"another {rng_kind(other)} now: checkpoints save {name}'s object only, so a restart "
