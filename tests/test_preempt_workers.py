@@ -91,15 +91,43 @@ def test_ctrl_c_to_the_process_group_with_dataloader_workers_is_unchanged(tmp_pa
     assert_same(out, ref)
 
 
+def test_workers_left_by_a_killed_training_process_still_end_on_sigterm(tmp_path):
+    """The workers drop the job's SIGTERM only while their training process lives: after it died (SIGKILL),
+    a SIGTERM ends them as it would have without paddle-acp (Paddle's orphaned workers do not end by themselves)."""
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    p = start(out, ck, "--loader", "dataloader", "--workers", "2", "--stop-at", "1:3")
+    try:
+        wait_for(out / "stopping", p)
+        workers = [int(w) for w in os.listdir(out / "workers") if running(w)]
+        assert len(workers) == 2, workers
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=60)  # (not communicate: the workers hold its pipes open)
+        assert all(running(w) for w in workers)
+        os.killpg(p.pid, signal.SIGTERM)  # the group outlives its leader while the workers live
+        end = time.monotonic() + 30
+        while any(running(w) for w in workers) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert [w for w in workers if running(w)] == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for w in os.listdir(out / "workers") if (out / "workers").exists() else []:
+            if running(w):
+                os.kill(int(w), signal.SIGKILL)
+
+
 def test_other_children_forked_in_a_range_still_take_sigterm(tmp_path):
     """Only Paddle's DataLoader workers are shielded: a process the script forks itself ends on the job's SIGTERM."""
     code = textwrap.dedent(f"""
         import multiprocessing, os, time
         import paddle_acp as acp
+        def sleep():
+            open({str(tmp_path / "stopping")!r}, "w").close()  # the child runs its own code: the fork is done
+            time.sleep(60)
         for epoch in acp.train_epoch_range(1, 0):
-            child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
+            child = multiprocessing.get_context("fork").Process(target=sleep, daemon=True)
             child.start()
-            open({str(tmp_path / "stopping")!r}, "w").close()
             while not os.path.exists({str(tmp_path / "stopped")!r}):
                 time.sleep(0.01)
         child.join(30)

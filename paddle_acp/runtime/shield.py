@@ -1,8 +1,9 @@
 """Worker shield: owns how Paddle's DataLoader workers forked while a range is open take the preemption signals.
 
-Kubernetes and Slurm stop a job by signalling all its processes at once, the DataLoader's workers
-(``num_workers>0``) too. A worker killed by SIGTERM makes Paddle raise ``SystemError`` in the training
-thread at whatever it runs then (Paddle's SIGCHLD handler), the preemption save included: no save.
+A job stopped by signalling all its processes at once (Slurm signals every process of the job step; a
+launcher may signal a process group) signals the DataLoader's workers (``num_workers>0``) too. A worker
+killed by SIGTERM makes Paddle raise ``SystemError`` in the training thread at whatever it runs then
+(Paddle's SIGCHLD handler), the preemption save included: no save.
 
 While a range's preemption handlers are installed (:func:`engage`), a worker that Paddle's DataLoader
 forks (:func:`paddle_acp.adapter.workers.forking_loader_worker`) blocks the preemption signals from its
@@ -10,12 +11,14 @@ first instruction on (the mask, which its threads inherit: Paddle's worker insta
 handler after the fork, which would replace an ignore but not a block), and one thread of it waits for
 them (``sigwaitinfo``): a signal sent by the worker's parent (``Process.terminate()``, which
 ``multiprocessing`` sends its daemonic children at exit) ends the worker at once with status 0, as
-Paddle's own handler does for its parent's SIGTERM; one sent by anyone else (the job's stop) is dropped.
-Only the training process acts on it: it saves at the next boundary and exits, and its loader stops the
-workers as at any loop's end (Paddle's workers also end within 5 s of their parent's end). Every child
-forked meanwhile gets the handlers from before the range back (the range's handler would only record the
-signal in a process that has no range: a child the script forks, which ``multiprocessing`` stops with
-SIGTERM at exit, would not end), and a child a worker forks is given the signals back.
+Paddle's own handler does for its parent's SIGTERM; one sent by anyone else (the job's stop) is dropped
+while the parent lives, and ends the worker once the parent is gone. Only the training process acts on
+it: it saves at the next boundary and exits, and its loader stops the workers as at any loop's end.
+
+Every child forked meanwhile gets the handlers from before the range back: the range's handler would
+only record the signal in a process that has no range (a child the script forks, which
+``multiprocessing`` stops with SIGTERM at exit, would not end). A child a worker forks gets the signals
+back unblocked; a worker's ``subprocess`` children (no fork hook runs there) inherit the block.
 """
 
 from __future__ import annotations
@@ -47,11 +50,14 @@ def release() -> None:
 
 
 def _wait(signals: FrozenSet[int], parent: int) -> None:
-    """A shielded worker's thread: its parent's signal ends the worker, anyone else's is dropped."""
+    """A shielded worker's thread: its parent's signal ends the worker, as does anyone's once the parent is
+    gone (no save left to shield); while the parent lives, anyone else's is dropped."""
     while True:
         info = signal.sigwaitinfo(signals)
-        if info.si_pid == parent:  # the loader's own process ends its worker
+        if info.si_pid == parent:  # the loader's own process ends its worker (status 0, as Paddle's handler)
             os._exit(0)
+        if os.getppid() != parent:  # an orphan: the signal ends it, as it would have without the shield
+            os._exit(128 + info.si_signo)
 
 
 def _after_fork_in_child() -> None:
