@@ -472,3 +472,16 @@ def test_any_field_replaced_by_any_json_loads_or_raises_corrupt_only(data):
         else:
             obj = np.random.RandomState(0) if kind == "numpy.RandomState" else random.Random()
         objstate.apply_rng(kind, obj, value)
+
+
+def test_more_captured_objects_than_a_checkpoint_holds_are_a_config_error_when_the_loop_opens(tmp_path, monkeypatch):
+    """Not a failure at every save with no checkpoint ever committed: the loop does not start, nothing is written."""
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path / "ckpt"))
+    a, b, c, d, e = ([np.random.default_rng(i * 1000 + j) for j in range(1000)] for i in range(5))  # noqa: F841
+    with pytest.raises(ConfigError, match=r"5000 captured RNG objects, more than the 4096 a checkpoint holds: local:a\[0\]"):
+        next(acp.train_epoch_range(2, 0))
+    del a, b, c, d, e
+    big = [np.random.RandomState(i) for i in range(400)]  # noqa: F841  (~3.4 kB each)
+    with pytest.raises(ConfigError, match="bytes serialized, more than the 1048576"):
+        next(acp.train_epoch_range(2, 0))
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").rglob("manifest.json"))
