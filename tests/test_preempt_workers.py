@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from test_steps import SCRIPT, assert_same, reference, steps
 
 
@@ -91,19 +92,26 @@ def test_ctrl_c_to_the_process_group_with_dataloader_workers_is_unchanged(tmp_pa
     assert_same(out, ref)
 
 
-def test_workers_left_by_a_killed_training_process_still_end_on_sigterm(tmp_path):
-    """The workers drop the job's SIGTERM only while their training process lives: after it died (SIGKILL),
-    a SIGTERM ends them as it would have without paddle-acp (Paddle's orphaned workers do not end by themselves)."""
+@pytest.mark.parametrize("order", ["term-then-kill", "kill-then-term"])
+def test_workers_of_a_killed_training_process_still_end_on_the_jobs_sigterm(tmp_path, order):
+    """The workers hold the job's SIGTERM only while their training process lives: once it is gone (here
+    SIGKILLed before it could save), a SIGTERM held or sent then ends them, as it would have without
+    paddle-acp (Paddle's orphaned workers do not end by themselves)."""
     out, ck = tmp_path / "out", tmp_path / "ck"
     p = start(out, ck, "--loader", "dataloader", "--workers", "2", "--stop-at", "1:3")
     try:
         wait_for(out / "stopping", p)
         workers = [int(w) for w in os.listdir(out / "workers") if running(w)]
         assert len(workers) == 2, workers
+        if order == "term-then-kill":
+            os.killpg(p.pid, signal.SIGTERM)
+            time.sleep(0.3)
+            assert all(running(w) for w in workers)  # held: the training process lives
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=60)  # (not communicate: the workers hold its pipes open)
-        assert all(running(w) for w in workers)
-        os.killpg(p.pid, signal.SIGTERM)  # the group outlives its leader while the workers live
+        if order == "kill-then-term":
+            assert all(running(w) for w in workers)
+            os.killpg(p.pid, signal.SIGTERM)  # the group outlives its leader while the workers live
         end = time.monotonic() + 30
         while any(running(w) for w in workers) and time.monotonic() < end:
             time.sleep(0.01)

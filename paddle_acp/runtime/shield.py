@@ -11,9 +11,10 @@ first instruction on (the mask, which its threads inherit: Paddle's worker insta
 handler after the fork, which would replace an ignore but not a block), and one thread of it waits for
 them (``sigwaitinfo``): a signal sent by the worker's parent (``Process.terminate()``, which
 ``multiprocessing`` sends its daemonic children at exit) ends the worker at once with status 0, as
-Paddle's own handler does for its parent's SIGTERM; one sent by anyone else (the job's stop) is dropped
-while the parent lives, and ends the worker once the parent is gone. Only the training process acts on
-it: it saves at the next boundary and exits, and its loader stops the workers as at any loop's end.
+Paddle's own handler does for its parent's SIGTERM; one sent by anyone else (the job's stop) is held
+while the parent lives and ends the worker once the parent is gone, however it ended (Paddle's orphaned
+workers do not end by themselves). Only the training process acts on it: it saves at the next boundary
+and exits, and its loader stops the workers as at any loop's end.
 
 Every child forked meanwhile gets the handlers from before the range back: the range's handler would
 only record the signal in a process that has no range (a child the script forks, which
@@ -50,14 +51,18 @@ def release() -> None:
 
 
 def _wait(signals: FrozenSet[int], parent: int) -> None:
-    """A shielded worker's thread: its parent's signal ends the worker, as does anyone's once the parent is
-    gone (no save left to shield); while the parent lives, anyone else's is dropped."""
+    """A shielded worker's thread: its parent's signal ends the worker; anyone else's (the job's stop) is
+    held while the parent lives and ends the worker once the parent is gone (no save left to shield)."""
+    held = 0  # the first signal held (0: none)
     while True:
-        info = signal.sigwaitinfo(signals)
-        if info.si_pid == parent:  # the loader's own process ends its worker (status 0, as Paddle's handler)
-            os._exit(0)
-        if os.getppid() != parent:  # an orphan: the signal ends it, as it would have without the shield
-            os._exit(128 + info.si_signo)
+        # (no signal held: nothing to do until one comes; one held: the parent's end is looked for twice a second)
+        info = signal.sigwaitinfo(signals) if not held else signal.sigtimedwait(signals, 0.5)
+        if info is not None:
+            if info.si_pid == parent:  # the loader's own process ends its worker (status 0, as Paddle's handler)
+                os._exit(0)
+            held = held or info.si_signo
+        if held and os.getppid() != parent:  # the training process is gone: the job's stop ends the worker
+            os._exit(128 + held)
 
 
 def _after_fork_in_child() -> None:
