@@ -3,9 +3,8 @@
 :func:`paddle_acp.format.engine.reader._verify_stream` asks a :class:`Chunks` for each chunk in
 turn and checksums it. The sources: a mapped local file (``paddle-acp verify`` and ``export``),
 a local file read with ``preadv`` into rotating buffers, a remote file read in order (rotating
-buffers, or a spool), and the two that land a restore in the buffer it is needed in (the snapshot
-arena): :class:`IntoChunks` (a local file, read once straight into it) and :class:`RangedChunks`
-(a remote file, ranged reads on several connections in parallel, straight into it).
+buffers, or a spool), and :class:`RangedChunks`: a remote restore landing in the buffer it is needed
+in (the snapshot arena), by ranged reads on several connections in parallel, straight into it.
 """
 
 from __future__ import annotations
@@ -119,8 +118,7 @@ class Buffered(Chunks):
 
 
 class PreadChunks(Buffered):
-    """A local file read with ``preadv``: into rotating buffers, or (:class:`IntoChunks`) once,
-    straight into the buffer the restore lands in."""
+    """A local file read with ``preadv`` into rotating buffers (or, with ``image``, into one buffer)."""
 
     def __init__(self, fd: int, data_path: str, size: int, image: Optional[np.ndarray] = None):
         super().__init__(data_path, size, image)
@@ -130,9 +128,6 @@ class PreadChunks(Buffered):
         got = pread_into(self._fd, mv, pos)
         if got < mv.nbytes:
             raise CorruptCheckpointError(f"{self._path}: short read at byte {pos + got}")
-
-
-IntoChunks = PreadChunks  # with ``image``: a local restore's one pass into its landing buffer
 
 
 def fill_from(f: InputFile, mv: memoryview, pos: int, data_path: str) -> None:

@@ -6,11 +6,11 @@ and the data file's size (:func:`check_header`); the data entry points check
 every tensor's checksum before they return anything:
 
 - :func:`load` (restore): a :class:`LoadedCheckpoint` whose tensors are handed
-  out once each. Its bytes are read once, straight into the snapshot arena that the
-  first save needs anyway (lent by the runtime, within the host-memory budget), and
-  checksummed there at normal priority; without one, a local file is verified
-  through rotating buffers and read again from the page cache into the tensors, a
-  remote one verified into a local spool. Nothing maps or buffers a whole file.
+  out once each, checksummed at normal priority as the bytes arrive. A local file is
+  verified through rotating buffers, then read from the page cache straight into the
+  scope's tensors; a remote one lands in the snapshot arena that the first save needs
+  anyway (lent by the runtime, within the host-memory budget), or else is verified
+  into a local spool. Nothing maps or buffers a whole file.
 - :func:`verify` (``paddle-acp verify``, ``ls --verify``, ``gc``): every checksum,
   nothing kept (constant memory on every backend).
 - :func:`read_tensors` (``paddle-acp export``): every checksum, the asked-for
@@ -33,7 +33,7 @@ from typing import Callable, Collection, Dict, List, Optional, Tuple
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format.engine.chunks import Chunks, IntoChunks, PreadChunks, RangedChunks, RemoteChunks, local_chunks
+from paddle_acp.format.engine.chunks import Chunks, PreadChunks, RangedChunks, RemoteChunks, local_chunks
 from paddle_acp.format.engine.chunks import map_file as _map_file
 from paddle_acp.format.engine.chunks import populate as _populate  # noqa: F401  (tests call it here)
 from paddle_acp.format.engine.crc import crc_pool, drain, restore_crc_pool
@@ -150,20 +150,22 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     reach a scope. The checksums run at normal priority (training waits for them) as the bytes
     arrive, and nothing maps or buffers the whole file beyond what is lent:
 
-    - ``landing`` (the snapshot arena the first save needs anyway) lends a buffer for a data file
-      within ``memory_budget``: its bytes are read once, straight into it (a local file with
-      ``preadv``; a remote one with ranged reads on several connections), and copied from there
-      into the scope's tensors; the buffer is given back when they are all handed out.
-    - Else a local file is verified through three rotating buffers and stays open: the tensors are
-      read from it (the page cache) with ``preadv`` at the copy; a remote one is verified on its way
-      into an unlinked local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there."""
+    - A local file is verified through three rotating buffers and stays open: at the copy the tensors
+      are read from it (the page cache) with ``preadv`` straight into the scope's tensors. (Landing it
+      in the snapshot arena instead would fault in a whole fresh buffer while the training waits:
+      slower on the VMs measured, issue 44; the arena is populated after the copy, in the background.)
+    - A remote file lands in ``landing`` (the snapshot arena the first save needs anyway), when it lends
+      a buffer for a file within ``memory_budget``: its bytes are read once, straight into it, by ranged
+      reads on several connections in parallel, and copied from there into the scope's tensors; the
+      buffer is given back when they are all handed out. Else it is verified on its way into an unlinked
+      local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there like a local one."""
     m, data_path = check_header(storage, base, number, range_name, raw, sized_by_read=True)
     records = _records(m)
     os_path = _local_path(storage, data_path)
     fits = m.data_size > 0 and (memory_budget is None or m.data_size <= memory_budget)
-    lent = landing(m.data_size) if landing is not None and fits else None
+    lent = landing(m.data_size) if landing is not None and fits and os_path is None else None
     if lent is not None:
-        loaded = _land(storage, base, m, data_path, records, lent, os_path)
+        loaded = _land(storage, base, m, data_path, records, lent)
     elif os_path is None:
         loaded = LoadedCheckpoint(base, m, _spool_verified(storage, m, data_path, records, memory_budget))
     else:
@@ -178,24 +180,15 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     return loaded
 
 
-def _land(storage: Storage, base: str, m: Manifest, data_path: str, records: List[Record], lent: Lent,
-          os_path: Optional[str]) -> LoadedCheckpoint:
-    """The one pass of a restore that lands in a lent buffer: every byte read once into it and
-    checksummed there; the buffer is given back at once when the file does not verify."""
+def _land(storage: Storage, base: str, m: Manifest, data_path: str, records: List[Record], lent: Lent) -> LoadedCheckpoint:
+    """The one pass of a remote restore that lands in a lent buffer: every byte read once into it (ranged
+    reads in parallel) and checksummed there; the buffer is given back at once when the file does not verify."""
     buf, give_back = lent
     image = buf[:m.data_size]
     try:
-        if os_path is not None:
-            fd, _mapping = _open_local(storage, os_path, data_path, m.data_size, mapped=False)
-            try:
-                _verify_stream(IntoChunks(fd, data_path, _VERIFY_CHUNK, image), m, data_path, records,
-                               pool=restore_crc_pool())
-            finally:
-                os.close(fd)
-        else:
-            with RangedChunks(lambda: _open_remote(storage, data_path), data_path, _READ_CHUNK, image) as chunks:
-                _verify_stream(chunks, m, data_path, records, pool=restore_crc_pool())
-                chunks.check_end(m.data_size)
+        with RangedChunks(lambda: _open_remote(storage, data_path), data_path, _READ_CHUNK, image) as chunks:
+            _verify_stream(chunks, m, data_path, records, pool=restore_crc_pool())
+            chunks.check_end(m.data_size)
     except BaseException:
         give_back()
         raise
