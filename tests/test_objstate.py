@@ -485,3 +485,25 @@ def test_more_captured_objects_than_a_checkpoint_holds_are_a_config_error_when_t
     with pytest.raises(ConfigError, match="bytes serialized, more than the 1048576"):
         next(acp.train_epoch_range(2, 0))
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").rglob("manifest.json"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.integers(0, 2**128), st.lists(st.integers(0, 2**70), min_size=1, max_size=6)),
+       st.lists(st.integers(0, 2**64 - 1), max_size=4), st.integers(4, 16), st.integers(0, 50), st.integers(0, 50))
+def test_a_seed_sequence_round_trips_through_a_manifest_and_restores_its_count_in_place(entropy, key, pool, count, other):
+    ss = np.random.SeedSequence(entropy, spawn_key=tuple(key), pool_size=pool, n_children_spawned=count)
+    section = section_of({"module_global:ss": ss})
+    t = TensorRecord("w", "float32", [1], 0, 4, 0)
+    m = Manifest(1, 0.0, RangeRecord("_range_0", 0, 3), [ProgramRecord("k", "l", [t])], 4, extra={"objects": section})
+    loaded = Manifest.loads(m.dumps())
+    live = np.random.SeedSequence(entropy, spawn_key=tuple(key), pool_size=pool, n_children_spawned=other)
+    ident = id(live)
+    ScriptState("_range_0", {"module_global:ss": live}, {}).restore(loaded.extra["objects"], "test")
+    assert id(live) == ident and live.n_children_spawned == count
+    assert [c.generate_state(2).tolist() for c in live.spawn(2)] == [c.generate_state(2).tolist() for c in ss.spawn(2)]
+
+
+def test_a_generator_of_another_bit_generator_than_saved_is_refused_naming_it():
+    section = section_of({"module_global:rng": np.random.default_rng(0)})
+    with pytest.raises(CheckpointError, match="cannot restore 'module_global:rng' from ckpt-1: ValueError: its bit generator is a Philox, the checkpoint's a PCG64.*PADDLE_JOB_ID"):
+        ScriptState("_range_0", {"module_global:rng": np.random.Generator(np.random.Philox(0))}, {}).restore(section, "ckpt-1")

@@ -227,6 +227,9 @@ def apply_rng(kind: str, obj: Any, state: Any) -> None:
     if kind in ("numpy.Generator", "numpy.BitGenerator"):
         bitgen = obj.bit_generator if kind == "numpy.Generator" else obj
         state = dict(state)
+        if state.get("bit_generator") != type(bitgen).__name__:  # (before anything changes)
+            raise ValueError(f"its bit generator is a {type(bitgen).__name__}, the checkpoint's a "
+                             f"{str(state.get('bit_generator'))[:40]}")
         saved_seq = state.pop("seed_seq", None)
         if saved_seq is not None:
             seq = getattr(bitgen, "_seed_seq", None)
