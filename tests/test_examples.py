@@ -105,6 +105,10 @@ def test_example_resumes_bit_identically(tmp_path, example, kill_after, runner, 
     rc, out = _run(_cmd(example, params, runner, ckpt), _env(ckpt), kill_after_line=kill_after)
     assert rc == -signal.SIGKILL, out
     assert not SKIP_LINE.search(out), out  # these tiny checkpoints are all taken: waiting for them costs milliseconds
+    # the start line names the policy in force: auto, and Paddle's API (the runner) then says it takes every one
+    assert "(PADDLE_ACP_BUSY_POLICY=auto)" in out, out
+    assert runner == ("takes every due checkpoint: one due while the previous one is still being written waits for it "
+                      "(PADDLE_ACP_BUSY_POLICY=wait" in out), out
     assert not os.path.exists(params)
     rc, out = _run(_cmd(example, params, runner, ckpt), _env(ckpt))
     assert rc == 0, out

@@ -135,8 +135,11 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
     try:
         for i in epochs:
             r = active_range()
-            if every_due_save and r is not None:
-                r.schedule.set_busy_policy(WAIT)
+            if every_due_save and r is not None and r.schedule.busy_policy != WAIT:
+                r.schedule.set_busy_policy(WAIT)  # (after the range's start line, which named the default)
+                logger.info("range %s: Paddle's train_epoch_range takes every due checkpoint: one due while the "
+                            "previous one is still being written waits for it (PADDLE_ACP_BUSY_POLICY=wait; set "
+                            "PADDLE_ACP_BUSY_POLICY to choose another)", r.name)
             yield i
     finally:
         epochs.close()  # leaving the loop early closes paddle-acp's loop as it would have been closed
