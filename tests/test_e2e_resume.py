@@ -63,9 +63,10 @@ def mode_env(mode):
     """sync: PADDLE_ACP_ASYNC=0, a checkpoint commits before the next epoch
     starts; async: the library's background writes, with the `wait` busy
     policy: these tests check exactly which epoch a rerun starts at, which
-    needs every epoch's checkpoint taken (under the default `skip` policy a
-    save that comes due while the previous one is being written is not
-    taken; tests/test_busy_policy.py covers that)."""
+    needs every epoch's checkpoint taken (under the default `auto` policy a
+    save that comes due while the previous one is being written is skipped
+    once the range's waits pass their budget; tests/test_busy_policy.py
+    covers that)."""
     assert mode in ("sync", "async")
     return {"PADDLE_ACP_ASYNC": "0"} if mode == "sync" else {"PADDLE_ACP_BUSY_POLICY": "wait"}
 

@@ -141,7 +141,7 @@ times = st.lists(st.floats(0.001, 5.0), min_size=1, max_size=100)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
+@given(st.sampled_from(["auto", "skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
        st.sampled_from([0.0, 0.05, 0.5, 5.0]))
 def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, persists, lags, floor):
     mine, theirs = simulate(policy, epochs, persists, lags, floor=floor)
@@ -156,7 +156,7 @@ def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(["skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
+@given(st.sampled_from(["auto", "skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
        st.floats(0.5, 20.0))
 def test_two_ranks_take_the_same_interval_saves_at_any_interleaving(policy, epochs, persists, lags, interval):
     mine, theirs = simulate(policy, epochs, persists, lags, interval=interval)
