@@ -4,7 +4,7 @@
 Both ranks run tests/scripts/rank_train.py (``--kind dp``: identical replicated state; a file
 barrier at every epoch keeps them in lockstep, as the gradient all-reduce would), one step per
 epoch, epochs far shorter than a persist to HDFS. Each round runs the same job without
-checkpoints and with a checkpoint every epoch (``PADDLE_ACP_BUSY_POLICY``, default ``skip``),
+checkpoints and with a checkpoint every epoch (``PADDLE_ACP_BUSY_POLICY``: ``--policy``, default ``skip``),
 in alternating order; the job's training time is the longer of its two ranks' epoch loops
 (the final checkpoint's commit included). Reported: the median of the per-round ratios, the
 checkpoints committed and skipped (from the metrics records). Not a timed test: a benchmark

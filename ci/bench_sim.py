@@ -194,7 +194,7 @@ def measure(args, world, work):
         env["PADDLE_ACP_RANK_STATE"] = args.state
     if args.persist:
         # the persist figure times every checkpoint: none may be skipped because the one before is still
-        # being written (the default busy policy, skip, would on a loaded machine)
+        # being written (the default busy policy, auto, would once its waits pass their budget)
         env["PADDLE_ACP_BUSY_POLICY"] = "wait"
     for kv in args.env:
         k, _, v = kv.partition("=")

@@ -148,7 +148,7 @@ def parse_args(argv=None):
                         "kept across its restarts, shared by its ranks)")
     p.add_argument("--busy-policy", default=None,
                    help="PADDLE_ACP_BUSY_POLICY for the training processes "
-                        "(default: the library's, skip)")
+                        "(default: the library's, auto)")
     p.add_argument("--host-memory", default=None,
                    help="PADDLE_ACP_HOST_MEMORY for the training processes (with a state larger than it, "
                         "saves stream in chunks and kills land inside streamed saves)")
