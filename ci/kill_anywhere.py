@@ -91,6 +91,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the test hel
 
 from support import e2e as eu  # noqa: E402
 from support import storage_faults as sf  # noqa: E402
+from support.coord import COORDINATIONS, coord_env  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -162,6 +163,9 @@ def parse_args(argv=None):
                         "the ranks unless PADDLE_ACP_REPLICATED_WRITERS=one)")
     p.add_argument("--save-every-steps", type=int, default=None,
                    help="multi-rank: also checkpoint every this many steps")
+    p.add_argument("--coordination", choices=COORDINATIONS, default="storage",
+                   help="multi-rank: how the ranks coordinate (store: PADDLE_MASTER on a "
+                        "new free port at every start, rank 0 hosting Paddle's TCP store)")
     p.add_argument("--keep", action="store_true",
                    help="keep every trial's directory, not only failed ones")
     return p.parse_args(argv)
@@ -528,6 +532,8 @@ def rank_cmd(a, out, barrier, no_acp=False):
 def start_ranks(a, ir, d, ckpt, gen, prefix, no_acp=False, extra_env=None):
     os.makedirs(d, exist_ok=True)
     procs = []
+    if ckpt is not None and a.ranks > 1:  # one store per start of the job, as a launcher gives one
+        extra_env = {**coord_env(a.coordination), **(extra_env or {})}
     for r in range(a.ranks):
         fo = open("%s.r%d.stdout" % (prefix, r), "w")
         fe = open("%s.r%d.stderr" % (prefix, r), "w")

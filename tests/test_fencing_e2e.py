@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from support.coord import COORDINATIONS, coord_env
 from support.e2e import JOB_ID, REPO, SCRIPT, script_env
 
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
@@ -116,24 +117,26 @@ def rank_env(ckpt, r, gen, extra=None):
     return script_env(ckpt, "pir", {**e, **(extra or {})})
 
 
+@pytest.mark.parametrize("coordination", COORDINATIONS)
 @pytest.mark.parametrize("stale", [0, 1])
-def test_superseded_rank_never_touches_the_live_jobs_checkpoint(tmp_path, stale):
+def test_superseded_rank_never_touches_the_live_jobs_checkpoint(tmp_path, stale, coordination):
     """(b) rank 0, (c) rank 1 of a first start of a two-rank job stops in its first save, at the start of
     the part's data write (the other rank of that start is killed); a second start of the job trains and
     commits the same positions; the stale rank then resumes: it deletes nothing of the live
     job's checkpoint (every committed checkpoint still verifies, part for part) and logs once
-    that it is fenced."""
+    that it is fenced. On both coordination paths (each start of the job with a store of its own)."""
     ckpt = tmp_path / "ckpt"
     logs = {r: tmp_path / f"a{r}.log" for r in (0, 1)}
     mark = tmp_path / "stale.stop"
-    a = {r: spawn(rank_cmd(tmp_path, r, "a"), rank_env(ckpt, r, "a", {"ACP_TEST_STOP": f"write:{mark}"}
-                                                                 if r == stale else None), logs[r]) for r in (0, 1)}
+    coord_a, coord_b = coord_env(coordination), coord_env(coordination)
+    a = {r: spawn(rank_cmd(tmp_path, r, "a"), rank_env(ckpt, r, "a", {**coord_a, "ACP_TEST_STOP": f"write:{mark}"}
+                                                                 if r == stale else coord_a), logs[r]) for r in (0, 1)}
     b = {}
     try:
         wait_stopped(a[stale], mark, logs[stale])
         kill(a[1 - stale])  # the launcher restarts the job; this one process is left behind, stopped
         for r in (0, 1):
-            b[r] = spawn(rank_cmd(tmp_path, r, "b"), rank_env(ckpt, r, "b"), tmp_path / f"b{r}.log")
+            b[r] = spawn(rank_cmd(tmp_path, r, "b"), rank_env(ckpt, r, "b", coord_b), tmp_path / f"b{r}.log")
         for r in (0, 1):
             assert b[r].wait(300) == 0, (tmp_path / f"b{r}.log").read_text()[-3000:]
         st = open_storage(str(ckpt))

@@ -49,14 +49,16 @@ def test_kill_anywhere_two_ranks_tensor_parallel_like(tmp_path):
             assert len(set(map(str, starts.values()))) <= 1, t
 
 
-def test_kill_anywhere_two_ranks_data_parallel_spread_writes(tmp_path):
+@pytest.mark.parametrize("coordination", ["storage", "store"])
+def test_kill_anywhere_two_ranks_data_parallel_spread_writes(tmp_path, coordination):
     """Data parallel (replicated state, each rank writing its share of the tensors): any rank killed
-    at any moment, mid-epoch checkpoints every other step, the whole job restarted: every rank ends
-    bit-identical to the uninterrupted run and all ranks resume from the same checkpoint."""
+    at any moment (rank 0, the store's host, included), mid-epoch checkpoints every other step, the whole
+    job restarted: every rank ends bit-identical to the uninterrupted run and all ranks resume from the
+    same checkpoint, the ranks coordinated through storage or through Paddle's store."""
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, HARNESS, "--ranks", "2", "--kind", "dp", "--trials", "2", "--seed", "11", "--ir", "pir",
-         "--epochs", "8", "--steps-per-epoch", "5", "--save-every-steps", "2",
+         "--epochs", "8", "--steps-per-epoch", "5", "--save-every-steps", "2", "--coordination", coordination,
          "--uri-root", str(tmp_path / "work"), "--json", str(report)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-8000:]

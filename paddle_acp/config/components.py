@@ -177,3 +177,33 @@ def storage_options_from_env(env: Optional[Mapping[str, str]] = None) -> Storage
         cache_dir=env.get("PADDLE_EDL_FS_CACHE") or None,
         s3=s3_from_env(env),
     )
+
+
+COORDINATION_MODES = ("auto", "store", "storage")
+
+
+def coordination_from_env(env: Optional[Mapping[str, str]] = None) -> str:
+    """``PADDLE_ACP_COORDINATION``: how the ranks of a job of several coordinate (``auto`` when unset):
+    ``store`` (through the job's store: ``PADDLE_MASTER`` of ``paddle.distributed.launch``, or
+    ``MASTER_ADDR``/``MASTER_PORT``; an error when the job has none), ``storage`` (small files on the
+    checkpoint storage: the protocol of earlier versions) or ``auto`` (the store where the job has one that
+    no trainer binds itself, storage otherwise). The same on every rank."""
+    env = os.environ if env is None else env
+    raw = env.get("PADDLE_ACP_COORDINATION")
+    if raw is None or raw.strip() == "":
+        return "auto"
+    value = raw.strip().lower()
+    if value not in COORDINATION_MODES:
+        raise ConfigError(f"PADDLE_ACP_COORDINATION={raw!r} is not a mode: use auto (default: the job's store "
+                          "where it has one, storage otherwise), store or storage")
+    return value
+
+
+STORE_VARS = ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS", "MASTER_ADDR", "MASTER_PORT")
+
+
+def store_env_from_env(env: Optional[Mapping[str, str]] = None) -> Mapping[str, str]:
+    """The variables that name a job's store (:data:`STORE_VARS`, set by ``paddle.distributed.launch`` or the
+    user; read by Paddle itself, so never judged here: :func:`paddle_acp.adapter.store.job_store_endpoint`)."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in STORE_VARS if k in env}

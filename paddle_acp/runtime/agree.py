@@ -1,4 +1,4 @@
-"""Saves of several ranks decided together: rank 0's save plan, published on storage, read by every rank.
+"""Saves of several ranks decided together: rank 0's save plan, posted through the ranks' coordinator, read by every rank.
 
 Every rank counts its due points alike, in two sequences (``due``: epoch ends when every
 epoch saves and ``save_every_steps`` boundaries; ``interval``: epoch ends when
@@ -32,6 +32,10 @@ the second buffer when that fits). Interval saves: once ``save_checkpoint_inter`
 its own clock passed since the last one (under ``skip``/``queue``: and its previous
 checkpoint is written), rank 0 asks for one at the next block's first interval point.
 Final and preemption saves are outside the plan: they always wait and commit.
+
+The plan travels through the range's :class:`~paddle_acp.runtime.coord.Coordinator`: the job's store
+(no file per plan; a rank other than 0 that lost the store, its rank 0 gone, stops at its next due point
+with :class:`~paddle_acp.runtime.coord.CoordinationError`) or, without one, ``plan.json`` on storage.
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.commit.fencing import Fence, FencedError
-from paddle_acp.format.save_plan import SavePlan, read_plan, write_plan
+from paddle_acp.format.save_plan import MAX_PLAN_SIZE, PLAN_NAME, SavePlan
+from paddle_acp.runtime.coord.base import Coordinator
+from paddle_acp.runtime.coord.files import StorageCoordinator
 from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
 from paddle_acp.storage.base import Storage
 
@@ -191,12 +197,13 @@ class Agreement:
     others) the plan that decides them."""
 
     def __init__(self, storage: Storage, range_dir: str, range_name: str, rank: int, policy: str,
-                 interval: float, base: Optional[str] = None, fence: Optional[Fence] = None) -> None:
-        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer).
+                 interval: float, base: Optional[str] = None, fence: Optional[Fence] = None,
+                 coord: Optional[Coordinator] = None) -> None:
+        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer);
+        ``coord``: how the plan travels (None: ``plan.json`` in ``range_dir`` on ``storage``).
         Until rank 0 measured a persist, it plans on twice the time the fence's record took to create: its
         persist creates two files one after the other at least (its part's manifest, then the global one)."""
-        self.storage = storage
-        self.dir = range_dir
+        self.coord = coord if coord is not None else StorageCoordinator(storage, range_dir)
         self.range_name = range_name
         self.rank = rank
         self.base = base
@@ -211,7 +218,6 @@ class Agreement:
         self.disagreements = 0
         self.read_failures = 0
         self.write_failures = 0
-        self._dir_made = False
         # rank 0's plan write in flight: (its thread, the plan before it, what it raised)
         self._writing: Optional[Tuple[threading.Thread, Optional[SavePlan], List[BaseException]]] = None
 
@@ -259,6 +265,8 @@ class Agreement:
             self.plan = self.planner.plan
         elif (index + o) % h == 0 and index > 0 and self._pending.get(kind) is not None:
             self._adopt(self._await_read(kind))
+        if self.planner is None:
+            self.coord.check()  # the liveness signal: a rank whose rank 0 (and its store) is gone stops here
         taken = self.plan.taken(kind, index)
         self._history.append((kind, index, taken, where))
         if self.planner is None and (index + o + w - 2) % h == 0:
@@ -289,10 +297,7 @@ class Agreement:
         try:
             if self.fence is not None:
                 self.fence.check("write the save plan")
-            if not self._dir_made:
-                self.storage.makedirs(self.dir)
-                self._dir_made = True
-            write_plan(self.storage, self.dir, plan)
+            self.coord.post(PLAN_NAME, plan.dumps())
         except BaseException as exc:  # told (or raised) on the training thread by finish()
             raised.append(exc)
 
@@ -314,7 +319,8 @@ class Agreement:
     def _read(self) -> Optional[SavePlan]:
         for attempt in range(_TORN_RETRIES):
             try:
-                return read_plan(self.storage, self.dir)
+                raw = self.coord.latest(PLAN_NAME, MAX_PLAN_SIZE)
+                return None if raw is None else SavePlan.loads(raw)
             except CorruptCheckpointError as exc:  # rank 0 is rewriting it: read again
                 if attempt == _TORN_RETRIES - 1:
                     raise

@@ -36,6 +36,7 @@ from paddle_acp.runtime import early, interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.check_kill import KillPoint
+from paddle_acp.runtime.coord import open_coordinator
 from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import Persister
@@ -182,9 +183,15 @@ class EpochRange:
         self.script = script if script is not None else ScriptState(name, {}, {})
         self.position = Position()
         self.restorer = Restorer(name, cfg, self.checkpointer, self.global_checkpointer, self.release_hook)
-        # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree)
-        agreement = Agreement(storage, range_dir(cfg.job_id, name), name, cfg.trainer_id, cfg.busy_policy,
-                              save_interval, fence=opened.fence) if self.several_ranks else None
+        # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree),
+        # posted through the ranks' coordinator (the job's store, or storage: runtime.coord), which also counts
+        # the parts in place for rank 0's commit
+        agreement = None
+        if self.several_ranks:
+            coord = open_coordinator(cfg, storage, range_dir(cfg.job_id, name), name)
+            self.global_checkpointer.arrivals = coord
+            agreement = Agreement(storage, range_dir(cfg.job_id, name), name, cfg.trainer_id, cfg.busy_policy,
+                                  save_interval, fence=opened.fence, coord=coord)
         self.schedule = SaveSchedule(save_interval, cfg.busy_policy, agreement)
         self.metrics = MetricsLog(storage, cfg.job_id, cfg.trainer_id)
         self.persister = Persister(name, max_epoch_num, cfg, storage, self.registry, self.position, self.script,

@@ -191,6 +191,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             raise
         if nbytes is None:
             return SaveResult(name, 0, True)
+        self._arrive(name)
         if self.rank != 0:
             return SaveResult(name, nbytes, None)
         timeout = self.part_timeout if part_wait is None else min(part_wait, self.part_timeout)
@@ -257,7 +258,9 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         gen = self._part_checkpointer.generation
         self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
         a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
-        return absence.declare(self.storage, self.commit_strategy, f"{self.dir}/{name}", a)
+        path = absence.declare(self.storage, self.commit_strategy, f"{self.dir}/{name}", a)
+        self._arrive(name)  # rank 0 lists the position now and finds the absence
+        return path
 
     def _commit_and_retain(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
                            ticket: PendingCommit) -> bool:

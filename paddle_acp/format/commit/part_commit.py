@@ -4,7 +4,10 @@ A part counts when its manifest is valid, names its rank and the checkpoint this
 incarnation resumed from, and was written by the newest generation of its rank
 (:mod:`~paddle_acp.format.commit.fencing`): a part of a superseded process never enters a
 global checkpoint. The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a missing part
-abandons the checkpoint. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
+abandons the checkpoint. Where the ranks share a store (``arrivals``: each rank counts its part in once it
+is in place, :mod:`paddle_acp.runtime.coord`), rank 0 lists the position once every rank counted in (and
+at most every LATER_PARTS_EVERY seconds before that, for absences and ranks that moved on), not at every
+poll round; the count is a hint only: what commits is still decided from storage. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
-from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.commit import absence, verdict
 from paddle_acp.format.commit.atomic import CommitStrategy
 from paddle_acp.format.commit.committer import PendingCommit as Ticket
@@ -40,6 +43,7 @@ _UNSEEN = object()
 # seconds between two looks for ranks already at a later position while parts are missing (two listings on
 # HDFS cost six NameNode RPCs: not at every poll round, whose first ones come every few tens of milliseconds)
 LATER_PARTS_EVERY = 1.0
+STORE_POLL = 0.02  # seconds between two looks at the store's count of parts in place (no storage call)
 
 
 def _token(e: Any) -> Any:
@@ -51,6 +55,14 @@ def _token(e: Any) -> Any:
 def _unchanged(seen: Dict[Any, Any], key: Any, e: Any) -> bool:
     """Whether ``e`` was read before at this very listing entry (an entry without a time always counts as changed)."""
     return _token(e) is not None and seen.get(key, _UNSEEN) == _token(e)
+
+
+class Arrivals(Protocol):
+    """The ranks' count of parts in place (the job's store), or None from ``arrivals`` where only storage can tell."""
+
+    def arrive(self, key: str) -> None: ...
+
+    def arrivals(self, key: str) -> Optional[int]: ...
 
 
 class PartCommitMixin:
@@ -68,6 +80,33 @@ class PartCommitMixin:
     part_timeout: float
     _generations: Dict[int, int]  # rank -> its newest generation when last listed (newest never decreases)
     _range_listing: Optional[List[Any]] = None  # the range as the last commit's look for later parts listed it
+    arrivals: Optional[Arrivals] = None  # the ranks' count of parts in place (None: storage alone tells)
+
+    def arrival_key(self, name: str) -> str:
+        """The key under which every rank counts its part of position ``name`` of this incarnation."""
+        return f"{self.base}/{name}"
+
+    def _arrive(self, name: str) -> None:
+        """Count this rank's part (or absence) at ``name`` in, where the ranks share a store (best effort:
+        rank 0 lists storage at least every LATER_PARTS_EVERY seconds anyway)."""
+        if self.arrivals is None:
+            return
+        try:
+            self.arrivals.arrive(self.arrival_key(name))
+        except AcpError as exc:
+            logger.debug("range %s: could not count a part of %s in: %s", self.range_name, name, exc)
+
+    def _all_arrived(self, name: str) -> Optional[bool]:
+        """Whether every rank counted its part of ``name`` in (None: unknown; a store that failed says so once)."""
+        if self.arrivals is None:
+            return None
+        try:
+            n = self.arrivals.arrivals(self.arrival_key(name))
+        except AcpError as exc:
+            logger.debug("range %s: counting the parts of %s: %s; storage alone tells", self.range_name, name, exc)
+            self.arrivals = None
+            return None
+        return None if n is None else n >= self.world_size
 
     def part_dir(self, name: str, rank: int) -> str:
         raise NotImplementedError
@@ -201,6 +240,14 @@ class PartCommitMixin:
         moved_on: List[int] = []  # ranks just seen at a later position: this position is listed once more
         t0 = time.monotonic()
         while True:
+            if later_at and time.monotonic() < min(later_at, deadline) and self._all_arrived(name) is False and not (
+                    ticket is not None and ticket.cancel.is_set()):
+                # the store says parts are still on their way: no listing before they are (or later_at passes)
+                if ticket is not None:
+                    ticket.cancel.wait(STORE_POLL)
+                else:
+                    time.sleep(STORE_POLL)
+                continue
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
             listing = st.listdir(ckdir)
             dirs = {parse_part(e.name): e for e in listing if e.is_dir}

@@ -1,0 +1,35 @@
+"""The coordination interface (what each verb is for: :mod:`paddle_acp.runtime.coord`) and its error."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from paddle_acp.errors import CheckpointError
+
+
+class CoordinationError(CheckpointError):
+    """This rank lost the job's store (rank 0 gone or unreachable): it stops; nothing committed is touched."""
+
+
+class Coordinator:
+    """One range's coordination on one rank (the module docstring says what each verb is for)."""
+
+    kind = "storage"
+
+    def post(self, key: str, value: bytes) -> None:
+        """Rank 0: the newest decision under ``key`` (replaces the one before)."""
+        raise NotImplementedError
+
+    def latest(self, key: str, limit: int) -> Optional[bytes]:
+        """The newest decision posted under ``key`` (at most ``limit`` bytes), or None when none was."""
+        raise NotImplementedError
+
+    def arrive(self, key: str) -> None:
+        """This rank reached ``key`` (counted once per call)."""
+
+    def arrivals(self, key: str) -> Optional[int]:
+        """How many ranks reached ``key``, or None when only storage can tell."""
+        return None
+
+    def check(self) -> None:
+        """CoordinationError once this rank lost the job's store (never blocks)."""

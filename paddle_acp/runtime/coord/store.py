@@ -1,0 +1,185 @@
+"""Coordination through Paddle's TCP store: decisions and arrivals as keys, every call bounded.
+
+The store lives in rank 0's process (:mod:`paddle_acp.adapter.store` says which store: the job's own,
+shared, or one of ours). A :class:`StoreLink` is this process's connection to it: opened once per process
+in the background (the open is a rendezvous: rank 0's waits until every rank connected), every call made
+on its one thread and waited for at most :data:`CALL_TIMEOUT` seconds (a store ``get`` or a stopped host
+can block without end), the open at most ``PADDLE_ACP_PART_TIMEOUT``. The first failure (rank 0 killed:
+the next call fails at once with a broken connection; a stopped or partitioned host: the call's time runs
+out) ends the link for good, said once at ERROR; after that every call raises
+:class:`~paddle_acp.runtime.coord.CoordinationError` at once, so no rank ever waits on a dead store.
+
+Keys (under ``paddle_acp/{job}/{range}/``, beside whatever the job keeps in its own store): a decision is
+``d/{key}`` with its counter ``d/{key}#n`` (a reader gets the value only once the counter says it is there:
+a ``get`` of a missing key would block), an arrival counter ``a/{key}``, and ``alive``, the key of the
+liveness probe each rank other than 0 sends at its due points without waiting for it (:meth:`StoreLink.probe`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from paddle_acp.adapter.store import KEY_PREFIX, KeyValueStore, StoreEndpoint, open_store
+from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.runtime.coord.base import CoordinationError, Coordinator
+
+logger = logging.getLogger("paddle_acp")
+
+CALL_TIMEOUT = 20.0  # seconds one store call may take before the store counts as lost
+
+_Job = Tuple[Callable[[KeyValueStore], Any], List[Tuple[bool, Any]], threading.Event]
+
+
+class StoreLink:
+    """This process's connection to the job's store (module docstring)."""
+
+    def __init__(self, ep: StoreEndpoint, rank: int, world_size: int, open_timeout: float) -> None:
+        self.ep = ep
+        self.rank = rank
+        self.world_size = world_size
+        self.open_timeout = open_timeout
+        self.lost: Optional[str] = None
+        self._lock = threading.Lock()
+        self._jobs: "queue.Queue[_Job]" = queue.Queue()
+        self._opened = threading.Event()
+        self._open_error: Optional[BaseException] = None
+        self._started = time.monotonic()
+        self._probe: Optional[Tuple[_Job, float]] = None
+        threading.Thread(target=self._serve, name="paddle-acp-store", daemon=True).start()
+
+    def _serve(self) -> None:
+        try:
+            store = open_store(self.ep, self.rank, self.world_size, int(self.open_timeout))
+        except BaseException as exc:  # told by the next call (the open is never waited for on its own)
+            self._open_error = exc
+            self._opened.set()
+            return
+        self._opened.set()
+        while True:
+            fn, box, done = self._jobs.get()
+            try:
+                box.append((True, fn(store)))
+            except BaseException as exc:
+                box.append((False, exc))
+            done.set()
+
+    def _lose(self, why: str) -> CoordinationError:
+        with self._lock:
+            first = self.lost is None
+            if first:
+                self.lost = why
+        if first:
+            logger.error("rank %d: the job's store at %s %s; rank 0 hosts it: it is gone or unreachable. Nothing "
+                         "more is coordinated through it (nothing committed is touched)", self.rank, self.ep, why)
+        return CoordinationError(f"rank {self.rank}: the job's store at {self.ep}, hosted by rank 0, {self.lost}: "
+                                 "rank 0 is gone or unreachable, so no checkpoint of this job can be committed any "
+                                 "more. Nothing committed is touched: restart the job, it resumes from its last "
+                                 "committed checkpoint (or set PADDLE_ACP_COORDINATION=storage)")
+
+    def _submit(self, fn: Callable[[KeyValueStore], Any]) -> _Job:
+        job: _Job = (fn, [], threading.Event())
+        self._jobs.put(job)
+        return job
+
+    @staticmethod
+    def _failed(what: str, exc: BaseException) -> str:
+        text = str(exc).strip().splitlines()
+        return f"failed {what} ({type(exc).__name__}: {text[0] if text else ''})"
+
+    def call(self, what: str, fn: Callable[[KeyValueStore], Any]) -> Any:
+        """``fn(store)`` on the link's thread, bounded; CoordinationError once the store is lost."""
+        if self.lost is not None:
+            raise self._lose(self.lost)
+        left = self.open_timeout - (time.monotonic() - self._started)
+        if not self._opened.wait(max(0.0, left)):
+            raise self._lose(f"was not open within {self.open_timeout:g} s (PADDLE_ACP_PART_TIMEOUT): a rank "
+                             "never reached it")
+        if self._open_error is not None:
+            raise self._lose(self._failed("to open", self._open_error))
+        _, box, done = self._submit(fn)
+        if not done.wait(CALL_TIMEOUT):
+            raise self._lose(f"did not answer {what} within {CALL_TIMEOUT:g} s")
+        ok, value = box[0]
+        if not ok:
+            raise self._lose(self._failed(what, value))
+        return value
+
+    def probe(self, key: str) -> None:
+        """The liveness signal, never blocking: the previous probe's outcome is judged (CoordinationError when
+        it failed, or has gone unanswered for :data:`CALL_TIMEOUT` s) and a new one sent."""
+        if self.lost is not None:
+            raise self._lose(self.lost)
+        if not self._opened.is_set():
+            return  # still opening: the calls that need it bound that wait
+        if self._open_error is not None:
+            raise self._lose(self._failed("to open", self._open_error))
+        if self._probe is not None:
+            (_, box, done), sent = self._probe
+            if not done.is_set():
+                if time.monotonic() - sent > CALL_TIMEOUT:
+                    raise self._lose(f"did not answer a liveness probe within {CALL_TIMEOUT:g} s")
+                return
+            ok, value = box[0]
+            if not ok:
+                raise self._lose(self._failed("a liveness probe", value))
+        self._probe = (self._submit(lambda s: s.add(key, 0)), time.monotonic())
+
+
+_LINKS: Dict[Tuple[str, int, str, int, int], StoreLink] = {}
+_LINKS_LOCK = threading.Lock()
+
+
+def link_for(ep: StoreEndpoint, rank: int, world_size: int, open_timeout: float) -> StoreLink:
+    """This process's link to the store at ``ep`` (one per process: a store is opened once; a lost one stays
+    lost, as the store of a dead rank 0 does)."""
+    key = (ep.host, ep.port, ep.source, rank, world_size)
+    with _LINKS_LOCK:
+        link = _LINKS.get(key)
+        if link is None:
+            link = _LINKS[key] = StoreLink(ep, rank, world_size, open_timeout)
+        return link
+
+
+class StoreCoordinator(Coordinator):
+    """One range's coordination through the job's store (module docstring)."""
+
+    kind = "store"
+
+    def __init__(self, link: StoreLink, scope: str) -> None:
+        self.link = link
+        self.prefix = f"{KEY_PREFIX}{scope}/"
+
+    def post(self, key: str, value: bytes) -> None:
+        k = f"{self.prefix}d/{key}"
+
+        def post(s: KeyValueStore) -> None:
+            s.set(k, value)
+            s.add(f"{k}#n", 1)  # after the value: a reader that sees the count gets the value without waiting
+        self.link.call(f"to post {key}", post)
+
+    def latest(self, key: str, limit: int) -> Optional[bytes]:
+        k = f"{self.prefix}d/{key}"
+
+        def get(s: KeyValueStore) -> Optional[bytes]:
+            return bytes(s.get(k)) if s.add(f"{k}#n", 0) > 0 else None
+        raw: Optional[bytes] = self.link.call(f"to read {key}", get)
+        if raw is not None and len(raw) > limit:
+            raise CorruptCheckpointError(f"the job's store holds {len(raw)} bytes under {key}, more than {limit}")
+        return raw
+
+    def arrive(self, key: str) -> None:
+        k = f"{self.prefix}a/{key}"
+        self.link.call(f"to count {key}", lambda s: s.add(k, 1))
+
+    def arrivals(self, key: str) -> Optional[int]:
+        k = f"{self.prefix}a/{key}"
+        n: int = self.link.call(f"to count {key}", lambda s: s.add(k, 0))
+        return n
+
+    def check(self) -> None:
+        if self.link.rank != 0:  # rank 0 hosts the store: it has nothing to lose but the other ranks
+            self.link.probe(f"{self.prefix}alive")
