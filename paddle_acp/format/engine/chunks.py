@@ -13,7 +13,7 @@ import errno
 import mmap
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -75,6 +75,9 @@ class Chunks:
     def get(self, pos: int, n: int, slot: int) -> np.ndarray:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Let go of what the chunks hold (after the last checksum is done)."""
+
 
 class MappedChunks(Chunks):
     """A mapped local file: this thread waits for each chunk's pages (``MADV_POPULATE_READ``:
@@ -88,6 +91,55 @@ class MappedChunks(Chunks):
     def get(self, pos: int, n: int, slot: int) -> np.ndarray:
         populate(self._map, pos, n, self._path)
         return self._data[pos:pos + n]
+
+
+class WindowChunks(Chunks):
+    """A local file mapped one chunk at a time, in ``depth`` windows at most: this thread waits for each
+    window's pages (``MADV_POPULATE_READ``: read into the page cache and mapped, no copy), the CRC
+    thread checksums them in place, and a window is unmapped when its slot comes round again (its
+    checksum done) or at :meth:`close`. The restore's verification pass: no copy of the bytes, and
+    never more than ``depth`` chunks of the file mapped (its pages count in the process's memory)."""
+
+    depth: Optional[int] = 3
+
+    def __init__(self, fd: int, data_path: str, size: int):
+        super().__init__(data_path, size)
+        self._fd = fd
+        self._windows: Dict[int, Tuple[mmap.mmap, np.ndarray]] = {}
+
+    def get(self, pos: int, n: int, slot: int) -> np.ndarray:
+        self._unmap(slot)
+        try:
+            window = mmap.mmap(self._fd, n, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=pos)
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"reading {self._path} failed at byte {pos}: {exc}") from exc
+        arr = np.frombuffer(window, dtype=np.uint8)
+        self._windows[slot] = (window, arr)
+        while True:
+            try:
+                window.madvise(MADV_POPULATE_READ, 0, n)
+                return arr
+            except (InterruptedError, BlockingIOError):  # EINTR, EAGAIN: try again
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EFAULT:  # pages past the end: the file shrank
+                    raise CorruptCheckpointError(f"{self._path}: short read at byte {pos}") from None
+                raise StorageError(f"reading {self._path} failed at byte {pos}: {exc}") from exc
+
+    def _unmap(self, slot: int) -> None:
+        held = self._windows.pop(slot, None)
+        if held is None:
+            return
+        window, arr = held
+        del arr, held
+        try:
+            window.close()
+        except BufferError:  # a view is still alive (a traceback): unmapped with it
+            pass
+
+    def close(self) -> None:
+        for slot in list(self._windows):
+            self._unmap(slot)
 
 
 class Buffered(Chunks):

@@ -7,7 +7,7 @@ every tensor's checksum before they return anything:
 
 - :func:`load` (restore): a :class:`LoadedCheckpoint` whose tensors are handed
   out once each, checksummed at normal priority as the bytes arrive. A local file is
-  verified through rotating buffers, then read from the page cache straight into the
+  verified a mapped window at a time, then read from the page cache straight into the
   scope's tensors; a remote one lands in the snapshot arena that the first save needs
   anyway (lent by the runtime, within the host-memory budget), or else is verified
   into a local spool. Nothing maps or buffers a whole file.
@@ -33,7 +33,7 @@ from typing import Callable, Collection, Dict, List, Optional, Tuple
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format.engine.chunks import Chunks, PreadChunks, RangedChunks, RemoteChunks, local_chunks
+from paddle_acp.format.engine.chunks import Chunks, PreadChunks, RangedChunks, RemoteChunks, WindowChunks, local_chunks
 from paddle_acp.format.engine.chunks import map_file as _map_file
 from paddle_acp.format.engine.chunks import populate as _populate  # noqa: F401  (tests call it here)
 from paddle_acp.format.engine.crc import crc_pool, drain, restore_crc_pool
@@ -150,8 +150,9 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     reach a scope. The checksums run at normal priority (training waits for them) as the bytes
     arrive, and nothing maps or buffers the whole file beyond what is lent:
 
-    - A local file is verified through three rotating buffers and stays open: at the copy the tensors
-      are read from it (the page cache) with ``preadv`` straight into the scope's tensors. (Landing it
+    - A local file is verified a window at a time (mapped, checksummed in place, unmapped; three
+      windows at most; rotating buffers where mapping is not possible) and stays open: at the copy the
+      tensors are read from it (the page cache) with ``preadv`` straight into the scope's tensors. (Landing it
       in the snapshot arena instead would fault in a whole fresh buffer while the training waits:
       slower on the VMs measured, issue 44; the arena is populated after the copy, in the background.)
     - A remote file lands in ``landing`` (the snapshot arena the first save needs anyway), when it lends
@@ -171,7 +172,15 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     else:
         fd, _mapping = _open_local(storage, os_path, data_path, m.data_size, mapped=False)
         try:
-            _verify_stream(PreadChunks(fd, data_path, _VERIFY_CHUNK), m, data_path, records, pool=restore_crc_pool())
+            probe = _map_file(fd, min(m.data_size, mmap.PAGESIZE))  # None where mapping is not possible
+            if probe is not None:
+                probe.close()
+            chunks = (WindowChunks(fd, data_path, _VERIFY_CHUNK) if probe is not None
+                      else PreadChunks(fd, data_path, _VERIFY_CHUNK))
+            try:
+                _verify_stream(chunks, m, data_path, records, pool=restore_crc_pool())
+            finally:
+                chunks.close()
         except BaseException:
             os.close(fd)
             raise
@@ -327,7 +336,8 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
     spans = [(off, off + t.nbytes) for off, _key, t in records]
     kept = {i: arr.reshape(-1).view(np.uint8) for i, arr in (keep or {}).items()}
 
-    def crc_chunk(buf: np.ndarray, start: int, n: int, first: int) -> None:
+    def crc_chunk(held: List[np.ndarray], start: int, n: int, first: int) -> None:
+        buf = held.pop()  # no reference to the chunk outlives this call (a window is unmapped after it)
         end = start + n
         i = first
         while i < len(spans) and spans[i][0] < end:
@@ -355,7 +365,7 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
                 sink(buf, pos)
             while first < len(spans) and spans[first][1] <= pos:
                 first += 1
-            futs.append(checker.submit(crc_chunk, buf, pos, n, first))
+            futs.append(checker.submit(crc_chunk, [buf], pos, n, first))
             if progress is not None:
                 progress(n, size)
             pos += n
