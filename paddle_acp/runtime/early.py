@@ -15,9 +15,10 @@ SIGTERM reach the JVM's handlers once it has started (it ends the process, as th
 the range installs its own handlers after it, as it does after its own connection.
 ``PADDLE_ACP_CONNECT_EARLY=0`` switches it off. Only the schemes of
 :data:`~paddle_acp.storage.schemes.SLOW_TO_OPEN` are opened early (a local directory or S3 opens in
-milliseconds). At interpreter exit a connection still being made is waited for (bounded by
-``PADDLE_ACP_CONNECT_TIMEOUT``), so a short script never exits in the middle of a JVM's start; a
-forked child forgets the parent's connection (its JVM does not exist in the child).
+milliseconds). At interpreter exit a connection still being made is waited for at most :data:`EXIT_WAIT` seconds, so a
+short script does not exit in the middle of a JVM's start, nor waits for a NameNode that never answers; a
+forked child forgets the parent's connection without dropping it (:mod:`paddle_acp.storage.forks`: its
+client's threads do not exist in the child).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Optional, Tuple
 
 from paddle_acp import config as _config
 from paddle_acp.errors import AcpError
+from paddle_acp.storage import forks
 from paddle_acp.storage.base import Storage
 from paddle_acp.storage.schemes import open_storage, slow_to_open
 
@@ -116,15 +118,26 @@ def forget() -> None:
         _slot = None
 
 
+# the longest exit waits for a connection still being made: long enough for a JVM's start in progress to
+# finish (a short script never exits in its middle), short enough that a NameNode that accepts and never
+# answers does not hold the exit (the connection's own bound, PADDLE_ACP_CONNECT_TIMEOUT, is 30 s)
+EXIT_WAIT = 1.5
+
+
 def _wait_at_exit() -> None:
     early = _started
     if early is not None and early.thread.is_alive():
-        early.thread.join(early.timeout + 5.0)
+        early.thread.join(min(EXIT_WAIT, early.timeout))
+        if early.thread.is_alive():
+            logger.debug("exiting while the early connection is still being made (no answer within %g s)", EXIT_WAIT)
 
 
 def _after_fork_in_child() -> None:
-    # no lock taken here: another thread of the parent may have held it at the fork
+    # no lock taken here: another thread of the parent may have held it at the fork; the parent's connection
+    # is kept, never dropped (its client's destructor would wait for threads the child does not have)
     global _lock, _slot, _started
+    for early in {id(e): e for e in (_slot, _started) if e is not None}.values():
+        forks.keep_forever(early)
     _lock, _slot, _started = threading.Lock(), None, None
 
 

@@ -8,11 +8,14 @@ what is their own (local disks: ``os`` calls; S3: its commit style and error hin
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, List, Optional, Tuple, Type, cast
 
 import pyarrow
 import pyarrow.fs as pafs
 
+from paddle_acp.errors import StorageError
+from paddle_acp.storage import forks
 from paddle_acp.storage.base import MANIFEST_LAST, RENAME, Entry, InputFile, OutputStream, Storage
 
 _KINDS = {pafs.FileType.File: "file", pafs.FileType.Directory: "dir", pafs.FileType.NotFound: "missing"}
@@ -22,14 +25,29 @@ class ArrowStorage(Storage):
     """A directory tree under ``root`` on a ``pyarrow.fs.FileSystem``."""
 
     errors: Tuple[Type[BaseException], ...] = (OSError, pyarrow.ArrowException)
+    # whether a forked child may use (and drop) this process's client: False where the client has threads
+    # (libhdfs's JVM, hdfs-native's runtime): a child then never touches it (paddle_acp.storage.forks)
+    fork_safe = True
 
     def __init__(self, fs: Any, root: str, uri: str, commit_style: Optional[str] = None):
         super().__init__(root, uri)
-        self.fs = fs
+        self._fs = fs
+        self._pid = os.getpid()
+        if not self.fork_safe:
+            forks.track(fs)  # the client itself: copies (``sub``) share it
         if commit_style is not None:
             if commit_style not in (RENAME, MANIFEST_LAST):
                 raise ValueError(f"commit_style {commit_style!r} must be {RENAME!r} or {MANIFEST_LAST!r}")
             self.commit_style = commit_style
+
+    @property
+    def fs(self) -> Any:
+        """The client; in a forked child, a client that is not fork-safe is refused (a call would hang)."""
+        if not self.fork_safe and not forks.opened_here(self._pid):
+            raise StorageError(f"{self.uri}: this storage was opened by process {self._pid} and this process "
+                               f"({os.getpid()}) is a fork of it; its client's threads did not survive the fork, so "
+                               "it cannot be used here (open the location again in this process)")
+        return self._fs
 
     def _info(self, what: str, path: str) -> Any:
         try:

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 from paddle_acp.config import HDFS_CLIENTS as CLIENTS
 from paddle_acp.config import StorageOptions
 from paddle_acp.errors import StorageError
+from paddle_acp.storage import forks
 from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import RENAME, redact, scrub
 
@@ -42,6 +43,7 @@ class HdfsStorage(ArrowStorage):
     # hdfs-native raises RuntimeError for a refusal of the NameNode (safe mode while it restarts, a
     # quota, permissions): a storage error like any other client's, never a raw exception
     errors = ArrowStorage.errors + (RuntimeError,)
+    fork_safe = False  # libhdfs's JVM, hdfs-native's runtime, the command line client's locks
 
     def __init__(self, fs: Any, root: str, uri: str, client: str = "pyarrow"):
         super().__init__(fs, root, uri)
@@ -75,6 +77,7 @@ class HdfsStorage(ArrowStorage):
                 continue
             try:
                 fs, reason = _connect(client, host, port, user, options)
+                forks.track(fs)  # a child forked while it connects never drops it either
                 _probe(fs, root, max(left, 1.0), client)
             except Exception as exc:  # each client fails differently (OSError, ImportError, Arrow errors)
                 why.append(scrub(f"{client}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"))
