@@ -193,3 +193,59 @@ def test_a_namenode_that_does_not_answer_is_reported_once(hdfs_server, tmp_path)
     seen = run_script(script_env(hdfs_server, f"hdfs://127.0.0.1:{port}/early", PADDLE_ACP_CONNECT_TIMEOUT="3"))
     assert seen["started"] and seen["is_the_opens"], seen  # the range raised the import's open error: no second wait
     assert f"127.0.0.1:{port}" in seen["message"], seen
+
+
+class SilentNameNode:
+    """A real socket that accepts connections and never answers (a NameNode hung, or another service)."""
+
+    def __init__(self):
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.held = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.held.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def exit_seconds(env):
+    """How long ``import paddle_acp; sys.exit(0)`` takes; a run past 90 s is a hang (the test fails)."""
+    import time
+
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-c", "import sys, paddle_acp; sys.exit(0)"], env=env,
+                             capture_output=True, text=True, timeout=90, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the exit still waited after 90 s")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("client", [None, "hdfs-native"])
+def test_exit_never_waits_long_for_a_namenode_that_accepts_and_never_answers(hdfs_server, client):  # noqa: F811
+    silent = SilentNameNode()
+    try:
+        extra = {"PADDLE_ACP_HDFS_CLIENT": client} if client else {}
+        env = script_env(hdfs_server, f"hdfs://127.0.0.1:{silent.port}/early", **extra)
+        off = exit_seconds(dict(env, PADDLE_ACP_CONNECT_EARLY="0"))
+        on = exit_seconds(env)
+    finally:
+        silent.close()
+    # the connection is still being made at exit (30 s would be PADDLE_ACP_CONNECT_TIMEOUT): waited for 1.5 s at
+    # most, and nothing else at exit (the JVM, a client's destructor) waits for it; the rest is slack for a loaded CPU
+    assert on - off < early.EXIT_WAIT + 4.0, (on, off)
