@@ -11,6 +11,12 @@ checkpoints committed and skipped (from the metrics records). Not a timed test: 
 (this machine has 2 cores shared with the HDFS JVMs).
 
     python ci/bench_agree.py --rounds 3 --json ci/bench_agree_results.json
+    python ci/bench_agree.py --rounds 3 --coordination store,storage   # both paths in the same paired rounds
+
+``--coordination``: how the ranks of the job with checkpoints coordinate (``PADDLE_ACP_COORDINATION``;
+``store``: ``PADDLE_MASTER`` on a new free port for each job, rank 0 hosting Paddle's TCP store). With
+several, each round runs the job without checkpoints and one job per path, in rotating order, and each
+path's ratio is reported (``ratio_<path>``; the first path's also as ``ratio``).
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/suppo
 
 from support import e2e as eu  # noqa: E402
 from support import servers  # noqa: E402
+from support.coord import COORDINATIONS, coord_env  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
 
@@ -39,9 +46,11 @@ def log(msg: str) -> None:
     print(f"[bench_agree] {msg}", flush=True)
 
 
-def run_job(work: str, tag: str, uri, env: dict, args) -> float:
+def run_job(work: str, tag: str, uri, env: dict, args, coordination: str = "storage") -> float:
     """Start both ranks; the job's training time (the slower rank's epoch loop)."""
     procs, timings = [], []
+    if uri is not None:
+        env = {**env, **coord_env(coordination)}  # one store (port) per job, as a launcher gives one
     barrier = os.path.join(work, f"barrier-{tag}")
     for r in range(args.world):
         timing = os.path.join(work, f"timing-{tag}-{r}.json")
@@ -154,12 +163,19 @@ def main(argv=None) -> int:
     ap.add_argument("--records", default="", help="append each job's metrics records (a JSON list per line) to this file")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for the ranks of both jobs (e.g. PADDLE_ACP_CONNECT_EARLY=0)")
+    ap.add_argument("--coordination", default="storage",
+                    help="comma-separated paths of the job with checkpoints, each run in every round: "
+                         f"{', '.join(COORDINATIONS)} (default storage)")
     ap.add_argument("--only", choices=("on", "off"), default=None,
                     help="run only the job with (on) or without (off) checkpoints (for profiling; no ratio)")
     args = ap.parse_args(argv)
+    coords = [c.strip() for c in args.coordination.split(",") if c.strip()]
+    if not coords or any(c not in COORDINATIONS for c in coords):
+        ap.error(f"--coordination takes {', '.join(COORDINATIONS)}, comma-separated")
     work = tempfile.mkdtemp(prefix="acp-bench-agree-")
     results = {"world": args.world, "epochs": args.epochs, "sleep": args.sleep, "hidden": args.hidden,
-               "policy": args.policy, "libhdfs_opts": args.libhdfs_opts, "env": args.env, "rounds": []}
+               "policy": args.policy, "libhdfs_opts": args.libhdfs_opts, "env": args.env, "coordination": coords,
+               "rounds": []}
     with servers.HDFSServer() as hdfs:
         env = hdfs.client_env()
         env.pop("LIBHDFS_OPTS")  # as most users run: paddle-acp's options for the ranks' libhdfs JVM
@@ -170,12 +186,14 @@ def main(argv=None) -> int:
             env[k] = v
         for r in range(args.rounds):
             row = {}
-            kinds = ("off", "on") if r % 2 == 0 else ("on", "off")
-            for kind in (k for k in kinds if args.only in (None, k)):
-                uri = None if kind == "off" else f"{hdfs.uri}/bench-agree/{uuid.uuid4().hex[:8]}"
+            jobs = ["off"] + [f"on_{c}" for c in coords]
+            jobs = jobs[r % len(jobs):] + jobs[:r % len(jobs)]  # rotating order: no path always first
+            for job in (k for k in jobs if args.only in (None, k.split("_")[0])):
+                kind = job if job == "off" else "on" if job == f"on_{coords[0]}" else job
+                uri = None if job == "off" else f"{hdfs.uri}/bench-agree/{uuid.uuid4().hex[:8]}"
                 t0 = time.perf_counter()
                 c0, s0 = children_cpu(), proc_cpu([hdfs.namenode_pid, hdfs.datanode_pid])
-                row[kind] = run_job(work, f"{kind}{r}", uri, env, args)
+                row[kind] = run_job(work, f"{kind}{r}", uri, env, args, job.partition("_")[2] or "storage")
                 row[f"open_{kind}"] = round(OPEN_S[f"{kind}{r}"], 3)
                 # where the 2 cores went: the ranks' processes (training, their saver threads and the
                 # in-process libhdfs JVM) and the HDFS server JVMs, over the whole job (start-up included)
@@ -183,13 +201,17 @@ def main(argv=None) -> int:
                                       "hdfs_servers_s": round(proc_cpu([hdfs.namenode_pid, hdfs.datanode_pid])
                                                               - s0, 2)}
                 if uri is not None:
-                    row.update(counts(uri, args.records))
-                    log(f"round {r}: blocked by saves {row['split']}")
+                    row.update({k if kind == "on" else f"{k}_{kind}": v for k, v in counts(uri, args.records).items()})
+                    log(f"round {r}: blocked by saves {row['split' if kind == 'on' else f'split_{kind}']}")
                 log(f"round {r} {kind}: {row[kind]:.2f} s (of it the range's open {row[f'open_{kind}']:.2f} s; job wall {time.perf_counter() - t0:.1f} s, "
                     f"CPU {row[f'cpu_{kind}']})")
             if args.only:
                 continue
             row["ratio"] = row["on"] / row["off"]
+            for c in coords:
+                row[f"ratio_{c}"] = row["on" if c == coords[0] else f"on_{c}"] / row["off"]
+                if c != coords[0]:
+                    row[f"ratio_after_open_{c}"] = (row[f"on_{c}"] - row[f"open_on_{c}"]) / (row["off"] - row["open_off"])
             # the epoch loop after the range's open: the per-epoch cost, without the one-time start of the
             # HDFS client (libhdfs' JVM: ~2 s of CPU here), the job marker and the restore check
             row["ratio_after_open"] = (row["on"] - row["open_on"]) / (row["off"] - row["open_off"])
@@ -201,6 +223,10 @@ def main(argv=None) -> int:
     results["open_on_median_s"] = statistics.median(x["open_on"] for x in results["rounds"])
     results["off_median_s"] = statistics.median(x["off"] for x in results["rounds"])
     results["on_median_s"] = statistics.median(x["on"] for x in results["rounds"])
+    for c in coords:
+        results[f"median_ratio_{c}"] = statistics.median(x[f"ratio_{c}"] for x in results["rounds"])
+        per_round = ", ".join("%.3f" % x[f"ratio_{c}"] for x in results["rounds"])
+        log(f"the ranks coordinated through {c}: median ratio {results[f'median_ratio_{c}']:.3f} (rounds {per_round})")
     log(f"{args.world} ranks, {args.epochs} epochs of ~{args.sleep:g} s, checkpoint every epoch to HDFS "
         f"({args.policy}): {results['on_median_s']:.2f} s vs {results['off_median_s']:.2f} s without checkpoints, "
         f"median ratio {results['median_ratio']:.3f} (target <= 1.25); after the range's open (median "

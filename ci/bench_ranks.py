@@ -26,8 +26,12 @@ and from the last part written to the commit), and per figure the slope in calls
 (least squares over W). Targets (issue 28): restart <= 20 per rank, per checkpoint <= 12 per rank,
 slope <= 0.05.
 
+``--coordination store``: the ranks count their parts in through a real Paddle TCP store hosted in this
+process (paddle_acp.runtime.coord: rank 0's commit lists a position once every rank counted in, instead of
+at every poll round); imports Paddle. Default ``storage`` (storage only, Paddle-free).
+
 Usage: python ci/bench_ranks.py [--worlds 8,64,256,1024] [--backends hdfs,s3] [--checkpoints 2]
-                                [--threads 16] [--json ci/bench_ranks_results.json]
+                                [--threads 16] [--coordination storage|store] [--json ci/bench_ranks_results.json]
        python ci/bench_ranks.py --backends local --worlds 2,4 --checkpoints 1   (smoke run, no server)
 """
 from __future__ import annotations
@@ -130,8 +134,9 @@ def tiny_snapshot(rank: int, epoch: int):
 class Job:
     """W simulated ranks of one job on one backend, each with its own counted storage."""
 
-    def __init__(self, base, world: int, threads: int, keep: int = 3) -> None:
+    def __init__(self, base, world: int, threads: int, keep: int = 3, coordination: str = "storage") -> None:
         self.base = base
+        self.coordination = coordination
         self.world = world
         self.threads = threads
         self.keep = keep
@@ -159,10 +164,20 @@ class Job:
         from paddle_acp.format.commit.fencing import Fence
 
         Checkpointer(self.st[0], self.job, "_range_0").write_job_marker()
+        coord = None
+        if self.coordination == "store":  # one real store, hosted here (world size 1: no rendezvous), every rank's link
+            from support.coord import free_port
+
+            from paddle_acp.adapter.store import StoreEndpoint
+            from paddle_acp.runtime.coord.store import StoreCoordinator, StoreLink
+
+            link = StoreLink(StoreEndpoint("127.0.0.1", free_port(), "MASTER_ADDR"), 0, 1, open_timeout=60)
+            coord = StoreCoordinator(link, f"{self.job}/_range_0")
 
         def one(r: int) -> None:
             fence = Fence.take(self.st[r], self.job, r)
             g = GlobalCheckpointer(self.st[r], self.job, "_range_0", r, self.world, self.keep, 1800.0, fence)
+            g.arrivals = coord
             # as the runtime starts a rank (runtime/restore.py): nothing to load in a new range, then the clean-up
             loaded = load_newest(Checkpointer(self.st[r], self.job, "_range_0", self.keep, fence), g, "per-rank")
             assert loaded is None
@@ -226,7 +241,7 @@ class Job:
 
 
 def run_world(base, world: int, args, hdfs: Optional[CountedHDFS]) -> Dict[str, Any]:
-    job = Job(base, world, args.threads)
+    job = Job(base, world, args.threads, coordination=args.coordination)
     job.start()
     res: Dict[str, Any] = {"world": world, "checkpoints": []}
 
@@ -320,13 +335,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--checkpoints", type=int, default=2, help="checkpoints per W; the last one is reported (default 2)")
     ap.add_argument("--threads", type=int, default=16, help="ranks running at once (default 16)")
     ap.add_argument("--json", help="write the results here (e.g. ci/bench_ranks_results.json)")
+    ap.add_argument("--coordination", choices=("storage", "store"), default="storage",
+                    help="how the ranks count their parts in (store: a real Paddle TCP store in this process)")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",") if w]
     kinds = [k for k in args.backends.split(",") if k]
     results: Dict[str, Any] = {"command": "python ci/bench_ranks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                "commit": git_head(), "targets": TARGETS, "threads": args.threads,
-                               "checkpoints": args.checkpoints, "backends": {}, "errors": {}}
+                               "checkpoints": args.checkpoints, "coordination": args.coordination,
+                               "backends": {}, "errors": {}}
     hdfs = s3 = None
     work = tempfile.mkdtemp(prefix="bench-ranks-")
     try:

@@ -1,7 +1,7 @@
 """The ranks coordinated through Paddle's own TCP store (paddle_acp.runtime.coord), with real processes.
 
-Two data-parallel ranks of tests/scripts/rank_train.py with ``PADDLE_MASTER`` set as
-``paddle.distributed.launch`` sets it (rank 0's process hosts the store): the save plan goes through the
+Two data-parallel ranks of tests/scripts/rank_train.py with ``MASTER_ADDR``/``MASTER_PORT``
+set (rank 0's process hosts the store; ``PADDLE_MASTER`` of ``paddle.distributed.launch`` too, asked for): the save plan goes through the
 store, not to a file; a rank 0 SIGKILLed in the middle of a save takes the store with it, and the other
 rank stops at its next due point with a clear error instead of training on uncheckpointed; nothing committed
 is lost, and a restart resumes bit-identically. The link's bounds are tested against a real store host
@@ -34,11 +34,12 @@ def committed(uri):
     return g, [e.name for e in g.scan() if e.committed]
 
 
-@pytest.mark.parametrize("coordination", ["storage", "store"])
+@pytest.mark.parametrize("coordination", ["storage", "store", "launch"])
 def test_interval_saves_agree_on_either_path_and_the_store_path_writes_no_plan_file(tmp_path, coordination):
-    """Rank 0's clock alone decides interval saves (rank 1's clock 1 s ahead), on both paths: both ranks
-    save the same epochs, none is abandoned, the result is bit-identical. Through the store, the range holds
-    no plan file (before: ``plan.json`` was written at every start and change of the plan)."""
+    """Rank 0's clock alone decides interval saves (rank 1's clock 1 s ahead), on every path (storage; a store
+    of ours at MASTER_ADDR/MASTER_PORT, which auto picks; the job's own store under PADDLE_MASTER, asked for):
+    both ranks save the same epochs, none is abandoned, the result is bit-identical. Through a store, the
+    range holds no plan file (before: ``plan.json`` was written at every start and change of the plan)."""
     args = ["--kind", "dp", "--epochs", 16, "--steps-per-epoch", 1, "--sleep", 0.25, "--inter", 1]
     ref = reference(tmp_path, args)
     ckpt = tmp_path / "ckpt"
@@ -176,3 +177,46 @@ def test_a_store_never_opened_fails_the_first_call_within_the_open_bound():
     with pytest.raises(CoordinationError, match="rank 0 is gone or unreachable"):
         store.StoreCoordinator(lk, "job/r").latest("plan.json", 100)
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, None),
+    ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6170"}, ("10.0.0.1", 6170, "MASTER_ADDR", False)),
+    ({"PADDLE_MASTER": "10.0.0.1:6170", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "1"},
+     ("10.0.0.1", 6170, "PADDLE_MASTER", False)),
+    ({"PADDLE_MASTER": "10.0.0.1:6170", "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:6170,10.0.0.1:6171"},
+     ("10.0.0.1", 6170, "PADDLE_MASTER", True)),
+    ({"PADDLE_MASTER": "no-port"}, None),
+    ({"MASTER_ADDR": "h", "MASTER_PORT": "99999"}, None),
+])
+def test_the_store_a_job_names(env, want):
+    from paddle_acp.adapter.store import job_store_endpoint
+
+    ep = job_store_endpoint(env)
+    assert (None if ep is None else (ep.host, ep.port, ep.source, ep.shared_with_trainer)) == want
+
+
+@pytest.mark.parametrize("env,kind", [
+    ({"PADDLE_ACP_COORDINATION": "auto", "PADDLE_MASTER": "127.0.0.1:1"}, "storage"),  # the job's store: asked for only
+    ({"PADDLE_ACP_COORDINATION": "storage", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, "storage"),
+    ({}, "storage"),
+])
+def test_auto_and_storage_keep_to_storage_where_they_must(tmp_path, env, kind):
+    from paddle_acp.config import CheckpointConfig
+    from paddle_acp.runtime.coord import open_coordinator
+
+    c = open_coordinator(CheckpointConfig(uri=str(tmp_path), trainer_id=0, world_size=2), open_storage(str(tmp_path)),
+                         "j/range/r", "r", env=env)
+    assert c.kind == kind
+
+
+def test_bad_coordination_settings_are_refused_by_name(tmp_path):
+    from paddle_acp.config import CheckpointConfig
+    from paddle_acp.errors import ConfigError
+    from paddle_acp.runtime.coord import open_coordinator
+
+    cfg = CheckpointConfig(uri=str(tmp_path), trainer_id=0, world_size=2)
+    with pytest.raises(ConfigError, match="PADDLE_ACP_COORDINATION='etcd' is not a mode"):
+        open_coordinator(cfg, open_storage(str(tmp_path)), "j/range/r", "r", env={"PADDLE_ACP_COORDINATION": "etcd"})
+    with pytest.raises(ConfigError, match="names no store: set PADDLE_MASTER"):
+        open_coordinator(cfg, open_storage(str(tmp_path)), "j/range/r", "r", env={"PADDLE_ACP_COORDINATION": "store"})

@@ -9,14 +9,15 @@ Read in Paddle 3.3.1 (docs/design.md, "Coordinating ranks through Paddle's store
   (``phi/core/distributed/store/store_utils.cc``: ``PADDLE_MASTER``, else the first of
   ``PADDLE_TRAINER_ENDPOINTS``; created once per process). ``init_parallel_env`` calls the same function
   (``distributed/parallel.py`` ~1162), so sharing it never binds a port twice: whoever calls first creates
-  it, the other gets the same object. Our keys carry their own prefix (:data:`KEY_PREFIX`).
+  it, the other gets the same object. Our keys carry their own prefix (:data:`KEY_PREFIX`). Measured: that
+  function holds the GIL for its whole rendezvous (no other thread of the process runs until every rank
+  connected), so ``PADDLE_ACP_COORDINATION=auto`` does not take it; ``store`` does.
 * With ``--ips``/``--start_port`` the launcher sets ``PADDLE_MASTER`` to rank 0's own trainer endpoint
   (``_build_pod_with_args``: ``self.ctx.args.master = job_endpoints[0]``), which a static-graph job's
-  collective initialisation binds itself: :func:`job_store_endpoint` reports that (``shared_with_trainer``),
-  and ``PADDLE_ACP_COORDINATION=auto`` then keeps to storage.
+  collective initialisation may bind itself: :func:`job_store_endpoint` reports that (``shared_with_trainer``).
 * ``MASTER_ADDR``/``MASTER_PORT`` alone: Paddle's global store ignores them (store_utils.cc reads only the two
   variables above), so nothing of Paddle binds that port: a store of our own is opened there
-  (``core.TCPStore(host, port, is_master=rank 0, world_size, timeout)``).
+  (``core.TCPStore(host, port, is_master=rank 0, world_size, timeout)``, which releases the GIL while it waits).
 """
 
 from __future__ import annotations

@@ -186,16 +186,16 @@ def coordination_from_env(env: Optional[Mapping[str, str]] = None) -> str:
     """``PADDLE_ACP_COORDINATION``: how the ranks of a job of several coordinate (``auto`` when unset):
     ``store`` (through the job's store: ``PADDLE_MASTER`` of ``paddle.distributed.launch``, or
     ``MASTER_ADDR``/``MASTER_PORT``; an error when the job has none), ``storage`` (small files on the
-    checkpoint storage: the protocol of earlier versions) or ``auto`` (the store where the job has one that
-    no trainer binds itself, storage otherwise). The same on every rank."""
+    checkpoint storage: the protocol of earlier versions) or ``auto`` (a store of paddle-acp's own at
+    ``MASTER_ADDR``/``MASTER_PORT``, storage otherwise: docs/design.md). The same on every rank."""
     env = os.environ if env is None else env
     raw = env.get("PADDLE_ACP_COORDINATION")
     if raw is None or raw.strip() == "":
         return "auto"
     value = raw.strip().lower()
     if value not in COORDINATION_MODES:
-        raise ConfigError(f"PADDLE_ACP_COORDINATION={raw!r} is not a mode: use auto (default: the job's store "
-                          "where it has one, storage otherwise), store or storage")
+        raise ConfigError(f"PADDLE_ACP_COORDINATION={raw!r} is not a mode: use auto (default: a store at "
+                          "MASTER_ADDR/MASTER_PORT where set, storage otherwise), store or storage")
     return value
 
 

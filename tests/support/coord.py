@@ -2,7 +2,7 @@
 ``paddle.distributed.launch`` sets it) or through storage alone (paddle_acp.runtime.coord)."""
 import socket
 
-COORDINATIONS = ("storage", "store")
+COORDINATIONS = ("storage", "store", "launch")
 
 
 def free_port():
@@ -14,7 +14,11 @@ def free_port():
 
 def coord_env(mode):
     """The variables of one start of a job coordinated by ``mode`` (a new store port for each start, as a
-    launcher gives one)."""
+    launcher gives one): ``store``: MASTER_ADDR/MASTER_PORT, a store of paddle-acp's own, which ``auto`` (the
+    default) picks; ``launch``: PADDLE_MASTER as paddle.distributed.launch sets it, the job's own store shared
+    (PADDLE_ACP_COORDINATION=store: auto keeps to storage there); ``storage``: storage only."""
     if mode == "store":
+        return {"PADDLE_ACP_COORDINATION": "auto", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if mode == "launch":
         return {"PADDLE_ACP_COORDINATION": "store", "PADDLE_MASTER": f"127.0.0.1:{free_port()}"}
     return {"PADDLE_ACP_COORDINATION": "storage"}

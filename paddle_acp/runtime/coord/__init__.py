@@ -14,9 +14,9 @@ A :class:`Coordinator` serves one range of one rank. Its verbs:
 Two implementations, chosen at the range's open by :func:`open_coordinator` from
 ``PADDLE_ACP_COORDINATION`` (the same on every rank: the environment decides, never a rank's luck):
 
-* :class:`~paddle_acp.runtime.coord.store.StoreCoordinator`: Paddle's TCP store (the job's own when
-  ``paddle.distributed.launch`` started it, ``PADDLE_MASTER``; a store of ours at ``MASTER_ADDR``/``MASTER_PORT``
-  otherwise; :mod:`paddle_acp.adapter.store`). Per checkpoint nothing but the ranks' parts and rank 0's
+* :class:`~paddle_acp.runtime.coord.store.StoreCoordinator`: Paddle's TCP store (``auto``: a store of ours at
+  ``MASTER_ADDR``/``MASTER_PORT``; ``store``: that, or the job's own that ``paddle.distributed.launch`` names in
+  ``PADDLE_MASTER``, which Paddle opens holding the GIL: :mod:`paddle_acp.adapter.store`, docs/design.md). Per checkpoint nothing but the ranks' parts and rank 0's
   ``global.json`` goes to storage; every call is bounded, and the first failure ends the store for this
   process (said once);
 * :class:`~paddle_acp.runtime.coord.files.StorageCoordinator`: small files on the checkpoint storage (the save
@@ -54,13 +54,18 @@ def open_coordinator(cfg: CheckpointConfig, storage: Storage, range_dir: str, ra
         raise ConfigError("PADDLE_ACP_COORDINATION=store, but the job names no store: set PADDLE_MASTER (as "
                           "python -m paddle.distributed.launch does) or MASTER_ADDR and MASTER_PORT, or use "
                           "PADDLE_ACP_COORDINATION=auto")
-    if ep is not None and mode == "auto" and ep.shared_with_trainer:
-        logger.info("range %s: the ranks coordinate through storage: PADDLE_MASTER is rank 0's own trainer endpoint "
-                    "(launch --ips/--start_port), which the job's collectives may bind (PADDLE_ACP_COORDINATION=store "
-                    "uses it anyway)", range_name)
+    if ep is not None and mode == "auto" and ep.source == "PADDLE_MASTER":
+        # the job's own store: Paddle 3.3.1 opens it holding the GIL until every rank connected (no thread of
+        # this process runs meanwhile, unbounded but for FLAGS_stop_check_timeout): only when asked for
+        logger.info("range %s: the ranks coordinate through storage (PADDLE_ACP_COORDINATION=store: through the job's "
+                    "store at %s, whose open stops this process until every rank connected)", range_name, ep)
         ep = None
     if ep is None:
         return StorageCoordinator(storage, range_dir)
+    if ep.shared_with_trainer:
+        logger.warning("range %s: PADDLE_MASTER %s is rank 0's own trainer endpoint (launch --ips/--start_port), which "
+                       "the job's collectives may bind too: set PADDLE_ACP_COORDINATION=storage if they fail to",
+                       range_name, ep)
     link = link_for(ep, cfg.trainer_id, cfg.world_size or 1, open_timeout=cfg.part_timeout)
     logger.info("range %s: the ranks coordinate through the job's store at %s (PADDLE_ACP_COORDINATION=%s)",
                 range_name, ep, mode)

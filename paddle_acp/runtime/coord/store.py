@@ -12,13 +12,15 @@ out) ends the link for good, said once at ERROR; after that every call raises
 Keys (under ``paddle_acp/{job}/{range}/``, beside whatever the job keeps in its own store): a decision is
 ``d/{key}`` with its counter ``d/{key}#n`` (a reader gets the value only once the counter says it is there:
 a ``get`` of a missing key would block), an arrival counter ``a/{key}``, and ``alive``, the key of the
-liveness probe each rank other than 0 sends at its due points without waiting for it (:meth:`StoreLink.probe`).
+liveness probe each rank other than 0 sends at its due points (at most every :data:`PROBE_EVERY` s) without
+waiting for it (:meth:`StoreLink.probe`).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -30,6 +32,8 @@ from paddle_acp.runtime.coord.base import CoordinationError, Coordinator
 logger = logging.getLogger("paddle_acp")
 
 CALL_TIMEOUT = 20.0  # seconds one store call may take before the store counts as lost
+PROBE_EVERY = 1.0  # seconds between two liveness probes (a due point between them sends none: a round trip to
+# rank 0's process at every tiny epoch cost the training thread ~15 ms a due point on a loaded machine)
 
 _Job = Tuple[Callable[[KeyValueStore], Any], List[Tuple[bool, Any]], threading.Event]
 
@@ -51,8 +55,22 @@ class StoreLink:
         self._probe: Optional[Tuple[_Job, float]] = None
         threading.Thread(target=self._serve, name="paddle-acp-store", daemon=True).start()
 
+    def _listening(self) -> bool:
+        """Whether rank 0's store accepts connections (a plain TCP connect): Paddle's client retries a refused
+        connect only every 3 s, so a rank that came first waits for this instead, in steps of 20 ms."""
+        deadline = self._started + self.open_timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((self.ep.host, self.ep.port), timeout=1.0):
+                    return True
+            except OSError:
+                time.sleep(0.02)
+        return False
+
     def _serve(self) -> None:
         try:
+            if self.rank != 0 and not self._listening():
+                raise ConnectionError(f"nothing listens at {self.ep.host}:{self.ep.port}")
             store = open_store(self.ep, self.rank, self.world_size, int(self.open_timeout))
         except BaseException as exc:  # told by the next call (the open is never waited for on its own)
             self._open_error = exc
@@ -126,6 +144,8 @@ class StoreLink:
             ok, value = box[0]
             if not ok:
                 raise self._lose(self._failed("a liveness probe", value))
+            if time.monotonic() - sent < PROBE_EVERY:
+                return
         self._probe = (self._submit(lambda s: s.add(key, 0)), time.monotonic())
 
 
