@@ -1,5 +1,6 @@
 """Manifest: hypothesis round trips and hostile inputs."""
 
+import copy
 import json
 import math
 import random
@@ -90,7 +91,7 @@ def manifests(draw):
         paddle_version=draw(st.text(max_size=10)),
         ir=draw(st.sampled_from(["pir", "legacy", "legacy+pir", ""])),
         extra={**draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3)),
-               **({"part": {"rank": 0, "share": SHARE}} if spread else {})},
+               **({"part": {"rank": 0, "share": dict(SHARE)}} if spread else {})},
         version=version,
     )
 
@@ -321,7 +322,7 @@ def test_crafted_edits_load_exactly_or_are_corrupt(m, data):
     recomputed) is either accepted as a manifest whose every value is in range and that
     serializes back to the same document, or rejected with CorruptCheckpointError: never
     another exception."""
-    doc = m.to_json()
+    doc = copy.deepcopy(m.to_json())  # edited below: never the strategy's own objects (SHARE)
     paths = [p for p in _leaf_paths(doc) if p]
     path = data.draw(st.sampled_from(paths))
     parent = doc
