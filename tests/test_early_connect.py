@@ -164,9 +164,22 @@ print(json.dumps(out))
 """
 
 
+def _without_java_traces(text):
+    """stderr without the Java stack frames libhdfs prints for a refused connection (never a failure by
+    itself: a failure is the exit status), so that what failed shows within the message."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith(("\tat ", "\t... ")))
+
+
 def run_script(env):
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-3000:]
+    """The script's JSON line. A run past the hard timeout is a liveness failure (a hang), told apart from a
+    wrong result or a failed run (its exit status, its output)."""
+    try:
+        out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=REPO)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"hang: the script still ran after {exc.timeout} s")
+    assert out.returncode == 0, (f"the script failed: rc {out.returncode}, stdout {out.stdout[-3000:]!r}\n"
+                                 + _without_java_traces(out.stderr)[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

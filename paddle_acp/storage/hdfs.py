@@ -14,6 +14,7 @@ middle of a save). A directory rename is atomic: checkpoints are committed by re
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -178,6 +179,40 @@ def hdfs_native_conf(timeout: float) -> Dict[str, str]:
     }
 
 
+# Probe threads still in a client's call after their caller gave up on them. A daemon thread that comes back from
+# native code while the interpreter finalizes is ended by pthread_exit, whose unwinding through Arrow's C++ frames
+# aborts the process ("FATAL: exception not rethrown", rc -6): a refused connection retried past the timeout on a
+# loaded machine. The exit waits for them, at most PROBE_EXIT_WAIT seconds (one that never answers never comes back)
+_CALLS: "set[threading.Thread]" = set()
+_CALLS_LOCK = threading.Lock()
+PROBE_EXIT_WAIT = 1.0
+
+
+def _calling(run: Any) -> None:
+    try:
+        run()
+    finally:
+        with _CALLS_LOCK:
+            _CALLS.discard(threading.current_thread())
+
+
+def _wait_for_calls_at_exit() -> None:
+    deadline = time.monotonic() + PROBE_EXIT_WAIT
+    with _CALLS_LOCK:
+        calls = list(_CALLS)
+    for t in calls:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _forget_calls_in_child() -> None:  # their threads do not exist in a forked child
+    global _CALLS, _CALLS_LOCK
+    _CALLS, _CALLS_LOCK = set(), threading.Lock()
+
+
+atexit.register(_wait_for_calls_at_exit)
+os.register_at_fork(after_in_child=_forget_calls_in_child)
+
+
 def _probe(fs: Any, root: str, timeout: float, client: str) -> None:
     """Connect now (a dead server fails here, not in the middle of a save), within ``timeout``
     seconds whatever the client's own retry settings do."""
@@ -192,7 +227,9 @@ def _probe(fs: Any, root: str, timeout: float, client: str) -> None:
         except BaseException as exc:  # handed to the calling thread
             box.append(exc)
 
-    t = threading.Thread(target=run, name=f"paddle-acp-connect-{client}", daemon=True)
+    t = threading.Thread(target=_calling, args=(run,), name=f"paddle-acp-connect-{client}", daemon=True)
+    with _CALLS_LOCK:
+        _CALLS.add(t)
     t.start()
     t.join(timeout)
     if not box:
