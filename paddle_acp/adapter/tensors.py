@@ -16,6 +16,7 @@ import numpy as np
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.engine.reader import LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import TensorData
+from paddle_acp.format.engine.stager import HOST, Stager
 from paddle_acp.format.manifest import DTYPES, align
 
 logger = logging.getLogger("paddle_acp")
@@ -199,12 +200,14 @@ def write_program(
     place: Optional[PaddlePlace],
     consume: bool = True,
     default_place: Optional[PaddlePlace] = None,
+    stager: Stager = HOST,
 ) -> int:
     """Write program ``key``'s pending tensors of ``loaded`` into ``scope``; returns how many.
 
     Tensors the scope already holds with the same dtype and shape on the CPU
-    are filled in place (read straight into them, on two threads); others
-    are replaced. With ``consume`` they are handed out (no longer pending).
+    are filled in place (copied straight into them through ``stager``, the runtime's, which a save's
+    copy into the snapshot arena goes through too); others are replaced (``tensor.set``).
+    With ``consume`` they are handed out (no longer pending).
     """
     pending = loaded.pending(key)
     inplace = []
@@ -216,7 +219,7 @@ def write_program(
         else:
             set_tensor(tensor, loaded.read(key, t), place, default_place)
     if inplace:
-        loaded.read_into(inplace)
+        loaded.read_into(inplace, stager)
     if consume:
         for t in pending:
             loaded.hand_out((key, t.name))

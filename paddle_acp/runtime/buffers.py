@@ -21,6 +21,7 @@ import numpy as np
 from paddle_acp.config import HostMemory
 from paddle_acp.format.engine.arena import Arena
 from paddle_acp.format.engine.loaded import Lent
+from paddle_acp.format.engine.stager import Stager
 from paddle_acp.format.engine.stream import chunk_size
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.threads import lower_thread_priority
@@ -47,9 +48,11 @@ def mem_available() -> int | None:
 class SnapshotBuffers:
     """The snapshot arenas of one range and the host-memory budget that bounds them."""
 
-    def __init__(self, range_name: str, host_memory: HostMemory | None) -> None:
-        """``host_memory``: ``PADDLE_ACP_HOST_MEMORY`` as configured (None: the memory available)."""
+    def __init__(self, range_name: str, host_memory: HostMemory | None, stager: Stager) -> None:
+        """``host_memory``: ``PADDLE_ACP_HOST_MEMORY`` as configured (None: the memory available); ``stager``:
+        what copies a save's tensors into these buffers (the range's, which its restore copies through too)."""
         self.range_name = range_name
+        self.stager = stager
         self.host_memory = host_memory
         self.first = Arena()
         self.second = Arena()  # the ``queue`` policy's second buffer, allocated when first needed

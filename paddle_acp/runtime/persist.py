@@ -181,11 +181,11 @@ class Persister:
             # which costs far less CPU and time than a buffered write of the views
             arena = self.buffers.size_for(size)
             if arena < size:  # over the host-memory budget: streamed through the buffer in chunks
-                buf = self.buffers.chunks(arena)
-                stream = ChunkStream([t for p in programs for t in p.tensors], size, buf, chunk_size(arena))
+                tensors, buf = [t for p in programs for t in p.tensors], self.buffers.chunks(arena)
+                stream = ChunkStream(tensors, size, buf, chunk_size(arena), self.buffers.stager)
             else:
                 image = self.buffers.image(buffer, size)
-                copy_into(programs, image)
+                copy_into(programs, image, self.buffers.stager)
         pos = self.position
         snap = Snapshot(
             range=RangeRecord(self.name, pos.epoch_no, self.max_epoch_num, pos.step),

@@ -29,6 +29,7 @@ from paddle_acp.format.checkpoints.checkpointer import Checkpointer, write_job_m
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.commit.fencing import Fence
+from paddle_acp.format.engine.stager import HostStager, Stager
 from paddle_acp.format.layout import range_dir
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.runtime import budget as host_budget
@@ -182,7 +183,11 @@ class EpochRange:
             fence=opened.fence, cache=opened.rank_cache, memory_budget=opened.memory_budget)
         self.script = script if script is not None else ScriptState(name, {}, {})
         self.position = Position()
-        self.restorer = Restorer(name, cfg, self.checkpointer, self.global_checkpointer, self.release_hook)
+        # every copy between the scope's tensors and checkpoint bytes (a save's into the snapshot arena, a
+        # restore's into the tensors) goes through this one stager (format/engine/stager.py)
+        self.stager: Stager = HostStager()
+        self.restorer = Restorer(name, cfg, self.checkpointer, self.global_checkpointer, self.release_hook,
+                                 self.stager)
         # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree),
         # posted through the ranks' coordinator (the job's store, or storage: runtime.coord), which also counts
         # the parts in place for rank 0's commit
@@ -196,7 +201,7 @@ class EpochRange:
         self.metrics = MetricsLog(storage, cfg.job_id, cfg.trainer_id)
         self.persister = Persister(name, max_epoch_num, cfg, storage, self.registry, self.position, self.script,
                                    self.checkpointer, self.global_checkpointer, self.metrics, self.schedule,
-                                   SnapshotBuffers(name, cfg.host_memory))
+                                   SnapshotBuffers(name, cfg.host_memory, self.stager))
         self.exit_on_preempt = settings.exit_on_preempt
         self.watcher = preemption.PreemptionWatcher(settings.preempt_signals, self._preempt_point,
                                                     interrupt.preempted)

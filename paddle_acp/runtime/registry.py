@@ -25,6 +25,7 @@ from paddle_acp.adapter.tensors import (
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.engine.reader import LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, TensorData
+from paddle_acp.format.engine.stager import Stager
 from paddle_acp.format.manifest import ProgramRecord
 
 logger = logging.getLogger("paddle_acp")
@@ -138,12 +139,13 @@ class ProgramEntry:
                 "use the one before)"
             )
 
-    def restore(self, loaded: LoadedCheckpoint, sched_state: Optional[Dict[str, Any]]) -> None:
-        """Write this program's tensors from ``loaded`` (a verified checkpoint) and its LR scheduler."""
+    def restore(self, loaded: LoadedCheckpoint, sched_state: Optional[Dict[str, Any]], stager: Stager) -> None:
+        """Write this program's tensors from ``loaded`` (a verified checkpoint), copied through ``stager``
+        (the range's, which its saves copy through too), and its LR scheduler."""
         rec = loaded.manifest.program(self.key)
         if rec is not None:
             self.check_checkpoint(rec, f"{loaded.manifest.number} ({loaded.path})")
-        write_program(loaded, self.key, self.scope, self.place)
+        write_program(loaded, self.key, self.scope, self.place, stager=stager)
         sched: Any = lr_scheduler_of(self.program)  # a Paddle LRScheduler (untyped) or None
         if sched_state is not None:
             if sched is None:

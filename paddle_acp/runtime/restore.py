@@ -23,6 +23,7 @@ from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.checkpoints.restart import load_newest
 from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
+from paddle_acp.format.engine.stager import Stager
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import ProgramEntry, Registry
 
@@ -37,9 +38,10 @@ class Restorer:
     state it still holds for programs that did not run yet."""
 
     def __init__(self, name: str, cfg: _config.CheckpointConfig, checkpointer: Checkpointer,
-                 global_checkpointer: GlobalCheckpointer, on_released: Callable[[], None]) -> None:
+                 global_checkpointer: GlobalCheckpointer, on_released: Callable[[], None], stager: Stager) -> None:
         """``on_released``: called when every restored program has its state back (the range stops
-        being fed programs it only held for the restore)."""
+        being fed programs it only held for the restore); ``stager``: what copies the restored bytes into
+        the scope's tensors (the range's, which its saves copy through too)."""
         self.name = name
         self.cfg = cfg
         self.several_ranks = cfg.multi_rank
@@ -47,6 +49,7 @@ class Restorer:
         self.checkpointer = checkpointer
         self.global_checkpointer = global_checkpointer
         self.on_released = on_released
+        self.stager = stager
         self.loaded: Optional[LoadedCheckpoint] = None
         self.restored_from = CONST_MEMORYINIT
         self.restored_number: Optional[int] = None
@@ -147,7 +150,7 @@ class Restorer:
                 self.name, entry.key, m.number,
             )
             return False
-        entry.restore(self._resumed, rec.lr_scheduler)
+        entry.restore(self._resumed, rec.lr_scheduler, self.stager)
         logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
         if not self._resumed.arrays:
             self._release()
@@ -176,7 +179,7 @@ class Restorer:
         # nothing for yet goes to Paddle's default device, as the executor would put it
         default = default_place()
         for p in self._resumed.manifest.programs:
-            write_program(self._resumed, p.key, scope, None, consume=False, default_place=default)
+            write_program(self._resumed, p.key, scope, None, consume=False, default_place=default, stager=self.stager)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
     def _check_global_scope(self, scope: Any) -> None:

@@ -17,12 +17,11 @@ from typing import Any, Callable, Dict, Iterator, List, MutableMapping, Optional
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format.engine.arena import CopyJob, chunked, copy_job, run_parallel
+from paddle_acp.format.engine.arena import CopyJob
+from paddle_acp.format.engine.stager import HOST, FillJob, Stager
 from paddle_acp.format.manifest import Manifest, TensorRecord
 
 __all__ = ["FileSource", "Key", "Landing", "Lent", "LoadedCheckpoint", "MemorySource", "ReadItem"]
-
-_PREAD_CHUNK = 32 << 20
 
 Key = Tuple[str, str]  # (program key, tensor name)
 ReadItem = Tuple[str, TensorRecord, np.ndarray]  # (program key, tensor, the array to fill)
@@ -52,12 +51,12 @@ class MemorySource:
     def read(self, key: str, rec: TensorRecord) -> np.ndarray:
         return self._arrays[(key, rec.name)]
 
-    def read_into(self, items: Sequence[ReadItem]) -> None:
-        jobs: List[CopyJob] = []
+    def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None:
+        pairs: List[CopyJob] = []
         for key, rec, view in items:
             _check_fits(view, rec)
-            chunked(view, self._arrays[(key, rec.name)], jobs)
-        run_parallel(copy_job, jobs)
+            pairs.append((view, self._arrays[(key, rec.name)]))
+        stager.stage(pairs)
 
     def close(self) -> None:
         self._arrays.clear()
@@ -102,11 +101,14 @@ class FileSource:
         if os.fstat(self._fd).st_size < self._size:
             raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified")
 
-    def _pread(self, job: Tuple[memoryview, int]) -> None:
-        mv, offset = job
-        got = pread_into(self._fd, mv, offset)
-        if got < mv.nbytes:
-            raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified (byte {offset + got})")
+    def _reader(self, offset: int) -> Callable[[np.ndarray, int], None]:
+        """The call that fills a host buffer with this file's bytes from ``offset`` + its ``pos`` on (``preadv``)."""
+        def read(buf: np.ndarray, pos: int) -> None:
+            got = pread_into(self._fd, buf.data, offset + pos)
+            if got < buf.nbytes:
+                raise CorruptCheckpointError(
+                    f"{self._path}: the file shrank after it was verified (byte {offset + pos + got})")
+        return read
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray:
         shape, dtype = rec.stored()
@@ -115,22 +117,20 @@ class FileSource:
             self.read_into([(key, rec, arr)])
         return arr
 
-    def read_into(self, items: Sequence[ReadItem]) -> None:
-        if self._bytes is not None:
+    def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None:
+        if self._bytes is not None:  # copied out of the page cache, else read (preadv): through the stager either way
             copies: List[CopyJob] = []
             self._check_size()
             for _key, rec, view in items:
                 _check_fits(view, rec)
-                chunked(view, self._bytes[rec.offset:rec.offset + rec.nbytes], copies)
-            run_parallel(copy_job, copies)
+                copies.append((view, self._bytes[rec.offset:rec.offset + rec.nbytes]))
+            stager.stage(copies)
             return
-        reads: List[Tuple[memoryview, int]] = []
+        fills: List[FillJob] = []
         for _key, rec, view in items:
             _check_fits(view, rec)
-            mv = view.reshape(-1).view(np.uint8).data
-            for i in range(0, rec.nbytes, _PREAD_CHUNK):
-                reads.append((mv[i:i + _PREAD_CHUNK], rec.offset + i))
-        run_parallel(self._pread, reads)
+            fills.append((view.reshape(-1).view(np.uint8), self._reader(rec.offset)))
+        stager.fill(fills)
 
     def close(self) -> None:
         self._bytes = None
@@ -153,7 +153,7 @@ class TensorSource(Protocol):
     a spread checkpoint, :class:`paddle_acp.format.engine.shares.SharesSource`)."""
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray: ...
-    def read_into(self, items: Sequence[ReadItem]) -> None: ...
+    def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None: ...
     def close(self) -> None: ...
 
 
@@ -234,9 +234,10 @@ class LoadedCheckpoint:
         """One verified tensor as a new array (or a view of the verified image)."""
         return self._source.read(key, rec)
 
-    def read_into(self, items: Sequence[ReadItem]) -> None:
-        """Fill each ``(key, record, array)``'s array (its dtype and shape) with the tensor."""
-        self._source.read_into(items)
+    def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None:
+        """Fill each ``(key, record, array)``'s array (its dtype and shape) with the tensor; the copies out of
+        verified memory go through ``stager`` (the runtime's, :mod:`paddle_acp.format.engine.stager`)."""
+        self._source.read_into(items, stager)
 
     def hand_out(self, k: Key) -> None:
         """Tensor ``k`` is handed out: no longer pending (KeyError if it was not)."""

@@ -44,6 +44,7 @@ from paddle_acp.config.values import MAX_WORLD
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.engine.loaded import Key, LoadedCheckpoint, ReadItem
 from paddle_acp.format.engine.snapshot import ProgramSnapshot
+from paddle_acp.format.engine.stager import HOST, Stager
 from paddle_acp.format.manifest import DTYPES, Manifest, ProgramRecord, TensorRecord, align
 
 WRITERS_ALL = "all"
@@ -277,7 +278,7 @@ class SharesSource:
         self.read_into([(key, rec, arr)])
         return arr
 
-    def read_into(self, items: Sequence[ReadItem]) -> None:
+    def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None:
         groups: Dict[int, List[ReadItem]] = {}
         for key, rec, view in items:
             for k, part_rec in self._where[(key, rec.name)]:
@@ -287,7 +288,7 @@ class SharesSource:
                     lo, hi = part_rec.piece
                     groups.setdefault(k, []).append((key, part_rec, _flat_bytes(view)[lo:hi]))
         for k, group in groups.items():
-            self._parts[k].read_into(group)
+            self._parts[k].read_into(group, stager)
 
     def close(self) -> None:
         for ck in self._parts.values():

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from paddle_acp.format.engine.arena import chunked, copy_job, run_parallel
+from paddle_acp.format.engine.stager import HOST, Stager
 from paddle_acp.format.manifest import RangeRecord, align
 
 if TYPE_CHECKING:
@@ -97,11 +97,11 @@ class Snapshot:
             object.__setattr__(self, "data_size", layout(self.programs))
 
 
-def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int = 2) -> None:
+def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, stager: Stager = HOST) -> None:
     """Copy laid-out tensors into ``image`` (the file's bytes) and point them at their copies.
 
-    Large tensors are split into chunks copied by ``threads`` threads (NumPy
-    releases the GIL while copying): the copy is the whole training stall.
+    The copies go through ``stager`` (:class:`~paddle_acp.format.engine.stager.HostStager`: large
+    tensors split into chunks copied on two threads): the copy is the whole training stall.
     """
     end = 0
     jobs: List[Tuple[np.ndarray, np.ndarray]] = []
@@ -112,7 +112,7 @@ def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, threads: int =
             n = t.array.nbytes
             dst = image[t.offset:t.offset + n]
             if n:
-                chunked(dst, t.array, jobs)
+                jobs.append((dst, t.array))
             t.array = dst.view(t.array.dtype).reshape(t.array.shape)
             end = t.offset + n
-    run_parallel(copy_job, jobs, threads)
+    stager.stage(jobs)

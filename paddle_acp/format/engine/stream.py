@@ -24,8 +24,9 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from paddle_acp.errors import CheckpointError, StorageError
-from paddle_acp.format.engine.arena import PAGE, chunked, copy_job, run_parallel
+from paddle_acp.format.engine.arena import PAGE
 from paddle_acp.format.engine.crc import crc_pool
+from paddle_acp.format.engine.stager import HOST, Stager
 from paddle_acp.format.manifest import VERSION, checksum_function
 
 logger = logging.getLogger("paddle_acp")
@@ -48,14 +49,16 @@ class ChunkStream:
     """One checkpoint's file image, copied out of the live tensors in bounded chunks.
 
     ``tensors`` are laid out (``offset`` set) and hold zero-copy views of the live
-    tensors (``array``); ``buf`` is the page-aligned arena (at least two chunks).
+    tensors (``array``); ``buf`` is the page-aligned arena (at least two chunks); ``stager`` copies each
+    chunk's tensor bytes into its slot.
     """
 
-    def __init__(self, tensors: Sequence[Any], size: int, buf: np.ndarray, chunk: int) -> None:
+    def __init__(self, tensors: Sequence[Any], size: int, buf: np.ndarray, chunk: int, stager: Stager = HOST) -> None:
         if chunk <= 0 or chunk % PAGE or buf.nbytes < MIN_SLOTS * chunk:
             raise ValueError(f"a stream needs at least {MIN_SLOTS} page-aligned chunks (chunk {chunk}, buffer {buf.nbytes})")
         self.size = size
         self.chunk = chunk
+        self._stager = stager
         nslots = buf.nbytes // chunk
         self._slots = [buf[i * chunk:(i + 1) * chunk] for i in range(nslots)]
         self._spans: List[Tuple[int, int]] = [(int(t.offset), int(t.offset) + int(t.array.nbytes)) for t in tensors]
@@ -125,7 +128,7 @@ class ChunkStream:
     def _fill(self, slot: np.ndarray, pos: int, n: int) -> None:
         """Copy file bytes [pos, pos + n) into ``slot`` (tensor bytes, zero padding between them)."""
         end = pos + n
-        jobs: List[Tuple[np.ndarray, np.ndarray]] = []
+        pairs: List[Tuple[np.ndarray, np.ndarray]] = []
         cursor = pos
         for i, (lo, hi) in enumerate(self._spans):
             if hi <= pos or lo == hi:
@@ -135,14 +138,14 @@ class ChunkStream:
             a, b = max(lo, pos), min(hi, end)
             if a > cursor:
                 slot[cursor - pos:a - pos] = 0
-            chunked(slot[a - pos:b - pos], self._src[i][a - lo:b - lo], jobs)
+            pairs.append((slot[a - pos:b - pos], self._src[i][a - lo:b - lo]))
             cursor = b
         if cursor < end:
             slot[cursor - pos:n] = 0
         padded = min(len(slot), (n + PAGE - 1) // PAGE * PAGE)
         if padded > n:
             slot[n:padded] = 0  # O_DIRECT writes whole pages; the file is truncated to its size after
-        run_parallel(copy_job, jobs)
+        self._stager.stage(pairs)
 
     def abort(self, why: str) -> None:
         """Abandon the stream: the copy stops at its next chunk, the writer fails."""
