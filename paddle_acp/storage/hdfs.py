@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -70,6 +71,10 @@ class HdfsStorage(ArrowStorage):
         forced = options.hdfs_client  # validated in config: one of CLIENTS, or None
         timeout = options.connect_timeout
         deadline = time.monotonic() + timeout
+        refused = _refused_until(host, port, deadline) if parsed.scheme.lower() == "hdfs" else None
+        if refused is not None:
+            raise StorageError(f"cannot reach HDFS at {display}: {refused} (connection attempts are bounded by "
+                               f"PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s)")
         why: List[str] = []
         for client in _clients(forced):
             left = deadline - time.monotonic()
@@ -91,6 +96,27 @@ class HdfsStorage(ArrowStorage):
             return cls(fs, root, display, client)
         raise StorageError(f"cannot reach HDFS at {display}: " + " | ".join(why)
                            + f" (connection attempts are bounded by PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s)")
+
+
+def _refused_until(host: str, port: int, deadline: float) -> Optional[str]:
+    """Why no client is tried: the NameNode's port refused every connection until ``deadline`` (tried again
+    every 0.25 s: a NameNode restarting is waited for, as the clients' own retries would). None: it accepted,
+    or the address is not a plain host here (an HA nameservice, a name that does not resolve, no route): the
+    clients decide. No client's call is left running past its caller for a refused port: one coming back
+    while the interpreter finalizes aborts the process (``_CALLS``), and each prints a Java stack trace."""
+    if host == "default":
+        return None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, left))):
+                return None
+        except ConnectionRefusedError:
+            if left <= 0.25:
+                return f"{host}:{port} refused every connection (nothing listens there)"
+            time.sleep(0.25)
+        except OSError:
+            return None
 
 
 def _clients(forced: Optional[str]) -> List[str]:
