@@ -9,7 +9,9 @@ Clients, in order (``PADDLE_ACP_HDFS_CLIENT`` forces one):
 
 libhdfs's JVM starts with :data:`~paddle_acp.config.components.DEFAULT_LIBHDFS_OPTS` unless the user set
 ``LIBHDFS_OPTS`` (:func:`libhdfs_jvm_options`). Each is tried within ``PADDLE_ACP_CONNECT_TIMEOUT`` (a dead NameNode fails at open, not in the
-middle of a save). A directory rename is atomic: checkpoints are committed by renaming.
+middle of a save); a NameNode port that refuses connections for all of it fails before any client starts
+(:func:`_refused_until`). A directory rename is atomic: checkpoints are committed by renaming. A forked child
+never uses or drops the parent's client (:mod:`paddle_acp.storage.forks`).
 """
 
 from __future__ import annotations
