@@ -10,6 +10,7 @@ process remembers between ranges is :data:`paddle_acp.runtime.state.STATE`.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, Generator, Iterable, Iterator, Mapping, Optional
 
@@ -101,36 +102,43 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
     r.inherited = prev
     STATE.active = STATE.hooked = r
     closed = False
+    owner = os.getpid()
     try:
         yield from r.epochs()
     except GeneratorExit:  # the loop was left early (break, or an exception in its body)
         closed = True
         raise
     finally:
-        STATE.active = None
-        try:
-            if r.failed or sys.is_finalizing():
-                pass  # the range already raised its error; at interpreter exit imports fail
-            elif closed:  # an exception raised here would be "ignored" (printed as noise): log it
-                if r.epoch_no >= 0:
-                    logger.info("range %s: the loop was left inside epoch %d (break, return or an exception): "
-                                "epoch %d is not saved; a restart trains it again from the last checkpoint before it",
-                                r.name, r.epoch_no, r.epoch_no)
-                try:
-                    r.write_unrestored_into_global_scope()
-                except AcpError as exc:
-                    logger.error("%s", exc)
-            else:
+        if os.getpid() == owner:  # a forked child leaves its parent's range alone: it writes, logs and closes nothing
+            _leave(r, closed)
+
+
+def _leave(r: EpochRange, closed: bool) -> None:
+    """The process that opened ``r`` leaves its loop: unrestored state written, then the range closed."""
+    STATE.active = None
+    try:
+        if r.failed or sys.is_finalizing():
+            pass  # the range already raised its error; at interpreter exit imports fail
+        elif closed:  # an exception raised here would be "ignored" (printed as noise): log it
+            if r.epoch_no >= 0:
+                logger.info("range %s: the loop was left inside epoch %d (break, return or an exception): "
+                            "epoch %d is not saved; a restart trains it again from the last checkpoint before it",
+                            r.name, r.epoch_no, r.epoch_no)
+            try:
                 r.write_unrestored_into_global_scope()
-        finally:
-            if r.digests is not None:
-                r.digests.release()
-            STATE.hooked = r if r.has_unrestored_state else None
-            r.script.release()
-            if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
-                r.persister.closed = True
-            else:
-                r.close()
+            except AcpError as exc:
+                logger.error("%s", exc)
+        else:
+            r.write_unrestored_into_global_scope()
+    finally:
+        if r.digests is not None:
+            r.digests.release()
+        STATE.hooked = r if r.has_unrestored_state else None
+        r.script.release()
+        if sys.is_finalizing():  # garbage-collected at interpreter exit: imports would fail
+            r.persister.closed = True
+        else:
+            r.close()
 
 
 def resumable(iterable: Iterable[Any], save_every_steps: Optional[int] = None) -> Iterator[Any]:
