@@ -132,6 +132,7 @@ class Storage(abc.ABC):
     has_symlinks: bool = False
     overlap_writes: bool = False
     creates_parents: bool = False
+    ranged_readers: int = 4  # connections a restore reads one file on in parallel (ranged reads)
 
     def __init__(self, root: str, uri: str):
         self.root = root.rstrip("/") or "/"

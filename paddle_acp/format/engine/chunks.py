@@ -18,13 +18,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format.engine.arena import alloc_buffer
+from paddle_acp.format.engine.arena import alloc_buffer, populate_pages
 from paddle_acp.format.engine.crc import drain
 from paddle_acp.format.engine.loaded import pread_into
 from paddle_acp.storage.base import InputFile
 
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
-RANGED_READERS = 4  # connections a remote restore reads on in parallel
+RANGED_READERS = 4  # connections a remote restore reads on in parallel (unless its storage says: ranged_readers)
 
 
 def populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:
@@ -235,7 +235,9 @@ class RangedChunks(Chunks):
     def _read(self, pos: int, n: int) -> None:
         f = self._file()
         f.seek(pos)
-        fill_from(f, self._image[pos:pos + n].data, pos, self._path)
+        dst = self._image[pos:pos + n]
+        populate_pages(dst)  # the lent arena's fresh pages, in one call rather than faulted in by the read
+        fill_from(f, dst.data, pos, self._path)
 
     def get(self, pos: int, n: int, slot: int) -> np.ndarray:
         self._futs[pos].result()

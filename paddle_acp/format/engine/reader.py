@@ -195,7 +195,8 @@ def _land(storage: Storage, base: str, m: Manifest, data_path: str, records: Lis
     buf, give_back = lent
     image = buf[:m.data_size]
     try:
-        with RangedChunks(lambda: _open_remote(storage, data_path), data_path, _READ_CHUNK, image) as chunks:
+        with RangedChunks(lambda: _open_remote(storage, data_path), data_path, _READ_CHUNK, image,
+                          storage.ranged_readers) as chunks:
             _verify_stream(chunks, m, data_path, records, pool=restore_crc_pool())
             chunks.check_end(m.data_size)
     except BaseException:
