@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-from typing import List, Mapping, Optional, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 from paddle_acp.config.values import check_interval, env_int, parse_bool
 from paddle_acp.errors import ConfigError
@@ -27,14 +27,22 @@ DEFAULT_LIBHDFS_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 def log_level_from_env(env: Optional[Mapping[str, str]] = None) -> str:
     """``PADDLE_ACP_LOG_LEVEL`` (case-insensitive), ``INFO`` when unset or empty."""
+    return _choice(env, "PADDLE_ACP_LOG_LEVEL", "INFO", LOG_LEVELS, str.upper,
+                   f"is not a log level (use one of {', '.join(LOG_LEVELS)})")
+
+
+def _choice(env: Optional[Mapping[str, str]], name: str, default: str, choices: Sequence[str],
+            norm: Callable[[str], str], problem: str) -> str:
+    """The variable ``name`` of ``env`` (``os.environ`` by default), stripped and normalised by ``norm``:
+    ``default`` when unset or empty, one of ``choices``, else a ConfigError saying ``problem``."""
     env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_LOG_LEVEL")
+    raw = env.get(name)
     if raw is None or raw.strip() == "":
-        return "INFO"
-    level = raw.strip().upper()
-    if level not in LOG_LEVELS:
-        raise ConfigError(f"PADDLE_ACP_LOG_LEVEL={raw!r} is not a log level (use one of {', '.join(LOG_LEVELS)})")
-    return level
+        return default
+    value = norm(raw.strip())
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r} {problem}")
+    return value
 
 
 def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
@@ -188,15 +196,9 @@ def coordination_from_env(env: Optional[Mapping[str, str]] = None) -> str:
     ``MASTER_ADDR``/``MASTER_PORT``; an error when the job has none), ``storage`` (small files on the
     checkpoint storage: the protocol of earlier versions) or ``auto`` (a store of paddle-acp's own at
     ``MASTER_ADDR``/``MASTER_PORT``, storage otherwise: docs/design.md). The same on every rank."""
-    env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_COORDINATION")
-    if raw is None or raw.strip() == "":
-        return "auto"
-    value = raw.strip().lower()
-    if value not in COORDINATION_MODES:
-        raise ConfigError(f"PADDLE_ACP_COORDINATION={raw!r} is not a mode: use auto (default: a store at "
-                          "MASTER_ADDR/MASTER_PORT where set, storage otherwise), store or storage")
-    return value
+    return _choice(env, "PADDLE_ACP_COORDINATION", "auto", COORDINATION_MODES, str.lower,
+                   "is not a mode: use auto (default: a store at MASTER_ADDR/MASTER_PORT where set, storage "
+                   "otherwise), store or storage")
 
 
 STORE_VARS = ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS", "MASTER_ADDR", "MASTER_PORT")
