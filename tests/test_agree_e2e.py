@@ -30,9 +30,10 @@ RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
 
 
 def popen_job(tmp, world, args, ckpt, gen, outs="out", env=None, skews=None, no_acp=False, barrier=True,
-              **popen):
+              only=None, **popen):
+    """The ranks of a job (``only``: that rank alone)."""
     procs = []
-    for r in range(world):
+    for r in range(world) if only is None else [only]:
         e = {"PADDLE_TRAINER_ID": r, "PADDLE_TRAINERS_NUM": world, "ACP_TEST_GEN": gen, "PADDLE_ACP_PART_TIMEOUT": 60}
         e.update(env or {})
         cmd = [sys.executable, RANK_SCRIPT, "--out", str(tmp / outs / f"r{r}")] + [str(a) for a in args]

@@ -273,6 +273,12 @@ class Agreement:
             self._start_read(kind)  # rank 0 wrote the next block's plan (from point index + 1 on) before it passed index - 1
         return index, taken
 
+    def close(self) -> None:
+        """The range ended: rank 0's plan write in flight is done (:meth:`finish`), and this rank's part of the
+        coordinator's start (the store's open: :meth:`~paddle_acp.runtime.coord.Coordinator.close`)."""
+        self.finish()
+        self.coord.close()
+
     # -- rank 0 ----------------------------------------------------------------
     def finish(self) -> None:
         """Rank 0: wait for the plan write in flight; when it failed, the ranks go on with the plan before it."""

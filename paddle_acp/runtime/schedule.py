@@ -117,9 +117,9 @@ class SaveSchedule:
 
     def close(self) -> None:
         """The range ended: rank 0's save-plan write still in flight is done (a later start's plan is never
-        overwritten by it)."""
+        overwritten by it), and this rank joined the store's open (Agreement.close)."""
         if self.agreement is not None:
-            self.agreement.finish()
+            self.agreement.close()
 
     def point_done(self) -> None:
         """Several ranks: this rank is done with a due point (taken or skipped)."""

@@ -33,3 +33,6 @@ class Coordinator:
 
     def check(self) -> None:
         """CoordinationError once this rank lost the job's store (never blocks)."""
+
+    def close(self) -> None:
+        """The range ended: this rank's part of whatever its coordination started is done (bounded, never raises)."""

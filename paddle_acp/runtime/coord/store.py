@@ -126,6 +126,15 @@ class StoreLink:
             raise self._lose(self._failed(what, value))
         return value
 
+    def settle(self) -> None:
+        """Wait (at most until the open's deadline) for the open to end, never raising: a rank that leaves must
+        first have joined the open's rendezvous, or rank 0's open (and with it every call of rank 0) waits for the
+        open's timeout: as every rank other than 0 of a job restarted after its last checkpoint did, leaving at
+        once. Nor can rank 0 leave while its open waits: Paddle aborts the process then (``terminate called
+        without an active exception``, measured with 3.3.1)."""
+        if self.lost is None:
+            self._opened.wait(max(0.0, self._started + self.open_timeout - time.monotonic()))
+
     def probe(self, key: str) -> None:
         """The liveness signal, never blocking: the previous probe's outcome is judged (CoordinationError when
         it failed, or has gone unanswered for :data:`CALL_TIMEOUT` s) and a new one sent."""
@@ -199,6 +208,9 @@ class StoreCoordinator(Coordinator):
         k = f"{self.prefix}a/{key}"
         n: int = self.link.call(f"to count {key}", lambda s: s.add(k, 0))
         return n
+
+    def close(self) -> None:
+        self.link.settle()
 
     def check(self) -> None:
         if self.link.rank != 0:  # rank 0 hosts the store: it has nothing to lose but the other ranks
