@@ -271,6 +271,8 @@ def test_queue_policy_on_hdfs(hdfs, reference, tmp_path):
     assert all(r["policy"] == "queue" for r in saved + skipped)
 
 
+@pytest.mark.long  # ~67 s; the default run keeps test_kill_and_resume_on_hdfs_with_skipped_saves, and .ci/run step 1c
+# runs the harness on HDFS (with server faults)
 def test_kill_anywhere_on_hdfs(hdfs_server, tmp_path):
     """Two trials of the kill-anywhere harness with checkpoints on HDFS (the default policy, auto)."""
     import json
