@@ -228,6 +228,7 @@ def test_s3_client_env_subprocess(s3_server, s3_fs):
     assert r.stdout == "env ok"
 
 
+@pytest.mark.long  # ~21 s; .ci/run's step 1c restarts the S3 server on its port and data in every fault trial
 def test_s3_restart_keeps_data_and_port(s3_server, s3_fs):
     key, port = f"{s3_server.bucket}/persist.bin", s3_server.port
     with s3_fs.open_output_stream(key) as f:
