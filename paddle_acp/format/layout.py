@@ -66,10 +66,6 @@ def range_dir(job_id: str, range_name: str) -> str:
     return f"{job_id}/range/{range_name}"
 
 
-def job_marker(job_id: str) -> str:
-    return f"{job_id}/{JOB_MARKER}"
-
-
 # -- one process's checkpoints: ckpt-N ----------------------------------------------
 def final_name(number: int) -> str:
     return f"ckpt-{number}"

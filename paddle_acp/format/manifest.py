@@ -381,10 +381,6 @@ class Manifest:
         """The function that checks this manifest's tensors (see :func:`checksum_function`)."""
         return checksum_function(self.version)
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(t.nbytes for p in self.programs for t in p.tensors)
-
     @classmethod
     def loads(cls, raw: bytes, data_file_size: Optional[int] = None) -> "Manifest":
         """Parse and validate a manifest; raises CorruptCheckpointError only.
