@@ -62,7 +62,6 @@ RANK_STATE_MODES = ("auto", "replicated", "per-rank")
 # PADDLE_ACP_REPLICATED_WRITERS: who writes the tensors of replicated state (format/engine/shares.py):
 # "all" (ranks 0..min(W, DEFAULT_SHARE_WRITERS)-1 each write a share), a number N >= 2 (ranks
 # 0..min(W, N)-1) or "one" (rank 0 writes every tensor; "1" means the same)
-REPLICATED_WRITERS = ("all", "one")
 DEFAULT_REPLICATED_WRITERS = "all"
 # the share writers "all" means at most: a restore reads every share, so each rank opens this many
 # data files at most, whatever the world size (issue 28 item 4: a restart's storage calls per rank
