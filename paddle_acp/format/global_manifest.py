@@ -32,7 +32,6 @@ GLOBAL_FORMAT = "paddle-acp/global-checkpoint"
 GLOBAL_VERSION = 4  # the newest this paddle-acp reads
 SINGLE_WRITER_VERSION = 3  # what it writes when rank 0 writes every replicated tensor (read by older builds)
 SPREAD_VERSION = 4  # what it writes when the ranks write shares of replicated tensors ("writers": "all")
-WRITERS = ("one", "all")
 MODES = ("replicated", "per-rank")
 MAX_PROGRAMS = 1024  # program keys one part may list
 MAX_GLOBAL_SIZE = 16 << 20  # bytes of global.json (a part record is ~200 bytes plus its program keys)
