@@ -76,9 +76,6 @@ class PendingCommit:
             raise self.error
         return bool(self.committed)
 
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
-
     def _finish(self, committed: Optional[bool], error: Optional[BaseException]) -> None:
         with self._lock:
             self.committed, self.error = committed, error
