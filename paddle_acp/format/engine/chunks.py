@@ -218,7 +218,7 @@ class RangedChunks(Chunks):
         self._files: List[InputFile] = []
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, readers), thread_name_prefix="paddle-acp-restore-read")
-        self._futs: Dict[int, "Future[None]"] = {}
+        self._futs: Dict[int, Future[None]] = {}
         total = image.nbytes
         for pos in range(0, total, size):
             self._futs[pos] = self._pool.submit(self._read, pos, min(size, total - pos))

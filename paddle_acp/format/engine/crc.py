@@ -58,7 +58,7 @@ def checksum(arr: np.ndarray, version: int = VERSION) -> int:
     return checksum_function(version)(arr.data.cast("B"), 0) if arr.nbytes else 0  # cast() rejects 0 in shape
 
 
-def drain(futs: Iterable["Future[Any]"]) -> None:
+def drain(futs: Iterable[Future[Any]]) -> None:
     """Cancel the futures not started yet and wait for the running ones."""
     for f in futs:
         if not f.cancel():

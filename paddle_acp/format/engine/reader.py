@@ -350,7 +350,7 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
                     dst[lo - spans[i][0]:hi - spans[i][0]] = buf[lo - start:hi - start]
             i += 1
 
-    futs: List["Future[None]"] = []
+    futs: List[Future[None]] = []
     checker = pool if pool is not None else crc_pool()
     pos, first, k = 0, 0, 0
     try:

@@ -77,7 +77,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
     stream = snap.stream
     # checksums on a second core while this thread writes (both release the GIL); a streamed
     # snapshot is checksummed chunk by chunk as it is written (its tensors change meanwhile)
-    crcs: List["Future[int]"] = [] if stream is not None else [crc_pool().submit(checksum, t.array) for t in tensors]
+    crcs: List[Future[int]] = [] if stream is not None else [crc_pool().submit(checksum, t.array) for t in tensors]
     path = f"{pending.path}/{DATA_NAME}"
 
     def crc_values() -> List[int]:
