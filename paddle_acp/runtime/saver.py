@@ -70,11 +70,8 @@ class SaveTicket:
 class SaveStats:
     saves: int = 0
     failures: int = 0
-    waits: int = 0
-    wait_seconds: float = 0.0
     skipped: int = 0
     queued: int = 0
-    last_error: Optional[BaseException] = None
 
 
 class Saver:
@@ -97,7 +94,6 @@ class Saver:
             # the ranks would go on from different checkpoints: not a failed save that the next one
             # retries, but the end of training, on the training thread (as an interrupt is)
             self.stats.failures += 1
-            self.stats.last_error = exc
             if not self.async_save or threading.current_thread() is threading.main_thread():
                 raise
             self._interrupt = exc
@@ -109,7 +105,6 @@ class Saver:
             # preemption saves) it propagates and stops the process; a background thread hands it
             # to wait(), which raises it on the training thread.
             self.stats.failures += 1
-            self.stats.last_error = exc
             logger.warning("checkpoint save interrupted by %s; its partial files were removed, the last "
                            "committed checkpoint is intact", type(exc).__name__)
             if not self.async_save or threading.current_thread() is threading.main_thread():
@@ -128,7 +123,6 @@ class Saver:
         errors, self._errors = self._errors, []
         for exc in errors:
             self.stats.failures += 1
-            self.stats.last_error = exc
             if isinstance(exc, FencedError):  # the fence said so once, at ERROR; this writer saves no more
                 logger.debug("checkpoint save refused: %s", exc)
                 continue
@@ -151,7 +145,6 @@ class Saver:
         RestartRequiredError is raised by the next :meth:`wait`, any other is reported there."""
         if isinstance(exc, RestartRequiredError) or not isinstance(exc, Exception):
             self.stats.failures += 1
-            self.stats.last_error = exc
             self._interrupt = exc
         else:
             self._errors.append(exc)
@@ -196,8 +189,6 @@ class Saver:
                 start = time.perf_counter()
                 t.join()
                 waited = time.perf_counter() - start
-                self.stats.waits += 1
-                self.stats.wait_seconds += waited
                 if for_previous:
                     logger.info("waited %.3f s for the previous checkpoint to be written", waited)
             else:
@@ -215,8 +206,6 @@ class Saver:
         start = time.perf_counter()
         t.join(max(0.0, timeout))
         waited = time.perf_counter() - start
-        self.stats.waits += 1
-        self.stats.wait_seconds += waited
         return not t.is_alive(), waited
 
     def submit(self, ticket: SaveTicket) -> None:
