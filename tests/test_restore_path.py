@@ -195,6 +195,45 @@ def test_restore_checksums_run_at_normal_priority(tmp_path):
     assert all(os.getpriority(os.PRIO_PROCESS, t.native_id) == me for t in threads)
 
 
+def test_restore_checksums_run_on_two_threads_in_parallel(tmp_path, monkeypatch):
+    """A warm restore's time was mostly its checksums on one thread (issue 44): the verification's chunks
+    are checksummed on two threads at once, and a tensor across chunks still verifies (and a flipped
+    byte in it is still found)."""
+    import threading
+    import time
+
+    import paddle_acp.format.manifest as manifest
+
+    real = manifest._CHECKSUM_FUNCTIONS["crc32c"]
+    running, peak, lock = set(), [0], threading.Lock()
+
+    def timed(buf, value):  # the real checksum, held a moment so that overlapping calls show
+        me = threading.get_ident()
+        with lock:
+            running.add(me)
+            peak[0] = max(peak[0], len(running))
+        time.sleep(0.005)
+        try:
+            return real(buf, value)
+        finally:
+            with lock:
+                running.discard(me)
+
+    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
+    arrays = {f"t{i}": np.arange(i, i + 30000, dtype=np.float32) for i in range(4)}
+    ck.save(snapshot(0, arrays))
+    monkeypatch.setitem(manifest._CHECKSUM_FUNCTIONS, "crc32c", timed)
+    monkeypatch.setattr(ckmod, "_VERIFY_CHUNK", 4096 * 3)  # every tensor spans chunks
+    loaded = ck.load(0)
+    assert peak[0] == 2
+    for name, a in arrays.items():
+        assert loaded.arrays[("k", name)].tobytes() == a.tobytes()
+    loaded.close()
+    flip_byte(ck.storage, data_path(0), 4096 * 3 + 5)
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+        ck.load(0)
+
+
 def test_truncated_file_or_manifest_past_the_end_is_refused_on_every_backend(backend_storage):
     """A data file shorter than its manifest says, or a manifest whose tensor lies past the end of the
     file: refused before anything is handed out, with and without a buffer to land in; the buffer is

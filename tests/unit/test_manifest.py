@@ -180,6 +180,22 @@ def test_checksums_chain_across_any_split(data, draw, version):
         assert value == zlib.crc32(data)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3000), st.data(), st.sampled_from(sorted(TENSOR_CHECKSUMS)))
+def test_checksums_of_pieces_from_zero_combine_to_the_whole(data, draw, version):
+    """A restore checksums a tensor's chunks on two threads, each piece from 0, and joins them in order
+    (format/engine/crc.combine): any split, any algorithm of the format, gives the whole tensor's value."""
+    from paddle_acp.format.engine.crc import combine
+
+    fn = checksum_function(version)
+    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=5)))
+    value, prev = 0, 0
+    for c in cuts + [len(data)]:
+        value = combine(TENSOR_CHECKSUMS[version], value, fn(data[prev:c], 0), c - prev)
+        prev = c
+    assert value == fn(data, 0)
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [

@@ -1,15 +1,19 @@
-"""Checksums on a second core: the CRC threads shared by the writer and the reader.
+"""Checksums on other cores: the CRC threads shared by the writer and the reader.
 
-Two threads: the background one (:func:`crc_pool`, at a lower CPU priority) for work that overlaps
-training (a save's checksums, ``paddle-acp verify``), and the restore's (:func:`restore_crc_pool`, at
-normal priority) for checksums that training waits for: at a lower priority it was the first to touch
-each freshly read page and a busy core starved it, so a restore waited for it (issue 44)."""
+The background thread (:func:`crc_pool`, at a lower CPU priority) for work that overlaps training (a
+save's checksums, ``paddle-acp verify``), and the restore's two (:func:`restore_crc_pool`, at normal
+priority) for checksums that training waits for: at a lower priority it was the first to touch each
+freshly read page and a busy core starved it, so a restore waited for it; on one thread the checksums
+were most of a warm restore (issue 44). Two threads checksum chunks of one tensor apart, each from 0:
+:func:`combine` joins their values (zlib's ``crc32_combine``, for either checksum of the format)."""
 
 from __future__ import annotations
 
+import functools
 import signal
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import numpy as np
 
@@ -28,17 +32,20 @@ def crc_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+RESTORE_CRC_THREADS = 2
+
+
 def restore_crc_pool() -> ThreadPoolExecutor:
-    """The restore's CRC worker thread (started on first use, at normal priority): training waits for it."""
+    """The restore's CRC worker threads (started on first use, at normal priority): training waits for them."""
     global _restore_pool
     if _restore_pool is None:
-        _restore_pool = _start("paddle-acp-crc-restore", None)
+        _restore_pool = _start("paddle-acp-crc-restore", None, RESTORE_CRC_THREADS)
     return _restore_pool
 
 
-def _start(name: str, initializer: Optional[Callable[[], None]]) -> ThreadPoolExecutor:
-    """A one-thread pool whose worker is started now (``initializer``: run in it first)."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
+def _start(name: str, initializer: Optional[Callable[[], None]], workers: int = 1) -> ThreadPoolExecutor:
+    """A pool whose ``workers`` threads are all started now (``initializer``: run in each first)."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=initializer)
     # Start its worker now, with Ctrl-C and SIGTERM held back: a KeyboardInterrupt raised inside
     # the pool's Thread.start() leaves a worker the pool does not know, and the interpreter then
     # waits for it forever at exit. A held-back signal is delivered right after (the worker
@@ -46,7 +53,9 @@ def _start(name: str, initializer: Optional[Callable[[], None]]) -> ThreadPoolEx
     held = {signal.SIGINT, signal.SIGTERM}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
     try:
-        pool.submit(int).result()
+        started = threading.Barrier(workers)  # each task holds its worker until all are up: one thread each
+        for f in [pool.submit(started.wait) for _ in range(workers)]:
+            f.result()
     finally:
         if old is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -63,3 +72,51 @@ def drain(futs: Iterable[Future[Any]]) -> None:
     for f in futs:
         if not f.cancel():
             f.exception()
+
+
+# -- joining the checksums of consecutive pieces ------------------------------------------------
+_POLYS: Dict[str, int] = {"crc32": 0xEDB88320, "crc32c": 0x82F63B78}  # TENSOR_CHECKSUMS' names: reflected polynomials
+
+
+def _multmodp(a: int, b: int, poly: int) -> int:
+    """a * b modulo the polynomial (reflected bit order, as zlib's ``multmodp``)."""
+    m, p = 1 << 31, 0
+    while m:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                break
+        m >>= 1
+        b = (b >> 1) ^ poly if b & 1 else b >> 1
+    return p
+
+
+@functools.lru_cache(maxsize=None)
+def _x2n_table(poly: int) -> List[int]:
+    """x^(2^n) modulo the polynomial, n = 0..31."""
+    table, p = [], 1 << 30  # x^1
+    for _ in range(32):
+        table.append(p)
+        p = _multmodp(p, p, poly)
+    return table
+
+
+@functools.lru_cache(maxsize=1024)
+def _shift(poly: int, nbytes: int) -> int:
+    """x^(8 * nbytes) modulo the polynomial: appending ``nbytes`` zero bytes (zlib's ``x2nmodp(n, 3)``)."""
+    table, p, k = _x2n_table(poly), 1 << 31, 3
+    while nbytes:
+        if nbytes & 1:
+            p = _multmodp(table[k & 31], p, poly)
+        nbytes >>= 1
+        k += 1
+    return p
+
+
+def combine(algorithm: str, crc1: int, crc2: int, len2: int) -> int:
+    """The checksum (``algorithm``: ``"crc32"`` or ``"crc32c"``, a manifest's ``checksum_name``) of A followed by B,
+    from ``crc1`` (A's), ``crc2`` (B's, computed from 0) and ``len2`` (B's length)."""
+    if crc1 == 0 or len2 == 0:  # the empty A (or B): nothing to shift
+        return crc2 if len2 else crc1
+    poly = _POLYS[algorithm]
+    return _multmodp(_shift(poly, len2), crc1, poly) ^ crc2

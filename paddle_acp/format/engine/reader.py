@@ -18,7 +18,7 @@ every tensor's checksum before they return anything:
 
 All three stream the data file once, in order, through one loop
 (:func:`_verify_stream`): this thread reads (or waits for the kernel to read)
-a chunk while the CRC thread checksums the previous ones.
+a chunk while the CRC threads checksum the previous ones (a restore's two in parallel).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.engine.chunks import Chunks, PreadChunks, RangedChunks, RemoteChunks, WindowChunks, local_chunks
 from paddle_acp.format.engine.chunks import map_file as _map_file
 from paddle_acp.format.engine.chunks import populate as _populate  # noqa: F401  (tests call it here)
-from paddle_acp.format.engine.crc import crc_pool, drain, restore_crc_pool
+from paddle_acp.format.engine.crc import combine, crc_pool, drain, restore_crc_pool
 from paddle_acp.format.engine.loaded import FileSource, Key, Landing, Lent, LoadedCheckpoint, MemorySource
 from paddle_acp.format.engine.spool import open_spool, spool_writer
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
-from paddle_acp.format.manifest import Manifest, TensorRecord, max_manifest_size
+from paddle_acp.format.manifest import TENSOR_CHECKSUMS, Manifest, TensorRecord, max_manifest_size
 from paddle_acp.storage.base import InputFile, Storage
 
 __all__ = [
@@ -55,6 +55,7 @@ _VERIFY_CHUNK = 8 << 20
 
 Record = Tuple[int, str, TensorRecord]  # (offset, program key, tensor), sorted by offset
 Progress = Callable[[int, int], None]  # (bytes just read, bytes of the whole data file)
+Pieces = List[Tuple[int, int, int]]  # a chunk's pieces of tensors: (record index, checksum from 0, length)
 
 
 # -- the manifest and the data file's size -----------------------------------------------
@@ -327,32 +328,44 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
     """Read the data file once, in order, and check every tensor's checksum (CorruptCheckpointError).
 
     This thread gets each chunk (and hands it to ``sink(chunk, offset)``, the spool of a
-    restore over the memory budget); the CRC thread checksums it, tensor by tensor (a
-    tensor may span chunks: its running value carries over), and copies the bytes of the
-    tensors in ``keep`` (record index -> array) into them. ``pool``: the CRC thread (the
-    background one, at a lower priority, unless given: a restore's runs at normal priority)."""
+    restore over the memory budget); a CRC thread checksums it, tensor by tensor, each piece
+    from 0, and copies the bytes of the tensors in ``keep`` (record index -> array) into them;
+    this thread joins the pieces of a tensor that spans chunks, in order (:func:`combine`).
+    ``pool``: the CRC threads (the background one, at a lower priority, unless given: a
+    restore's two run at normal priority, on chunks in parallel)."""
     size = m.data_size
-    fn = m.checksum
+    fn, algorithm = m.checksum, TENSOR_CHECKSUMS[m.version]
     crcs = [0] * len(records)
     spans = [(off, off + t.nbytes) for off, _key, t in records]
     kept = {i: arr.reshape(-1).view(np.uint8) for i, arr in (keep or {}).items()}
 
-    def crc_chunk(held: List[np.ndarray], start: int, n: int, first: int) -> None:
+    def crc_chunk(held: List[np.ndarray], start: int, n: int, first: int) -> Pieces:
         buf = held.pop()  # no reference to the chunk outlives this call (a window is unmapped after it)
         end = start + n
-        i = first
+        i, pieces = first, []
         while i < len(spans) and spans[i][0] < end:
             lo, hi = max(spans[i][0], start), min(spans[i][1], end)
             if hi > lo:
-                crcs[i] = fn(buf[lo - start:hi - start], crcs[i])
+                pieces.append((i, fn(buf[lo - start:hi - start], 0), hi - lo))
                 dst = kept.get(i)
                 if dst is not None:
                     dst[lo - spans[i][0]:hi - spans[i][0]] = buf[lo - start:hi - start]
             i += 1
+        return pieces
 
-    futs: List[Future[None]] = []
+    futs: List["Future[Pieces]"] = []
     checker = pool if pool is not None else crc_pool()
-    pos, first, k = 0, 0, 0
+    pos, first, k, joined = 0, 0, 0, 0
+
+    def join(upto: int, wait: bool) -> int:
+        """Join the pieces of chunks ``joined``.. in order (up to ``upto``, or the first not done unless ``wait``)."""
+        j = joined
+        while j < upto and (wait or futs[j].done()):
+            for i, crc, n in futs[j].result():
+                crcs[i] = combine(algorithm, crcs[i], crc, n)
+            j += 1
+        return j
+
     try:
         while pos < size:
             n = min(chunks.size, size - pos)
@@ -360,7 +373,7 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
             if chunks.depth is not None:
                 slot = k % chunks.depth
                 if k >= chunks.depth:
-                    futs[k - chunks.depth].result()  # that buffer's previous chunk is checksummed
+                    joined = join(k - chunks.depth + 1, True)  # that buffer's previous chunk is checksummed
             buf = chunks.get(pos, n, slot)
             if sink is not None:
                 sink(buf, pos)
@@ -371,11 +384,11 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
                 progress(n, size)
             pos += n
             k += 1
+            joined = join(k, False)
+        joined = join(k, True)
     except BaseException:
         drain(futs)  # no checksum may touch a mapping or a buffer after this returns
         raise
-    for f in futs:
-        f.result()
     for (_off, key, t), crc in zip(records, crcs):
         if crc != t.checksum:
             raise CorruptCheckpointError(f"{data_path}: checksum mismatch in tensor {t.name!r} of program {key}")
