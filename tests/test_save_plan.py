@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
-from paddle_acp.format.save_plan import MAX_ENTRIES, SavePlan, read_plan, write_plan
-from paddle_acp.runtime.agree import MAX_STRIDE, OFFSET, SCHEDULE, Agreement, Planner, agreed_action, initial_plan
-from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
+from paddle_acp.format.save_plan import MAX_ENTRIES, MAX_PLAN_SIZE, PLAN_NAME, SavePlan
+from paddle_acp.runtime.agree import MAX_STRIDE, OFFSET, SCHEDULE, Agreement, Planner, initial_plan
+from paddle_acp.runtime.coord.files import StorageCoordinator
 from paddle_acp.storage import open_storage
 
 increasing = st.lists(st.integers(0, 10**9), max_size=MAX_ENTRIES, unique=True).map(sorted)
@@ -36,6 +36,17 @@ plans = st.builds(
     .map(lambda t: tuple(zip(t[0], t[1]))),
     requests=increasing.map(tuple),
 )
+
+
+def read_plan(storage, range_dir):
+    """The plan the storage-only coordinator posted (what the other ranks read), or None."""
+    raw = StorageCoordinator(storage, range_dir).latest(PLAN_NAME, MAX_PLAN_SIZE)
+    return None if raw is None else SavePlan.loads(raw)
+
+
+def write_plan(storage, range_dir, plan):
+    """Post ``plan`` as rank 0 does on the storage-only path."""
+    StorageCoordinator(storage, range_dir).post(PLAN_NAME, plan.dumps())
 
 
 @settings(max_examples=200, deadline=None)
@@ -79,14 +90,6 @@ def test_taken_follows_strides_and_requests():
     assert [i for i in range(16) if p.taken("due", i)] == [0, 1, 2, 3, 4, 7, 10, 12, 14]
     p = p.with_request(5)
     assert [i for i in range(8) if p.taken("interval", i)] == [5]
-
-
-def test_agreed_action():
-    assert agreed_action(False, True, WAIT, True, True) == SKIP
-    assert agreed_action(True, False, "skip", True, True) == SAVE
-    assert agreed_action(True, True, "skip", True, True) == WAIT
-    assert agreed_action(True, True, QUEUE, True, True) == QUEUE
-    assert agreed_action(True, True, QUEUE, True, False) == WAIT
 
 
 # -- a model of two ranks ----------------------------------------------------------------

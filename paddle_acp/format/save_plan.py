@@ -25,7 +25,6 @@ from typing import Any, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.manifest import MAX_INT, _doc_checksum, _get, check_newer_version, check_text, parse_json, seal
-from paddle_acp.storage.base import Storage
 
 PLAN_NAME = "plan.json"
 PLAN_FORMAT = "paddle-acp/save-plan"
@@ -126,22 +125,3 @@ def _index(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_INT:
         raise _fail(f"{where} must be an integer in [0, {MAX_INT})")
     return v
-
-
-def plan_path(range_dir: str) -> str:
-    return f"{range_dir}/{PLAN_NAME}"
-
-
-def read_plan(storage: Storage, range_dir: str) -> Optional[SavePlan]:
-    """The plan on storage, or None where there is none. CorruptCheckpointError (also a torn
-    read while rank 0 rewrites it), StorageError."""
-    try:
-        raw = storage.read_bytes(plan_path(range_dir), limit=MAX_PLAN_SIZE)
-    except FileNotFoundError:
-        return None
-    return SavePlan.loads(raw)
-
-
-def write_plan(storage: Storage, range_dir: str, plan: SavePlan) -> None:
-    """Rank 0: replace the plan (one small write; a reader that meets it half-written reads again)."""
-    storage.write_bytes(plan_path(range_dir), plan.dumps())
