@@ -193,3 +193,84 @@ def test_a_file_deleted_under_its_reader_reads_as_missing_only_while_its_directo
     hooked, _ = _deleting_after_open(st, "b/global.json", lambda: st.delete_dir("b"))
     with pytest.raises(StorageError, match="reading .*b/global.json failed"):
         hooked.read_bytes("b/global.json")
+
+
+class _CountedFile:
+    """A data file opened through the storage, its bytes read counted per path (pass-through)."""
+
+    def __init__(self, f, got, path):
+        self._f, self._got, self._path = f, got, path
+
+    def read(self, nbytes=None):
+        b = self._f.read() if nbytes is None else self._f.read(nbytes)
+        self._got[self._path] += len(b)
+        return b
+
+    def readinto(self, buf):
+        n = self._f.readinto(buf)
+        self._got[self._path] += n
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def reads_counted(storage):
+    """A copy of ``storage`` whose files opened for reading count their bytes read per path (a Counter);
+    a local disk's files are read through the storage too (no OS path), as a remote store's are."""
+    import collections
+
+    base = type(storage)
+    got = collections.Counter()
+
+    class Counted(base):
+        def open_input(self, path):
+            return _CountedFile(base.open_input(self, path), got, path)
+
+        def local_path(self, path):
+            return None
+
+    st = copy.copy(storage)
+    st.__class__ = Counted
+    return st, got
+
+
+@pytest.mark.parametrize("layout", ["per-rank", "replicated", "spread"])
+@pytest.mark.parametrize("landed", [False, True])
+def test_each_rank_reads_only_the_data_it_restores_and_each_byte_once(tmp_path, layout, landed):
+    """Issue 44 item 4: a rank's restore reads its own part (per-rank state), rank 0's part (replicated state
+    written by one rank) or every share once (spread writes), each data file once and whole, and no other
+    rank's data; with a snapshot buffer to land in (ranged reads in parallel) or without (a spool)."""
+    from test_restore_path import Lender
+    from test_shares import save_all as save_spread
+
+    world = 4
+    if layout == "spread":
+        save_spread(tmp_path, world, 1)
+    else:
+        st = open_storage(str(tmp_path))
+        for e in (0, 1):
+            save_all(st, world, e, layout)
+    mode = "per-rank" if layout == "per-rank" else "replicated"
+    for rank in range(world):
+        st, got = reads_counted(open_storage(str(tmp_path)))
+        ck = Checkpointer(st, JOB, RANGE, 3)
+        g = GlobalCheckpointer(st, JOB, RANGE, rank, world, 3, 5.0)
+        ck.landing = g.landing = Lender() if landed else None
+        loaded = load_newest(ck, g, mode)
+        assert loaded is not None and loaded.name == "ckpt-e1"
+        arrays = {k: a.copy() for k, a in loaded.arrays.items()}
+        loaded.close()
+        assert arrays
+        holders = {"per-rank": [rank], "replicated": [0], "spread": list(range(world))}[layout]
+        want = {f"{RDIR}/ckpt-e1/rank-{k}/tensors.bin" for k in holders}
+        data = {p: n for p, n in got.items() if p.endswith("/tensors.bin")}
+        assert set(data) == want, (rank, got)
+        for p, n in data.items():
+            assert n == (tmp_path / p).stat().st_size, (rank, p, n)  # every byte once
