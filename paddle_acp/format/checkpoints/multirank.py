@@ -112,6 +112,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self._cleared_after: Optional[Tuple[int, int]] = None
         self._not_cleared: Set[str] = set()
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
+        self.own_manifests: Dict[str, bytes] = {}  # position -> this rank's part's manifest bytes, as written
 
     @property
     def memory_budget(self) -> Optional[int]:
@@ -191,7 +192,7 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             raise
         if nbytes is None:
             return SaveResult(name, 0, True)
-        self._arrive(name)
+        self._arrive(name, self.own_manifests.get(name))  # with the store: its manifest travels with its arrival
         if self.rank != 0:
             return SaveResult(name, nbytes, None)
         timeout = self.part_timeout if part_wait is None else min(part_wait, self.part_timeout)
@@ -249,6 +250,9 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
             raise
         if copy is not None:  # the part is committed on the remote; restore uses the copy
             copy.commit(name, written.manifest)  # only once the global manifest names these bytes
+        for old in list(self.own_manifests)[:-3]:  # (the newest few: a commit reads its own position's)
+            del self.own_manifests[old]
+        self.own_manifests[name] = written.manifest
         return written.data_size
 
     def declare_absent(self, name: str, reason: str) -> Optional[str]:

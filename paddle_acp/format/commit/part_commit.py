@@ -7,7 +7,13 @@ global checkpoint. The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a missing 
 abandons the checkpoint. Where the ranks share a store (``arrivals``: each rank counts its part in once it
 is in place, :mod:`paddle_acp.runtime.coord`), rank 0 lists the position once every rank counted in (and
 at most every LATER_PARTS_EVERY seconds before that, for absences and ranks that moved on), not at every
-poll round; the count is a hint only: what commits is still decided from storage. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
+poll round; the count is a hint only: what commits is still decided from storage. With the store, a rank's part
+travels with its arrival (its manifest's bytes, the rank's note) and each rank posts its generation once per open
+(``g/{rank}/{generation}``): once every rank counted in, rank 0 takes the manifests from the store (a part counts
+only when the position's listing shows it in place and its note is of this position and incarnation) and judges
+each part's generation from the store (its own generation posted there and no newer one), reading a part or
+looking a generation up on storage only where the store cannot vouch: per checkpoint no manifest read and no
+fence look-up per rank. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.commit import absence, verdict
@@ -32,6 +38,7 @@ from paddle_acp.format.layout import (
     parse_name,
     parse_part,
     position_key,
+    position_number,
 )
 from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, Manifest
 from paddle_acp.storage.base import Storage
@@ -57,12 +64,31 @@ def _unchanged(seen: Dict[Any, Any], key: Any, e: Any) -> bool:
     return _token(e) is not None and seen.get(key, _UNSEEN) == _token(e)
 
 
+MAX_NOTE = 1 << 20  # bytes: a part's manifest travels through the store up to this size (a larger one: read from storage)
+
+
+def generation_key(rank: int, generation: int) -> str:
+    """The store's count of the processes of ``rank`` that hold ``generation`` (each posts its own once)."""
+    return f"g/{rank}/{generation}"
+
+
+def part_generation(m: Manifest) -> Optional[int]:
+    """The writer generation a part's manifest records (-1: written without a fence; None: not recorded)."""
+    part = m.extra.get("part") if isinstance(m.extra, dict) else None
+    gen = part.get("generation", -1) if isinstance(part, dict) else None
+    return None if isinstance(gen, bool) or not isinstance(gen, int) else gen
+
+
 class Arrivals(Protocol):
     """The ranks' count of parts in place (the job's store), or None from ``arrivals`` where only storage can tell."""
 
-    def arrive(self, key: str) -> None: ...
+    def arrive(self, key: str, note: Optional[bytes] = None, rank: int = 0) -> None: ...
 
     def arrivals(self, key: str) -> Optional[int]: ...
+
+    def counts(self, keys: Sequence[str]) -> Optional[List[int]]: ...
+
+    def notes(self, ranks: Sequence[int], limit: int) -> Optional[List[Optional[bytes]]]: ...
 
 
 class PartCommitMixin:
@@ -81,20 +107,61 @@ class PartCommitMixin:
     _generations: Dict[int, int]  # rank -> its newest generation when last listed (newest never decreases)
     _range_listing: Optional[List[Any]] = None  # the range as the last commit's look for later parts listed it
     arrivals: Optional[Arrivals] = None  # the ranks' count of parts in place (None: storage alone tells)
+    rank: int
+    own_manifests: Dict[str, bytes]  # position -> this rank's part's manifest bytes, as written (the newest few)
+    _generation_posted: bool = False  # this rank's generation is in the store (posted with its first arrival)
 
     def arrival_key(self, name: str) -> str:
         """The key under which every rank counts its part of position ``name`` of this incarnation."""
         return f"{self.base}/{name}"
 
-    def _arrive(self, name: str) -> None:
+    def _arrive(self, name: str, note: Optional[bytes] = None) -> None:
         """Count this rank's part (or absence) at ``name`` in, where the ranks share a store (best effort:
-        rank 0 lists storage at least every LATER_PARTS_EVERY seconds anyway)."""
+        rank 0 lists storage at least every LATER_PARTS_EVERY seconds anyway). ``note``: the part's manifest
+        bytes, which rank 0 then reads from the store; the first arrival also posts this rank's generation."""
         if self.arrivals is None:
             return
         try:
-            self.arrivals.arrive(self.arrival_key(name))
+            if not self._generation_posted and self.fence is not None:
+                self.arrivals.arrive(generation_key(self.fence.rank, self.fence.generation))
+                self._generation_posted = True
+            self.arrivals.arrive(self.arrival_key(name), note if note is not None and len(note) <= MAX_NOTE else None,
+                                 self.rank)
         except AcpError as exc:
             logger.debug("range %s: could not count a part of %s in: %s", self.range_name, name, exc)
+
+    def _own_part(self, name: str) -> Optional[Tuple[bytes, Manifest]]:
+        """This rank's part of ``name`` as it wrote it (its manifest's bytes, kept from the write), when it
+        is of this incarnation: its commit reads it from no storage."""
+        raw = self.own_manifests.get(name)
+        m = self._part_manifest(raw, self.rank, name) if raw is not None else None
+        return None if raw is None or m is None else (raw, m)
+
+    def _from_store(self, name: str) -> Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int]]:
+        """Rank 0, once every rank counted in: the parts of ``name`` whose manifests the store holds (each
+        rank's newest note, when it is of this position and incarnation) and the generations the store vouches
+        for (rank -> the generation its writer posted, when no newer one of that rank was posted). Two round
+        trips; empty where the store cannot tell (a rank that moved on since: its part is read from storage)."""
+        pos = parse_name(name)
+        if self.arrivals is None or pos is None:
+            return {}, {}
+        ranks = [k for k in range(self.world_size) if self.fence is None or k != self.fence.rank]
+        parts: Dict[int, Tuple[bytes, Manifest]] = {}
+        try:
+            raws = self.arrivals.notes(ranks, MAX_NOTE)
+            for k, raw in zip(ranks, raws or []):
+                m = self._part_manifest(raw, k, name) if raw is not None else None
+                if raw is not None and m is not None and m.number == position_number(*pos):
+                    parts[k] = (raw, m)
+            gens = [(k, g) for k, (_, m) in parts.items() if (g := part_generation(m)) is not None and g >= 0]
+            keys = [key for k, g in gens for key in (generation_key(k, g), generation_key(k, g + 1))]
+            counts = self.arrivals.counts(keys) if keys else []
+        except AcpError as exc:
+            logger.debug("range %s: reading the parts of %s from the store: %s; storage alone tells", self.range_name, name, exc)
+            return {}, {}
+        if counts is None:
+            return parts, {}
+        return parts, {k: g for i, (k, g) in enumerate(gens) if counts[2 * i] > 0 and counts[2 * i + 1] == 0}
 
     def _all_arrived(self, name: str) -> Optional[bool]:
         """Whether every rank counted its part of ``name`` in (None: unknown; a store that failed says so once)."""
@@ -127,6 +194,11 @@ class PartCommitMixin:
             raw = self.storage.read_bytes(path, limit=MAX_MANIFEST_SIZE)
         except FileNotFoundError:
             return None
+        m = self._part_manifest(raw, rank, name)
+        return None if m is None else (raw, m)
+
+    def _part_manifest(self, raw: bytes, rank: int, name: str) -> Optional[Manifest]:
+        """Part ``rank``'s manifest read from ``raw``, when it is valid and of this incarnation."""
         try:
             m = Manifest.loads(raw)
         except CorruptCheckpointError as exc:
@@ -137,16 +209,17 @@ class PartCommitMixin:
         part = m.extra.get("part") if isinstance(m.extra, dict) else None
         if not isinstance(part, dict) or part.get("rank") != rank or part.get("base") != self.base:
             return None  # a leftover of an earlier incarnation: that rank replaces it
-        return raw, m
+        return m
 
-    def _superseded(self, name: str, rank: int, m: Manifest, gens: Optional[Dict[int, int]] = None) -> bool:
+    def _superseded(self, name: str, rank: int, m: Manifest, gens: Optional[Dict[int, int]] = None,
+                    vouched: Optional[Dict[int, int]] = None) -> bool:
         """The part's writer is not the newest incarnation of its rank (one listing of that rank's
         generation records): a part written by a superseded process never enters a global checkpoint.
-        FencedError when this rank 0 itself is superseded."""
-        part = m.extra.get("part") if isinstance(m.extra, dict) else None
-        gen = part.get("generation", -1) if isinstance(part, dict) else None  # -1: written without a fence
-        if isinstance(gen, bool) or not isinstance(gen, int):
-            gen = None
+        FencedError when this rank 0 itself is superseded. ``vouched``: rank -> the generation the job's
+        store holds as that rank's newest (:meth:`_from_store`): no look-up on storage for it."""
+        gen = part_generation(m)
+        if vouched is not None and gen is not None and vouched.get(rank) == gen:
+            return False  # its writer posted this generation to the job's store, and no newer process of its rank did
         if self.fence is not None and rank == self.fence.rank and gen is not None and gen <= self.fence.generation:
             # this rank 0's own rank: no look-up. Its own generation's part is the newest's for as long as
             # this writer is not fenced, which the check right before global.json's rename decides
@@ -234,6 +307,10 @@ class PartCommitMixin:
         seen: Dict[Any, Any] = {}  # rank -> the listing entry its part (or absence) was last read at
         gens: Dict[int, int] = {}  # rank -> its newest generation (looked up once)
         judged: Dict[int, Tuple[bytes, bool]] = {}  # the generation check, once per part (not per poll)
+        # the store's manifests and vouched generations (:meth:`_from_store`, once every rank counted in);
+        # this rank's own part: the manifest it just wrote (no read)
+        stored: Optional[Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int]]] = None
+        own = self._own_part(name)
         self.check_base()  # never commit on a base a rank rejected (the ranks went apart)
         delay = self.poll_interval
         later_at = 0.0  # when to look for ranks at a later position next (monotonic time)
@@ -251,6 +328,12 @@ class PartCommitMixin:
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
             listing = st.listdir(ckdir)
             dirs = {parse_part(e.name): e for e in listing if e.is_dir}
+            if stored is None and self.arrivals is not None and self._all_arrived(name):
+                stored = self._from_store(name)
+            noted, vouched = stored if stored is not None else ({}, {})
+            # with a store, parts are read once every rank counted in (from the store), and from storage only at
+            # the rounds that look for ranks gone quiet (every LATER_PARTS_EVERY s: a rank that died after its part)
+            read_now = self.arrivals is None or stored is not None or (later_at and time.monotonic() >= later_at)
             for f in listing:
                 k = parse_absent_mark(f.name) if not f.is_dir else None
                 if k is None or k >= self.world_size or k in parts or _unchanged(seen, ("absent", k), f):
@@ -263,14 +346,14 @@ class PartCommitMixin:
                     return self._gave_up(ticket, t0)
             for k in range(self.world_size):
                 e = dirs.get(k)
-                if k in parts or e is None or _unchanged(seen, k, e):
+                if k in parts or e is None or _unchanged(seen, k, e) or not (read_now or k == self.rank):
                     continue
                 seen[k] = _token(e)
-                got = self._read_part(name, k)
+                got = noted.pop(k, None) or (own if k == self.rank else None) or self._read_part(name, k)
                 if got is None:
                     continue
                 if judged.get(k, (None,))[0] != got[0]:
-                    judged[k] = (got[0], self._superseded(name, k, got[1], gens))
+                    judged[k] = (got[0], self._superseded(name, k, got[1], gens, vouched))
                 if not judged[k][1]:
                     parts[k] = got
             missing = [k for k in range(self.world_size) if k not in parts]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Sequence
 
 from paddle_acp.errors import CheckpointError
 
@@ -24,11 +24,21 @@ class Coordinator:
         """The newest decision posted under ``key`` (at most ``limit`` bytes), or None when none was."""
         raise NotImplementedError
 
-    def arrive(self, key: str) -> None:
-        """This rank reached ``key`` (counted once per call)."""
+    def arrive(self, key: str, note: Optional[bytes] = None, rank: int = 0) -> None:
+        """Rank ``rank`` reached ``key`` (counted once per call); ``note``: a small record of that rank's, which
+        rank 0 reads with :meth:`notes` (its newest note replaces the one before; with the count, one round trip)."""
 
     def arrivals(self, key: str) -> Optional[int]:
         """How many ranks reached ``key``, or None when only storage can tell."""
+        return None
+
+    def counts(self, keys: Sequence[str]) -> Optional[List[int]]:
+        """How many ranks reached each of ``keys`` (one round trip), or None when only storage can tell."""
+        return None
+
+    def notes(self, ranks: Sequence[int], limit: int) -> Optional[List[Optional[bytes]]]:
+        """The newest note of each of ``ranks`` (None for a rank that left none or one over ``limit`` bytes; one
+        round trip), or None when only storage can tell."""
         return None
 
     def check(self) -> None:

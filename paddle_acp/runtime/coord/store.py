@@ -11,7 +11,8 @@ out) ends the link for good, said once at ERROR; after that every call raises
 
 Keys (under ``paddle_acp/{job}/{range}/``, beside whatever the job keeps in its own store): a decision is
 ``d/{key}`` with its counter ``d/{key}#n`` (a reader gets the value only once the counter says it is there:
-a ``get`` of a missing key would block), an arrival counter ``a/{key}``, and ``alive``, the key of the
+a ``get`` of a missing key would block), an arrival counter ``a/{key}``, a rank's newest note ``n/{rank}`` (its
+counter ``n/{rank}#n``: the manifest of its newest part, rank 0's commit reads it instead of storage), and ``alive``, the key of the
 liveness probe each rank other than 0 sends at its due points (at most every :data:`PROBE_EVERY` s) without
 waiting for it (:meth:`StoreLink.probe`).
 """
@@ -23,7 +24,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.adapter.store import KEY_PREFIX, KeyValueStore, StoreEndpoint, open_store
 from paddle_acp.errors import CorruptCheckpointError
@@ -200,14 +201,33 @@ class StoreCoordinator(Coordinator):
             raise CorruptCheckpointError(f"the job's store holds {len(raw)} bytes under {key}, more than {limit}")
         return raw
 
-    def arrive(self, key: str) -> None:
-        k = f"{self.prefix}a/{key}"
-        self.link.call(f"to count {key}", lambda s: s.add(k, 1))
+    def arrive(self, key: str, note: Optional[bytes] = None, rank: int = 0) -> None:
+        k, n = f"{self.prefix}a/{key}", f"{self.prefix}n/{rank}"
+
+        def arrive(s: KeyValueStore) -> None:
+            if note is not None:  # before the count: rank 0 reads the notes of those counted in
+                s.set(n, note)
+                s.add(f"{n}#n", 1)
+            s.add(k, 1)
+        self.link.call(f"to count {key}", arrive)
 
     def arrivals(self, key: str) -> Optional[int]:
         k = f"{self.prefix}a/{key}"
         n: int = self.link.call(f"to count {key}", lambda s: s.add(k, 0))
         return n
+
+    def counts(self, keys: Sequence[str]) -> Optional[List[int]]:
+        ks = [f"{self.prefix}a/{key}" for key in keys]
+        got: List[int] = self.link.call(f"to count {len(ks)} keys", lambda s: [s.add(k, 0) for k in ks])
+        return got
+
+    def notes(self, ranks: Sequence[int], limit: int) -> Optional[List[Optional[bytes]]]:
+        ns = [f"{self.prefix}n/{r}" for r in ranks]
+
+        def read(s: KeyValueStore) -> List[Optional[bytes]]:
+            return [bytes(s.get(n)) if s.add(f"{n}#n", 0) > 0 else None for n in ns]
+        got: List[Optional[bytes]] = self.link.call(f"to read {len(ns)} notes", read)
+        return [None if v is None or len(v) > limit else v for v in got]
 
     def close(self) -> None:
         self.link.settle()
