@@ -70,8 +70,7 @@ class InputFile(Protocol):
 
     def read(self, nbytes: Optional[int] = None) -> bytes: ...
     def readinto(self, buf: Any) -> int: ...
-    def read_at(self, nbytes: int, offset: int) -> bytes: ...
-    def seek(self, position: int, whence: int = 0) -> int: ...
+    def seek(self, position: int) -> int: ...
     def size(self) -> int: ...
     def close(self) -> None: ...
     def __enter__(self) -> Any: ...
@@ -141,11 +140,6 @@ class Storage(abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
 
-    @property
-    def atomic_rename(self) -> bool:
-        """True where the commit is a directory rename (``commit_style == "rename"``)."""
-        return self.commit_style == RENAME
-
     # -- paths ---------------------------------------------------------------
     def full(self, path: str) -> str:
         """``path`` resolved under the root, as the backend's own client names it."""
@@ -194,7 +188,7 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def open_input(self, path: str) -> InputFile:
-        """A random-access reader (``read``, ``readinto``, ``read_at``); FileNotFoundError if missing."""
+        """A random-access reader (``read``, ``readinto``, ``seek``); FileNotFoundError if missing."""
 
     @abc.abstractmethod
     def stat(self, path: str) -> Tuple[str, int]:

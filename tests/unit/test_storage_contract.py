@@ -127,7 +127,6 @@ def test_backend_is_the_one_asked_for(backend):
     if backend.kind != "local":
         assert st.local_path("a") is None and not st.has_symlinks and not st.direct_io and st.overlap_writes
     assert st.commit_style == (MANIFEST_LAST if backend.kind == "s3" else RENAME)
-    assert st.atomic_rename == (st.commit_style == RENAME)
     assert st.creates_parents == (backend.kind == "hdfs-pyarrow")  # what the rename commit relies on
     assert "secret" not in st.uri and "?" not in st.uri
 
@@ -235,8 +234,8 @@ def test_rename(backend):
     """Directory rename is the commit where the storage has it; S3 must say it has not
     (its commits are manifest-last, tested in the round trip), but files still move."""
     st = backend.storage()
-    assert st.atomic_rename == (backend.kind != "s3")
-    if not st.atomic_rename:
+    assert (st.commit_style == RENAME) == (backend.kind != "s3")
+    if st.commit_style != RENAME:
         st.write_bytes("r/a", b"payload")
         st.rename("r/a", "r/b")
         assert [e.name for e in st.listdir("r")] == ["b"] and st.read_bytes("r/b") == b"payload"
@@ -286,7 +285,7 @@ def test_unicode_and_spaces_in_names(backend):
     assert st.read_bytes(name).decode() == "données ✓"
     assert [e.name for e in st.listdir("Ünïcødé 名前 dir")] == ["file with  spaces ✓.bin"]
     assert [e.name for e in st.listdir("")] == ["Ünïcødé 名前 dir"]
-    if st.atomic_rename:
+    if st.commit_style == RENAME:
         st.rename(name, "Ünïcødé 名前 dir/renamed ü.bin")
         assert [e.name for e in st.listdir("Ünïcødé 名前 dir")] == ["renamed ü.bin"]
     st.delete_dir("Ünïcødé 名前 dir")
@@ -414,7 +413,7 @@ def test_checkpointer_round_trip_retention_and_leftovers(backend):
 
     # An interrupted save: on rename-capable storage a temp dir, on S3 a final
     # name without its manifest (the manifest is the commit). Readers ignore it.
-    leftover = f"{ck.dir}/ckpt-2.tmp-0123abcd" if st.atomic_rename else f"{ck.dir}/ckpt-2"
+    leftover = f"{ck.dir}/ckpt-2.tmp-0123abcd" if st.commit_style == RENAME else f"{ck.dir}/ckpt-2"
     st.makedirs(leftover)
     st.write_bytes(f"{leftover}/{DATA_NAME}", b"torn half of a checkpoint")
     loaded = ck.load_latest()
@@ -631,7 +630,7 @@ def test_a_rename_onto_an_existing_directory_never_replaces_it(backend):
     the hadoop CLI move the source *into* the existing directory (HDFS's rename without options); either way the directory's own files stay what they were,
     so a late commit never replaces a newer checkpoint or part."""
     st = backend.storage()
-    if not st.atomic_rename:
+    if st.commit_style != RENAME:
         return  # object stores commit manifest-last, no directory rename (test_rename)
     st.makedirs("r/rank-1")
     st.write_bytes("r/rank-1/manifest.json", b"newer")
