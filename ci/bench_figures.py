@@ -206,6 +206,8 @@ def bench_one(args):
             raw_write(os.path.join(work, "raw.bin"))
         from paddle_acp.adapter.tensors import write_program
         from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+        from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.restart import load_newest
         from paddle_acp.storage import open_storage
 
         uri = os.path.join(work, "acp")
@@ -216,7 +218,7 @@ def bench_one(args):
 
         def restore_acp():
             t0 = time.perf_counter()
-            loaded = ck.load_latest()
+            loaded = load_newest(ck, GlobalCheckpointer(ck.storage, ck.job_id, ck.range_name, 0, 1), None)
             key = loaded.manifest.programs[0].key
             write_program(loaded, key, scope, paddle.CPUPlace())  # what a restarted job does at first run
             return time.perf_counter() - t0

@@ -8,7 +8,7 @@ For each backend (local disk; HDFS through pyarrow/libhdfs, hdfs-native and the
   arrays (what the async saver thread does: data file from the page-aligned
   image, checksums, manifest, atomic commit, retention) vs a plain
   ``pyarrow.fs`` write of the same bytes through the same filesystem object;
-* paddle-acp restore = ``Checkpointer.load_latest`` (scan, manifest, full read
+* paddle-acp restore = the restart's ``load_newest`` (scan, manifest, full read
   into a new buffer, checksum verification) vs a plain ``pyarrow.fs`` read of the
   file into a new buffer (32 MB ``readinto`` pieces, like the Checkpointer);
 * HDFS also: Paddle's ``paddle.distributed.fleet.utils.fs.HDFSClient``
@@ -218,6 +218,8 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     import numpy as np
 
     from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.restart import load_newest
     from paddle_acp.storage import open_storage
 
     if kind.startswith("hdfs-"):
@@ -249,7 +251,7 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
             drop_tree_cache(st.full(ck.dir))
         c1 = getattr(handler, "commands_run", None)
         t0 = time.perf_counter()
-        loaded = Checkpointer(st, "bench", "_range_0").load_latest()
+        loaded = load_newest(Checkpointer(st, "bench", "_range_0"), GlobalCheckpointer(st, "bench", "_range_0", 0, 1), None)
         runs["acp_restore_s"].append(time.perf_counter() - t0)
         if c1 is not None:
             res["acp_restore_hadoop_commands"] = handler.commands_run - c1
@@ -533,6 +535,8 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
     from paddle_acp.adapter.tensors import write_program
     from paddle_acp.format.checkpoints.cache import LocalCache
     from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+    from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.restart import load_newest
     from paddle_acp.storage import open_storage
 
     results = {"mode": "cache", "rounds": rounds, "runs": [], "errors": {}}
@@ -569,7 +573,7 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
                 cache = (LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0")
                          if kind == "hdfs_cache" else None)
                 ck = Checkpointer(hdfs_st, "bench", "_range_0", cache=cache)
-            loaded = ck.load_latest()
+            loaded = load_newest(ck, GlobalCheckpointer(ck.storage, "bench", "_range_0", 0, 1), None)
             write_program(loaded, "bench", scope, place)
             seconds = time.perf_counter() - t0
             want = "cache" if kind == "hdfs_cache" else ("local" if kind == "local" else "remote")

@@ -38,6 +38,7 @@ from support.e2e import (  # noqa: E402
     script_cmd,
     script_env,
 )
+from support.newest import load_as_restart
 from support.server_fixtures import hdfs_server  # noqa: E402,F401  (fixture)
 
 from paddle_acp import (
@@ -172,7 +173,7 @@ def test_tiny_epochs_on_hdfs_skip_instead_of_waiting(hdfs, reference, tmp_path, 
     st = open_storage(uri)
     ck = Checkpointer(st, JOB_ID, "_range_0")
     assert ck.committed_numbers() == [n for n in (len(saved) - 3, len(saved) - 2, len(saved) - 1) if n >= 0]
-    assert ck.load_latest().manifest.range.epoch_no == EPOCHS - 1
+    assert load_as_restart(ck).manifest.range.epoch_no == EPOCHS - 1
 
     assert cli.main(["stats", uri, "--job", JOB_ID, "--json"]) == 0
     import json
@@ -191,7 +192,7 @@ def test_kill_and_resume_on_hdfs_with_skipped_saves(hdfs, reference, tmp_path):
     env = dict(env, **SKIP_ENV)
     p1 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", 25, env=env)
     assert p1.returncode == -signal.SIGKILL, describe(p1)
-    committed = Checkpointer(open_storage(uri), JOB_ID, "_range_0").load_latest()
+    committed = load_as_restart(Checkpointer(open_storage(uri), JOB_ID, "_range_0"))
     resume_at = committed.manifest.range.epoch_no + 1 if committed else 0
     committed and committed.close()
     p2 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", 25, env=env)
@@ -241,7 +242,7 @@ def test_sigterm_during_a_persist_commits_the_newest_state(hdfs, reference, tmp_
             p.wait()
     assert p.returncode == 143, stderr[-4000:]
     last = read_log(out)[-1]["epoch"]
-    loaded = Checkpointer(open_storage(uri), JOB_ID, "_range_0").load_latest()
+    loaded = load_as_restart(Checkpointer(open_storage(uri), JOB_ID, "_range_0"))
     assert loaded.manifest.range.epoch_no == last and loaded.manifest.range.step is None
     loaded.close()
     recs = metrics_of(uri)

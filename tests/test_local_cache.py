@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import JOB_ID, compare_results, describe, is_done, load_result, run_script  # noqa: E402
+from support.newest import load_as_restart
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.config import from_env  # noqa: E402
@@ -247,12 +248,12 @@ def test_copy_committed_after_remote_and_used_on_restart(kind, request, s3_env, 
         assert f.read() == st.read_bytes(f"{JOB_ID}/range/{RANGE}/ckpt-3/{MANIFEST_NAME}")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = writer(uri, cache).load_latest()
+        loaded = load_as_restart(writer(uri, cache))
     assert loaded.manifest.number == 3 and loaded.source == "cache"
     assert_values(loaded, snaps[3])
     assert len(log_lines(caplog, CACHE_LOG)) == 1 and not log_lines(caplog, REMOTE_LOG)
     # without the cache the same checkpoint comes from the remote, equal
-    plain = writer(uri, None).load_latest()
+    plain = load_as_restart(writer(uri, None))
     assert plain.manifest.number == 3 and plain.source == "remote"
     assert_values(plain, snaps[3])
 
@@ -269,7 +270,7 @@ def test_stale_copy_remote_advanced_by_another_writer(kind, request, s3_env, tmp
     newer = snapshot(2, seed=7)
     assert other.save(newer).number == 2
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = writer(uri, cache).load_latest()
+        loaded = load_as_restart(writer(uri, cache))
     assert loaded.manifest.number == 2 and loaded.source == "remote"
     assert_values(loaded, newer)
     lines = log_lines(caplog, REMOTE_LOG)
@@ -293,7 +294,7 @@ def test_corrupt_copy_falls_back_to_remote(kind, request, s3_env, tmp_path, capl
         f.seek(1000)
         f.write(bytes([b[0] ^ 0x10]))
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = writer(uri, cache).load_latest()
+        loaded = load_as_restart(writer(uri, cache))
     assert loaded.manifest.number == 1 and loaded.source == "remote"
     assert_values(loaded, snap)
     lines = log_lines(caplog, REMOTE_LOG)
@@ -308,7 +309,7 @@ def test_corrupt_copy_falls_back_to_remote(kind, request, s3_env, tmp_path, capl
         f.write(raw.replace(b'"pir"', b'"PIR"'))
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = writer(uri, cache).load_latest()
+        loaded = load_as_restart(writer(uri, cache))
     assert loaded.manifest.number == 2 and loaded.source == "remote"
     assert "manifest differs" in " ".join(log_lines(caplog, REMOTE_LOG))
 
@@ -328,13 +329,13 @@ def test_copy_of_a_checkpoint_the_remote_no_longer_has_is_not_used(kind, request
     st.delete_dir(base)
     assert os.path.exists(cache_files(cache, uri, "ckpt-1"))
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = writer(uri, cache).load_latest()
+        loaded = load_as_restart(writer(uri, cache))
     assert loaded.manifest.number == 0, "a copy of a checkpoint the remote does not hold was used"
     assert_values(loaded, s0)
     assert loaded.source == "cache"  # checkpoint 0 is still the remote's, and its copy is identical
     # nothing left on the remote: the copies alone never resume anything
     st.delete_dir(f"{JOB_ID}/range/{RANGE}")
-    assert writer(uri, cache).load_latest() is None
+    assert load_as_restart(writer(uri, cache)) is None
 
 
 def test_copy_not_committed_when_the_remote_commit_fails(hdfs_server, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
+from support.newest import load_as_restart
 
 from paddle_acp.adapter.tensors import tensor_view, write_program
 from paddle_acp.errors import CorruptCheckpointError
@@ -257,7 +258,7 @@ def test_truncated_file_or_manifest_past_the_end_is_refused_on_every_backend(bac
         for n in (1, 2):
             with pytest.raises(CorruptCheckpointError):
                 ck.load(n)
-        loaded = ck.load_latest()
+        loaded = load_as_restart(ck)
         assert loaded.manifest.number == 0 and loaded.arrays[("k", "w")].tobytes() == old["w"].tobytes()
         loaded.close()
         assert lender is None or lender.back == lender.lent
@@ -315,7 +316,7 @@ def test_write_program_fills_scope_tensors_in_place(static_mode, backend_storage
     ck.save(snapshot(0, saved))
     scope = scope_with({"w": np.zeros(3 << 20, np.float32), "b": np.zeros(7, np.float32), "step": np.zeros(1, np.int64), "lr": np.zeros((), np.float32)})
     ptr_w = scope.find_var("w").get_tensor()._ptr()
-    loaded = ck.load_latest()
+    loaded = load_as_restart(ck)
     # retention or `paddle-acp gc` may delete the checkpoint before the program first runs
     backend_storage.delete_dir(os.path.dirname(data_path(0)))
     assert write_program(loaded, "k", scope, paddle.CPUPlace()) == len(saved)
@@ -331,7 +332,7 @@ def test_write_program_without_consume_keeps_pending(static_mode, tmp_path):
     saved = {"w": np.arange(10, dtype=np.float32)}
     ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
     ck.save(snapshot(0, saved))
-    loaded = ck.load_latest()
+    loaded = load_as_restart(ck)
     s1, s2 = scope_with({"w": np.zeros(10, np.float32)}), paddle.static.Scope()
     assert write_program(loaded, "k", s1, paddle.CPUPlace(), consume=False) == 1
     assert write_program(loaded, "k", s2, paddle.CPUPlace()) == 1
@@ -355,7 +356,7 @@ def test_corrupt_newest_never_touches_the_scope(static_mode, tmp_path):
     with pytest.raises(CorruptCheckpointError):
         ck.load(1)
     assert all(not v.any() for v in scope_values(scope, ["a", "z"]).values())
-    loaded = ck.load_latest()
+    loaded = load_as_restart(ck)
     assert loaded.manifest.number == 0
     write_program(loaded, "k", scope, paddle.CPUPlace())
     got = scope_values(scope, ["a", "z"])
@@ -368,7 +369,7 @@ def test_tensor_view_matches_after_restore(static_mode, tmp_path):
     ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
     ck.save(snapshot(0, saved))
     scope = scope_with({k: np.zeros_like(v) for k, v in saved.items()})
-    write_program(ck.load_latest(), "k", scope, paddle.CPUPlace())
+    write_program(load_as_restart(ck), "k", scope, paddle.CPUPlace())
     for n, a in saved.items():
         _dt, view = tensor_view(scope.find_var(n).get_tensor())
         assert view.tobytes() == a.tobytes()

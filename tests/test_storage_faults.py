@@ -25,6 +25,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import JOB_ID, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
+from support.newest import load_as_restart  # noqa: E402
 from support.server_fixtures import own_hdfs_server as hdfs_server  # noqa: E402,F401  (fixtures: it stops and restarts them)
 from support.server_fixtures import own_s3_server as s3_server  # noqa: E402,F401
 
@@ -116,7 +117,7 @@ def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
 
     st = open_storage(uri)
     ck = Checkpointer(st, JOB_ID, "_range_0")
-    latest = ck.load_latest()
+    latest = load_as_restart(ck)
     assert latest.manifest.range.epoch_no == epochs - 1, "the saves after the DataNode came back failed"
     for n in ck.committed_numbers():
         ck.load(n)  # every visible checkpoint is complete and verifies
@@ -172,7 +173,7 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
     reader = Checkpointer(open_storage(st.uri), "job", "_range_0")
     committed = reader.committed_numbers()
     assert committed in ([0], [0, 1]), committed
-    latest = reader.load_latest()  # verifies every checksum
+    latest = load_as_restart(reader)  # verifies every checksum
     assert latest.manifest.number == committed[-1] and latest.manifest.range.epoch_no == committed[-1]
     # ... and the next save succeeds, past every number on storage (a leftover's too: the server may have
     # stopped after the data object was whole; stopped during its upload, nothing of checkpoint 1 is
@@ -181,7 +182,7 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
     n = ck.save(snapshot(2)).number
     assert n == max(visible) + 1, (n, visible)
     assert ck.committed_numbers() == committed[-1:] + [n] and uncommitted(st, ck) == []
-    assert ck.load_latest().manifest.range.epoch_no == 2
+    assert load_as_restart(ck).manifest.range.epoch_no == 2
 
 
 def test_s3_save_and_restore_while_server_is_down(s3_server, s3_env):
@@ -194,7 +195,7 @@ def test_s3_save_and_restore_while_server_is_down(s3_server, s3_env):
         with pytest.raises(StorageError) as save_err:
             ck.save(snapshot(1))
         with pytest.raises(StorageError) as load_err:  # not None: that would mean "start from scratch"
-            Checkpointer(open_storage(st.uri), "job", "_range_0").load_latest()
+            load_as_restart(Checkpointer(open_storage(st.uri), "job", "_range_0"))
         assert time.time() - t0 < 60
     finally:
         s3_server.start()
@@ -236,7 +237,7 @@ def test_wrong_s3_credentials_clear_error(s3_server, s3_env, monkeypatch, wrong)
         want = "AWS_ACCESS_KEY_ID"
     st = open_storage(f"s3://{s3_server.bucket}/faults/creds")
     ck = Checkpointer(st, "job", "_range_0")
-    for attempt in (ck.write_job_marker, lambda: ck.save(snapshot(0)), ck.load_latest):
+    for attempt in (ck.write_job_marker, lambda: ck.save(snapshot(0)), lambda: load_as_restart(ck)):
         with pytest.raises(StorageError) as err:
             attempt()
         msg = str(err.value)

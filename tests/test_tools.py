@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.newest import load_as_restart
 
 from paddle_acp import cli, config, tools
 from paddle_acp.errors import ConfigError, StorageError
@@ -308,7 +309,7 @@ def test_gc_dry_run_changes_nothing_then_keep_1(root_copy):
     assert gc.returncode == 0, describe(gc)
     assert ckpt_dirs(root) == ["ckpt-3", "ckpt-5.tmp-abcdef012345"], gc.stdout
     assert "deleted 3 directories" in gc.stdout
-    loaded = Checkpointer(open_storage(root), JOB, RANGE).load_latest()
+    loaded = load_as_restart(Checkpointer(open_storage(root), JOB, RANGE))
     assert loaded is not None and loaded.manifest.number == 3
 
 

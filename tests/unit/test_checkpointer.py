@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
+from support.newest import load_as_restart
 
 from paddle_acp.errors import CorruptCheckpointError, NoUsableCheckpointError, StorageError, UnknownFormatError
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer
@@ -58,7 +59,7 @@ def test_round_trip_and_layout(tmp_path):
     number, nbytes = written.number, written.data_size
     assert number == 0 and nbytes > 0
     assert sorted(os.listdir(ckdir(tmp_path, 0))) == sorted([DATA_NAME, MANIFEST_NAME])
-    assert_loads(c.load_latest(), snap)
+    assert_loads(load_as_restart(c), snap)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -75,7 +76,7 @@ def test_round_trip_any_dtype_and_shape(tmp_path_factory, data):
     snap = Snapshot(RangeRecord("_range_0", 2, 3), [ProgramSnapshot("k", "", tensors)], None)
     c = ckpt(tmp)
     c.save(snap)
-    loaded = c.load_latest()
+    loaded = load_as_restart(c)
     for t in tensors:
         got = loaded.arrays[("k", t.name)]
         assert got.shape == t.array.shape and got.tobytes() == t.array.tobytes()
@@ -142,7 +143,7 @@ def test_corruption_detected_and_falls_back(tmp_path, case, caplog):
     if message is not None:
         with pytest.raises(CorruptCheckpointError, match=message):
             c.load(1)
-    loaded = c.load_latest()
+    loaded = load_as_restart(c)
     assert loaded is not None and loaded.manifest.number == 0
     assert_loads(loaded, first)
     if case != "missing manifest":
@@ -156,11 +157,11 @@ def test_no_valid_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     for n in (0, 1):
         _corrupt_flip(ckdir(tmp_path, n))
     with pytest.raises(NoUsableCheckpointError, match=r"ckpt-1 \(corrupt: .*checksum mismatch.*ckpt-0 \(corrupt: ") as err:
-        c.load_latest()
+        load_as_restart(c)
     assert "PADDLE_ACP_START_FRESH=1" in str(err.value) and "PADDLE_JOB_ID" in str(err.value)
     assert [name for name, _ in err.value.rejected] == ["ckpt-1", "ckpt-0"] and err.value.newer_format == []
     assert ckdir(tmp_path, 0).exists() and ckdir(tmp_path, 1).exists()
-    assert ckpt(tmp_path / "empty").load_latest() is None  # no checkpoint at all: from scratch
+    assert load_as_restart(ckpt(tmp_path / "empty")) is None  # no checkpoint at all: from scratch
 
 
 def test_the_error_of_many_unusable_checkpoints_is_bounded(tmp_path):
@@ -169,7 +170,7 @@ def test_the_error_of_many_unusable_checkpoints_is_bounded(tmp_path):
         c.save(make_snapshot(n))
         _corrupt_flip(ckdir(tmp_path, n))
     with pytest.raises(NoUsableCheckpointError) as err:
-        c.load_latest()
+        load_as_restart(c)
     msg = str(err.value)
     assert "none of the 20 committed checkpoint(s)" in msg and "and 12 more" in msg
     assert "ckpt-19 (corrupt: " in msg and "ckpt-12 (corrupt: " in msg and "ckpt-11 (" not in msg
@@ -189,13 +190,13 @@ def test_a_newer_format_is_skipped_and_never_deleted(tmp_path):
     with pytest.raises(UnknownFormatError, match="format version 99 is newer"):
         c.load(0)
     with pytest.raises(NoUsableCheckpointError) as err:
-        c.load_latest()
+        load_as_restart(c)
     assert err.value.newer_format == ["ckpt-0"] and "newer paddle-acp" in str(err.value)
     c2 = ckpt(tmp_path, keep=1)
     c2.save(make_snapshot(1))
     c2.save(make_snapshot(2))
     assert sorted(p.name for p in ckdir(tmp_path, 0).parent.iterdir()) == ["ckpt-0", "ckpt-2"]
-    assert c2.load_latest().manifest.number == 2
+    assert load_as_restart(c2).manifest.number == 2
     assert c2.apply_retention(1) == [] and ckdir(tmp_path, 0).exists()
 
 
@@ -238,11 +239,11 @@ def test_leftover_temporary_directory_ignored_then_cleaned(tmp_path):
     (leftover / DATA_NAME).write_bytes(b"partial")
     uncommitted = ckdir(tmp_path, 2)
     uncommitted.mkdir()
-    assert c.load_latest().manifest.number == 0
+    assert load_as_restart(c).manifest.number == 0
     number = c.save(make_snapshot(1)).number
     assert number == 3
     assert not leftover.exists() and not uncommitted.exists()
-    assert c.load_latest().manifest.number == 3
+    assert load_as_restart(c).manifest.number == 3
 
 
 @pytest.mark.parametrize("keep", [1, 2, 3])
@@ -322,14 +323,14 @@ def test_restore_returns_newest_intact_committed_state(tmp_path_factory, program
             on_disk = set(c.committed_numbers())
             live = {n: e for n, e in intact.items() if n in on_disk}
             if not on_disk:  # no checkpoint at all: from scratch
-                assert c.load_latest() is None
+                assert load_as_restart(c) is None
             elif not live:  # checkpoints, none usable: an error naming each, nothing deleted
                 with pytest.raises(NoUsableCheckpointError) as err:
-                    c.load_latest()
+                    load_as_restart(c)
                 assert sorted(name for name, _ in err.value.rejected) == sorted(f"ckpt-{n}" for n in on_disk)
                 assert set(c.committed_numbers()) == on_disk
             else:
-                loaded = c.load_latest()
+                loaded = load_as_restart(c)
                 newest = max(live)
                 assert loaded is not None and loaded.manifest.number == newest
                 assert_loads(loaded, make_snapshot(live[newest]))
@@ -475,7 +476,7 @@ def test_delete_checkpoint_removes_the_commit_file_first(tmp_path):
         delete_checkpoint(stuck, c.base(1))
     assert ckdir(tmp_path, 1).exists() and not (ckdir(tmp_path, 1) / MANIFEST_NAME).exists()
     assert [e.committed for e in atomic.scan(c.storage, c.dir)] == [False]  # a leftover, never read
-    assert c.load_latest() is None
+    assert load_as_restart(c) is None
 
 
 # -- commit strategies ----------------------------------------------------------------------------
@@ -518,13 +519,13 @@ def test_both_commit_strategies_write_the_same_checkpoint(tmp_path_factory, styl
         c.fence = Fence()
         with pytest.raises(Refused, match="commit checkpoint 0"):
             c.save(snap)
-        assert c.committed_numbers() == [] and c.load_latest() is None
+        assert c.committed_numbers() == [] and load_as_restart(c) is None
         return
     pending = atomic.begin(st_, c.dir, 7, strategy)
     assert (pending.path == pending.final) == strategy.in_place == (style == "manifest-last")
     pending.abort()
     number = c.save(snap).number
-    assert_loads(c.load_latest(), snap)
+    assert_loads(load_as_restart(c), snap)
     assert sorted(os.listdir(ckdir(root, number))) == sorted([DATA_NAME, MANIFEST_NAME])
 
 
@@ -576,7 +577,7 @@ def test_a_writer_killed_anywhere_leaves_only_whole_checkpoints(tmp_path, style)
             assert loaded.arrays[("k", "w")][0] == loaded.manifest.range.epoch_no
             loaded.close()
         n = c.save(make_snapshot(99)).number
-        assert n > max(numbers) and c.load_latest().manifest.range.epoch_no == 99
+        assert n > max(numbers) and load_as_restart(c).manifest.range.epoch_no == 99
 
 
 def test_a_ctrl_c_right_after_the_save_made_its_directory_leaves_nothing(tmp_path):

@@ -20,6 +20,7 @@ import uuid
 import numpy as np
 import pyarrow.fs as pafs  # noqa: E402
 import pytest
+from support.newest import load_as_restart
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.errors import StorageError  # noqa: E402
@@ -403,7 +404,7 @@ def assert_same(loaded, snap):
 def test_checkpointer_round_trip_retention_and_leftovers(backend):
     st = backend.storage()
     ck = Checkpointer(st, "job", "_range_0", max_to_keep=1)
-    assert ck.load_latest() is None and ck.committed_numbers() == []
+    assert load_as_restart(ck) is None and ck.committed_numbers() == []
     s0, s1 = make_snapshot(0), make_snapshot(1)
     assert ck.save(s0).number == 0
     assert ck.save(s1).number == 1
@@ -416,7 +417,7 @@ def test_checkpointer_round_trip_retention_and_leftovers(backend):
     leftover = f"{ck.dir}/ckpt-2.tmp-0123abcd" if st.commit_style == RENAME else f"{ck.dir}/ckpt-2"
     st.makedirs(leftover)
     st.write_bytes(f"{leftover}/{DATA_NAME}", b"torn half of a checkpoint")
-    loaded = ck.load_latest()
+    loaded = load_as_restart(ck)
     assert loaded.manifest.number == 1
     assert_same(loaded, s1)
 
@@ -426,7 +427,7 @@ def test_checkpointer_round_trip_retention_and_leftovers(backend):
     assert [e.name for e in st.listdir(ck.dir)] == ["ckpt-3"]
     reader = Checkpointer(backend.fresh(), "job", "_range_0")  # a fresh process's view
     assert reader.committed_numbers() == [3]
-    assert_same(reader.load_latest(), s3)
+    assert_same(load_as_restart(reader), s3)
     assert [e.number for e in atomic.scan(st, ck.dir)] == [3]
 
 

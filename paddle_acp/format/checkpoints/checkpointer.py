@@ -274,26 +274,6 @@ class Checkpointer:
         return reader.load(self.storage, base or self.base(number), number, self.range_name, raw, self.memory_budget,
                            landing)
 
-    def load_latest(self, check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
-        """The newest checkpoint that verifies; older ones are tried in turn, in the order of
-        :func:`paddle_acp.format.checkpoints.index.entries` (this layout's checkpoints only).
-
-        A checkpoint that is corrupt, crafted, of a newer format or unreadable (a read error
-        on it, not on the listing) is skipped with a warning naming it and the cause.
-        ``check(loaded)``, when given, may raise CheckpointError for a checkpoint that verifies
-        but does not fit this process: it is skipped too.
-
-        None only when the range has no committed checkpoint. When checkpoints exist but none
-        passes: the first such CheckpointError; StorageError when some could not be read (a
-        storage problem); else :class:`~paddle_acp.errors.NoUsableCheckpointError` naming each
-        one and why. Never a silent start from scratch; nothing is deleted."""
-        self.check_no_links()
-        cands = [e for e in index.entries(self.storage, self.job_id, self.range_name) if e.layout == index.SINGLE]
-        search = index.first_usable(cands, lambda e: self.load(e.number), check, f"{self.storage.uri}/{self.dir}")
-        if search.found is not None or not search.rejected:
-            return search.found
-        raise no_usable(search, f"{self.storage.uri}/{self.dir}", self.job_id)
-
 
 def write_job_marker(storage: Storage, job_id: str) -> None:
     """Mark ``job_id``'s directory as a paddle-acp job (written once, by trainer 0)."""

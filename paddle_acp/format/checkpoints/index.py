@@ -1,8 +1,7 @@
 """Index: the checkpoints of one range in both layouts, in the order a restart tries them.
 
 One read-only answer to "which checkpoint does a restart load", shared by the restart
-(:meth:`Checkpointer.load_latest <paddle_acp.format.checkpoints.checkpointer.Checkpointer.load_latest>`,
-:func:`paddle_acp.format.checkpoints.restart.load_newest`) and the operator tools (``ls``, ``verify``,
+(:func:`paddle_acp.format.checkpoints.restart.load_newest`) and the operator tools (``ls``, ``verify``,
 ``inspect``, ``gc``):
 
 - :func:`entries` lists the single-writer checkpoints (``ckpt-N``) and those of several ranks
