@@ -31,6 +31,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+TESTS = os.path.join(ROOT, "tests")  # support/shares.py: a rank's share from whole snapshots
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 JOB, RANGE = "bench", "_range_0"
 
@@ -52,10 +55,11 @@ def rank_main(rank: int, world: int, uri: str, writers: str, mb: float, n: int, 
     import simstore
 
     simstore.register()
+    from support.shares import own_share
+
     from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
     from paddle_acp.format.checkpoints.restart import load_newest
-    from paddle_acp.format.engine import shares
     from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot
     from paddle_acp.format.manifest import RangeRecord
     from paddle_acp.storage import open_storage
@@ -68,7 +72,7 @@ def rank_main(rank: int, world: int, uri: str, writers: str, mb: float, n: int, 
     for epoch in range(rounds):
         programs, share = full, None
         if writers == "all":
-            programs, share = shares.own_share(full, rank, world)
+            programs, share = own_share(full, rank, world)
         elif rank != 0:
             programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in full]
         snap = Snapshot(RangeRecord(RANGE, epoch, 100), programs, None, "bench", "pir", extra={}, share=share)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.server_fixtures import s3_server  # noqa: F401  (fixture)
+from support.shares import own_share, share_nbytes, snapshot_items
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, RestartRequiredError
 from paddle_acp.format import global_manifest as gm
@@ -41,7 +42,7 @@ def snap(rank, world, epoch, spread=True, cap=None):
     programs = state(epoch)
     share = None
     if spread:
-        programs, share = shares.own_share(programs, rank, world, cap)
+        programs, share = own_share(programs, rank, world, cap)
     elif rank != 0:
         programs = [ProgramSnapshot(p.key, p.label, [], p.lr_scheduler) for p in programs]
     return Snapshot(RangeRecord(RANGE, epoch, 100, None), programs, None, "3.3.1", "pir",
@@ -112,7 +113,7 @@ def test_split_is_deterministic_complete_and_balanced(raw, world, rnd):
                                      for kn, piece in split[r].items() if kn == (k, n))
         assert [r for _p, r in held] == sorted({r for _p, r in held})  # pieces go to consecutive writers
     total = sum(b for *_x, b in items)
-    loads = [shares.share_nbytes([(k, n, b) for k, n, _d, _s, b in items], r, world) for r in range(world)]
+    loads = [share_nbytes([(k, n, b) for k, n, _d, _s, b in items], r, world) for r in range(world)]
     assert sum(loads) == total and max(loads) - min(loads) <= 1  # equal byte ranges, whatever the tensors
     assert all(shares.share_layout_nbytes(items, r, world) >= loads[r] for r in range(world))
 
@@ -125,7 +126,7 @@ def test_a_large_tensor_is_cut_into_pieces_that_join_bit_identically():
     total = sum(t.array.nbytes for t in programs[0].tensors)
     held = {}
     for r in range(4):
-        (part,), _rec = shares.own_share(programs, r, 4)
+        (part,), _rec = own_share(programs, r, 4)
         assert sum(t.array.nbytes for t in part.tensors) == total // 4
         for t in part.tensors:
             held.setdefault(t.name, []).append(t)
@@ -681,7 +682,7 @@ def test_the_share_is_chosen_from_metadata_and_only_its_tensors_are_viewed(monke
             paddle.static.Executor(paddle.CPUPlace()).run(startup)
         entry = ProgramEntry("fp-x", program_info(main), main, scope, paddle.CPUPlace())
         items = entry.items()
-        assert len(items) >= 4 and items == shares._snapshot_items([entry.views()])
+        assert len(items) >= 4 and items == snapshot_items([entry.views()])
         viewed = []
         real = adapter_tensors.tensor_view
 

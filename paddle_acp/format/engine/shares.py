@@ -43,7 +43,6 @@ import numpy as np
 from paddle_acp.config.values import MAX_WORLD
 from paddle_acp.errors import CorruptCheckpointError
 from paddle_acp.format.engine.loaded import Key, LoadedCheckpoint, ReadItem
-from paddle_acp.format.engine.snapshot import ProgramSnapshot
 from paddle_acp.format.engine.stager import HOST, Stager
 from paddle_acp.format.manifest import DTYPES, Manifest, ProgramRecord, TensorRecord, align
 
@@ -87,11 +86,6 @@ def split(items: Sequence[Item], writers: int) -> Dict[int, Dict[Tuple[str, str]
     return out
 
 
-def _snapshot_items(programs: Sequence[ProgramSnapshot]) -> List[Item]:
-    return [(p.key, t.name, t.dtype, tuple(int(x) for x in t.array.shape), int(t.array.nbytes))
-            for p in programs for t in p.tensors]
-
-
 def share_writers(world: int, cap: int) -> int:
     """How many ranks write shares: ranks 0..min(world, cap)-1."""
     if cap < 1 or world < 1:
@@ -110,35 +104,6 @@ def owned(items: Sequence[Item], rank: int, writers: int) -> Dict[Tuple[str, str
     if rank >= writers:
         return {}
     return split(items, writers)[rank]
-
-
-def own_share(programs: Sequence[ProgramSnapshot], rank: int, world: int,
-              writers: Optional[int] = None) -> Tuple[List[ProgramSnapshot], Dict[str, Any]]:
-    """This rank's share of the replicated state ``programs`` (every program, only the share's tensors
-    and pieces) and the record its part carries (``extra.part.share``); ``writers``: the share writers
-    (default: all ``world`` ranks). The runtime selects the share from metadata before it takes views
-    (:func:`owned`, :func:`take`)."""
-    n = world if writers is None else share_writers(world, writers)
-    items = _snapshot_items(programs)
-    mine = owned(items, rank, n)
-    return [take(p, mine) for p in programs], record(items, n)
-
-
-def take(program: ProgramSnapshot, mine: Mapping[Tuple[str, str], Piece]) -> ProgramSnapshot:
-    """``program`` with only the tensors (whole, or the pieces: views) that ``mine`` names."""
-    tensors = []
-    for t in program.tensors:
-        if (program.key, t.name) not in mine:
-            continue
-        piece = mine[(program.key, t.name)]
-        tensors.append(t if piece is None else t.cut(*piece))
-    return ProgramSnapshot(program.key, program.label, tensors, program.lr_scheduler)
-
-
-def share_nbytes(sizes: Sequence[Tuple[str, str, int]], rank: int, world: int) -> int:
-    """The bytes of ``rank``'s share of tensors given as (program key, name, bytes) among ``world`` writers."""
-    mine = owned([(k, n, "", (), b) for k, n, b in sizes], rank, world)
-    return sum(_piece_nbytes(mine[(k, n)], b) for k, n, b in sizes if (k, n) in mine)
 
 
 def share_layout_nbytes(items: Sequence[Item], rank: int, writers: int) -> int:
