@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
-from typing import Any, Callable, Dict, Iterator, List, MutableMapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, MutableMapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -143,9 +143,6 @@ class FileSource:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-Source = Union[MemorySource, FileSource]
 
 
 class TensorSource(Protocol):

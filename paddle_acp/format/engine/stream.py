@@ -73,7 +73,6 @@ class ChunkStream:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self.nchunks = (size + chunk - 1) // chunk
-        self.copy_seconds = 0.0  # time spent copying (the rest of the stall waited for free slots)
         self._t0 = 0.0
         self._copied_at: Optional[float] = None
 
@@ -114,9 +113,7 @@ class ChunkStream:
                 i = self._free.get()
                 if i == _ABORT or self._aborted is not None:
                     return
-                t0 = time.perf_counter()
                 self._fill(self._slots[i], pos, n)
-                self.copy_seconds += time.perf_counter() - t0
                 self._full.put((i, pos, n))
                 pos += n
             self._copied_at = time.perf_counter()
