@@ -12,7 +12,7 @@ A line is a JSON object (keys sorted). Its ``event`` says what happened:
   taken (``epoch``, ``step``, ``stall_s``, ``policy``).
 
 Every record has ``event``, ``time``, ``pid`` and ``range``. The meaning and type of each field is
-:data:`FIELD_DOCS` (and each field's ``metadata["doc"]``). A line written before ``event`` existed is a
+its dataclass field's ``metadata["doc"]``. A line written before ``event`` existed is a
 ``saved`` one, or with ``ok: false`` a ``failed`` one. Keys this version does not know are kept as read
 (``extra``) and written back unchanged.
 
@@ -231,7 +231,6 @@ class SaveBegun:
 # -- helpers ------------------------------------------------------------------------------------
 _FIELDS = tuple(f for f in dataclasses.fields(MetricsRecord) if not f.metadata.get("internal"))
 _NAMES = frozenset(f.name for f in _FIELDS)
-FIELD_DOCS: Dict[str, str] = {f.name: f.metadata["doc"] for f in _FIELDS}
 _TYPES: Dict[str, Type[Any]] = {
     "event": str, "time": float, "pid": int, "range": str, "restored": int, "restore_source": str, "policy": str,
     "epoch": int, "step": int, "stall_s": float, "waited_s": float, "queued": bool, "skipped_before": int,
