@@ -7,6 +7,7 @@ call by call (tests/test_commit_cost.py's Counting); the ranks coordinate throug
 in this process (as ci/bench_ranks.py --coordination store does)."""
 
 import logging
+import time
 
 import pytest
 from support.coord import free_port
@@ -93,3 +94,20 @@ def test_a_part_of_a_superseded_process_is_refused_when_the_store_knows_a_newer_
     assert res.committed is True
     gm = GlobalManifest.loads((tmp_path / CKDIR / GLOBAL_NAME).read_bytes())
     assert GlobalCheckpointer(st, JOB, RANGE, 0, 2).verify("ckpt-e0").crc32 == gm.crc32
+
+
+def test_a_ranks_absence_travels_through_the_store_and_abandons_the_position_at_once(tmp_path):
+    """Rank 1 cannot write its part (it declares its absence): on the store path no absence file is written,
+    and rank 0 still abandons the position at once (not after its wait for the parts); nothing is committed."""
+    st = open_storage(str(tmp_path))
+    coord = store_coordinator()
+    r0, r1 = rank(st, 0, 3, coord), rank(st, 1, 3, coord)
+    where = r1.declare_absent("ckpt-e0", "disk full at hdfs://user:secret@nn/x")
+    assert where is not None and "store" in where, where
+    t0 = time.monotonic()
+    res = r0.save(snapshot(0), "per-rank", part_wait=30)  # rank 2 never writes: only the absence ends the wait
+    assert res.committed is False
+    assert time.monotonic() - t0 < 10
+    left = [p.name for p in (tmp_path / CKDIR).iterdir()] if (tmp_path / CKDIR).exists() else []
+    assert not any(n.startswith("absent") for n in left), left
+    assert not (tmp_path / CKDIR / GLOBAL_NAME).exists()

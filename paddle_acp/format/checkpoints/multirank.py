@@ -17,7 +17,7 @@ recorded generation is not the newest of its rank is a superseded process's and
 is never committed), and writes ``global.json`` listing every part with the CRC32 of
 its manifest and the topology (world size, mode, each rank's program
 fingerprints). Until then nothing of the checkpoint is visible; a part that
-does not come abandons it. Restore picks the newest checkpoint whose global
+does not come abandons it. Restore (:mod:`.rank_restore`) picks the newest checkpoint whose global
 manifest verifies and carries no mark; each rank then reads, verifies against the
 global manifest's records and loads only the parts it uses (its own; replicated
 mode: rank 0's tensors, or the share writers' shares of them when the ranks spread
@@ -32,19 +32,18 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
-from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError, UnknownFormatError
+from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer
-from paddle_acp.format.checkpoints.global_reader import GlobalEntry, GlobalReader
-from paddle_acp.format.commit import absence, atomic, verdict
+from paddle_acp.format.checkpoints.global_reader import GlobalEntry
+from paddle_acp.format.checkpoints.rank_restore import RankRestore
+from paddle_acp.format.commit import absence, atomic
 from paddle_acp.format.commit.committer import Committer, PendingCommit
 from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.commit.part_commit import PartCommitMixin
 from paddle_acp.format.commit.retention import delete_checkpoint, policy_for
-from paddle_acp.format.engine import shares
-from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
+from paddle_acp.format.engine.reader import Landing
 from paddle_acp.format.engine.snapshot import Snapshot
-from paddle_acp.format.global_manifest import GlobalManifest, describe_topology
 from paddle_acp.format.layout import (
     GLOBAL_NAME,
     MANIFEST_NAME,
@@ -58,7 +57,6 @@ from paddle_acp.format.layout import (
     rank_part,
     tmp_generation,
 )
-from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Entry, Storage
 
 if TYPE_CHECKING:
@@ -79,7 +77,7 @@ class SaveResult:
     pending: Optional[PendingCommit] = None  # rank 0: its commit (decided on the committer's thread)
 
 
-class GlobalCheckpointer(GlobalReader, PartCommitMixin):
+class GlobalCheckpointer(RankRestore, PartCommitMixin):
     """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.commit.part_commit`) for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
@@ -113,11 +111,6 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
         self._not_cleared: Set[str] = set()
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
         self.own_manifests: Dict[str, bytes] = {}  # position -> this rank's part's manifest bytes, as written
-
-    @property
-    def memory_budget(self) -> Optional[int]:
-        """The host-memory budget of this rank's restores (``PADDLE_ACP_HOST_MEMORY``)."""
-        return self._part_checkpointer.memory_budget
 
     # -- listing ---------------------------------------------------------------
     def scan(self, listing: Optional[List[Entry]] = None, committed_now: Collection[str] = ()) -> List[GlobalEntry]:
@@ -258,13 +251,15 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
     def declare_absent(self, name: str, reason: str) -> Optional[str]:
         """Say on storage that this rank has no part at position ``name`` (its save failed, or it does not
         take that position), best effort: rank 0 then abandons the position at once instead of waiting
-        ``PADDLE_ACP_PART_TIMEOUT``. Returns the file's path, or None when it could not be written."""
+        ``PADDLE_ACP_PART_TIMEOUT``. Where the ranks share a store, it is said there (an arrival with the
+        absence as its note, :mod:`~paddle_acp.format.commit.arrivals`: no file). Returns where it was said
+        (the file's path), or None when it could not be."""
         gen = self._part_checkpointer.generation
         self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
         a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
-        path = absence.declare(self.storage, self.commit_strategy, f"{self.dir}/{name}", a)
-        self._arrive(name)  # rank 0 lists the position now and finds the absence
-        return path
+        if self._arrive(name, a.dumps(), absent=True):
+            return f"the job's store ({self.arrival_key(name)})"
+        return absence.declare(self.storage, self.commit_strategy, f"{self.dir}/{name}", a)
 
     def _commit_and_retain(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
                            ticket: PendingCommit) -> bool:
@@ -378,126 +373,3 @@ class GlobalCheckpointer(GlobalReader, PartCommitMixin):
                 logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
         # its first save at a newer position needs no look-up for a part of its own there (_known_clear)
         self._cleared, self._cleared_after, self._not_cleared = True, key, not_cleared
-
-    def topology_error(self, g: GlobalManifest, running_mode: str, why: str) -> CheckpointError:
-        return CheckpointError(
-            f"rank {self.rank}: checkpoint {g.name} of range {self.range_name} (job {self.job_id}) was written by a job of "
-            f"{g.topology()}, but this job runs with {describe_topology(self.world_size, running_mode)}: {why}. "
-            "A per-rank checkpoint restores only at the world size that wrote it. Restart with "
-            f"PADDLE_TRAINERS_NUM={g.world_size}, or start a new job (a new PADDLE_JOB_ID) to train from scratch."
-        )
-
-    def load(self, name: str, running_mode: Optional[str], listed_only: bool = False) -> LoadedCheckpoint:
-        """Verify checkpoint ``name`` and load this rank's share of it.
-
-        ``running_mode``: the mode this job is known to run in ('per-rank', 'replicated')
-        or None (auto, decided when programs register). Reads the global manifest, the marks on it,
-        and only the parts this rank loads (a constant number of storage calls at any world size).
-        Raises CorruptCheckpointError for what every rank reads alike (the global manifest, a mark:
-        every rank falls back to an older one), RestartRequiredError when a part only this rank
-        loads is bad in a job of several ranks (the copy is marked, :mod:`.verdict`), or
-        CheckpointError (topology, a part moved between ranks: never a partial restore).
-        ``listed_only``: see :meth:`read_global`.
-        """
-        base = f"{self.dir}/{name}"
-        g = self.read_global(name, listed_only)  # the global manifest and its marks: every rank reads them alike
-        verdict.check_marks(self.storage, base, g)
-        own = self.rank if self.rank < g.world_size else None
-        if g.mode == "per-rank":
-            if g.world_size != self.world_size:
-                raise self.topology_error(g, running_mode or "per-rank", "every rank's state is its own")
-            src = self.rank
-        else:
-            if running_mode == "per-rank" and self.world_size > 1:
-                raise self.topology_error(g, "per-rank", "a replicated checkpoint holds only rank 0's tensors")
-            src = 0
-            if g.world_size != self.world_size and g.step is not None:
-                raise self.topology_error(g, running_mode or "replicated",
-                                          "it was taken in the middle of an epoch, and the ranks' loader positions do not "
-                                          "carry over to another world size")
-        # only the parts this rank loads (its own: RNG, loader; the one whose tensors it takes), each
-        # verified against the global manifest's record: a rank's restore costs the same at any world size
-        loads = set(range(g.share_writers)) if g.writers == shares.WRITERS_ALL else {src}
-        raws = {k: self._own_verdict(name, g, k) for k in sorted(loads | ({own} if own is not None else set()))}
-        if g.writers == shares.WRITERS_ALL:  # the shares this rank reads are one state
-            try:
-                self.check_shares(name, g, raws)
-            except CorruptCheckpointError as exc:
-                if self.world_size > 1:
-                    raise verdict.rejected(self.rank, base, g, "the shares", exc, self.storage) from exc
-                raise
-        own_m = Manifest.loads(raws[own]) if own is not None else Manifest.loads(raws[0])
-        if own is None:
-            logger.warning("rank %d has no part in checkpoint %s (world size %d): it takes rank 0's RNG state",
-                           self.rank, name, g.world_size)
-        if g.writers == shares.WRITERS_ALL:  # every share of the replicated tensors, read in parallel
-            loaded = self._load_shares(g, base, raws, own)
-        else:
-            loaded = self._load_part(g, base, raws, src)
-        return loaded.of_global(base, g, own_m)
-
-    def _whose(self, rank: int) -> str:
-        return "its part" if rank == self.rank else f"rank {rank}'s data"
-
-    def _own_verdict(self, name: str, g: GlobalManifest, rank: int) -> bytes:
-        """Part ``rank``'s manifest bytes (:meth:`check_part_record`), judged by this rank alone. In a
-        job of several ranks the others do not read this part: a rank that finds it bad marks the
-        copy and stops (RestartRequiredError), never falls back alone; one of a newer format (which
-        it must neither use nor condemn) stops it with CheckpointError."""
-        try:
-            return self.check_part_record(name, g, rank, data=False)
-        except UnknownFormatError as exc:
-            if self.world_size > 1:
-                raise CheckpointError(
-                    f"rank {self.rank}: {self._whose(rank)} of checkpoint {self.dir}/{name} is of a newer format ({exc}), "
-                    "while its global manifest is not: the other ranks do not read this part and would resume from it. "
-                    "Resume with the paddle-acp that wrote it, or remove the checkpoint to resume from the previous one."
-                ) from exc
-            raise
-        except CorruptCheckpointError as exc:
-            if self.world_size > 1:
-                raise verdict.rejected(self.rank, f"{self.dir}/{name}", g, self._whose(rank), exc, self.storage) from exc
-            raise
-
-    def _load_part(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], src: int) -> LoadedCheckpoint:
-        """Rank ``src``'s part, verified (the node-local copy when it is these very bytes); its own lands in :attr:`landing`."""
-        own = self.landing if src == self.rank else None
-        cached = self.cache.load(g.name, g.number, raws[src], src, self.memory_budget, own) if self.cache is not None else None
-        try:
-            return cached if cached is not None else self._part_checkpointer.load(g.number, f"{base}/{rank_part(src)}", raws[src], own)
-        except CorruptCheckpointError as exc:
-            if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
-                raise verdict.rejected(self.rank, base, g, self._whose(src), exc, self.storage) from exc
-            raise
-
-    def _load_shares(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], own: Optional[int]) -> LoadedCheckpoint:
-        """A spread checkpoint: the share of every share writer (ranks 0..g.share_writers-1; the other parts
-        hold no tensors) verified (in parallel) and joined (:mod:`.shares`). A share that fails on this rank
-        goes through the bad mark like its own part would."""
-        try:
-            parts = shares.load_all(lambda k: self._load_part(g, base, raws, k) if k == self.rank
-                                    else self._part_checkpointer.load(g.number, f"{base}/{rank_part(k)}", raws[k]),
-                                    list(range(g.share_writers)))
-        except shares.ShareFailed as failed:
-            exc = failed.error
-            if isinstance(exc, CorruptCheckpointError) and self.world_size > 1 and failed.rank != self.rank:
-                raise verdict.rejected(self.rank, base, g, f"rank {failed.rank}'s share", exc, self.storage) from exc
-            raise exc from None
-        return shares.merge(parts, own if own in parts else 0, base)  # RNG and extra: ``own``'s (load_global)
-
-    def resume_from(self, loaded: Optional[LoadedCheckpoint]) -> None:
-        """This incarnation resumes from ``loaded`` (None: from scratch): its parts are tagged with
-        it, and its marks are checked at the first save and before every commit."""
-        self.base = loaded.name if loaded is not None else None
-        g = loaded.global_manifest if loaded is not None else None
-        self.base_crc = g.crc32 if g is not None and g.name == self.base else None
-
-    def check_base(self) -> None:
-        """RestartRequiredError when a rank marked the copy this incarnation resumed from bad."""
-        if self.base is None or self.base_crc is None:
-            return
-        ckdir = f"{self.dir}/{self.base}"
-        ranks = verdict.marks(self.storage, ckdir, self.base_crc)
-        if ranks:
-            raise verdict.base_condemned(self.rank, ckdir, ranks, self.storage, self.base_crc)
-

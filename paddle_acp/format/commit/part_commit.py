@@ -7,13 +7,9 @@ global checkpoint. The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a missing 
 abandons the checkpoint. Where the ranks share a store (``arrivals``: each rank counts its part in once it
 is in place, :mod:`paddle_acp.runtime.coord`), rank 0 lists the position once every rank counted in (and
 at most every LATER_PARTS_EVERY seconds before that, for absences and ranks that moved on), not at every
-poll round; the count is a hint only: what commits is still decided from storage. With the store, a rank's part
-travels with its arrival (its manifest's bytes, the rank's note) and each rank posts its generation once per open
-(``g/{rank}/{generation}``): once every rank counted in, rank 0 takes the manifests from the store (a part counts
-only when the position's listing shows it in place and its note is of this position and incarnation) and judges
-each part's generation from the store (its own generation posted there and no newer one), reading a part or
-looking a generation up on storage only where the store cannot vouch: per checkpoint no manifest read and no
-fence look-up per rank. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
+poll round; the count is a hint only: what commits is still decided from storage. With the store, the manifests,
+the generations and the absences come from it (:mod:`.arrivals`): per checkpoint no manifest read, no fence
+look-up and no absence file per rank. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
 """
 
 from __future__ import annotations
@@ -21,10 +17,11 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError
-from paddle_acp.format.commit import absence, verdict
+from paddle_acp.format.commit import absence, arrivals, verdict
+from paddle_acp.format.commit.arrivals import Arrivals
 from paddle_acp.format.commit.atomic import CommitStrategy
 from paddle_acp.format.commit.committer import PendingCommit as Ticket
 from paddle_acp.format.commit.fencing import Fence, newer_recorded, newest_generation
@@ -37,7 +34,6 @@ from paddle_acp.format.layout import (
     parse_bad_mark,
     parse_name,
     parse_part,
-    position_key,
     position_number,
 )
 from paddle_acp.format.manifest import MAX_MANIFEST_SIZE, Manifest
@@ -64,33 +60,6 @@ def _unchanged(seen: Dict[Any, Any], key: Any, e: Any) -> bool:
     return _token(e) is not None and seen.get(key, _UNSEEN) == _token(e)
 
 
-MAX_NOTE = 1 << 20  # bytes: a part's manifest travels through the store up to this size (a larger one: read from storage)
-
-
-def generation_key(rank: int, generation: int) -> str:
-    """The store's count of the processes of ``rank`` that hold ``generation`` (each posts its own once)."""
-    return f"g/{rank}/{generation}"
-
-
-def part_generation(m: Manifest) -> Optional[int]:
-    """The writer generation a part's manifest records (-1: written without a fence; None: not recorded)."""
-    part = m.extra.get("part") if isinstance(m.extra, dict) else None
-    gen = part.get("generation", -1) if isinstance(part, dict) else None
-    return None if isinstance(gen, bool) or not isinstance(gen, int) else gen
-
-
-class Arrivals(Protocol):
-    """The ranks' count of parts in place (the job's store), or None from ``arrivals`` where only storage can tell."""
-
-    def arrive(self, key: str, note: Optional[bytes] = None, rank: int = 0) -> None: ...
-
-    def arrivals(self, key: str) -> Optional[int]: ...
-
-    def counts(self, keys: Sequence[str]) -> Optional[List[int]]: ...
-
-    def notes(self, ranks: Sequence[int], limit: int) -> Optional[List[Optional[bytes]]]: ...
-
-
 class PartCommitMixin:
     """Rank 0's side of a checkpoint of several ranks (see the module docstring)."""
 
@@ -115,20 +84,21 @@ class PartCommitMixin:
         """The key under which every rank counts its part of position ``name`` of this incarnation."""
         return f"{self.base}/{name}"
 
-    def _arrive(self, name: str, note: Optional[bytes] = None) -> None:
-        """Count this rank's part (or absence) at ``name`` in, where the ranks share a store (best effort:
-        rank 0 lists storage at least every LATER_PARTS_EVERY seconds anyway). ``note``: the part's manifest
-        bytes, which rank 0 then reads from the store; the first arrival also posts this rank's generation."""
-        if self.arrivals is None:
-            return
+    def _arrive(self, name: str, note: Optional[bytes] = None, absent: bool = False) -> bool:
+        """Count this rank's part (or with ``absent``, its absence) at ``name`` in, where the ranks share a store
+        (:mod:`.arrivals`; best effort: rank 0 lists storage at least every LATER_PARTS_EVERY seconds anyway).
+        ``note``: the part's manifest bytes or the absence document, which rank 0 then reads from the store; the
+        first arrival also posts this rank's generation. False where nothing was counted (no store, or it failed)."""
+        if self.arrivals is None or self.arrivals.kind == "storage":
+            return False
+        gen = None if self._generation_posted or self.fence is None else (self.fence.rank, self.fence.generation)
         try:
-            if not self._generation_posted and self.fence is not None:
-                self.arrivals.arrive(generation_key(self.fence.rank, self.fence.generation))
-                self._generation_posted = True
-            self.arrivals.arrive(self.arrival_key(name), note if note is not None and len(note) <= MAX_NOTE else None,
-                                 self.rank)
+            arrivals.arrive(self.arrivals, self.arrival_key(name), self.rank, note, gen, absent)
         except AcpError as exc:
             logger.debug("range %s: could not count a part of %s in: %s", self.range_name, name, exc)
+            return False
+        self._generation_posted = True
+        return True
 
     def _own_part(self, name: str) -> Optional[Tuple[bytes, Manifest]]:
         """This rank's part of ``name`` as it wrote it (its manifest's bytes, kept from the write), when it
@@ -137,43 +107,32 @@ class PartCommitMixin:
         m = self._part_manifest(raw, self.rank, name) if raw is not None else None
         return None if raw is None or m is None else (raw, m)
 
-    def _from_store(self, name: str) -> Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int]]:
-        """Rank 0, once every rank counted in: the parts of ``name`` whose manifests the store holds (each
-        rank's newest note, when it is of this position and incarnation) and the generations the store vouches
-        for (rank -> the generation its writer posted, when no newer one of that rank was posted). Two round
-        trips; empty where the store cannot tell (a rank that moved on since: its part is read from storage)."""
+    def _from_store(self, name: str, with_absences: bool) -> Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int],
+                                                                    Dict[int, absence.Absence]]:
+        """Rank 0, once every rank counted in (or one counted itself in without a part): what the store holds of
+        the other ranks at ``name`` (:func:`.arrivals.parts_and_generations`); empty where it cannot tell (a rank
+        that moved on since: its part is read from storage)."""
         pos = parse_name(name)
         if self.arrivals is None or pos is None:
-            return {}, {}
-        ranks = [k for k in range(self.world_size) if self.fence is None or k != self.fence.rank]
-        parts: Dict[int, Tuple[bytes, Manifest]] = {}
+            return {}, {}, {}
+        ranks = [k for k in range(self.world_size) if k != self.rank]
         try:
-            raws = self.arrivals.notes(ranks, MAX_NOTE)
-            for k, raw in zip(ranks, raws or []):
-                m = self._part_manifest(raw, k, name) if raw is not None else None
-                if raw is not None and m is not None and m.number == position_number(*pos):
-                    parts[k] = (raw, m)
-            gens = [(k, g) for k, (_, m) in parts.items() if (g := part_generation(m)) is not None and g >= 0]
-            keys = [key for k, g in gens for key in (generation_key(k, g), generation_key(k, g + 1))]
-            counts = self.arrivals.counts(keys) if keys else []
+            return arrivals.parts_and_generations(self.arrivals, ranks, position_number(*pos),
+                                                  lambda raw, k: self._part_manifest(raw, k, name), with_absences)
         except AcpError as exc:
             logger.debug("range %s: reading the parts of %s from the store: %s; storage alone tells", self.range_name, name, exc)
-            return {}, {}
-        if counts is None:
-            return parts, {}
-        return parts, {k: g for i, (k, g) in enumerate(gens) if counts[2 * i] > 0 and counts[2 * i + 1] == 0}
+            return {}, {}, {}
 
-    def _all_arrived(self, name: str) -> Optional[bool]:
-        """Whether every rank counted its part of ``name`` in (None: unknown; a store that failed says so once)."""
+    def _counted(self, name: str) -> Optional[Tuple[int, int]]:
+        """(ranks counted in at ``name``, of them without a part), or None: unknown (a store that failed says so once)."""
         if self.arrivals is None:
             return None
         try:
-            n = self.arrivals.arrivals(self.arrival_key(name))
+            return arrivals.counted(self.arrivals, self.arrival_key(name))
         except AcpError as exc:
             logger.debug("range %s: counting the parts of %s: %s; storage alone tells", self.range_name, name, exc)
             self.arrivals = None
             return None
-        return None if n is None else n >= self.world_size
 
     def part_dir(self, name: str, rank: int) -> str:
         raise NotImplementedError
@@ -217,7 +176,7 @@ class PartCommitMixin:
         generation records): a part written by a superseded process never enters a global checkpoint.
         FencedError when this rank 0 itself is superseded. ``vouched``: rank -> the generation the job's
         store holds as that rank's newest (:meth:`_from_store`): no look-up on storage for it."""
-        gen = part_generation(m)
+        gen = arrivals.part_generation(m)
         if vouched is not None and gen is not None and vouched.get(rank) == gen:
             return False  # its writer posted this generation to the job's store, and no newer process of its rank did
         if self.fence is not None and rank == self.fence.rank and gen is not None and gen <= self.fence.generation:
@@ -251,28 +210,10 @@ class PartCommitMixin:
         return known
 
     def _later_parts(self, name: str, ranks: List[int]) -> List[int]:
-        """Those of ``ranks`` that already have a part at a later position (they will not write this
-        one): one listing of the range, then one of each later position (few: the ones rank 0 has
-        moved on to), never one look-up per rank."""
-        pos = parse_name(name)
-        if pos is None or not ranks:
-            return []
-        key = position_key(*pos)
-        later = []
-        self._range_listing = self.storage.listdir(self.dir)  # retention after this commit uses it (no second listing)
-        for e in self._range_listing:
-            p = parse_name(e.name) if e.is_dir else None
-            if p is not None and position_key(*p) > key:
-                later.append(e.name)
-        found = set()
-        for n in later:
-            for e in self.storage.listdir(f"{self.dir}/{n}"):
-                k = parse_part(e.name) if e.is_dir else None
-                if k is not None and k in ranks:
-                    found.add(k)
-            if len(found) == len(ranks):
-                break
-        return sorted(found)
+        """Those of ``ranks`` already at a later position (:func:`.arrivals.moved_on`); the range's listing is kept
+        for the retention after this commit (no second listing)."""
+        found, self._range_listing = arrivals.moved_on(self.storage, self.dir, name, ranks)
+        return found
 
     def _absence(self, name: str, rank: int, gens: Dict[int, int]) -> Optional[absence.Absence]:
         """Rank ``rank``'s absence at ``name`` when it counts: of this incarnation's base and of the
@@ -309,7 +250,7 @@ class PartCommitMixin:
         judged: Dict[int, Tuple[bytes, bool]] = {}  # the generation check, once per part (not per poll)
         # the store's manifests and vouched generations (:meth:`_from_store`, once every rank counted in);
         # this rank's own part: the manifest it just wrote (no read)
-        stored: Optional[Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int]]] = None
+        stored: Optional[Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int], Dict[int, absence.Absence]]] = None
         own = self._own_part(name)
         self.check_base()  # never commit on a base a rank rejected (the ranks went apart)
         delay = self.poll_interval
@@ -317,8 +258,9 @@ class PartCommitMixin:
         moved_on: List[int] = []  # ranks just seen at a later position: this position is listed once more
         t0 = time.monotonic()
         while True:
-            if later_at and time.monotonic() < min(later_at, deadline) and self._all_arrived(name) is False and not (
-                    ticket is not None and ticket.cancel.is_set()):
+            counted = self._counted(name) if stored is None else None  # (before the listing: every part counted is in it)
+            if later_at and time.monotonic() < min(later_at, deadline) and counted is not None and \
+                    counted[0] < self.world_size and not counted[1] and not (ticket is not None and ticket.cancel.is_set()):
                 # the store says parts are still on their way: no listing before they are (or later_at passes)
                 if ticket is not None:
                     ticket.cancel.wait(STORE_POLL)
@@ -328,9 +270,14 @@ class PartCommitMixin:
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
             listing = st.listdir(ckdir)
             dirs = {parse_part(e.name): e for e in listing if e.is_dir}
-            if stored is None and self.arrivals is not None and self._all_arrived(name):
-                stored = self._from_store(name)
-            noted, vouched = stored if stored is not None else ({}, {})
+            if counted is not None and (counted[0] >= self.world_size or counted[1]):
+                stored = self._from_store(name, bool(counted[1]))
+                for r, noted_absence in stored[2].items():  # a rank counted in without a part (no file on storage)
+                    if absence.counts(noted_absence, name, self.base, self._newest_generation(r, gens)):
+                        logger.error("range %s: checkpoint %s abandoned at once: rank %d has no part (%s); it stays "
+                                     "invisible and training goes on", self.range_name, name, r, noted_absence.reason)
+                        return self._gave_up(ticket, t0)
+            noted, vouched = (stored[0], stored[1]) if stored is not None else ({}, {})
             # with a store, parts are read once every rank counted in (from the store), and from storage only at
             # the rounds that look for ranks gone quiet (every LATER_PARTS_EVERY s: a rank that died after its part)
             read_now = self.arrivals is None or stored is not None or (later_at and time.monotonic() >= later_at)

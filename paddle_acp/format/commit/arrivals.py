@@ -1,0 +1,128 @@
+"""What the ranks tell rank 0 through the job's store about one position (issue 43): each rank's arrival, with
+its part's manifest or its absence, and each rank's generation, posted once per open.
+
+The coordinator (:mod:`paddle_acp.runtime.coord`: the job's store) is reached through :class:`Arrivals`; where
+there is none, or it fails, storage alone tells (the protocol of earlier versions: rank 0 lists the position,
+reads each part's manifest and absence file, looks each rank's generation up). What the store carries is a hint
+checked against storage, never a commit on its own: a part counts only once the position's listing shows it in
+place, a note only when it is of this very position and incarnation, and a generation only when the process that
+wrote the part posted it to this job's store and no newer process of its rank did (else it is looked up on
+storage as before: a part of a superseded process never commits).
+
+Keys, per arrival key ``{base}/{name}`` (the coordinator adds its own prefix): ``a/{key}``, the ranks counted in
+(a part or an absence); ``a/x/{key}``, the ranks that have no part there; ``n/{rank}``, each rank's newest note (a
+part's manifest, or an absence document, :mod:`.absence`); ``a/g/{rank}/{generation}``, the processes of a rank
+holding that generation.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+
+from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.format.commit import absence
+from paddle_acp.format.layout import absent_mark, parse_name, parse_part, position_key
+from paddle_acp.format.manifest import Manifest
+from paddle_acp.storage.base import Entry, Storage
+
+MAX_NOTE = 1 << 20  # bytes: a part's manifest travels through the store up to this size (a larger one: read from storage)
+
+
+class Arrivals(Protocol):
+    """The coordinator's verbs this needs (:class:`paddle_acp.runtime.coord.Coordinator`); each returns None
+    where only storage can tell, and raises an AcpError when the store failed; ``kind`` "storage": it counts nothing."""
+
+    kind: str
+
+    def arrive(self, key: str, note: Optional[bytes] = None, rank: int = 0) -> None: ...
+
+    def arrivals(self, key: str) -> Optional[int]: ...
+
+    def counts(self, keys: Sequence[str]) -> Optional[List[int]]: ...
+
+    def notes(self, ranks: Sequence[int], limit: int) -> Optional[List[Optional[bytes]]]: ...
+
+
+def generation_key(rank: int, generation: int) -> str:
+    """The store's count of the processes of ``rank`` that hold ``generation`` (each posts its own once)."""
+    return f"g/{rank}/{generation}"
+
+
+def absent_key(key: str) -> str:
+    """The store's count of the ranks that have no part at arrival key ``key``."""
+    return f"x/{key}"
+
+
+def part_generation(m: Manifest) -> Optional[int]:
+    """The writer generation a part's manifest records (-1: written without a fence; None: not recorded)."""
+    part = m.extra.get("part") if isinstance(m.extra, dict) else None
+    gen = part.get("generation", -1) if isinstance(part, dict) else None
+    return None if isinstance(gen, bool) or not isinstance(gen, int) else gen
+
+
+def arrive(coord: Arrivals, key: str, rank: int, note: Optional[bytes], generation: Optional[Tuple[int, int]],
+           absent: bool = False) -> None:
+    """Rank ``rank`` counts itself in at ``key`` (``note``: its part's manifest, or its absence with ``absent``;
+    ``generation``: (rank, generation) to post first, once per open). Raises what the coordinator raises."""
+    if generation is not None:
+        coord.arrive(generation_key(*generation))
+    coord.arrive(key, note if note is not None and len(note) <= MAX_NOTE else None, rank)
+    if absent:
+        coord.arrive(absent_key(key))
+
+
+def counted(coord: Arrivals, key: str) -> Optional[Tuple[int, int]]:
+    """(ranks counted in at ``key``, of them without a part), one round trip; None where only storage can tell."""
+    got = coord.counts([key, absent_key(key)])
+    return None if got is None else (got[0], got[1])
+
+
+def parts_and_generations(coord: Arrivals, ranks: Sequence[int], number: int,
+                          parse: Callable[[bytes, int], Optional[Manifest]], absences: bool = False
+                          ) -> Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int], Dict[int, absence.Absence]]:
+    """What the store holds of ``ranks`` at position ``number``: their parts (rank -> (manifest bytes, manifest),
+    each rank's newest note when ``parse`` accepts it as its part of this incarnation and it is of this position),
+    the generations the store vouches for (rank -> the generation its part's writer posted, when no newer process
+    of its rank posted one) and, with ``absences`` (some rank counted itself in without a part), the absences
+    noted (rank -> absence, not yet judged: :func:`.absence.counts`). Two round trips."""
+    raws = coord.notes(ranks, MAX_NOTE)
+    parts: Dict[int, Tuple[bytes, Manifest]] = {}
+    absent: Dict[int, absence.Absence] = {}
+    for k, raw in zip(ranks, raws or []):
+        if raw is None:
+            continue
+        if absences and len(raw) <= absence.MAX_ABSENT_SIZE:  # some rank said it has no part: this one?
+            try:
+                absent[k] = absence.Absence.loads(raw, absent_mark(k))
+                continue
+            except CorruptCheckpointError:
+                pass  # not an absence document: a part's manifest
+        m = parse(raw, k)
+        if m is not None and m.number == number:
+            parts[k] = (raw, m)
+    gens = [(k, g) for k, (_, m) in parts.items() if (g := part_generation(m)) is not None and g >= 0]
+    counts = coord.counts([key for k, g in gens for key in (generation_key(k, g), generation_key(k, g + 1))]) if gens else []
+    if counts is None:
+        return parts, {}, absent
+    return parts, {k: g for i, (k, g) in enumerate(gens) if counts[2 * i] > 0 and counts[2 * i + 1] == 0}, absent
+
+
+def moved_on(storage: Storage, range_dir: str, name: str, ranks: Sequence[int]) -> Tuple[List[int], Optional[List[Entry]]]:
+    """Those of ``ranks`` that already have a part at a position after ``name`` (they will not write this one),
+    and the range's listing (None when not listed): one listing of the range, then one of each later position
+    (few: the ones rank 0 has moved on to), never one look-up per rank. Storage alone tells this, store or not."""
+    pos = parse_name(name)
+    if pos is None or not ranks:
+        return [], None
+    key = position_key(*pos)
+    listing = storage.listdir(range_dir)
+    later = [e.name for e in listing if e.is_dir and (p := parse_name(e.name)) is not None and position_key(*p) > key]
+    found: Set[int] = set()
+    for n in later:
+        for e in storage.listdir(f"{range_dir}/{n}"):
+            k = parse_part(e.name) if e.is_dir else None
+            if k is not None and k in ranks:
+                found.add(k)
+        if len(found) == len(ranks):
+            break
+    return sorted(found), listing
