@@ -36,6 +36,6 @@ if [ "$BEFORE" != "$AFTER" ]; then
   echo "ci/env.sh: installing paddle-acp changed Paddle in $VENV: '$BEFORE' -> '$AFTER'" >&2
   exit 1
 fi
-"$VENV/bin/python" -c "import paddle_acp, pytest, hypothesis" >/dev/null
+"$VENV/bin/python" -c "import paddle_acp, pytest, hypothesis, vulture" >/dev/null
 export PATH="$VENV/bin:$PATH"
 export PYTHON="$VENV/bin/python"
