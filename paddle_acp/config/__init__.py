@@ -11,8 +11,9 @@ Every invalid value raises :class:`ConfigError` naming the variable and value.
 
 This package reads every environment variable paddle-acp uses (:data:`ENV_VARS`): the training
 configuration here (:func:`from_env`), the variables of single components (logging, storage
-clients, preemption, the tools' progress line) in :mod:`paddle_acp.config.components`, and the
-value parsers they share (booleans, seconds, job ids, amounts of memory) in
+clients, preemption, the tools' progress line) in :mod:`paddle_acp.config.components`, those of a job of
+several ranks in :mod:`paddle_acp.config.ranks`, those ``paddle-acp check`` sets in
+:mod:`paddle_acp.config.check`, and the value parsers they share (booleans, seconds, job ids, amounts of memory) in
 :mod:`paddle_acp.config.values`. Everything is importable from ``paddle_acp.config``.
 """
 
@@ -23,6 +24,10 @@ import logging
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from paddle_acp.config import ranks
+from paddle_acp.config.check import check_digests_from_env as check_digests_from_env
+from paddle_acp.config.check import check_epochs_from_env as check_epochs_from_env
+from paddle_acp.config.check import check_kill_at_from_env as check_kill_at_from_env
 from paddle_acp.config.components import DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONNECT_TIMEOUT
 from paddle_acp.config.components import HDFS_CLIENTS as HDFS_CLIENTS
 from paddle_acp.config.components import LOG_LEVELS as LOG_LEVELS
@@ -40,6 +45,11 @@ from paddle_acp.config.components import progress_from_env as progress_from_env
 from paddle_acp.config.components import s3_from_env as s3_from_env
 from paddle_acp.config.components import storage_options_from_env as storage_options_from_env
 from paddle_acp.config.components import trainer_id_from_env as trainer_id_from_env
+from paddle_acp.config.ranks import DEFAULT_PART_TIMEOUT as DEFAULT_PART_TIMEOUT
+from paddle_acp.config.ranks import DEFAULT_REPLICATED_WRITERS as DEFAULT_REPLICATED_WRITERS
+from paddle_acp.config.ranks import DEFAULT_SHARE_WRITERS as DEFAULT_SHARE_WRITERS
+from paddle_acp.config.ranks import RANK_STATE_MODES as RANK_STATE_MODES
+from paddle_acp.config.ranks import writer_cap as writer_cap
 from paddle_acp.config.values import FALSE_WORDS as FALSE_WORDS
 from paddle_acp.config.values import MAX_WORLD as MAX_WORLD
 from paddle_acp.config.values import MIN_HOST_MEMORY as MIN_HOST_MEMORY
@@ -57,16 +67,6 @@ PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
 DEFAULT_JOB_ID = "default"
 DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
-DEFAULT_PART_TIMEOUT = 300.0
-RANK_STATE_MODES = ("auto", "replicated", "per-rank")
-# PADDLE_ACP_REPLICATED_WRITERS: who writes the tensors of replicated state (format/engine/shares.py):
-# "all" (ranks 0..min(W, DEFAULT_SHARE_WRITERS)-1 each write a share), a number N >= 2 (ranks
-# 0..min(W, N)-1) or "one" (rank 0 writes every tensor; "1" means the same)
-DEFAULT_REPLICATED_WRITERS = "all"
-# the share writers "all" means at most: a restore reads every share, so each rank opens this many
-# data files at most, whatever the world size (issue 28 item 4: a restart's storage calls per rank
-# stay flat in W), while 8 writers already split the write of the state 8 ways
-DEFAULT_SHARE_WRITERS = 8
 # What a save that comes due while the previous checkpoint is still being written does
 # (asynchronous saves only; the final save of a range, preemption saves and synchronous
 # mode always wait): see saver.busy_action. ``auto`` waits for it unless the range's waits would pass
@@ -240,113 +240,12 @@ def busy_policy_chosen(env: Optional[Mapping[str, str]] = None) -> bool:
     return raw is not None and raw.strip() != ""
 
 
-def check_digests_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """``PADDLE_ACP_CHECK_DIGESTS`` (set by ``paddle-acp check``): the file the runtime appends its
-    per-epoch digests to; None when unset."""
-    raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_DIGESTS")
-    return raw if raw else None
-
-
-def check_epochs_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
-    """``PADDLE_ACP_CHECK_EPOCHS`` (set by ``paddle-acp check``): every range ends after this many
-    epochs (the script is not edited); None when unset."""
-    raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_EPOCHS")
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"PADDLE_ACP_CHECK_EPOCHS={raw!r} must be a positive integer (epochs per range)")
-    return value
-
-
-def check_kill_at_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, int, Optional[int]]]:
-    """``PADDLE_ACP_CHECK_KILL_AT`` (set by ``paddle-acp check`` on the first process of a killed run):
-    ``EPOCH[:STEP]@RANGE``, where the process SIGKILLs itself once every checkpoint taken before that
-    point is committed (inside epoch EPOCH of range RANGE, after its first training run; with STEP,
-    in batch STEP, counted from 0). (range, epoch, step or None); None when unset."""
-    raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_KILL_AT")
-    if raw is None or raw.strip() == "":
-        return None
-    where, sep, range_name = raw.strip().partition("@")
-    parts = where.split(":")
-    if not sep or not range_name or not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
-        raise ConfigError(f"PADDLE_ACP_CHECK_KILL_AT={raw!r} must be EPOCH[:STEP]@RANGE (set by paddle-acp check)")
-    return range_name, int(parts[0]), int(parts[1]) if len(parts) == 2 else None
-
-
 def _interval(env: Mapping[str, str]) -> float:
     for name in ("PADDLE_ACP_SAVE_INTERVAL", "PADDLE_EDL_SAVE_CHECKPOINT_INTER"):
         raw = env.get(name)
         if raw is not None and raw.strip() != "":
             return check_interval(raw.strip(), name)
     return DEFAULT_SAVE_INTERVAL
-
-
-def _world_size(env: Mapping[str, str]) -> Optional[int]:
-    raw = env.get("PADDLE_TRAINERS_NUM")
-    if raw is None or raw.strip() == "":
-        return None
-    world = env_int(env, "PADDLE_TRAINERS_NUM", 1, minimum=1)
-    if world > MAX_WORLD:
-        raise ConfigError(
-            f"PADDLE_TRAINERS_NUM={raw!r} is above the largest world size a checkpoint records ({MAX_WORLD}): "
-            "a job of that many ranks would write checkpoints it cannot read back; run at most "
-            f"{MAX_WORLD} ranks per checkpointed job"
-        )
-    return world
-
-
-def _rank_state(env: Mapping[str, str]) -> str:
-    raw = (env.get("PADDLE_ACP_RANK_STATE") or "").strip().lower()
-    if not raw:
-        return "auto"
-    if raw == "per_rank":
-        raw = "per-rank"
-    if raw not in RANK_STATE_MODES:
-        raise ConfigError(f"PADDLE_ACP_RANK_STATE={env.get('PADDLE_ACP_RANK_STATE')!r} must be one of {', '.join(RANK_STATE_MODES)}")
-    return raw
-
-
-def writer_cap(value: str) -> Optional[int]:
-    """The most ranks that write shares of replicated state for PADDLE_ACP_REPLICATED_WRITERS ``value``
-    ("all", "one" or a number): None for "one" (rank 0 writes every tensor); ConfigError for a bad value."""
-    if value == "one":
-        return None
-    if value == "all":
-        return DEFAULT_SHARE_WRITERS
-    if isinstance(value, str) and value.isdigit() and value.isascii() and 2 <= int(value) <= MAX_WORLD:
-        return int(value)
-    raise ConfigError(f"PADDLE_ACP_REPLICATED_WRITERS={value!r} must be all, one or a whole number of share writers "
-                      f"from 1 to {MAX_WORLD} (all: ranks 0..{DEFAULT_SHARE_WRITERS - 1} each write a share of the "
-                      "replicated tensors; N: ranks 0..N-1; one or 1: rank 0 writes them all)")
-
-
-def _replicated_writers(env: Mapping[str, str]) -> str:
-    given = env.get("PADDLE_ACP_REPLICATED_WRITERS")
-    raw = (given or "").strip().lower()
-    if not raw:
-        return DEFAULT_REPLICATED_WRITERS
-    if raw.isdigit() and raw.isascii():
-        raw = str(int(raw))  # "08" is 8
-        if raw == "1":
-            raw = "one"
-    try:
-        writer_cap(raw)
-    except ConfigError:
-        raise ConfigError(f"PADDLE_ACP_REPLICATED_WRITERS={given!r} must be all, one or a whole number of share "
-                          f"writers from 1 to {MAX_WORLD} (all: ranks 0..{DEFAULT_SHARE_WRITERS - 1} each write a share "
-                          "of the replicated tensors; N: ranks 0..N-1; one or 1: rank 0 writes them all)") from None
-    return raw
-
-
-def _part_timeout(env: Mapping[str, str]) -> float:
-    raw = env.get("PADDLE_ACP_PART_TIMEOUT")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_PART_TIMEOUT
-    return check_interval(raw.strip(), "PADDLE_ACP_PART_TIMEOUT")
 
 
 def local_cache_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -389,10 +288,10 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     storage = storage_options_from_env(env)
     common: Dict[str, Any] = dict(
         trainer_id=trainer_id_from_env(env),
-        world_size=_world_size(env),
-        rank_state=_rank_state(env),
-        part_timeout=_part_timeout(env),
-        replicated_writers=_replicated_writers(env),
+        world_size=ranks.world_size(env),
+        rank_state=ranks.rank_state(env),
+        part_timeout=ranks.part_timeout(env),
+        replicated_writers=ranks.replicated_writers(env),
         save_interval=_interval(env),
         max_to_keep=env_int(env, "PADDLE_ACP_MAX_TO_KEEP", DEFAULT_MAX_TO_KEEP),
         async_save=_bool(env, "PADDLE_ACP_ASYNC", True),
