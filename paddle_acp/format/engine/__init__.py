@@ -2,7 +2,7 @@
 
 :mod:`.arena` (page-aligned host buffers, parallel copies), :mod:`.snapshot` (a checkpoint's content,
 copied out of Paddle, and its layout), :mod:`.stream` (a state over the host-memory budget, in chunks),
-:mod:`.crc` (the CRC thread), :mod:`.writer` (one checkpoint's data file and manifest, into a directory
+:mod:`.crc` (the CRC threads, joining checksums of pieces), :mod:`.writer` (one checkpoint's data file and manifest, into a directory
 being committed), :mod:`.reader` (THE reader: the one place a checkpoint is read and verified),
 :mod:`.loaded` (a verified checkpoint, its tensors handed out once each), :mod:`.spool` (the local spool
 of a remote restore over the budget) and :mod:`.shares` (spread writes: which rank writes which tensor,
