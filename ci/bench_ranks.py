@@ -178,6 +178,7 @@ class Job:
             fence = Fence.take(self.st[r], self.job, r)
             g = GlobalCheckpointer(self.st[r], self.job, "_range_0", r, self.world, self.keep, 1800.0, fence)
             g.arrivals = coord
+            g.announce()  # as the range's open does (its generation to the store, not waited for)
             # as the runtime starts a rank (runtime/restore.py): nothing to load in a new range, then the clean-up
             loaded = load_newest(Checkpointer(self.st[r], self.job, "_range_0", self.keep, fence), g, "per-rank")
             assert loaded is None

@@ -70,7 +70,7 @@ def test_the_commit_reads_no_manifest_and_looks_no_generation_up_per_rank_on_the
 
 def test_a_part_of_a_superseded_process_is_refused_when_the_store_knows_a_newer_generation(tmp_path, caplog):
     """Rank 1's first process (generation 0) writes its part and counts it in; a newer process of rank 1
-    (generation 1) then joins the store. Rank 0 gets the old part's manifest from the store, but the store shows
+    (generation 1) then opens its range on the same store (no part of its own yet). Rank 0 gets the old part's manifest from the store, but the store shows
     generation 1 posted: the part is judged on storage, found superseded and never committed."""
     st = open_storage(str(tmp_path))
     coord = store_coordinator()
@@ -79,7 +79,7 @@ def test_a_part_of_a_superseded_process_is_refused_when_the_store_knows_a_newer_
     old.save(snapshot(1), "per-rank")
     new = rank(st, 1, 2, coord)  # Fence.take: generation 1 on storage
     assert new.fence.generation == 1
-    new._arrive("ckpt-e5")  # its first arrival posts its generation to the store (at another position)
+    new.announce()  # as the range's open does: its generation, posted to the store (before any part of its own)
     counting = Counting(open_storage(str(tmp_path)))
     r0 = rank(counting, 0, 2, coord, r0.fence)
     with caplog.at_level(logging.WARNING, logger="paddle_acp"):

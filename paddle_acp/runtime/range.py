@@ -195,6 +195,7 @@ class EpochRange:
         if self.several_ranks:
             coord = open_coordinator(cfg, storage, range_dir(cfg.job_id, name), name)
             self.global_checkpointer.arrivals = coord
+            self.global_checkpointer.announce()  # its generation, to the job's store (not waited for)
             agreement = Agreement(storage, range_dir(cfg.job_id, name), name, cfg.trainer_id, cfg.busy_policy,
                                   save_interval, fence=opened.fence, coord=coord)
         self.schedule = SaveSchedule(save_interval, cfg.busy_policy, agreement)

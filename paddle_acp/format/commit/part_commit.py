@@ -100,6 +100,12 @@ class PartCommitMixin:
         self._generation_posted = True
         return True
 
+    def announce(self) -> None:
+        """At the range's open: post this process's generation to the job's store without waiting (a newer process
+        of a rank is known to rank 0 from its open on, not from its first part; again with the first arrival)."""
+        if self.arrivals is not None and self.fence is not None:
+            self.arrivals.arrive_soon(arrivals.generation_key(self.fence.rank, self.fence.generation))
+
     def _own_part(self, name: str) -> Optional[Tuple[bytes, Manifest]]:
         """This rank's part of ``name`` as it wrote it (its manifest's bytes, kept from the write), when it
         is of this incarnation: its commit reads it from no storage."""
@@ -280,7 +286,7 @@ class PartCommitMixin:
             noted, vouched = (stored[0], stored[1]) if stored is not None else ({}, {})
             # with a store, parts are read once every rank counted in (from the store), and from storage only at
             # the rounds that look for ranks gone quiet (every LATER_PARTS_EVERY s: a rank that died after its part)
-            read_now = self.arrivals is None or stored is not None or (later_at and time.monotonic() >= later_at)
+            read_now = counted is None or stored is not None or (later_at and time.monotonic() >= later_at)
             for f in listing:
                 k = parse_absent_mark(f.name) if not f.is_dir else None
                 if k is None or k >= self.world_size or k in parts or _unchanged(seen, ("absent", k), f):

@@ -28,6 +28,9 @@ class Coordinator:
         """Rank ``rank`` reached ``key`` (counted once per call); ``note``: a small record of that rank's, which
         rank 0 reads with :meth:`notes` (its newest note replaces the one before; with the count, one round trip)."""
 
+    def arrive_soon(self, key: str) -> None:
+        """Count in at ``key`` without waiting (sent once the store is open; a failure is told by a later call)."""
+
     def arrivals(self, key: str) -> Optional[int]:
         """How many ranks reached ``key``, or None when only storage can tell."""
         return None

@@ -127,6 +127,10 @@ class StoreLink:
             raise self._lose(self._failed(what, value))
         return value
 
+    def send(self, fn: Callable[[KeyValueStore], Any]) -> None:
+        """``fn(store)`` on the link's thread once it is open, not waited for (its outcome is never looked at)."""
+        self._submit(fn)
+
     def settle(self) -> None:
         """Wait (at most until the open's deadline) for the open to end, never raising: a rank that leaves must
         first have joined the open's rendezvous, or rank 0's open (and with it every call of rank 0) waits for the
@@ -210,6 +214,11 @@ class StoreCoordinator(Coordinator):
                 s.add(f"{n}#n", 1)
             s.add(k, 1)
         self.link.call(f"to count {key}", arrive)
+
+    def arrive_soon(self, key: str) -> None:
+        k = f"{self.prefix}a/{key}"
+        if self.link.lost is None:
+            self.link.send(lambda s: s.add(k, 1))
 
     def arrivals(self, key: str) -> Optional[int]:
         k = f"{self.prefix}a/{key}"
