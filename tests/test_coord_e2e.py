@@ -216,8 +216,8 @@ def test_bad_coordination_settings_are_refused_by_name(tmp_path):
     from paddle_acp.runtime.coord import open_coordinator
 
     cfg = CheckpointConfig(uri=str(tmp_path), trainer_id=0, world_size=2)
-    with pytest.raises(ConfigError, match="PADDLE_ACP_COORDINATION='etcd' is not a mode"):
-        open_coordinator(cfg, open_storage(str(tmp_path)), "j/range/r", "r", env={"PADDLE_ACP_COORDINATION": "etcd"})
+    with pytest.raises(ConfigError, match="PADDLE_ACP_COORDINATION='zookeeper' is not a mode"):
+        open_coordinator(cfg, open_storage(str(tmp_path)), "j/range/r", "r", env={"PADDLE_ACP_COORDINATION": "zookeeper"})
     with pytest.raises(ConfigError, match="names no store: set PADDLE_MASTER"):
         open_coordinator(cfg, open_storage(str(tmp_path)), "j/range/r", "r", env={"PADDLE_ACP_COORDINATION": "store"})
 

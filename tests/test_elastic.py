@@ -210,6 +210,8 @@ def job(tmp_path):
 
 SAVED_RE = re.compile(r"saved global checkpoint (ckpt-e\d+(?:-s\d+)?) ")
 RESUMING_RE = re.compile(r"resuming at epoch \d+.* from global checkpoint (ckpt-e\d+(?:-s\d+)?) ")
+ETCD_RE = re.compile(r"the ranks coordinate through etcd at 127\.0\.0\.1:\d+, named by the launcher \(pid \d+\) "
+                     r"\(PADDLE_ACP_COORDINATION=auto\)")
 PART_RE = re.compile(r"rank 1 wrote its part of checkpoint (ckpt-e\d+(?:-s\d+)?) ")
 
 
@@ -254,6 +256,8 @@ def check_elastic_run(j, reference, worker_logs):
     # commits; the one restored was committed (logged saved) before anyone resumed from it
     assert not (j.out / "violations.r1.jsonl").exists(), (j.out / "violations.r1.jsonl").read_text()
     log0, log1 = (Path(worker_logs[r]).read_text(errors="replace") for r in (0, 1))
+    for lg in (log0, log1):  # every incarnation of both found the launcher's etcd (auto) and coordinated there
+        assert len(ETCD_RE.findall(lg)) == 2, lg[-3000:]
     assert not SAVED_RE.search(log1), "trainer 1 logged a global commit"
     assert PART_RE.search(log1), "trainer 1 wrote no part"
     saved0 = SAVED_RE.findall(log0)

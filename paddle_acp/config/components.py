@@ -187,25 +187,28 @@ def storage_options_from_env(env: Optional[Mapping[str, str]] = None) -> Storage
     )
 
 
-COORDINATION_MODES = ("auto", "store", "storage")
+COORDINATION_MODES = ("auto", "store", "etcd", "storage")
 
 
 def coordination_from_env(env: Optional[Mapping[str, str]] = None) -> str:
     """``PADDLE_ACP_COORDINATION``: how the ranks of a job of several coordinate (``auto`` when unset):
     ``store`` (through the job's store: ``PADDLE_MASTER`` of ``paddle.distributed.launch``, or
-    ``MASTER_ADDR``/``MASTER_PORT``; an error when the job has none), ``storage`` (small files on the
-    checkpoint storage: the protocol of earlier versions) or ``auto`` (a store of paddle-acp's own at
-    ``MASTER_ADDR``/``MASTER_PORT``, storage otherwise: docs/design.md). The same on every rank."""
+    ``MASTER_ADDR``/``MASTER_PORT``; an error when the job has none), ``etcd`` (through the etcd server of
+    Paddle's elastic launcher, or ``PADDLE_ELASTIC_SERVER``; an error when there is none), ``storage`` (small
+    files on the checkpoint storage: the protocol of earlier versions) or ``auto`` (etcd under an elastic
+    launcher with one, else a store of paddle-acp's own at ``MASTER_ADDR``/``MASTER_PORT``, storage otherwise:
+    docs/design.md). The same on every rank."""
     return _choice(env, "PADDLE_ACP_COORDINATION", "auto", COORDINATION_MODES, str.lower,
-                   "is not a mode: use auto (default: a store at MASTER_ADDR/MASTER_PORT where set, storage "
-                   "otherwise), store or storage")
+                   "is not a mode: use auto (default: the elastic launcher's etcd where there is one, else a "
+                   "store at MASTER_ADDR/MASTER_PORT where set, storage otherwise), store, etcd or storage")
 
 
-STORE_VARS = ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS", "MASTER_ADDR", "MASTER_PORT")
+STORE_VARS = ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS", "MASTER_ADDR", "MASTER_PORT", "PADDLE_ELASTIC_SERVER")
 
 
 def store_env_from_env(env: Optional[Mapping[str, str]] = None) -> Mapping[str, str]:
-    """The variables that name a job's store (:data:`STORE_VARS`, set by ``paddle.distributed.launch`` or the
-    user; read by Paddle itself, so never judged here: :func:`paddle_acp.adapter.store.job_store_endpoint`)."""
+    """The variables that name a job's store or etcd (:data:`STORE_VARS`, set by ``paddle.distributed.launch`` or
+    the user; read by Paddle itself, so never judged here: :func:`paddle_acp.adapter.store.job_store_endpoint`,
+    :func:`paddle_acp.adapter.elastic.elastic_etcd`)."""
     env = os.environ if env is None else env
     return {k: env[k] for k in STORE_VARS if k in env}

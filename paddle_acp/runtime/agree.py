@@ -265,8 +265,9 @@ class Agreement:
             self.plan = self.planner.plan
         elif (index + o) % h == 0 and index > 0 and self._pending.get(kind) is not None:
             self._adopt(self._await_read(kind))
-        if self.planner is None:
-            self.coord.check()  # the liveness signal: a rank whose rank 0 (and its store) is gone stops here
+        # the liveness signal: a rank whose rank 0 (and its store) is gone stops here, and any rank, rank 0
+        # included, that lost the etcd the ranks coordinate through
+        self.coord.check()
         taken = self.plan.taken(kind, index)
         self._history.append((kind, index, taken, where))
         if self.planner is None and (index + o + w - 2) % h == 0:

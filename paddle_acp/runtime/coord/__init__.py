@@ -11,9 +11,12 @@ A :class:`Coordinator` serves one range of one rank. Its verbs:
   job's store (it lives in rank 0's process: a rank 0 that died takes it down), so that rank stops at its
   next due point with a clear error instead of training on without checkpoints.
 
-Two implementations, chosen at the range's open by :func:`open_coordinator` from
+Three implementations, chosen at the range's open by :func:`open_coordinator` from
 ``PADDLE_ACP_COORDINATION`` (the same on every rank: the environment decides, never a rank's luck):
 
+* :class:`~paddle_acp.runtime.coord.etcd.EtcdCoordinator`: the etcd server of Paddle's elastic launcher
+  (``auto`` under a launcher with ``--master etcd://...`` or ``PADDLE_ELASTIC_SERVER``; ``etcd``: that, or an
+  error): a server outside every rank, with rank 0's liveness on a lease (:mod:`~paddle_acp.runtime.coord.etcd`);
 * :class:`~paddle_acp.runtime.coord.store.StoreCoordinator`: Paddle's TCP store (``auto``: a store of ours at
   ``MASTER_ADDR``/``MASTER_PORT``; ``store``: that, or the job's own that ``paddle.distributed.launch`` names in
   ``PADDLE_MASTER``, which Paddle opens holding the GIL: :mod:`paddle_acp.adapter.store`, docs/design.md). Per checkpoint nothing but the ranks' parts and rank 0's
@@ -30,16 +33,20 @@ from __future__ import annotations
 import logging
 from typing import Mapping, Optional
 
+from paddle_acp.adapter.elastic import elastic_etcd, incarnation
 from paddle_acp.adapter.store import job_store_endpoint
 from paddle_acp.config import CheckpointConfig
 from paddle_acp.config.components import coordination_from_env, store_env_from_env
 from paddle_acp.errors import ConfigError
 from paddle_acp.runtime.coord.base import CoordinationError, Coordinator
+from paddle_acp.runtime.coord.etcd import EtcdCoordinator
+from paddle_acp.runtime.coord.etcd import link_for as etcd_link_for
 from paddle_acp.runtime.coord.files import StorageCoordinator
 from paddle_acp.runtime.coord.store import StoreCoordinator, link_for
 from paddle_acp.storage.base import Storage
 
-__all__ = ["CoordinationError", "Coordinator", "StorageCoordinator", "StoreCoordinator", "open_coordinator"]
+__all__ = ["CoordinationError", "Coordinator", "EtcdCoordinator", "StorageCoordinator", "StoreCoordinator",
+           "open_coordinator"]
 
 logger = logging.getLogger("paddle_acp")
 
@@ -47,9 +54,24 @@ logger = logging.getLogger("paddle_acp")
 def open_coordinator(cfg: CheckpointConfig, storage: Storage, range_dir: str, range_name: str,
                      env: Optional[Mapping[str, str]] = None) -> Coordinator:
     """The coordinator of range ``range_name`` (``range_dir`` on ``storage``) on this rank, chosen by
-    ``PADDLE_ACP_COORDINATION`` (module docstring). ConfigError for ``store`` in a job without a store."""
+    ``PADDLE_ACP_COORDINATION`` (module docstring). ConfigError for ``store`` in a job without a store, ``etcd``
+    outside an elastic launcher with one."""
     mode = coordination_from_env(env)
-    ep = job_store_endpoint(store_env_from_env(env)) if mode != "storage" else None
+    store_env = store_env_from_env(env)
+    server = elastic_etcd(store_env) if mode in ("auto", "etcd") else None
+    if mode == "etcd" and server is None:
+        raise ConfigError("PADDLE_ACP_COORDINATION=etcd, but this process runs under no elastic launcher with an etcd "
+                          "server (python -m paddle.distributed.launch --master etcd://HOST:PORT): set "
+                          "PADDLE_ELASTIC_SERVER=HOST:PORT, or use PADDLE_ACP_COORDINATION=auto")
+    if server is not None:
+        try:
+            elink = etcd_link_for(server.endpoint, cfg.trainer_id, cfg.part_timeout)
+        except ValueError as exc:
+            raise ConfigError(f"the etcd server named by {server.source}: {exc}") from None
+        logger.info("range %s: the ranks coordinate through %s, named by %s (PADDLE_ACP_COORDINATION=%s)",
+                    range_name, elink.client, server.source, mode)
+        return EtcdCoordinator(elink, f"{cfg.job_id}/{range_name}/{incarnation(store_env) or '-'}")
+    ep = job_store_endpoint(store_env) if mode != "storage" else None
     if mode == "store" and ep is None:
         raise ConfigError("PADDLE_ACP_COORDINATION=store, but the job names no store: set PADDLE_MASTER (as "
                           "python -m paddle.distributed.launch does) or MASTER_ADDR and MASTER_PORT, or use "

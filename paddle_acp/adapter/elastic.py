@@ -1,0 +1,114 @@
+"""Paddle's elastic launchers: whether this trainer runs under one with an etcd server, and which.
+
+Read in Paddle 3.3.1:
+
+* ``python -m paddle.distributed.launch --master etcd://HOST:PORT`` (``launch/controllers/collective.py``,
+  ``CollectiveElasticController``: ``--master`` or the launcher's ``PADDLE_MASTER`` starting ``etcd://``)
+  keeps the job's pods in that etcd, but exports to its trainers only ``PADDLE_MASTER`` = the collective
+  master of this incarnation (``_build_pod_with_master``: ``peer_list[0]['candidate']``, a fresh
+  endpoint at every restart) over whatever the launcher's environment held, and never the etcd address. The
+  trainers are the launcher's own children (``launch/utils/process_context.py``: ``subprocess.Popen``), so
+  the address is read from the launcher process: its command line (``--master etcd://...``) or its
+  environment (``PADDLE_MASTER=etcd://...``), in ``/proc/<parent pid>/``.
+* the legacy fleet launcher (``python -m paddle.distributed.launch --elastic_server HOST:PORT --job_id ID``,
+  or ``paddle.distributed.fleet.launch``; ``fleet/elastic/__init__.py``) reads ``PADDLE_ELASTIC_SERVER`` and
+  ``PADDLE_ELASTIC_JOB_ID`` from its environment, which its trainers inherit; or its arguments, read as above.
+
+:func:`elastic_etcd` returns the etcd endpoint named by the first of: ``PADDLE_ELASTIC_SERVER`` in this
+process's environment, then the nearest of this process's ancestors (:data:`MAX_ANCESTORS`) that is one of
+Paddle's launchers. :func:`incarnation` is what every trainer of one start of the job shares and the next
+start does not (the launcher's endpoints for this start), to keep two starts' liveness keys apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Callable, List, Mapping, Optional, Sequence
+
+LAUNCHER_MODULES = ("paddle.distributed.launch", "paddle.distributed.fleet.launch")
+MAX_ANCESTORS = 3  # a trainer started through a shell or a wrapper still finds its launcher
+ETCD_SCHEME = "etcd://"
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticServer:
+    endpoint: str  # HOST:PORT (or etcd://HOST:PORT as given)
+    source: str  # where it was found, for the log line
+
+    def __str__(self) -> str:
+        return f"{self.endpoint} ({self.source})"
+
+
+def _proc_read(pid: int, name: str) -> Optional[bytes]:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read(1 << 20)
+    except OSError:
+        return None
+
+
+def _parent(pid: int) -> int:
+    stat = _proc_read(pid, "stat")
+    if stat is None:
+        return 0
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
+def _arg(argv: Sequence[str], name: str) -> Optional[str]:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a[len(name) + 1:]
+    return None
+
+
+def launcher_etcd(argv: Sequence[str], its_env: Mapping[str, str]) -> Optional[str]:
+    """The etcd endpoint of a process with command line ``argv`` and environment ``its_env`` (another process's,
+    read from /proc) when it is one of Paddle's launchers with one, else None."""
+    if not any(m in argv for m in LAUNCHER_MODULES):
+        return None
+    master = _arg(argv, "--master") or its_env.get("PADDLE_MASTER", "")
+    if master.strip().startswith(ETCD_SCHEME):
+        return master.strip()
+    server = _arg(argv, "--elastic_server") or its_env.get("PADDLE_ELASTIC_SERVER", "")
+    return server.strip() or None
+
+
+def _split0(raw: Optional[bytes]) -> List[str]:
+    return [] if raw is None else [x.decode("utf-8", "replace") for x in raw.split(b"\0") if x]
+
+
+def _from_proc(pid: int) -> Optional[str]:
+    argv = _split0(_proc_read(pid, "cmdline"))
+    env = dict(kv.partition("=")[::2] for kv in _split0(_proc_read(pid, "environ")))
+    return launcher_etcd(argv, env)
+
+
+def elastic_etcd(env: Mapping[str, str], pid: Optional[int] = None,
+                 read: Callable[[int], Optional[str]] = _from_proc) -> Optional[ElasticServer]:
+    """The etcd server of the elastic launcher this process runs under, or None (module docstring)."""
+    server = env.get("PADDLE_ELASTIC_SERVER", "").strip()
+    if server:
+        return ElasticServer(server, "PADDLE_ELASTIC_SERVER")
+    p = os.getpid() if pid is None else pid
+    for _ in range(MAX_ANCESTORS):
+        p = _parent(p)
+        if p <= 1:
+            return None
+        found = read(p)
+        if found:
+            return ElasticServer(found, f"the launcher (pid {p})")
+    return None
+
+
+def incarnation(env: Mapping[str, str]) -> str:
+    """A short token every trainer of this start of the job shares (the launcher's endpoints for it), or ``""``
+    where the environment names none."""
+    parts = [env.get(k, "").strip() for k in ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS")]
+    if not any(parts):
+        return ""
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -1,0 +1,252 @@
+"""Coordination through the etcd server of Paddle's elastic launcher: decisions, arrivals and liveness as keys.
+
+Under ``python -m paddle.distributed.launch --master etcd://...`` (or the fleet launcher's ``--elastic_server``)
+the job already has a server outside every rank's process (:mod:`paddle_acp.adapter.elastic` finds it), so a
+rank 0 that dies takes no store with it. Keys, through :class:`~paddle_acp.storage.etcd.EtcdClient`, under
+``paddle_acp/{job}/{range}/{incarnation}/`` (beside the launcher's own ``/paddle/...``; the incarnation,
+:func:`paddle_acp.adapter.elastic.incarnation`, keeps each start of the job apart, ``-`` where the
+environment names none):
+
+* ``d/{key}``: a decision (the save plan), replaced by each post;
+* ``a/{key}/{rank}``: rank ``rank`` reached ``key``; :meth:`EtcdCoordinator.arrivals` and ``counts`` count
+  the keys (a rank counts once however often it arrives: a call retried after a lost answer counts once);
+  ``n/{rank}``: its newest note, put with its arrival in one transaction (rank 0 reads them with ``notes``);
+* ``alive``: rank 0's liveness; ``ended`` once rank 0's range closed.
+
+Every key but ``ended`` hangs on the lease of the process that put it (:data:`LEASE_TTL` s, kept alive by
+its link): etcd drops a rank's keys that long after the rank died, and keeps nothing of a finished job but
+``ended`` (on a lease of :data:`ENDED_TTL` s). Nothing committed lives in etcd: what must survive a restart
+stays on storage.
+
+Liveness (:class:`EtcdLink`, one per process and server): a thread beats every :data:`BEAT` s: it keeps
+this process's lease alive and, on a rank other than 0, reads rank 0's ``alive`` of each range it
+coordinates. This process loses the coordination (said once at ERROR; every call and
+:meth:`~EtcdCoordinator.check` raises :class:`~paddle_acp.runtime.coord.CoordinationError` from then on, so
+no rank waits on it) when etcd has not answered for :data:`LOST_AFTER` s (stopped, killed, partitioned),
+when its own lease expired, when rank 0's ``alive`` went away without ``ended`` (rank 0 killed: within
+:data:`LEASE_TTL` s), or when no rank 0 announced itself within ``PADDLE_ACP_PART_TIMEOUT``. Each call is
+bounded: every connect and read by :data:`CALL_TIMEOUT`, retried while etcd fails for :data:`CALL_RETRY` s; a
+call that fails before the link is lost fails alone (its caller goes on as it does without a coordinator).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.runtime.coord.base import CoordinationError, Coordinator
+from paddle_acp.storage.etcd import EtcdClient, EtcdError
+
+logger = logging.getLogger("paddle_acp")
+
+KEY_PREFIX = "paddle_acp/"
+CALL_TIMEOUT = 5.0  # seconds for one connect or read of one etcd call
+LOST_AFTER = 10.0  # seconds without an answer from etcd before it counts as lost
+CALL_RETRY = 2.0  # seconds one call is retried while etcd fails (a leader election, a restart)
+BEAT = 1.0  # seconds between two beats of the liveness thread
+LEASE_TTL = 10  # seconds a process's keys outlive its last keep-alive
+ENDED_TTL = 3600  # seconds rank 0's ``ended`` outlives it
+
+_Call = Callable[[EtcdClient], Any]
+
+
+class EtcdLink:
+    """This process's coordination through one etcd server (module docstring)."""
+
+    def __init__(self, client: EtcdClient, rank: int, open_timeout: float) -> None:
+        self.client = client
+        self.rank = rank
+        self.open_timeout = open_timeout
+        self.lost: Optional[str] = None
+        self._lock = threading.Lock()
+        self._lease = 0
+        self._watched: Dict[bytes, Tuple[bytes, float, bool]] = {}  # rank > 0: alive -> (ended, since, seen)
+        self._last_ok = time.monotonic()
+        self._beating = False
+
+    def _lose(self, why: str) -> CoordinationError:
+        with self._lock:
+            first = self.lost is None
+            if first:
+                self.lost = why
+        if first:
+            logger.error("rank %d: the ranks' coordination through %s is lost: %s. Nothing more is coordinated "
+                         "through it (nothing committed is touched)", self.rank, self.client, why)
+        return CoordinationError(f"rank {self.rank}: the ranks' coordination through {self.client} is lost: "
+                                 f"{self.lost}. No checkpoint of this job can be committed through it any more; "
+                                 "nothing committed is touched: restart the job, it resumes from its last committed "
+                                 "checkpoint (or set PADDLE_ACP_COORDINATION=storage)")
+
+    def call(self, what: str, fn: _Call) -> Any:
+        """``fn(client)``, retried while etcd fails for at most :data:`CALL_RETRY` s; CoordinationError then. The
+        link is lost (this and every later call raise at once) once etcd has not answered for :data:`LOST_AFTER` s:
+        a call that fails earlier fails alone (its caller goes on as without a coordinator: storage tells)."""
+        deadline = time.monotonic() + CALL_RETRY
+        while True:
+            if self.lost is not None:
+                raise self._lose(self.lost)
+            try:
+                value = fn(self.client)
+                self._last_ok = time.monotonic()
+                return value
+            except EtcdError as exc:
+                now = time.monotonic()
+                if now - self._last_ok > LOST_AFTER:
+                    raise self._lose(f"etcd has not answered for {LOST_AFTER:g} s ({exc})") from None
+                if now + 0.2 >= deadline:
+                    raise CoordinationError(f"rank {self.rank}: {self.client} did not answer {what} within "
+                                            f"{CALL_RETRY:g} s ({exc})") from None
+                time.sleep(0.2)
+
+    def lease(self, c: EtcdClient) -> int:
+        """This process's lease (granted at the first call that needs it; the beat keeps it alive from then on)."""
+        with self._lock:
+            if self._lease:
+                return self._lease
+        lease = c.grant(LEASE_TTL)
+        with self._lock:
+            self._lease = self._lease or lease
+            start = not self._beating
+            self._beating = True
+        if start:
+            threading.Thread(target=self._beat, name="paddle-acp-etcd", daemon=True).start()
+        return self._lease
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise self._lose(self.lost)
+
+    def watch(self, key: bytes, ended: bytes) -> None:
+        """Rank > 0: look for rank 0's ``alive`` under ``key`` (or its ``ended``) at every beat."""
+        with self._lock:
+            self._watched.setdefault(key, (ended, time.monotonic(), False))
+        self.call("to start beating", self.lease)
+
+    def unwatch(self, key: bytes) -> None:
+        with self._lock:
+            self._watched.pop(key, None)
+
+    def _beat(self) -> None:
+        renew_at = time.monotonic() + LEASE_TTL / 3
+        while self.lost is None:
+            time.sleep(BEAT)
+            try:
+                if time.monotonic() >= renew_at:
+                    if self.client.keepalive(self._lease) <= 0:
+                        self._lose(f"this process's lease expired (etcd did not hear from it for {LEASE_TTL} s)")
+                        return
+                    renew_at = time.monotonic() + LEASE_TTL / 3
+                    self._last_ok = time.monotonic()
+                if self.rank != 0:
+                    self._look_for_rank0()
+            except EtcdError as exc:
+                if time.monotonic() - self._last_ok > LOST_AFTER:
+                    self._lose(f"etcd has not answered for {LOST_AFTER:g} s ({exc})")
+                    return
+
+    def _look_for_rank0(self) -> None:
+        with self._lock:
+            watched = dict(self._watched)
+        if not watched:
+            return
+        values = self.client.gets([k for key, (ended, _, _) in watched.items() for k in (key, ended)])
+        self._last_ok = time.monotonic()
+        for i, (key, (ended, since, seen)) in enumerate(watched.items()):
+            alive, done = values[2 * i], values[2 * i + 1]
+            if done is not None:  # rank 0's range ended: its process may exit
+                self.unwatch(key)
+            elif alive is not None:
+                if not seen:
+                    with self._lock:
+                        if key in self._watched:
+                            self._watched[key] = (ended, since, True)
+            elif seen:
+                self._lose(f"rank 0's liveness key {key.decode()} expired: rank 0 is gone or cut off from etcd (its "
+                           f"lease lasts {LEASE_TTL} s)")
+            elif time.monotonic() - since > self.open_timeout:
+                self._lose(f"no rank 0 announced itself under {key.decode()} within {self.open_timeout:g} s "
+                           "(PADDLE_ACP_PART_TIMEOUT)")
+
+
+_LINKS: Dict[Tuple[str, int, int], EtcdLink] = {}
+_LINKS_LOCK = threading.Lock()
+
+
+def link_for(endpoint: str, rank: int, open_timeout: float) -> EtcdLink:
+    """This process's link to the etcd at ``endpoint`` (one per process and server; a lost one stays lost).
+    ValueError for an endpoint that is not HOST:PORT."""
+    client = EtcdClient(endpoint, CALL_TIMEOUT)
+    key = (client.host, client.port, rank)
+    with _LINKS_LOCK:
+        link = _LINKS.get(key)
+        if link is None:
+            link = _LINKS[key] = EtcdLink(client, rank, open_timeout)
+        return link
+
+
+class EtcdCoordinator(Coordinator):
+    """One range's coordination through etcd (module docstring); ``scope``: ``{job}/{range}/{incarnation}``."""
+
+    kind = "etcd"
+
+    def __init__(self, link: EtcdLink, scope: str) -> None:
+        self.link = link
+        self.prefix = f"{KEY_PREFIX}{scope}/"
+        self.alive = f"{self.prefix}alive".encode()
+        self.ended = f"{self.prefix}ended".encode()
+        if link.rank == 0:
+            link.call("to announce rank 0", lambda c: c.put(self.alive, b"", link.lease(c)))
+        else:
+            link.watch(self.alive, self.ended)
+
+    def _key(self, *parts: object) -> bytes:
+        return (self.prefix + "/".join(str(p) for p in parts)).encode()
+
+    def post(self, key: str, value: bytes) -> None:
+        k = self._key("d", key)
+        self.link.call(f"to post {key}", lambda c: c.put(k, value, self.link.lease(c)))
+
+    def latest(self, key: str, limit: int) -> Optional[bytes]:
+        k = self._key("d", key)
+        raw: Optional[bytes] = self.link.call(f"to read {key}", lambda c: c.get(k))
+        if raw is not None and len(raw) > limit:
+            raise CorruptCheckpointError(f"etcd holds {len(raw)} bytes under {key}, more than {limit}")
+        return raw
+
+    def arrive(self, key: str, note: Optional[bytes] = None, rank: int = 0) -> None:
+        items = [] if note is None else [(self._key("n", rank), note)]
+        items.append((self._key("a", key, rank), b""))  # one transaction: the note is there when counted
+        self.link.call(f"to count {key}", lambda c: c.puts(items, self.link.lease(c)))
+
+    def arrivals(self, key: str) -> Optional[int]:
+        counts = self.counts([key])
+        return None if counts is None else counts[0]
+
+    def counts(self, keys: Sequence[str]) -> Optional[List[int]]:
+        prefixes = [self._key("a", key, "") for key in keys]
+        got: List[int] = self.link.call(f"to count {len(prefixes)} keys", lambda c: c.counts(prefixes))
+        return got
+
+    def notes(self, ranks: Sequence[int], limit: int) -> Optional[List[Optional[bytes]]]:
+        keys = [self._key("n", r) for r in ranks]
+        got: List[Optional[bytes]] = self.link.call(f"to read {len(keys)} notes", lambda c: c.gets(keys))
+        return [None if v is None or len(v) > limit else v for v in got]
+
+    def check(self) -> None:
+        self.link.check()
+
+    def close(self) -> None:
+        """Rank 0: ``ended`` (a rank still at its last due points must not take rank 0's exit for a death);
+        the others stop looking for rank 0 of this range. Bounded, never raises."""
+        if self.link.rank != 0:
+            self.link.unwatch(self.alive)
+            return
+        if self.link.lost is None:
+            try:
+                self.link.call("to say rank 0's range ended",
+                               lambda c: c.put(self.ended, b"", c.grant(ENDED_TTL)))
+            except CoordinationError:
+                pass  # said once by the link
