@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.e2e import INSTALLED, REPO, script_env  # noqa: E402
 
 from paddle_acp.format.engine.arena import Arena  # noqa: E402
-from paddle_acp.runtime.persist import ARENA_SKIPS  # noqa: E402
+from paddle_acp.runtime.save_decision import ARENA_SKIPS  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "starved_arena.py")
 

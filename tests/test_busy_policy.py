@@ -11,7 +11,6 @@ numbers stay consecutive, and a kill, a restart or a SIGTERM never changes the r
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -47,7 +46,6 @@ from paddle_acp import (
     tools,  # noqa: E402
 )
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
-from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT, busy_action  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 SIMSTORE = os.path.join(REPO, "ci", "simstore.py")
@@ -56,22 +54,6 @@ SKIP_ENV = {"PADDLE_ACP_BUSY_POLICY": "skip"}  # the policy these tests hold (th
 # one step per epoch and a 20000-wide hidden layer (~1 MB of state with Adam): an epoch
 # takes milliseconds, a persist to HDFS tens to hundreds of milliseconds
 ARGS = ("--epochs", EPOCHS, "--steps-per-epoch", 1, "--hidden", 20000)
-
-
-def test_busy_action_is_the_whole_policy():
-    """Every combination: an idle saver saves; durable saves and the wait policy wait (auto too: within
-    the range's budget, which the range holds); queue only with a free, affordable second buffer; otherwise skip."""
-    for policy, busy, durable, free, fits in itertools.product(("auto", "skip", "queue", "wait"), *[(False, True)] * 4):
-        got = busy_action(policy, busy, durable, free, fits)
-        if not busy:
-            want = SAVE
-        elif durable or policy in ("wait", "auto"):
-            want = WAIT
-        elif policy == "queue" and free and fits:
-            want = QUEUE
-        else:
-            want = SKIP
-        assert got == want, (policy, busy, durable, free, fits, got)
 
 
 def test_the_saver_queues_tickets_and_writes_them_in_turn():
@@ -183,6 +165,19 @@ def test_tiny_epochs_on_hdfs_skip_instead_of_waiting(hdfs, reference, tmp_path, 
     assert cli.main(["stats", uri, "--job", JOB_ID]) == 0
     text = capsys.readouterr().out
     assert f"{len(saved)} save(s), {len(skipped)} skipped" in text and "(training thread, per save)" in text, text
+
+
+def test_interval_saves_of_one_writer_follow_the_policy_too(hdfs, tmp_path):
+    """With ``save_checkpoint_inter`` > 0 (here a nanosecond: every epoch end is due by the interval) one writer's
+    due saves follow the busy policy as every-epoch saves do: skipped, not waited for (until issue 43 they were
+    taken as the ranks' plan takes a point, waiting for every previous checkpoint)."""
+    uri, env = hdfs
+    out = tmp_path / "out"
+    proc = run_script(out, uri, "pir", *ARGS, "--interval", 1e-9, env=dict(env, **SKIP_ENV))
+    assert proc.returncode == 0 and is_done(out), describe(proc)
+    saved, skipped = check_saves(metrics_of(uri))
+    assert skipped, "no save was skipped although every epoch is shorter than a persist to HDFS"
+    assert [r["epoch"] for r in saved if r["waited_s"] > 0] in ([], [EPOCHS - 1]), saved
 
 
 def test_kill_and_resume_on_hdfs_with_skipped_saves(hdfs, reference, tmp_path):

@@ -46,7 +46,7 @@ from paddle_acp.compat.checkpoint_saver import CheckpointSaver, PaddleModel, Ser
 from paddle_acp.errors import AcpError
 from paddle_acp.runtime import api as _runtime
 from paddle_acp.runtime.api import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
-from paddle_acp.runtime.saver import WAIT
+from paddle_acp.runtime.save_decision import WAIT
 from paddle_acp.runtime.state import STATE, check_main_thread
 
 __all__ = [

@@ -6,13 +6,13 @@
   the programs the hook feeds it. It composes collaborators that own their state:
   :mod:`~paddle_acp.runtime.restore` (the checkpoint resumed from, written back),
   :mod:`~paddle_acp.runtime.steps` (the loop's position, mid-epoch steps),
-  :mod:`~paddle_acp.runtime.schedule` (when a checkpoint is due, the busy policy),
+  :mod:`~paddle_acp.runtime.save_decision` (when a checkpoint is due and what it does: one pure policy),
+  :mod:`~paddle_acp.runtime.schedule` (the facts it decides on: the clock, the ``auto`` budget, the ranks' plan),
   :mod:`~paddle_acp.runtime.buffers` (the snapshot buffers, the host-memory budget) and
   :mod:`~paddle_acp.runtime.persist` (taking and persisting a checkpoint).
 - :mod:`~paddle_acp.runtime.state`: what the process remembers between ranges (one object, ``STATE``).
 - :mod:`~paddle_acp.runtime.hook` (the ``Executor.run`` patch), :mod:`~paddle_acp.runtime.registry`
-  (the training programs of a range), :mod:`~paddle_acp.runtime.saver` (the background writer and the
-  busy policy), :mod:`~paddle_acp.runtime.preemption` (signals), :mod:`~paddle_acp.runtime.shield` (the
+  (the training programs of a range), :mod:`~paddle_acp.runtime.saver` (the background writer), :mod:`~paddle_acp.runtime.preemption` (signals), :mod:`~paddle_acp.runtime.shield` (the
   preemption signals in children forked during a range: DataLoader workers leave them to the training process),
   :mod:`~paddle_acp.runtime.budget`
   (the host-memory budget of the snapshot buffers), :mod:`~paddle_acp.runtime.digests` (the per-epoch

@@ -53,7 +53,7 @@ from paddle_acp.format.commit.fencing import Fence, FencedError
 from paddle_acp.format.save_plan import MAX_PLAN_SIZE, PLAN_NAME, SavePlan
 from paddle_acp.runtime.coord.base import Coordinator
 from paddle_acp.runtime.coord.files import StorageCoordinator
-from paddle_acp.runtime.saver import QUEUE, SAVE, SKIP, WAIT
+from paddle_acp.runtime.save_decision import WAIT
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -80,20 +80,6 @@ def initial_plan(range_name: str, base: Optional[str], token: str, policy: str) 
     first change holds from the first point of the second block on). ``policy``: kept for the record."""
     del policy
     return SavePlan(range_name, base, token, default_stride=1)
-
-
-def agreed_action(taken: bool, busy: bool, policy: str, queue_free: bool, queue_fits: bool) -> str:
-    """What a rank does at a due point the plan decided: ``SKIP`` (not taken, alike on every rank),
-    ``SAVE``, or, when this rank's previous checkpoint is still being written, ``QUEUE`` (the
-    ``queue`` policy with a free second buffer that fits) or ``WAIT``. Only take/skip must agree:
-    wait or queue is each rank's own."""
-    if not taken:
-        return SKIP
-    if not busy:
-        return SAVE
-    if policy == QUEUE and queue_free and queue_fits:
-        return QUEUE
-    return WAIT
 
 
 class Planner:

@@ -1,8 +1,8 @@
 """Persister: owns taking a range's snapshots and persisting them on the saver's thread.
 
-:meth:`Persister.save` asks the :class:`~paddle_acp.runtime.schedule.SaveSchedule` what a due save
-does (the busy policy, the ranks' save plan), copies the registered programs' state into the
-:class:`~paddle_acp.runtime.buffers.SnapshotBuffers` and hands the :class:`Snapshot` (the content),
+:meth:`Persister.save` asks the save-decision policy (:mod:`~paddle_acp.runtime.save_decision`, through the
+:class:`~paddle_acp.runtime.schedule.SaveSchedule`) what a due save does (the busy policy, the ranks' save
+plan), copies the registered programs' state into the :class:`~paddle_acp.runtime.buffers.SnapshotBuffers` and hands the :class:`Snapshot` (the content),
 in a :class:`~paddle_acp.runtime.saver.SaveTicket` (what was decided about this save), to its
 :class:`~paddle_acp.runtime.saver.Saver`, which persists it on its thread: the checkpointer writes
 it (one writer, or this rank's part of a global checkpoint) and the metrics log records the outcome.
@@ -35,19 +35,27 @@ from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.registry import Registry
-from paddle_acp.runtime.saver import AUTO, QUEUE, SAVE, SKIP, WAIT, Saver, SaveTicket
+from paddle_acp.runtime.save_decision import (
+    ARENA,
+    ARENA_SKIPS,
+    COSTLY,
+    EPOCH_END,
+    FINAL,
+    PLAN,
+    PREEMPT,
+    QUEUE,
+    SKIP,
+    STEP,
+    Decision,
+    SaveContext,
+)
+from paddle_acp.runtime.saver import Saver, SaveTicket
 from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position
 from paddle_acp.storage.base import Storage, redact
 
 logger = logging.getLogger("paddle_acp")
-
-# One writer, ``skip`` policy: at most this many due saves in a row are skipped while at least
-# ARENA_SKIP_BYTES of the snapshot arena are still to be populated; the next one populates the rest
-# itself (Persister._arena_skip). Less than that costs milliseconds to populate on the training thread.
-ARENA_SKIPS = 2
-ARENA_SKIP_BYTES = 64 << 20
 
 
 class Persister:
@@ -83,24 +91,24 @@ class Persister:
         self.closed = False  # ended: no more saves, the buffers are freed
 
     # -- decisions ---------------------------------------------------------------
-    def busy_action(self, durable: bool, agreed: bool = False) -> str:
-        """What a save due now does (:meth:`SaveSchedule.busy_action` with this saver's state)."""
-        return self.schedule.busy_action(durable, agreed, self.saver.busy, lambda: self.saver.queue_free,
-                                         self.buffers.queue_fits)
+    def decide(self, point: str, plan: Optional[bool] = None, ask: bool = True) -> Decision:
+        """The save-decision policy's word on a save at ``point`` now, with this saver's and buffers' state
+        (:meth:`SaveSchedule.decide`; ``plan``: the ranks' plan took this point already; ``ask``: ask it here)."""
+        busy, pos = self.saver.busy, self.position
+        free = busy and self.schedule.busy_policy == QUEUE and self.saver.queue_free
+        ctx = SaveContext(point, busy=busy, plan=plan, step=pos.step, every=pos.every, queue_free=free,
+                          queue_fits=free and self.buffers.queue_fits(), arena_left=self.buffers.unpopulated,
+                          skips=self._skip_streak)
+        return self.schedule.decide(ctx, pos.at() if ask else None)
 
     def interval_due(self) -> bool:
-        """At an epoch end: whether the interval save is due (:meth:`SaveSchedule.interval_due`)."""
-        return self.schedule.interval_due(self.saver.busy, self.position.at())
+        """At an epoch end: whether a save is due (several ranks with an interval: as rank 0's save plan says)."""
+        return self.decide(EPOCH_END, ask=self.schedule.interval > 0).due
 
     def due_by_time(self) -> bool:
-        """Mid-epoch, one writer: the interval passed and the busy policy would take the save now (``auto``: the
-        wait for the checkpoint in flight is expected to fit the range's budget; else it stays due)."""
-        if not (self.schedule.interval > 0 and not self.several_ranks and self.interval_due()):
-            return False
-        action = self.busy_action(durable=False)
-        if action == WAIT and self.schedule.busy_policy == AUTO:
-            return self.schedule.expected_wait() <= self.schedule.wait_allowance()
-        return action != SKIP
+        """Mid-epoch: whether a save is due by the interval alone and the busy policy would take it now (else it
+        stays due: ``auto``, the wait for the checkpoint in flight is expected to pass the range's budget)."""
+        return self.decide(STEP, ask=False).due
 
     # -- taking a checkpoint -----------------------------------------------------
     def save(self, sync: bool = False, preempt: bool = False, rng: Optional[Dict[str, Any]] = None, final: bool = False,
@@ -113,7 +121,7 @@ class Persister:
         they wait for the checkpoint in flight and are committed before this returns
         (``final`` when the range closes). Any other save that comes due while the
         previous checkpoint is still being written follows the busy policy
-        (``PADDLE_ACP_BUSY_POLICY``, see :func:`paddle_acp.runtime.saver.busy_action`); with
+        (``PADDLE_ACP_BUSY_POLICY``, see :class:`~paddle_acp.runtime.save_decision.SaveDecisionPolicy`); with
         several ranks rank 0's save plan decides it alike on every rank (:mod:`~paddle_acp.runtime.agree`;
         ``agreed``: the plan took this point already).
         """
@@ -127,26 +135,20 @@ class Persister:
         objects = objects if objects is not None else self.script.capture()  # raises before anything is written
         if objects is not None:
             extra["objects"] = objects
-        durable = sync or final or not self.saver.async_save
-        if self.schedule.agreed and not durable and not agreed:
-            agreed = self.schedule.agreed_point("due", self.saver.busy, self.position.at())
-            if not agreed:
-                self._skip(t0)
+        point = FINAL if final else PREEMPT if sync else EPOCH_END if self.position.step is None else STEP
+        decision, waited = self.decide(point, plan=True if agreed and self.several_ranks else None), 0.0
+        if decision.budget is not None:  # auto: wait for the checkpoint in flight within the range's wait budget
+            idle, waited = self.saver.wait_idle(decision.budget)
+            self.schedule.waited_s += waited
+            decision = decision if idle else Decision(SKIP, COSTLY)
+        if decision.action == SKIP:
+            self._skip(t0, arena=decision.why == ARENA, costly=decision.why == COSTLY)
+            if decision.why == PLAN:
                 self.schedule.point_done()
-                return
-        action = self.busy_action(durable=durable, agreed=agreed)
-        waited = 0.0
-        if action == WAIT and not durable and not agreed and self.schedule.busy_policy == AUTO:
-            idle, waited = self._auto_wait()
-            if not idle:
-                self._skip(t0, costly=True)
-                return
-        if action == SKIP:
-            self._skip(t0)
             return
-        if self._arena_skip(action, durable):
-            self._skip(t0, arena=True)
+        if not decision.due:  # due by the interval alone: it stays due while the busy policy would skip it
             return
+        action = decision.action
         waited += self.saver.wait() if action != QUEUE else 0.0
         irs = sorted({e.info.ir for e in self.registry.entries})
         import paddle
@@ -240,25 +242,6 @@ class Persister:
                            self.global_checkpointer.base, exc)
             return
         self._base_checked = True
-
-    def _arena_skip(self, action: str, durable: bool) -> bool:
-        """Whether a save the busy policy would take is skipped because the snapshot arena is still being
-        populated (one writer, ``skip`` policy, at least :data:`ARENA_SKIP_BYTES` left, at most
-        :data:`ARENA_SKIPS` due saves in a row; never a durable save). Populating fresh memory costs seconds per GB on some hosts: the first save of a
-        range would stall that long. Several ranks decide their saves by rank 0's plan, alike on every
-        rank: there each rank populates what is left itself instead (:meth:`SnapshotBuffers.ready`)."""
-        return (action == SAVE and not durable and not self.schedule.agreed and self.schedule.busy_policy in (SKIP, AUTO)
-                and self._skip_streak < ARENA_SKIPS and self.buffers.unpopulated >= ARENA_SKIP_BYTES)
-
-    def _auto_wait(self) -> Tuple[bool, float]:
-        """``auto``, one writer: wait for the checkpoint in flight within the range's wait budget; (whether it
-        ended, seconds waited). Not at all when it is expected to take longer than the budget allows."""
-        allowance = self.schedule.wait_allowance()
-        if self.schedule.expected_wait() > allowance:
-            return False, 0.0
-        idle, waited = self.saver.wait_idle(allowance)
-        self.schedule.waited_s += waited
-        return idle, waited
 
     def _skip(self, t0: float, arena: bool = False, costly: bool = False) -> None:
         """Do not take this checkpoint: the previous one is still being written (``arena``: the snapshot

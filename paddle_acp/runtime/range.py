@@ -43,7 +43,7 @@ from paddle_acp.runtime.objects import ScriptState
 from paddle_acp.runtime.persist import Persister
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.restore import Restorer
-from paddle_acp.runtime.schedule import SaveSchedule, describe_policy
+from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position, ResumableSteps
 from paddle_acp.storage.base import Storage, redact
@@ -198,7 +198,7 @@ class EpochRange:
             self.global_checkpointer.announce()  # its generation, to the job's store (not waited for)
             agreement = Agreement(storage, range_dir(cfg.job_id, name), name, cfg.trainer_id, cfg.busy_policy,
                                   save_interval, fence=opened.fence, coord=coord)
-        self.schedule = SaveSchedule(save_interval, cfg.busy_policy, agreement)
+        self.schedule = SaveSchedule(save_interval, cfg.busy_policy, agreement, synchronous=not cfg.async_save)
         self.metrics = MetricsLog(storage, cfg.job_id, cfg.trainer_id)
         self.persister = Persister(name, max_epoch_num, cfg, storage, self.registry, self.position, self.script,
                                    self.checkpointer, self.global_checkpointer, self.metrics, self.schedule,
@@ -335,7 +335,7 @@ class EpochRange:
             when = (f"at the end of the first epoch ending {interval:g} s or more after the previous "
                     "checkpoint (save_checkpoint_inter / PADDLE_ACP_SAVE_INTERVAL; 0 = every epoch)")
         last = "" if self.max_epoch_num < 0 else f" and after the last epoch ({end - 1})"
-        busy = describe_policy(self.schedule.busy_policy, self.several_ranks) if self.persister.saver.async_save else (
+        busy = self.schedule.policy.describe() if self.persister.saver.async_save else (
             "synchronous saves (PADDLE_ACP_ASYNC=0): training waits for each")
         logger.info("range %s of job %s: checkpoints go to %s %s%s; %s", self.name, self.cfg.job_id, where, when, last,
                     busy)

@@ -3,8 +3,8 @@
 At most one snapshot is being written, and at most one more may wait behind it
 (``enqueue``; the ``queue`` busy policy). ``wait`` blocks until both are
 committed and reports (logs, counts) failures on the calling (training) thread.
-What a save that comes due while the saver is busy does is decided by
-:func:`busy_action`, in one place. The saver queues and writes save tickets (:class:`SaveTicket`):
+What a save that comes due while the saver is busy does is decided by the save-decision policy
+(:mod:`~paddle_acp.runtime.save_decision`). The saver queues and writes save tickets (:class:`SaveTicket`):
 a snapshot (the checkpoint's content) with what the runtime decided about its save.
 """
 
@@ -22,32 +22,6 @@ from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.threads import lower_thread_priority
 
 logger = logging.getLogger("paddle_acp")
-
-SAVE, WAIT, QUEUE, SKIP = "save", "wait", "queue", "skip"
-AUTO = "auto"  # the default policy: WAIT within the range's wait budget (runtime.schedule), else SKIP
-
-
-def busy_action(policy: str, busy: bool, durable: bool, queue_free: bool, queue_fits: bool) -> str:
-    """What a save that is due now does; the whole busy policy in one function.
-
-    ``busy``: the previous checkpoint is still being written; ``durable``: this
-    save must be committed before training goes on (the final save of a range, a
-    preemption save, synchronous mode); ``queue_free``: no snapshot waits in the
-    second buffer yet; ``queue_fits``: host memory allows a second buffer.
-    Returns ``SAVE`` (the saver is idle: take it), ``WAIT`` (wait for the previous
-    checkpoint, then take it; under ``auto`` only within the range's wait budget, which the
-    caller holds: :meth:`~paddle_acp.runtime.schedule.SaveSchedule.wait_allowance`), ``QUEUE``
-    (copy it into the second buffer; it is written when the previous one is done) or ``SKIP``
-    (this checkpoint is not taken; the next due one is). A coordinator of several ranks can call it with
-    the combined state of all of them so that every rank decides alike.
-    """
-    if not busy:
-        return SAVE
-    if durable or policy in (WAIT, AUTO):
-        return WAIT
-    if policy == QUEUE and queue_free and queue_fits:
-        return QUEUE
-    return SKIP
 
 
 @dataclasses.dataclass
@@ -167,7 +141,7 @@ class Saver:
             return self._inflight
 
     def enqueue(self, ticket: SaveTicket) -> None:
-        """Write ``ticket``'s snapshot after the checkpoint in flight (``busy_action`` said QUEUE); when
+        """Write ``ticket``'s snapshot after the checkpoint in flight (the save decision said QUEUE); when
         that one finished meanwhile, write it now. Its buffers must differ from the in-flight one's."""
         with self._lock:
             if self._inflight is not None and self._queued is None:

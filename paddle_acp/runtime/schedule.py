@@ -1,12 +1,11 @@
-"""Save schedule: owns when a range's checkpoints come due and what a due one does while one is written.
+"""Save schedule: owns a range's clock since its last checkpoint, its ``auto`` wait budget and its save plan.
 
-:class:`SaveSchedule` holds the range's save interval (``save_checkpoint_inter``), its clock since
-the last checkpoint, the busy policy (``PADDLE_ACP_BUSY_POLICY``) and, with several ranks, rank 0's
-save plan (:class:`~paddle_acp.runtime.agree.Agreement`). Its answers are small decisions: whether
-the interval passed, whether the ranks' plan takes a due point, and what a due save does while the
-previous checkpoint is still being written (:func:`~paddle_acp.runtime.saver.busy_action`). What it
-is told (whether the saver is busy, whether the second buffer fits) comes in as arguments: it does
-no I/O of its own beyond the plan's.
+:class:`SaveSchedule` gathers the facts the save-decision policy
+(:class:`~paddle_acp.runtime.save_decision.SaveDecisionPolicy`, pure) decides on: the time since the last
+checkpoint, the persists' durations and the range's waits (the ``auto`` budget) and, with several ranks,
+rank 0's save plan (:class:`~paddle_acp.runtime.agree.Agreement`), asked at the points the policy names.
+What it is told (whether the saver is busy, whether the second buffer fits) comes in the
+:class:`~paddle_acp.runtime.save_decision.SaveContext`: it does no I/O of its own beyond the plan's.
 
 The default policy, ``auto``, holds the range's wait budget: a due save that finds the previous
 checkpoint still being written waits for it as long as all such waits of the range stay within
@@ -21,39 +20,25 @@ training at most that share.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
-from typing import Callable, Deque, Optional
+from typing import Deque, Optional
 
 from paddle_acp.config import AUTO_WAIT_FREE_S, AUTO_WAIT_SHARE
-from paddle_acp.runtime.agree import Agreement, agreed_action
-from paddle_acp.runtime.saver import AUTO, QUEUE, SKIP, WAIT, busy_action
+from paddle_acp.runtime.agree import Agreement
+from paddle_acp.runtime.save_decision import Decision, SaveContext, SaveDecisionPolicy
 
 PERSISTS_KEPT = 3  # auto: a persist in flight is expected to take as long as the longest of the last few
 
 
-def describe_policy(policy: str, several_ranks: bool) -> str:
-    """What a save that comes due while the previous checkpoint is still being written does (the start line)."""
-    if several_ranks and policy != WAIT:
-        return (f"a checkpoint still being written when the next comes due: rank 0's save plan takes every n-th "
-                f"due one (n about persist / time between due points, at most 8; PADDLE_ACP_BUSY_POLICY={policy})")
-    what = {
-        AUTO: (f"waits for it while the range's waits stay within {AUTO_WAIT_SHARE:.0%} of its time beyond its first "
-               f"{AUTO_WAIT_FREE_S:g} s, else it is skipped"),
-        SKIP: "it is skipped",
-        QUEUE: "it waits in a second host buffer when memory allows, else it is skipped",
-        WAIT: "training waits for the previous one",
-    }[policy]
-    return f"a checkpoint due while the previous one is still being written: {what} (PADDLE_ACP_BUSY_POLICY={policy})"
-
-
 class SaveSchedule:
-    """The due points of one range's checkpoints and the busy-policy decision at each."""
+    """The facts one range's save decisions are made on: its clock, its ``auto`` budget, the ranks' save plan."""
 
-    def __init__(self, interval: float, busy_policy: str, agreement: Optional[Agreement]) -> None:
+    def __init__(self, interval: float, busy_policy: str, agreement: Optional[Agreement],
+                 synchronous: bool = False) -> None:
         """``interval``: seconds between checkpoints (0: every epoch); ``agreement``: several ranks'
-        save plan (None for one writer)."""
-        self.interval = interval
-        self.busy_policy = busy_policy
+        save plan (None for one writer); ``synchronous``: every save is written before training goes on."""
+        self.policy = SaveDecisionPolicy(interval, busy_policy, synchronous, agreement is not None)
         self.agreement = agreement
         self.last_save = time.monotonic()
         self.loop_start = self.last_save
@@ -61,9 +46,30 @@ class SaveSchedule:
         self._persists: Deque[float] = collections.deque(maxlen=PERSISTS_KEPT)
         self._persist_since: Optional[float] = None  # when the persist in flight began
 
+    @property
+    def interval(self) -> float:
+        return self.policy.interval
+
+    @property
+    def busy_policy(self) -> str:
+        return self.policy.busy_policy
+
     def set_busy_policy(self, policy: str) -> None:
         """Change the busy policy of this range's later saves (Paddle's API takes every due save)."""
-        self.busy_policy = policy
+        self.policy = dataclasses.replace(self.policy, busy_policy=policy)
+
+    def decide(self, ctx: SaveContext, at: Optional[str]) -> Decision:
+        """The policy's decision on ``ctx`` with this range's clock and ``auto`` budget. Several ranks, with ``at``
+        (the position, for the plan's log lines): rank 0's save plan is asked first when the point is one of its
+        due points (every rank counts them alike, :meth:`SaveDecisionPolicy.plan_point`)."""
+        plan = ctx.plan
+        kind = self.policy.plan_point(ctx) if plan is None else None
+        if kind is not None and at is not None:
+            assert self.agreement is not None  # (plan points are of several ranks)
+            plan = self.agreement.point(kind, ctx.busy, at)[1]
+        return self.policy.should_save(dataclasses.replace(
+            ctx, plan=plan, since_save=time.monotonic() - self.last_save, expected_wait=self.expected_wait(),
+            allowance=self.wait_allowance()))
 
     def start(self, base: Optional[str]) -> None:
         """Several ranks, when the range opens: rank 0 writes a fresh save plan (before any training
@@ -101,15 +107,6 @@ class SaveSchedule:
         """A checkpoint was taken now."""
         self.last_save = time.monotonic()
 
-    def interval_due(self, busy: bool, at: str) -> bool:
-        """Whether ``save_checkpoint_inter`` seconds have passed. Several ranks: whether rank 0's
-        save plan takes this epoch end (rank 0's clock alone decides, :mod:`~paddle_acp.runtime.agree`)."""
-        if self.interval <= 0:
-            return True
-        if self.agreement is not None:
-            return self.agreed_point("interval", busy, at)
-        return time.monotonic() - self.last_save >= self.interval
-
     @property
     def agreed(self) -> bool:
         """Several ranks: rank 0's save plan decides the due points."""
@@ -136,20 +133,3 @@ class SaveSchedule:
         """Several ranks: a checkpoint's persist ended (rank 0: its global commit was decided)."""
         if self.agreement is not None:
             self.agreement.persist_ended()
-
-    def agreed_point(self, kind: str, busy: bool, at: str) -> bool:
-        """Several ranks: this rank's next due point of ``kind`` (at ``at``); whether the save plan takes it."""
-        assert self.agreement is not None
-        return self.agreement.point(kind, busy, at)[1]
-
-    def busy_action(self, durable: bool, agreed: bool, busy: bool, queue_free: Callable[[], bool],
-                    queue_fits: Callable[[], bool]) -> str:
-        """What a save due now does (:func:`~paddle_acp.runtime.saver.busy_action` with this range's
-        policy; ``agreed``: the ranks' save plan took this point, so it is not skipped). ``busy``: the
-        previous checkpoint is being written; ``queue_free()``: the saver's queue has room;
-        ``queue_fits()``: whether the second buffer fits (both asked only when the queue would be used)."""
-        free = busy and self.busy_policy == QUEUE and queue_free()
-        fits = free and queue_fits()
-        if agreed and not durable:
-            return agreed_action(True, busy, self.busy_policy, free, fits)
-        return busy_action(self.busy_policy, busy, durable, free, fits)

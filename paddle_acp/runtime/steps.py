@@ -30,6 +30,7 @@ class Position:
     def __init__(self) -> None:
         self.epoch_no = -1
         self.step: Optional[int] = None  # batches done in the current epoch (resumable loops only)
+        self.every: Optional[int] = None  # the epoch's ``save_every_steps`` (resumable loops only)
         self.epoch_start_rng: Optional[Dict[str, Any]] = None
         self.epoch_start_objects: Optional[Dict[str, Any]] = None
         self.loader_state: Any = None
@@ -91,7 +92,7 @@ class ResumableSteps:
                     ) from None
         if skip:  # the RNG state and the script's objects at the step
             self.restorer.restore_step_state(extra, self.script)
-        pos.step = skip or 0
+        pos.step, pos.every = skip or 0, save_every_steps
         first = pos.step
         if skip and self.restorer.has_unrestored_state:
             it = self._check_batches_left(it, skip)

@@ -64,7 +64,7 @@ class Watcher(threading.Thread):
 
     def run(self):
         import paddle_acp as acp
-        from paddle_acp.runtime import persist
+        from paddle_acp.runtime import save_decision  # (ARENA_SKIP_BYTES' home)
 
         os.sched_setaffinity(0, {self.train_cpu})
         deadline = time.monotonic() + 120
@@ -82,7 +82,7 @@ class Watcher(threading.Thread):
                         # more than a save skips for, unclaimed (a library without ``unpopulated`` always
                         # waited for this thread)
                         left = getattr(r.persister.buffers, "unpopulated", None) if r is not None else 0
-                        self.starved = left is None or left >= getattr(persist, "ARENA_SKIP_BYTES", 0) + (32 << 20)
+                        self.starved = left is None or left >= save_decision.ARENA_SKIP_BYTES + (32 << 20)
                     os.sched_setaffinity(self.main_tid, {self.train_cpu})  # training goes on on its own CPU
                     self.done.set()
                     return
