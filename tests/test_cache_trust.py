@@ -26,7 +26,7 @@ from support.e2e import JOB_ID, compare_results, describe, is_done, load_result,
 from support.server_fixtures import s3_server  # noqa: E402,F401  (fixture)
 
 from paddle_acp.config import s3_from_env  # noqa: E402
-from paddle_acp.format.checkpoints.cache import cache_key  # noqa: E402
+from paddle_acp.format.checkpoints.cache_key import cache_key  # noqa: E402
 from paddle_acp.format.checkpoints.cache_trust import harden, untrusted  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME  # noqa: E402
 

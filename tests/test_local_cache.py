@@ -30,7 +30,8 @@ from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (
 
 from paddle_acp.config import from_env  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402
-from paddle_acp.format.checkpoints.cache import KEY_RE, LocalCache, cache_key, canonical_location  # noqa: E402
+from paddle_acp.format.checkpoints.cache import LocalCache  # noqa: E402
+from paddle_acp.format.checkpoints.cache_key import KEY_RE, cache_key, canonical_location  # noqa: E402
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer  # noqa: E402
 from paddle_acp.format.checkpoints.restart import load_newest  # noqa: E402

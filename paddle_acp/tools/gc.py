@@ -1,7 +1,8 @@
 """``paddle-acp gc``: retention by hand. Keeps the newest K committed checkpoints of every range and
 always the newest valid one (the one a restart loads, every checksum read); deletes the older ones and
 the leftovers of interrupted saves untouched for ``--leftover-age`` seconds (a save may be writing them).
-A range without a valid checkpoint loses nothing; a checkpoint of a newer format is never deleted."""
+A range without a valid checkpoint loses nothing; a checkpoint of a newer format is never deleted (nor
+counted). The decision is the writer's own (:func:`~paddle_acp.format.commit.retention.preserve`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 from paddle_acp.errors import StorageError
-from paddle_acp.format.commit.retention import delete_checkpoint
+from paddle_acp.format.commit import retention
+from paddle_acp.format.commit.retention import delete_checkpoint, preserve
 from paddle_acp.storage.base import Storage, scrub
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs
 from paddle_acp.tools.render import emit, emit_json, fmt_duration, human_bytes, plural, table
@@ -48,37 +50,35 @@ def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float, n
     """What ``gc`` keeps and deletes; reads (and verifies) but changes nothing."""
     now = time.time() if now is None else now
     plan: List[GcAction] = []
+
+    def old_leftover(i: CkptInfo) -> bool:  # (one modified within ``leftover_age``: a save may be writing it)
+        return not i.committed and (i.mtime is None or now - i.mtime >= leftover_age)
+
     for job in jobs:
         for r in list_ranges(storage, job):
             infos = scan_range(storage, job, r)
-            newest_k = {id(i) for i in [i for i in infos if i.committed][:keep]}
             newest_valid = restart_checkpoint(storage, job, r, infos)
-            for i in infos:
-                if not i.committed:
-                    age = now - i.mtime if i.mtime is not None else None
-                    if age is not None and age < leftover_age:
-                        plan.append(GcAction(job, r, i, SKIP, f"{i.reason}, but modified {fmt_duration(age)} ago: may be a save in progress"))
-                    else:
-                        plan.append(GcAction(job, r, i, DELETE, i.reason))
-                elif i.status == NEWER:
-                    plan.append(GcAction(job, r, i, KEEP, f"of a newer format: this paddle-acp never deletes it ({i.reason})"))
-                elif newest_valid is None:
-                    plan.append(GcAction(job, r, i, KEEP, "no valid checkpoint in this range: nothing deleted"))
-                elif i is newest_valid and id(i) not in newest_k:
-                    plan.append(GcAction(job, r, i, KEEP, "newest valid checkpoint (a restart loads it)"))
-                elif id(i) in newest_k:
-                    why = f"among the newest {keep}"
-                    if i is newest_valid:
-                        why += ", a restart loads it"
-                    elif i.status == CORRUPT:
-                        why += f" (CORRUPT: {i.reason})"
-                    plan.append(GcAction(job, r, i, KEEP, why))
-                else:
-                    why = f"older than the newest {keep}"
-                    if i.status == CORRUPT:
-                        why += f" (CORRUPT: {i.reason})"
-                    plan.append(GcAction(job, r, i, DELETE, why))
+            reasons = preserve(infos, keep, lambda i: i.committed, lambda i: i.status != NEWER, old_leftover,
+                               newest_valid)
+            plan += [GcAction(job, r, i, DELETE if why in retention.GONE else SKIP if why == retention.PENDING
+                              else KEEP, _why(i, why, keep, now, newest_valid)) for i, why in zip(infos, reasons)]
     return plan
+
+
+def _why(i: CkptInfo, why: str, keep: int, now: float, restart: Optional[CkptInfo]) -> str:
+    """The words for :func:`preserve`'s reason ``why`` about ``i`` (``restart``: the one a restart loads)."""
+    corrupt = f" (CORRUPT: {i.reason})" if i.status == CORRUPT else ""
+    if why == retention.PENDING:
+        return f"{i.reason}, but modified {fmt_duration(now - (i.mtime or now))} ago: may be a save in progress"
+    if why == retention.NEWEST:
+        return f"among the newest {keep}" + (", a restart loads it" if i is restart else corrupt)
+    return {
+        retention.STALE: i.reason,
+        retention.FOREIGN: f"of a newer format: this paddle-acp never deletes it ({i.reason})",
+        retention.NO_RESTART: "no valid checkpoint in this range: nothing deleted",
+        retention.RESTART: "newest valid checkpoint (a restart loads it)",
+        retention.OLDER: f"older than the newest {keep}{corrupt}",
+    }[why]
 
 
 def _delete(storage: Storage, info: CkptInfo) -> None:

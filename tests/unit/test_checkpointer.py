@@ -435,23 +435,7 @@ def test_reader_checks_the_header_before_any_data(tmp_path):
         reader.read_manifest(st_, c.base(0), 0, "_range_1")
 
 
-# -- retention policies and the one deletion ----------------------------------------------------
-@settings(max_examples=200, deadline=None)
-@given(numbers=st.lists(st.integers(0, 10**6), unique=True, max_size=30), n=st.integers(-2, 12))
-def test_keep_last_n_lets_go_of_exactly_the_oldest(numbers, n):
-    from paddle_acp.format.commit.retention import KeepAll, KeepLast, policy_for
-
-    committed = sorted(numbers)
-    policy = policy_for(n)
-    to_remove = policy.to_remove(committed)
-    if n <= 0:
-        assert isinstance(policy, KeepAll) and policy.keeps_everything and to_remove == []
-    else:
-        assert policy == KeepLast(n) and not policy.keeps_everything
-        assert to_remove == committed[:max(0, len(committed) - n)]
-        assert committed[len(to_remove):] == committed[-n:]  # the newest n stay, in order
-
-
+# -- the one deletion (which to delete: tests/unit/test_preservation.py) ----------------------------------------
 def test_delete_checkpoint_removes_the_commit_file_first(tmp_path):
     """Both layouts: the commit file (manifest.json of ckpt-N, global.json of ckpt-e<E>) goes
     first. A directory that cannot be removed after that is an uncommitted leftover, not a checkpoint."""

@@ -2,8 +2,8 @@
 
 This module owns:
 
-* the cache directory's key and layout: one directory per remote checkpoint
-  location, ``DIR/<key>/`` (:func:`cache_key`), holding ``origin.json`` (the
+* the layout of the cache directory of one remote checkpoint location,
+  ``DIR/<key>/`` (:mod:`~paddle_acp.format.checkpoints.cache_key`), holding ``origin.json`` (the
   location it caches, credentials never included) and, mirroring the remote::
 
       <job>/range/<range>/ckpt-<N>/{tensors.bin,manifest.json}              one writer
@@ -17,7 +17,8 @@ This module owns:
   several its part's commit (a part is used only once the remote's global
   manifest names it, see below);
 * retention of the copies (the newest ``keep``; copies at a later position
-  than the one just committed belong to another history and go too), the
+  than the one just committed belong to another history and go too:
+  :func:`~paddle_acp.format.commit.retention.preserve`), the
   removal of leftovers, and a free-space check before each copy;
 * the restore decision (:meth:`RangeCache.load`): restore picks its checkpoint
   on the remote as always (listing, global commit, manifests read from the
@@ -42,7 +43,6 @@ locations apart so that one location's retention never deletes another's copies.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -51,11 +51,12 @@ import shutil
 import threading
 import uuid
 from typing import Any, List, Optional, Tuple
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from paddle_acp.config import StorageOptions
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format.checkpoints.cache_key import cache_key, canonical_location
 from paddle_acp.format.checkpoints.cache_trust import harden, untrusted
+from paddle_acp.format.commit.retention import preserve, to_delete
 from paddle_acp.format.engine import reader
 from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot
@@ -70,48 +71,9 @@ ORIGIN_NAME = "origin.json"
 ORIGIN_FORMAT = "paddle-acp/local-cache"
 ORIGIN_VERSION = 1
 DEFAULT_KEEP = 2  # copies kept per writer: the newest is what a restart uses
-KEY_RE = re.compile(r"[a-z0-9]{1,16}-[A-Za-z0-9._-]{0,48}-[0-9a-f]{32}", re.ASCII)
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
 _TMP_RE = re.compile(r".+\.tmp-[0-9a-f]{12}", re.ASCII)
-# query parameters that name a different store (never credentials)
-_IDENTITY_PARAMS = ("endpoint_override", "scheme")
 _HEADROOM = 64 << 20  # free bytes left on the cache's disk after a copy
 _ZEROS = bytes(ALIGN)
-
-
-# -- the key -------------------------------------------------------------------------------
-def canonical_location(uri: str, s3_endpoint: Optional[str] = None) -> str:
-    """The remote location ``uri`` names, without what does not change it: user info and
-    credentials (query parameters other than the endpoint), a trailing or doubled ``/``.
-    For ``s3://`` without an ``endpoint_override`` the ``s3_endpoint`` in use (``AWS_ENDPOINT_URL_S3``
-    / ``AWS_ENDPOINT_URL``, :class:`~paddle_acp.config.StorageOptions`) is part of it (the same
-    bucket name on another server)."""
-    p = urlsplit(uri.strip())
-    scheme = p.scheme.lower()
-    netloc = p.netloc.rpartition("@")[2]
-    host = netloc if scheme == "s3" else netloc.lower()  # bucket names are case-sensitive
-    path = "/" + "/".join(seg for seg in p.path.split("/") if seg not in ("", "."))
-    params = sorted((k, v.rpartition("@")[2]) for k, v in parse_qsl(p.query, keep_blank_values=True)
-                    if k in _IDENTITY_PARAMS)
-    if scheme == "s3" and not any(k == "endpoint_override" for k, _v in params):
-        if s3_endpoint:
-            params.append(("endpoint", redact(s3_endpoint.strip())))
-    return f"{scheme}://{host}{path}" + ("?" + urlencode(params) if params else "")
-
-
-def cache_key(uri: str, s3_endpoint: Optional[str] = None) -> str:
-    """The name of the cache directory of remote location ``uri``: ``<scheme>-<slug>-<hash>``.
-
-    ``hash``: 32 hex digits of the SHA-256 of :func:`canonical_location` (what keeps
-    locations apart); ``slug``: the host and last path component, filesystem-safe, for
-    people (at most 48 characters). Never holds user info or query values."""
-    canon = canonical_location(uri, s3_endpoint)
-    p = urlsplit(canon)
-    scheme = re.sub(r"[^a-z0-9]", "", p.scheme.lower(), flags=re.ASCII)[:16] or "x"
-    last = p.path.rstrip("/").rpartition("/")[2]
-    slug = _SAFE.sub("_", f"{p.netloc}_{last}" if last else p.netloc).strip("._-")[:48].strip("._-")
-    digest = hashlib.sha256(canon.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{scheme}-{slug}-{digest}"
 
 
 def cache_keep(max_to_keep: int) -> int:
@@ -260,17 +222,16 @@ class RangeCache:
         return f"{have} bytes free on the disk of {root}, a copy needs {size} (+{_HEADROOM >> 20} MiB kept free)"
 
     def _retain(self, name: str) -> None:
-        """After ``name`` was committed: keep it and the newest ``keep - 1`` older copies."""
+        """After ``name`` was committed (the copy a restart uses): keep it and the newest ``keep - 1`` older
+        copies (:func:`~paddle_acp.format.commit.retention.preserve`); copies at a later position are of another
+        history (the remote was reset, or newer checkpoints withdrawn) and go."""
         new = _position(name)
-        older = []
-        for pos, other in self.committed(self.rank):
-            if other == name or new is None:
-                continue
-            if pos > new:  # another history (the remote was reset, or newer checkpoints withdrawn)
-                self._delete(other)
-            else:
-                older.append(other)
-        for other in older[:max(0, len(older) - (self.cache.keep - 1))]:
+        if new is None:
+            return
+        copies = self.committed(self.rank)[::-1]
+        restart = next((c for c in copies if c[1] == name), None)
+        for _pos, other in to_delete(copies, preserve(copies, self.cache.keep, stale=lambda c: c[0] > new,
+                                                      restart=restart)):
             self._delete(other)
             logger.debug("local cache: retention deleted %s/%s", self.dir, other)
 

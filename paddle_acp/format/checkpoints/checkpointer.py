@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
 from paddle_acp.format.commit import atomic
-from paddle_acp.format.commit.fencing import Fence, check_deletable
-from paddle_acp.format.commit.retention import delete_checkpoint, policy_for
+from paddle_acp.format.commit.fencing import Fence
+from paddle_acp.format.commit.retention import delete_checkpoint, delete_old, preserve, to_delete
 from paddle_acp.format.engine import reader
 from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import Snapshot
@@ -199,28 +199,24 @@ class Checkpointer:
         return lambda: fence.check(what, quick)
 
     def apply_retention(self, keep: Optional[int] = None) -> List[int]:
-        """Delete the committed checkpoints the retention policy (keep the newest ``keep``,
+        """Delete the committed checkpoints the preservation policy (keep the newest ``keep``,
         default ``max_to_keep``) lets go; returns their numbers."""
-        if policy_for(self.max_to_keep if keep is None else keep).keeps_everything:
+        if (self.max_to_keep if keep is None else keep) <= 0:
             return []  # no listing
         committed = [e.number for e in atomic.scan(self.storage, self.dir) if e.committed]
         return self._retain(committed, keep)
 
     def _retain(self, committed: List[int], keep: Optional[int] = None) -> List[int]:
-        """Delete what the retention policy lets go of the ``committed`` checkpoint numbers."""
-        policy = policy_for(self.max_to_keep if keep is None else keep)
-        if not policy.to_remove(sorted(committed)):  # nothing to delete even counting every checkpoint: no look inside
+        """Delete what the preservation policy (:func:`~paddle_acp.format.commit.retention.preserve`) lets go of
+        the ``committed`` checkpoint numbers."""
+        keep = self.max_to_keep if keep is None else keep
+        if len(committed) <= keep or keep <= 0:  # nothing to delete even counting every checkpoint: no look inside
             return []
         # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
-        to_delete = policy.to_remove([n for n in sorted(committed) if self._deletable(n)])
-        if to_delete:
-            if self.fence is not None:
-                self.fence.check("delete old checkpoints")
-            check_deletable(self.storage, self.job_id, self.dir)
-        for n in to_delete:
-            self._delete(n)
-            logger.debug("retention: deleted checkpoint %d of %s", n, self.dir)
-        return to_delete
+        newest_first = sorted(committed, reverse=True)
+        gone = to_delete(newest_first, preserve(newest_first, keep, known=self._deletable))
+        delete_old(self.storage, self.job_id, self.dir, [final_name(n) for n in gone], self.fence)
+        return gone
 
     def _deletable(self, n: int) -> bool:
         """False for a checkpoint of a format this paddle-acp does not know: a newer paddle-acp

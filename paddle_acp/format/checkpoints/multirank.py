@@ -39,9 +39,9 @@ from paddle_acp.format.checkpoints.global_reader import GlobalEntry
 from paddle_acp.format.checkpoints.rank_restore import RankRestore
 from paddle_acp.format.commit import absence, atomic
 from paddle_acp.format.commit.committer import Committer, PendingCommit
-from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.commit.fencing import Fence, FencedError
 from paddle_acp.format.commit.part_commit import PartCommitMixin
-from paddle_acp.format.commit.retention import delete_checkpoint, policy_for
+from paddle_acp.format.commit.retention import delete_old, preserve, to_delete
 from paddle_acp.format.engine.reader import Landing
 from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.layout import (
@@ -310,8 +310,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
 
     def apply_retention(self, keep: Optional[int] = None, listing: Optional[List[Entry]] = None,
                         committed_now: Collection[str] = ()) -> List[str]:
-        """Rank 0: keep the newest ``keep`` committed checkpoints; remove older ones and
-        abandoned ones older than the newest commit. Returns the names removed. ``listing`` and
+        """Rank 0: remove what :func:`~paddle_acp.format.commit.retention.preserve` lets go (older than the newest
+        ``keep`` committed, abandoned ones older than the newest commit). Returns the names removed. ``listing`` and
         ``committed_now``: see :meth:`scan` (the commit just made lists the range no second time)."""
         keep = self.max_to_keep if keep is None else keep
         entries = self.scan(listing, committed_now)
@@ -319,18 +319,12 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         if not committed:
             return []
         newest = committed[-1].key
-        # a checkpoint of a newer format is neither counted nor deleted: the newest of this format are kept
-        to_delete = policy_for(keep).to_remove([g for g in committed if self._deletable(g)]) if policy_for(keep).to_remove(committed) else []
-        to_delete += [g for g in entries if not g.committed and g.key < newest]  # abandoned: never committed
-        if not to_delete:
-            return []
-        if self.fence is not None:
-            self.fence.check("delete old checkpoints")
-        check_deletable(self.storage, self.job_id, self.dir)
-        for g in sorted(to_delete, key=lambda g: g.key):
-            delete_checkpoint(self.storage, f"{self.dir}/{g.name}")
-            logger.debug("retention: deleted checkpoint %s of %s", g.name, self.dir)
-        return [g.name for g in to_delete]
+        # newer formats: neither counted nor deleted (looked at only when more than ``keep`` are committed)
+        known = self._deletable if len(committed) > keep else lambda g: True
+        gone = [g.name for g in to_delete(entries[::-1], preserve(entries[::-1], keep, lambda g: g.committed, known,
+                                                                  lambda g: not g.committed and g.key < newest))]
+        delete_old(self.storage, self.job_id, self.dir, gone, self.fence)
+        return gone
 
     def _deletable(self, g: GlobalEntry) -> bool:
         """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
