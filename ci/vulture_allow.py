@@ -12,7 +12,7 @@ from paddle_acp.format.engine.arena import Arena
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.runtime import hook
 from paddle_acp.runtime.agree import Agreement
-from paddle_acp.runtime.objects import Counter
+from paddle_acp.runtime.values import Counter
 from paddle_acp.storage.hadoop_cli import HadoopCliHandler
 from paddle_acp.storage.hadoop_cli_io import StagedOutput
 from paddle_acp.tools.stats import StatsResult
