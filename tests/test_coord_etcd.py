@@ -179,6 +179,34 @@ def test_any_key_and_value_round_trip_through_a_real_etcd(server, key, value, mo
     assert c.count(prefix) == 1 + len(items) - (prefix + key in items)
 
 
+def test_the_coordinators_verbs_through_a_real_etcd(server):
+    """post/latest, arrive (with a note; a rank counts once however often it arrives), arrive_soon (not waited
+    for), counts and notes, against the real server."""
+    from paddle_acp.errors import CorruptCheckpointError
+    from paddle_acp.runtime.coord.etcd import EtcdCoordinator, link_for
+
+    c = EtcdCoordinator(link_for(server.endpoint, 0, 60), f"verbs/{uuid.uuid4().hex}/-")
+    assert c.latest("plan.json", 100) is None
+    c.post("plan.json", b"{1}")
+    c.post("plan.json", b"{2}")
+    assert c.latest("plan.json", 100) == b"{2}"
+    with pytest.raises(CorruptCheckpointError, match="more than 2"):
+        c.latest("plan.json", 2)
+    c.arrive("b/ckpt-e1", b"manifest of 1", rank=1)
+    c.arrive("b/ckpt-e1", b"manifest of 1 again", rank=1)
+    c.arrive("b/ckpt-e1", rank=0)
+    assert c.arrivals("b/ckpt-e1") == 2 and c.counts(["b/ckpt-e1", "b/ckpt-e2"]) == [2, 0]
+    assert c.notes([0, 1, 2], 100) == [None, b"manifest of 1 again", None]
+    assert c.notes([1], 5) == [None]  # over the limit
+    c.arrive_soon("g/1/7")
+    deadline = time.monotonic() + 10
+    while c.counts(["g/1/7"]) != [1]:
+        assert time.monotonic() < deadline, "arrive_soon never arrived"
+        time.sleep(0.05)
+    c.check()
+    c.close()
+
+
 def test_leases_hold_and_drop_keys(server):
     c = EtcdClient(server.endpoint, 5)
     lease = c.grant(2)

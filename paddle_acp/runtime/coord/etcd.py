@@ -221,6 +221,19 @@ class EtcdCoordinator(Coordinator):
         items.append((self._key("a", key, rank), b""))  # one transaction: the note is there when counted
         self.link.call(f"to count {key}", lambda c: c.puts(items, self.link.lease(c)))
 
+    def arrive_soon(self, key: str) -> None:
+        """:meth:`arrive` on a thread of its own, not waited for (a failure is said at DEBUG: the caller arrives
+        again later)."""
+        if self.link.lost is None:
+            threading.Thread(target=self._arrive_quietly, args=(key,), name="paddle-acp-etcd-arrive",
+                             daemon=True).start()
+
+    def _arrive_quietly(self, key: str) -> None:
+        try:
+            self.arrive(key)
+        except CoordinationError as exc:
+            logger.debug("could not count %s in through etcd: %s", key, exc)
+
     def arrivals(self, key: str) -> Optional[int]:
         counts = self.counts([key])
         return None if counts is None else counts[0]
