@@ -39,26 +39,20 @@ import logging
 import os
 import posixpath
 import shutil
-import subprocess
-import tempfile
-import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyarrow.fs import FileInfo, FileSelector, FileSystemHandler, FileType
 
+from paddle_acp.storage.fsshell import META_TIMEOUT, FsShell, data_timeout
 from paddle_acp.storage.hadoop_cli_cache import FileInfoT, MetadataCache, _parent, as_path, parse_ls
-from paddle_acp.storage.hadoop_cli_io import HadoopCliError, StagedOutput, classify, stderr_tail
+from paddle_acp.storage.hadoop_cli_io import StagedOutput, staging_dir
 
 logger = logging.getLogger("paddle_acp")
 
 GLOB_CHARS = set("*?[]{}\\")
-# Seconds a metadata command may take (a dead NameNode makes the client retry).
-META_TIMEOUT = 300.0
-# Minimum seconds for a data transfer; larger files get 1 s per 8 MB on top.
-DATA_TIMEOUT = 600.0
 _MAX_PREFETCH_DIRS = 100
 
 
@@ -68,122 +62,23 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
     def __init__(self, hadoop_home: Optional[str], default_fs: str, user: Optional[str] = None,
                  cache_dir: Optional[str] = None, ugi: Optional[str] = None, metadata_ttl: float = 10.0,
                  extra_conf: Optional[Dict[str, str]] = None):
-        if not hadoop_home:
-            raise HadoopCliError(
-                errno.ENOENT,
-                "the hadoop command line client needs a Hadoop installation: set PADDLE_EDL_HDFS_HOME "
-                "or HADOOP_HOME to the directory holding bin/hadoop",
-            )
-        self.hadoop_home = os.path.abspath(os.path.expanduser(str(hadoop_home)))
-        self.hadoop = os.path.join(self.hadoop_home, "bin", "hadoop")
-        if not os.path.isfile(self.hadoop):
-            raise HadoopCliError(errno.ENOENT, f"hadoop command line client: {self.hadoop} does not exist "
-                                 f"(PADDLE_EDL_HDFS_HOME/HADOOP_HOME={self.hadoop_home!r})")
-        if not os.access(self.hadoop, os.X_OK):
-            raise HadoopCliError(errno.EACCES, f"hadoop command line client: {self.hadoop} is not executable")
-        p = urlparse(default_fs)
-        if p.scheme not in ("hdfs", "viewfs") or not p.netloc:
-            raise ValueError(f"default_fs must look like hdfs://host:port, not {default_fs!r}")
-        self.default_fs = f"{p.scheme}://{p.hostname}" + (f":{p.port}" if p.port else "")
-        self.user = user or None
-        self._ugi = ugi or None
-        if self.user is None and self._ugi:
-            self.user = self._ugi.split(",", 1)[0] or None
+        self.shell = FsShell(hadoop_home, default_fs, user, ugi, extra_conf)
+        self.hadoop_home, self.default_fs, self.user = self.shell.hadoop_home, self.shell.default_fs, self.shell.user
         self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir or ".cache"))
         MetadataCache.__init__(self, metadata_ttl)
-        self.extra_conf = dict(extra_conf or {})
-        self.commands_run = 0  # for tests and benchmarks
 
-    def __getstate__(self) -> Dict[str, Any]:  # the lock cannot be pickled
-        d = dict(self.__dict__)
-        d.pop("_lock", None)
-        d["_listings"], d["_infos"] = {}, {}
-        return d
-
-    def __setstate__(self, d: Dict[str, Any]) -> None:
-        self.__dict__.update(d)
-        self._lock = threading.Lock()
+    @property
+    def commands_run(self) -> int:
+        """``hadoop fs`` commands run so far (ci/bench_storage.py counts a save's and a restore's)."""
+        return self.shell.commands_run
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, HadoopCliHandler):
             return (self.hadoop_home, self.default_fs, self.user) == (other.hadoop_home, other.default_fs, other.user)
         return NotImplemented
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     def __repr__(self) -> str:
         return f"HadoopCliHandler({self.hadoop_home!r}, {self.default_fs!r}, user={self.user!r})"
-
-    # -- running commands -------------------------------------------------------
-    def _env(self) -> Dict[str, str]:
-        env = dict(os.environ)
-        if self.user:
-            env["HADOOP_USER_NAME"] = self.user
-        # paths with non-ASCII characters: the JVM takes its charset from the locale
-        if "UTF-8" not in (env.get("LC_ALL") or env.get("LANG") or "").upper().replace("UTF8", "UTF-8"):
-            env["LC_ALL"] = "C.UTF-8"
-        opts = env.get("HADOOP_CLIENT_OPTS", "")
-        if "-Dfile.encoding" not in opts:
-            env["HADOOP_CLIENT_OPTS"] = (opts + " -Dfile.encoding=UTF-8").strip()
-        return env
-
-    def _base(self) -> List[str]:
-        cmd = [self.hadoop, "fs", "-D", f"fs.defaultFS={self.default_fs}"]
-        if self._ugi:
-            cmd += ["-D", f"hadoop.job.ugi={self._ugi}"]
-        for k, v in self.extra_conf.items():
-            cmd += ["-D", f"{k}={v}"]
-        return cmd
-
-    def _display(self, args: Sequence[str]) -> str:
-        return "hadoop fs " + " ".join(args)
-
-    def _exec(self, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
-        cmd = self._base() + list(args)
-        t0 = time.perf_counter()
-        try:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                               env=self._env(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(errno.ETIMEDOUT, f"{self._display(args)} on {self.default_fs} did not finish "
-                               f"within {timeout:.0f} s (killed)") from None
-        except OSError as exc:
-            raise HadoopCliError(exc.errno or errno.EIO, f"cannot run {self.hadoop}: {exc}") from None
-        with self._lock:
-            self.commands_run += 1
-        logger.debug("%s: exit %d in %.2f s", self._display(args), r.returncode, time.perf_counter() - t0)
-        return r
-
-    def _run(self, args: Sequence[str], what: str, paths: Sequence[str], timeout: float = META_TIMEOUT,
-             ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess[bytes]:
-        r = self._exec(args, timeout)
-        if r.returncode not in tuple(ok_codes):
-            raise self._error(r, args, what, paths)
-        return r
-
-    def _error(self, r: subprocess.CompletedProcess[bytes], args: Sequence[str], what: str,
-               paths: Sequence[str]) -> OSError:
-        stderr = r.stderr.decode("utf-8", "replace")
-        cls, code = classify(stderr)
-        where = ", ".join(f"{self.default_fs}{p}" for p in paths)
-        msg = f"{what} {where} failed: `{self._display(args)}` exited with {r.returncode}: {stderr_tail(stderr)}"
-        if self._ugi:
-            msg = msg.replace(self._ugi, "***")
-        return cls(code, msg)
-
-    def _data_timeout(self, size: int) -> float:
-        return DATA_TIMEOUT + size / (8 << 20)
-
-    def _staging_dir(self) -> str:
-        base = os.path.join(self.cache_dir, "hdfs-cli")
-        try:
-            os.makedirs(base, exist_ok=True)
-        except OSError as exc:
-            raise HadoopCliError(exc.errno or errno.EIO,
-                                 f"cannot create the local staging directory {base} (PADDLE_EDL_FS_CACHE): {exc}") from None
-        return tempfile.mkdtemp(prefix="stage-", dir=base)
 
     # -- paths ------------------------------------------------------------------
     def _path(self, path: str) -> str:
@@ -260,7 +155,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             return None
         glob = (grand.rstrip("/") or "") + "/*"
         token = self._token()
-        r = self._exec(["-ls", glob], META_TIMEOUT)
+        r = self.shell.exec(["-ls", glob], META_TIMEOUT)
         if r.returncode != 0:
             return None  # changed meanwhile, or a transient error: stat instead
         children: Dict[str, Dict[str, FileInfo]] = {posixpath.join(grand, n): {} for n in dirs}
@@ -275,7 +170,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
     def _stat(self, paths: List[str]) -> Dict[str, FileInfo]:
         """One ``-stat`` for all ``paths`` (missing ones are reported on stderr, in order)."""
         token = self._token()
-        r = self._exec(["-stat", "%F\t%b\t%Y\t%n", *paths], META_TIMEOUT)
+        r = self.shell.exec(["-stat", "%F\t%b\t%Y\t%n", *paths], META_TIMEOUT)
         stderr = r.stderr.decode("utf-8", "replace")
         missing = set()
         for line in stderr.splitlines():
@@ -284,10 +179,10 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         lines = [ln for ln in r.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
         found = [p for p in paths if p not in missing]
         if r.returncode != 0 and not missing:  # not a missing path: the command failed
-            raise self._error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
+            raise self.shell.error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
         if len(lines) != len(found):
             if len(paths) == 1:
-                raise self._error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
+                raise self.shell.error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
             out: Dict[str, FileInfo] = {}
             for p in paths:  # could not match the output to the paths: one at a time
                 out.update(self._stat([p]))
@@ -323,9 +218,9 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{base}: No such file or directory")
         args = ["-ls", "-R", base] if selector.recursive else ["-ls", base]
         token = self._token()
-        r = self._exec(args, META_TIMEOUT)
+        r = self.shell.exec(args, META_TIMEOUT)
         if r.returncode != 0:
-            err = self._error(r, args, "listing", [base])
+            err = self.shell.error(r, args, "listing", [base])
             if isinstance(err, FileNotFoundError):
                 self._note(base, FileInfo(base, FileType.NotFound), token)  # unless it was made meanwhile
                 if selector.allow_not_found:
@@ -343,11 +238,11 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
     def create_dir(self, path: str, recursive: bool) -> None:
         p = self._path(path)
         if recursive:
-            self._run(["-mkdir", "-p", p], "creating directory", [p])
+            self.shell.run(["-mkdir", "-p", p], "creating directory", [p])
         else:
-            r = self._exec(["-mkdir", p], META_TIMEOUT)
+            r = self.shell.exec(["-mkdir", p], META_TIMEOUT)
             if r.returncode != 0:
-                err = self._error(r, ["-mkdir", p], "creating directory", [p])
+                err = self.shell.error(r, ["-mkdir", p], "creating directory", [p])
                 if not isinstance(err, FileExistsError):
                     raise err
                 if self._stat([p])[p].type != FileType.Directory:
@@ -360,7 +255,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             raise ValueError("refusing to delete the root directory")
         self._raise_if_known_missing(p)
         try:
-            self._run(["-rm", "-r", "-skipTrash", p], "deleting directory", [p])
+            self.shell.run(["-rm", "-r", "-skipTrash", p], "deleting directory", [p])
         except BaseException:
             self._invalidate(p)
             raise
@@ -376,7 +271,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         if children:
             paths = [self._path(c.path) for c in children]
             try:
-                self._run(["-rm", "-r", "-skipTrash", *paths], "deleting the contents of", [p])
+                self.shell.run(["-rm", "-r", "-skipTrash", *paths], "deleting the contents of", [p])
             except BaseException:
                 self._invalidate(p)
                 raise
@@ -396,7 +291,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         p = self._path(path)
         self._raise_if_known_missing(p)
         try:
-            self._run(["-rm", "-skipTrash", p], "deleting file", [p])
+            self.shell.run(["-rm", "-skipTrash", p], "deleting file", [p])
         except BaseException:
             self._invalidate(p)
             raise
@@ -408,16 +303,16 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         # file is replaced, a destination directory receives the source inside it.
         before_src, before_dst = self._cached_info(s), self._cached_info(d)
         try:
-            r = self._exec(["-mv", s, d], META_TIMEOUT)
+            r = self.shell.exec(["-mv", s, d], META_TIMEOUT)
             if r.returncode != 0:
-                err = self._error(r, ["-mv", s, d], f"renaming {self.default_fs}{s} to", [d])
+                err = self.shell.error(r, ["-mv", s, d], f"renaming {self.default_fs}{s} to", [d])
                 if not isinstance(err, FileExistsError):
                     raise err
                 infos = self._stat([s, d])
                 if infos[s].type != FileType.File or infos[d].type != FileType.File:
                     raise err
-                self._run(["-rm", "-skipTrash", d], "replacing", [d])
-                self._run(["-mv", s, d], f"renaming {self.default_fs}{s} to", [d])
+                self.shell.run(["-rm", "-skipTrash", d], "replacing", [d])
+                self.shell.run(["-mv", s, d], f"renaming {self.default_fs}{s} to", [d])
                 before_dst = FileInfo(d, FileType.NotFound)
         except BaseException:
             self._invalidate(s, d)
@@ -433,21 +328,21 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
     def copy_file(self, src: str, dest: str) -> None:
         s, d = self._path(src), self._path(dest)
         try:
-            self._run(["-cp", "-f", s, d], f"copying {self.default_fs}{s} to", [d])
+            self.shell.run(["-cp", "-f", s, d], f"copying {self.default_fs}{s} to", [d])
         finally:
             self._invalidate(d)
 
     # -- FileSystemHandler: data ------------------------------------------------------
     def _download(self, path: str) -> Any:
         p = self._path(path)
-        d = self._staging_dir()
+        d = staging_dir(self.cache_dir)
         local = os.path.join(d, "data")
         try:
             info = self._cached_info(p)
             if info is not None and info.type == FileType.NotFound:
                 raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{p}: No such file or directory")
             size = info.size if info is not None and info.size else 0
-            self._run(["-get", p, local], "downloading", [p], timeout=self._data_timeout(size))
+            self.shell.run(["-get", p, local], "downloading", [p], timeout=data_timeout(size))
             if os.path.isdir(local):
                 raise IsADirectoryError(errno.EISDIR, f"{self.default_fs}{p} is a directory")
             f = pa.OSFile(local, "r")
@@ -471,20 +366,20 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
     def open_output_stream(self, path: str, metadata: Any = None) -> Any:
         p = self._path(path)
         self._check_not_dir(p)
-        return pa.PythonFile(StagedOutput(self._staging_dir(), lambda local, size: self._upload(local, p, size, False)),
+        return pa.PythonFile(StagedOutput(staging_dir(self.cache_dir), lambda local, size: self._upload(local, p, size, False)),
                              mode="w")
 
     def open_append_stream(self, path: str, metadata: Any = None) -> Any:
         p = self._path(path)
         self._check_not_dir(p)
-        return pa.PythonFile(StagedOutput(self._staging_dir(), lambda local, size: self._upload(local, p, size, True)),
+        return pa.PythonFile(StagedOutput(staging_dir(self.cache_dir), lambda local, size: self._upload(local, p, size, True)),
                              mode="w")
 
     def _upload(self, local: str, path: str, size: int, append: bool) -> None:
         """Store a staged stream's local file at ``path`` (``-put -f`` or ``-appendToFile``), noting the result."""
         cmd, what = (["-appendToFile"], "appending to") if append else (["-put", "-f"], "uploading to")
         try:
-            self._run([*cmd, local, path], what=what, paths=[path], timeout=self._data_timeout(size))
+            self.shell.run([*cmd, local, path], what=what, paths=[path], timeout=data_timeout(size))
         except BaseException:
             self._invalidate(path)
             raise

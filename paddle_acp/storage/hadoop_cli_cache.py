@@ -74,6 +74,16 @@ class MetadataCache:
         # otherwise replace the directory that mkdir just recorded)
         self._changes = 0
 
+    def __getstate__(self) -> Dict[str, Any]:  # pickled (a handler sent to a process) without the lock and cache
+        d = dict(self.__dict__)
+        d.pop("_lock", None)
+        d["_listings"], d["_infos"] = {}, {}
+        return d
+
+    def __setstate__(self, d: Dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
     def _token(self) -> int:
         """Taken before a command that reads metadata: :meth:`_unchanged_since` says whether to store it."""
         with self._lock:

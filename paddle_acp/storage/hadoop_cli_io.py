@@ -1,12 +1,13 @@
 """Pieces of the ``hadoop fs`` client (:mod:`paddle_acp.storage.hadoop_cli`) around a command:
-what its stderr means (the OSError subclass that fits), and the write stream that stages data in a
-local file and uploads it with ``-put -f`` (or ``-appendToFile``) when closed."""
+what its stderr means (the OSError subclass that fits), the local staging directory, and the write stream
+that stages data in a local file and uploads it with ``-put -f`` (or ``-appendToFile``) when closed."""
 
 from __future__ import annotations
 
 import errno
 import os
 import shutil
+import tempfile
 from typing import Any, Callable, Tuple, Type
 
 
@@ -45,6 +46,17 @@ def stderr_tail(stderr: str, lines: int = 8) -> str:
             continue
         keep.append(t)
     return " | ".join(keep[-lines:]) if keep else "(no output on stderr)"
+
+
+def staging_dir(cache_dir: str) -> str:
+    """A fresh local directory for one transfer's file, under ``cache_dir`` (``PADDLE_EDL_FS_CACHE``)."""
+    base = os.path.join(cache_dir, "hdfs-cli")
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as exc:
+        raise HadoopCliError(exc.errno or errno.EIO,
+                             f"cannot create the local staging directory {base} (PADDLE_EDL_FS_CACHE): {exc}") from None
+    return tempfile.mkdtemp(prefix="stage-", dir=base)
 
 
 class StagedOutput:
