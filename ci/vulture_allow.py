@@ -41,7 +41,4 @@ _ = [  # (vulture ignores the name _)
     Arena.populating,  # tests/test_arena_first_save.py: the first save's arena is populated in the background
     Agreement.disagreements,  # tests/test_save_plan.py: a rank that read another plan counted it
     StatsResult.plot_legend,  # tests/unit/test_stats.py: the plot's legend names each range
-    # debt, not alive: test-only, to move into tests/test_local_cache.py once the cache module's split
-    # (format/checkpoints/cache_key.py, in flight) lands
-    KEY_RE,  # noqa: F821
 ]

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (
 from paddle_acp.config import from_env  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402
 from paddle_acp.format.checkpoints.cache import LocalCache  # noqa: E402
-from paddle_acp.format.checkpoints.cache_key import KEY_RE, cache_key, canonical_location  # noqa: E402
+from paddle_acp.format.checkpoints.cache_key import cache_key, canonical_location  # noqa: E402
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer  # noqa: E402
 from paddle_acp.format.checkpoints.restart import load_newest  # noqa: E402
@@ -60,6 +61,9 @@ _seg = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FF, bla
                min_size=1, max_size=12).filter(lambda s: s != ".")
 _host = st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z0-9]{1,5}){0,2}(:[1-9][0-9]{1,4})?", fullmatch=True)
 _scheme = st.sampled_from(["hdfs", "viewfs", "s3", "HDFS"])
+
+
+KEY_RE = re.compile(r"[a-z0-9]{1,16}-[A-Za-z0-9._-]{0,48}-[0-9a-f]{32}", re.ASCII)  # scheme-host..-hash
 
 
 @settings(max_examples=200, deadline=None)

@@ -14,7 +14,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from paddle_acp.storage.base import redact
 
-KEY_RE = re.compile(r"[a-z0-9]{1,16}-[A-Za-z0-9._-]{0,48}-[0-9a-f]{32}", re.ASCII)
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
 # query parameters that name a different store (never credentials)
 _IDENTITY_PARAMS = ("endpoint_override", "scheme")
