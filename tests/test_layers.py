@@ -40,7 +40,13 @@ ALLOWED: Dict[str, Set[str]] = {
     "package": BASE | {"adapter", "runtime"},
 }
 MAY_IMPORT_PADDLE = {"adapter", "runtime", "compat"}
-MAX_LINES = 500
+MAX_LINES = 400
+# modules still over MAX_LINES while their owners split them (issue 43), each with the most it may have:
+# keep the list shrinking (a module that is under the limit must leave it)
+KNOWN_OVER: Dict[str, int] = {
+    "paddle_acp.runtime.persist": 500,
+    "paddle_acp.runtime.range": 500,
+}
 
 
 def _layer(module: str) -> str:
@@ -146,7 +152,10 @@ def test_the_paddle_import_check_sees_imports_inside_functions(tmp_path):
 @pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
 def test_no_module_over_the_size_limit(module, path):
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{module}: {lines} lines (limit {MAX_LINES}): split it by what it owns"
+    limit = KNOWN_OVER.get(module, MAX_LINES)
+    assert lines <= limit, f"{module}: {lines} lines (limit {limit}): split it by what it owns"
+    if module in KNOWN_OVER:
+        assert lines > MAX_LINES, f"{module}: {lines} lines, within {MAX_LINES}: remove it from KNOWN_OVER"
 
 
 def _module_of(name: str) -> str:
