@@ -20,7 +20,7 @@ from paddle_acp.tools.inspect_checkpoint import add_ref_args
 from paddle_acp.tools.kinds import export_split, program_ir
 from paddle_acp.tools.reading import read_checkpoint
 from paddle_acp.tools.refs import CkptRef, load_manifest, read_part, resolve_checkpoint
-from paddle_acp.tools.render import emit, emit_json, human_bytes, table
+from paddle_acp.tools.render import human_bytes, output, table
 
 
 @dataclasses.dataclass
@@ -179,8 +179,5 @@ def register(sub: Any) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     res = export(args.checkpoint, args.to, args.job, args.range, args.number, args.program, args.name,
                  args.optimizer_state, args.rank)
-    if args.json:
-        emit_json(to_json(res))
-    else:
-        emit(render(res))
+    output(res, args.json, to_json, render)
     return 0

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from paddle_acp.format.manifest import DATA_NAME, Manifest
 from paddle_acp.tools.kinds import tensor_kinds
 from paddle_acp.tools.refs import load_manifest, read_part, resolve_checkpoint
-from paddle_acp.tools.render import emit, emit_json, fmt_time, human_bytes, table
+from paddle_acp.tools.render import fmt_time, human_bytes, output, table
 from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, scan_range
 from paddle_acp.tools.values import extra_values, render_extra, rng_summary, rng_text
 
@@ -181,9 +181,5 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    res = inspect(args.checkpoint, args.job, args.range, args.number, args.rank)
-    if args.json:
-        emit_json(to_json(res))
-    else:
-        emit(render(res))
+    output(inspect(args.checkpoint, args.job, args.range, args.number, args.rank), args.json, to_json, render)
     return 0

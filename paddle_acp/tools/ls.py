@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.tools.discovery import list_ranges, open_root, read_job_marker, select_jobs
-from paddle_acp.tools.render import emit, emit_json, fmt_time, human_bytes, table
+from paddle_acp.tools.render import fmt_time, human_bytes, output, table
 from paddle_acp.tools.scan import CORRUPT, NEWER, CkptInfo, restart_outcome, scan_range
 
 
@@ -162,9 +162,5 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    res = ls(args.uri, args.job, verify=args.verify)
-    if args.json:
-        emit_json(to_json(res))
-    else:
-        emit(render(res))
+    output(ls(args.uri, args.job, verify=args.verify), args.json, to_json, render)
     return 0

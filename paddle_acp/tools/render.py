@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, List, Optional, Sequence, TypeVar, Union
 
 from paddle_acp.storage.base import scrub
 
@@ -86,6 +86,18 @@ def emit(text: str) -> None:
 def emit_json(doc: Any) -> None:
     """A result's JSON form on stdout (indented), secrets scrubbed."""
     emit(json.dumps(doc, indent=2))
+
+
+_R = TypeVar("_R")
+
+
+def output(res: _R, as_json: bool, to_json: Callable[[_R], Any], render: Callable[[_R], str]) -> _R:
+    """A command's result on stdout: its JSON form (``--json``) or its text; returns ``res``."""
+    if as_json:
+        emit_json(to_json(res))
+    else:
+        emit(render(res))
+    return res
 
 
 def guard(fn: Callable[[Any], int]) -> Callable[[Any], int]:

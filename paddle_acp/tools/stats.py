@@ -14,13 +14,12 @@ from paddle_acp.format.checkpoints.metrics_log import FLUSH_INTERVAL
 from paddle_acp.tools.discovery import ToolError, open_root, single_job, uri_join
 from paddle_acp.tools.metrics import METRICS_DIR, Record, is_num, read_metrics, restarts_of, saves_of, unrecorded_of
 from paddle_acp.tools.render import (
-    emit,
-    emit_json,
     fmt_duration,
     fmt_seconds,
     fmt_time,
     human_bytes,
     natural_key,
+    output,
     table,
 )
 
@@ -189,9 +188,5 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    res = stats(args.uri, args.job, args.plot)
-    if args.json:
-        emit_json(to_json(res))
-    else:
-        emit(render(res))
+    output(stats(args.uri, args.job, args.plot), args.json, to_json, render)
     return 0

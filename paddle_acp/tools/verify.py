@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from paddle_acp.errors import StorageError
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs, uri_join
 from paddle_acp.tools.ls import epoch_cell
-from paddle_acp.tools.render import emit, emit_json, table
+from paddle_acp.tools.render import output, table
 from paddle_acp.tools.scan import NEWER, CkptInfo, restart_outcome, scan_range
 
 
@@ -110,9 +110,5 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    res = verify(args.uri, args.job)
-    if args.json:
-        emit_json(to_json(res))
-    else:
-        emit(render(res))
+    res = output(verify(args.uri, args.job), args.json, to_json, render)
     return 0 if res.ok else 1
