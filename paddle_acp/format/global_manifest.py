@@ -15,15 +15,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.config.values import MAX_WORLD
 from paddle_acp.format.layout import parse_name, position_key, position_number
-from paddle_acp.format.manifest import (
+from paddle_acp.format.manifest import MAX_TIME, max_manifest_size
+from paddle_acp.format.untrusted_json import (
     MAX_INT,
-    MAX_TIME,
     _doc_checksum,
     _fail,
     _get,
     check_newer_version,
     check_text,
-    max_manifest_size,
     parse_json,
     seal,
 )

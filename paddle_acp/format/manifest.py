@@ -13,7 +13,7 @@ else raises :class:`CorruptCheckpointError` (restore then falls back to an
 older checkpoint).
 
 The parsing and field checks every record on storage shares are :mod:`paddle_acp.format.untrusted_json`
-(re-exported here).
+(:func:`seal` re-exported here).
 """
 
 from __future__ import annotations
@@ -27,20 +27,18 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import crc32c
 import numpy as np
 
-from paddle_acp.format.untrusted_json import MAX_DEPTH as MAX_DEPTH
-from paddle_acp.format.untrusted_json import MAX_DOCUMENT_SIZE
-from paddle_acp.format.untrusted_json import MAX_INT as MAX_INT
-from paddle_acp.format.untrusted_json import MAX_TEXT as MAX_TEXT
-from paddle_acp.format.untrusted_json import _doc_checksum as _doc_checksum
-from paddle_acp.format.untrusted_json import _fail as _fail
-from paddle_acp.format.untrusted_json import _get as _get
-from paddle_acp.format.untrusted_json import _int_in as _int_in
-from paddle_acp.format.untrusted_json import check_json_data as check_json_data
-from paddle_acp.format.untrusted_json import check_newer_version as check_newer_version
-from paddle_acp.format.untrusted_json import check_text as check_text
-from paddle_acp.format.untrusted_json import nesting_depth as nesting_depth
-from paddle_acp.format.untrusted_json import parse_json as parse_json
-from paddle_acp.format.untrusted_json import seal as seal
+from paddle_acp.format.untrusted_json import (
+    MAX_DOCUMENT_SIZE,
+    _doc_checksum,
+    _fail,
+    _get,
+    _int_in,
+    check_json_data,
+    check_newer_version,
+    check_text,
+    parse_json,
+)
+from paddle_acp.format.untrusted_json import seal as seal  # the manifest's encoding (tests and tools seal documents)
 
 FORMAT = "paddle-acp/checkpoint"
 VERSION = 2  # what this paddle-acp writes

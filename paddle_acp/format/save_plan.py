@@ -24,7 +24,15 @@ import dataclasses
 from typing import Any, Optional, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format.manifest import MAX_INT, _doc_checksum, _get, check_newer_version, check_text, parse_json, seal
+from paddle_acp.format.untrusted_json import (
+    MAX_INT,
+    _doc_checksum,
+    _get,
+    check_newer_version,
+    check_text,
+    parse_json,
+    seal,
+)
 
 PLAN_NAME = "plan.json"
 PLAN_FORMAT = "paddle-acp/save-plan"

@@ -273,7 +273,7 @@ def test_deep_nesting_is_corrupt_not_recursion_error(where):
 
 
 def test_nesting_depth_ignores_brackets_in_strings():
-    from paddle_acp.format.manifest import nesting_depth
+    from paddle_acp.format.untrusted_json import nesting_depth
 
     assert nesting_depth(b'{"a": "[[[[{{{{", "b": [[1]], "c": "\\"]]]"}') == 3
     assert nesting_depth(b"[" * 40 + b"]" * 40) == 40

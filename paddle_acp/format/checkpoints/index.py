@@ -44,7 +44,8 @@ from paddle_acp.format.layout import (
     range_dir,
     rank_part,
 )
-from paddle_acp.format.manifest import FORMAT, MAX_MANIFEST_SIZE, TENSOR_CHECKSUMS, check_newer_version, parse_json
+from paddle_acp.format.manifest import FORMAT, MAX_MANIFEST_SIZE, TENSOR_CHECKSUMS
+from paddle_acp.format.untrusted_json import check_newer_version, parse_json
 from paddle_acp.storage.base import Entry as StorageEntry
 from paddle_acp.storage.base import Storage
 

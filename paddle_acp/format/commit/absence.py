@@ -26,7 +26,7 @@ from typing import Optional
 from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.commit.atomic import CommitStrategy
 from paddle_acp.format.layout import absent_mark, parse_name
-from paddle_acp.format.manifest import _fail, _get, check_text, parse_json
+from paddle_acp.format.untrusted_json import _fail, _get, check_text, parse_json
 from paddle_acp.storage.base import Storage, redact, scrub
 
 logger = logging.getLogger("paddle_acp")

@@ -34,7 +34,8 @@ from typing import Any, List, Optional
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, RestartRequiredError, StorageError
 from paddle_acp.format.global_manifest import GlobalManifest
 from paddle_acp.format.layout import bad_mark, parse_bad_mark
-from paddle_acp.format.manifest import Manifest, _fail, _get, check_text, parse_json
+from paddle_acp.format.manifest import Manifest
+from paddle_acp.format.untrusted_json import _fail, _get, check_text, parse_json
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
