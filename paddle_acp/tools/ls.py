@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.tools.discovery import list_ranges, open_root, read_job_marker, select_jobs
-from paddle_acp.tools.render import fmt_time, human_bytes, output, table
+from paddle_acp.tools.render import fmt_time, human_bytes, output, root_command, table
 from paddle_acp.tools.scan import CORRUPT, NEWER, CkptInfo, restart_outcome, scan_range
 
 
@@ -151,12 +151,10 @@ def render(res: LsResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser("ls", help="list jobs, ranges and checkpoints (newest first) under a storage root",
-                       description="List jobs, ranges and checkpoints under a storage root, newest first, "
-                       "and mark (*) the checkpoint a restart would load.")
-    p.add_argument("uri", metavar="URI", help="storage root (the PADDLE_ACP_CHECKPOINT_URI of the job)")
-    p.add_argument("--job", help="only this job")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p: argparse.ArgumentParser = root_command(
+        sub, "ls", "list jobs, ranges and checkpoints (newest first) under a storage root",
+        "List jobs, ranges and checkpoints under a storage root, newest first, and mark (*) the checkpoint a restart "
+        "would load.", uri_help="storage root (the PADDLE_ACP_CHECKPOINT_URI of the job)")
     p.add_argument("--verify", action="store_true", help="also read the data and check every checksum (slower)")
     return p
 

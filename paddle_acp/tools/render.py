@@ -88,6 +88,16 @@ def emit_json(doc: Any) -> None:
     emit(json.dumps(doc, indent=2))
 
 
+def root_command(sub: Any, name: str, help: str, description: str, uri_help: str = "storage root",
+                 job_help: str = "only this job") -> Any:
+    """The parser of a command over a storage root: ``URI``, ``--job``, ``--json`` (machine-readable output)."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.add_argument("uri", metavar="URI", help=uri_help)
+    p.add_argument("--job", help=job_help)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
 _R = TypeVar("_R")
 
 

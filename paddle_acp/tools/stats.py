@@ -20,6 +20,7 @@ from paddle_acp.tools.render import (
     human_bytes,
     natural_key,
     output,
+    root_command,
     table,
 )
 
@@ -177,13 +178,11 @@ def render(res: StatsResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser("stats", help="summarize the save metrics of a job (blocked time, skipped saves, persist time)",
-                       description="Summarize the metrics the saves write (JOB/metrics/trainer-*.jsonl).")
-    p.add_argument("uri", metavar="URI", help="storage root")
-    p.add_argument("--job", help="job id (optional when there is one job)")
+    p: argparse.ArgumentParser = root_command(
+        sub, "stats", "summarize the save metrics of a job (blocked time, skipped saves, persist time)",
+        "Summarize the metrics the saves write (JOB/metrics/trainer-*.jsonl).", job_help="job id (optional when there is one job)")
     p.add_argument("--plot", metavar="PNG", help="draw the saves over wall time, with failed and skipped saves "
                    "and restarts marked (needs matplotlib: pip install matplotlib)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 

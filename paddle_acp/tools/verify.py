@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from paddle_acp.errors import StorageError
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs, uri_join
 from paddle_acp.tools.ls import epoch_cell
-from paddle_acp.tools.render import output, table
+from paddle_acp.tools.render import output, root_command, table
 from paddle_acp.tools.scan import NEWER, CkptInfo, restart_outcome, scan_range
 
 
@@ -100,12 +100,10 @@ def render(res: VerifyResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser("verify", help="check every checkpoint's checksums (exit 1 if the one a restart loads is bad)",
-                       description="Read every committed checkpoint and check its manifest and checksums. Exit status 1 "
-                       "when the newest committed checkpoint of a range (the one a restart loads) is bad.")
-    p.add_argument("uri", metavar="URI", help="storage root")
-    p.add_argument("--job", help="only this job")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p: argparse.ArgumentParser = root_command(
+        sub, "verify", "check every checkpoint's checksums (exit 1 if the one a restart loads is bad)",
+        "Read every committed checkpoint and check its manifest and checksums. Exit status 1 when the newest committed "
+        "checkpoint of a range (the one a restart loads) is bad.")
     return p
 
 
