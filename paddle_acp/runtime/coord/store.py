@@ -54,6 +54,7 @@ class StoreLink:
         self._open_error: Optional[BaseException] = None
         self._started = time.monotonic()
         self._probe: Optional[Tuple[_Job, float]] = None
+        self._sent: Optional[_Job] = None  # the last call sent without waiting (send)
         threading.Thread(target=self._serve, name="paddle-acp-store", daemon=True).start()
 
     def _listening(self) -> bool:
@@ -128,8 +129,9 @@ class StoreLink:
         return value
 
     def send(self, fn: Callable[[KeyValueStore], Any]) -> None:
-        """``fn(store)`` on the link's thread once it is open, not waited for (its outcome is never looked at)."""
-        self._submit(fn)
+        """``fn(store)`` on the link's thread once it is open, not waited for (its outcome is never looked at;
+        :meth:`settle` waits for it: a call still in Paddle's code while the process exits aborts it)."""
+        self._sent = self._submit(fn)
 
     def settle(self) -> None:
         """Wait (at most until the open's deadline) for the open to end, never raising: a rank that leaves must
@@ -139,6 +141,8 @@ class StoreLink:
         without an active exception``, measured with 3.3.1)."""
         if self.lost is None:
             self._opened.wait(max(0.0, self._started + self.open_timeout - time.monotonic()))
+        if self._sent is not None and self._opened.is_set() and self._open_error is None:
+            self._sent[2].wait(CALL_TIMEOUT)
 
     def probe(self, key: str) -> None:
         """The liveness signal, never blocking: the previous probe's outcome is judged (CoordinationError when
