@@ -200,33 +200,26 @@ def test_restore_checksums_run_on_two_threads_in_parallel(tmp_path, monkeypatch)
     """A warm restore's time was mostly its checksums on one thread (issue 44): the verification's chunks
     are checksummed on two threads at once, and a tensor across chunks still verifies (and a flipped
     byte in it is still found)."""
+    import itertools
     import threading
-    import time
 
     import paddle_acp.format.manifest as manifest
 
     real = manifest._CHECKSUM_FUNCTIONS["crc32c"]
-    running, peak, lock = set(), [0], threading.Lock()
+    met, calls = threading.Barrier(2, timeout=30), itertools.count()
 
-    def timed(buf, value):  # the real checksum, held a moment so that overlapping calls show
-        me = threading.get_ident()
-        with lock:
-            running.add(me)
-            peak[0] = max(peak[0], len(running))
-        time.sleep(0.005)
-        try:
-            return real(buf, value)
-        finally:
-            with lock:
-                running.discard(me)
+    def meeting(buf, value):  # the real checksum; its first two calls wait for each other: two threads at once
+        if next(calls) < 2:
+            met.wait()  # on one thread: BrokenBarrierError after the timeout, raised by the load
+        return real(buf, value)
 
     ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
     arrays = {f"t{i}": np.arange(i, i + 30000, dtype=np.float32) for i in range(4)}
     ck.save(snapshot(0, arrays))
-    monkeypatch.setitem(manifest._CHECKSUM_FUNCTIONS, "crc32c", timed)
+    monkeypatch.setitem(manifest._CHECKSUM_FUNCTIONS, "crc32c", meeting)
     monkeypatch.setattr(ckmod, "_VERIFY_CHUNK", 4096 * 3)  # every tensor spans chunks
     loaded = ck.load(0)
-    assert peak[0] == 2
+    assert next(calls) > 2
     for name, a in arrays.items():
         assert loaded.arrays[("k", name)].tobytes() == a.tobytes()
     loaded.close()
