@@ -243,6 +243,29 @@ def test_one_writer_checkpoints_are_still_written_and_read(tmp_path):
         loaded.close()
 
 
+def test_export_of_any_rank_of_a_one_writer_checkpoint_holds_rank_0s_tensors(tmp_path, capsys):
+    """Replicated state written by rank 0 alone: ``export --rank 1`` writes the tensors rank 1 restores
+    (rank 0's; rank 1's part holds none), not empty files."""
+    import pickle
+
+    from paddle_acp import cli
+
+    save_all(tmp_path, 2, 1, spread=False)
+    want = {name: a for (key, name), a in expected(1).items() if key == "fp-a"}
+    for rank in (0, 1):
+        dest = tmp_path / f"export-{rank}"
+        assert cli.main(["export", str(ckdir(tmp_path, "ckpt-e1")), "--rank", str(rank), "--program", "fp-a",
+                         "--to", str(dest), "--optimizer-state"]) == 0
+        capsys.readouterr()
+        got = {}
+        for f in ("model.pdparams", "model.pdopt"):
+            with open(dest / f, "rb") as fh:
+                got.update(pickle.load(fh))
+        assert sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want), rank
+        info = json.loads((dest / "model.export.json").read_text())
+        assert info["rank"] == rank and info["lr_scheduler"] == {"last_epoch": 1}
+
+
 def test_a_capped_number_of_share_writers_at_a_larger_world_restores_bit_identical(tmp_path, monkeypatch):
     """W=5 with cap 2: ranks 0 and 1 write the shares, ranks 2..4 parts with no tensors; every rank's
     restore (at 5, and at other world sizes at an epoch end) opens the 2 shares' data files only."""

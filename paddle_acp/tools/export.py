@@ -76,6 +76,23 @@ def spread_parts(ref: CkptRef) -> Optional[Dict[int, Manifest]]:
         raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
 
 
+def tensor_part(ref: CkptRef) -> CkptRef:
+    """The part whose tensors ``ref``'s rank restores: rank 0's of a replicated checkpoint that rank 0
+    wrote alone (writers "one": the other parts hold no tensors), else ``ref`` itself (as
+    :meth:`paddle_acp.format.checkpoints.rank_restore.RankRestore.load` picks it)."""
+    if not ref.multirank or ref.rank == 0:
+        return ref
+    try:
+        g, _ = read_part(ref)
+    except CorruptCheckpointError as exc:
+        raise ToolError(f"cannot read checkpoint {ref.uri}: {short_reason(exc, ref.path)}") from exc
+    except StorageError as exc:
+        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
+    if g.mode != "replicated" or g.writers == shares.WRITERS_ALL:
+        return ref
+    return dataclasses.replace(ref, rank=0)
+
+
 def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Optional[str] = None,
            number: Optional[int] = None, program: Optional[str] = None, name: str = "model",
            optimizer_state: bool = False, rank: Optional[int] = None) -> ExportResult:
@@ -84,6 +101,9 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
     spread = spread_parts(ref)
     if spread is not None:  # every share's tensors (format/engine/shares.py), the manifest of ``ref``'s rank
         m = dataclasses.replace(m, programs=shares.merged_programs(spread, ref.rank))
+    source = ref if spread is not None else tensor_part(ref)
+    if source is not ref:  # rank 0's tensors, this rank's record (provenance, position)
+        m = dataclasses.replace(m, programs=load_manifest(source).programs)
     prog = pick_program(m, program, ref)
     ir = program_ir(prog.label, m.ir)
     split = export_split([t.name for t in prog.tensors], ir)
@@ -93,7 +113,7 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
     try:
         if spread is None:
             _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting",
-                                        base=ref.part_path)
+                                        base=source.part_path)
         else:
             by_part = {}  # rank -> its verified tensors (or pieces of tensors) that ``want`` names
             for k, part in sorted(spread.items()):
