@@ -210,7 +210,8 @@ def test_errors_come_at_the_first_iteration_not_at_the_call(tmp_path, monkeypatc
 
 def test_range_constructor_does_no_io_and_open_does(tmp_path):
     from paddle_acp.config import from_env
-    from paddle_acp.runtime.range import EpochRange, open_storage_for
+    from paddle_acp.runtime.opening import open_storage_for
+    from paddle_acp.runtime.range import EpochRange
 
     cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": str(tmp_path / "ck"), "PADDLE_JOB_ID": "j"})
     storage = open_storage_for(cfg)
@@ -273,7 +274,7 @@ def test_the_job_marker_is_written_while_the_fence_is_taken(tmp_path):
     """Trainer 0's open writes the job marker and its fence's record concurrently (each a whole file write:
     ~0.4 s on HDFS 2.7): both are in flight at once, and both are on storage when the open returns."""
     from paddle_acp.config import from_env
-    from paddle_acp.runtime.range import open_io
+    from paddle_acp.runtime.opening import open_io
     from paddle_acp.runtime.state import STATE
 
     acp.simulate_restart()
@@ -288,7 +289,7 @@ def test_the_job_marker_is_written_while_the_fence_is_taken(tmp_path):
 
 def test_a_job_marker_that_cannot_be_written_stops_the_open(tmp_path):
     from paddle_acp.config import from_env
-    from paddle_acp.runtime.range import open_io
+    from paddle_acp.runtime.opening import open_io
     from paddle_acp.runtime.state import STATE
 
     acp.simulate_restart()

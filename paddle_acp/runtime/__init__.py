@@ -2,14 +2,15 @@
 
 - :mod:`~paddle_acp.runtime.api`: the public loop functions (``train_epoch_range``,
   ``resumable``, ``active_range``, ``reset``).
-- :mod:`~paddle_acp.runtime.range`: :class:`EpochRange`, one loop: opening (all its I/O), epochs,
-  the programs the hook feeds it. It composes collaborators that own their state:
+- :mod:`~paddle_acp.runtime.range`: :class:`EpochRange`, one loop: opening (all its I/O, in
+  :mod:`~paddle_acp.runtime.opening`), epochs, the programs the hook feeds it. It composes collaborators that own their state:
   :mod:`~paddle_acp.runtime.restore` (the checkpoint resumed from, written back),
   :mod:`~paddle_acp.runtime.steps` (the loop's position, mid-epoch steps),
   :mod:`~paddle_acp.runtime.save_decision` (when a checkpoint is due and what it does: one pure policy),
   :mod:`~paddle_acp.runtime.schedule` (the facts it decides on: the clock, the ``auto`` budget, the ranks' plan),
   :mod:`~paddle_acp.runtime.buffers` (the snapshot buffers, the host-memory budget) and
-  :mod:`~paddle_acp.runtime.persist` (taking and persisting a checkpoint).
+  :mod:`~paddle_acp.runtime.persist` (taking a checkpoint; :mod:`~paddle_acp.runtime.rank_writes`: which tensors
+  this rank writes; :mod:`~paddle_acp.runtime.ticket_writer`: persisting it on the saver's thread, its outcome).
 - :mod:`~paddle_acp.runtime.state`: what the process remembers between ranges (one object, ``STATE``).
 - :mod:`~paddle_acp.runtime.hook` (the ``Executor.run`` patch), :mod:`~paddle_acp.runtime.registry`
   (the training programs of a range), :mod:`~paddle_acp.runtime.saver` (the background writer), :mod:`~paddle_acp.runtime.preemption` (signals), :mod:`~paddle_acp.runtime.shield` (the

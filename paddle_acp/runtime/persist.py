@@ -1,11 +1,11 @@
-"""Persister: owns taking a range's snapshots and persisting them on the saver's thread.
+"""Persister: owns taking a range's snapshots (when, what, into which buffer) and ending its saves.
 
 :meth:`Persister.save` asks the save-decision policy (:mod:`~paddle_acp.runtime.save_decision`, through the
 :class:`~paddle_acp.runtime.schedule.SaveSchedule`) what a due save does (the busy policy, the ranks' save
-plan), copies the registered programs' state into the :class:`~paddle_acp.runtime.buffers.SnapshotBuffers` and hands the :class:`Snapshot` (the content),
-in a :class:`~paddle_acp.runtime.saver.SaveTicket` (what was decided about this save), to its
-:class:`~paddle_acp.runtime.saver.Saver`, which persists it on its thread: the checkpointer writes
-it (one writer, or this rank's part of a global checkpoint) and the metrics log records the outcome.
+plan), copies the state this rank writes (:class:`~paddle_acp.runtime.rank_writes.RankWrites`) into the
+:class:`~paddle_acp.runtime.buffers.SnapshotBuffers` and hands the :class:`Snapshot` (the content), in a
+:class:`~paddle_acp.runtime.saver.SaveTicket` (what was decided about this save), to the saver of its
+:class:`~paddle_acp.runtime.ticket_writer.TicketWriter`, which persists it on its thread and records the outcome.
 :meth:`Persister.close` waits for the last save, reports a failed final one and frees the buffers.
 """
 
@@ -13,27 +13,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
-from paddle_acp.adapter.fleet import decide_mode
-from paddle_acp.config import writer_cap
 from paddle_acp.errors import AcpError, StorageError
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.commit.fencing import FencedError
-from paddle_acp.format.engine import shares
 from paddle_acp.format.engine.loaded import Lent
 from paddle_acp.format.engine.snapshot import Snapshot, copy_into
 from paddle_acp.format.engine.stream import ChunkStream, chunk_size
 from paddle_acp.format.layout import layout
 from paddle_acp.format.manifest import RangeRecord
-from paddle_acp.format.metrics_record import MetricsRecord, SaveBegun
+from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.runtime import interrupt
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.objects import ScriptState
+from paddle_acp.runtime.rank_writes import RankWrites
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.save_decision import (
     ARENA,
@@ -49,10 +47,11 @@ from paddle_acp.runtime.save_decision import (
     Decision,
     SaveContext,
 )
-from paddle_acp.runtime.saver import Saver, SaveTicket
+from paddle_acp.runtime.saver import SaveTicket
 from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position
+from paddle_acp.runtime.ticket_writer import TicketWriter
 from paddle_acp.storage.base import Storage, redact
 
 logger = logging.getLogger("paddle_acp")
@@ -81,13 +80,14 @@ class Persister:
         self.several_ranks = cfg.multi_rank
         self.rank = cfg.trainer_id
         self.is_writer = self.several_ranks or cfg.trainer_id == 0
-        self.saver = Saver(self._persist, cfg.async_save)
-        self._mode_logged: Optional[str] = None
+        # the saver's thread writes what save() takes, and records each outcome
+        self.writer = TicketWriter(name, cfg, checkpointer, global_checkpointer, metrics, schedule, buffers)
+        self.saver = self.writer.saver
+        self.writes = RankWrites(name, cfg, registry, global_checkpointer.world_size)
         self._skip_streak = 0
         self._skip_from = ""  # where the current run of skips began
         self._base_checked = False  # the marks of the checkpoint resumed from, checked at the first save
         self._final_submitted = False  # the save after the last epoch was submitted
-        self._last_persist_error: Optional[BaseException] = None  # of the last save that ended
         self.closed = False  # ended: no more saves, the buffers are freed
 
     # -- decisions ---------------------------------------------------------------
@@ -154,21 +154,7 @@ class Persister:
         import paddle
 
         self.buffers.ready()
-        mode = None
-        share = None
-        only = None  # (program key, name) of the tensors this rank writes -> the piece (None: whole); None: all
-        if self.several_ranks:
-            mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
-            if mode != self._mode_logged:
-                logger.info("range %s: rank %d of %d saves %s state (%s)", self.name, self.rank, self.cfg.world_size, mode, why)
-                self._mode_logged = mode
-            if self._spread(mode):  # the share writers each write a share of the replicated tensors,
-                # chosen from metadata: views of (on a GPU, host copies of) the share alone
-                items = [i for e in self.registry.entries for i in e.items()]
-                only = shares.owned(items, self.rank, self._share_writers())
-                share = shares.record(items, self._share_writers())
-            elif mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
-                only = {}
+        mode, only, share = self.writes.choose()  # several ranks: the tensors this rank writes (one writer: all)
         programs = [e.views(only) for e in self.registry.entries]
         size = layout(programs)
         image = None
@@ -278,107 +264,6 @@ class Persister:
         self.metrics.add(MetricsRecord.skipped(range=self.name, epoch=self.position.epoch_no, step=self.position.step,
                                                stall_s=time.perf_counter() - t0, policy=policy))
 
-    # -- on the saver's thread ---------------------------------------------------
-    def _persist(self, ticket: SaveTicket) -> None:
-        t0 = time.perf_counter()
-        snap = ticket.snap
-        record = SaveBegun(range=self.name, epoch=snap.range.epoch_no, step=snap.range.step,
-                           stall_s=ticket.stall_seconds, waited_s=ticket.waited_seconds,
-                           policy=self.schedule.busy_policy, queued=bool(ticket.queued),
-                           skipped_before=ticket.skipped_before or 0)
-        try:
-            if self.several_ranks:
-                self._persist_part(ticket, record, t0)
-                return
-            try:
-                written = self.checkpointer.save(snap)
-            except BaseException as exc:
-                self._record_failure(record, exc, t0)
-                raise
-            finally:
-                self.schedule.persist_took(time.perf_counter() - t0)
-        finally:
-            if snap.stream is not None:  # a save that failed before its data was written frees the copy
-                snap.stream.abort("the checkpoint was not written")
-        self._last_persist_error = None
-        number, nbytes = written.number, written.data_size
-        dt = time.perf_counter() - t0
-        mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
-        record, stall = self._streamed_record(ticket, record)
-        self.metrics.add(record.saved(number=number, nbytes=nbytes, persist_s=dt))
-        if ticket.durable:
-            self.metrics.flush()
-        else:
-            self.metrics.flush_due()
-        logger.info(
-            "range %s: saved checkpoint %d (epoch %d%s): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
-            self.name, number, snap.range.epoch_no, "" if snap.range.step is None else f" step {snap.range.step}",
-            nbytes, stall, dt, mbps,
-        )
-
-    def _record_failure(self, record: SaveBegun, exc: BaseException, t0: float) -> None:
-        self._last_persist_error = exc
-        self.metrics.add(record.failed(error=exc, persist_s=time.perf_counter() - t0))
-        self.metrics.flush_due()
-
-    def _streamed_record(self, ticket: SaveTicket, record: SaveBegun) -> Tuple[SaveBegun, float]:
-        """The metrics record and stall of a saved snapshot. A streamed one's ended when its last chunk
-        was copied, during the write: the metrics record gets it, and the stream's figures."""
-        stream = ticket.snap.stream
-        if stream is None:
-            return record, ticket.stall_seconds
-        stall = stream.stall_seconds()
-        return record.with_stream(stall, budget=self.buffers.budget_nbytes,
-                                  buffer=stream.slots * stream.chunk, chunk=stream.chunk,
-                                  chunks=stream.nchunks), stall
-
-    def _persist_part(self, ticket: SaveTicket, record: SaveBegun, t0: float) -> None:
-        """This rank's part; rank 0's commit goes on on the committer's thread (a durable save, or a
-        synchronous saver, waits for it): the metrics record and log line come when it is decided."""
-        snap = ticket.snap
-        try:
-            assert snap.mode is not None  # decided by save() for every save of several ranks
-            res = self.global_checkpointer.save(snap, snap.mode, wait=ticket.durable or not self.saver.async_save,
-                                                part_wait=ticket.part_wait)
-        except BaseException as exc:
-            self.schedule.persist_ended()
-            self._record_failure(record, exc, t0)
-            raise
-        self._last_persist_error = None
-        record, stall = self._streamed_record(ticket, record)
-        at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
-        done = _PartWritten(res.name, res.nbytes, at, stall, t0, snap.mode, ticket.durable)
-        if res.pending is not None and res.committed is None:  # decided later, on the committer's thread
-            res.pending.add_done_callback(lambda p: self._part_done(record, done, p.committed, p.waited, p.error))
-            return
-        self._part_done(record, done, res.committed, res.waited, None,
-                        res.pending.decided_at if res.pending is not None else None)
-
-    def _part_done(self, record: SaveBegun, done: "_PartWritten", committed: Optional[bool], waited: float,
-                   error: Optional[BaseException], decided_at: Optional[float] = None) -> None:
-        """The metrics record and log line of a part written (rank 0: of its commit, once decided;
-        ``decided_at``: when, if it was earlier than now: a durable save waited for retention too)."""
-        # rank 0: the persist time its save plan is sized by, until the global commit (every rank's part
-        # written), not its own part alone, nor retention after the commit
-        self.schedule.persist_ended()
-        dt = (time.perf_counter() if decided_at is None else decided_at) - done.t0
-        if error is not None:  # the commit failed (storage, fenced, or the base was condemned)
-            committed = False
-            self.saver.interrupt(error)
-        self.metrics.add(record.part(name=done.name, nbytes=done.nbytes, persist_s=dt, rank=self.rank,
-                                     committed=committed, parts_wait_s=waited, error=error))
-        if done.durable:
-            self.metrics.flush()
-        else:
-            self.metrics.flush_due()
-        if committed is None:
-            logger.info("range %s: rank %d wrote its part of checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s",
-                        self.name, self.rank, done.name, done.at, done.nbytes, done.stall, dt)
-        elif committed:
-            logger.info("range %s: saved global checkpoint %s (%s, %d ranks, %s): %d bytes of rank 0, stall %.3f s, "
-                        "persist %.3f s (%.3f s waiting for the other parts)", self.name, done.name, done.at,
-                        self.cfg.world_size, done.mode, done.nbytes, done.stall, dt, waited)
-
     # -- the end -----------------------------------------------------------------
     def close(self) -> None:
         """Wait for the save in flight (and a queued one) to commit, then free the snapshot buffers: an ended range
@@ -392,8 +277,8 @@ class Persister:
                 self.saver.wait(for_previous=False)  # a commit's error that ends training
             if self.is_writer:
                 self.metrics.flush()
-            if self._final_submitted and self._last_persist_error is not None:
-                self._final_save_failed(self._last_persist_error)
+            if self._final_submitted and self.writer.last_error is not None:
+                self._final_save_failed(self.writer.last_error)
         finally:
             self.closed = True
             self.buffers.release()
@@ -417,23 +302,7 @@ class Persister:
         STATE.final_save_failures.append(msg)
         logger.error("%s", msg)
 
-    # -- what this rank writes ---------------------------------------------------
-    def _follower(self) -> bool:
-        """A rank other than 0 whose tensors are replicated and written by other ranks (rank 0, or the
-        share writers when this rank is not one of them): its part holds no tensors."""
-        if not self.several_ranks or self.rank == 0 or decide_mode(self.cfg.rank_state, self.registry.entries)[0] != "replicated":
-            return False
-        return writer_cap(self.cfg.replicated_writers) is None or self.rank >= self._share_writers()
-
-    def _spread(self, mode: Optional[str]) -> bool:
-        """The ranks write shares of the replicated state (PADDLE_ACP_REPLICATED_WRITERS=all or N, format/engine/shares.py)."""
-        return self.several_ranks and mode == "replicated" and writer_cap(self.cfg.replicated_writers) is not None
-
-    def _share_writers(self) -> int:
-        """Spread writes: how many ranks write shares (ranks 0..n-1)."""
-        cap = writer_cap(self.cfg.replicated_writers)
-        return shares.share_writers(self.global_checkpointer.world_size, cap if cap is not None else 1)
-
+    # -- the snapshot buffers ------------------------------------------------------
     def landing(self, size: int) -> Optional[Lent]:
         """Where a restore of ``size`` bytes lands: the snapshot arena this rank's first save needs anyway
         (None where this rank keeps none: it writes nothing, or saves synchronously; or over the budget)."""
@@ -444,19 +313,7 @@ class Persister:
     def prepare_buffers(self) -> None:
         """A program registered: prepare the snapshot buffer for this rank's state (in the background),
         so the first save does not pay for it on the training thread."""
-        if self.closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io) or self._follower():
+        if self.closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io) or self.writes.follower():
             return
-        size = sum(e.nbytes() for e in self.registry.entries)  # metadata only: nothing is copied
-        if self._spread(decide_mode(self.cfg.rank_state, self.registry.entries)[0]):  # this rank's share of it
-            items = [i for e in self.registry.entries for i in e.items()]
-            size = shares.share_layout_nbytes(items, self.rank, self._share_writers())
-        self.buffers.prepare(size)
+        self.buffers.prepare(self.writes.nbytes())  # metadata only: nothing is copied
 
-
-class _PartWritten:
-    """A part written by this rank, until its commit is decided (the metrics record and log line)."""
-
-    def __init__(self, name: str, nbytes: int, at: str, stall: float, t0: float, mode: Optional[str],
-                 durable: bool) -> None:
-        self.name, self.nbytes, self.at, self.stall, self.t0, self.mode, self.durable = (
-            name, nbytes, at, stall, t0, mode, durable)

@@ -1,8 +1,8 @@
 """The epoch range: one ``train_epoch_range`` loop, composed of the collaborators that own its parts.
 
 :class:`EpochRange` is opened by :meth:`EpochRange.open` (the storage, the job marker and
-writer fence, the node-local cache, the checkpoint it resumes from: all I/O happens there, the
-constructor does none) and iterated by :meth:`EpochRange.epochs`. It composes, each owning its state:
+writer fence, the node-local cache: :mod:`~paddle_acp.runtime.opening`; the checkpoint it resumes from:
+all I/O happens there, the constructor does none) and iterated by :meth:`EpochRange.epochs`. It composes, each owning its state:
 :class:`~paddle_acp.runtime.restore.Restorer` (the checkpoint resumed from),
 :class:`~paddle_acp.runtime.steps.Position` and :class:`~paddle_acp.runtime.steps.ResumableSteps`
 (where the loop is, mid-epoch steps), :class:`~paddle_acp.runtime.schedule.SaveSchedule` (when a
@@ -15,42 +15,38 @@ from __future__ import annotations
 
 import logging
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional
 
 from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.executor import executor_place
 from paddle_acp.adapter.programs import is_distributed, program_info, unwrap
-from paddle_acp.errors import AcpError, CheckpointError, ConfigError
-from paddle_acp.format.checkpoints.cache import RangeCache
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer, write_job_marker
+from paddle_acp.errors import AcpError, CheckpointError
+from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
-from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.format.engine.stager import HostStager, Stager
 from paddle_acp.format.layout import range_dir
 from paddle_acp.format.metrics_record import MetricsRecord
-from paddle_acp.runtime import budget as host_budget
-from paddle_acp.runtime import early, interrupt, preemption
+from paddle_acp.runtime import interrupt, preemption
 from paddle_acp.runtime.agree import Agreement
 from paddle_acp.runtime.buffers import SnapshotBuffers
 from paddle_acp.runtime.check_kill import KillPoint
 from paddle_acp.runtime.coord import open_coordinator
 from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.objects import ScriptState
+from paddle_acp.runtime.opening import LoopSettings, Opened, check_range_args, open_io, open_storage_for
 from paddle_acp.runtime.persist import Persister
 from paddle_acp.runtime.registry import Registry
 from paddle_acp.runtime.restore import Restorer
 from paddle_acp.runtime.schedule import SaveSchedule
 from paddle_acp.runtime.state import STATE, check_main_thread
 from paddle_acp.runtime.steps import Position, ResumableSteps
-from paddle_acp.storage.base import Storage, redact
-from paddle_acp.storage.schemes import open_storage
+from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
+_NOTHING_OPENED = Opened()  # a range built without open(): no fence, no cache, no memory budget
 _static: Any = None
 
 
@@ -61,82 +57,6 @@ def _paddle_static() -> Any:
 
         _static = paddle.static
     return _static
-
-
-def open_storage_for(cfg: _config.CheckpointConfig) -> Storage:
-    """The range's storage: the process's early connection where it is to this location (runtime.early)."""
-    if cfg.uri is None:
-        raise ConfigError(f"checkpointing is off: {cfg.inactive_reason}")
-    storage = early.take(cfg)
-    return storage if storage is not None else open_storage(cfg.uri, cfg.storage)
-
-
-@dataclass(frozen=True)
-class Opened:
-    """What opening a range found or took on storage, handed to the range's checkpointers at construction."""
-
-    fence: Optional[Fence] = None  # this rank's writer fence (every rank that writes)
-    cache: Optional[RangeCache] = None  # the node-local copies (single writer), PADDLE_ACP_LOCAL_CACHE
-    rank_cache: Optional[RangeCache] = None  # this rank's node-local copies (several ranks)
-    memory_budget: Optional[int] = None  # a restore larger than it is neither mapped nor held in memory
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """The loop's settings from the environment, read (and refused when bad) before any I/O."""
-
-    exit_on_preempt: bool  # PADDLE_ACP_EXIT_ON_PREEMPT
-    preempt_signals: List[int]  # PADDLE_ACP_PREEMPT_SIGNALS
-    check_epochs: Optional[int]  # PADDLE_ACP_CHECK_EPOCHS (paddle-acp check)
-    check_digests: Optional[str]  # PADDLE_ACP_CHECK_DIGESTS (paddle-acp check)
-    check_kill_at: Optional[Tuple[str, int, Optional[int]]] = None  # PADDLE_ACP_CHECK_KILL_AT (paddle-acp check)
-
-    @classmethod
-    def from_env(cls) -> "LoopSettings":
-        return cls(_config.exit_on_preempt_from_env(), _config.preempt_signals_from_env(),
-                   _config.check_epochs_from_env(), _config.check_digests_from_env(), _config.check_kill_at_from_env())
-
-
-def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opened:
-    """A range's I/O before it is built: job marker and fence, the node-local cache. Every rank that
-    writes takes its own fence (a generation of its rank) before anything it deletes."""
-    fence = None
-    if cfg.multi_rank or cfg.trainer_id == 0:
-        marker = (storage.uri, cfg.job_id)
-        try:
-            if cfg.trainer_id == 0 and marker not in STATE.marked_jobs:  # once per process, not per range
-                fence = _marked_and_fenced(storage, cfg.job_id)
-                STATE.marked_jobs.add(marker)
-            else:
-                fence = STATE.fence_for(storage, cfg.job_id, cfg.trainer_id)
-        except AcpError as exc:
-            raise ConfigError(
-                f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not writable: {exc}"
-            ) from exc
-    if cfg.trainer_id > 0 and cfg.world_size is None:
-        logger.warning(
-            "PADDLE_TRAINER_ID=%d but PADDLE_TRAINERS_NUM is not set: this trainer restores trainer 0's state "
-            "and writes nothing. Set PADDLE_TRAINERS_NUM (paddle.distributed.launch does) for per-rank state.",
-            cfg.trainer_id,
-        )
-    cache = STATE.local_cache(cfg, storage)  # local copies of remote checkpoints: written by the writer, read by restore
-    return Opened(fence=fence,
-                  cache=cache.for_range(cfg.job_id, name) if cache is not None else None,
-                  rank_cache=cache.for_range(cfg.job_id, name, cfg.trainer_id) if cache is not None else None,
-                  memory_budget=host_budget.decide(cfg.host_memory).nbytes)
-
-
-def _marked_and_fenced(storage: Storage, job_id: str) -> Fence:
-    """Trainer 0's first open of a job: the job marker written while its fence is taken. Two creates
-    of unrelated files, each a whole file write (~0.4 s on HDFS 2.7, whose client waits 400 ms for the
-    block's report before it completes a file): in flight together, the open waits for one of them.
-    Both are done before the open returns (nothing is deleted before the marker exists); the fence's
-    error wins when both fail."""
-    with ThreadPoolExecutor(1, thread_name_prefix="paddle-acp-job-marker") as pool:
-        marked = pool.submit(write_job_marker, storage, job_id)
-        fence = STATE.fence_for(storage, job_id, 0)  # (on an error the pool's exit still waits for the marker)
-        marked.result()
-    return fence
 
 
 class EpochRange:
@@ -156,7 +76,7 @@ class EpochRange:
 
     def __init__(self, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig, storage: Storage,
                  save_checkpoint_inter: Optional[float] = None, script: Optional[ScriptState] = None,
-                 opened: Opened = Opened(), settings: Optional[LoopSettings] = None) -> None:
+                 opened: Opened = _NOTHING_OPENED, settings: Optional[LoopSettings] = None) -> None:
         """No I/O here: :meth:`open` does it, then builds a range and starts it. ``script``: the script's
         own objects saved with each checkpoint; ``opened``: what :func:`open_io` took and found;
         ``settings``: the environment's (read here when not given)."""
@@ -439,10 +359,3 @@ class EpochRange:
         """See :meth:`Restorer.write_unrestored_into_global_scope`."""
         self.restorer.write_unrestored_into_global_scope()
 
-
-def check_range_args(max_epoch_num: Any, save_checkpoint_inter: Any) -> None:
-    """ConfigError for a ``train_epoch_range`` argument that is not what it must be."""
-    if isinstance(max_epoch_num, bool) or not isinstance(max_epoch_num, int):
-        raise ConfigError(f"max_epoch_num={max_epoch_num!r} must be an integer")
-    if save_checkpoint_inter is not None:
-        _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
