@@ -1,10 +1,17 @@
-"""The coordination interface (what each verb is for: :mod:`paddle_acp.runtime.coord`) and its error."""
+"""The coordination interface (what each verb is for: :mod:`paddle_acp.runtime.coord`), its error and links."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+import logging
+import threading
+from typing import Callable, Dict, Generic, Hashable, List, Optional, Sequence, TypeVar
 
 from paddle_acp.errors import CheckpointError
+
+logger = logging.getLogger("paddle_acp")
+
+K = TypeVar("K", bound=Hashable)
+L = TypeVar("L")
 
 
 class CoordinationError(CheckpointError):
@@ -49,3 +56,50 @@ class Coordinator:
 
     def close(self) -> None:
         """The range ended: this rank's part of whatever its coordination started is done (bounded, never raises)."""
+
+
+class Link:
+    """A process's link to a coordination server: lost at most once, for the first reason, said once."""
+
+    # what a loss is called in the log line and in the error, of ``{where}`` (the server) for ``{why}``
+    LOST_SAID = "the link to {where} is lost: {why}"
+    LOST_ERROR = "the link to {where} is lost: {why}"
+
+    def __init__(self, rank: int, where: object) -> None:
+        self.rank = rank
+        self.where = where
+        self.lost: Optional[str] = None  # why the link was lost (every later call raises at once)
+        self._lock = threading.Lock()
+
+    def _lose(self, why: str) -> CoordinationError:
+        """The link is lost (for ``why``, unless it was already): the error to raise; the first loss is logged."""
+        with self._lock:
+            first = self.lost is None
+            if first:
+                self.lost = why
+        if first:
+            logger.error("rank %d: %s. Nothing more is coordinated through it (nothing committed is touched)",
+                         self.rank, self.LOST_SAID.format(where=self.where, why=why))
+        return CoordinationError(f"rank {self.rank}: " + self.LOST_ERROR.format(where=self.where, why=self.lost or why))
+
+    def check(self) -> None:
+        """CoordinationError once the link is lost."""
+        if self.lost is not None:
+            raise self._lose(self.lost)
+
+
+class Links(Generic[K, L]):
+    """A process's links to one kind of coordination server, one per key (a store is opened once per process;
+    a lost link stays lost, as the store of a dead rank 0 does)."""
+
+    def __init__(self) -> None:
+        self._links: Dict[K, L] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K, make: Callable[[], L]) -> L:
+        """The link under ``key``, made by ``make`` the first time."""
+        with self._lock:
+            link = self._links.get(key)
+            if link is None:
+                link = self._links[key] = make()
+            return link

@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.runtime.coord.base import CoordinationError, Coordinator
+from paddle_acp.runtime.coord.base import CoordinationError, Coordinator, Link, Links
 from paddle_acp.storage.etcd import EtcdClient, EtcdError
 
 logger = logging.getLogger("paddle_acp")
@@ -53,32 +53,22 @@ ENDED_TTL = 3600  # seconds rank 0's ``ended`` outlives it
 _Call = Callable[[EtcdClient], Any]
 
 
-class EtcdLink:
+class EtcdLink(Link):
     """This process's coordination through one etcd server (module docstring)."""
 
+    LOST_SAID = "the ranks' coordination through {where} is lost: {why}"
+    LOST_ERROR = ("the ranks' coordination through {where} is lost: {why}. No checkpoint of this job can be committed "
+                  "through it any more; nothing committed is touched: restart the job, it resumes from its last "
+                  "committed checkpoint (or set PADDLE_ACP_COORDINATION=storage)")
+
     def __init__(self, client: EtcdClient, rank: int, open_timeout: float) -> None:
+        super().__init__(rank, client)
         self.client = client
-        self.rank = rank
         self.open_timeout = open_timeout
-        self.lost: Optional[str] = None
-        self._lock = threading.Lock()
         self._lease = 0
         self._watched: Dict[bytes, Tuple[bytes, float, bool]] = {}  # rank > 0: alive -> (ended, since, seen)
         self._last_ok = time.monotonic()
         self._beating = False
-
-    def _lose(self, why: str) -> CoordinationError:
-        with self._lock:
-            first = self.lost is None
-            if first:
-                self.lost = why
-        if first:
-            logger.error("rank %d: the ranks' coordination through %s is lost: %s. Nothing more is coordinated "
-                         "through it (nothing committed is touched)", self.rank, self.client, why)
-        return CoordinationError(f"rank {self.rank}: the ranks' coordination through {self.client} is lost: "
-                                 f"{self.lost}. No checkpoint of this job can be committed through it any more; "
-                                 "nothing committed is touched: restart the job, it resumes from its last committed "
-                                 "checkpoint (or set PADDLE_ACP_COORDINATION=storage)")
 
     def call(self, what: str, fn: _Call) -> Any:
         """``fn(client)``, retried while etcd fails for at most :data:`CALL_RETRY` s; CoordinationError then. The
@@ -86,8 +76,7 @@ class EtcdLink:
         a call that fails earlier fails alone (its caller goes on as without a coordinator: storage tells)."""
         deadline = time.monotonic() + CALL_RETRY
         while True:
-            if self.lost is not None:
-                raise self._lose(self.lost)
+            self.check()
             try:
                 value = fn(self.client)
                 self._last_ok = time.monotonic()
@@ -114,10 +103,6 @@ class EtcdLink:
         if start:
             threading.Thread(target=self._beat, name="paddle-acp-etcd", daemon=True).start()
         return self._lease
-
-    def check(self) -> None:
-        if self.lost is not None:
-            raise self._lose(self.lost)
 
     def watch(self, key: bytes, ended: bytes) -> None:
         """Rank > 0: look for rank 0's ``alive`` under ``key`` (or its ``ended``) at every beat."""
@@ -171,20 +156,14 @@ class EtcdLink:
                            "(PADDLE_ACP_PART_TIMEOUT)")
 
 
-_LINKS: Dict[Tuple[str, int, int], EtcdLink] = {}
-_LINKS_LOCK = threading.Lock()
+_LINKS: Links[Tuple[str, int, int], EtcdLink] = Links()
 
 
 def link_for(endpoint: str, rank: int, open_timeout: float) -> EtcdLink:
     """This process's link to the etcd at ``endpoint`` (one per process and server; a lost one stays lost).
     ValueError for an endpoint that is not HOST:PORT."""
     client = EtcdClient(endpoint, CALL_TIMEOUT)
-    key = (client.host, client.port, rank)
-    with _LINKS_LOCK:
-        link = _LINKS.get(key)
-        if link is None:
-            link = _LINKS[key] = EtcdLink(client, rank, open_timeout)
-        return link
+    return _LINKS.get((client.host, client.port, rank), lambda: EtcdLink(client, rank, open_timeout))
 
 
 class EtcdCoordinator(Coordinator):

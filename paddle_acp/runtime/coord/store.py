@@ -24,11 +24,11 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from paddle_acp.adapter.store import KEY_PREFIX, KeyValueStore, StoreEndpoint, open_store
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.runtime.coord.base import CoordinationError, Coordinator
+from paddle_acp.runtime.coord.base import Coordinator, Link, Links
 
 logger = logging.getLogger("paddle_acp")
 
@@ -39,16 +39,19 @@ PROBE_EVERY = 1.0  # seconds between two liveness probes (a due point between th
 _Job = Tuple[Callable[[KeyValueStore], Any], List[Tuple[bool, Any]], threading.Event]
 
 
-class StoreLink:
+class StoreLink(Link):
     """This process's connection to the job's store (module docstring)."""
 
+    LOST_SAID = "the job's store at {where} {why}; rank 0 hosts it: it is gone or unreachable"
+    LOST_ERROR = ("the job's store at {where}, hosted by rank 0, {why}: rank 0 is gone or unreachable, so no checkpoint "
+                  "of this job can be committed any more. Nothing committed is touched: restart the job, it resumes "
+                  "from its last committed checkpoint (or set PADDLE_ACP_COORDINATION=storage)")
+
     def __init__(self, ep: StoreEndpoint, rank: int, world_size: int, open_timeout: float) -> None:
+        super().__init__(rank, ep)
         self.ep = ep
-        self.rank = rank
         self.world_size = world_size
         self.open_timeout = open_timeout
-        self.lost: Optional[str] = None
-        self._lock = threading.Lock()
         self._jobs: "queue.Queue[_Job]" = queue.Queue()
         self._opened = threading.Event()
         self._open_error: Optional[BaseException] = None
@@ -87,19 +90,6 @@ class StoreLink:
                 box.append((False, exc))
             done.set()
 
-    def _lose(self, why: str) -> CoordinationError:
-        with self._lock:
-            first = self.lost is None
-            if first:
-                self.lost = why
-        if first:
-            logger.error("rank %d: the job's store at %s %s; rank 0 hosts it: it is gone or unreachable. Nothing "
-                         "more is coordinated through it (nothing committed is touched)", self.rank, self.ep, why)
-        return CoordinationError(f"rank {self.rank}: the job's store at {self.ep}, hosted by rank 0, {self.lost}: "
-                                 "rank 0 is gone or unreachable, so no checkpoint of this job can be committed any "
-                                 "more. Nothing committed is touched: restart the job, it resumes from its last "
-                                 "committed checkpoint (or set PADDLE_ACP_COORDINATION=storage)")
-
     def _submit(self, fn: Callable[[KeyValueStore], Any]) -> _Job:
         job: _Job = (fn, [], threading.Event())
         self._jobs.put(job)
@@ -112,8 +102,7 @@ class StoreLink:
 
     def call(self, what: str, fn: Callable[[KeyValueStore], Any]) -> Any:
         """``fn(store)`` on the link's thread, bounded; CoordinationError once the store is lost."""
-        if self.lost is not None:
-            raise self._lose(self.lost)
+        self.check()
         left = self.open_timeout - (time.monotonic() - self._started)
         if not self._opened.wait(max(0.0, left)):
             raise self._lose(f"was not open within {self.open_timeout:g} s (PADDLE_ACP_PART_TIMEOUT): a rank "
@@ -147,8 +136,7 @@ class StoreLink:
     def probe(self, key: str) -> None:
         """The liveness signal, never blocking: the previous probe's outcome is judged (CoordinationError when
         it failed, or has gone unanswered for :data:`CALL_TIMEOUT` s) and a new one sent."""
-        if self.lost is not None:
-            raise self._lose(self.lost)
+        self.check()
         if not self._opened.is_set():
             return  # still opening: the calls that need it bound that wait
         if self._open_error is not None:
@@ -167,19 +155,14 @@ class StoreLink:
         self._probe = (self._submit(lambda s: s.add(key, 0)), time.monotonic())
 
 
-_LINKS: Dict[Tuple[str, int, str, int, int], StoreLink] = {}
-_LINKS_LOCK = threading.Lock()
+_LINKS: Links[Tuple[str, int, str, int, int], StoreLink] = Links()
 
 
 def link_for(ep: StoreEndpoint, rank: int, world_size: int, open_timeout: float) -> StoreLink:
     """This process's link to the store at ``ep`` (one per process: a store is opened once; a lost one stays
     lost, as the store of a dead rank 0 does)."""
-    key = (ep.host, ep.port, ep.source, rank, world_size)
-    with _LINKS_LOCK:
-        link = _LINKS.get(key)
-        if link is None:
-            link = _LINKS[key] = StoreLink(ep, rank, world_size, open_timeout)
-        return link
+    return _LINKS.get((ep.host, ep.port, ep.source, rank, world_size),
+                      lambda: StoreLink(ep, rank, world_size, open_timeout))
 
 
 class StoreCoordinator(Coordinator):
