@@ -37,6 +37,13 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _PAGE = 4096
 
 
+def sync_to(fd: int, size: int) -> None:
+    """Make the local file open at ``fd`` ``size`` bytes long (an ``O_DIRECT`` write wrote whole pages) and
+    durable (fsync)."""
+    os.ftruncate(fd, size)
+    os.fsync(fd)
+
+
 def file_uri_path(uri: str, parsed: ParseResult) -> str:
     """The absolute local path a ``file:`` URI names (RFC 8089): percent-decoded, on this host."""
     shown = redact(uri)
@@ -97,8 +104,7 @@ class LocalStorage(ArrowStorage):
                 if n <= 0:
                     raise OSError("O_DIRECT write made no progress")
                 pos += n
-            os.ftruncate(fd, size)
-            os.fsync(fd)
+            sync_to(fd, size)
         finally:
             os.close(fd)
         return size

@@ -28,6 +28,7 @@ from paddle_acp.format.engine.arena import PAGE
 from paddle_acp.format.engine.crc import crc_pool
 from paddle_acp.format.engine.stager import HOST, Stager
 from paddle_acp.format.manifest import VERSION, checksum_function
+from paddle_acp.storage.local import sync_to
 
 logger = logging.getLogger("paddle_acp")
 
@@ -122,17 +123,22 @@ class ChunkStream:
             self._error = exc
             self.abort(f"the snapshot copy failed: {exc}")
 
-    def _fill(self, slot: np.ndarray, pos: int, n: int) -> None:
-        """Copy file bytes [pos, pos + n) into ``slot`` (tensor bytes, zero padding between them)."""
-        end = pos + n
-        pairs: List[Tuple[np.ndarray, np.ndarray]] = []
-        cursor = pos
+    def _overlaps(self, pos: int, end: int) -> Iterator[Tuple[int, int, int, int]]:
+        """The tensors with bytes in file range [pos, end), in file order: (index, the tensor's first byte, the
+        first and the end byte of its part of the range)."""
         for i, (lo, hi) in enumerate(self._spans):
             if hi <= pos or lo == hi:
                 continue
             if lo >= end:
                 break
-            a, b = max(lo, pos), min(hi, end)
+            yield i, lo, max(lo, pos), min(hi, end)
+
+    def _fill(self, slot: np.ndarray, pos: int, n: int) -> None:
+        """Copy file bytes [pos, pos + n) into ``slot`` (tensor bytes, zero padding between them)."""
+        end = pos + n
+        pairs: List[Tuple[np.ndarray, np.ndarray]] = []
+        cursor = pos
+        for i, lo, a, b in self._overlaps(pos, end):
             if a > cursor:
                 slot[cursor - pos:a - pos] = 0
             pairs.append((slot[a - pos:b - pos], self._src[i][a - lo:b - lo]))
@@ -153,13 +159,7 @@ class ChunkStream:
 
     # -- the writer side ------------------------------------------------------------------
     def _crc(self, slot: np.ndarray, pos: int, n: int) -> None:
-        end = pos + n
-        for i, (lo, hi) in enumerate(self._spans):
-            if hi <= pos or lo == hi:
-                continue
-            if lo >= end:
-                break
-            a, b = max(lo, pos), min(hi, end)
+        for i, _lo, a, b in self._overlaps(pos, pos + n):
             self.crcs[i] = self._fn(slot[a - pos:b - pos].data, self.crcs[i])
 
     def chunks(self) -> Iterator[Tuple[np.ndarray, int, int]]:
@@ -243,8 +243,7 @@ def _write_local(full: str, path: str, stream: ChunkStream) -> int:
                     raise StorageError(f"writing {path} made no progress at byte {pos + done}")
                 done += w
             total += n
-        os.ftruncate(fd, total)
-        os.fsync(fd)
+        sync_to(fd, total)
     finally:
         os.close(fd)
     return total
