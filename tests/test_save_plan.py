@@ -202,7 +202,7 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
         else:
             got1.append(r1.point("due", False, f"epoch {i}")[1])
             got0.append(r0.point("due", False, f"epoch {i}")[1])
-        r0.point_done()
+        r0.tell(Planner.point_done)
     assert got0 == got1 and r1.disagreements == 0
     assert [s for _, s in r0.planner.plan.strides] == [MAX_STRIDE], r0.planner.plan
     assert all(got0[:20]) and not all(got0[28:])
@@ -216,7 +216,7 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
     r0.planner.persist = 1e6  # rank 0's persists are far longer than its due points are apart: stride K
     for i in range(20):
         r0.point("due", False, f"epoch {i}")
-        r0.point_done()
+        r0.tell(Planner.point_done)
     for i in range(20, 25):
         r1.point("due", False, f"epoch {i}")
     assert all(ahead) and not all(r0.planner.plan.taken("due", i) for i in range(8, 20))
@@ -265,7 +265,7 @@ def _lockstep(storage, points, fail=False):
             went_on += 1  # rank 0 passed this point while its plan write was still held
             assert r0._writing is not None and r0._writing[0].is_alive()
         got1.append(r1.point("due", False, f"epoch {i}")[1])
-        r0.point_done()
+        r0.tell(Planner.point_done)
     if gate.held.is_set():
         gate.release.set()
     r0.finish()
@@ -415,7 +415,7 @@ def test_the_wait_for_a_plan_write_is_not_counted_as_training_time(tmp_path):
         r0.point("due", False, f"epoch {i}")
         gaps.append(r0.planner.gap)
         time.sleep(0.01)  # training between due points
-        r0.point_done()
+        r0.tell(Planner.point_done)
     assert gate.writes >= 1
     if gate.held.is_set():
         gate.release.set()

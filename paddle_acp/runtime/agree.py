@@ -46,7 +46,7 @@ import math
 import threading
 import time
 import uuid
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.commit.fencing import Fence, FencedError
@@ -219,21 +219,11 @@ class Agreement:
         self.planner.plan = self.plan = initial_plan(self.range_name, base, uuid.uuid4().hex[:16], self.policy)
         self._publish(self.planner.plan, None)
 
-    def restart_clock(self) -> None:
+    def tell(self, event: Callable[[Planner, float], None]) -> None:
+        """Rank 0: tell its planner of the loop's ``event`` now (:meth:`Planner.restart_clock`, ``point_done``,
+        ``persist_started``, ``persist_ended``); the other ranks have none."""
         if self.planner is not None:
-            self.planner.restart_clock(time.monotonic())
-
-    def persist_started(self) -> None:
-        if self.planner is not None:
-            self.planner.persist_started(time.monotonic())
-
-    def point_done(self) -> None:
-        if self.planner is not None:
-            self.planner.point_done(time.monotonic())
-
-    def persist_ended(self) -> None:
-        if self.planner is not None:
-            self.planner.persist_ended(time.monotonic())
+            event(self.planner, time.monotonic())
 
     def point(self, kind: str, busy: bool, where: str) -> Tuple[int, bool]:
         """This rank reached its next due point of ``kind`` (at position ``where``): (its index, taken)."""

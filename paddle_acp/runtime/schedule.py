@@ -25,7 +25,7 @@ import time
 from typing import Deque, Optional
 
 from paddle_acp.config import AUTO_WAIT_FREE_S, AUTO_WAIT_SHARE
-from paddle_acp.runtime.agree import Agreement
+from paddle_acp.runtime.agree import Agreement, Planner
 from paddle_acp.runtime.save_decision import Decision, SaveContext, SaveDecisionPolicy
 
 PERSISTS_KEPT = 3  # auto: a persist in flight is expected to take as long as the longest of the last few
@@ -81,7 +81,7 @@ class SaveSchedule:
         """The loop starts: the interval counts from now."""
         self.last_save = self.loop_start = time.monotonic()
         if self.agreement is not None:
-            self.agreement.restart_clock()
+            self.agreement.tell(Planner.restart_clock)
 
     def wait_allowance(self) -> float:
         """``auto``: the seconds training may still wait for the previous checkpoint now (the budget less the
@@ -121,15 +121,15 @@ class SaveSchedule:
     def point_done(self) -> None:
         """Several ranks: this rank is done with a due point (taken or skipped)."""
         if self.agreement is not None:
-            self.agreement.point_done()
+            self.agreement.tell(Planner.point_done)
 
     def persist_started(self) -> None:
         """A checkpoint's persist began (auto; several ranks: rank 0 sizes its plan by the persist time)."""
         self._persist_since = time.monotonic()
         if self.agreement is not None:
-            self.agreement.persist_started()
+            self.agreement.tell(Planner.persist_started)
 
     def persist_ended(self) -> None:
         """Several ranks: a checkpoint's persist ended (rank 0: its global commit was decided)."""
         if self.agreement is not None:
-            self.agreement.persist_ended()
+            self.agreement.tell(Planner.persist_ended)
