@@ -35,8 +35,11 @@ def run_ported(name, tmp_path, env=None, ir="legacy"):
     return proc, results
 
 
-@pytest.mark.parametrize("name,break_epoch", [("test_auto_checkpoint1", 0), ("test_auto_checkpoint2", 1),
-                                              ("test_auto_checkpoint3", 2)])
+@pytest.mark.parametrize("name,break_epoch", [
+    ("test_auto_checkpoint1", 0),
+    # ~13 s each, the same path at a later break epoch: on demand (bash ci/test.sh --long)
+    pytest.param("test_auto_checkpoint2", 1, marks=pytest.mark.long),
+    pytest.param("test_auto_checkpoint3", 2, marks=pytest.mark.long)])
 def test_corner_epoch_no(name, break_epoch, tmp_path):
     """Save run left with ``break`` at epoch 0/1/2, in-process restart (``_reset_generator()``),
     load run resumes at the first unsaved epoch."""
