@@ -7,6 +7,7 @@ call by call (tests/test_commit_cost.py's Counting); the ranks coordinate throug
 in this process (as ci/bench_ranks.py --coordination store does)."""
 
 import logging
+import os
 import time
 
 import pytest
@@ -111,3 +112,109 @@ def test_a_ranks_absence_travels_through_the_store_and_abandons_the_position_at_
     left = [p.name for p in (tmp_path / CKDIR).iterdir()] if (tmp_path / CKDIR).exists() else []
     assert not any(n.startswith("absent") for n in left), left
     assert not (tmp_path / CKDIR / GLOBAL_NAME).exists()
+
+
+class _RoundHook:
+    """Rank 0's storage, counted; each listing of the range (the commit's look for ranks gone quiet, once every
+    LATER_PARTS_EVERY seconds) first lets one more rank write its part and count in: the ranks keep arriving
+    between those rounds, deterministically, however loaded the machine is."""
+
+    def __init__(self, counting, range_dir, pending):
+        self._counting, self._range_dir, self.pending, self.rounds = counting, range_dir, pending, 0
+
+    def __getattr__(self, name):
+        return getattr(self._counting, name)
+
+    def listdir(self, path, *a, **kw):
+        if path.rstrip("/") == self._range_dir:
+            self.rounds += 1
+            if self.pending:
+                g = self.pending.pop(0)
+                g.save(snapshot(g.rank), "per-rank")
+        return self._counting.listdir(path, *a, **kw)
+
+
+def test_parts_arriving_slowly_through_the_store_are_never_read_from_storage(tmp_path, monkeypatch):
+    """The store's count keeps moving while rank 0 waits over several of its later rounds (at W = 64 on HDFS
+    the parts take seconds): rank 0 reads no part from storage; it takes them all from the store once every
+    rank counted in (it read each from storage at every later round before: 63 reads per checkpoint at W = 64)."""
+    from paddle_acp.format.commit import part_commit
+
+    monkeypatch.setattr(part_commit, "LATER_PARTS_EVERY", 0.05)
+    world = 6
+    st = open_storage(str(tmp_path))
+    coord = store_coordinator()
+    r0 = rank(st, 0, world, coord)
+    others = [rank(st, r, world, coord) for r in range(1, world)]
+    others[0].save(snapshot(1), "per-rank")  # one part there before rank 0 starts
+    counting = Counting(open_storage(str(tmp_path)))
+    hook = _RoundHook(counting, f"{JOB}/range/{RANGE}", others[1:])
+    res = rank(hook, 0, world, coord, r0.fence).save(snapshot(0), "per-rank")
+    assert res.committed is True
+    assert not hook.pending and hook.rounds >= world - 2, hook.rounds  # each later rank arrived between two rounds
+    assert manifest_reads(counting) == [], counting.log
+    assert generation_lookups(counting) == [], counting.log
+    assert [p.rank for p in GlobalCheckpointer(st, JOB, RANGE, 0, world).verify("ckpt-e0").parts] == list(range(world))
+
+
+class _DiesBeforeCountingIn:
+    """A rank's coordinator whose process dies after its part is on storage, before it counts in: its
+    generation reaches the store (at its open), its arrival never does."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.kind = inner.kind
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def arrive(self, key, note=None, rank=0):
+        if key.startswith("g/"):
+            self._inner.arrive(key, note, rank)
+
+
+def test_a_part_on_storage_whose_rank_never_counted_in_commits_once_the_count_stands_still(tmp_path, monkeypatch):
+    """The store's count stops one short (rank 2 died between its part and its arrival): rank 0 reads the parts
+    it lacks from storage once the count stood still over one of its later rounds, and commits; only that
+    rank's manifest is read from storage."""
+    from paddle_acp.format.commit import part_commit
+
+    monkeypatch.setattr(part_commit, "LATER_PARTS_EVERY", 0.05)
+    world = 3
+    st = open_storage(str(tmp_path))
+    coord = store_coordinator()
+    r0 = rank(st, 0, world, coord)
+    rank(st, 1, world, coord).save(snapshot(1), "per-rank")
+    rank(st, 2, world, _DiesBeforeCountingIn(coord)).save(snapshot(2), "per-rank")
+    counting = Counting(open_storage(str(tmp_path)))
+    t0 = time.monotonic()
+    res = rank(counting, 0, world, coord, r0.fence).save(snapshot(0), "per-rank", part_wait=30)
+    assert res.committed is True
+    assert time.monotonic() - t0 < 10
+    assert [p for p in manifest_reads(counting)] == [f"{CKDIR}/rank-2/manifest.json"], counting.log
+    assert [p.rank for p in GlobalCheckpointer(st, JOB, RANGE, 0, world).verify("ckpt-e0").parts] == list(range(world))
+
+
+def test_the_store_client_sends_each_request_at_once(tmp_path):
+    """Paddle's store client writes a request in several pieces without TCP_NODELAY, so each call waited for the
+    server's delayed ACK (44 ms per add, 88 per get on loopback; ci/bench/store_calls.py): the link's connection
+    to a store of ours has TCP_NODELAY set, and only its own (a socket the process had before is left as it was)."""
+    import socket
+
+    from paddle_acp.adapter.store import _sockets_to, open_store
+
+    port = free_port()
+    other = socket.create_server(("127.0.0.1", 0))
+    mine = socket.create_connection(other.getsockname())  # a connection of the process's own, before the store's
+    try:
+        store = open_store(StoreEndpoint("127.0.0.1", port, "MASTER_ADDR"), 0, 1, 30)
+        store.add("k", 1)
+        fds = _sockets_to(port)
+        assert fds, "no connection to the store found"
+        for fd in fds:
+            with socket.socket(fileno=os.dup(fd)) as sk:
+                assert sk.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert mine.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+    finally:
+        mine.close()
+        other.close()

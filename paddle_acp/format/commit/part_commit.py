@@ -238,14 +238,12 @@ class PartCommitMixin:
         """Rank 0: wait for every part of ``name``, then write the global manifest. False: abandoned
         (a rank said it has no part, wrote a later one, sent none in time, or the wait was cancelled).
 
-        Storage calls: one listing of the position per poll round (parts and absences are seen in
-        it), each part's manifest read when it appears (again only when it changes), each other rank's
-        generation looked up once (this writer's own: once, right before global.json's rename), the
-        base's marks checked before waiting and before the commit;
-        while parts are missing, one listing of the range (and of each later position) at the first round
-        and then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within it),
-        and from the second such round on the marks on the base (a rank that rejected the checkpoint this job
-        resumed from stops rank 0 within about LATER_PARTS_EVERY seconds of its mark)."""
+        Storage calls (storage only; with a store, see the loop): one listing of the position per poll round,
+        each part's manifest read when it appears (again only when it changes), each other rank's generation looked
+        up once (this writer's own: right before global.json's rename), the base's marks checked before waiting and
+        before the commit; while parts are missing, one listing of the range (and of each later position) at the
+        first round, then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within
+        it), from the second such round on the base's marks (a rank that rejected the base stops rank 0))."""
         st = self.storage
         ckdir = f"{self.dir}/{name}"
         self._range_listing = None
@@ -254,13 +252,13 @@ class PartCommitMixin:
         seen: Dict[Any, Any] = {}  # rank -> the listing entry its part (or absence) was last read at
         gens: Dict[int, int] = {}  # rank -> its newest generation (looked up once)
         judged: Dict[int, Tuple[bytes, bool]] = {}  # the generation check, once per part (not per poll)
-        # the store's manifests and vouched generations (:meth:`_from_store`, once every rank counted in);
-        # this rank's own part: the manifest it just wrote (no read)
+        # the store's manifests and vouched generations (once every rank counted in); own part: as just written
         stored: Optional[Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int], Dict[int, absence.Absence]]] = None
         own = self._own_part(name)
         self.check_base()  # never commit on a base a rank rejected (the ranks went apart)
         delay = self.poll_interval
         later_at = 0.0  # when to look for ranks at a later position next (monotonic time)
+        stalled_at = -1  # the store's count at the last look for ranks gone quiet
         moved_on: List[int] = []  # ranks just seen at a later position: this position is listed once more
         t0 = time.monotonic()
         while True:
@@ -276,17 +274,23 @@ class PartCommitMixin:
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
             listing = st.listdir(ckdir)
             dirs = {parse_part(e.name): e for e in listing if e.is_dir}
-            if counted is not None and (counted[0] >= self.world_size or counted[1]):
+            # with a store, parts come from it once every rank counted in; while the count moves nothing is read
+            # from storage; where it stood still over a look for ranks gone quiet (every LATER_PARTS_EVERY s: a rank
+            # died after its part, before counting in), that round takes the store's parts and reads the rest
+            later_round = bool(later_at) and time.monotonic() >= later_at
+            stalled, stalled_at = (counted[0] == stalled_at, counted[0]) if later_round and counted else (False, stalled_at)
+            everyone = counted is not None and (counted[0] >= self.world_size or counted[1] > 0)
+            now = self._from_store(name, False) if stalled and not everyone else None
+            if counted is not None and everyone:
                 stored = self._from_store(name, bool(counted[1]))
                 for r, noted_absence in stored[2].items():  # a rank counted in without a part (no file on storage)
                     if absence.counts(noted_absence, name, self.base, self._newest_generation(r, gens)):
                         logger.error("range %s: checkpoint %s abandoned at once: rank %d has no part (%s); it stays "
                                      "invisible and training goes on", self.range_name, name, r, noted_absence.reason)
                         return self._gave_up(ticket, t0)
-            noted, vouched = (stored[0], stored[1]) if stored is not None else ({}, {})
-            # with a store, parts are read once every rank counted in (from the store), and from storage only at
-            # the rounds that look for ranks gone quiet (every LATER_PARTS_EVERY s: a rank that died after its part)
-            read_now = counted is None or stored is not None or (later_at and time.monotonic() >= later_at)
+            held = stored if stored is not None else now
+            noted, vouched = (held[0], held[1]) if held is not None else ({}, {})
+            read_now = counted is None or held is not None
             for f in listing:
                 k = parse_absent_mark(f.name) if not f.is_dir else None
                 if k is None or k >= self.world_size or k in parts or _unchanged(seen, ("absent", k), f):
