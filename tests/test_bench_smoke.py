@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench.py"), "--quick", "--ir", "pir", "--json", str(out)],
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench", "local_costs.py"), "--quick", "--ir", "pir", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -35,17 +35,17 @@ def test_bench_quick(tmp_path):
 
 def test_bench_storage_quick_local(tmp_path):
     out = tmp_path / "bench_storage.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench_storage.py"), "--quick", "--backends", "local", "--json", str(out)],
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench", "storage_backends.py"), "--quick", "--backends", "local", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert json.loads(out.read_text())
 
 
 def test_bench_ranks_smoke_local(tmp_path):
-    """ci/bench_ranks.py with tiny world sizes on a local disk (no server): the figures it reports exist,
+    """ci/bench/calls_per_rank.py with tiny world sizes on a local disk (no server): the figures it reports exist,
     and a rank's restart costs the same calls at both sizes."""
     out = tmp_path / "bench_ranks.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench_ranks.py"), "--backends", "local", "--worlds", "2,5",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench", "calls_per_rank.py"), "--backends", "local", "--worlds", "2,5",
                         "--checkpoints", "2", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -55,14 +55,14 @@ def test_bench_ranks_smoke_local(tmp_path):
         assert all(ck["committed"] is True for ck in r["checkpoints"])
         assert r["restart"]["chosen"] == ["ckpt-e1"] and r["restart"]["own_state"] is True
     assert local["summary"]["restart_calls_max_rank"]["slope_per_extra_rank"] == 0.0
-    assert "slope of checkpoint_calls_per_rank" in p.stdout and doc["command"].startswith("python ci/bench_ranks.py")
+    assert "slope of checkpoint_calls_per_rank" in p.stdout and doc["command"].startswith("python ci/bench/calls_per_rank.py")
 
 
 @pytest.mark.long  # on demand: bash ci/test.sh --long
 def test_bench_sim_quick(tmp_path):
-    """ci/bench_sim.py (the simulated remote store): both figures at tiny sizes; each says it is simulated."""
+    """ci/bench/sim_training.py (the simulated remote store): both figures at tiny sizes; each says it is simulated."""
     out = tmp_path / "bench_sim.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench_sim.py"), "--quick", "--ranks", "1,2",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench", "sim_training.py"), "--quick", "--ranks", "1,2",
                         "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -73,7 +73,7 @@ def test_bench_sim_quick(tmp_path):
         assert all(x["with_s"] > 0 and x["without_s"] > 0 for x in r["rounds"])
     assert "W=2: end to end" in p.stdout and "simulated remote store" in p.stdout
     out2 = tmp_path / "persist.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench_sim.py"), "--quick", "--ranks", "1,2", "--persist",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench", "sim_training.py"), "--quick", "--ranks", "1,2", "--persist",
                         "--state", "replicated", "--client-mbps", "20", "--json", str(out2)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
