@@ -40,8 +40,7 @@ import results_io  # noqa: E402
 from support import e2e as eu  # noqa: E402
 from support import servers  # noqa: E402
 from support.coord import COORDINATIONS, coord_env  # noqa: E402
-
-SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
+from support.launch import popen_ranks  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -49,25 +48,19 @@ def log(msg: str) -> None:
 
 
 def run_job(work: str, tag: str, uri, env: dict, args, coordination: str = "storage") -> float:
-    """Start both ranks; the job's training time (the slower rank's epoch loop)."""
-    procs, timings = [], []
+    """Start the ranks (support/launch.py, as the tests start theirs); the job's training time (the slower
+    rank's epoch loop)."""
     if uri is not None:
         env = {**env, **coord_env(coordination)}  # one store (port) per job, as a launcher gives one
-    barrier = os.path.join(work, f"barrier-{tag}")
-    for r in range(args.world):
-        timing = os.path.join(work, f"timing-{tag}-{r}.json")
-        timings.append(timing)
-        e = dict(env, PADDLE_TRAINER_ID=str(r), PADDLE_TRAINERS_NUM=str(args.world), ACP_TEST_GEN=tag,
-                 PADDLE_ACP_LOG_LEVEL="WARNING")
-        if uri is not None:
-            e["PADDLE_ACP_BUSY_POLICY"] = args.policy
-        cmd = [sys.executable, SCRIPT, "--out", os.path.join(work, f"out-{tag}", f"r{r}"), "--kind", "dp",
-               "--epochs", str(args.epochs), "--steps-per-epoch", "1", "--hidden", str(args.hidden),
-               "--sleep", str(args.sleep), "--barrier", barrier, "--timing", timing]
-        if uri is None:
-            cmd.append("--no-acp")
-        procs.append(subprocess.Popen(cmd, env=eu.script_env(uri, "pir", e), cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+    env = dict(env, PADDLE_ACP_LOG_LEVEL="WARNING")
+    if uri is not None:
+        env["PADDLE_ACP_BUSY_POLICY"] = args.policy
+    timings = [os.path.join(work, f"timing-{tag}-{r}.json") for r in range(args.world)]
+    procs = popen_ranks(os.path.join(work, f"out-{tag}"), args.world,
+                        ["--kind", "dp", "--epochs", args.epochs, "--steps-per-epoch", 1, "--hidden", args.hidden,
+                         "--sleep", args.sleep], uri, tag, env=env, barrier=os.path.join(work, f"barrier-{tag}"),
+                        rank_args={r: ["--timing", t] for r, t in enumerate(timings)}, no_acp=uri is None,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for p in procs:
         out, _ = p.communicate(timeout=1800)
         if p.returncode != 0:
