@@ -112,7 +112,7 @@ def split(rows):
 
 
 def main(argv):
-    if len(argv) != 1:
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
         raise SystemExit(__doc__)
     for name, lines in split(load(argv[0])):
         print(name)
