@@ -81,3 +81,37 @@ def test_bench_sim_quick(tmp_path):
     # every committed checkpoint of each world size has rank 0's persist time
     assert [len(r["persist_s"]) for r in doc["results"]] == [4, 4]
     assert doc["persist_ratio_largest_vs_smallest_world"] > 0 and "persist time W=2 / W=1" in p.stdout
+
+
+def test_a_benchmarks_run_is_added_to_its_one_results_file_and_the_others_kept(tmp_path, monkeypatch):
+    """ci/bench/results_io.py: each benchmark has one results file, ci/bench/results/<bench>.json; a run goes in
+    under its key with every run already there kept; ``--json FILE`` without a key writes the run alone."""
+    sys.path.insert(0, os.path.join(ROOT, "ci", "bench"))
+    try:
+        import results_io
+    finally:
+        sys.path.remove(os.path.join(ROOT, "ci", "bench"))
+    assert results_io.results_file("ci/bench/calls_per_rank.py") == os.path.join(
+        ROOT, "ci", "bench", "results", "calls_per_rank.json")
+    # every benchmark that records its runs has its file (the runs before issue 43 under their old files' names)
+    for name, old in [("local_costs", "bench_results"), ("storage_backends", "bench_cache_results"),
+                      ("calls_per_rank", "bench_ranks_coord_results"), ("restore", "bench_restore_results"),
+                      ("ranks_training_hdfs", "bench_agree_coord_results"), ("sim_training", "bench_spread_results"),
+                      ("range_open_hdfs", "bench_open_results")]:
+        with open(results_io.results_file(name)) as f:
+            assert old in json.load(f), (name, old)
+    monkeypatch.setattr(results_io, "RESULTS", str(tmp_path / "results"))
+    own = results_io.results_file("x.py")
+    assert results_io.write({"a": 1}, "x.py", key="old") == f"{own} [old]"
+    where = results_io.write({"b": 2}, "x.py")
+    assert where.startswith(f"{own} [run-")
+    with open(own) as f:
+        runs = json.load(f)
+    assert runs["old"] == {"a": 1} and list(runs.values())[1] == {"b": 2} and len(runs) == 2
+    alone = tmp_path / "alone.json"
+    assert results_io.write({"c": 3}, "x.py", str(alone)) == str(alone)
+    assert json.loads(alone.read_text()) == {"c": 3}
+    results_io.write({"d": 4}, "x.py", str(alone), key="k")  # a key given: added to that file, its content kept
+    assert json.loads(alone.read_text()) == {"c": 3, "k": {"d": 4}}
+    with open(own) as f:
+        assert json.load(f) == runs
