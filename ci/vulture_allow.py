@@ -33,10 +33,10 @@ _ = [  # (vulture ignores the name _)
     HadoopCliHandler.get_type_name, HadoopCliHandler.equals, HadoopCliHandler.delete_dir_contents,
     HadoopCliHandler.delete_root_dir_contents, HadoopCliHandler.copy_file, HadoopCliHandler.open_input_stream,
     StagedOutput.writable, StagedOutput.seekable, StagedOutput.tell,
-    HadoopCliHandler.commands_run,  # ci/bench_storage.py counts the hadoop commands a save and a restore run
+    HadoopCliHandler.commands_run,  # ci/bench/storage_backends.py counts the hadoop commands a save and a restore run
     MetricsRecord.throughput_mb_s,  # a field of the metrics line (dataclasses.fields): paddle-acp stats reads it
     Counter.increment,  # public API of acp.Counter (docs/guide.md)
-    hook.install.__paddle_acp_original__,  # the mark on the Executor.run patch: Paddle's run (ci/bench_figures.py)
+    hook.install.__paddle_acp_original__,  # the mark on the Executor.run patch: Paddle's run (ci/bench/local_costs_figures.py)
     # state that a test reads off the real path
     Arena.populating,  # tests/test_arena_first_save.py: the first save's arena is populated in the background
     Agreement.disagreements,  # tests/test_save_plan.py: a rank that read another plan counted it

@@ -13,12 +13,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
 import pytest
-from support.e2e import JOB_ID, REPO, compare_results, is_done, load_result, read_log, script_env
+from support.e2e import JOB_ID, compare_results, is_done, load_result, read_log
+from support.launch import popen_ranks
 from support.server_fixtures import hdfs_server  # noqa: F401  (fixture)
 
 from paddle_acp import tools
@@ -26,25 +26,14 @@ from paddle_acp.format.layout import GLOBAL_NAME, parse_name, range_dir
 from paddle_acp.runtime.agree import MAX_STRIDE
 from paddle_acp.storage import open_storage
 
-RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
-
 
 def popen_job(tmp, world, args, ckpt, gen, outs="out", env=None, skews=None, no_acp=False, barrier=True,
               only=None, **popen):
     """The ranks of a job (``only``: that rank alone)."""
-    procs = []
-    for r in range(world) if only is None else [only]:
-        e = {"PADDLE_TRAINER_ID": r, "PADDLE_TRAINERS_NUM": world, "ACP_TEST_GEN": gen, "PADDLE_ACP_PART_TIMEOUT": 60}
-        e.update(env or {})
-        cmd = [sys.executable, RANK_SCRIPT, "--out", str(tmp / outs / f"r{r}")] + [str(a) for a in args]
-        if barrier:
-            cmd += ["--barrier", str(tmp / "barrier")]
-        if skews and skews.get(r):
-            cmd += ["--clock-skew", str(skews[r])]
-        if no_acp:
-            cmd.append("--no-acp")
-        procs.append(subprocess.Popen(cmd, env=script_env(ckpt, "pir", e), cwd=REPO, **popen))
-    return procs
+    return popen_ranks(tmp / outs, world, args, ckpt, gen, env={"PADDLE_ACP_PART_TIMEOUT": 60, **(env or {})},
+                       barrier=tmp / "barrier" if barrier else None,
+                       rank_args={r: ["--clock-skew", s] for r, s in (skews or {}).items() if s}, no_acp=no_acp,
+                       ranks=None if only is None else [only], **popen)
 
 
 def run_job(*a, **kw):

@@ -48,7 +48,7 @@ from paddle_acp import (
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
-SIMSTORE = os.path.join(REPO, "ci", "simstore.py")
+SIMSTORE = os.path.join(REPO, "ci", "bench", "simstore.py")
 EPOCHS = 40
 SKIP_ENV = {"PADDLE_ACP_BUSY_POLICY": "skip"}  # the policy these tests hold (the default, auto, waits within a budget)
 # one step per epoch and a 20000-wide hidden layer (~1 MB of state with Adam): an epoch
@@ -375,7 +375,7 @@ def test_auto_waits_within_its_budget_then_skips_and_says_so(tmp_path, capsys):
     """The default, ``auto`` (issue 42 item 1): a due save that finds the previous checkpoint still being written
     waits for it while the range's waits stay within 5 % of its time beyond its first 2 s, and is skipped past
     that; every run of skips is summarized, and ``paddle-acp stats`` says why. The persists go to the
-    benchmarks' simulated remote store (ci/simstore.py, ``sim://``), whose delays are sleeps: ~0.6 s per
+    benchmarks' simulated remote store (ci/bench/simstore.py, ``sim://``), whose delays are sleeps: ~0.6 s per
     persist of this tiny checkpoint against epochs of milliseconds, the same on a loaded machine."""
     store = tmp_path / "store"
     uri = f"sim://{store}?latency_ms=60"  # ~10 storage calls per persist: ~0.6 s each

@@ -6,7 +6,7 @@ with the same command. The restarted run must end with the reference's parameter
 have resumed from the last due checkpoint the kill found committed, not from an earlier one (issue 42:
 under the old default, ``skip``, a 7.6 KB checkpoint taking 90 ms to persist made it skip epochs 1-4 of
 ``train_pir.py``, and a kill after epoch 3 restarted at epoch 0). The checkpointed runs write to the
-benchmarks' simulated remote store (ci/simstore.py, ``sim://``) with 10 ms per storage call: a persist of
+benchmarks' simulated remote store (ci/bench/simstore.py, ``sim://``) with 10 ms per storage call: a persist of
 these tiny checkpoints takes 50-100 ms, longer than an epoch, as on the slow disk the issue saw, and
 in sleeps, so the same under load.
 """
@@ -23,7 +23,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-SIMSTORE = os.path.join(ROOT, "ci", "simstore.py")
+SIMSTORE = os.path.join(ROOT, "ci", "bench", "simstore.py")
 CLI = os.path.join(os.path.dirname(sys.executable), "paddle-acp")
 SKIP_LINE = re.compile(r"checkpoint at .* skipped")  # the line of a skipped due checkpoint
 LATENCY_MS = 10  # per storage call of the simulated store: a persist of an example's checkpoint takes 50-100 ms

@@ -6,21 +6,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 from support.e2e import JOB_ID, REPO, compare_results, is_done, load_result, read_log, script_env
+from support.launch import rank_cmd, rank_vars
 from support.spawn import wrapped
-from test_multirank_e2e import RANK_SCRIPT, events, start_job
+from test_multirank_e2e import events, start_job
 
 RDIR = os.path.join(JOB_ID, "range", "_range_0")
 
 
 def popen(tmp, rank, args, ckpt, gen, env=None, outs="out", barrier=True, limit_bytes=None):
-    e = {"PADDLE_TRAINER_ID": rank, "PADDLE_TRAINERS_NUM": 2, "ACP_TEST_GEN": gen, **(env or {})}
-    cmd = [sys.executable, RANK_SCRIPT, "--out", str(tmp / outs / f"r{rank}")] + [str(a) for a in args]
-    if barrier:
-        cmd += ["--barrier", str(tmp / "barrier")]
+    e = rank_vars(rank, 2, gen, env)
+    cmd = rank_cmd(tmp / outs / f"r{rank}", args, tmp / "barrier" if barrier else None)
 
     # the kernel refuses to grow any file of this process past limit_bytes (EFBIG); set by an exec wrapper
     return subprocess.Popen(wrapped(cmd, fsize=limit_bytes), env=script_env(ckpt, "pir", e), cwd=REPO,

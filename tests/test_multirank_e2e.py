@@ -18,23 +18,15 @@ from support.e2e import (
     run_script,
     script_env,
 )
+from support.launch import popen_ranks
 
-RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
 DETECT_SCRIPT = os.path.join(REPO, "tests", "scripts", "detect_modes.py")
 
 
 def start_job(tmp, world, *args, ckpt=None, gen="g0", env=None, outs="out", barrier=True, no_acp=False):
-    procs = []
-    for r in range(world):
-        e = {"PADDLE_TRAINER_ID": r, "PADDLE_TRAINERS_NUM": world, "ACP_TEST_GEN": gen, "PADDLE_ACP_PART_TIMEOUT": 60}
-        e.update(env or {})
-        cmd = [sys.executable, RANK_SCRIPT, "--out", str(tmp / outs / f"r{r}")] + [str(a) for a in args]
-        if barrier:
-            cmd += ["--barrier", str(tmp / "barrier")]
-        if no_acp:
-            cmd.append("--no-acp")
-        procs.append(subprocess.Popen(cmd, env=script_env(ckpt, "pir", e), cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+    procs = popen_ranks(tmp / outs, world, args, ckpt, gen, env={"PADDLE_ACP_PART_TIMEOUT": 60, **(env or {})},
+                        barrier=tmp / "barrier" if barrier else None, no_acp=no_acp,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     results = []
     for p in procs:
         out, _ = p.communicate(timeout=300)
@@ -105,13 +97,8 @@ def test_tensor_parallel_like_ranks_each_resume_their_own_state(tmp_path):
     ckpt = tmp_path / "ckpt"
     env = {"PADDLE_ACP_RANK_STATE": "per-rank"}
     # first start: both ranks train; rank 1 dies at the start of epoch 3 (its peers are then stopped)
-    procs = []
-    for r in (0, 1):
-        e = {"PADDLE_TRAINER_ID": r, "PADDLE_TRAINERS_NUM": 2, "ACP_TEST_GEN": "k0", **env}
-        procs.append(subprocess.Popen(
-            [sys.executable, RANK_SCRIPT, "--out", str(tmp_path / "out" / f"r{r}"), "--barrier", str(tmp_path / "barrier")]
-            + [str(a) for a in args], env=script_env(ckpt, "pir", e), cwd=REPO, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True))
+    procs = popen_ranks(tmp_path / "out", 2, args, ckpt, "k0", env=env, barrier=tmp_path / "barrier",
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     rng_dir = ckpt / "e2e" / "range" / "_range_0"
     deadline = time.monotonic() + 200
     while (len(read_log(tmp_path / "out" / "r1")) < 3 or not committed_positions(rng_dir)) \

@@ -1,10 +1,10 @@
-"""ci/persist_trace.py: rank 0's persist split into its steps from a simulated store's call trace."""
+"""ci/bench/persist_trace.py: rank 0's persist split into its steps from a simulated store's call trace."""
 import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "ci"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "ci", "bench"))
 import persist_trace  # noqa: E402
 
 P = "job/range/_range_0/ckpt-e0"

@@ -357,7 +357,7 @@ def test_persists_that_overlap_are_each_measured_from_their_own_start():
     """Rank 0's saver is free once its own part is written while that checkpoint's global commit goes on, so the
     next persist often starts before the previous one ended. Each is measured from its own start: the next start
     once replaced the first's, so the first was measured from the second's start and the second not at all; the
-    plan's stride came out too small and every rank waited at taken points (ci/bench_agree.py's 2-rank HDFS job:
+    plan's stride came out too small and every rank waited at taken points (ci/bench/ranks_training_hdfs.py's 2-rank HDFS job:
     commits of 1.0-1.3 s planned as 0.3-0.5 s)."""
     planner = Planner(SavePlan("r", None, "t"), "skip", 0.0, 0.0)
     planner.persist_started(0.0)

@@ -1,4 +1,4 @@
-"""The benchmarks' simulated remote store (ci/simstore.py, ``sim://``): the storage contract in both
+"""The benchmarks' simulated remote store (ci/bench/simstore.py, ``sim://``): the storage contract in both
 commit styles, its timing (latency, per-client and aggregate bandwidth, across real processes)
 spent without CPU, and its options and link record (hypothesis).
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as hs
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "ci"))  # the benchmarks' store lives with the benchmarks
+sys.path.insert(0, os.path.join(ROOT, "ci", "bench"))  # the benchmarks' store lives with the benchmarks
 sys.path.insert(0, os.path.join(HERE, "unit"))  # the storage contract (tests/unit/test_storage_contract.py)
 import simstore  # noqa: E402
 import test_storage_contract as contract  # noqa: E402
@@ -148,7 +148,7 @@ assert st.read_bytes("d/g") == b"x" * 10
 
 def test_trace_records_every_call_of_a_process_in_order(tmp_path):
     """ACP_SIM_TRACE: a real process's calls, one line each, in the order made, with their thread."""
-    script = _TRACED_RUN.format(ci=os.path.join(ROOT, "ci"))
+    script = _TRACED_RUN.format(ci=os.path.join(ROOT, "ci", "bench"))
     env = dict(os.environ, ACP_SIM_TRACE=str(tmp_path / "trace"), PADDLE_TRAINER_ID="3")
     subprocess.run([sys.executable, "-c", script, simstore.uri(str(tmp_path / "s"))], env=env, check=True, timeout=120)
     (name,) = os.listdir(tmp_path / "trace")
@@ -201,7 +201,7 @@ print(time.monotonic() - t0)
 
 def _writers(tmp_path, opts, n):
     uri = simstore.uri(str(tmp_path / "s"), opts)
-    script = _WRITER.format(ci=os.path.join(ROOT, "ci"))
+    script = _WRITER.format(ci=os.path.join(ROOT, "ci", "bench"))
     go = time.time() + 6.0  # every process imported and ready before it
     ps = [subprocess.Popen([sys.executable, "-c", script, uri, repr(go), f"w{i}"], stdout=subprocess.PIPE, text=True)
           for i in range(n)]
@@ -221,7 +221,7 @@ def test_clients_in_processes_share_the_aggregate_cap_only(tmp_path):
 
 
 def test_training_script_runs_through_the_wrapper_and_resumes(tmp_path):
-    """``python ci/simstore.py run SCRIPT``: a real training process checkpoints to ``sim://`` (rename and
+    """``python ci/bench/simstore.py run SCRIPT``: a real training process checkpoints to ``sim://`` (rename and
     manifest-last) and a second start resumes from it."""
     script = os.path.join(HERE, "scripts", "rank_train.py")
     for commit in (RENAME, MANIFEST_LAST):
@@ -230,7 +230,7 @@ def test_training_script_runs_through_the_wrapper_and_resumes(tmp_path):
                    PADDLE_TRAINER_ID="0", PADDLE_ACP_ASYNC="1")
         for start, epochs in enumerate((2, 4)):
             out = tmp_path / commit / f"out{start}"
-            p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "simstore.py"), "run", script, "--out", str(out),
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "ci", "bench", "simstore.py"), "run", script, "--out", str(out),
                                 "--epochs", str(epochs), "--steps-per-epoch", "2"], env=env, capture_output=True,
                                text=True, timeout=300)
             assert p.returncode == 0, p.stderr[-3000:]

@@ -4,7 +4,7 @@ a part whose writer the store cannot vouch for is still judged on storage, and a
 
 W simulated ranks in one process write their parts through GlobalCheckpointer on a real local store, counted
 call by call (tests/test_commit_cost.py's Counting); the ranks coordinate through one real Paddle TCP store hosted
-in this process (as ci/bench_ranks.py --coordination store does)."""
+in this process (as ci/bench/calls_per_rank.py --coordination store does)."""
 
 import logging
 import os

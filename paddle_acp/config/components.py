@@ -20,7 +20,7 @@ DEFAULT_CONNECT_TIMEOUT = 30.0
 # The options of the JVM that libhdfs starts in the training process, when the user's LIBHDFS_OPTS does not
 # give them (set LIBHDFS_OPTS, even empty, for the JVM's own defaults). That JVM makes few calls of its own
 # (checksums and copies are intrinsics): C1 alone compiles what it needs at a fraction of C2's CPU, and the
-# serial collector has no threads of its own. Measured (ci/bench_agree.py's machine, 5 fresh processes each):
+# serial collector has no threads of its own. Measured (ci/bench/ranks_training_hdfs.py's machine, 5 fresh processes each):
 # connect 1.33 -> 0.95 s, 2.11 -> 1.31 CPU-seconds to the first write; 256 MB writes no slower.
 DEFAULT_LIBHDFS_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 

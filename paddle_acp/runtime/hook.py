@@ -59,7 +59,7 @@ def install() -> None:
                 return result
         return original(self, *args, **kwargs)
 
-    run.__paddle_acp_original__ = original  # type: ignore[attr-defined]  # a mark on the function: Paddle's run, for ci/bench_figures.py
+    run.__paddle_acp_original__ = original  # type: ignore[attr-defined]  # a mark on the function: Paddle's run, for ci/bench/local_costs_figures.py
     paddle_executor.set_executor_run(run)  # the patch
     _original_run = original
     _neutralize_paddle_hook()

@@ -69,7 +69,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
 
     @property
     def commands_run(self) -> int:
-        """``hadoop fs`` commands run so far (ci/bench_storage.py counts a save's and a restore's)."""
+        """``hadoop fs`` commands run so far (ci/bench/storage_backends.py counts a save's and a restore's)."""
         return self.shell.commands_run
 
     def __eq__(self, other: object) -> bool:

@@ -44,7 +44,7 @@ class HdfsStorage(ArrowStorage):
 
     commit_style = RENAME
     overlap_writes = True  # closing a file waits for the namenode to see its last block
-    ranged_readers = 2  # 4 were slower than 2 against one DataNode on 2 cores (issue 44, ci/profile_restore_remote.py)
+    ranged_readers = 2  # 4 were slower than 2 against one DataNode on 2 cores (issue 44, ci/bench/profile_restore_remote.py)
     # hdfs-native raises RuntimeError for a refusal of the NameNode (safe mode while it restarts, a
     # quota, permissions): a storage error like any other client's, never a raw exception
     errors = ArrowStorage.errors + (RuntimeError,)

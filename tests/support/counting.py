@@ -1,4 +1,4 @@
-"""A pass-through Storage that counts the calls made to it (tests and ci/bench_ranks.py).
+"""A pass-through Storage that counts the calls made to it (tests and ci/bench/calls_per_rank.py).
 
 :func:`counting` returns the same backend (same class, same connection, same capabilities) with
 every public storage call counted by name: only the outermost one per thread (``exists`` calling

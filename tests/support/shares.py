@@ -1,4 +1,4 @@
-"""A rank's share of replicated state built from whole snapshots, for tests and ci/spread_bench.py.
+"""A rank's share of replicated state built from whole snapshots, for tests and ci/bench/spread_writes.py.
 
 The runtime selects its share from metadata before it takes views
 (:func:`paddle_acp.format.engine.shares.owned`, :func:`~paddle_acp.format.engine.shares.record`); these

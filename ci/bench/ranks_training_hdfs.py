@@ -10,8 +10,8 @@ in alternating order; the job's training time is the longer of its two ranks' ep
 checkpoints committed and skipped (from the metrics records). Not a timed test: a benchmark
 (this machine has 2 cores shared with the HDFS JVMs).
 
-    python ci/bench_agree.py --rounds 3 --json ci/bench_agree_results.json
-    python ci/bench_agree.py --rounds 3 --coordination store,storage   # both paths in the same paired rounds
+    python ci/bench/ranks_training_hdfs.py --rounds 3   # added to ci/bench/results/ranks_training_hdfs.json
+    python ci/bench/ranks_training_hdfs.py --rounds 3 --coordination store,storage   # both paths in the same paired rounds
 
 ``--coordination``: how the ranks of the job with checkpoints coordinate (``PADDLE_ACP_COORDINATION``;
 ``store``: ``PADDLE_MASTER`` on a new free port for each job, rank 0 hosting Paddle's TCP store). With
@@ -32,40 +32,35 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/support
 
+import results_io  # noqa: E402
 from support import e2e as eu  # noqa: E402
 from support import servers  # noqa: E402
 from support.coord import COORDINATIONS, coord_env  # noqa: E402
-
-SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
+from support.launch import popen_ranks  # noqa: E402
 
 
 def log(msg: str) -> None:
-    print(f"[bench_agree] {msg}", flush=True)
+    print(f"[ranks_training_hdfs] {msg}", flush=True)
 
 
 def run_job(work: str, tag: str, uri, env: dict, args, coordination: str = "storage") -> float:
-    """Start both ranks; the job's training time (the slower rank's epoch loop)."""
-    procs, timings = [], []
+    """Start the ranks (support/launch.py, as the tests start theirs); the job's training time (the slower
+    rank's epoch loop)."""
     if uri is not None:
         env = {**env, **coord_env(coordination)}  # one store (port) per job, as a launcher gives one
-    barrier = os.path.join(work, f"barrier-{tag}")
-    for r in range(args.world):
-        timing = os.path.join(work, f"timing-{tag}-{r}.json")
-        timings.append(timing)
-        e = dict(env, PADDLE_TRAINER_ID=str(r), PADDLE_TRAINERS_NUM=str(args.world), ACP_TEST_GEN=tag,
-                 PADDLE_ACP_LOG_LEVEL="WARNING")
-        if uri is not None:
-            e["PADDLE_ACP_BUSY_POLICY"] = args.policy
-        cmd = [sys.executable, SCRIPT, "--out", os.path.join(work, f"out-{tag}", f"r{r}"), "--kind", "dp",
-               "--epochs", str(args.epochs), "--steps-per-epoch", "1", "--hidden", str(args.hidden),
-               "--sleep", str(args.sleep), "--barrier", barrier, "--timing", timing]
-        if uri is None:
-            cmd.append("--no-acp")
-        procs.append(subprocess.Popen(cmd, env=eu.script_env(uri, "pir", e), cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+    env = dict(env, PADDLE_ACP_LOG_LEVEL="WARNING")
+    if uri is not None:
+        env["PADDLE_ACP_BUSY_POLICY"] = args.policy
+    timings = [os.path.join(work, f"timing-{tag}-{r}.json") for r in range(args.world)]
+    procs = popen_ranks(os.path.join(work, f"out-{tag}"), args.world,
+                        ["--kind", "dp", "--epochs", args.epochs, "--steps-per-epoch", 1, "--hidden", args.hidden,
+                         "--sleep", args.sleep], uri, tag, env=env, barrier=os.path.join(work, f"barrier-{tag}"),
+                        rank_args={r: ["--timing", t] for r, t in enumerate(timings)}, no_acp=uri is None,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for p in procs:
         out, _ = p.communicate(timeout=1800)
         if p.returncode != 0:
@@ -156,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sleep", type=float, default=0.1, help="seconds of 'work' per epoch (default 0.1)")
     ap.add_argument("--hidden", type=int, default=20000, help="hidden width (20000: ~4 MB of state with Adam)")
     ap.add_argument("--policy", default="skip")
-    ap.add_argument("--json", default=None)
+    results_io.add_args(ap, __file__)
     ap.add_argument("--libhdfs-opts", default=None,
                     help="the ranks' LIBHDFS_OPTS (default: unset, so paddle-acp's; '': the JVM's own defaults; "
                          "the tests' client uses %r)" % servers.CLIENT_JVM_OPTS)
@@ -231,9 +226,7 @@ def main(argv=None) -> int:
         f"({args.policy}): {results['on_median_s']:.2f} s vs {results['off_median_s']:.2f} s without checkpoints, "
         f"median ratio {results['median_ratio']:.3f} (target <= 1.25); after the range's open (median "
         f"{results['open_on_median_s']:.2f} s: the HDFS client's start) {results['median_ratio_after_open']:.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    log(f"wrote {results_io.write(results, __file__, args.json, args.key)}")
     return 0
 
 

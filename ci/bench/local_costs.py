@@ -16,10 +16,12 @@ dropped from the page cache first with posix_fadvise(DONTNEED), as after a resta
   6. cost as the state grows (--scale-sizes GB, PIR): stall, sync save and restore seconds at each size
      (figures 1-3 in a process per size), and their slope in seconds per GB (least squares)
 
-Usage: python ci/bench.py [--ir pir|legacy|both] [--params 100e6] [--rounds 3] [--only 1,3,5,6] [--json FILE]
-       python ci/bench.py --quick                 # tiny sizes, one round: a smoke run
-       python ci/bench.py --only 5 --e2e-hdfs ... # figure 5 with checkpoints on a real HDFS (127.0.0.1)
-Prints one line per round, then the table of figures against their targets, and writes them as JSON.
+Usage: python ci/bench/local_costs.py [--ir pir|legacy|both] [--params 100e6] [--rounds 3] [--only 1,3,5,6]
+                                      [--key KEY | --json FILE]
+       python ci/bench/local_costs.py --quick                 # tiny sizes, one round: a smoke run
+       python ci/bench/local_costs.py --only 5 --e2e-hdfs ... # figure 5 with checkpoints on a real HDFS (127.0.0.1)
+Prints one line per round, then the table of figures against their targets, and adds them to
+ci/bench/results/local_costs.json under --key (or writes them alone to --json FILE).
 """
 
 import argparse
@@ -31,6 +33,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import results_io  # noqa: E402
+
 BYTES_PER_PARAM = 12  # float32 parameter + Adam's two moments
 
 
@@ -48,7 +54,7 @@ def child(args, figures, ir, params, rounds, extra_env=None):
         env["FLAGS_enable_pir_api"] = "0"
     else:
         env.pop("FLAGS_enable_pir_api", None)
-    cmd = [sys.executable, os.path.join(HERE, "bench.py"), "--_child", "--params", str(params), "--rounds", str(rounds),
+    cmd = [sys.executable, os.path.abspath(__file__), "--_child", "--params", str(params), "--rounds", str(rounds),
            "--e2e-rounds", str(args.e2e_rounds), "--epoch-seconds", str(args.epoch_seconds),
            "--e2e-epochs", str(args.e2e_epochs), "--only", ",".join(map(str, figures))]
     if args.dir:
@@ -153,7 +159,7 @@ def main():
     ap.add_argument("--scale-sizes", default="0.3,1.2,2.4", help="figure 6: state sizes in GB")
     ap.add_argument("--scale-rounds", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated figure numbers to measure (default: all)")
-    ap.add_argument("--json", default="bench.json")
+    results_io.add_args(ap, __file__)
     ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
     ap.add_argument("--quick", action="store_true", help="tiny model, one round: a smoke run")
     ap.add_argument("--e2e-hdfs", action="store_true",
@@ -164,10 +170,9 @@ def main():
     if args._child:
         if args.quick:
             args.rounds, args.epoch_seconds, args.e2e_epochs = 1, 0.3, 3
-        sys.path.insert(0, HERE)
-        import bench_figures
+        import local_costs_figures
 
-        print("RESULT " + json.dumps(bench_figures.bench_one(args)), flush=True)
+        print("RESULT " + json.dumps(local_costs_figures.bench_one(args)), flush=True)
         return 0
     args.scale_sizes = [float(x) for x in args.scale_sizes.split(",") if x.strip()]
     if args.quick:
@@ -175,7 +180,7 @@ def main():
         args.scale_sizes, args.scale_rounds = [0.003, 0.012], 1
     hdfs = None
     if args.e2e_hdfs:
-        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the test helpers: tests/support
+        sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/support
         from support import servers
 
         hdfs = servers.HDFSServer().start()
@@ -211,9 +216,7 @@ def run(args):
            "results": results}
     if scale is not None:
         doc["scaling"] = scale
-    with open(args.json, "w") as f:
-        json.dump(doc, f, indent=2)
-    print(f"wrote {args.json}")
+    print(f"wrote {results_io.write(doc, __file__, args.json, args.key)}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """Split rank 0's persists of a benchmark run into their steps, from the simulated store's call trace.
 
-Run a benchmark with ``ACP_SIM_TRACE=<dir>`` in the ranks' environment (``ci/bench_sim.py ... --env
-ACP_SIM_TRACE=<dir>``: ci/simstore.py then appends one line per storage call of each process to
-``<dir>/trace-<rank>-<pid>.jsonl``), then ``python ci/persist_trace.py <dir>``. For each checkpoint
+Run a benchmark with ``ACP_SIM_TRACE=<dir>`` in the ranks' environment (``ci/bench/sim_training.py ... --env
+ACP_SIM_TRACE=<dir>``: ci/bench/simstore.py then appends one line per storage call of each process to
+``<dir>/trace-<rank>-<pid>.jsonl``), then ``python ci/bench/persist_trace.py <dir>``. For each checkpoint
 position it prints, relative to rank 0's first call of that save (the saver starting on it):
 
 * rank 0's own part: its data upload (``write_image``) and the rename that commits the part;
@@ -112,7 +112,7 @@ def split(rows):
 
 
 def main(argv):
-    if len(argv) != 1:
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
         raise SystemExit(__doc__)
     for name, lines in split(load(argv[0])):
         print(name)

@@ -12,7 +12,8 @@ ROOT is a job with one empty range, made here (``ls`` lists it and exits 0). The
 the medians, ``paddle-acp ls`` / ``import pyarrow`` (1.0 = as fast; lower is better). Wall time of the
 whole process, start to exit.
 
-Usage: python ci/bench_cli_startup.py [--rounds 7] [--json FILE]
+Usage: python ci/bench/cli_startup.py [--rounds 7] [--key KEY | --json FILE]
+(the run is added to ci/bench/results/cli_startup.json under --key, or written alone to --json FILE)
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import results_io  # noqa: E402
 
 
 def timed(cmd, env) -> float:
@@ -41,7 +45,7 @@ def timed(cmd, env) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--json", metavar="FILE")
+    results_io.add_args(ap, __file__)
     args = ap.parse_args()
     script = os.path.join(os.path.dirname(sys.executable), "paddle-acp")
     if not os.path.exists(script):
@@ -71,9 +75,9 @@ def main() -> int:
               f"max {max(times[name]) * 1000:.1f}, {args.rounds} rounds)")
     print(f"paddle-acp ls / import pyarrow = {ratio:.2f}x; "
           f"python -m paddle_acp ls / import pyarrow = {med['python -m paddle_acp ls'] / med['import pyarrow']:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "median_s": med, "times_s": times, "ratio": ratio}, f, indent=2)
+    doc = {"command": " ".join(["python"] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "rounds": args.rounds, "median_s": med, "times_s": times, "ratio": ratio}
+    print(f"wrote {results_io.write(doc, __file__, args.json, args.key)}")
     return 0
 
 

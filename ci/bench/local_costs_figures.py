@@ -1,7 +1,7 @@
-"""The figures of ci/bench.py, measured in a child process per IR (the IR is fixed at paddle import).
+"""The figures of ci/bench/local_costs.py, measured in a child process per IR (the IR is fixed at paddle import).
 
 Every figure is a ratio of two things measured side by side in this process, in paired rounds
-(A and B back to back); ci/bench.py takes the medians, prints the table and stores the JSON.
+(A and B back to back); ci/bench/local_costs.py takes the medians, prints the table and stores the JSON.
 """
 
 import os

@@ -1,15 +1,16 @@
 """Benchmark (not a test): persist time of replicated state, spread over the ranks or written by rank 0 alone.
 
 Paddle-free: W real processes drive the format layer (``GlobalCheckpointer``) against a simulated
-remote store with a per-rank (per-process) bandwidth cap, ``ci/simstore.py`` (
+remote store with a per-rank (per-process) bandwidth cap, ``ci/bench/simstore.py`` (
 this script needs it and says so when it is missing). Every rank holds the same state (``--mb``
 MB in ``--tensors`` tensors of varied sizes); at each of ``--rounds`` positions the ranks start
 their save together (a barrier); the persist time is rank 0's, from the barrier until its global
 manifest is committed. Then every rank restores the last checkpoint (``restore_s``: rank 0's).
 
-    python ci/spread_bench.py --world 4 --mb 400 --client-mbps 200 --rounds 3
+    python ci/bench/spread_writes.py --world 4 --mb 400 --client-mbps 200 --rounds 3
 
-prints one JSON line per writers setting and the ratio spread / one writer (medians).
+prints one JSON line per writers setting and the ratio spread / one writer (medians), and adds them to
+ci/bench/results/spread_writes.json under --key (or writes them alone to --json FILE).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 if HERE not in sys.path:
@@ -34,6 +35,8 @@ if HERE not in sys.path:
 TESTS = os.path.join(ROOT, "tests")  # support/shares.py: a rank's share from whole snapshots
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
+
+import results_io  # noqa: E402
 
 JOB, RANGE = "bench", "_range_0"
 
@@ -129,15 +132,20 @@ def main(argv: List[str]) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--client-mbps", type=float, default=200.0)
     ap.add_argument("--latency-ms", type=float, default=2.0)
+    results_io.add_args(ap, __file__)
     a = ap.parse_args(argv)
     try:
         import simstore  # noqa: F401
     except ImportError:
-        raise SystemExit("ci/simstore.py is missing beside this script") from None
+        raise SystemExit("ci/bench/simstore.py is missing beside this script") from None
     out = [run(a.world, w, a.mb, a.tensors, a.rounds, a.client_mbps, a.latency_ms) for w in ("one", "all")]
     for r in out:
         print(json.dumps(r))
-    print(json.dumps({"ratio_spread_to_one": round(out[1]["persist_median_s"] / out[0]["persist_median_s"], 3)}))
+    ratio = round(out[1]["persist_median_s"] / out[0]["persist_median_s"], 3)
+    print(json.dumps({"ratio_spread_to_one": ratio}))
+    doc = {"command": " ".join(["python"] + sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "runs": out, "ratio_spread_to_one": ratio}
+    print(f"wrote {results_io.write(doc, __file__, a.json, a.key)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: training time with a checkpoint every epoch against none, to a SIMULATED remote store.
 
-The store is ci/simstore.py (``sim://``): bytes in a local directory, every call and byte delayed
+The store is ci/bench/simstore.py (``sim://``): bytes in a local directory, every call and byte delayed
 like a store on other hosts (latency, per-client and aggregate bandwidth), the delays spent in sleeps
 that use no CPU. This machine's 2 cores cannot also host a fair HDFS; every figure of this
 benchmark says it is simulated, and with which parameters.
@@ -31,12 +31,13 @@ and the largest world's against the smallest's. With ``--client-mbps`` as the pe
 writer takes state / cap whatever W is; writes spread over W ranks take about 1/W of it. The ranks
 run under the busy policy ``wait`` there, so that every checkpoint is written and timed.
 
-Usage: python ci/bench_sim.py [--ranks 1,4] [--params 100e6] [--epochs 6] [--epoch-seconds 12]
+Usage: python ci/bench/sim_training.py [--ranks 1,4] [--params 100e6] [--epochs 6] [--epoch-seconds 12]
            [--rounds 5] [--latency-ms 2] [--client-mbps 500] [--aggregate-mbps 2000]
-           [--commit rename|manifest-last] [--json ci/bench_sim_results.json]
-       python ci/bench_sim.py --persist --state replicated --ranks 1,4 --client-mbps 200 --aggregate-mbps 0
+           [--commit rename|manifest-last] [--key KEY | --json FILE]
+       python ci/bench/sim_training.py --persist --state replicated --ranks 1,4 --client-mbps 200 --aggregate-mbps 0
            [--env NAME=VALUE ...]     # persist time of replicated state, W = 4 against one writer
-       python ci/bench_sim.py --quick     # tiny sizes, two rounds: a smoke run
+       python ci/bench/sim_training.py --quick     # tiny sizes, two rounds: a smoke run
+The run is added to ci/bench/results/sim_training.json under --key (or written alone to --json FILE).
 """
 
 import argparse
@@ -52,6 +53,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import results_io  # noqa: E402
 import simstore  # noqa: E402
 
 BYTES_PER_PARAM = 12
@@ -277,7 +279,7 @@ def main():
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for the ranks (e.g. a feature switch of the code under test)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
-    ap.add_argument("--json", default="bench_sim.json")
+    results_io.add_args(ap, __file__)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, two rounds: a smoke run")
     ap.add_argument("--rows", action="append", default=[], metavar="W:FILE",
                     help="a configuration already measured: its rank rows (a --_rank --out file kept from an earlier "
@@ -334,9 +336,7 @@ def main():
            "results": results}
     if persist_ratio is not None:
         doc["persist_ratio_largest_vs_smallest_world"] = persist_ratio
-    with open(args.json, "w") as f:
-        json.dump(doc, f, indent=2)
-    log(f"wrote {args.json}")
+    log(f"wrote {results_io.write(doc, __file__, args.json, args.key)}")
     return 0
 
 

@@ -41,12 +41,13 @@ With ``--training``: training time of the end-to-end script with a checkpoint ev
 epoch on HDFS against no checkpointing, paired rounds (tests/scripts/train_script.py
 ``--timing``: from the first epoch to the last checkpoint committed).
 
-Usage: python ci/bench_storage.py [--size-mb 1024] [--backends local,hdfs-pyarrow,...]
-                                  [--json FILE] [--quick]
-       python ci/bench_storage.py --fixed-cost [--before-code DIR] [--checkpoints 30] [--rounds 3] [--json FILE]
-       python ci/bench_storage.py --cache [--size-mb 1024] [--rounds 5] [--json FILE]
-       python ci/bench_storage.py --training [--epochs 60] [--sleep 0.1] [--hidden 200] [--rounds 3]
-Prints one line per figure, then the JSON.
+Usage: python ci/bench/storage_backends.py [--size-mb 1024] [--backends local,hdfs-pyarrow,...] [--quick]
+       python ci/bench/storage_backends.py --fixed-cost [--before-code DIR] [--checkpoints 30] [--rounds 3]
+       python ci/bench/storage_backends.py --cache [--size-mb 1024] [--rounds 5]
+       python ci/bench/storage_backends.py --training [--epochs 60] [--sleep 0.1] [--hidden 200] [--rounds 3]
+       (each: [--key KEY | --json FILE])
+Prints one line per figure, then the JSON, which it adds to ci/bench/results/storage_backends.json under
+--key (or writes alone to --json FILE).
 """
 from __future__ import annotations
 
@@ -63,13 +64,14 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/support
 if os.environ.get("ACP_BENCH_CODE"):  # --fixed-cost --before-code: a child measuring another checkout
     sys.path.insert(0, os.environ["ACP_BENCH_CODE"])
 
+import results_io  # noqa: E402
 from support import servers  # noqa: E402
 
 BACKENDS = ["local", "hdfs-pyarrow", "hdfs-native", "hdfs-cli", "s3"]
@@ -653,7 +655,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size-mb", type=float, default=1024, help="checkpoint size in MB (default 1024)")
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated subset of {BACKENDS}")
     ap.add_argument("--no-hdfsclient", action="store_true", help="skip Paddle's HDFSClient comparison")
-    ap.add_argument("--json", help="also write the results to this file")
+    results_io.add_args(ap, __file__)
     ap.add_argument("--dir", default=None, help="local work dir (default: a temp dir)")
     ap.add_argument("--rounds", type=int, default=3, help="paired rounds per backend (default 3)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 MB, one round")
@@ -698,9 +700,7 @@ def main(argv=None) -> int:
             shutil.rmtree(work, ignore_errors=True)
         text = json.dumps(results, indent=1, sort_keys=True)
         print(text)
-        if args.json:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+        log(f"wrote {results_io.write(results, __file__, args.json, args.key)}")
         return 0
     hdfs = s3 = None
     results = {"size_mb": size_mb, "rounds": rounds, "backends": {}, "errors": {}}
@@ -773,9 +773,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(results, indent=1, sort_keys=True)
     print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    log(f"wrote {results_io.write(results, __file__, args.json, args.key)}")
     return 1 if results["errors"] and not results["backends"] else 0
 
 

@@ -27,13 +27,13 @@ durability is its own business; its time is the simulated one). Restores read th
 
 With ``ACP_SIM_TRACE=<dir>`` in a process's environment every storage call it makes is appended to
 ``<dir>/trace-<rank>-<pid>.jsonl`` (operation, path, wall-clock start and end, thread):
-``ci/persist_trace.py`` splits a benchmark's persists into their steps from it.
+``ci/bench/persist_trace.py`` splits a benchmark's persists into their steps from it.
 
 Options come from the environment (``ACP_SIM_LATENCY_MS``, ``ACP_SIM_CLIENT_MBPS``,
 ``ACP_SIM_AGGREGATE_MBPS``, ``ACP_SIM_COMMIT``; 0 = no limit) and may be overridden per URI by its
 query (``sim:///abs/dir?latency_ms=2&client_mbps=500``). Register it in every process that opens
 such URIs: ``simstore.register()`` (benchmark scripts), or run any training script through
-``python ci/simstore.py run SCRIPT ARGS...``.
+``python ci/bench/simstore.py run SCRIPT ARGS...``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 from urllib.parse import ParseResult, parse_qsl, unquote, urlencode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
@@ -91,7 +91,7 @@ class SimOptions:
         """One line for a figure's caption."""
         def mbps(v: float) -> str:
             return "unlimited" if v == 0 else f"{v:g} MB/s"
-        return (f"simulated remote store (ci/simstore.py): {self.latency_ms:g} ms per call, per-client "
+        return (f"simulated remote store (ci/bench/simstore.py): {self.latency_ms:g} ms per call, per-client "
                 f"{mbps(self.client_mbps)}, aggregate {mbps(self.aggregate_mbps)}, {self.commit} commits")
 
 
@@ -469,9 +469,9 @@ def uri(directory: str, opts: Optional[SimOptions] = None) -> str:
 
 
 def run_script(argv: List[str]) -> None:
-    """``python ci/simstore.py run SCRIPT ARGS...``: run a training script with ``sim://`` registered."""
+    """``python ci/bench/simstore.py run SCRIPT ARGS...``: run a training script with ``sim://`` registered."""
     if not argv:
-        raise SystemExit("usage: python ci/simstore.py run SCRIPT [ARGS...]")
+        raise SystemExit("usage: python ci/bench/simstore.py run SCRIPT [ARGS...]")
     register()
     script = os.path.abspath(argv[0])
     sys.argv = [script] + argv[1:]

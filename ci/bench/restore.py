@@ -13,7 +13,7 @@ its first step. Its figures:
   the same restart on an empty location (no checkpoint: the buffer is populated in the background).
 
 The floor (another fresh process): a plain ``readinto`` of the data file into a preallocated, touched
-buffer and a two-thread memcpy of it into populated buffers (the scope's tensors; as ci/bench.py's figure 3); warm: the same with the file in
+buffer and a two-thread memcpy of it into populated buffers (the scope's tensors; as ci/bench/local_costs.py's figure 3); warm: the same with the file in
 the page cache. Cold rounds drop the checkpoint's files from the page cache first
 (``posix_fadvise(DONTNEED)``) and pause ``--settle`` seconds; warm ones read them once first. Remote
 rounds (no eviction on the server) compare the restore with the pyarrow read under the same conditions. ``--before DIR`` adds the same restart
@@ -24,7 +24,9 @@ round running every variant back to back in a rotated order.
 floor is then a plain pyarrow read of the file (``open_input_stream().readinto``) + the memcpy; ``--cache``
 adds PADDLE_ACP_LOCAL_CACHE (the node-local copy the restore reads instead).
 
-    python ci/bench_restore.py --sizes 1200,300 --rounds 5 [--before /tmp/acp-before] --json ci/bench_restore_results.json
+    python ci/bench/restore.py --sizes 1200,300 --rounds 5 [--before /tmp/acp-before] [--key KEY | --json FILE]
+
+The run is added to ci/bench/results/restore.json under --key (or written alone to --json FILE).
 """
 from __future__ import annotations
 
@@ -39,7 +41,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # not REPO: the restart children import paddle_acp from their PYTHONPATH (--before)
+import results_io  # noqa: E402
+
 NPARAMS = 50
 JOB = "bench-restore"
 
@@ -127,7 +132,7 @@ def child_floor(path: str, size: int, out: str, remote: str) -> None:
     import numpy as np
 
     dst = np.ones(size, np.uint8)  # the scope's tensors: populated
-    src = np.ones(size, np.uint8)  # preallocated and touched (ci/bench.py's figure 3 floor)
+    src = np.ones(size, np.uint8)  # preallocated and touched (ci/bench/local_costs.py's figure 3 floor)
     t0 = time.perf_counter()
     if remote:
         from paddle_acp.storage import open_storage
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", action="store_true", help="remote: with PADDLE_ACP_LOCAL_CACHE")
     ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--dir", default=None, help="where the local checkpoints go (default: a temporary directory)")
-    ap.add_argument("--json", default=None)
+    results_io.add_args(ap, __file__)
     ap.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child:
@@ -273,7 +278,7 @@ def main(argv=None) -> int:
                             if name != "no-checkpoint" and not res["restored"]:
                                 raise RuntimeError(f"{name}: nothing restored")
                         rows.setdefault(f"{name}{'-warm' if warm else ''}", []).append(res)
-                        print(f"[bench_restore] {mb} MB round {r} {name}{' warm' if warm else ''}: "
+                        print(f"[restore] {mb} MB round {r} {name}{' warm' if warm else ''}: "
                               + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()),
                               flush=True)
             results["sizes"][str(mb)] = summarize(rows, variants, size, args.no_warm)
@@ -282,9 +287,7 @@ def main(argv=None) -> int:
             srv.__exit__(None, None, None)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(results, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    print(f"[restore] wrote {results_io.write(results, __file__, args.json, args.key)}")
     return 0
 
 

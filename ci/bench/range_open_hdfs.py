@@ -8,7 +8,7 @@ CPU), then opens a range: the figure is the time from the range's call to its fi
 check). Early connection on and off alternate (ABBA) over ``--rounds``, at each setup time given.
 A benchmark, not a timed test: this machine's 2 cores also run the HDFS server JVMs.
 
-    python ci/bench_open.py --rounds 5 --setups 0,1.5
+    python ci/bench/range_open_hdfs.py --rounds 5 --setups 0,1.5   # added to ci/bench/results/range_open_hdfs.json
 """
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ import tempfile
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
+import results_io  # noqa: E402
 from support import servers  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")  # its --timing file holds the range's open
@@ -35,7 +37,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--setups", default="0,1.5", help="the script's setup seconds before its range, comma-separated")
-    ap.add_argument("--json", default=None)
+    results_io.add_args(ap, __file__)
     args = ap.parse_args(argv)
     setups = [s.strip() for s in args.setups.split(",") if s.strip()]
     res: dict = {}
@@ -59,10 +61,9 @@ def main(argv=None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     summary = {k: {"median_s": statistics.median(v), "runs_s": [round(x, 3) for x in v]} for k, v in sorted(res.items())}
     for k, v in summary.items():
-        print(f"[bench_open] {k}s: the range's open, median of {args.rounds}: {v['median_s']:.3f} s {v['runs_s']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "setups": setups, "results": summary}, f, indent=2)
+        print(f"[range_open_hdfs] {k}s: the range's open, median of {args.rounds}: {v['median_s']:.3f} s {v['runs_s']}")
+    doc = {"rounds": args.rounds, "setups": setups, "results": summary}
+    print(f"[range_open_hdfs] wrote {results_io.write(doc, __file__, args.json, args.key)}")
     return 0
 
 

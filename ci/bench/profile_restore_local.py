@@ -8,9 +8,9 @@ the page cache that a restore could make, each timed alone in one process (best 
 - ``one pass into the arena``: the alternative of landing each chunk in a fresh snapshot arena
   (``MADV_POPULATE_WRITE`` then ``preadv``) and checksumming it while hot, then a two-thread memcpy into the
   tensors; ``arena population alone``: what its fresh pages cost;
-- the floor's parts (ci/bench_restore.py): ``read into a touched buffer`` (16 MB reads) and ``memcpy, 2 threads``.
+- the floor's parts (ci/bench/restore.py): ``read into a touched buffer`` (16 MB reads) and ``memcpy, 2 threads``.
 
-    python ci/profile_restore_local.py --mb 300,1200 [--reps 5] [--dir /tmp]
+    python ci/bench/profile_restore_local.py --mb 300,1200 [--reps 5] [--dir /tmp]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 from paddle_acp.format.engine.arena import Arena, populate_pages  # noqa: E402
 from paddle_acp.format.manifest import checksum_function  # noqa: E402
 

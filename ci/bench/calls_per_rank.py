@@ -30,9 +30,10 @@ slope <= 0.05.
 process (paddle_acp.runtime.coord: rank 0's commit lists a position once every rank counted in, instead of
 at every poll round); imports Paddle. Default ``storage`` (storage only, Paddle-free).
 
-Usage: python ci/bench_ranks.py [--worlds 8,64,256,1024] [--backends hdfs,s3] [--checkpoints 2]
-                                [--threads 16] [--coordination storage|store] [--json ci/bench_ranks_results.json]
-       python ci/bench_ranks.py --backends local --worlds 2,4 --checkpoints 1   (smoke run, no server)
+Usage: python ci/bench/calls_per_rank.py [--worlds 8,64,256,1024] [--backends hdfs,s3] [--checkpoints 2]
+                                         [--threads 16] [--coordination storage|store] [--key KEY | --json FILE]
+       python ci/bench/calls_per_rank.py --backends local --worlds 2,4 --checkpoints 1 --json FILE   (smoke run, no server)
+The run is added to ci/bench/results/calls_per_rank.json under --key (or written alone to --json FILE).
 """
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests"))  # the test helpers: tests/support
 
+import results_io  # noqa: E402
 from support import servers  # noqa: E402  (the real HDFS and S3 servers)
 
 _spec = importlib.util.spec_from_file_location("acp_counting", os.path.join(REPO, "tests", "support", "counting.py"))
@@ -335,13 +338,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--backends", default="hdfs,s3", help="of local, hdfs, s3 (default hdfs,s3)")
     ap.add_argument("--checkpoints", type=int, default=2, help="checkpoints per W; the last one is reported (default 2)")
     ap.add_argument("--threads", type=int, default=16, help="ranks running at once (default 16)")
-    ap.add_argument("--json", help="write the results here (e.g. ci/bench_ranks_results.json)")
+    results_io.add_args(ap, __file__)
     ap.add_argument("--coordination", choices=("storage", "store"), default="storage",
                     help="how the ranks count their parts in (store: a real Paddle TCP store in this process)")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",") if w]
     kinds = [k for k in args.backends.split(",") if k]
-    results: Dict[str, Any] = {"command": "python ci/bench_ranks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    results: Dict[str, Any] = {"command": "python ci/bench/calls_per_rank.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                "commit": git_head(), "targets": TARGETS, "threads": args.threads,
                                "checkpoints": args.checkpoints, "coordination": args.coordination,
@@ -386,10 +389,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for k, v in doc["summary"].items():
             if isinstance(v, dict):
                 log(f"{kind:8s} slope of {k}: {v['slope_per_extra_rank']} per extra rank")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, sort_keys=True)
-            f.write("\n")
+    log(f"wrote {results_io.write(results, __file__, args.json, args.key)}")
     print(json.dumps({k: v for k, v in results.items() if k != "backends"}))
     return 1 if results["errors"] and not results["backends"] else 0
 

@@ -2,11 +2,11 @@
 """Where a remote restore's time goes (issue 44): one restore per variant, its main thread's waits for the ranged
 reads, the checksums and the copy into the tensors summed (by wrapping those functions in the child process only).
 
-A real HDFS (or S3) server from tests/support/servers.py holds a checkpoint written by ci/bench_restore.py's save child;
+A real HDFS (or S3) server from tests/support/servers.py holds a checkpoint written by ci/bench/restore.py's save child;
 each round runs every variant (ranged readers 4/1/2, with or without populating each range of the lent arena before its
-read) in a rotated order, then bench_restore's floor (a plain pyarrow read + memcpy).
+read) in a rotated order, then restore.py's floor (a plain pyarrow read + memcpy).
 
-    python ci/profile_restore_remote.py --backend hdfs --mb 1000 --rounds 2
+    python ci/bench/profile_restore_remote.py --backend hdfs --mb 1000 --rounds 2
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 REL = "bench-restore/range/_range_0/ckpt-0/tensors.bin"
 VARIANTS = [(4, False), (4, True), (1, False), (2, True)]
 
@@ -28,10 +28,10 @@ def child(mb: int, readers: int, populate: bool) -> None:
     import ctypes
 
     sys.path.insert(0, HERE)
-    import bench_restore
     import numpy as np
+    import restore
 
-    _paddle, main, exe, loss = bench_restore._build(mb)
+    _paddle, main, exe, loss = restore._build(mb)
     import paddle_acp as acp
     from paddle_acp.format import manifest
     from paddle_acp.format.engine import chunks, stager
@@ -100,7 +100,7 @@ def main() -> int:
                    PYTHONPATH=REPO, PADDLE_ACP_CHECKPOINT_URI=f"{srv.uri}/profile-restore/{args.mb}-{os.getpid()}",
                    **srv.client_env())
         os.environ.update(srv.client_env())
-        run = subprocess.run([sys.executable, os.path.join(HERE, "bench_restore.py"), "--_child", "save", str(args.mb), "-"],
+        run = subprocess.run([sys.executable, os.path.join(HERE, "restore.py"), "--_child", "save", str(args.mb), "-"],
                              env=env, capture_output=True, text=True, cwd=REPO)
         if run.returncode != 0:
             raise RuntimeError(f"the save failed: {run.stderr[-3000:]}")
@@ -112,7 +112,7 @@ def main() -> int:
                 lines = [x for x in run.stdout.splitlines() if x.startswith("{")]
                 print(r, lines[-1] if lines else run.stderr[-2000:], flush=True)
             out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"profile-restore-floor-{os.getpid()}.json")
-            run = subprocess.run([sys.executable, os.path.join(HERE, "bench_restore.py"), "--_child", "floor", REL, str(size),
+            run = subprocess.run([sys.executable, os.path.join(HERE, "restore.py"), "--_child", "floor", REL, str(size),
                                   out, env["PADDLE_ACP_CHECKPOINT_URI"]], env=env, capture_output=True, text=True, cwd=REPO)
             print(r, "floor", open(out).read() if os.path.exists(out) else run.stderr[-2000:], flush=True)
     return 0
