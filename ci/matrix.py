@@ -55,18 +55,18 @@ TEST_DEPS = ("pytest>=7", "hypothesis>=6")
 # 2.6.2, 3.0.0 and 3.2.2 add program detection and the compatibility scenarios; 3.3.1 runs those in
 # ci/test.sh. The rest of test_e2e_resume.py (two ranges, two programs, other kill points) exercises
 # paddle-acp's own logic, the same on every Paddle, and runs on 3.3.1 in ci/test.sh.
-ALWAYS = ["tests/test_paddle_version.py", "tests/test_rng_state.py"]
+ALWAYS = ["tests/e2e/test_paddle_version.py", "tests/unit/adapter/test_rng_state.py"]
 E2E_CORE = ["test_uninterrupted_with_checkpointing_matches_reference[{ir}]", "test_kill_and_resume[3-sync-{ir}]",
             "test_kill_and_resume[3-async-{ir}]", "test_kill_and_resume_through_runner[paddle-sync-{ir}]",
             "test_restart_after_completion_restores_final_state[{ir}]"]
-DETECTION = ["tests/test_programs.py", "tests/test_compat_scenarios.py"]
+DETECTION = ["tests/unit/adapter/test_programs.py", "tests/e2e/test_compat_scenarios.py"]
 WITHOUT_DETECTION = ("3.3.1",)
 
 
 def subset(version: str) -> list:
     """The pytest arguments for ``version``."""
     irs = ("legacy",) if version.startswith("2.") else ("pir", "legacy")
-    e2e = ["tests/test_e2e_resume.py::" + t.format(ir=ir) for ir in irs for t in E2E_CORE]
+    e2e = ["tests/e2e/test_e2e_resume.py::" + t.format(ir=ir) for ir in irs for t in E2E_CORE]
     return ALWAYS + ([] if version in WITHOUT_DETECTION else DETECTION) + e2e
 
 

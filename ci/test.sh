@@ -20,8 +20,9 @@ step_done "test.sh ruff"
 # Types: the whole package, with mypy's strict flags for every module (pyproject.toml).
 "$PYTHON" -m mypy
 step_done "test.sh mypy"
-# The Paddle-free tests (tests/unit/): their local cases in a venv without Paddle (~1 min; ci/unit_no_paddle.sh);
-# the main run below then runs only their HDFS and S3 cases (--unit-cases servers), where the servers are.
+# The Paddle-free unit tests (tests/unit/{config,format,storage,tools}/): their local cases in a venv without
+# Paddle (~1 min; ci/unit_no_paddle.sh); the main run below then runs only their HDFS and S3 cases
+# (--unit-cases servers), where the servers are.
 bash "$ROOT/ci/unit_no_paddle.sh"
 step_done "test.sh Paddle-free unit tests (ci/unit_no_paddle.sh)"
 select=(-m "not long")

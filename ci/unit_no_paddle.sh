@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The Paddle-free tests (tests/unit/: the format, storage and tools layers) in a virtual environment
+# The Paddle-free unit tests (tests/unit/{config,format,storage,tools}/: the layers that never import Paddle, and
+# tests/unit/test_without_paddle.py; tests/conftest.py's PADDLE_FREE) in a virtual environment
 # WITHOUT Paddle, which proves they need none. `pip install -e .[test]` never pulls Paddle (it is not a
 # dependency; this script fails if it ever did). The venv is kept in .cache/venv-no-paddle and pip's
 # cache serves its wheels (pyarrow included): ~35 s the first time on a quiet machine, seconds after.
@@ -22,4 +23,7 @@ fi
 cd "$ROOT"
 # The HDFS and S3 cases of these tests run in the main suite (ci/test.sh, real servers); here the local ones
 # (tests/conftest.py's --unit-cases: the main run then leaves them out, one rule decides for both runs).
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider --unit-cases local "$@" tests/unit
+# The paths are tests/conftest.py's PADDLE_FREE, read from there: one list for both runs.
+paths="$("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "tests"); import conftest; print(" ".join(conftest.PADDLE_FREE))')"
+# shellcheck disable=SC2086  # (the paths have no spaces)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --unit-cases local "$@" $paths

@@ -1,6 +1,6 @@
 """Names vulture reports as unused that are alive: read by something vulture does not see.
 
-The dead-code check (tests/test_dead_code.py, issue 43) runs
+The dead-code check (tests/integration/test_dead_code.py, issue 43) runs
 ``vulture paddle_acp paddle_acp_cli.py ci/vulture_allow.py --min-confidence 60``; a name used here
 counts as used. Never run; each entry says who uses the name. Keep it short: a name that only a
 test reads is dead unless the test reads it off a real path (then say which test).
@@ -38,7 +38,7 @@ _ = [  # (vulture ignores the name _)
     Counter.increment,  # public API of acp.Counter (docs/guide.md)
     hook.install.__paddle_acp_original__,  # the mark on the Executor.run patch: Paddle's run (ci/bench/local_costs_figures.py)
     # state that a test reads off the real path
-    Arena.populating,  # tests/test_arena_first_save.py: the first save's arena is populated in the background
-    Agreement.disagreements,  # tests/test_save_plan.py: a rank that read another plan counted it
-    StatsResult.plot_legend,  # tests/unit/test_stats.py: the plot's legend names each range
+    Arena.populating,  # tests/e2e/test_arena_first_save.py: the first save's arena is populated in the background
+    Agreement.disagreements,  # tests/unit/runtime/test_save_plan.py: a rank that read another plan counted it
+    StatsResult.plot_legend,  # tests/unit/tools/test_stats.py: the plot's legend names each range
 ]

@@ -1,4 +1,11 @@
-"""Fixtures shared by several test modules; Paddle-free (tests/unit/ runs in a venv without Paddle)."""
+"""Fixtures shared by several test modules; Paddle-free (the Paddle-free part of tests/unit/, PADDLE_FREE below,
+runs in a venv without Paddle).
+
+The layout: tests/unit/<layer>/ (one layer's code in-process), tests/integration/ (several layers together in-process,
+or with a real local server), tests/e2e/ (real training processes); tests/support/, tests/scripts/ and
+tests/paddle_ported/ serve all three. tests/ is on sys.path (pytest's default import mode puts this file's folder
+there), so every test imports ``support`` alike; test file names are unique across the folders (no __init__.py).
+"""
 
 import os
 import sys
@@ -15,25 +22,29 @@ if os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1":  # ci/matrix.py tests the
 # protocol tests through the hadoop CLI backend, a JVM per call (20-80 s each); the same tests run on the other
 # four backends by default, and the CLI backend's other contract tests too.
 LONG_CASES = {
-    f"tests/unit/test_storage_contract.py::{name}[hdfs-cli]"
+    f"tests/unit/storage/test_storage_contract.py::{name}[hdfs-cli]"
     for name in ("test_per_rank_fencing_on_every_backend", "test_listing_a_directory_while_others_create_it",
                  "test_global_commit_and_writer_fencing_on_every_backend",
                  "test_checkpointer_round_trip_retention_and_leftovers")
 }
 
 
-# tests/unit/ runs twice in CI (ci/test.sh): its local cases in a venv without Paddle (ci/unit_no_paddle.sh,
-# `--unit-cases local`), then its HDFS and S3 cases in the main run (`--unit-cases servers`), where the real
-# servers are. A case is a server case when a -k "hdfs or s3" would pick it (its name, its parametrize id or
-# its module's name says hdfs or s3): one rule for both runs, so between them every case runs once.
-UNIT_DIR = "tests/unit/"
+# The Paddle-free unit tests: the folders of the layers that never import Paddle (tests/unit/test_without_paddle.py
+# holds them so) and that test itself; tests/unit/runtime, adapter and compat need Paddle. They run twice in CI
+# (ci/test.sh): their local cases in a venv without Paddle (ci/unit_no_paddle.sh runs exactly these paths, read
+# from here, with `--unit-cases local`), then their HDFS and S3 cases in the main run (`--unit-cases servers`),
+# where the real servers are. A case is a server case when a -k "hdfs or s3" would pick it (its name, its
+# parametrize id or its module's name says hdfs or s3): one rule for both runs, so between them every case runs once.
+PADDLE_FREE = ("tests/unit/config/", "tests/unit/format/", "tests/unit/storage/", "tests/unit/tools/",
+               "tests/unit/test_without_paddle.py")
 SERVER_WORDS = ("hdfs", "s3")
 
 
 def pytest_addoption(parser):
     parser.addoption("--unit-cases", choices=("all", "local", "servers"), default="all",
-                     help="which cases of tests/unit/ run: all (default), the local ones only (ci/unit_no_paddle.sh), "
-                     "or the HDFS/S3 ones only (ci/test.sh's main run, after ci/unit_no_paddle.sh ran the local ones)")
+                     help="which cases of the Paddle-free unit tests (PADDLE_FREE) run: all (default), the local ones only "
+                     "(ci/unit_no_paddle.sh), or the HDFS/S3 ones only (ci/test.sh's main run, after "
+                     "ci/unit_no_paddle.sh ran the local ones)")
 
 
 def _server_case(item):
@@ -49,7 +60,7 @@ def pytest_collection_modifyitems(config, items):
         return
     keep, drop = [], []
     for item in items:
-        unit = item.nodeid.startswith(UNIT_DIR)
+        unit = item.nodeid.startswith(PADDLE_FREE)
         (drop if unit and _server_case(item) != (which == "servers") else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -66,7 +77,7 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="module")
 def static_mode():
     """Static-graph mode for a module's tests; the previous mode is restored after them."""
-    import paddle  # here, not at the top: this file applies to the Paddle-free tests/unit/ too
+    import paddle  # here, not at the top: this file applies to the Paddle-free unit tests too
 
     was_dynamic = paddle.in_dynamic_mode()
     paddle.enable_static()

@@ -81,7 +81,7 @@ _LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
 logger = logging.getLogger("paddle_acp")
 
 
-# Every environment variable paddle-acp reads, each read in this package only (tests/test_config.py greps
+# Every environment variable paddle-acp reads, each read in this package only (tests/unit/config/test_config.py greps
 # the package: a PADDLE_ACP_* name anywhere must be listed here and documented in README.md's table).
 # To add one: list it here, read it in a ``*_from_env(env=None)`` function of this package that raises
 # ConfigError naming it (the parsers of ``config.values``: ``parse_bool`` for a boolean, ...), and add a

@@ -21,7 +21,7 @@ logger = logging.getLogger("paddle_acp")
 PREFIX = "PADDLE_ACP_"
 
 # Read by this repository's tests, CI scripts and benchmarks (tests/, ci/, .ci/), never by the library:
-# known, so that a test run prints no warning for them (tests/test_defaults.py greps those trees).
+# known, so that a test run prints no warning for them (tests/e2e/test_defaults.py greps those trees).
 TOOLING_VARS = (
     "PADDLE_ACP_REQUIRE_SERVERS",  # tests/support/server_fixtures.py: fail instead of skip without servers
     "PADDLE_ACP_TEST_INSTALLED",  # ci/matrix.py: the tests run against the installed copy

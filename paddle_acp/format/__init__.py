@@ -1,6 +1,6 @@
 """Format layer: what a checkpoint is on storage, independent of Paddle and of the backend.
 
-Four floors, one folder each (imports go down the list; ``tests/test_layers.py`` holds it):
+Four floors, one folder each (imports go down the list; ``tests/integration/test_layers.py`` holds it):
 
 * here, the on-disk formats: :mod:`.layout` (names, paths, byte offsets), :mod:`.manifest` (one
   checkpoint's manifest), :mod:`.global_manifest` (``global.json``, the commit of several ranks),

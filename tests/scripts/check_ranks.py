@@ -1,4 +1,4 @@
-"""A two-rank job for ``paddle-acp check`` (tests/test_check.py): starts check_script.py (its arguments
+"""A two-rank job for ``paddle-acp check`` (tests/e2e/test_check.py): starts check_script.py (its arguments
 passed on) as ranks 0 and 1 of one job (PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM=2; each rank seeds by
 its id, so the ranks hold different state: PADDLE_ACP_RANK_STATE=per-rank) and exits with 0 only when both did."""
 import os

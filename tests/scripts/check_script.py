@@ -1,4 +1,4 @@
-"""A tiny training script for ``paddle-acp check`` (tests/test_check.py).
+"""A tiny training script for ``paddle-acp check`` (tests/e2e/test_check.py).
 
 ``--mode``:
 

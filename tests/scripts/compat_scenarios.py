@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Paddle's own auto-checkpoint scenarios, written against Paddle's module API.
 
-Used two ways by ``tests/test_compat_scenarios.py``:
+Used two ways by ``tests/e2e/test_compat_scenarios.py``:
 
 * as a script, run twice (a real restart) under
   ``python -m paddle_acp run compat_scenarios.py --out result.json --scenario ...``;

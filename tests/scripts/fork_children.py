@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Forked children of a process whose import opened HDFS early (tests/test_fork_hdfs.py).
+"""Forked children of a process whose import opened HDFS early (tests/integration/test_fork_hdfs.py).
 
 Run with ``PADDLE_ACP_CHECKPOINT_URI`` on HDFS: the import starts the early connection
 (paddle_acp.runtime.early); before the loop the script forks a ``multiprocessing.Pool``, Paddle's

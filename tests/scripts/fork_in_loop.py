@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A script that forks a child inside its training loop (tests/test_fork_in_loop.py).
+"""A script that forks a child inside its training loop (tests/e2e/test_fork_in_loop.py).
 
 At the end of epoch 1's step the script forks; the child leaves the loop by returning from the function
 that holds it (the loop's generator is closed in the child, as a forked helper process that returns

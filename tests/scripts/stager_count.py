@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training script for tests/test_stager.py: a range whose every copy between the scope's tensors and
+"""Training script for tests/e2e/test_stager.py: a range whose every copy between the scope's tensors and
 checkpoint bytes is counted by the stager it goes through.
 
 The range's stager (``paddle_acp.runtime.range.HostStager``, the one a device stager would replace) is

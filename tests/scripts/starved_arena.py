@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training script for tests/test_arena_first_save.py: a range whose snapshot arena is not populated
+"""Training script for tests/e2e/test_arena_first_save.py: a range whose snapshot arena is not populated
 when its first saves come due.
 
 The library populates the snapshot buffer on a background thread (``paddle-acp-arena``) at a lower

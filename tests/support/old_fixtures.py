@@ -1,4 +1,4 @@
-"""Checkpoints written by the last release's own code, for tests/test_old_checkpoints.py.
+"""Checkpoints written by the last release's own code, for tests/e2e/test_old_checkpoints.py.
 
 The release (:data:`OLD_RELEASE`) is taken from this checkout's git history with ``git archive | tar -x``
 into ``.cache/old_fixtures/<commit>/src`` (gitignored; reused once its ``DONE`` marker, written last, is
@@ -51,7 +51,7 @@ SPECS = {s.name: s for s in (
     Spec("pir-replicated", "pir", 2, ("--same-seed",), rank_state="replicated"),  # every rank a share: version 4
     Spec("legacy-replicated-one", "legacy", 2, ("--same-seed",), rank_state="replicated",
          env=(("PADDLE_ACP_REPLICATED_WRITERS", "one"),)),  # rank 0 writes the tensors: version 3
-    # the long run's variants (tests/test_old_checkpoints.py marks them)
+    # the long run's variants (tests/e2e/test_old_checkpoints.py marks them)
     Spec("pir-steps-state", "pir", 1, _STEPS, stop="1:2"),
     Spec("legacy-ranks", "legacy", 2, rank_state="per-rank"),
     Spec("pir-ranks-steps-state", "pir", 2, _STEPS, stop="1:2", rank_state="per-rank"),

@@ -1,7 +1,7 @@
 """What the installed Paddle supports, for the tests (they run on every Paddle of the matrix).
 
 * ``IRS``: the IRs paddle-acp supports on this Paddle: both on 3.x, the legacy IR only on 2.6
-  (PIR programs are refused there; tests/test_paddle_version.py checks that refusal on 2.6);
+  (PIR programs are refused there; tests/e2e/test_paddle_version.py checks that refusal on 2.6);
 * ``CARRIES_CPU_RNG``: whether the CPU generator's engine state survives a restart (3.x);
 * ``legacy_ir_guard()``: enter the legacy IR in-process (``paddle.pir_utils.OldIrGuard`` on 3.x;
   2.6 has no such guard because the legacy IR is its default).

@@ -25,7 +25,7 @@ store here offers a conditional delete or rename on another object): a writer st
 performs that one step when it resumes. A rename onto an existing directory never replaces
 it: local disks and the hdfs-native client refuse it, libhdfs and the hadoop CLI move the
 source *into* it (HDFS's rename without options: a stray directory inside, removed with
-its checkpoint; tests/unit/test_storage_contract.py), so such a late commit never replaces
+its checkpoint; tests/unit/storage/test_storage_contract.py), so such a late commit never replaces
 a newer checkpoint there, and a late part is rejected by rank 0's generation check; a late delete removes what the
 check allowed (its own rank's leftovers, its earlier part, or old checkpoints the newer
 writer would also delete). On S3 (no rename, check-then-write) the window is the same
