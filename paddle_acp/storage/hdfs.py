@@ -138,7 +138,10 @@ def _connect(client: str, host: str, port: int, user: Optional[str], options: St
             from hdfs_native.fsspec import HdfsFileSystem
         except ImportError:
             raise StorageError("the hdfs-native package is not installed (pip install paddle-acp[hdfs])") from None
-        fs = pafs.PyFileSystem(_HdfsNativeHandler(HdfsFileSystem(host=host, port=port, **hdfs_native_conf(timeout))))
+        # never in fsspec's instance cache: its fork hook empties that cache in every forked child, and a client
+        # only the cache still held (its storage dropped) was dropped there, waiting forever for its runtime's threads
+        fs = pafs.PyFileSystem(_HdfsNativeHandler(HdfsFileSystem(host=host, port=port, skip_instance_cache=True,
+                                                                 **hdfs_native_conf(timeout))))
         return fs, "no usable libhdfs/JVM; hdfs-native needs neither"
     from paddle_acp.storage.hadoop_cli import HadoopCliHandler
 

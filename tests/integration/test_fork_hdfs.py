@@ -76,3 +76,11 @@ def test_children_forked_while_the_connection_is_made(hdfs_server):  # noqa: F81
 def test_children_of_the_command_line_client(hdfs_server):  # noqa: F811
     seen = run_forks(hdfs_server, "cli", FORK_AFTER_CONNECT="1", NO_LOOP="1")
     assert seen == {"early": True, **BEFORE}, seen
+
+
+@pytest.mark.parametrize("client", ["hdfs-native", "pyarrow"])
+def test_a_fork_after_a_storage_was_dropped(hdfs_server, client):  # noqa: F811
+    """A storage opened and dropped before a fork (an ended range's): the child starts and exits (hdfs-native: it
+    hung in fsspec's fork hook, which emptied the instance cache that alone still held the dropped client)."""
+    seen = run_forks(hdfs_server, client, FORK_AFTER_CONNECT="1", NO_LOOP="1", DROPPED="1")
+    assert seen == {"early": True, **BEFORE, "after_dropped": 0}, seen

@@ -7,7 +7,7 @@ DataLoader workers (``num_workers=2``) and a raw ``os.fork`` child that exits th
 exit (atexit handlers, finalizers); inside the loop (the range's own storage open, a save in flight) a raw
 fork child that tries the parent's storage (it must be refused, not hang) and a Pool again. Prints one
 JSON line of what it saw. ``FORK_AFTER_CONNECT=1``: the forks wait until the connection is made (the child
-inherits a connected client; otherwise it may inherit one being made). ``NO_LOOP=1``: no training loop.
+inherits a connected client; otherwise it may inherit one being made). ``NO_LOOP=1``: no training loop. ``DROPPED=1``: at the end, a fork after a storage was opened and dropped.
 """
 import json
 import multiprocessing as mp
@@ -101,4 +101,17 @@ if os.environ.get("NO_LOOP") != "1":
             out["same"] = started is not None and acp.active_range().storage is started.storage
             out["in_loop_fork"] = fork_exit(use_the_parents_storage, interpreter_exit=False)
             out["in_loop_pool"] = pool_map()
+if os.environ.get("DROPPED") == "1":
+    # a storage opened and then dropped (an ended range's, a tool's): a later fork must not take any of its client
+    # down with it in the child (hdfs-native: fsspec's own fork hook emptied its instance cache in the child, and
+    # a client only that cache still held was dropped there, waiting forever for its runtime's threads)
+    import gc
+
+    from paddle_acp.storage.schemes import open_storage
+
+    st = open_storage(os.environ["PADDLE_ACP_CHECKPOINT_URI"] + "-dropped")
+    st.exists("anything")
+    del st
+    gc.collect()
+    out["after_dropped"] = fork_exit(lambda: None, interpreter_exit=False)
 print(json.dumps(out), flush=True)
