@@ -20,16 +20,16 @@ step_done "test.sh ruff"
 # Types: the whole package, with mypy's strict flags for every module (pyproject.toml).
 "$PYTHON" -m mypy
 step_done "test.sh mypy"
-# The Paddle-free unit tests (tests/unit/{config,format,storage,tools}/): their local cases in a venv without
-# Paddle (~1 min; ci/unit_no_paddle.sh); the main run below then runs only their HDFS and S3 cases
-# (--unit-cases servers), where the servers are.
-bash "$ROOT/ci/unit_no_paddle.sh"
-step_done "test.sh Paddle-free unit tests (ci/unit_no_paddle.sh)"
 select=(-m "not long")
 if [ "${1:-}" = "--long" ]; then
   shift
   select=()
 fi
+# The Paddle-free unit tests (tests/unit/{config,format,storage,tools}/): their local cases in a venv without
+# Paddle (~1 min; ci/unit_no_paddle.sh; the same selection of `long` tests as the main run); the main run below
+# then runs only their HDFS and S3 cases (--unit-cases servers), where the servers are.
+bash "$ROOT/ci/unit_no_paddle.sh" "${select[@]}"
+step_done "test.sh Paddle-free unit tests (ci/unit_no_paddle.sh)"
 # --durations: the slowest tests are printed at the end, to keep the default run fast
 "$PYTHON" -m pytest -q -p no:cacheprovider --durations=40 --unit-cases servers "${select[@]}" "$@" tests
 step_done "test.sh pytest"
