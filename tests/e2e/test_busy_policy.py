@@ -180,6 +180,7 @@ def test_interval_saves_of_one_writer_follow_the_policy_too(hdfs, tmp_path):
     assert [r["epoch"] for r in saved if r["waited_s"] > 0] in ([], [EPOCHS - 1]), saved
 
 
+@pytest.mark.long  # on demand (bash ci/test.sh --long): test_agree_e2e's 2-rank kill with skipped saves on HDFS stays in the default run
 def test_kill_and_resume_on_hdfs_with_skipped_saves(hdfs, reference, tmp_path):
     """Skipping only changes which epoch a restart resumes from, never the result."""
     uri, env = hdfs

@@ -178,6 +178,7 @@ def test_known_answers_under_load(mode, expected, busy):
 
 
 # -- where it kills ----------------------------------------------------------------------------
+@pytest.mark.long  # on demand (bash ci/test.sh --long): ~12 s; the default kill points stay in the default run
 def test_kill_at_chosen_points_is_reported():
     proc, doc = run_check(sys.executable, SCRIPT, "--resumable", "--save-every-steps", "2", *FAST,
                           kill_at=["2", "1:3"], json_out=True)

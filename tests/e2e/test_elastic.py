@@ -308,6 +308,7 @@ def test_one_launcher_two_trainers_restart_resumes(etcd_server, reference, job):
     print(f"one launcher, 2 trainers, one restart: {time.monotonic() - t0:.1f} s")
 
 
+@pytest.mark.long  # on demand (bash ci/test.sh --long): ~26 s; one launcher restarting two trainers stays in the default run
 def test_two_launchers_one_trainer_each_restart_resumes(etcd_server, reference, job):
     """--nnodes 2 (two launcher processes, --rank 0/1): node 1 loses its trainer; both pods restart."""
     j = job("elastic-two-nodes")
@@ -367,6 +368,7 @@ def test_trainer1_alone_writes_only_its_own_parts(reference, tmp_path):
     assert not (tmp_path / "out2" / "violations.r1.jsonl").exists()
 
 
+@pytest.mark.long  # on demand (bash ci/test.sh --long): ~21 s; the launcher's restart stays in the default run
 def test_tensor_parallel_like_trainers_resume_their_own_state(etcd_server, job, tmp_path):
     """Under the real launcher: two trainers with the same program, names and shapes but their
     own initial values and data (PADDLE_ACP_RANK_STATE=per-rank). Trainer 1 dies in epoch 2;

@@ -131,6 +131,7 @@ def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
 # S3: the server dies in the middle of a large upload
 
 
+@pytest.mark.long  # on demand (bash ci/test.sh --long): ~12 s; .ci/run's step 1c kills and restarts S3 during training every time
 def test_s3_down_during_save_then_back(s3_server, s3_env):
     st = open_storage(f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}")
     ck = Checkpointer(st, "job", "_range_0", max_to_keep=2)
