@@ -15,9 +15,12 @@ the plan (in the background) when it reaches point ``s - W + 2`` and uses it fro
 ``s`` on: one small read per block per rank, with ``W - 2`` due points of time to complete.
 Data-parallel ranks are in lockstep through their gradient collectives: a rank reaches point
 ``s - W + 2`` only after rank 0 passed point ``s - W + 1``, so that read sees every change
-rank 0 made for that block. For ``due`` points rank 0 decides the second block at its first point
+rank 0 made for that block. Through a store (:attr:`~paddle_acp.runtime.coord.Coordinator.instant`: a post
+and a read are a round trip each) the window is one point (:func:`blocks`): rank 0 posts the block from
+``s`` at its point ``s - 1`` before it passes it, and every other rank reads it when it reaches ``s``
+(after rank 0 passed ``s - 1``, in lockstep); the first block is point 0 alone. For ``due`` points rank 0 decides the second block at its first point
 (``O`` = 1, ``W`` = 3): the first epoch's length stands for the time between due points, and until a
-persist is measured, the time the fence's record took to write at the open for a persist's. Without
+persist is measured, twice a small file's write for a persist's (:class:`Agreement`). Without
 lockstep (a rank ``W`` points ahead of rank 0) a rank may decide a block on an older plan: the
 ranks then disagree on a checkpoint, which is abandoned (a global checkpoint needs every part),
 never resumed wrongly; the rank says so in a warning when it reads the plan that contradicts
@@ -65,6 +68,17 @@ SCHEDULE = {"due": (4, 3), "interval": (2, 3)}
 # O per sequence: block b >= 1 begins at point b*H - O (the first block is H - O points long; due: points 0-2,
 # decided before anything is measured, the second decided at point 0)
 OFFSET = {"due": 1, "interval": 0}
+# Through a store (posted and read in a round trip, Coordinator.instant): W = 1, rank 0 posts the block from s at
+# its point s - 1 before it passes it, every other rank reads it at its point s; the first block is point 0 alone
+# (the second is decided at point 0, on the first epoch's length and a small write's time)
+INSTANT_SCHEDULE = {"due": (4, 1), "interval": (2, 1)}
+INSTANT_OFFSET = {"due": 3, "interval": 1}
+
+
+def blocks(kind: str, instant: bool) -> Tuple[int, int, int]:
+    """(H, W, O) of the sequence ``kind`` when the plan travels through storage or (``instant``) a store."""
+    h, w = (INSTANT_SCHEDULE if instant else SCHEDULE)[kind]
+    return h, w, (INSTANT_OFFSET if instant else OFFSET)[kind]
 MARGIN = 1.2  # the stride covers the persist time with this margin
 # a shorter stride is planned only when it is at most this fraction of the current one: a write of the plan
 # (and rank 0's wait for it) is not spent on e.g. every 7th point instead of every 8th, which the estimates of
@@ -85,10 +99,13 @@ def initial_plan(range_name: str, base: Optional[str], token: str, policy: str) 
 class Planner:
     """Rank 0's decisions (the only clock that decides). No I/O, no clock reads: ``now`` is passed in."""
 
-    def __init__(self, plan: SavePlan, policy: str, interval: float, now: float, floor: float = 0.0) -> None:
-        """``floor``: the least a persist takes on this storage, known before any is measured (from the time a
-        small file's write took at the open, :class:`Agreement`)."""
+    def __init__(self, plan: SavePlan, policy: str, interval: float, now: float, floor: float = 0.0,
+                 instant: bool = False) -> None:
+        """``floor``: the least a persist takes on this storage, known before any is measured (from a small
+        file's write, :class:`Agreement`); ``instant``: the plan travels through a store
+        (:func:`blocks`)."""
         self.plan = plan
+        self.instant = instant
         self.policy = policy
         self.interval = interval
         self._last_due: Optional[float] = None
@@ -137,8 +154,8 @@ class Planner:
     def at(self, kind: str, index: int, now: float, busy: bool) -> Optional[SavePlan]:
         """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish (it
         changes only the points of the next block, :data:`SCHEDULE`), or None."""
-        h, w = SCHEDULE[kind]
-        decide = (index + OFFSET[kind] + w) % h == 0
+        h, w, o = blocks(kind, self.instant)
+        decide = (index + o + w) % h == 0
         if kind == "interval":
             return self._interval(index, now, busy, index + w if decide else None)
         if self._last_due is not None:
@@ -187,8 +204,9 @@ class Agreement:
                  coord: Optional[Coordinator] = None) -> None:
         """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer);
         ``coord``: how the plan travels (None: ``plan.json`` in ``range_dir`` on ``storage``).
-        Until rank 0 measured a persist, it plans on twice the time the fence's record took to create: its
-        persist creates two files one after the other at least (its part's manifest, then the global one)."""
+        Until rank 0 measured a persist, it plans on twice the time a small file's write takes (the fence's record
+        took to create, or what the storage says a small write takes, the longer): its persist creates two files
+        one after the other at least (its part's manifest, then the global one)."""
         self.coord = coord if coord is not None else StorageCoordinator(storage, range_dir)
         self.range_name = range_name
         self.rank = rank
@@ -197,8 +215,10 @@ class Agreement:
         self.counts = {"due": 0, "interval": 0}
         self.policy = policy
         self.plan = initial_plan(range_name, base, "-", policy)  # until one is read
+        self.instant = self.coord.instant  # a store: the plan is posted and read at once (W = 1, :func:`blocks`)
         self.planner = Planner(self.plan, policy, interval, time.monotonic(),
-                               floor=2 * fence.took_s if fence is not None else 0.0) if rank == 0 else None
+                               floor=2 * max(fence.took_s if fence is not None else 0.0, storage.small_write_s),
+                               instant=self.instant) if rank == 0 else None
         self._pending: Dict[str, Tuple[threading.Thread, List[Optional[SavePlan]]]] = {}
         self._history: Deque[Tuple[str, int, bool, str]] = collections.deque(maxlen=8)
         self.disagreements = 0
@@ -229,8 +249,7 @@ class Agreement:
         """This rank reached its next due point of ``kind`` (at position ``where``): (its index, taken)."""
         index = self.counts[kind]
         self.counts[kind] += 1
-        h, w = SCHEDULE[kind]
-        o = OFFSET[kind]
+        h, w, o = blocks(kind, self.instant)
         if self.planner is not None:
             now = time.monotonic()  # the point's time: the wait for the plan write below is not training time
             self.finish()  # the change decided at the previous point is on storage before this point is passed
@@ -238,15 +257,20 @@ class Agreement:
             new = self.planner.at(kind, index, now, busy)
             if new is not None:
                 self._publish(new, old)
+                if self.instant:
+                    self.finish()  # posted before this point is passed: the others read it at the next
             self.plan = self.planner.plan
-        elif (index + o) % h == 0 and index > 0 and self._pending.get(kind) is not None:
-            self._adopt(self._await_read(kind))
+        elif (index + o) % h == 0 and index > 0:
+            if self.instant:
+                self._start_read(kind)  # rank 0 posted this block's plan before it passed the point before
+            if self._pending.get(kind) is not None:
+                self._adopt(self._await_read(kind))
         # the liveness signal: a rank whose rank 0 (and its store) is gone stops here, and any rank, rank 0
         # included, that lost the etcd the ranks coordinate through
         self.coord.check()
         taken = self.plan.taken(kind, index)
         self._history.append((kind, index, taken, where))
-        if self.planner is None and (index + o + w - 2) % h == 0:
+        if self.planner is None and not self.instant and (index + o + w - 2) % h == 0:
             self._start_read(kind)  # rank 0 wrote the next block's plan (from point index + 1 on) before it passed index - 1
         return index, taken
 

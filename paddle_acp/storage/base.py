@@ -132,6 +132,9 @@ class Storage(abc.ABC):
     overlap_writes: bool = False
     creates_parents: bool = False
     ranged_readers: int = 4  # connections a restore reads one file on in parallel (ranged reads)
+    # seconds a small file's write takes here beyond its round trips, known without measuring (the save plan's
+    # first estimate of a persist, runtime/agree.py): 0 unless the backend's client is known to wait
+    small_write_s: float = 0.0
 
     def __init__(self, root: str, uri: str):
         self.root = root.rstrip("/") or "/"

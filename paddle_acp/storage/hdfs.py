@@ -44,6 +44,9 @@ class HdfsStorage(ArrowStorage):
 
     commit_style = RENAME
     overlap_writes = True  # closing a file waits for the namenode to see its last block
+    # closing a file with data: the client's first ``complete`` usually comes before the DataNode reported the
+    # block, and it tries again 400 ms later (Hadoop 2.7's client: fixed; later ones: the default; hdfs-native ~0.5 s)
+    small_write_s = 0.4
     ranged_readers = 2  # 4 were slower than 2 against one DataNode on 2 cores (issue 44, ci/bench/profile_restore_remote.py)
     # hdfs-native raises RuntimeError for a refusal of the NameNode (safe mode while it restarts, a
     # quota, permissions): a storage error like any other client's, never a raw exception

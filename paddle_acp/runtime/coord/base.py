@@ -22,6 +22,7 @@ class Coordinator:
     """One range's coordination on one rank (the module docstring says what each verb is for)."""
 
     kind = "storage"
+    instant = False  # whether a decision posted is read back within a round trip (a store: yes; storage: a file)
 
     def post(self, key: str, value: bytes) -> None:
         """Rank 0: the newest decision under ``key`` (replaces the one before)."""

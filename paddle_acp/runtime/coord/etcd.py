@@ -170,6 +170,7 @@ class EtcdCoordinator(Coordinator):
     """One range's coordination through etcd (module docstring); ``scope``: ``{job}/{range}/{incarnation}``."""
 
     kind = "etcd"
+    instant = True
 
     def __init__(self, link: EtcdLink, scope: str) -> None:
         self.link = link

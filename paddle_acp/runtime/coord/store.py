@@ -169,6 +169,7 @@ class StoreCoordinator(Coordinator):
     """One range's coordination through the job's store (module docstring)."""
 
     kind = "store"
+    instant = True
 
     def __init__(self, link: StoreLink, scope: str) -> None:
         self.link = link

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.save_plan import MAX_ENTRIES, MAX_PLAN_SIZE, PLAN_NAME, SavePlan
-from paddle_acp.runtime.agree import MAX_STRIDE, OFFSET, SCHEDULE, Agreement, Planner, initial_plan
+from paddle_acp.runtime.agree import MAX_STRIDE, SCHEDULE, Agreement, Planner, blocks, initial_plan
 from paddle_acp.runtime.coord.files import StorageCoordinator
 from paddle_acp.storage import open_storage
 
@@ -93,18 +93,18 @@ def test_taken_follows_strides_and_requests():
 
 
 # -- a model of two ranks ----------------------------------------------------------------
-def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0):
+def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0, instant=False):
     """Rank 0 plans at each due point with its clock (``epochs``: seconds between due points, the
     first one from the loop's start; ``persists``: each taken save's persist time); rank 1 decides
     block b (points [s, s + H), s = b*H - O) on the plan as rank 0 had it after passing point x, for
     any x in [s - W + 1, s] (lockstep: its read starts when it reaches point s - W + 2, which it
     reaches only after rank 0 passed s - W + 1, where rank 0 waited for the write of the change it
-    decided at s - W; and rank 0 reaches s + 1 only after rank 1 passed s). Returns (rank 0's
+    decided at s - W; and rank 0 reaches s + 1 only after rank 1 passed s). ``instant`` (a store, W = 1):
+    any x in [s - 1, s] (rank 1 reads at s, after rank 0 posted and passed s - 1). Returns (rank 0's
     decisions, rank 1's)."""
     kind = "interval" if interval > 0 else "due"
-    h, w = SCHEDULE[kind]
-    o = OFFSET[kind]
-    planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0, floor=floor)
+    h, w, o = blocks(kind, instant)
+    planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0, floor=floor, instant=instant)
     planner.restart_clock(0.0)
     now, done_at = 0.0, None
     after = []  # the plan as rank 0 had it after passing point i
@@ -134,7 +134,9 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0):
         if b == 0:
             plan = before0
         else:
-            x = b * h - o - w + 1 + lag_choices[b % len(lag_choices)] % w
+            start = b * h - o
+            lo = start - w if instant else start - w + 1
+            x = lo + lag_choices[b % len(lag_choices)] % (start - lo + 1)
             plan = after[min(x, len(after) - 1)]
         theirs.append(plan.taken(kind, i))
     return mine, theirs
@@ -145,9 +147,9 @@ times = st.lists(st.floats(0.001, 5.0), min_size=1, max_size=100)
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(["auto", "skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
-       st.sampled_from([0.0, 0.05, 0.5, 5.0]))
-def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, persists, lags, floor):
-    mine, theirs = simulate(policy, epochs, persists, lags, floor=floor)
+       st.sampled_from([0.0, 0.05, 0.5, 5.0]), st.booleans())
+def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, persists, lags, floor, instant):
+    mine, theirs = simulate(policy, epochs, persists, lags, floor=floor, instant=instant)
     assert mine == theirs
     streak = longest = 0
     for taken in mine:
@@ -160,9 +162,9 @@ def test_two_ranks_take_the_same_due_points_at_any_interleaving(policy, epochs, 
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(["auto", "skip", "queue", "wait"]), times, times, st.lists(st.integers(0, 8), min_size=1, max_size=8),
-       st.floats(0.5, 20.0))
-def test_two_ranks_take_the_same_interval_saves_at_any_interleaving(policy, epochs, persists, lags, interval):
-    mine, theirs = simulate(policy, epochs, persists, lags, interval=interval)
+       st.floats(0.5, 20.0), st.booleans())
+def test_two_ranks_take_the_same_interval_saves_at_any_interleaving(policy, epochs, persists, lags, interval, instant):
+    mine, theirs = simulate(policy, epochs, persists, lags, interval=interval, instant=instant)
     assert mine == theirs
 
 
@@ -460,6 +462,10 @@ def test_the_fence_records_how_long_its_record_took(tmp_path):
     assert fence.generation == 0 and 0.2 <= fence.took_s < 30
     r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0, fence=fence)
     assert r0.planner.floor == 2 * fence.took_s  # rank 0's persist: its part's manifest, then the global one
+    assert storage.read_bytes("j/writers/gen-0") == b""  # the name is the record (HDFS: no block to wait for)
+    storage.small_write_s = 0.45  # a storage whose small writes are known to take longer (HDFS: the block report)
+    r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0, fence=fence)
+    assert r0.planner.floor == 0.9
 
 
 def test_a_stride_at_the_last_anchor_replaces_it_and_the_plan_reads_back():
@@ -488,3 +494,58 @@ def test_a_slightly_shorter_stride_is_not_worth_a_plan_write():
     assert plan_after(5.5) == MAX_STRIDE  # wants every 7th: ceil(1.2 * 5.5)
     assert plan_after(4.9) == 6
     assert plan_after(0.5) == 1
+
+
+# -- through a store: the plan is posted and read at once (W = 1) ----------------------------
+def test_through_a_store_the_second_block_starts_at_point_1_and_long_epochs_save_every_epoch():
+    """Through a store rank 0 decides the points from 1 on at point 0, on the first epoch's length and the open's
+    write time: due points 0.1 s apart and persists of at least 0.4 s take point 0, then every 5th (no wait for a
+    persist at points 1 and 2, as the storage path's first block of three has); epochs far longer than a persist
+    save at every one of them, as a single process does."""
+    mine, theirs = simulate("skip", [0.1] * 30, [0.4] * 30, [0], floor=0.4, instant=True)
+    assert mine == theirs
+    assert [i for i, t in enumerate(mine) if t][:3] == [0, 5, 10], mine
+    slow, _ = simulate("skip", [0.1] * 30, [0.4] * 30, [0], floor=0.4)
+    assert slow[:3] == [True, True, True]  # the storage path: the first block takes every point
+    mine, theirs = simulate("skip", [30.0] * 12, [0.4] * 12, [0], floor=0.4, instant=True)
+    assert mine == theirs and all(mine)
+
+
+def test_agreement_through_a_real_tcp_store_reads_each_block_when_it_starts(tmp_path):
+    """Two ranks' Agreements on one real Paddle TCP store, in lockstep (rank 1 at point i after rank 0 passed
+    i - 1, either first at i): they decide alike, rank 1 reads the plan only at a block's first point (never in
+    the background), and rank 0's long persists leave points 1-7 untaken."""
+    pytest.importorskip("paddle")
+    from support.coord import free_port
+
+    from paddle_acp.adapter.store import StoreEndpoint
+    from paddle_acp.runtime.coord.store import StoreCoordinator, StoreLink
+
+    link = StoreLink(StoreEndpoint("127.0.0.1", free_port(), "MASTER_ADDR"), 0, 1, open_timeout=60)
+    coord = StoreCoordinator(link, "j/r")
+    try:
+        storage = open_storage(str(tmp_path))
+        r0, r1 = [Agreement(storage, "j/range/r", "r", k, "skip", 0.0, coord=coord) for k in (0, 1)]
+        assert r0.instant and r1.instant
+        for x in (r0, r1):
+            x.start(None)
+        r0.tell(Planner.restart_clock)  # the loop starts
+        reads = []
+        real = r1._start_read
+        r1._start_read = lambda kind: (reads.append(r1.counts[kind] - 1), real(kind))
+        got0, got1 = [], []
+        for i in range(24):
+            r0.planner.persist = 1e6  # persists far longer than due points are apart: every K-th from point 0
+            if i % 2:
+                got0.append(r0.point("due", False, f"epoch {i}")[1])
+                got1.append(r1.point("due", False, f"epoch {i}")[1])
+            else:
+                got1.append(r1.point("due", False, f"epoch {i}")[1])
+                got0.append(r0.point("due", False, f"epoch {i}")[1])
+            r0.tell(Planner.point_done)
+        assert got0 == got1 and r1.disagreements == 0 and r1.read_failures == 0
+        assert [i for i, t in enumerate(got0) if t] == [0, 8, 16], got0
+        assert reads == [1, 5, 9, 13, 17, 21] and not r1._pending
+    finally:
+        r0.close()
+        r1.close()
