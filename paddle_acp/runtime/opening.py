@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
@@ -69,7 +70,7 @@ def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opene
         marker = (storage.uri, cfg.job_id)
         try:
             if cfg.trainer_id == 0 and marker not in STATE.marked_jobs:  # once per process, not per range
-                fence = _marked_and_fenced(storage, cfg.job_id)
+                fence = _marked_and_fenced(storage, cfg)
                 STATE.marked_jobs.add(marker)
             else:
                 fence = STATE.fence_for(storage, cfg.job_id, cfg.trainer_id)
@@ -90,16 +91,29 @@ def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opene
                   memory_budget=host_budget.decide(cfg.host_memory).nbytes)
 
 
-def _marked_and_fenced(storage: Storage, job_id: str) -> Fence:
-    """Trainer 0's first open of a job: the job marker written while its fence is taken. Two creates
-    of unrelated files, each a whole file write (~0.4 s on HDFS 2.7, whose client waits 400 ms for the
-    block's report before it completes a file): in flight together, the open waits for one of them.
-    Both are done before the open returns (nothing is deleted before the marker exists); the fence's
-    error wins when both fail."""
-    with ThreadPoolExecutor(1, thread_name_prefix="paddle-acp-job-marker") as pool:
-        marked = pool.submit(write_job_marker, storage, job_id)
-        fence = STATE.fence_for(storage, job_id, 0)  # (on an error the pool's exit still waits for the marker)
-        marked.result()
+def _marked_and_fenced(storage: Storage, cfg: _config.CheckpointConfig) -> Fence:
+    """Trainer 0's first open of a job: its fence, and the job marker written meanwhile in the background. The
+    marker is a whole file's write (~0.4 s on HDFS, whose client waits for the block's report before it completes
+    a file; the fence's record is empty and takes no such wait), which no open waits for: the fence lets nothing
+    be deleted or committed before the marker is written (:meth:`Fence.first`: its first check waits for it, and
+    when it failed, every check raises the error the open would have). The fence's error wins when both fail."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="paddle-acp-job-marker")
+    marked = pool.submit(write_job_marker, storage, cfg.job_id)
+    pool.shutdown(wait=False)
+    try:
+        fence = STATE.fence_for(storage, cfg.job_id, 0)
+    except BaseException:
+        futures_wait([marked])  # nothing of this open is left running
+        raise
+
+    def written() -> None:
+        try:
+            marked.result()
+        except AcpError as exc:
+            raise ConfigError(f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not "
+                              f"writable: {exc}") from exc
+
+    fence.first(written)
     return fence
 
 

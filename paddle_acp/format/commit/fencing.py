@@ -5,7 +5,8 @@ rank 0 (the layout of earlier versions, which read it: an older copy of the libr
 running as a zombie is fenced by a newer rank 0) and ``{job}/writers/rank-<k>/gen-<n>``
 for rank ``k`` > 0, created with exclusive semantics (local disks: ``O_CREAT | O_EXCL``;
 HDFS: a temporary file renamed onto a name that must not exist; S3: check-then-write,
-which two writers starting in the same instant can both pass). The newest record of
+which two writers starting in the same instant can both pass). A record is an empty file (its name
+is the generation; the process that took it is in its log line). The newest record of
 a rank wins. A rank's writer checks that its generation is still the newest of its rank
 right before every step that deletes or makes something visible: removing leftovers, its
 earlier part, old checkpoints (one listing of its small records directory), and each commit
@@ -40,8 +41,9 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.storage.base import Storage
@@ -100,28 +102,51 @@ class Fence:
     """This process's generation as the writer of one rank of one job."""
 
     def __init__(self, storage: Storage, job_id: str, generation: int, rank: int = 0, took_s: float = 0.0):
-        """``took_s``: seconds the record took to create (one small file's write, a rename on HDFS): the least
-        any checkpoint's write takes on this storage, known before any is written (0.0: not measured)."""
+        """``took_s``: seconds the record took to create (an empty file's creation, a rename on HDFS): the
+        round trips any checkpoint's write takes on this storage at least, known before any is written (0.0: not
+        measured)."""
         self.storage = storage
         self.job_id = job_id
         self.generation = generation
         self.rank = rank
         self.took_s = took_s
         self.fenced_by: Optional[int] = None
+        self._first: Optional[Callable[[], None]] = None  # done before any check passes (:meth:`first`)
+        self._first_error: Optional[BaseException] = None
+        self._first_lock = threading.Lock()
+
+    def first(self, done: Callable[[], None]) -> None:
+        """``done`` (it waits for work in flight and raises that work's error) runs at this writer's next check:
+        nothing is deleted or committed before that work is done, and when it failed, every check raises its
+        error (trainer 0's job marker, written in the background while its job trains)."""
+        self._first = done
+
+    def _wait_first(self) -> None:
+        with self._first_lock:  # (every thread that checks waits for it)
+            if self._first_error is not None:
+                raise self._first_error
+            done, self._first = self._first, None
+            if done is not None:
+                try:
+                    done()
+                except BaseException as exc:
+                    self._first_error = exc
+                    raise
 
     @classmethod
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
         """Record a new generation of rank ``rank`` (newest + 1; on a race, the next free one)."""
         wdir = writers_dir(job_id, rank)
-        body = json.dumps({"format": "paddle-acp/writer", "version": 1, "job_id": job_id, "pid": os.getpid(),
-                           "host": socket.gethostname(), "rank": rank, "started": time.time()}).encode()
         n = newest_generation(storage, job_id, rank) + 1
         if n == 0:  # no record yet: the directory may not exist either (a restart's lists it, one call less)
             storage.makedirs(wdir)
         for _ in range(1000):
             t0 = time.monotonic()
-            if create_exclusive(storage, f"{wdir}/gen-{n}", body):
-                logger.info("job %s: this writer%s is generation %d", job_id, f" (rank {rank})" if rank else "", n)
+            # an empty record (its name is the generation): HDFS completes a file without blocks at once, where
+            # one with a block waits ~0.4 s for the DataNode's report (the open of every rank waited for it)
+            if create_exclusive(storage, f"{wdir}/gen-{n}", b""):
+                logger.info("job %s: this writer%s is generation %d (process %d on %s)", job_id,
+                            f" (rank {rank})" if rank else "", n, os.getpid(), socket.gethostname())
                 return cls(storage, job_id, n, rank, took_s=time.monotonic() - t0)
             n += 1
         raise StorageError(f"could not record a writer generation under {storage.uri}/{wdir}")
@@ -135,6 +160,7 @@ class Fence:
         ``quick``: one look-up of the next generation's record, listing only when it is there,
         :func:`newer_recorded`). The first time it is not, one error is logged; nothing else logs a
         FencedError."""
+        self._wait_first()
         if self.fenced_by is None and quick and not newer_recorded(self.storage, self.job_id, self.rank, self.generation):
             return
         if self.fenced_by is None:
