@@ -120,11 +120,14 @@ class Planner:
         self._inflight: Deque[float] = collections.deque()
         self._last_interval = now
 
-    def restart_clock(self, now: float) -> None:
+    def restart_clock(self, now: float, partial: bool = False) -> None:
         """The loop starts: interval saves count from now, and the first due point's distance from now is
-        the first estimate of the time between due points (it decides the second block)."""
+        the first estimate of the time between due points (it decides the second block). ``partial``: the
+        first epoch resumes mid-epoch, and its length says nothing of an epoch's: the first due point decides
+        nothing (the second block takes every point, as the first does), the second point's distance is the
+        first estimate."""
         self._last_interval = now
-        self._last_due = now
+        self._last_due = None if partial else now
 
     def point_done(self, now: float) -> None:
         """The due point's save (or skip) returned: the time to the next one is training time (a wait

@@ -197,7 +197,7 @@ class EpochRange:
         start = pos.epoch_no + 1
         self.restorer.resume_rng(start, self.script)
         self._log_plan(start, end)
-        self.schedule.restart_clock()
+        self.schedule.restart_clock(partial=self.restorer.resume_step is not None)
         self.watcher.install()
         try:
             for i in range(start, end):

@@ -77,11 +77,12 @@ class SaveSchedule:
         if self.agreement is not None:
             self.agreement.start(base)
 
-    def restart_clock(self) -> None:
-        """The loop starts: the interval counts from now."""
+    def restart_clock(self, partial: bool = False) -> None:
+        """The loop starts: the interval counts from now (``partial``: its first epoch resumes mid-epoch,
+        :meth:`Planner.restart_clock`)."""
         self.last_save = self.loop_start = time.monotonic()
         if self.agreement is not None:
-            self.agreement.tell(Planner.restart_clock)
+            self.agreement.tell(lambda planner, now: planner.restart_clock(now, partial))
 
     def wait_allowance(self) -> float:
         """``auto``: the seconds training may still wait for the previous checkpoint now (the budget less the

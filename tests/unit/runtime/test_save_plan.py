@@ -549,3 +549,23 @@ def test_agreement_through_a_real_tcp_store_reads_each_block_when_it_starts(tmp_
     finally:
         r0.close()
         r1.close()
+
+
+@pytest.mark.parametrize("instant", [False, True])
+def test_a_first_epoch_resumed_mid_epoch_decides_nothing(instant):
+    """A restart mid-epoch: the first due point comes after the epoch's remaining steps (0.01 s here), which says
+    nothing of an epoch's length (60 s). Its point decides no stride from it (K would skip the next epochs, each a
+    minute of training, while nothing is being written): every point is taken until a whole epoch was measured."""
+    planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=0.8, instant=instant)
+    planner.restart_clock(0.0, partial=True)
+    planner.at("due", 0, 0.01, False)
+    assert planner.plan.strides == ()
+    now = 0.01
+    for i in range(1, 12):
+        now += 60.0
+        planner.at("due", i, now, False)
+    assert all(planner.plan.taken("due", i) for i in range(12)), planner.plan
+    whole = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=0.8, instant=instant)
+    whole.restart_clock(0.0)
+    whole.at("due", 0, 0.01, False)  # a whole first epoch of 0.01 s: every 8th point (at most K) from then on
+    assert whole.plan.strides and whole.plan.strides[-1][1] == MAX_STRIDE
