@@ -79,6 +79,8 @@ def blocks(kind: str, instant: bool) -> Tuple[int, int, int]:
     """(H, W, O) of the sequence ``kind`` when the plan travels through storage or (``instant``) a store."""
     h, w = (INSTANT_SCHEDULE if instant else SCHEDULE)[kind]
     return h, w, (INSTANT_OFFSET if instant else OFFSET)[kind]
+
+
 MARGIN = 1.2  # the stride covers the persist time with this margin
 # a shorter stride is planned only when it is at most this fraction of the current one: a write of the plan
 # (and rank 0's wait for it) is not spent on e.g. every 7th point instead of every 8th, which the estimates of
