@@ -181,6 +181,20 @@ def test_the_stride_covers_the_persist():
 
 
 # -- the runtime side, on a real local store ------------------------------------------------
+def in_lockstep(r0, r1, points, persist, every):
+    """Rank 0's and rank 1's decisions at ``points`` due points in lockstep: either rank may reach point i first
+    (rank 0 first at every ``every``-th point but the multiples), rank 1 only after rank 0 passed i - 1; rank 0
+    plans on ``persist(i)`` seconds of persist."""
+    got0, got1 = [], []
+    for i in range(points):
+        r0.planner.persist = persist(i)
+        first, second = ((r0, got0), (r1, got1)) if i % every else ((r1, got1), (r0, got0))
+        for r, got in (first, second):
+            got.append(r.point("due", False, f"epoch {i}")[1])
+        r0.tell(Planner.point_done)
+    return got0, got1
+
+
 def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
     """Two ranks' Agreement objects on one local store. In lockstep (rank 1 decides point i
     after rank 0 passed i - 1) they decide alike; a rank that runs three points ahead decides on
@@ -195,16 +209,7 @@ def test_agreement_through_a_real_store_in_lockstep_and_ahead(tmp_path, caplog):
         return a
 
     r0, r1 = pair()
-    got0, got1 = [], []
-    for i in range(60):  # either rank may reach point i first (rank 1 only after rank 0 passed i - 1)
-        r0.planner.persist = 0.0 if i < 20 else 1e6  # every point, then every K-th
-        if i % 3:
-            got0.append(r0.point("due", False, f"epoch {i}")[1])
-            got1.append(r1.point("due", False, f"epoch {i}")[1])
-        else:
-            got1.append(r1.point("due", False, f"epoch {i}")[1])
-            got0.append(r0.point("due", False, f"epoch {i}")[1])
-        r0.tell(Planner.point_done)
+    got0, got1 = in_lockstep(r0, r1, 60, lambda i: 0.0 if i < 20 else 1e6, 3)  # every point, then every K-th
     assert got0 == got1 and r1.disagreements == 0
     assert [s for _, s in r0.planner.plan.strides] == [MAX_STRIDE], r0.planner.plan
     assert all(got0[:20]) and not all(got0[28:])
@@ -533,16 +538,8 @@ def test_agreement_through_a_real_tcp_store_reads_each_block_when_it_starts(tmp_
         reads = []
         real = r1._start_read
         r1._start_read = lambda kind: (reads.append(r1.counts[kind] - 1), real(kind))
-        got0, got1 = [], []
-        for i in range(24):
-            r0.planner.persist = 1e6  # persists far longer than due points are apart: every K-th from point 0
-            if i % 2:
-                got0.append(r0.point("due", False, f"epoch {i}")[1])
-                got1.append(r1.point("due", False, f"epoch {i}")[1])
-            else:
-                got1.append(r1.point("due", False, f"epoch {i}")[1])
-                got0.append(r0.point("due", False, f"epoch {i}")[1])
-            r0.tell(Planner.point_done)
+        # persists far longer than due points are apart: every K-th from point 0
+        got0, got1 = in_lockstep(r0, r1, 24, lambda i: 1e6, 2)
         assert got0 == got1 and r1.disagreements == 0 and r1.read_failures == 0
         assert [i for i, t in enumerate(got0) if t] == [0, 8, 16], got0
         assert reads == [1, 5, 9, 13, 17, 21] and not r1._pending
