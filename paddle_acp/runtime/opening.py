@@ -95,8 +95,10 @@ def _marked_and_fenced(storage: Storage, cfg: _config.CheckpointConfig) -> Fence
     """Trainer 0's first open of a job: its fence, and the job marker written meanwhile in the background. The
     marker is a whole file's write (~0.4 s on HDFS, whose client waits for the block's report before it completes
     a file; the fence's record is empty and takes no such wait), which no open waits for: the fence lets nothing
-    be deleted or committed before the marker is written (:meth:`Fence.first`: its first check waits for it, and
-    when it failed, every check raises the error the open would have). The fence's error wins when both fail."""
+    be deleted or committed before the marker is written (:meth:`Fence.first`: its first check waits for it; when
+    it failed, that check raises the error the open would have, and every later check writes the marker again
+    until it is written: a storage that failed for a while loses no checkpoint after it is back). The fence's
+    error wins when both fail."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="paddle-acp-job-marker")
     marked = pool.submit(write_job_marker, storage, cfg.job_id)
     pool.shutdown(wait=False)
@@ -106,9 +108,14 @@ def _marked_and_fenced(storage: Storage, cfg: _config.CheckpointConfig) -> Fence
         futures_wait([marked])  # nothing of this open is left running
         raise
 
+    pending = [marked]
+
     def written() -> None:
         try:
-            marked.result()
+            if pending:
+                pending.pop().result()
+            else:  # the background write failed: written again now, on the thread that checks
+                write_job_marker(storage, cfg.job_id)
         except AcpError as exc:
             raise ConfigError(f"checkpoint location {redact(cfg.uri)!r} (from {cfg.source}) is not reachable or not "
                               f"writable: {exc}") from exc

@@ -255,10 +255,15 @@ def _barrier_storage(root, fail_marker=False):
     barrier = threading.Barrier(2, timeout=10)
 
     class Storage(LocalStorage):
+        fail = fail_marker  # whether a write of the marker fails (the test may change it)
+        marker_writes = 0
+
         def write_bytes(self, path, data):
             if path.endswith("/job.json"):
-                barrier.wait()
-                if fail_marker:
+                self.marker_writes += 1
+                if self.marker_writes == 1:  # the open's: in flight while the fence is taken
+                    barrier.wait()
+                if self.fail:
                     raise StorageError("the marker could not be written (test)")
             return super().write_bytes(path, data)
 
@@ -289,7 +294,7 @@ def test_the_job_marker_is_written_while_the_fence_is_taken(tmp_path):
     acp.simulate_restart()
 
 
-def test_a_job_marker_that_cannot_be_written_stops_every_delete_and_commit(tmp_path):
+def test_a_job_marker_that_cannot_be_written_stops_every_delete_and_commit_until_it_is(tmp_path):
     from paddle_acp.config import from_env
     from paddle_acp.runtime.opening import open_io
 
@@ -297,8 +302,13 @@ def test_a_job_marker_that_cannot_be_written_stops_every_delete_and_commit(tmp_p
     cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": str(tmp_path / "ck"), "PADDLE_JOB_ID": "j"})
     storage = _barrier_storage(tmp_path / "ck", fail_marker=True)
     opened = open_io("_range_0", cfg, storage)  # the marker is written in the background: no open waits for it
-    for what in ("remove leftovers", "commit a checkpoint"):  # nothing is ever deleted or committed
+    for what in ("remove leftovers", "commit a checkpoint"):  # nothing is deleted or committed meanwhile
         with pytest.raises(acp.ConfigError, match="not reachable or not writable: the marker could not be written"):
             opened.fence.check(what)
+    assert storage.marker_writes == 2 and not (tmp_path / "ck" / "j" / "job.json").exists()  # written again at each
+    storage.fail = False  # the storage is back: the next check writes the marker, and passes
+    opened.fence.check("commit a checkpoint")
+    opened.fence.check("commit the next one")
+    assert storage.marker_writes == 3 and (tmp_path / "ck" / "j" / "job.json").is_file()
     acp.simulate_restart()
     acp.simulate_restart()

@@ -112,26 +112,21 @@ class Fence:
         self.took_s = took_s
         self.fenced_by: Optional[int] = None
         self._first: Optional[Callable[[], None]] = None  # done before any check passes (:meth:`first`)
-        self._first_error: Optional[BaseException] = None
         self._first_lock = threading.Lock()
 
     def first(self, done: Callable[[], None]) -> None:
-        """``done`` (it waits for work in flight and raises that work's error) runs at this writer's next check:
-        nothing is deleted or committed before that work is done, and when it failed, every check raises its
-        error (trainer 0's job marker, written in the background while its job trains)."""
+        """``done`` (it waits for work in flight, or does it again, and raises when that fails) runs at this
+        writer's next check, and at every check after one it raised in: nothing is deleted or committed before it
+        passed once (trainer 0's job marker, written in the background while its job trains; a storage that
+        failed it for a while fails the checks of that while, not every later one)."""
         self._first = done
 
     def _wait_first(self) -> None:
         with self._first_lock:  # (every thread that checks waits for it)
-            if self._first_error is not None:
-                raise self._first_error
-            done, self._first = self._first, None
+            done = self._first
             if done is not None:
-                try:
-                    done()
-                except BaseException as exc:
-                    self._first_error = exc
-                    raise
+                done()  # raises: kept, and run again at the next check
+                self._first = None
 
     @classmethod
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
