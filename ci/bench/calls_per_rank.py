@@ -341,13 +341,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     results_io.add_args(ap, __file__)
     ap.add_argument("--coordination", choices=("storage", "store"), default="storage",
                     help="how the ranks count their parts in (store: a real Paddle TCP store in this process)")
+    ap.add_argument("--hdfs-client", choices=("pyarrow", "hdfs-native", "cli"), default=None,
+                    help="the HDFS client (PADDLE_ACP_HDFS_CLIENT; default: the first that connects, libhdfs here)")
     args = ap.parse_args(argv)
+    if args.hdfs_client:
+        os.environ["PADDLE_ACP_HDFS_CLIENT"] = args.hdfs_client
     worlds = [int(w) for w in args.worlds.split(",") if w]
     kinds = [k for k in args.backends.split(",") if k]
     results: Dict[str, Any] = {"command": "python ci/bench/calls_per_rank.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                "commit": git_head(), "targets": TARGETS, "threads": args.threads,
                                "checkpoints": args.checkpoints, "coordination": args.coordination,
+                               "hdfs_client": args.hdfs_client or "first that connects",
                                "backends": {}, "errors": {}}
     hdfs = s3 = None
     work = tempfile.mkdtemp(prefix="bench-ranks-")

@@ -165,6 +165,12 @@ def test_list_makedirs_and_missing(backend):
     assert [(e.name, e.is_dir, e.size) for e in st.listdir("x/deep")] == [("er", True, 0), ("f2", False, 0)]
     assert st.listdir("x/deep/er") == []
     assert all(e.mtime is None or e.mtime > 1e9 for e in got)
+    try:  # a file is no directory: never listed as its own child (HDFS's getListing of a file returns the file)
+        assert st.listdir("x/f1") == []
+    except StorageError:
+        pass  # (the HDFS clients refuse it)
+    with pytest.raises((FileNotFoundError, StorageError)):
+        st.read_bytes("x/deep")  # nor a directory a file to read
 
 
 def test_listing_a_directory_while_others_create_it(backend):
