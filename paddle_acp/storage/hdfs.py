@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import ParseResult, unquote
 
@@ -60,6 +61,44 @@ class HdfsStorage(ArrowStorage):
         # RPC instead of a GetFileInfo and a Mkdirs before it); the other clients are not relied on
         # for that (``hadoop fs -put`` refuses a missing parent)
         self.creates_parents = client == "pyarrow"
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless its name is taken; True when this call created it. The
+        NameNode decides, in one rename that refuses a taken name: hdfs-native renames without overwriting. libhdfs
+        (through pyarrow's move) and ``hadoop fs -mv`` (:mod:`.hadoop_cli`, which does as pyarrow does) replace an
+        existing file, so two processes that both looked and found the name free both "created" it (a writer's
+        generation taken twice: neither fenced). For them the file is written in a directory of its own and moved
+        *into* its parent: a move into a directory that holds the name already is refused, by every client."""
+        self.forget_cached(path)
+        parent, _, name = path.rpartition("/")
+        tag = uuid.uuid4().hex[:12]
+        if self.client == "hdfs-native":
+            stage, tmp, dst = None, f"{path}.tmp-{tag}", path
+        else:
+            stage = f"{parent}/.tmp-{tag}" if parent else f".tmp-{tag}"
+            tmp, dst = f"{stage}/{name}", parent
+            if not self.creates_parents:
+                self.makedirs(stage)
+        moved = False
+        try:
+            self.write_bytes(tmp, data)
+            try:
+                self.rename(tmp, dst)
+                moved = True
+                return True
+            except StorageError:
+                self.forget_cached(path)
+                if self.exists(path):
+                    return False  # taken: by another process, or earlier
+                raise
+        finally:
+            try:
+                if stage is not None:  # (empty once the file moved)
+                    self.delete_dir(stage)
+                elif not moved and self.exists(tmp):
+                    self.delete_file(tmp)
+            except (StorageError, OSError) as exc:
+                logger.debug("could not remove %s: %s", stage or tmp, exc)
 
     def hint(self, exc: BaseException) -> str:
         text = str(exc)

@@ -361,6 +361,34 @@ def test_write_image(backend):
     assert st.read_bytes("img/x.bin") == image[:5000].tobytes()
 
 
+def test_an_exclusive_creation_never_replaces_a_name_taken_after_it_looked(backend):
+    """Two processes take the same writer generation at once (fencing.py): both find the name free, and the
+    second one's creation must not replace the first one's record (libhdfs's and the command line's rename replaced
+    an existing file, so both took the generation and neither was fenced). The race is made certain here: the
+    name is taken before the creation, and every look-up of it says free until the creation has tried."""
+    st = backend.storage()
+    if backend.kind == "s3":
+        return  # an object store has no exclusive creation through pyarrow (documented in Storage.create_exclusive)
+    st.makedirs("w")
+    st.write_bytes("w/gen-3", b"first")  # the other process's record
+    real_exists, real_rename = st.exists, st.rename
+    tried = []
+
+    def rename(src, dst):
+        tried.append(dst)
+        return real_rename(src, dst)
+
+    st.exists = lambda path: real_exists(path) if tried or not path.endswith("gen-3") else False
+    st.rename = rename
+    try:
+        assert st.create_exclusive("w/gen-3", b"second") is False
+    finally:
+        del st.exists, st.rename
+    assert st.read_bytes("w/gen-3") == b"first"
+    assert st.create_exclusive("w/gen-4", b"") is True and st.read_bytes("w/gen-4") == b""
+    assert [e.name for e in st.listdir("w")] == ["gen-3", "gen-4"]  # nothing of either creation left behind
+
+
 def test_append_create_exclusive_and_sub(backend):
     """Appending (rewritten by callers where an object store cannot), exclusive creation (the
     writer fence's primitive), and a storage rooted below another sharing its connection."""
