@@ -57,10 +57,10 @@ class HdfsStorage(ArrowStorage):
     def __init__(self, fs: Any, root: str, uri: str, client: str = "pyarrow"):
         super().__init__(fs, root, uri)
         self.client = client
-        # libhdfs creates a file with FileSystem.create, which makes missing parents (one Create
-        # RPC instead of a GetFileInfo and a Mkdirs before it); the other clients are not relied on
-        # for that (``hadoop fs -put`` refuses a missing parent)
-        self.creates_parents = client == "pyarrow"
+        # libhdfs creates a file with FileSystem.create, and hdfs-native with create_parent (its WriteOptions'
+        # default): both make missing parents in the one Create RPC (no GetFileInfo and Mkdirs before it);
+        # ``hadoop fs -put`` refuses a missing parent
+        self.creates_parents = client in ("pyarrow", "hdfs-native")
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless its name is taken; True when this call created it. The

@@ -128,7 +128,7 @@ def test_backend_is_the_one_asked_for(backend):
     if backend.kind != "local":
         assert st.local_path("a") is None and not st.has_symlinks and not st.direct_io and st.overlap_writes
     assert st.commit_style == (MANIFEST_LAST if backend.kind == "s3" else RENAME)
-    assert st.creates_parents == (backend.kind == "hdfs-pyarrow")  # what the rename commit relies on
+    assert st.creates_parents == (backend.kind in ("hdfs-pyarrow", "hdfs-native"))  # what the rename commit relies on
     assert "secret" not in st.uri and "?" not in st.uri
 
 
