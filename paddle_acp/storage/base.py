@@ -315,8 +315,9 @@ class Storage(abc.ABC):
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless it exists; True when this call created it.
 
-        Rename-committing stores: written under a temporary name and renamed (HDFS refuses
-        to rename onto an existing file). Object stores have no conditional write through
+        Rename-committing stores: written under a temporary name and renamed, exclusive where that rename refuses
+        a taken name (a storage whose rename replaces an existing file overrides this: the local disk's O_EXCL,
+        HDFS's move into the directory). Object stores have no conditional write through
         pyarrow: an existing object is seen, a concurrent creation is not (documented)."""
         self.forget_cached(path)
         if self.exists(path):
