@@ -165,6 +165,8 @@ def test_list_makedirs_and_missing(backend):
     assert [(e.name, e.is_dir, e.size) for e in st.listdir("x/deep")] == [("er", True, 0), ("f2", False, 0)]
     assert st.listdir("x/deep/er") == []
     assert all(e.mtime is None or e.mtime > 1e9 for e in got)
+    if backend.kind != "s3":  # (an S3 prefix has no time) gc's leftover age and the commit's re-reads rely on it
+        assert all(e.mtime is not None for e in got), got
     try:  # a file is no directory: never listed as its own child (HDFS's getListing of a file returns the file)
         assert st.listdir("x/f1") == []
     except StorageError:
