@@ -8,9 +8,16 @@ there), so every test imports ``support`` alike; test file names are unique acro
 """
 
 import os
+import signal
 import sys
 
 import pytest
+
+# A run started in the background by a shell without job control (`nohup bash .ci/run &`) inherits SIGINT ignored
+# (and SIGHUP, SIGQUIT), and so would every process the tests start: the Ctrl-C tests would then see the launcher's
+# choice, which paddle-acp rightly keeps, instead of a Ctrl-C. The tests' processes start with the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1":  # ci/matrix.py tests the pip-installed copy
     import paddle_acp
