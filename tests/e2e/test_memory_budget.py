@@ -28,6 +28,10 @@ STATE = (16 * HIDDEN + HIDDEN + HIDDEN + 1) * 4 * 3  # parameters and Adam's two
 BUDGET = 32 << 20
 SLACK = 48 << 20  # threads, the copy's bookkeeping, allocator noise
 RESTORE_SLACK = 64 << 20  # a restart's peak above the same run's from scratch (issue 44's bound)
+# the killed run saves synchronously: its checkpoints of epochs 0 and 1 are committed when it kills itself at the
+# start of epoch 2 (an asynchronous save of ~170 MB can still be running there on a loaded machine: no checkpoint
+# to restore, and the restart trains from scratch); the restart, the run measured, saves as a default run does
+SAVED_BEFORE_THE_KILL = {"PADDLE_ACP_ASYNC": "0"}
 ARGS = ("--epochs", 4, "--steps-per-epoch", 2, "--hidden", HIDDEN, "--dropout", 0)
 
 
@@ -62,7 +66,7 @@ def test_budget_bounds_peak_memory_and_resume_is_bit_identical(baseline, tmp_pat
     reference, p0 = baseline
     ckpt = tmp_path / "ckpt"
     env = {"PADDLE_ACP_HOST_MEMORY": "32MiB"}
-    out, proc = train(tmp_path, "run", ckpt, env, "--kill-at-epoch", 2)
+    out, proc = train(tmp_path, "run", ckpt, dict(env, **SAVED_BEFORE_THE_KILL), "--kill-at-epoch", 2)
     assert proc.returncode == -9, describe(proc)
     assert "larger than the host-memory budget" in proc.stderr, describe(proc)
     saved = [m for m in metrics(ckpt) if m.get("event") == "saved"]
@@ -108,7 +112,7 @@ def test_default_budget_restore_lands_in_the_snapshot_buffer(baseline, default_r
     reference, _p0 = baseline
     fresh, _proc = default_run
     ckpt = tmp_path / "ckpt"
-    out, proc = train(tmp_path, "run", ckpt, None, "--kill-at-epoch", 2)
+    out, proc = train(tmp_path, "run", ckpt, SAVED_BEFORE_THE_KILL, "--kill-at-epoch", 2)
     assert proc.returncode == -9, describe(proc)
     out2, proc2 = train(tmp_path, "run", ckpt, None, "--kill-at-epoch", 2)  # the marker stops a second kill
     assert proc2.returncode == 0 and is_done(out2) and "resumed at epoch" in proc2.stdout, describe(proc2)
