@@ -175,6 +175,29 @@ def test_list_makedirs_and_missing(backend):
         st.read_bytes("x/deep")  # nor a directory a file to read
 
 
+def test_libhdfs_lists_in_one_call_alike_pyarrow(request):
+    """On libhdfs (the pyarrow client) a listing is libhdfs's own hdfsListDirectory (one getListing RPC; pyarrow's
+    looks the directory up twice first): in use, and listing exactly what pyarrow's listing lists (names, kinds,
+    sizes, times; missing, empty, a file refused, names with spaces and beyond ASCII)."""
+    srv = request.getfixturevalue("hdfs_server")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PADDLE_ACP_HDFS_CLIENT", "pyarrow")
+    try:
+        st = open_storage(f"{srv.uri}/lister-{uuid.uuid4().hex[:8]}")
+    finally:
+        mp.undo()
+    assert type(st) is HdfsStorage and st._lister is not None
+    st.makedirs("d/sub dir/x")
+    for name, data in (("f1", b"12345"), ("sub dir/\u00e9t\u00e9 \u4e2d", b"ab"), ("empty", b"")):
+        st.write_bytes(f"d/{name}", data)
+    for path in ("", "d", "d/sub dir", "d/sub dir/x", "no/such"):
+        assert st.listdir(path) == super(HdfsStorage, st).listdir(path), path
+    assert [(e.name, e.is_dir, e.size) for e in st.listdir("d")] == [
+        ("empty", False, 0), ("f1", False, 5), ("sub dir", True, 0)]
+    with pytest.raises(StorageError, match="listing"):
+        st.listdir("d/f1")
+
+
 def test_listing_a_directory_while_others_create_it(backend):
     """A job's ranks start at once: rank 0 lists its generation records' directory while the other ranks
     create their own below it. A listing made while the directory comes into being is empty or lists it,
