@@ -3,7 +3,7 @@
 
 For every Paddle version (default: 2.6.2, 3.0.0, 3.2.2, 3.3.1) this script
 
-1. keeps a virtual environment with exactly that Paddle (CPU wheel) plus pytest and hypothesis
+1. keeps a virtual environment with exactly that Paddle (CPU wheel) plus pytest, hypothesis and pytest-xdist
    under ``.cache/matrix/paddle-<version>/`` (created once, reused: reruns take seconds);
 2. builds paddle-acp's wheel once (``pip wheel --no-deps``, into ``.cache/matrix/dist/``) and installs it
    into each environment with a plain ``pip install <wheel>`` (no ``--no-deps``), then checks
@@ -45,7 +45,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("PADDLE_ACP_MATRIX_CACHE", os.path.join(ROOT, ".cache", "matrix"))
 DEFAULT_VERSIONS = ("2.6.2", "3.0.0", "3.2.2", "3.3.1")
 PADDLE_DISTS = ("paddlepaddle", "paddlepaddle-gpu")
-TEST_DEPS = ("pytest>=7", "hypothesis>=6")
+TEST_DEPS = ("pytest>=7", "hypothesis>=6", "pytest-xdist>=3")
+# the version's tests run on two workers (its few test files: test by test, the reference runs made in each)
+WORKERS = ("-n", os.environ.get("PADDLE_ACP_TEST_WORKERS", "2"), "--dist", "load")
 
 # What each version runs (the whole suite runs on 3.3.1 in .venv through ci/test.sh). Everywhere: the
 # version gate with its Paddle-specific branches, and the RNG state. Then, in every IR the version
@@ -101,8 +103,9 @@ def ensure_venv(version: str) -> str:
     """The path of an environment holding Paddle ``version`` (CPU) and the test tools; made once."""
     d = venv_dir(version)
     ready = os.path.join(d, ".matrix-ready")
+    made = " ".join((version,) + TEST_DEPS) + "\n"  # an environment made for other test tools is made again
     with _lock(d + ".lock"):
-        if os.path.exists(ready):
+        if os.path.exists(ready) and open(ready).read() == made:
             return d
         shutil.rmtree(d, ignore_errors=True)
         p = _run([_python(), "-m", "venv", d])
@@ -113,7 +116,7 @@ def ensure_venv(version: str) -> str:
         if p.returncode != 0:
             raise RuntimeError(f"installing paddlepaddle=={version} failed:\n{p.stdout[-4000:]}")
         with open(ready, "w") as f:
-            f.write(version + "\n")
+            f.write(made)
     return d
 
 
@@ -225,7 +228,8 @@ def run_version(version: str, timeout: float, wheel: str) -> dict:
     args = subset(version)
     env = dict(os.environ, PADDLE_ACP_TEST_INSTALLED="1", PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
-    cmd = [os.path.join(d, "bin", "pytest"), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *args]
+    cmd = [os.path.join(d, "bin", "pytest"), "-q", "-p", "no:cacheprovider", *WORKERS, f"--junitxml={junit}",
+           *args]
     log(f"{version}: {' '.join(cmd[1:])}")
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout)
