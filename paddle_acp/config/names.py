@@ -34,6 +34,7 @@ TOOLING_VARS = (
     "PADDLE_ACP_VENV",  # ci/env.sh
     "PADDLE_ACP_PADDLE_SPEC",  # ci/env.sh
     "PADDLE_ACP_MATRIX_CACHE",  # ci/matrix.py
+    "PADDLE_ACP_TEST_WORKERS",  # ci/test.sh, ci/matrix.py: pytest-xdist's workers (0: one after another)
 )
 
 _warned = False
