@@ -18,7 +18,7 @@ import time
 
 import pytest
 from support.coord import coord_env, free_port
-from support.e2e import JOB_ID, compare_results, is_done, load_result
+from support.e2e import JOB_ID, compare_results, is_done, load_result, stopped
 from test_agree_e2e import check_no_orphans, metrics, popen_job, reference, run_job
 
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
@@ -145,23 +145,6 @@ def link(monkeypatch):
         host.wait()
 
 
-def _wait_stopped(pid, timeout=60.0):
-    """Until every thread of process ``pid`` is stopped (state T in /proc)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except FileNotFoundError:
-                pass
-        if states and all(st in "tT" for st in states):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not stop within {timeout:g} s of SIGSTOP")
-
-
 @pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL"])
 def test_a_store_whose_host_stops_or_dies_fails_every_call_within_its_bound(link, how):
     from paddle_acp.runtime.coord import CoordinationError
@@ -175,7 +158,10 @@ def test_a_store_whose_host_stops_or_dies_fails_every_call_within_its_bound(link
     if how == "SIGKILL":
         host.wait()
     else:  # kill() returns before the host stops: on a loaded machine its store answered one more call
-        _wait_stopped(host.pid)
+        deadline = time.monotonic() + 60
+        while not stopped(host.pid):
+            assert time.monotonic() < deadline, "the store's host did not stop within 60 s of SIGSTOP"
+            time.sleep(0.01)
     t0 = time.monotonic()
     with pytest.raises(CoordinationError, match="rank 0 is gone or unreachable"):
         coord.arrivals("p")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from support.coord import COORDINATIONS, coord_env
-from support.e2e import JOB_ID, REPO, SCRIPT, script_env
+from support.e2e import JOB_ID, REPO, SCRIPT, script_env, stopped
 
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.layout import MANIFEST_NAME, parse_final
@@ -26,18 +26,6 @@ RANGE = "_range_0"
 WAIT = {"PADDLE_ACP_BUSY_POLICY": "wait"}  # every save is attempted
 # an error logged by paddle-acp (its own handler's format, or Paddle's when Paddle configured logging first)
 ERROR_LINE = re.compile(r"^(?:\[paddle_acp\] ERROR |\[[-0-9 :,]+\] \[ *ERROR\] )", re.M)
-
-
-def stopped(pid):
-    """Every thread of ``pid`` is stopped (the SIGSTOP took effect)."""
-    states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except FileNotFoundError:
-            continue
-    return bool(states) and all(s in ("T", "t") for s in states)
 
 
 def wait_for(pred, timeout, what, procs=(), logs=()):

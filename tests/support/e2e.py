@@ -316,3 +316,15 @@ def tree_files(root):
         for n in dirs + files:
             out.append(os.path.relpath(os.path.join(d, n), root))
     return sorted(out)
+
+
+def stopped(pid):
+    """Every thread of ``pid`` is stopped (the SIGSTOP took effect)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            continue
+    return bool(states) and all(s in ("T", "t") for s in states)
