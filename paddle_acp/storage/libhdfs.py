@@ -32,7 +32,7 @@ class _FileInfo(ctypes.Structure):
 class LibhdfsLister:
     """Directory listings of one NameNode as one user, in one ``getListing`` RPC each (a restart lists 3 times)."""
 
-    _cache: Dict[Tuple[str, int, Optional[str]], Optional["LibhdfsLister"]] = {}
+    _cache: Dict[Tuple[int, str, int, Optional[str]], Optional["LibhdfsLister"]] = {}
     _cache_lock = threading.Lock()
 
     def __init__(self, lib: Any, handle: int):
@@ -42,8 +42,9 @@ class LibhdfsLister:
     @classmethod
     def connect(cls, host: str, port: int, user: Optional[str], conf: Dict[str, str]) -> Optional["LibhdfsLister"]:
         """The process's lister for this NameNode and user (Hadoop's FileSystem cache shares one client among
-        them: never disconnected, as libhdfs's own handles of the cache), or None where none can be made."""
-        key = (host, port, user)
+        them: never disconnected, as libhdfs's own handles of the cache), or None where none can be made. A forked
+        child makes its own: its parent's client lost its threads in the fork (:mod:`paddle_acp.storage.forks`)."""
+        key = (os.getpid(), host, port, user)
         with cls._cache_lock:
             if key not in cls._cache:
                 try:
