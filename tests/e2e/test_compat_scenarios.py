@@ -96,13 +96,16 @@ def chain(ir, base):
 def results(tmp_path_factory):
     done, errors = {}, {}
 
-    def work(ir):
+    def work(ir, base):
         try:
-            done[ir] = chain(ir, tmp_path_factory.mktemp("compat-%s" % ir))
+            done[ir] = chain(ir, base)
         except BaseException as exc:  # reported by the tests
             errors[ir] = exc
 
-    threads = [threading.Thread(target=work, args=(ir,)) for ir in IRS]
+    # the directories are made here, in one thread: pytest makes its base temporary directory on the first
+    # mktemp (remove, then mkdir), and two threads doing that at once fail with FileExistsError (CI, stop 51)
+    bases = {ir: tmp_path_factory.mktemp("compat-%s" % ir) for ir in IRS}
+    threads = [threading.Thread(target=work, args=(ir, bases[ir])) for ir in IRS]
     for t in threads:
         t.start()
     for t in threads:
