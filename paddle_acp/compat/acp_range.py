@@ -9,6 +9,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from paddle_acp.adapter.programs import auto_checkpoint_name
 from paddle_acp.compat.acp_status import ExeTrainStatus
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.layout import parse_name, position_number
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.runtime.api import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
 from paddle_acp.runtime.range import EpochRange
@@ -112,27 +114,25 @@ class TrainEpochRange:
         if st.manifest_read:
             return st.manifest
         st.manifest_read = True
-        r = self._range
-        if r.restored_from == CONST_CHECKPOINT and r.restored_number is not None:
-            try:
-                st.manifest = r.checkpointer.read_manifest(r.restored_number)
-            except Exception as exc:  # pruned meanwhile: statuses then say memory_init
-                logger.debug("cannot re-read checkpoint %s: %s", r.restored_number, exc)
+        loaded = self._range.restorer.loaded  # (its manifest stays once its tensors are restored)
+        st.manifest = loaded.manifest if loaded is not None else None
         return st.manifest
 
     def _last_checkpoint(self) -> Union[Tuple[int, str], Tuple[None, None]]:
+        """The number and path of the range's newest committed checkpoint (a global one's number is its
+        position's, as its manifest records it)."""
         r = self._range
         try:
-            numbers = r.checkpointer.committed_numbers()
+            newest = index.entries(r.storage, r.cfg.job_id, r.name)
         except Exception as exc:
             logger.debug("cannot list checkpoints of range %s: %s", r.name, exc)
-            numbers = []
-        if not numbers:
+            newest = []
+        if not newest:
             return None, None
-        from paddle_acp.format.layout import final_name
-
-        n = numbers[-1]
-        return n, r.storage.full(f"{r.checkpointer.dir}/{final_name(n)}")
+        e = newest[0]
+        pos = parse_name(e.name)
+        number = e.number if pos is None else position_number(*pos)
+        return number, r.storage.full(e.path)
 
     @property
     def _exe_status(self) -> Dict[str, ExeTrainStatus]:

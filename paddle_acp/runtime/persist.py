@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional
 from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import AcpError, StorageError
+from paddle_acp.format.checkpoints import index
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
@@ -128,7 +129,7 @@ class Persister:
         check_main_thread("checkpointing")
         if self.several_ranks and not self._base_checked:
             self._check_base()
-        if self.several_ranks and self.rank == 0:
+        if self.rank == 0:
             interrupt.watch(self.global_checkpointer.committer)  # Ctrl-C ends rank 0's waits for parts at once
         t0 = time.perf_counter()
         extra = self.position.step_extra()
@@ -272,7 +273,7 @@ class Persister:
         try:
             self.schedule.close()
             self.saver.wait(for_previous=False)  # the final save (its own line says when it committed)
-            if self.several_ranks and self.rank == 0:  # rank 0's commits still waiting for parts (bounded by their deadlines)
+            if self.is_writer and self.rank == 0:  # rank 0's commits still waiting for parts (bounded by their deadlines)
                 self.global_checkpointer.committer.wait_all()
                 self.saver.wait(for_previous=False)  # a commit's error that ends training
             if self.is_writer:
@@ -290,10 +291,10 @@ class Persister:
             STATE.final_save_failures.append(f"range {self.name} of job {self.cfg.job_id}: {error}")
             return
         try:
-            numbers = self.checkpointer.committed_numbers()
+            newest = index.entries(self.storage, self.cfg.job_id, self.name)
         except AcpError:
-            numbers = []
-        then = f"resumes from checkpoint {numbers[-1]}" if numbers else "starts from scratch"
+            newest = []
+        then = f"resumes from checkpoint {newest[0].label}" if newest else "starts from scratch"
         msg = (
             f"range {self.name} of job {self.cfg.job_id}: the FINAL checkpoint (epoch {self.position.epoch_no}) was NOT "
             f"saved ({error}); a restart {then} and trains the remaining epochs again. "

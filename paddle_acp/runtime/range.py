@@ -98,9 +98,12 @@ class EpochRange:
         self.checkpointer = Checkpointer(storage, cfg.job_id, name, cfg.max_to_keep, fence=opened.fence,
                                          single_writer=cfg.trainer_id == 0, cache=opened.cache,
                                          memory_budget=opened.memory_budget)
+        # every writer writes global checkpoints: a one-process job is a job of world size 1 (its one part,
+        # its own commit); a trainer > 0 without PADDLE_TRAINERS_NUM writes nothing and reads rank 0's
         self.global_checkpointer = GlobalCheckpointer(
-            storage, cfg.job_id, name, cfg.trainer_id, cfg.world_size or 1, cfg.max_to_keep, cfg.part_timeout,
-            fence=opened.fence, cache=opened.rank_cache, memory_budget=opened.memory_budget)
+            storage, cfg.job_id, name, cfg.trainer_id if self.several_ranks else 0, cfg.world_size or 1,
+            cfg.max_to_keep, cfg.part_timeout, fence=opened.fence, cache=opened.rank_cache,
+            memory_budget=opened.memory_budget)
         self.script = script if script is not None else ScriptState(name, {}, {})
         self.position = Position()
         # every copy between the scope's tensors and checkpoint bytes (a save's into the snapshot arena, a
@@ -279,7 +282,7 @@ class EpochRange:
     def _committed(self) -> None:
         """Block until every checkpoint taken so far is committed (rank 0 of several: globally)."""
         self.persister.saver.wait(for_previous=False)
-        if self.several_ranks and self.cfg.trainer_id == 0:
+        if self.is_writer and self.cfg.trainer_id == 0:
             self.global_checkpointer.committer.wait_all()
 
     def _save_at_step(self, rng: Optional[Dict[str, Any]], objects: Optional[Dict[str, Any]]) -> None:

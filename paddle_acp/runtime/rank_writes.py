@@ -37,9 +37,9 @@ class RankWrites:
 
     def choose(self) -> Tuple[Optional[str], Only, Optional[Dict[str, Any]]]:
         """At a save: (the state's mode, the tensors this rank takes, the share record of a spread checkpoint);
-        one writer: (None, None, None), it takes them all. The mode is logged when it changes."""
+        one process: ('replicated', None, None), it takes them all. The mode is logged when it changes."""
         if not self.several_ranks:
-            return None, None, None
+            return "replicated", None, None
         mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
         if mode != self._mode_logged:
             logger.info("range %s: rank %d of %d saves %s state (%s)", self.name, self.rank, self.cfg.world_size, mode, why)

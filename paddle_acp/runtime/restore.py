@@ -70,7 +70,7 @@ class Restorer:
                                  start_fresh=cfg.start_fresh)
         finally:
             self.checkpointer.landing = self.global_checkpointer.landing = None
-        if self.several_ranks:
+        if self.several_ranks or self.rank == 0:  # every writer (a trainer > 0 of no world size writes nothing)
             self.global_checkpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
             self.global_checkpointer.discard_newer(loaded.position_key if loaded is not None else None)
         if loaded is not None:
@@ -107,7 +107,7 @@ class Restorer:
         held = m.range.epoch_no
         holds = (f"the state after epoch {held}" if self.resume_step is None
                  else f"the state after {self.resume_step} steps of epoch {held}")
-        if self.loaded.global_manifest is not None:
+        if self.loaded.global_manifest is not None and self.several_ranks:
             logger.info(
                 "range %s of job %s: rank %d resuming at %s from global checkpoint %s (%s, %s): it holds %s",
                 self.name, self.cfg.job_id, self.rank, at, self.loaded.name, self.loaded.path,
@@ -115,8 +115,8 @@ class Restorer:
             )
         else:
             logger.info(
-                "range %s of job %s: resuming at %s from checkpoint %d (%s): it holds %s",
-                self.name, self.cfg.job_id, at, m.number, self.loaded.path, holds,
+                "range %s of job %s: resuming at %s from checkpoint %s (%s): it holds %s",
+                self.name, self.cfg.job_id, at, self.loaded.name, self.loaded.path, holds,
             )
 
     def restore_step_state(self, extra: Dict[str, Any], script: ScriptState) -> None:
@@ -141,17 +141,17 @@ class Restorer:
             if clash:
                 raise CheckpointError(
                     f"training program {entry.key} ({entry.info.label}) does not match any program in checkpoint "
-                    f"{m.number} at {self._resumed.path}, yet shares variables with it ({', '.join(clash[:5])}"
+                    f"{self._resumed.name} at {self._resumed.path}, yet shares variables with it ({', '.join(clash[:5])}"
                     f"{', ...' if len(clash) > 5 else ''}): the script's model changed since the checkpoint "
                     "was written. Use a new PADDLE_JOB_ID or remove the old checkpoints."
                 )
             logger.warning(
-                "range %s: training program %s is not in checkpoint %d; it starts from its current state",
-                self.name, entry.key, m.number,
+                "range %s: training program %s is not in checkpoint %s; it starts from its current state",
+                self.name, entry.key, self._resumed.name,
             )
             return False
         entry.restore(self._resumed, rec.lr_scheduler, self.stager)
-        logger.info("range %s: restored program %s from checkpoint %d", self.name, entry.key, m.number)
+        logger.info("range %s: restored program %s from checkpoint %s", self.name, entry.key, self._resumed.name)
         if not self._resumed.arrays:
             self._release()
         return True
@@ -205,7 +205,7 @@ class Restorer:
         if bad:
             self._release()
             raise CheckpointError(
-                f"range {self.name} of job {self.cfg.job_id} finished in checkpoint {m.number} at {self._resumed.path}, "
+                f"range {self.name} of job {self.cfg.job_id} finished in checkpoint {self._resumed.name} at {self._resumed.path}, "
                 f"but the model changed since: {len(bad)} variable(s) differ ({'; '.join(bad[:5])}"
                 f"{'; ...' if len(bad) > 5 else ''}). Nothing was written into the scope. Use a new PADDLE_JOB_ID "
                 "or remove the old checkpoints to train the new model."

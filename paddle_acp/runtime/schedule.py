@@ -99,11 +99,6 @@ class SaveSchedule:
         so_far = time.monotonic() - since
         return max(0.0, max(self._persists) - so_far) if self._persists else so_far
 
-    def persist_took(self, seconds: float) -> None:
-        """One writer: the persist in flight ended after ``seconds`` (on the saver's thread)."""
-        self._persists.append(seconds)
-        self._persist_since = None
-
     def saved(self) -> None:
         """A checkpoint was taken now."""
         self.last_save = time.monotonic()
@@ -131,6 +126,10 @@ class SaveSchedule:
             self.agreement.tell(Planner.persist_started)
 
     def persist_ended(self) -> None:
-        """Several ranks: a checkpoint's persist ended (rank 0: its global commit was decided)."""
+        """A checkpoint's persist ended (rank 0: its global commit was decided; on the saver's or the committer's
+        thread): ``auto`` expects the next to take as long; several ranks: rank 0 sizes its plan by it."""
+        since, self._persist_since = self._persist_since, None
+        if since is not None:
+            self._persists.append(time.monotonic() - since)
         if self.agreement is not None:
             self.agreement.tell(Planner.persist_ended)

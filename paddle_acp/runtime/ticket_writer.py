@@ -2,8 +2,8 @@
 
 The :class:`~paddle_acp.runtime.persist.Persister` takes a snapshot and hands it, in a
 :class:`~paddle_acp.runtime.saver.SaveTicket`, to the :class:`~paddle_acp.runtime.saver.Saver` this writer owns.
-On the saver's thread the writer has the checkpointer write it (one writer's checkpoint, or this rank's part of a
-global checkpoint, whose commit rank 0 decides on its committer's thread), then records the outcome: the metrics
+On the saver's thread the writer has the checkpointer write this rank's part of a global checkpoint (a one-process
+job is a job of world size 1), whose commit rank 0 decides on its committer's thread, then records the outcome: the metrics
 log's record, the log line, and the error of the last save that ended (reported when the range closes).
 """
 
@@ -33,7 +33,7 @@ class TicketWriter:
     name: str
     cfg: _config.CheckpointConfig
     checkpointer: Checkpointer
-    global_checkpointer: GlobalCheckpointer  # several ranks: every rank writes its part, rank 0 commits
+    global_checkpointer: GlobalCheckpointer  # every rank writes its part, rank 0 commits (one process: rank 0 of 1)
     metrics: MetricsLog
     schedule: SaveSchedule
     buffers: SnapshotBuffers
@@ -49,32 +49,7 @@ class TicketWriter:
                            stall_s=ticket.stall_seconds, waited_s=ticket.waited_seconds,
                            policy=self.schedule.busy_policy, queued=bool(ticket.queued),
                            skipped_before=ticket.skipped_before or 0)
-        try:
-            if self.cfg.multi_rank:
-                self._persist_part(ticket, record, t0)
-                return
-            try:
-                written = self.checkpointer.save(snap)
-            except BaseException as exc:
-                self._record_failure(record, exc, t0)
-                raise
-            finally:
-                self.schedule.persist_took(time.perf_counter() - t0)
-        finally:
-            if snap.stream is not None:  # a save that failed before its data was written frees the copy
-                snap.stream.abort("the checkpoint was not written")
-        self.last_error = None
-        number, nbytes = written.number, written.data_size
-        dt = time.perf_counter() - t0
-        mbps = nbytes / dt / 1e6 if dt > 0 else 0.0
-        record, stall = self._streamed_record(ticket, record)
-        self.metrics.add(record.saved(number=number, nbytes=nbytes, persist_s=dt))
-        self._flush(ticket.durable)
-        logger.info(
-            "range %s: saved checkpoint %d (epoch %d%s): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
-            self.name, number, snap.range.epoch_no, "" if snap.range.step is None else f" step {snap.range.step}",
-            nbytes, stall, dt, mbps,
-        )
+        self._persist_part(ticket, record, t0)
 
     def _flush(self, durable: bool) -> None:
         """A durable save's metrics are written at once; the others' when due."""
@@ -104,13 +79,16 @@ class TicketWriter:
         synchronous saver, waits for it): the metrics record and log line come when it is decided."""
         snap = ticket.snap
         try:
-            assert snap.mode is not None  # decided by Persister.save() for every save of several ranks
+            assert snap.mode is not None  # decided by Persister.save() for every save
             res = self.global_checkpointer.save(snap, snap.mode, wait=ticket.durable or not self.saver.async_save,
                                                 part_wait=ticket.part_wait)
         except BaseException as exc:
             self.schedule.persist_ended()
             self._record_failure(record, exc, t0)
             raise
+        finally:
+            if snap.stream is not None:  # a save that failed before its data was written frees the copy
+                snap.stream.abort("the checkpoint was not written")
         self.last_error = None
         record, stall = self._streamed_record(ticket, record)
         at = f"epoch {snap.range.epoch_no}" + ("" if snap.range.step is None else f" step {snap.range.step}")
@@ -138,6 +116,10 @@ class TicketWriter:
         if committed is None:
             logger.info("range %s: rank %d wrote its part of checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s",
                         self.name, self.cfg.trainer_id, done.name, done.at, done.nbytes, done.stall, dt)
+        elif committed and not self.cfg.multi_rank:  # one process: a job of world size 1
+            mbps = done.nbytes / dt / 1e6 if dt > 0 else 0.0
+            logger.info("range %s: saved checkpoint %s (%s): %d bytes, stall %.3f s, persist %.3f s, %.1f MB/s",
+                        self.name, done.name, done.at, done.nbytes, done.stall, dt, mbps)
         elif committed:
             logger.info("range %s: saved global checkpoint %s (%s, %d ranks, %s): %d bytes of rank 0, stall %.3f s, "
                         "persist %.3f s (%.3f s waiting for the other parts)", self.name, done.name, done.at,

@@ -191,7 +191,7 @@ def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, ve
             info.manifest = Manifest.loads(raws[0])
             info.ranks = sorted(raws)
             info.status = OK
-            info.reason = f"{gm.world_size} ranks, {gm.mode}"
+            info.reason = "1 rank" if gm.world_size == 1 else f"{gm.world_size} ranks, {gm.mode}"
             if verify:
                 global_reader.verify(e.name)
                 info.status = VERIFIED

@@ -1,4 +1,4 @@
-"""Checkpoints written by the last release (3b12adc) restore exactly with today's code, and its tools handle them.
+"""Checkpoints written by the last release (1276c34) restore exactly with today's code, and its tools handle them.
 
 The fixtures are built once per session from the release's own code (tests/support/old_fixtures.py): the
 one-process layout on PIR and legacy IR, mid-epoch checkpoints with the script's own state (a Value, a

@@ -33,7 +33,7 @@ def run(tmp_path, epochs, *args, interval="0"):
 
 def test_final_save_with_nothing_in_flight_logs_no_wait(tmp_path):
     out = run(tmp_path, 2, interval="900")  # one checkpoint only: after the last epoch
-    assert "saved checkpoint 0 (epoch 1)" in out, out[-4000:]
+    assert "saved checkpoint ckpt-e1 (epoch 1)" in out, out[-4000:]
     assert "waited" not in out, out[-4000:]
 
 

@@ -65,7 +65,7 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_saves_exits_143_an
     rc, err, workers = stop_group_at_step(out, ck, signal.SIGTERM)
     assert rc == 143, err[-3000:]
     assert "SystemError" not in err and "exited unexpectedly" not in err
-    assert "saved checkpoint 1 (epoch 1 step 4)" in err
+    assert "saved checkpoint ckpt-e1-s4 (epoch 1 step 4)" in err
     assert [w for w in workers if running(w)] == []  # the workers ended with the process, none left behind
     _, order = steps(out)
     assert order[-1][0] == (1, 3)

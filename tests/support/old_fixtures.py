@@ -23,7 +23,7 @@ import numpy as np
 
 from support.e2e import JOB_ID, REPO, script_env
 
-OLD_RELEASE = "3b12adc"  # the last landed release
+OLD_RELEASE = "1276c34"  # the last landed release (its one process writes the ckpt-N layout)
 SCRIPT = os.path.join(REPO, "tests", "scripts", "fixture_train.py")
 CACHE = os.path.join(REPO, ".cache", "old_fixtures")
 RANGE = "_range_0"

@@ -92,21 +92,22 @@ class Entry:
 
 
 def entries(storage: Storage, job_id: str, range_name: str, uncommitted: bool = False,
-            listing: Optional[List[StorageEntry]] = None) -> List[Entry]:
+            listing: Optional[List[StorageEntry]] = None, committed_now: Sequence[str] = ()) -> List[Entry]:
     """The committed checkpoints of a range (with ``uncommitted``, also directories that are not: leftovers of
     interrupted saves, abandoned checkpoints of several ranks), newest first, in the order a restart tries them.
 
     Single-writer checkpoints are ordered by number, unless a committed checkpoint of several ranks exists:
     then every checkpoint is ordered by training position, a ``ckpt-N``'s read from its manifest (one that
     cannot be read sorts below every position). At one position the checkpoint of several ranks comes
-    first, then the higher number. Reads manifests only where positions are needed; verifies nothing."""
+    first, then the higher number. Reads manifests only where positions are needed; verifies nothing.
+    ``committed_now``: checkpoints of several ranks whose ``global.json`` the caller has just written (not looked up)."""
     parent = range_dir(job_id, range_name)
     listing = storage.listdir(parent) if listing is None else listing
     out: List[Entry] = []
     for e in listing:
         pos = parse_name(e.name) if e.is_dir else None
         if pos is not None:
-            committed = storage.exists(f"{parent}/{e.name}/{GLOBAL_NAME}")
+            committed = e.name in committed_now or storage.exists(f"{parent}/{e.name}/{GLOBAL_NAME}")
             if committed or uncommitted:
                 out.append(Entry(e.name, GLOBAL, -1, position_key(*pos), committed, f"{parent}/{e.name}"))
     by_position = any(g.committed for g in out)

@@ -1,29 +1,18 @@
-"""Every rank's state, one global commit.
+"""GlobalCheckpointer: every rank's part and one global commit, for a job of any world size (one process: 1).
 
-Layout of a checkpoint taken by a job of several ranks (``PADDLE_TRAINERS_NUM`` > 1)::
+Layout (``W`` = ``PADDLE_TRAINERS_NUM``, 1 for a job of one process)::
 
-    {job}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/tensors.bin     rank k's part (its data)
+    {job}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/tensors.bin     rank k's part (its data), k < W
     {job}/range/{range}/ckpt-e{E}[-s{S}]/rank-{k}/manifest.json   the part's manifest (written last)
     {job}/range/{range}/ckpt-e{E}[-s{S}]/global.json              written last, by rank 0: the commit
 
-The checkpoint's name is its training position (epoch ``E`` done, or step ``S``
-of epoch ``E``), which every rank derives alike: a rank that skips or fails a
-save never shifts the others' numbering. Each rank writes its part (renamed
-into place from ``rank-{k}.tmp-g<G>-<id>`` where renames are atomic, G its
-fencing generation; on S3 its manifest, written last, commits it). Rank 0 then
-waits, bounded by ``PADDLE_ACP_PART_TIMEOUT``, for every rank's part of the same
-position, checks each (:mod:`~paddle_acp.format.commit.part_commit`: a part whose
-recorded generation is not the newest of its rank is a superseded process's and
-is never committed), and writes ``global.json`` listing every part with the CRC32 of
-its manifest and the topology (world size, mode, each rank's program
-fingerprints). Until then nothing of the checkpoint is visible; a part that
-does not come abandons it. Restore (:mod:`.rank_restore`) picks the newest checkpoint whose global
-manifest verifies and carries no mark; each rank then reads, verifies against the
-global manifest's records and loads only the parts it uses (its own; replicated
-mode: rank 0's tensors, or the share writers' shares of them when the ranks spread
-the writes, :mod:`.shares`; its own RNG and loader), so a rank's restore costs the
-same storage calls at any world size. A rank that rejects a part marks the copy bad
-and stops, never falls back alone (:mod:`.verdict`); the operator tools check every part.
+The name is the training position (epoch ``E`` done, or step ``S`` of epoch ``E``), which every rank derives alike.
+Each rank writes its part (renamed into place from ``rank-{k}.tmp-g<G>-<id>`` where renames are atomic, G its fencing
+generation; on S3 its manifest, written last, commits it). Rank 0 waits, bounded by ``PADDLE_ACP_PART_TIMEOUT``, for
+every part of the position, checks each (:mod:`~paddle_acp.format.commit.part_commit`: a superseded process's part is
+never committed) and writes ``global.json`` listing every part with the CRC32 of its manifest and the topology; a part
+that does not come abandons the position. Restore (:mod:`.rank_restore`) loads, on each rank, only the parts it uses;
+a rank that rejects a part of several marks the copy bad and stops, never falls back alone (:mod:`.verdict`).
 """
 
 from __future__ import annotations
@@ -44,6 +33,7 @@ from paddle_acp.format.commit.part_commit import PartCommitMixin
 from paddle_acp.format.commit.retention import delete_old, preserve, to_delete
 from paddle_acp.format.engine.reader import Landing
 from paddle_acp.format.engine.snapshot import Snapshot
+from paddle_acp.format.engine.writer import is_out_of_space
 from paddle_acp.format.layout import (
     GLOBAL_NAME,
     MANIFEST_NAME,
@@ -191,7 +181,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         timeout = self.part_timeout if part_wait is None else min(part_wait, self.part_timeout)
         epoch_no, step = snap.range.epoch_no, snap.range.step
         pending = self.committer.submit(name, timeout, lambda t: self._commit_and_retain(name, epoch_no, step, mode, timeout, t))
-        if not wait:
+        if not wait and self.world_size > 1:  # (one rank: no part to wait for, the commit is the save's last step)
             return SaveResult(name, nbytes, None, pending=pending)
         committed = pending.wait()
         return SaveResult(name, nbytes, committed, pending.waited, pending)
@@ -230,23 +220,62 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
-        try:
-            pending.prepare()  # (inside the try: a Ctrl-C right after its directory is made still removes it)
-            written = self._part_checkpointer.write(pending, snap, number)
-        except BaseException:
-            if copy is not None:
-                copy.abort()
+        while True:
             try:
-                pending.abort()
-            except Exception as exc:  # removed by this rank's next save or restart
-                logger.debug("could not remove %s: %s", pending.path, exc)
-            raise
+                pending.prepare()  # (inside the try: a Ctrl-C right after its directory is made still removes it)
+                written = self._part_checkpointer.write(pending, snap, number)
+                break
+            except BaseException as exc:
+                try:
+                    pending.abort()
+                except Exception as why:  # removed by this rank's next save or restart
+                    logger.debug("could not remove %s: %s", pending.path, why)
+                if isinstance(exc, StorageError) and is_out_of_space(exc) and self._make_space(name, exc):
+                    pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank),
+                                             strategy=self.commit_strategy, generation=gen)
+                    continue
+                if copy is not None:
+                    copy.abort()
+                raise
         if copy is not None:  # the part is committed on the remote; restore uses the copy
             copy.commit(name, written.manifest)  # only once the global manifest names these bytes
         for old in list(self.own_manifests)[:-3]:  # (the newest few: a commit reads its own position's)
             del self.own_manifests[old]
         self.own_manifests[name] = written.manifest
         return written.data_size
+
+    def _make_space(self, name: str, cause: BaseException) -> bool:
+        """The storage is full while this job of one rank writes ``name``: delete the oldest committed checkpoint
+        older than the newest valid one (its data verified here, from the storage itself), never that one nor one of
+        a newer format. False when there is none (or with several ranks, whose retention alone deletes)."""
+        if self.world_size != 1 or self.rank != 0:
+            return False
+        committed = [g for g in self.scan() if g.committed]
+        newest_valid: Optional[GlobalEntry] = None
+        cache, self.cache = self.cache, None  # the storage's own copy, never a node-local one: it is what is full
+        try:
+            for g in reversed(committed):
+                try:
+                    self.load(g.name, None).close()
+                except (CheckpointError, StorageError) as exc:
+                    logger.debug("checkpoint %s is not usable: %s", g.name, exc)
+                    continue
+                newest_valid = g
+                break
+        finally:
+            self.cache = cache
+        older = [g for g in committed if newest_valid is not None and g.key < newest_valid.key and self._deletable(g)]
+        if not older:
+            logger.error("checkpoint %s of %s/%s does not fit (%s) and no older checkpoint can be deleted (the newest "
+                         "valid one, %s, is always kept): free space on the storage", name, self.storage.uri, self.dir,
+                         cause, newest_valid.name if newest_valid is not None else "none")
+            return False
+        assert newest_valid is not None
+        logger.warning("storage full while writing checkpoint %s of %s/%s: deleting the oldest checkpoint %s to make "
+                       "space (the newest valid one, %s, is kept)", name, self.storage.uri, self.dir, older[0].name,
+                       newest_valid.name)
+        delete_old(self.storage, self.job_id, self.dir, [older[0].name], self.fence)
+        return True
 
     def declare_absent(self, name: str, reason: str) -> Optional[str]:
         """Say on storage that this rank has no part at position ``name`` (its save failed, or it does not
@@ -310,23 +339,24 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
 
     def apply_retention(self, keep: Optional[int] = None, listing: Optional[List[Entry]] = None,
                         committed_now: Collection[str] = ()) -> List[str]:
-        """Rank 0: remove what :func:`~paddle_acp.format.commit.retention.preserve` lets go (older than the newest
-        ``keep`` committed, abandoned ones older than the newest commit). Returns the names removed. ``listing`` and
-        ``committed_now``: see :meth:`scan` (the commit just made lists the range no second time)."""
+        """Rank 0: remove what :func:`~paddle_acp.format.commit.retention.preserve` lets go of both layouts (older than
+        the newest ``keep`` committed, abandoned ones older than the newest commit; an earlier release's ``ckpt-N``
+        counts at its position, its leftovers are not touched). Returns the names removed. ``listing`` and
+        ``committed_now``: of the range, as the commit just made saw it (it lists the range no second time)."""
         keep = self.max_to_keep if keep is None else keep
-        entries = self.scan(listing, committed_now)
-        committed = [g for g in entries if g.committed]
+        entries = index.entries(self.storage, self.job_id, self.range_name, True, listing, list(committed_now))
+        committed = [e for e in entries if e.committed]
         if not committed:
             return []
-        newest = committed[-1].key
+        newest = committed[0].key
         # newer formats: neither counted nor deleted (looked at only when more than ``keep`` are committed)
-        known = self._deletable if len(committed) > keep else lambda g: True
-        gone = [g.name for g in to_delete(entries[::-1], preserve(entries[::-1], keep, lambda g: g.committed, known,
-                                                                  lambda g: not g.committed and g.key < newest))]
+        known = self._deletable if len(committed) > keep else lambda e: True
+        gone = [e.name for e in to_delete(entries, preserve(entries, keep, lambda e: e.committed, known, lambda e: (
+            not e.committed and e.layout == index.GLOBAL and e.key < newest)))]
         delete_old(self.storage, self.job_id, self.dir, gone, self.fence)
         return gone
 
-    def _deletable(self, g: GlobalEntry) -> bool:
+    def _deletable(self, g: "GlobalEntry | index.Entry") -> bool:
         """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
         known = self._known_format.get(g.name)
         if known is None:

@@ -160,8 +160,9 @@ class RankRestore(GlobalReader):
         self.base_crc = g.crc32 if g is not None and g.name == self.base else None
 
     def check_base(self) -> None:
-        """RestartRequiredError when a rank marked the copy this incarnation resumed from bad."""
-        if self.base is None or self.base_crc is None:
+        """RestartRequiredError when a rank marked the copy this incarnation resumed from bad (one rank: no other
+        rank reads it, and its own restore read the marks)."""
+        if self.base is None or self.base_crc is None or self.world_size == 1:
             return
         ckdir = f"{self.dir}/{self.base}"
         ranks = verdict.marks(self.storage, ckdir, self.base_crc)
