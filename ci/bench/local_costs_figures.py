@@ -239,7 +239,7 @@ def bench_one(args):
             run_parallel(copy_job, jobs)
             return t_read, time.perf_counter() - t0
 
-        files = glob.glob(os.path.join(uri, "default", "range", "_range_0", "ckpt-*", "tensors.bin")) + [os.path.join(work, "raw.bin")]
+        files = glob.glob(os.path.join(uri, "default", "range", "_range_0", "ckpt-*", "rank-0", "tensors.bin")) + [os.path.join(work, "raw.bin")]
         floor_pairs, read_times = [], []
         for r in range(args.rounds):
             for p in files:

@@ -20,7 +20,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-REL = "bench-restore/range/_range_0/ckpt-0/tensors.bin"
+REL = "bench-restore/range/_range_0/ckpt-e0/rank-0/tensors.bin"
 VARIANTS = [(4, False), (4, True), (1, False), (2, True)]
 
 

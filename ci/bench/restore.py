@@ -241,7 +241,7 @@ def main(argv=None) -> int:
             saved = subprocess.run(me + ["save", str(mb), "-"], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
             if saved.returncode != 0:
                 raise RuntimeError(f"the save failed (rc {saved.returncode}): {saved.stderr[-3000:]}")
-            rel = f"{JOB}/range/_range_0/ckpt-0/tensors.bin"
+            rel = f"{JOB}/range/_range_0/ckpt-e0/rank-0/tensors.bin"
             data = os.path.join(uri, rel) if srv is None else rel
             if srv is None:
                 size = os.path.getsize(data)

@@ -10,7 +10,6 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 from paddle_acp.adapter.programs import auto_checkpoint_name
 from paddle_acp.compat.acp_status import ExeTrainStatus
 from paddle_acp.format.checkpoints import index
-from paddle_acp.format.layout import parse_name, position_number
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.runtime.api import CONST_CHECKPOINT, CONST_MEMORYINIT, active_range
 from paddle_acp.runtime.range import EpochRange
@@ -27,6 +26,7 @@ class _RangeState:
         self.statuses: Dict[str, ExeTrainStatus] = {}
         self.manifest: Optional[Manifest] = None
         self.manifest_read = False
+        self.numbers: Dict[str, int] = {}  # Paddle's checkpoint_no of each checkpoint seen, by name
 
 
 _states: "weakref.WeakKeyDictionary[EpochRange, _RangeState]" = weakref.WeakKeyDictionary()
@@ -119,8 +119,11 @@ class TrainEpochRange:
         return st.manifest
 
     def _last_checkpoint(self) -> Union[Tuple[int, str], Tuple[None, None]]:
-        """The number and path of the range's newest committed checkpoint (a global one's number is its
-        position's, as its manifest records it)."""
+        """The number and path of the range's newest committed checkpoint. The number is Paddle's
+        ``checkpoint_no``: a counter, 0 for the range's first checkpoint, one more for each later one. An
+        earlier release's ``ckpt-N`` has its N; a checkpoint named by its position (``ckpt-e<E>[-s<S>]``)
+        gets the next number after those seen before it (at the first look, its rank among the
+        range's committed checkpoints, oldest first: the counter where nothing was pruned yet)."""
         r = self._range
         try:
             newest = index.entries(r.storage, r.cfg.job_id, r.name)
@@ -130,8 +133,15 @@ class TrainEpochRange:
         if not newest:
             return None, None
         e = newest[0]
-        pos = parse_name(e.name)
-        number = e.number if pos is None else position_number(*pos)
+        if e.layout == index.SINGLE:
+            return e.number, r.storage.full(e.path)
+        numbers = self._state.numbers
+        number = numbers.get(e.name)
+        if number is None:
+            below = [x.number for x in newest if x.layout == index.SINGLE]  # an earlier release's, older
+            number = max(len(newest) - 1, max(below, default=-1) + sum(x.layout == index.GLOBAL for x in newest),
+                         max(numbers.values(), default=-1) + 1)
+            numbers[e.name] = number
         return number, r.storage.full(e.path)
 
     @property

@@ -115,6 +115,8 @@ def _part_rows(res: InspectResult) -> List[Tuple[str, str]]:
         what = "its share" if p["rank"] < n else "no tensors (not a share writer)"
         return [("written by", f"{p['world_size']} ranks ({p['mode']}, {who}); "
                                f"this is the part of rank {p['rank']}, {what}{more}")]
+    if p["world_size"] == 1:
+        return [("written by", "1 rank (a job of one process)")]
     return [("written by", f"{p['world_size']} ranks ({p['mode']}); this is the part of rank {p['rank']}{more}")]
 
 
@@ -130,7 +132,7 @@ def render(res: InspectResult) -> str:
         loads = f"no (a restart loads {res.restart})"
     rows = [
         ("checkpoint", res.uri),
-        ("number", str(m.number)),
+        *([("number", str(m.number))] if res.part is None else []),  # (a position's number: its name says it)
         ("created", fmt_time(m.created)),
         ("job / range", f"{res.job} / {r.name}"),
         *_part_rows(res),
@@ -164,10 +166,11 @@ def render(res: InspectResult) -> str:
 
 def add_ref_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="CHECKPOINT",
-                   help="URI/JOB/range/RANGE/ckpt-N, or the storage root URI with --job/--range/--number")
+                   help="URI/JOB/range/RANGE/ckpt-e<E>[-s<S>] (an earlier release's: ckpt-N), or the storage root URI "
+                   "with --job/--range")
     p.add_argument("--job", help="job id (with a storage root URI; optional when there is one job)")
     p.add_argument("--range", help="range name, e.g. _range_0 (optional when the job has one range)")
-    p.add_argument("--number", type=int, help="checkpoint number (default: the one a restart loads)")
+    p.add_argument("--number", type=int, help="the number N of an earlier release's checkpoint ckpt-N (default: the one a restart loads)")
     p.add_argument("--rank", type=int, metavar="K",
                    help="of a checkpoint of several ranks (ckpt-e<E>[-s<S>]): the part of rank K (default 0)")
 

@@ -8,7 +8,7 @@ import logging
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from paddle_acp.format.layout import parse_name, position_number
+from paddle_acp.format.layout import NO_STEP, parse_name, position_number
 from paddle_acp.format.metrics_record import EVENTS, TIME_MAX, MetricsRecord, MetricsRecordError, is_num
 from paddle_acp.storage.base import Storage
 
@@ -95,10 +95,21 @@ def unrecorded_of(records: List[Record]) -> int:
                 continue
             m, prev = int(restored), last.get(key, -1)
             if m > prev:
-                # one writer's numbers follow each other; positions of several ranks do not: at least one
-                lost += m - prev if m < 1 << 32 else 1
+                lost += _committed_after(prev, m)
                 last[key] = m
     return lost
+
+
+def _committed_after(prev: int, m: int) -> int:
+    """At most how many checkpoints were committed after ``prev`` (-1: none recorded) up to ``m``, both a
+    ``saved`` record's number or position (:func:`~paddle_acp.format.layout.position_number`). One writer's numbers
+    (``ckpt-N``) follow each other; positions at the end of an epoch (``ckpt-eE``: every epoch's checkpoint,
+    a one-process job's too) at most one per epoch; positions within an epoch do not follow each other: at least one."""
+    if m < 1 << 32:
+        return m - prev
+    if m & NO_STEP == NO_STEP and (prev < 0 or (prev >= 1 << 32 and prev & NO_STEP == NO_STEP)):
+        return (m >> 32) - (prev >> 32 if prev >= 0 else 0)
+    return 1
 
 
 def restarts_of(records: List[Record]) -> List[Record]:

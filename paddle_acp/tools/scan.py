@@ -17,7 +17,8 @@ from paddle_acp.format.engine import reader
 from paddle_acp.format.layout import range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage
-from paddle_acp.tools.discovery import short_reason
+from paddle_acp.tools.discovery import short_reason, uri_join
+from paddle_acp.tools.progress import Progress
 from paddle_acp.tools.reading import verify_checkpoint
 
 OK, VERIFIED, CORRUPT, NEWER, UNCOMMITTED = "ok", "verified", "corrupt", "newer-format", "uncommitted"
@@ -105,7 +106,7 @@ def scan_range(
         if e.layout == index.SINGLE:
             infos.append(_single_info(storage, job, range_name, e, verify, quiet_progress, mtimes))
         else:
-            infos.append(_global_info(storage, job, range_name, e, verify, mtimes))
+            infos.append(_global_info(storage, job, range_name, e, verify, quiet_progress, mtimes))
     _mark(infos, lambda i: i if i.valid else _refuse(i))
     return infos
 
@@ -163,7 +164,7 @@ def _manifest_if_valid(storage: Storage, path: str, number: int, range_name: str
         return None
 
 
-def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool,
+def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool, quiet: bool,
                  mtimes: Dict[str, Optional[float]]) -> CkptInfo:
     """A checkpoint of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
     "ok" when the global manifest and every part's manifest verify (and the data files have their
@@ -193,7 +194,7 @@ def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, ve
             info.status = OK
             info.reason = "1 rank" if gm.world_size == 1 else f"{gm.world_size} ranks, {gm.mode}"
             if verify:
-                global_reader.verify(e.name)
+                verify_global(storage, job, range_name, e.name, quiet=quiet)
                 info.status = VERIFIED
         except UnknownFormatError as exc:
             info.status, info.reason = NEWER, short_reason(exc, path)
@@ -218,7 +219,7 @@ def restart_checkpoint(storage: Storage, job: str, range_name: str, infos: List[
         if i.status != VERIFIED:
             try:
                 if i.multirank:  # a checkpoint of several ranks: every part
-                    verify_global(storage, job, range_name, i.name)
+                    verify_global(storage, job, range_name, i.name, quiet=quiet)
                 else:
                     verify_checkpoint(storage, job, range_name, i.number, quiet=quiet)
             except UnknownFormatError as exc:
@@ -247,8 +248,19 @@ def restart_outcome(infos: List[CkptInfo], checked: bool) -> str:
             + "; nothing is deleted, PADDLE_ACP_START_FRESH=1 or a new PADDLE_JOB_ID starts from scratch")
 
 
-def verify_global(storage: Storage, job: str, range_name: str, name: str) -> None:
-    """Every part of a checkpoint of several ranks, every checksum; CorruptCheckpointError otherwise."""
+def verify_global(storage: Storage, job: str, range_name: str, name: str, quiet: bool = False) -> None:
+    """Every part of a checkpoint of several ranks, every checksum; CorruptCheckpointError otherwise.
+    A progress line per part on a terminal (as for a checkpoint of one writer), unless ``quiet``."""
     from paddle_acp.format.checkpoints.global_reader import GlobalReader
 
-    GlobalReader(storage, job, range_name).verify(name)
+    g = GlobalReader(storage, job, range_name)
+    gm, raws = g.check_global(name)
+    for rank in sorted(raws):
+        pdir = g.part_dir(name, rank)
+        with Progress(f"verifying {uri_join(storage.uri, pdir)}", 0, enabled=False if quiet else None) as prog:
+
+            def progress(n: int, total: int, prog: Progress = prog) -> None:
+                prog.total = total
+                prog.update(n)
+
+            reader.verify(storage, pdir, gm.number, range_name, raws[rank], progress)

@@ -6,7 +6,7 @@ step of a small MLP against a remote write, create/close round trips to the name
 What is asserted comes from the metrics records the processes write, never from
 wall-clock thresholds: under the ``skip`` policy saves are skipped rather than
 waited for (the default, ``auto``, waits within a budget: tests/e2e/test_defaults.py), every record says how long the training thread was blocked, checkpoint
-numbers stay consecutive, and a kill, a restart or a SIGTERM never changes the result
+each checkpoint is named by its position, and a kill, a restart or a SIGTERM never changes the result
 (bit-identical to a run without the library).
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from support.e2e import (  # noqa: E402
     script_cmd,
     script_env,
 )
-from support.newest import load_as_restart
+from support.newest import committed, load_as_restart
 from support.server_fixtures import hdfs_server  # noqa: E402,F401  (fixture)
 
 from paddle_acp import (
@@ -124,8 +124,9 @@ def check_saves(recs, epochs=EPOCHS):
     assert not [r for r in recs if r["event"] == "failed"], recs
     # every epoch end either took its checkpoint or skipped it, never both, never neither
     assert sorted([r["epoch"] for r in saved] + [r["epoch"] for r in skipped]) == list(range(epochs)), recs
-    # numbers are consecutive: a skipped save takes no number
-    assert [r["number"] for r in saved] == list(range(len(saved))), saved
+    # each checkpoint is named by its position: the epoch (a skipped save takes none)
+    assert [r["name"] for r in saved] == ["ckpt-e%d" % r["epoch"] for r in saved], saved
+    assert all(r["rank"] == 0 and r["committed"] is True for r in saved), saved
     assert saved[-1]["epoch"] == epochs - 1  # the last epoch is always saved
     for r in saved + skipped:  # the time the training thread was blocked, per save
         assert isinstance(r["stall_s"], float) and r["stall_s"] >= 0, r
@@ -154,7 +155,7 @@ def test_tiny_epochs_on_hdfs_skip_instead_of_waiting(hdfs, reference, tmp_path, 
 
     st = open_storage(uri)
     ck = Checkpointer(st, JOB_ID, "_range_0")
-    assert ck.committed_numbers() == [n for n in (len(saved) - 3, len(saved) - 2, len(saved) - 1) if n >= 0]
+    assert committed(st, JOB_ID) == [r["name"] for r in saved[-3:]]
     assert load_as_restart(ck).manifest.range.epoch_no == EPOCHS - 1
 
     assert cli.main(["stats", uri, "--job", JOB_ID, "--json"]) == 0
@@ -209,8 +210,8 @@ def test_kill_and_resume_on_hdfs_with_skipped_saves(hdfs, reference, tmp_path):
     assert (starts[-1]["restored"] is None) == (resume_at == 0)
     assert len(tools.restarts_of(recs)) == len(starts) - 1
     saved = [r for r in recs if r["event"] == "saved"]
-    # numbering continues across the restart: no number is used twice
-    assert len({r["number"] for r in saved}) == len(saved)
+    # no position is saved twice across the restart
+    assert len({r["name"] for r in saved}) == len(saved)
     assert saved[-1]["epoch"] == EPOCHS - 1
 
 
@@ -243,7 +244,7 @@ def test_sigterm_during_a_persist_commits_the_newest_state(hdfs, reference, tmp_
     loaded.close()
     recs = metrics_of(uri)
     final = [r for r in recs if r["event"] == "saved"][-1]
-    assert final["epoch"] == last and final["number"] == loaded.manifest.number
+    assert final["epoch"] == last and final["name"] == loaded.name
 
     p2 = run_script(out, uri, "pir", *args, env=env)
     assert p2.returncode == 0 and is_done(out), describe(p2)
@@ -327,7 +328,7 @@ def test_mid_epoch_saves_follow_the_policy_on_hdfs(hdfs, tmp_path):
     saved = [r for r in recs if r["event"] == "saved"]
     skipped = [r for r in recs if r["event"] == "skipped"]
     assert [r for r in skipped if r["step"] is not None], "no step checkpoint was skipped"
-    assert len({r["number"] for r in saved}) == len(saved)
+    assert len({r["name"] for r in saved}) == len(saved)
     assert all(r["waited_s"] == 0 for r in saved[:-1] if r["step"] is not None)
 
 

@@ -115,8 +115,9 @@ def _chown(path, uid):
 SCENARIOS = {
     # the cache root group-writable: a group member could have replaced the copy
     "root g+w": (lambda root, copy: os.chmod(root, 0o770), "is writable by group (mode 0770)"),
-    # a directory on the way writable by everyone
-    "range dir o+w": (lambda root, copy: os.chmod(os.path.dirname(copy), 0o757), "is writable by others (mode 0757)"),
+    # a directory on the way writable by everyone (the range's: above the rank-0 directory holding the copy)
+    "range dir o+w": (lambda root, copy: os.chmod(os.path.dirname(os.path.dirname(copy)), 0o757),
+                      "is writable by others (mode 0757)"),
     # the copy's data file belongs to another user
     "data chown": (lambda root, copy: _chown(os.path.join(copy, DATA_NAME), OTHER_UID),
                    f"tensors.bin is owned by uid {OTHER_UID}"),
@@ -133,7 +134,9 @@ def _run_killed(s3, tmp_path):
     out = tmp_path / "out"
     p1 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", KILL_AT, env=env)
     assert p1.returncode == -signal.SIGKILL, describe(p1)
-    copy = os.path.join(str(cache), cache_key(uri, s3_from_env(env).endpoint), JOB_ID, "range", "_range_0", f"ckpt-{KILL_AT - 1}")
+    # one process is a job of one rank: its copies are rank 0's, in the range's rank-0 directory
+    copy = os.path.join(str(cache), cache_key(uri, s3_from_env(env).endpoint), JOB_ID, "range", "_range_0", "rank-0",
+                        f"ckpt-e{KILL_AT - 1}")
     assert os.path.isfile(os.path.join(copy, MANIFEST_NAME)), os.listdir(str(cache))
     return uri, env, out, str(cache), copy
 
@@ -166,7 +169,7 @@ def test_a_copy_only_this_user_can_write_is_used(s3_server, reference, tmp_path)
     p2 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", KILL_AT, env=env)
     assert p2.returncode == 0 and is_done(out), describe(p2)
     used = [ln for ln in p2.stderr.splitlines() if CACHE_LOG in ln]
-    assert len(used) == 1 and f"checkpoint ckpt-{KILL_AT - 1} of " in used[0], describe(p2)
+    assert len(used) == 1 and f"checkpoint ckpt-e{KILL_AT - 1} (part of rank 0) of " in used[0], describe(p2)
     assert REMOTE_LOG not in p2.stderr, describe(p2)
     assert not compare_results(load_result(out), reference), compare_results(load_result(out), reference)
 

@@ -123,22 +123,35 @@ def test_example_resumes_bit_identically(tmp_path, example, kill_after, runner, 
 
 def test_a_restart_without_a_committed_checkpoint_says_so(tmp_path):
     """Issue 42 item 2: the first run, and a restart after a kill in the first checkpoint's persist (its
-    temporary directory written, not committed), each say in one line that there is no committed
-    checkpoint and that training starts at epoch 0; the restart names the unfinished save's leftover."""
+    part's temporary directory ckpt-e0/rank-0.tmp-* written, ckpt-e0 not committed: no global.json), each say
+    in one line that there is no committed checkpoint and that training starts at epoch 0; the restart names
+    the unfinished save's leftover."""
     where = tmp_path / "ckpt"
     range_dir = where / "example" / "range" / "_range_0"
     params = str(tmp_path / "p.npz")
 
+    def inside(name):
+        try:
+            return os.listdir(range_dir / name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def uncommitted():
+        """The position directories without their commit (global.json)."""
+        names = os.listdir(range_dir) if range_dir.is_dir() else []
+        return [n for n in names if n.startswith("ckpt-") and "global.json" not in inside(n)]
+
     def unfinished():
-        return range_dir.is_dir() and any(".tmp-" in n for n in os.listdir(range_dir))
+        return any(any(x.startswith("rank-0.tmp-") for x in inside(n)) for n in uncommitted())
 
     slow = _sim(where, latency_ms=150)  # a persist of ~1 s: the kill lands inside it
     rc, out = _run(_cmd("train_pir.py", params, False, slow), _env(slow), kill_when=unfinished)
     assert rc == -signal.SIGKILL, out
     line = f"no committed checkpoint of range _range_0 in sim://{range_dir}: starting at epoch 0"
     assert out.count(line) == 1 and line + " (" not in out, out  # nothing there at the first start
-    assert not any(n.startswith("ckpt-") and ".tmp-" not in n for n in os.listdir(range_dir))  # none committed
-    leftover = [n for n in os.listdir(range_dir) if ".tmp-" in n]
+    assert not any("global.json" in inside(n) for n in os.listdir(range_dir))  # none committed
+    leftover = uncommitted()
+    assert leftover, os.listdir(range_dir)
     fast = _sim(where)
     rc, out = _run(_cmd("train_pir.py", params, False, fast), _env(fast))
     assert rc == 0, out

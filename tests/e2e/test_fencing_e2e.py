@@ -18,7 +18,7 @@ from support.coord import COORDINATIONS, coord_env
 from support.e2e import JOB_ID, REPO, SCRIPT, script_env, stopped
 
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
-from paddle_acp.format.layout import MANIFEST_NAME, parse_final
+from paddle_acp.format.layout import GLOBAL_NAME
 from paddle_acp.storage import open_storage
 
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
@@ -57,7 +57,7 @@ def kill(*procs):
 
 def test_superseded_single_writer_never_removes_the_new_writers_save(tmp_path):
     """(a) The old writer stops at the start of its first save; a new start of the job is in
-    the middle of its own first save (its ``ckpt-0.tmp-*`` written, not committed) when the old
+    the middle of its own first save (its part ``ckpt-e0/rank-0.tmp-*`` written, not committed) when the old
     one resumes: the old one deletes nothing (the new directory is no leftover of its) and logs
     that it is fenced once; the new save commits and every later one too."""
     ckpt = tmp_path / "ckpt"
@@ -72,11 +72,11 @@ def test_superseded_single_writer_never_removes_the_new_writers_save(tmp_path):
         new = spawn([sys.executable, SCRIPT, "--out", tmp_path / "new"] + args,
                     script_env(ckpt, "pir", {"ACP_TEST_STOP": f"write:{tmp_path / 'new.stop'}", **WAIT}), new_log)
         wait_stopped(new, tmp_path / "new.stop", new_log)
-        in_progress = [n for n in os.listdir(rdir) if n.startswith("ckpt-0.tmp-")]
-        assert len(in_progress) == 1, os.listdir(rdir)
+        in_progress = [n for n in os.listdir(rdir / "ckpt-e0") if n.startswith("rank-0.tmp-")]
+        assert len(in_progress) == 1, os.listdir(rdir / "ckpt-e0")
         os.kill(old.pid, signal.SIGCONT)  # the old writer's save goes on while the new one is mid-save
         wait_for(lambda: (tmp_path / "old.stop.done").exists(), 120, "the old writer's save", [old], [old_log])
-        assert in_progress[0] in os.listdir(rdir), "the superseded writer removed the new writer's save in progress"
+        assert in_progress[0] in os.listdir(rdir / "ckpt-e0"), "the superseded writer removed the new writer's save in progress"
         os.kill(new.pid, signal.SIGCONT)
         assert new.wait(240) == 0, new_log.read_text()[-3000:]
         assert old.wait(240) is not None
@@ -84,14 +84,13 @@ def test_superseded_single_writer_never_removes_the_new_writers_save(tmp_path):
         kill(old, *([new] if new else []))
     old_out, new_out = old_log.read_text(), new_log.read_text()
     assert "checkpoint save failed" not in new_out, new_out[-3000:]
-    committed = sorted(n for n in (parse_final(x) for x in os.listdir(rdir)) if n is not None
-                       and (rdir / f"ckpt-{n}" / MANIFEST_NAME).exists())
-    assert committed == [0, 1, 2], os.listdir(rdir)  # every save of the new writer committed
+    committed = sorted(n for n in os.listdir(rdir) if (rdir / n / GLOBAL_NAME).exists())
+    assert committed == ["ckpt-e0", "ckpt-e1", "ckpt-e2"], os.listdir(rdir)  # every save of the new writer committed
     # the old writer: fenced, said once, deleted and committed nothing
     assert "this writer (generation 0) is fenced" in old_out and "(generation 1)" in old_out, old_out[-3000:]
     assert len(ERROR_LINE.findall(old_out)) == 1, old_out[-3000:]
     assert "removing leftover" not in old_out, old_out[-3000:]
-    assert [n for n in os.listdir(rdir) if ".tmp-" in n] == [], os.listdir(rdir)
+    assert [n for d in os.listdir(rdir) for n in os.listdir(rdir / d) if ".tmp-" in n] == [], os.listdir(rdir)
 
 
 def rank_cmd(tmp, r, outs):

@@ -42,7 +42,7 @@ def test_a_percent_encoded_file_uri_names_the_decoded_directory_for_save_resume_
     for where in (uri, str(decoded)):
         ls = subprocess.run([sys.executable, "-m", "paddle_acp", "ls", where], cwd=REPO, env=script_env(None),
                             capture_output=True, text=True, timeout=120)
-        assert ls.returncode == 0 and "ckpt-1 " in ls.stdout and "ckpt-2 " in ls.stdout, ls.stdout + ls.stderr
+        assert ls.returncode == 0 and "ckpt-e1 " in ls.stdout and "ckpt-e2 " in ls.stdout, ls.stdout + ls.stderr
 
 
 def test_a_plain_path_is_never_decoded(tmp_path):

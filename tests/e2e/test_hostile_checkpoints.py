@@ -24,6 +24,7 @@ import pytest
 from support.e2e import JOB_ID, load_result, read_log, run_script, script_env
 
 from paddle_acp import cli
+from paddle_acp.format.layout import GLOBAL_NAME
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal
 
 RANGE = "_range_0"
@@ -36,27 +37,49 @@ def rdir(root):
 
 
 def cdir(root, n):
-    return os.path.join(rdir(root), f"ckpt-{n}")
+    """Checkpoint ``ckpt-e{n}`` (a one-process job: one part, ``rank-0``, committed by ``global.json``)."""
+    return os.path.join(rdir(root), f"ckpt-e{n}")
+
+
+def pdir(root, n):
+    """The directory holding ``ckpt-e{n}``'s manifest and data: its rank-0 part."""
+    return os.path.join(cdir(root, n), "rank-0")
 
 
 def read_doc(root, n):
-    with open(os.path.join(cdir(root, n), MANIFEST_NAME)) as f:
+    with open(os.path.join(pdir(root, n), MANIFEST_NAME)) as f:
         doc = json.load(f)
     doc.pop("checksum")
     return doc
 
 
+def recommit(root, n):
+    """Re-seal ``ckpt-e{n}``'s global.json over the part's manifest as it now is (the CRC32 and size
+    it records), as an attacker would: the crafted manifest is then what a restart reads."""
+    with open(os.path.join(pdir(root, n), MANIFEST_NAME), "rb") as f:
+        raw = f.read()
+    path = os.path.join(cdir(root, n), GLOBAL_NAME)
+    with open(path) as f:
+        g = json.load(f)
+    g.pop("checksum")
+    g["parts"][0].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw))
+    with open(path, "wb") as f:
+        f.write(seal(g))
+
+
 def write_doc(root, n, doc):
-    with open(os.path.join(cdir(root, n), MANIFEST_NAME), "wb") as f:
+    with open(os.path.join(pdir(root, n), MANIFEST_NAME), "wb") as f:
         f.write(seal(doc))
+    recommit(root, n)
 
 
 def write_text_sealed(root, n, text):
     """Write a manifest given as canonical JSON text (too deep or too odd for json.dumps),
     with the checksum an attacker computes over that text."""
     raw = text[:-1] + ',"checksum":%d}' % (zlib.crc32(text.encode()) & 0xFFFFFFFF)
-    with open(os.path.join(cdir(root, n), MANIFEST_NAME), "w") as f:
+    with open(os.path.join(pdir(root, n), MANIFEST_NAME), "w") as f:
         f.write(raw)
+    recommit(root, n)
 
 
 def canonical(doc):
@@ -122,26 +145,28 @@ def big_manifest(root):
 def symlink_to_other_job(root):
     other = os.path.join(root, "other", "range", RANGE)
     os.makedirs(other)
-    shutil.copytree(cdir(root, 2), os.path.join(other, "ckpt-2"))
+    shutil.copytree(cdir(root, 2), os.path.join(other, "ckpt-e2"))
     shutil.rmtree(cdir(root, 2))
-    os.symlink(os.path.join(other, "ckpt-2"), cdir(root, 2))
+    os.symlink(os.path.join(other, "ckpt-e2"), cdir(root, 2))
 
 
 def manifest_is_a_directory(root):
-    os.remove(os.path.join(cdir(root, 2), MANIFEST_NAME))
-    os.mkdir(os.path.join(cdir(root, 2), MANIFEST_NAME))
+    os.remove(os.path.join(pdir(root, 2), MANIFEST_NAME))
+    os.mkdir(os.path.join(pdir(root, 2), MANIFEST_NAME))
 
 
 def data_is_a_symlink(root):
-    data = os.path.join(cdir(root, 2), DATA_NAME)
+    data = os.path.join(pdir(root, 2), DATA_NAME)
     shutil.copy(data, os.path.join(root, "elsewhere.bin"))
     os.remove(data)
     os.symlink(os.path.join(root, "elsewhere.bin"), data)
 
 
-# name -> (craft, expected): "fallback" resumes from ckpt-1 (epoch 2 trained again, bit-identical)
-# and the tools report ckpt-2 as bad; "fallback-foreign": the same, but ckpt-2 is not a checkpoint
-# to the tools (a link: ignored); "restored-warned": ckpt-2 is restored (the job was finished), with
+# Each crafted manifest comes with a global.json re-sealed over it (recommit), so that the crafted
+# manifest itself is what a restart and the tools read.
+# name -> (craft, expected): "fallback" resumes from ckpt-e1 (epoch 2 trained again, bit-identical)
+# and the tools report ckpt-e2 as bad; "fallback-foreign": the same, but ckpt-e2 is not a checkpoint
+# to the tools (a link: ignored); "restored-warned": ckpt-e2 is restored (the job was finished), with
 # one warning naming what of it does not fit this process; ("error", regex): only the live program can tell, and there
 # is no fallback: the restart stops with that CheckpointError.
 CASES = {
@@ -155,7 +180,7 @@ CASES = {
     "an extra generator": (edit(extra_generator), "restored-warned"),
     "garbage LR scheduler state": (edit(lr_garbage), "fallback"),
     "6 MB manifest for 8 KB of data": (big_manifest, "fallback"),
-    "ckpt-2 a symlink to another job's": (symlink_to_other_job, "fallback-foreign"),
+    "ckpt-e2 a symlink to another job's": (symlink_to_other_job, "fallback-foreign"),
     "manifest.json a directory": (manifest_is_a_directory, "fallback"),
     "tensors.bin a symlink": (data_is_a_symlink, "fallback"),
     "a tensor dropped": (edit(lambda d: d["programs"][0]["tensors"].remove(tensor(d, "m0_fc1.b"))),
@@ -174,12 +199,13 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """A real 3-epoch run, a checkpoint per epoch (ckpt-0..2): the uninterrupted reference."""
+    """A real 3-epoch run, a checkpoint per epoch (ckpt-e0..e2): the uninterrupted reference."""
     d = tmp_path_factory.mktemp("hostile")
     root, out = str(d / "ckpt"), str(d / "out")
     p = run_script(out, root, "pir", "--epochs", EPOCHS, env={"PADDLE_ACP_ASYNC": "0"})
     assert p.returncode == 0, p.stderr[-3000:]
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2"]
+    assert sorted(os.listdir(rdir(root))) == ["ckpt-e0", "ckpt-e1", "ckpt-e2"]
+    assert all(sorted(os.listdir(cdir(root, n))) == [GLOBAL_NAME, "rank-0"] for n in range(EPOCHS))
     return {"root": root, "out": out, "reference": load_result(out)}
 
 
@@ -221,8 +247,8 @@ def run_tools(root, capsys):
 def test_crafted_newest_checkpoint(base, tmp_path, capsys, case):
     craft, expected = CASES[case]
     root, out = copy_base(base, tmp_path)
-    # the run trained epochs 0-2; keep only what the first two epochs logged, as if killed after ckpt-1
-    # had been written and ckpt-2 replaced by the crafted one
+    # the run trained epochs 0-2; keep only what the first two epochs logged, as if killed after ckpt-e1
+    # had been written and ckpt-e2 replaced by the crafted one
     entries = read_log(out)
     with open(os.path.join(out, "losses.jsonl"), "w") as f:
         f.writelines(json.dumps(e) + "\n" for e in entries[:2])
@@ -234,17 +260,18 @@ def test_crafted_newest_checkpoint(base, tmp_path, capsys, case):
         by.setdefault(name, []).append((rc, stdout, err))
     if expected in ("fallback", "fallback-foreign"):
         ls_rc, ls_out, _ = by["ls"][0]
-        assert ls_rc == 0 and re.search(r"a restart loads ckpt-1\b", ls_out), ls_out
+        assert ls_rc == 0 and re.search(r"a restart loads ckpt-e1\b", ls_out), ls_out
         verify_rc, verify_out, _ = by["verify"][0]
         if expected == "fallback":
-            assert verify_rc == 1 and "fall back to ckpt-1" in verify_out, verify_out
+            assert verify_rc == 1 and "fall back to ckpt-e1" in verify_out, verify_out
         else:
-            assert verify_rc == 0 and "ckpt-2" not in verify_out, verify_out
+            assert verify_rc == 0 and "ckpt-e2" not in verify_out, verify_out
         ins_rc, ins_out, ins_err = by["inspect"][1]  # the one a restart loads
-        assert ins_rc == 0 and re.search(r"^number\s+1$", ins_out, re.M), (ins_out, ins_err)
+        assert ins_rc == 0 and re.search(r"^checkpoint\s+\S+/ckpt-e1$", ins_out, re.M), (ins_out, ins_err)
+        assert re.search(r"^epoch\s+1 ", ins_out, re.M), ins_out
         assert re.search(r"^restart loads it\s+yes$", ins_out, re.M), ins_out
         rc, ins_out, ins_err = by["inspect"][0]  # the crafted one: refused, or shown as not loaded
-        assert rc == 2 or re.search(r"^restart loads it\s+no \(a restart loads ckpt-1\)$", ins_out, re.M), (ins_out, ins_err)
+        assert rc == 2 or re.search(r"^restart loads it\s+no \(a restart loads ckpt-e1\)$", ins_out, re.M), (ins_out, ins_err)
 
     # an error case trains on (5 epochs) so that the program runs and meets its checkpoint
     fallback = isinstance(expected, str)
@@ -259,7 +286,7 @@ def test_crafted_newest_checkpoint(base, tmp_path, capsys, case):
     elif fallback:
         assert p.returncode == 0, p.stderr[-3000:]
         assert "resumed at epoch 2" in p.stdout, p.stdout
-        said = r"ignoring .*/ckpt-2: a symbolic link" if expected == "fallback-foreign" else r"skipping checkpoint 2 of .*: "
+        said = r"ignoring .*/ckpt-e2: a symbolic link" if expected == "fallback-foreign" else r"skipping checkpoint ckpt-e2 of .*: "
         assert len(re.findall(said, p.stderr)) == 1, p.stderr[-3000:]  # one warning naming it and the cause
         losses, params = load_result(out)
         ref_losses, ref_params = base["reference"]
@@ -272,18 +299,26 @@ def test_crafted_newest_checkpoint(base, tmp_path, capsys, case):
         _, pattern = expected
         assert p.returncode != 0, p.stdout
         last = p.stderr.strip().splitlines()[-1]
-        assert last.startswith("paddle_acp.errors.CheckpointError: checkpoint 2 "), last
+        # names the crafted checkpoint, ckpt-e2 (by its path; "checkpoint <number> (<path>)" today)
+        assert re.match(r"paddle_acp\.errors\.CheckpointError: checkpoint (\d+ \()?\S*\bckpt-e2\)? cannot restore ", last), last
         assert re.search(pattern, last), last
         assert "Nothing was restored" in last and "PADDLE_JOB_ID" in last
-    if case == "ckpt-2 a symlink to another job's":
+    if case == "ckpt-e2 a symlink to another job's":
         # retention (max_to_keep 1) ran after the new save: nothing deleted through the link
-        other = os.path.join(root, "other", "range", RANGE, "ckpt-2")
-        assert os.path.isfile(os.path.join(other, MANIFEST_NAME)) and os.path.isfile(os.path.join(other, DATA_NAME))
+        other = os.path.join(root, "other", "range", RANGE, "ckpt-e2")
+        assert os.path.isfile(os.path.join(other, GLOBAL_NAME))
+        assert os.path.isfile(os.path.join(other, "rank-0", MANIFEST_NAME))
+        assert os.path.isfile(os.path.join(other, "rank-0", DATA_NAME))
         assert os.path.islink(cdir(root, 2))
 
 
 # -- stray entries (item 9) -------------------------------------------------------
-@pytest.mark.parametrize("stray", ["dir ckpt-999999999999999999", "file ckpt-3", "dir ckpt-0007", "link ckpt-3"])
+# the old layout's names (ckpt-N, still listed and restored) and the one-part layout's (ckpt-eE)
+STRAYS = ["dir ckpt-999999999999999999", "file ckpt-3", "dir ckpt-0007", "link ckpt-3",
+          "dir ckpt-e9999999999999", "dir ckpt-e0007"]
+
+
+@pytest.mark.parametrize("stray", STRAYS)
 def test_a_stray_entry_never_stops_checkpointing(base, tmp_path, capsys, stray):
     """A stray entry under a checkpoint's name is foreign: saves go on past it, every later
     save is visible, and a restart resumes from the newest."""
@@ -297,17 +332,17 @@ def test_a_stray_entry_never_stops_checkpointing(base, tmp_path, capsys, stray):
             f.write("not a checkpoint\n")
     else:  # to another job's checkpoint
         os.makedirs(os.path.join(root, "other"))
-        shutil.copytree(cdir(root, 0), os.path.join(root, "other", "ckpt-0"))
-        os.symlink(os.path.join(root, "other", "ckpt-0"), path)
+        shutil.copytree(cdir(root, 0), os.path.join(root, "other", "ckpt-e0"))
+        os.symlink(os.path.join(root, "other", "ckpt-e0"), path)
     p = run_script(out, root, "pir", "--epochs", EPOCHS + 3, env={"PADDLE_ACP_ASYNC": "0", "PADDLE_ACP_MAX_TO_KEEP": "2"})
     assert p.returncode == 0 and "resumed at epoch 3" in p.stdout, p.stderr[-3000:]
     assert "save failed" not in p.stderr, p.stderr[-3000:]
     names = sorted(os.listdir(rdir(root)))
-    expected = {"dir ckpt-999999999999999999": ["ckpt-4", "ckpt-5"], "file ckpt-3": ["ckpt-5", "ckpt-6"],
-                "dir ckpt-0007": ["ckpt-4", "ckpt-5"], "link ckpt-3": ["ckpt-5", "ckpt-6"]}[stray]
-    assert names == sorted(expected + [name]), names  # the stray is left alone
-    if kind == "link":
-        assert sorted(os.listdir(os.path.join(root, "other", "ckpt-0"))) == sorted([DATA_NAME, MANIFEST_NAME])
+    # epochs 3..5 saved as ckpt-e3..e5, the newest 2 kept
+    assert names == sorted(["ckpt-e4", "ckpt-e5", name]), names  # the stray is left alone
+    if kind == "link":  # nothing written, nothing deleted through the link
+        assert sorted(os.listdir(os.path.join(root, "other", "ckpt-e0"))) == [GLOBAL_NAME, "rank-0"]
+        assert sorted(os.listdir(os.path.join(root, "other", "ckpt-e0", "rank-0"))) == sorted([DATA_NAME, MANIFEST_NAME])
     # a restart resumes from the newest save: nothing left to train
     p = run_script(out, root, "pir", "--epochs", EPOCHS + 3, env={"PADDLE_ACP_ASYNC": "0"})
     assert p.returncode == 0 and "range 0: nothing left to train" in p.stdout, p.stdout + p.stderr[-2000:]
@@ -331,6 +366,8 @@ def _as_unprivileged():
 
 
 def test_an_unreadable_checkpoint_is_skipped_not_fatal(base, tmp_path):
+    """ckpt-e2 unreadable: the restart skips it and resumes from ckpt-e1; epoch 2's save cannot go where
+    the unreadable directory is (one-part checkpoints are named by position), the next one goes on past it."""
     root, out = copy_base(base, tmp_path)
     prefix, owner = _as_unprivileged()
     target = cdir(root, 2)
@@ -340,18 +377,20 @@ def test_an_unreadable_checkpoint_is_skipped_not_fatal(base, tmp_path):
     try:
         env = script_env(root, "pir", {"PADDLE_ACP_ASYNC": "0"})
         cmd = prefix + [sys.executable, os.path.join(SCRIPTS, "train_script.py"),
-                        "--out", out, "--epochs", str(EPOCHS)]
+                        "--out", out, "--epochs", str(EPOCHS + 1)]
         p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
         assert p.returncode == 0 and "resumed at epoch 2" in p.stdout, p.stdout + p.stderr[-3000:]
-        assert re.search(r"skipping checkpoint 2 of .*Permission denied", p.stderr), p.stderr[-3000:]
+        assert re.search(r"skipping checkpoint ckpt-e2 of .*Permission denied", p.stderr), p.stderr[-3000:]
+        assert re.search(r"saved checkpoint ckpt-e3 \(epoch 3\)", p.stderr), p.stderr[-3000:]
+        assert "FINAL checkpoint" not in p.stderr, p.stderr[-3000:]
         # the tools report it and go on with the rest of the root
         tools = [sys.executable, "-m", "paddle_acp"]
         for args, want in ((["ls", root], 0), (["verify", root], 0), (["gc", root, "--keep", "1", "--dry-run"], 0)):
             t = subprocess.run(prefix + tools + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                timeout=120)
             assert t.returncode == want and "Traceback" not in t.stderr, (args, t.stdout, t.stderr)
-            assert re.search(r"ckpt-2 .*(CORRUPT: |BAD: |keep ).*Permission denied", t.stdout), (args, t.stdout)
-            assert "ckpt-3" in t.stdout, t.stdout  # the save of this run, listed past the unreadable one
+            assert re.search(r"ckpt-e2 .*(CORRUPT: |BAD: |keep ).*Permission denied", t.stdout), (args, t.stdout)
+            assert "ckpt-e3" in t.stdout, t.stdout  # the save of this run, listed past the unreadable one
     finally:
         os.chmod(target, 0o755)
 
@@ -379,7 +418,7 @@ def test_no_checkpoint_readable_is_an_error_not_a_fresh_start(base, tmp_path):
 # -- item 20: inspect reads what a restart reads -----------------------------------
 def test_inspect_does_not_promise_a_corrupt_checkpoint(base, tmp_path, capsys):
     root, _ = copy_base(base, tmp_path)
-    data = os.path.join(cdir(root, 2), DATA_NAME)
+    data = os.path.join(pdir(root, 2), DATA_NAME)
     with open(data, "r+b") as f:
         f.seek(100)
         b = f.read(1)
@@ -388,7 +427,7 @@ def test_inspect_does_not_promise_a_corrupt_checkpoint(base, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["inspect", cdir(root, 2)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^restart loads it\s+no \(a restart loads ckpt-1\)$", out, re.M), out
+    assert re.search(r"^restart loads it\s+no \(a restart loads ckpt-e1\)$", out, re.M), out
     assert re.search(r"^data\s+tensors\.bin .*CORRUPT \(.*checksum mismatch", out, re.M), out
     assert cli.main(["inspect", cdir(root, 1), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -398,8 +437,8 @@ def test_inspect_does_not_promise_a_corrupt_checkpoint(base, tmp_path, capsys):
 # -- item 11: verify fails when nothing valid exists; item 12: job ids ------------------
 def test_verify_fails_when_no_valid_checkpoint_exists(base, tmp_path, capsys):
     root, _ = copy_base(base, tmp_path)
-    for n in range(3):  # as after a disk-full run: data written, no manifest committed
-        os.remove(os.path.join(cdir(root, n), MANIFEST_NAME))
+    for n in range(3):  # as after a disk-full run: parts written, no global manifest committed
+        os.remove(os.path.join(cdir(root, n), GLOBAL_NAME))
     capsys.readouterr()
     assert cli.main(["verify", root]) == 1
     out = capsys.readouterr().out
@@ -446,8 +485,12 @@ def run_on_small_disk(tmp_path, size_kb, cmd, env):
 
 
 def committed(root):
+    """The committed checkpoints' epochs, oldest first: one-part checkpoints ``ckpt-eE`` with their global.json
+    (and their part's manifest)."""
     d = rdir(root)
-    return sorted(int(n[5:]) for n in os.listdir(d) if os.path.isfile(os.path.join(d, n, MANIFEST_NAME)))
+    return sorted(int(n[6:]) for n in os.listdir(d) if re.fullmatch(r"ckpt-e\d+", n)
+                  and os.path.isfile(os.path.join(d, n, GLOBAL_NAME))
+                  and os.path.isfile(os.path.join(d, n, "rank-0", MANIFEST_NAME)))
 
 
 def test_a_full_disk_makes_space_by_deleting_the_oldest(tmp_path, capsys):
@@ -460,7 +503,11 @@ def test_a_full_disk_makes_space_by_deleting_the_oldest(tmp_path, capsys):
     p, root = run_on_small_disk(tmp_path, 1700, cmd, env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "save failed" not in p.stderr, p.stderr[-3000:]
-    assert len(re.findall(r"storage full while writing checkpoint \d+ .*: deleting the oldest checkpoint \d+", p.stderr)) >= 3
+    made = re.findall(r"storage full while writing checkpoint ckpt-e(\d+) of .*: deleting the oldest checkpoint "
+                      r"ckpt-e(\d+) to make space \(the newest valid one, ckpt-e(\d+), is kept\)", p.stderr)
+    assert len(made) >= 3, p.stderr[-3000:]
+    for writing, deleted, kept in made:  # the oldest deleted, the newest valid (the one before) kept
+        assert int(deleted) < int(kept) == int(writing) - 1, made
     assert committed(root) == [3, 4, 5], committed(root)
     capsys.readouterr()
     assert cli.main(["verify", root]) == 0
@@ -478,10 +525,10 @@ def test_a_final_save_that_cannot_fit_is_an_error_and_the_newest_valid_is_kept(t
     assert p.returncode == 1, p.stderr[-3000:]
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("paddle-acp: error: range _range_0 of job e2e: the FINAL checkpoint (epoch 2) was NOT saved"), last
-    assert "a restart resumes from checkpoint 0" in last and "No space left on device" in last, last
+    assert "a restart resumes from checkpoint ckpt-e0" in last and "No space left on device" in last, last
     assert committed(root) == [0]
     capsys.readouterr()
-    assert cli.main(["verify", root]) == 0  # ckpt-0 intact
+    assert cli.main(["verify", root]) == 0  # ckpt-e0 intact
 
 
 def test_storage_never_deletes_through_a_link(tmp_path):

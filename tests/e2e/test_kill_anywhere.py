@@ -181,10 +181,10 @@ def test_committed_log_finds_a_lost_checkpoint_and_allows_retention(tmp_path):
     assert log.final_check() == []
     name, newest = log.newest()
     (job, rng), = {k[:2] for k in log.seen}
-    log.seen[(job, rng, "ckpt-0")] = dict(newest, number=0, epoch=0)  # seen earlier, retention removed it
+    log.seen[(job, rng, "ckpt-e0")] = dict(newest, number=0, epoch=0)  # seen earlier, retention removed it
     assert log.final_check() == []
-    del log.seen[(job, rng, "ckpt-0")]
-    os.remove(ckpt / job / "range" / rng / name / "manifest.json")
+    del log.seen[(job, rng, "ckpt-e0")]
+    os.remove(ckpt / job / "range" / rng / name / "global.json")  # its commit (one process: a job of one rank)
     problems = log.final_check()
     assert len(problems) == 1 and name in problems[0] and "lost" in problems[0], problems
 

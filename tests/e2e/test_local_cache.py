@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: support
 from support.e2e import JOB_ID, compare_results, describe, is_done, load_result, run_script  # noqa: E402
-from support.newest import load_as_restart
+from support.newest import committed as committed_on  # noqa: E402
+from support.newest import load_as_restart  # noqa: E402
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.config import from_env  # noqa: E402
@@ -39,7 +40,7 @@ from paddle_acp.format.checkpoints.restart import load_newest  # noqa: E402
 from paddle_acp.format.commit.fencing import Fence, FencedError  # noqa: E402
 from paddle_acp.format.engine.arena import Arena  # noqa: E402
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData, copy_into  # noqa: E402
-from paddle_acp.format.layout import GLOBAL_NAME, layout  # noqa: E402
+from paddle_acp.format.layout import GLOBAL_NAME, layout, parse_name, position_number  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 from paddle_acp.tools.metrics import read_metrics as _read_job_metrics  # noqa: E402
@@ -476,7 +477,8 @@ def test_kill_and_restart_restores_from_the_cache(kind, request, reference, tmp_
     assert p2.returncode == 0 and is_done(out), describe(p2)
     assert f"resumed at epoch {KILL_AT}" in p2.stdout, describe(p2)
     used = [ln for ln in p2.stderr.splitlines() if CACHE_LOG in ln]
-    assert len(used) == 1 and f"checkpoint ckpt-{KILL_AT - 1} of " in used[0], describe(p2)
+    # one process is a job of one rank: the copy it restores from is rank 0's part of ckpt-e{KILL_AT-1}
+    assert len(used) == 1 and f"checkpoint ckpt-e{KILL_AT - 1} (part of rank 0) of " in used[0], describe(p2)
     assert REMOTE_LOG not in p2.stderr, describe(p2)
     assert not compare_results(load_result(out), reference), compare_results(load_result(out), reference)
     for k, v in srv.client_env().items():
@@ -504,7 +506,8 @@ def test_sigkill_while_the_copy_is_uncommitted(hdfs_server, tmp_path, monkeypatc
     cache = tmp_path / "cache"
     env = dict(hdfs_server.client_env(), PADDLE_ACP_LOCAL_CACHE=str(cache), PADDLE_ACP_BUSY_POLICY="wait")
     out = tmp_path / "out"
-    rdir = os.path.join(str(cache), cache_key(uri), JOB_ID, "range", RANGE)
+    # one process is a job of one rank: its copies are rank 0's, in the range's rank-0 directory
+    rdir = os.path.join(str(cache), cache_key(uri), JOB_ID, "range", RANGE, "rank-0")
     tmp_re = re.compile(r"ckpt\.tmp-[0-9a-f]{12}")
 
     def leftovers():
@@ -514,8 +517,11 @@ def test_sigkill_while_the_copy_is_uncommitted(hdfs_server, tmp_path, monkeypatc
             return []
 
     def committed():
+        """The committed copies: named as a checkpoint, with a manifest (a ``*.tmp-*`` directory holds one
+        while its copy is being committed: written there before the rename that commits it)."""
         try:
-            return [n for n in os.listdir(rdir) if os.path.exists(os.path.join(rdir, n, MANIFEST_NAME))]
+            return [n for n in os.listdir(rdir)
+                    if parse_name(n) is not None and os.path.exists(os.path.join(rdir, n, MANIFEST_NAME))]
         except FileNotFoundError:
             return []
 
@@ -556,14 +562,17 @@ def test_sigkill_while_the_copy_is_uncommitted(hdfs_server, tmp_path, monkeypatc
     assert leftovers(), "the kill left no uncommitted copy (it is what this test is about)"
     for k, v in hdfs_server.client_env().items():
         monkeypatch.setenv(k, v)
-    newest = Checkpointer(open_storage(uri), JOB_ID, RANGE).committed_numbers()[-1]
+    newest = committed_on(open_storage(uri), JOB_ID, RANGE)[-1]  # ckpt-e{E}: the checkpoint of epoch E
+    epoch = parse_name(newest)
+    assert epoch is not None and epoch[1] is None, newest
     copies = committed()
     p2 = run_script(out, uri, "pir", *args, env=env)
     assert p2.returncode == 0 and is_done(out), describe(p2)
-    assert f"resumed at epoch {newest + 1}" in p2.stdout, describe(p2)
-    source = "cache" if f"ckpt-{newest}" in copies else "remote"
+    assert f"resumed at epoch {epoch[0] + 1}" in p2.stdout, describe(p2)
+    source = "cache" if newest in copies else "remote"
     starts = [r for r in read_metrics(open_storage(uri), JOB_ID, 0) if r.get("event") == "start"]
-    assert starts[-1].get("restore_source") == source and starts[-1].get("restored") == newest, (starts, copies)
+    assert starts[-1].get("restore_source") == source, (starts, copies)
+    assert starts[-1].get("restored") == position_number(*epoch), (starts, copies)  # a part's manifest number
     assert not compare_results(load_result(out), load_result(ref_out)), compare_results(load_result(out), load_result(ref_out))
     assert len(read_log(out)) >= 6
     assert not leftovers(), os.listdir(rdir)

@@ -187,8 +187,8 @@ def test_two_writers_of_one_job_the_older_is_fenced(tmp_path):
         zombie_out = zombie.communicate()[0]
     assert "this writer (generation 0) is fenced" in zombie_out and "(generation 1)" in zombie_out, zombie_out[-3000:]
     rdir = ckpt / "e2e" / "range" / "_range_0"
-    manifests = [json.loads((p / "manifest.json").read_text()) for p in rdir.iterdir()
-                 if (p / "manifest.json").exists()]
-    newest = max(manifests, key=lambda m: m["number"])
+    manifests = [json.loads((p / "rank-0" / "manifest.json").read_text()) for p in rdir.iterdir()
+                 if (p / "global.json").exists()]
+    newest = max(manifests, key=lambda m: m["range"]["epoch_no"])
     assert newest["range"]["epoch_no"] == 199, "the newest checkpoint went backwards"
     assert [p.name for p in ckpt.iterdir()] == ["e2e"]

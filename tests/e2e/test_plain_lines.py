@@ -38,9 +38,9 @@ def test_final_save_with_nothing_in_flight_logs_no_wait(tmp_path):
 
 
 def test_resume_line_says_which_epoch_the_checkpoint_holds(tmp_path):
-    run(tmp_path, 2)  # checkpoints 0 (epoch 0) and 1 (epoch 1)
+    run(tmp_path, 2)  # checkpoints ckpt-e0 (epoch 0) and ckpt-e1 (epoch 1)
     out = run(tmp_path, 3)
-    assert "resuming at epoch 2 from checkpoint 1 (" in out and "): it holds the state after epoch 1" in out, out[-4000:]
+    assert "resuming at epoch 2 from checkpoint ckpt-e1 (" in out and "): it holds the state after epoch 1" in out, out[-4000:]
 
 
 def test_break_leaves_the_epoch_unsaved_and_says_so(tmp_path):
@@ -49,7 +49,7 @@ def test_break_leaves_the_epoch_unsaved_and_says_so(tmp_path):
             "saved; a restart trains it again from the last checkpoint before it") in out, out[-4000:]
     assert "(epoch 1)" not in out  # no checkpoint of epoch 1
     out = run(tmp_path, 3)
-    assert "resuming at epoch 1 from checkpoint 0 (" in out and "it holds the state after epoch 0" in out, out[-4000:]
+    assert "resuming at epoch 1 from checkpoint ckpt-e0 (" in out and "it holds the state after epoch 0" in out, out[-4000:]
 
 
 def _sigterm_line(tmp_path, *args):

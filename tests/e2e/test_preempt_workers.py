@@ -13,7 +13,10 @@ import textwrap
 import time
 
 import pytest
+from support.newest import committed
 from test_steps import SCRIPT, assert_same, reference, steps
+
+from paddle_acp.storage import open_storage
 
 
 def start(out, ck, *args):
@@ -84,7 +87,8 @@ def test_ctrl_c_to_the_process_group_with_dataloader_workers_is_unchanged(tmp_pa
     assert rc == -signal.SIGINT, err[-3000:]
     assert "KeyboardInterrupt" in err
     assert [w for w in workers if running(w)] == []
-    assert sorted(os.listdir(ck / "default" / "range" / "_range_0")) == ["ckpt-0"]
+    assert sorted(os.listdir(ck / "default" / "range" / "_range_0")) == ["ckpt-e0"]
+    assert committed(open_storage(str(ck)), "default") == ["ckpt-e0"]  # epoch 0's, committed, nothing half-written
     p = start(out, ck, "--loader", "dataloader", "--workers", "2")
     o, e = p.communicate(timeout=120)
     assert p.returncode == 0, e[-3000:]

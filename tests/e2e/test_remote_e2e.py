@@ -19,10 +19,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: support
 from support.e2e import JOB_ID, check_restart_log, compare_results, describe, is_done, load_result, read_log, run_script  # noqa: E402
+from support.newest import committed as committed_names  # noqa: E402
 from support.newest import load_as_restart  # noqa: E402
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.layout import parse_name  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 EPOCHS, KILL_AT = 4, 2
@@ -57,7 +59,7 @@ def remote(request, kind):
 @pytest.mark.parametrize("kind", ["hdfs", "s3"])
 def test_kill_and_resume_on_remote_storage(kind, ir, reference, request, tmp_path, monkeypatch):
     uri, env = remote(request, kind)
-    # every epoch's checkpoint taken (checkpoint number == epoch): the `wait` busy policy;
+    # every epoch's checkpoint taken (ckpt-e{E} for every epoch E): the `wait` busy policy;
     # the default `skip` policy on HDFS is tested in tests/e2e/test_busy_policy.py
     env = dict(env, PADDLE_ACP_BUSY_POLICY="wait")
     out = tmp_path / "out"
@@ -74,9 +76,9 @@ def test_kill_and_resume_on_remote_storage(kind, ir, reference, request, tmp_pat
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     st = open_storage(uri)
-    committed = Checkpointer(st, JOB_ID, "_range_0").committed_numbers()
-    assert committed and committed[-1] in (KILL_AT - 2, KILL_AT - 1), committed
-    resume_at = committed[-1] + 1
+    committed = committed_names(st, JOB_ID, "_range_0")  # ckpt-e{E}: the checkpoint of epoch E
+    assert committed and committed[-1] in (f"ckpt-e{KILL_AT - 2}", f"ckpt-e{KILL_AT - 1}"), committed
+    resume_at = parse_name(committed[-1])[0] + 1
 
     p2 = run_script(out, uri, ir, *ARGS, "--kill-at-epoch", KILL_AT, env=env)
     assert p2.returncode == 0 and is_done(out), describe(p2)

@@ -17,11 +17,13 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 
 import pytest
 from support.e2e import JOB_ID, REPO, load_result, read_log, run_script, script_env
 
 from paddle_acp import cli
+from paddle_acp.format.layout import GLOBAL_NAME
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal
 
 RANGE = "_range_0"
@@ -60,6 +62,25 @@ def reseal(path, **changes):
         f.write(seal(doc))
 
 
+def pdir(root, name):
+    """The directory holding a one-part checkpoint's manifest and data: its rank-0 part."""
+    return os.path.join(cdir(root, name), "rank-0")
+
+
+def recommit(root, name):
+    """Re-seal one-part checkpoint ``name``'s global.json over its part's manifest as it now is (the CRC32 and
+    size it records, as its writer would): the part's manifest is then what a restart reads."""
+    with open(os.path.join(pdir(root, name), MANIFEST_NAME), "rb") as f:
+        raw = f.read()
+    path = os.path.join(cdir(root, name), GLOBAL_NAME)
+    with open(path) as f:
+        g = json.load(f)
+    g.pop("checksum")
+    g["parts"][0].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw))
+    with open(path, "wb") as f:
+        f.write(seal(g))
+
+
 def flip(path, offset=100):
     with open(path, "r+b") as f:
         f.seek(offset)
@@ -80,12 +101,13 @@ def resumed_from(text):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """A real 3-epoch run of one process, a checkpoint per epoch (ckpt-0..2)."""
+    """A real 3-epoch run of one process, a checkpoint per epoch (ckpt-e0..e2, one part each)."""
     d = tmp_path_factory.mktemp("choice")
     root, out = str(d / "ckpt"), str(d / "out")
     p = run_script(out, root, "pir", "--epochs", EPOCHS, env=SYNC)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2"]
+    assert sorted(os.listdir(rdir(root))) == ["ckpt-e0", "ckpt-e1", "ckpt-e2"]
+    assert all(sorted(os.listdir(cdir(root, f"ckpt-e{n}"))) == [GLOBAL_NAME, "rank-0"] for n in range(EPOCHS))
     return {"root": root, "out": out, "reference": load_result(out)}
 
 
@@ -98,13 +120,17 @@ def copy_base(base, tmp_path):
 
 
 def newer_format(root):
+    """Every checkpoint's part manifest of a newer format (global.json re-sealed over it: the manifest tells)."""
     for n in range(EPOCHS):
-        reseal(os.path.join(cdir(root, f"ckpt-{n}"), MANIFEST_NAME), version=4)
+        reseal(os.path.join(pdir(root, f"ckpt-e{n}"), MANIFEST_NAME), version=4)
+        recommit(root, f"ckpt-e{n}")
 
 
 def flip_every(root):
-    for n in range(EPOCHS):
-        flip(os.path.join(cdir(root, f"ckpt-{n}"), DATA_NAME))
+    """A flipped data byte in every checkpoint of the range (either layout)."""
+    for name in os.listdir(rdir(root)):
+        d = cdir(root, name)
+        flip(os.path.join(d if os.path.exists(os.path.join(d, MANIFEST_NAME)) else pdir(root, name), DATA_NAME))
 
 
 # -- item 2: none usable -> the restart stops, nothing deleted ------------------------------
@@ -119,7 +145,7 @@ def test_no_usable_checkpoint_stops_the_restart_and_deletes_nothing(base, tmp_pa
     assert last.startswith("paddle_acp.errors.NoUsableCheckpointError: none of the 3 committed checkpoint(s) of "), last
     why = "newer format: .*format version 4 is newer" if case == "newer format" else r"corrupt: .*checksum mismatch"
     for n in (2, 1, 0):  # each named, newest first, with why
-        assert re.search(rf"ckpt-{n} \({why}", last), last
+        assert re.search(rf"ckpt-e{n} \({why}", last), last
     assert "PADDLE_ACP_START_FRESH=1" in last and "PADDLE_JOB_ID" in last and "nothing was deleted" in last
     if case == "newer format":
         assert "resume with the newer paddle-acp" in last
@@ -135,7 +161,7 @@ def test_no_usable_checkpoint_stops_the_restart_and_deletes_nothing(base, tmp_pa
     if case == "newer format":  # the manifests tell
         assert "a restart STOPS with NoUsableCheckpointError" in text and "NEWER FORMAT (kept" in text, text
     else:  # only the data tells: ls without --verify says it did not read it
-        assert "a restart loads ckpt-2 if its data verifies (data not checked)" in text, text
+        assert "a restart loads ckpt-e2 if its data verifies (data not checked)" in text, text
     assert cli.main(["ls", root, "--verify"]) == 0
     assert "a restart STOPS with NoUsableCheckpointError" in capsys.readouterr().out
     assert cli.main(["verify", root]) == 1
@@ -144,9 +170,27 @@ def test_no_usable_checkpoint_stops_the_restart_and_deletes_nothing(base, tmp_pa
     assert tree_bytes(rdir(root)) == before
 
 
+def as_old_layout(root, name, number):
+    """Make one-part checkpoint ``name`` an earlier release's single-writer ``ckpt-{number}`` (its part's files
+    under the old name, the manifest's number that name's, no part record), in place of ``name``."""
+    old = cdir(root, f"ckpt-{number}")
+    shutil.copytree(pdir(root, name), old)
+    shutil.rmtree(cdir(root, name))
+    path = os.path.join(old, MANIFEST_NAME)
+    with open(path) as f:
+        extra = json.load(f)["extra"]
+    extra.pop("part")
+    reseal(path, number=number, extra=extra)
+
+
 def test_start_fresh_trains_from_scratch_and_keeps_checkpoints_of_a_newer_format(base, tmp_path, capsys):
+    """Checkpoints of a newer format under the earlier release's names (ckpt-N, which one process's saves,
+    ckpt-eE, never reuse): a fresh start trains from scratch beside them and never deletes them."""
     root, out = copy_base(base, tmp_path)
-    newer_format(root)
+    for n in range(EPOCHS):
+        as_old_layout(root, f"ckpt-e{n}", n)
+        reseal(os.path.join(cdir(root, f"ckpt-{n}"), MANIFEST_NAME), version=4)
+    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2"]
     os.remove(os.path.join(out, "losses.jsonl"))
     old = {n: tree_bytes(cdir(root, f"ckpt-{n}")) for n in range(EPOCHS)}
     p = run_script(out, root, "pir", "--epochs", EPOCHS,
@@ -160,17 +204,34 @@ def test_start_fresh_trains_from_scratch_and_keeps_checkpoints_of_a_newer_format
     for k in ref_losses:
         assert {a: b for a, b in losses[k].items() if a != "pid"} == {a: b for a, b in ref_losses[k].items() if a != "pid"}
     # retention (keep 1) deleted the new run's older checkpoints, never one of a newer format
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2", "ckpt-5"]
+    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2", "ckpt-e2"]
     assert {n: tree_bytes(cdir(root, f"ckpt-{n}")) for n in range(EPOCHS)} == old
     assert "it is of a newer format" in p.stderr
     capsys.readouterr()
     assert cli.main(["gc", root, "--keep", "1"]) == 0
     assert "of a newer format: this paddle-acp never deletes it" in capsys.readouterr().out
     assert {n: tree_bytes(cdir(root, f"ckpt-{n}")) for n in range(EPOCHS)} == old
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2", "ckpt-5"]
+    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2", "ckpt-e2"]
     # the next restart resumes from the new run's checkpoint
     p = run_script(out, root, "pir", "--epochs", EPOCHS, env=SYNC)
-    assert p.returncode == 0 and resumed_from(p.stderr) == "ckpt-5", p.stderr[-3000:]
+    assert p.returncode == 0 and resumed_from(p.stderr) == "ckpt-e2", p.stderr[-3000:]
+
+
+def test_start_fresh_in_place_of_one_part_checkpoints_of_a_newer_format_is_refused(base, tmp_path):
+    """One process's checkpoints are named by position: a fresh start would train the positions of
+    ckpt-e0..e2 (of a newer format) again and could neither replace them nor save beside them. Refused,
+    as for several ranks: nothing trained, nothing deleted, nothing written."""
+    root, out = copy_base(base, tmp_path)
+    newer_format(root)
+    before, logged = tree_bytes(rdir(root)), read_log(out)
+    p = run_script(out, root, "pir", "--epochs", EPOCHS + 2,
+                   env={**SYNC, "PADDLE_ACP_MAX_TO_KEEP": "1", "PADDLE_ACP_START_FRESH": "1"})
+    assert p.returncode != 0, p.stderr[-3000:]
+    last = last_line(p.stderr)
+    assert "are of a newer format" in last and "new PADDLE_JOB_ID" in last and "Nothing was deleted" in last, last
+    assert "saved checkpoint" not in p.stderr, p.stderr[-3000:]
+    assert tree_bytes(rdir(root)) == before
+    assert read_log(out) == logged  # not one epoch trained
 
 
 def test_an_empty_storage_starts_from_scratch(tmp_path):
@@ -178,7 +239,8 @@ def test_an_empty_storage_starts_from_scratch(tmp_path):
     p = run_script(out, root, "pir", "--epochs", 2, env=SYNC)
     assert p.returncode == 0, p.stderr[-3000:]
     assert [e["epoch"] for e in read_log(out)] == [0, 1]
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1"]
+    assert sorted(os.listdir(rdir(root))) == ["ckpt-e0", "ckpt-e1"]
+    assert all(sorted(os.listdir(cdir(root, n))) == [GLOBAL_NAME, "rank-0"] for n in ("ckpt-e0", "ckpt-e1"))
 
 
 def start_job(tmp, world, *args, ckpt, gen, env=None, outs="out"):
@@ -247,9 +309,11 @@ def assert_says_data_not_checked(notes):
 
 
 def test_both_layouts_at_one_position(tmp_path, capsys):
-    """Two ranks wrote ckpt-e0..e2; ckpt-e2's data went bad, so one process resumed from ckpt-e1 and
-    wrote ckpt-0 at the position of ckpt-e2; then ckpt-e2 was repaired. A restart tries the checkpoint
-    of several ranks first at one position; so must the tools."""
+    """Two ranks wrote ckpt-e0..e2; ckpt-e2's data went bad, so one process of an earlier release resumed
+    from ckpt-e1 and wrote ckpt-0 at the position of ckpt-e2; then ckpt-e2 was repaired. A restart tries
+    the checkpoint of several ranks first at one position; so must the tools. (Today's one process writes
+    ckpt-e2 itself: its checkpoint is made in a copy of the range without ckpt-e2 and put in the old
+    layout, ckpt-0.)"""
     ckpt = tmp_path / "ckpt"
     res = start_job(tmp_path, 2, "--kind", "dp", "--epochs", 3, ckpt=ckpt, gen="g0")
     assert all(rc == 0 for rc, _ in res), res
@@ -257,10 +321,20 @@ def test_both_layouts_at_one_position(tmp_path, capsys):
     flip(data)
     one = script_env(ckpt, "pir", {"PADDLE_TRAINER_ID": None, "PADDLE_TRAINERS_NUM": None, **SYNC})
     cmd = [sys.executable, RANK_SCRIPT, "--kind", "dp", "--out", str(tmp_path / "one")]
+    side = tmp_path / "side"  # the range without its bad ckpt-e2: where the one process's checkpoint is made
+    shutil.copytree(ckpt, side, symlinks=True)
+    shutil.rmtree(cdir(side, "ckpt-e2"))
+    p = subprocess.run(cmd + ["--epochs", "3"], env={**one, "PADDLE_ACP_CHECKPOINT_URI": str(side)}, cwd=REPO,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0 and resumed_from(p.stderr) == "ckpt-e1", p.stderr[-3000:]
+    assert sorted(os.listdir(cdir(side, "ckpt-e2"))) == [GLOBAL_NAME, "rank-0"]  # one part: one process
+    as_old_layout(side, "ckpt-e2", 0)
+    shutil.copytree(cdir(side, "ckpt-0"), cdir(ckpt, "ckpt-0"))
+    assert sorted(os.listdir(rdir(ckpt))) == ["ckpt-0", "ckpt-e0", "ckpt-e1", "ckpt-e2", "plan.json"]  # (the ranks' save plan)
+    # while ckpt-e2 is bad, the one process's ckpt-0 is what a restart loads
     p = subprocess.run(cmd + ["--epochs", "3"], env=one, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=300)
-    assert p.returncode == 0 and resumed_from(p.stderr) == "ckpt-e1", p.stderr[-3000:]
-    assert sorted(os.listdir(rdir(ckpt))) == ["ckpt-0", "ckpt-e0", "ckpt-e1", "ckpt-e2", "plan.json"]  # (the ranks' save plan)
+    assert p.returncode == 0 and resumed_from(p.stderr) == "ckpt-0", p.stderr[-3000:]
     flip(data)  # repaired: both ckpt-0 and ckpt-e2 are valid, at the same position (end of epoch 2)
     picks, notes = tools_pick(str(ckpt), capsys)
     p = subprocess.run(cmd + ["--epochs", "3"], env=one, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -272,21 +346,26 @@ def test_both_layouts_at_one_position(tmp_path, capsys):
 
 
 def test_an_uncommitted_directory_of_several_ranks_changes_nothing(base, tmp_path, capsys):
-    """Single-writer checkpoints whose numbers and positions disagree (a fresh start after every
-    checkpoint went bad, then the old ckpt-2 repaired), and an uncommitted ``ckpt-e7/rank-0`` left by
-    an aborted start of several ranks: a restart orders by number (no committed checkpoint of several
-    ranks), and so must the tools."""
+    """Single-writer checkpoints of an earlier release whose numbers and positions disagree (a fresh start
+    after every checkpoint went bad, then the old ckpt-2 repaired), and an uncommitted ``ckpt-e7/rank-0``
+    left by an aborted start of several ranks: a restart orders by number (no committed checkpoint of
+    several ranks), and so must the tools. (Made from the base run's checkpoints, put in the old layout:
+    ckpt-0..2 at epochs 0..2, bad, then the fresh start's ckpt-3, ckpt-4 at epochs 0, 1: the same states,
+    training being deterministic.)"""
     root, out = copy_base(base, tmp_path)
-    flip_every(root)
-    p = run_script(out, root, "pir", "--epochs", 2,
-                   env={**SYNC, "PADDLE_ACP_START_FRESH": "1", "PADDLE_ACP_MAX_TO_KEEP": "0"})
-    assert p.returncode == 0 and resumed_from(p.stderr) is None, p.stderr[-3000:]
+    for n in (0, 1):  # the fresh start's (the same state as ckpt-0, ckpt-1), kept aside (not in the range)
+        shutil.copytree(pdir(root, f"ckpt-e{n}"), os.path.join(str(tmp_path), f"fresh-{n}", "rank-0"))
+    for n in range(EPOCHS):
+        as_old_layout(root, f"ckpt-e{n}", n)
+    flip_every(root)  # ckpt-0..2 went bad
+    for n in (0, 1):
+        shutil.move(os.path.join(str(tmp_path), f"fresh-{n}"), cdir(root, f"fresh-{n}"))
+        as_old_layout(root, f"fresh-{n}", n + 3)
     assert sorted(os.listdir(rdir(root))) == ["ckpt-0", "ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
     flip(os.path.join(cdir(root, "ckpt-2"), DATA_NAME))  # repaired: end of epoch 2, while ckpt-4 is epoch 1
     os.makedirs(os.path.join(cdir(root, "ckpt-e7"), "rank-0"))
     shutil.copy(os.path.join(cdir(root, "ckpt-4"), DATA_NAME), os.path.join(cdir(root, "ckpt-e7"), "rank-0", DATA_NAME))
     picks, notes = tools_pick(root, capsys)
-    os.remove(os.path.join(out, "done"))
     p = run_script(out, root, "pir", "--epochs", 2, env=SYNC)
     assert p.returncode == 0, p.stderr[-3000:]
     assert resumed_from(p.stderr) == "ckpt-4"
@@ -298,12 +377,12 @@ def test_a_corrupt_newest_checkpoint(base, tmp_path, capsys):
     """A flipped data byte in the newest checkpoint: only reading the data tells. ``ls`` without
     ``--verify`` says it did not; everything that reads the data names the one a restart loads."""
     root, out = copy_base(base, tmp_path)
-    flip(os.path.join(cdir(root, "ckpt-2"), DATA_NAME))
+    flip(os.path.join(pdir(root, "ckpt-e2"), DATA_NAME))
     picks, notes = tools_pick(root, capsys)
     p = run_script(out, root, "pir", "--epochs", EPOCHS, env=SYNC)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert resumed_from(p.stderr) == "ckpt-1"
-    assert {k: v for k, v in picks.items() if k != "ls"} == dict.fromkeys(["ls --verify", "verify", "inspect"], "ckpt-1")
-    assert picks["ls"] == "ckpt-2"  # not read, and it says so
+    assert resumed_from(p.stderr) == "ckpt-e1"
+    assert {k: v for k, v in picks.items() if k != "ls"} == dict.fromkeys(["ls --verify", "verify", "inspect"], "ckpt-e1")
+    assert picks["ls"] == "ckpt-e2"  # not read, and it says so
     assert_says_data_not_checked(notes)
-    assert re.search(r"a restart loads ckpt-2 if its data verifies \(data not checked\)", notes["text"]), notes["text"]
+    assert re.search(r"a restart loads ckpt-e2 if its data verifies \(data not checked\)", notes["text"]), notes["text"]

@@ -124,7 +124,7 @@ def test_s3_userinfo_uri_with_endpoint_from_env_works_and_never_shows_the_secret
         assert_no_secret(path, data)
 
     tenv = s3_env(srv)
-    ckpt = f"{uri}/default/range/_range_0/ckpt-2"
+    ckpt = f"{uri}/default/range/_range_0/ckpt-e2"
     for args in (["ls", uri], ["ls", uri, "--verify", "--json"], ["inspect", ckpt], ["verify", uri],
                  ["gc", uri, "--keep", "1", "--dry-run"], ["stats", uri, "--job", "default"],
                  ["export", ckpt, "--to", tmp_path / "export"]):
@@ -133,7 +133,7 @@ def test_s3_userinfo_uri_with_endpoint_from_env_works_and_never_shows_the_secret
     for path, data in _texts_of_tree(tmp_path / "export"):
         assert_no_secret(path, data)
     # a checkpoint that does not exist, a job that does not exist: errors name the redacted URI
-    proc = tool("inspect", f"{uri}/default/range/_range_0/ckpt-99", env=tenv)
+    proc = tool("inspect", f"{uri}/default/range/_range_0/ckpt-e99", env=tenv)
     assert proc.returncode != 0 and f"s3://{srv.bucket}/{prefix}" in proc.stderr, describe(proc)
     proc = tool("ls", uri, "--job", "nope", env=tenv)
     assert proc.returncode != 0, describe(proc)
@@ -204,7 +204,8 @@ def test_storage_down_one_line_per_failed_save_and_no_secret(tmp_path):
                 time.sleep(0.05)
             assert p.poll() is None, "the run ended before the server could be stopped"
             deadline = time.monotonic() + 240
-            while not [x for x in _stored(srv, prefix) if x[0].endswith("manifest.json")] and p.poll() is None \
+            # the first checkpoint committed: its global.json (written last) is there
+            while not [x for x in _stored(srv, prefix) if x[0].endswith("/global.json")] and p.poll() is None \
                     and time.monotonic() < deadline:
                 time.sleep(0.05)
             srv.stop(kill=True)

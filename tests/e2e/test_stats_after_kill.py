@@ -13,9 +13,9 @@ import sys
 import uuid
 
 from support.e2e import JOB_ID, REPO, describe, is_done, run_script, script_env
+from support.newest import committed as committed_names
 from support.server_fixtures import s3_server  # noqa: F401  (fixture)
 
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.storage import open_storage
 
 KEEP_ALL = {"PADDLE_ACP_MAX_TO_KEEP": 1000, "PADDLE_ACP_BUSY_POLICY": "wait"}
@@ -39,7 +39,7 @@ def _text(uri, env):
 def _committed(uri, env, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, str(v))
-    return Checkpointer(open_storage(uri), JOB_ID, "_range_0").committed_numbers()
+    return committed_names(open_storage(uri), JOB_ID, "_range_0")  # names, oldest first (ckpt-e{E}: epoch E's)
 
 
 def test_stats_on_a_local_disk_counts_every_committed_checkpoint_after_a_kill(tmp_path, monkeypatch):
@@ -56,7 +56,7 @@ def test_stats_on_a_local_disk_counts_every_committed_checkpoint_after_a_kill(tm
     p2 = run_script(out, ckpt, "pir", *ARGS, "--kill-at-epoch", 8, env=KEEP_ALL)
     assert p2.returncode == 0 and is_done(out), describe(p2)
     committed = _committed(str(ckpt), {}, monkeypatch)
-    assert len(committed) == 12, committed  # (a number past a killed save's leftover is skipped)
+    assert committed == [f"ckpt-e{e}" for e in range(12)], committed  # one per epoch (the killed one saved again)
     s = _stats(str(ckpt), {})
     assert (s["count"], s["restarts"], s["unrecorded"]) == (12, 1, 0), s
 
@@ -71,7 +71,7 @@ def test_stats_on_s3_says_how_many_committed_checkpoints_a_kill_left_unrecorded(
     p2 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", 8, env=env)
     assert p2.returncode == 0 and is_done(out), describe(p2)
     assert len(_committed(uri, env, monkeypatch)) == 12
-    assert before == list(range(len(before)))  # one process from scratch: numbers follow each other
+    assert before == [f"ckpt-e{e}" for e in range(len(before))]  # one process from scratch: epochs follow each other
     s = _stats(uri, env)
     lost = len(before) - recorded  # committed by the killed process, not recorded (its batch died with it)
     assert s["unrecorded"] == lost and s["count"] + s["unrecorded"] == 12, (s, before, recorded)

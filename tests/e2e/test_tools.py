@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.newest import load_as_restart
+from support.newest import load_as_restart, part_dir
 
 from paddle_acp import cli, config, tools
 from paddle_acp.errors import ConfigError, StorageError
 from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.manifest import Manifest
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage import open_storage
 from paddle_acp.tools import refs
@@ -96,19 +97,31 @@ def flip_byte(path, offset):
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-def ckpt_path(root, n):
-    return os.path.join(root, JOB, "range", RANGE, f"ckpt-{n}")
+def ckpt_path(root, epoch):
+    """The checkpoint of the end of epoch ``epoch`` (a one-process job's one-part global checkpoint)."""
+    return os.path.join(root, JOB, "range", RANGE, f"ckpt-e{epoch}")
 
 
-def tensor_offset(root, n, name):
-    m = Checkpointer(open_storage(root), JOB, RANGE).read_manifest(n)
+def data_path(root, epoch, fname="tensors.bin"):
+    """``fname`` (tensors.bin, manifest.json) of that checkpoint: in its rank-0 part."""
+    return os.path.join(part_dir(os.path.join(root, JOB, "range", RANGE), f"ckpt-e{epoch}"), fname)
+
+
+def read_manifest(root, epoch):
+    with open(data_path(root, epoch, "manifest.json"), "rb") as f:
+        return Manifest.loads(f.read())
+
+
+def tensor_offset(root, epoch, name):
+    m = read_manifest(root, epoch)
     return next(t.offset for p in m.programs for t in p.tensors if t.name == name)
 
 
 # -- fixtures -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A real training run with checkpoints every epoch: keeps ckpt-1..3 (max_to_keep 3)."""
+    """A real training run with checkpoints every epoch: keeps ckpt-e1..e3 (max_to_keep 3), each a one-part
+    global checkpoint (ckpt-eE/rank-0/ + global.json)."""
     base = tmp_path_factory.mktemp("tools")
     root, out = str(base / "ckpt"), str(base / "out")
     env = child_env(PADDLE_ACP_CHECKPOINT_URI=root, PADDLE_JOB_ID=JOB, PADDLE_ACP_ASYNC=0,
@@ -116,7 +129,10 @@ def trained(tmp_path_factory):
     p = subprocess.run([sys.executable, TRAIN, "--out", out, "--epochs", str(EPOCHS)], cwd=REPO, env={**env},
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     assert p.returncode == 0, describe(p)
-    assert ckpt_dirs(root) == ["ckpt-1", "ckpt-2", "ckpt-3"], ckpt_dirs(root)
+    assert ckpt_dirs(root) == ["ckpt-e1", "ckpt-e2", "ckpt-e3"], ckpt_dirs(root)
+    for e in (1, 2, 3):
+        assert sorted(os.listdir(ckpt_path(root, e))) == ["global.json", "rank-0"], e
+        assert sorted(os.listdir(os.path.dirname(data_path(root, e)))) == ["manifest.json", "tensors.bin"], e
     return {"root": root, "out": out}
 
 
@@ -153,13 +169,14 @@ def test_ls_lists_newest_first_and_marks_the_restart_checkpoint(readonly, traine
     assert p.returncode == 0, describe(p)
     lines = p.stdout.splitlines()
     assert any(f"job {JOB}" in line for line in lines), p.stdout
-    assert f"range {RANGE}: a restart loads ckpt-3" in p.stdout, p.stdout
+    assert f"range {RANGE}: a restart loads ckpt-e3" in p.stdout, p.stdout
     rows = [line.split() for line in lines if "ckpt-" in line and "restart loads" not in line]
-    assert [r[1] if r[0] == "*" else r[0] for r in rows] == ["ckpt-3", "ckpt-2", "ckpt-1"], p.stdout
+    assert [r[1] if r[0] == "*" else r[0] for r in rows] == ["ckpt-e3", "ckpt-e2", "ckpt-e1"], p.stdout
     marked = [r for r in rows if r[0] == "*"]
-    assert len(marked) == 1 and marked[0][1] == "ckpt-3", p.stdout
-    # epoch column and status
-    assert marked[0][2] == "3" and marked[0][-1] == "ok", p.stdout
+    assert len(marked) == 1 and marked[0][1] == "ckpt-e3", p.stdout
+    # epoch column and status (a checkpoint of one process: one rank)
+    assert marked[0][2] == "3" and marked[0][-3:] == ["ok", "(1", "rank)"], p.stdout
+    assert all(r[-3:] == ["ok", "(1", "rank)"] for r in rows), p.stdout
     assert "CHECKPOINT" in p.stdout and "EPOCH" in p.stdout and "SIZE" in p.stdout and "CREATED" in p.stdout
     # the run trained all its epochs: a rerun trains nothing, and ls says so (tests/unit/tools/test_tools_values.py: the rest)
     assert f"FINISHED: every epoch done (0..{EPOCHS - 1}, max_epoch_num {EPOCHS})" in p.stdout, p.stdout
@@ -172,15 +189,20 @@ def test_ls_json(readonly, trained):
     (job,) = doc["jobs"]
     assert job["job"] == JOB
     (rng,) = job["ranges"]
-    assert rng["range"] == RANGE and rng["restart"] == 3 and rng["finished"] is True and rng["max_epoch_num"] == EPOCHS
+    assert rng["range"] == RANGE and rng["restart_name"] == "ckpt-e3" and rng["finished"] is True
+    assert rng["max_epoch_num"] == EPOCHS and rng["data_checked"] is False
     cks = rng["checkpoints"]
-    assert [c["number"] for c in cks] == [3, 2, 1]
-    assert [c["epoch"] for c in cks] == [3, 2, 1]
+    assert [c["name"] for c in cks] == ["ckpt-e3", "ckpt-e2", "ckpt-e1"]
+    assert rng["restart"] == cks[0]["number"]  # the restart's checkpoint, by the listing's number
+    assert [c["epoch"] for c in cks] == [3, 2, 1] and [c["step"] for c in cks] == [None, None, None]
+    assert [c["path"] for c in cks] == [f"{JOB}/range/{RANGE}/ckpt-e{e}" for e in (3, 2, 1)]
     assert [c["restart"] for c in cks] == [True, False, False]
     assert all(c["committed"] and c["valid"] and c["status"] == "ok" for c in cks)
-    for c in cks:
-        files = os.listdir(os.path.join(trained["root"], c["path"]))
-        assert c["bytes"] == sum(os.path.getsize(os.path.join(trained["root"], c["path"], f)) for f in files)
+    for c in cks:  # the size of its part (rank-0: manifest.json + tensors.bin; global.json is not counted)
+        part = part_dir(os.path.join(trained["root"], JOB, "range", RANGE), c["name"])
+        files = os.listdir(part)
+        assert part.endswith(os.path.join(c["path"], "rank-0")) and sorted(files) == ["manifest.json", "tensors.bin"]
+        assert c["bytes"] == sum(os.path.getsize(os.path.join(part, f)) for f in files)
         assert abs(c["created"] - time.time()) < 3600
 
 
@@ -229,15 +251,28 @@ def test_inspect_shows_variables_scheduler_rng_and_versions(readonly, trained):
 
 
 def test_inspect_by_job_range_number_json(trained, capsys):
-    assert cli.main(["inspect", trained["root"], "--job", JOB, "--range", RANGE, "--number", "2", "--json"]) == 0
+    # --number picks an earlier release's ckpt-N; today's checkpoint of a one-process job is named by its
+    # position (ckpt-e2), given by its path
+    assert cli.main(["inspect", ckpt_path(trained["root"], 2), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["number"] == 2 and doc["range"]["epoch_no"] == 2 and doc["range"]["name"] == RANGE
-    assert doc["restart"] is False
+    assert doc["checkpoint"] == ckpt_path(trained["root"], 2) and doc["job"] == JOB
+    assert doc["range"]["epoch_no"] == 2 and doc["range"]["name"] == RANGE and doc["range"]["step"] is None
+    assert doc["part"] == {"rank": 0, "ranks": [0], "world_size": 1, "mode": "replicated"}
+    assert doc["restart"] is False and doc["data_status"] == "ok"
     assert doc["rng"]["saved"] is True and doc["ir"] == "pir"
     (prog,) = doc["programs"]
     assert prog["lr_scheduler"] == {"last_epoch": 3, "last_lr": 0.005}
     kinds = {t["name"]: t["kind"] for t in prog["tensors"]}
     assert sorted(n for n, k in kinds.items() if k == "param") == ["m0_fc1.b", "m0_fc1.w", "m0_fc2.b", "m0_fc2.w"]
+    # the storage root with --job/--range: the checkpoint a restart loads
+    assert cli.main(["inspect", trained["root"], "--job", JOB, "--range", RANGE, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["checkpoint"] == ckpt_path(trained["root"], 3) and doc["range"]["epoch_no"] == 3
+    assert doc["range"]["name"] == RANGE and doc["restart"] is True
+    # a number names no checkpoint of today's layout: the error lists the range's checkpoints
+    assert cli.main(["inspect", trained["root"], "--job", JOB, "--range", RANGE, "--number", "2"]) == 2
+    e = capsys.readouterr().err
+    assert "ckpt-2 does not exist" in e and "ckpt-e3, ckpt-e2, ckpt-e1" in e, e
 
 
 # -- verify -------------------------------------------------------------------
@@ -250,47 +285,59 @@ def test_verify_ok(readonly):
 
 def test_verify_detects_a_flipped_byte_and_gc_keeps_the_newest_valid(root_copy, capsys):
     root = root_copy
-    flip_byte(os.path.join(ckpt_path(root, 3), "tensors.bin"), tensor_offset(root, 3, "m0_fc1.w") + 100)
-    flip_byte(os.path.join(ckpt_path(root, 1), "tensors.bin"), tensor_offset(root, 1, "m0_fc2.w") + 4)
+    flip_byte(data_path(root, 3), tensor_offset(root, 3, "m0_fc1.w") + 100)
+    flip_byte(data_path(root, 1), tensor_offset(root, 1, "m0_fc2.w") + 4)
     verify = run_cli("verify", root)
     assert verify.returncode == 1, describe(verify)
     bad = [line for line in verify.stdout.splitlines() if "BAD" in line]
-    assert len(bad) == 2 and "ckpt-3" in bad[0] and "ckpt-1" in bad[1], verify.stdout
+    assert len(bad) == 2 and "ckpt-e3" in bad[0] and "ckpt-e1" in bad[1], verify.stdout
     assert "checksum mismatch in tensor 'm0_fc1.w'" in bad[0]
     failed = [line for line in verify.stdout.splitlines() if line.startswith("FAILED")]
-    assert len(failed) == 1 and "ckpt-3" in failed[0] and "fall back to ckpt-2" in failed[0], verify.stdout
-    assert "warning: older checkpoint" in verify.stdout and "ckpt-1" in verify.stdout
+    assert len(failed) == 1 and "ckpt-e3" in failed[0] and "fall back to ckpt-e2" in failed[0], verify.stdout
+    assert "warning: older checkpoint" in verify.stdout and "ckpt-e1" in verify.stdout
 
     assert cli.main(["ls", root, "--verify", "--json"]) == 0
     (rng,) = json.loads(capsys.readouterr().out)["jobs"][0]["ranges"]
-    assert rng["restart"] == 2
-    assert [(c["number"], c["status"]) for c in rng["checkpoints"]] == [(3, "corrupt"), (2, "verified"), (1, "corrupt")]
+    assert rng["restart_name"] == "ckpt-e2" and rng["data_checked"] is True
+    assert [(c["name"], c["status"]) for c in rng["checkpoints"]] == [
+        ("ckpt-e3", "corrupt"), ("ckpt-e2", "verified"), ("ckpt-e1", "corrupt")]
+    assert rng["restart"] == rng["checkpoints"][1]["number"]
 
-    # gc --keep 1 keeps ckpt-3 (the newest) AND ckpt-2 (the newest valid one)
+    # gc --keep 1 keeps ckpt-e3 (the newest) AND ckpt-e2 (the newest valid one)
     assert cli.main(["gc", root, "--keep", "1"]) == 0
     out = capsys.readouterr().out
-    assert ckpt_dirs(root) == ["ckpt-2", "ckpt-3"], out
+    assert ckpt_dirs(root) == ["ckpt-e2", "ckpt-e3"], out
     assert "newest valid checkpoint" in out
+    loaded = load_as_restart(Checkpointer(open_storage(root), JOB, RANGE))
+    assert loaded is not None and loaded.name == "ckpt-e2" and loaded.manifest.range.epoch_no == 2
 
 
 def test_verify_exit_0_when_only_an_older_checkpoint_is_bad(root_copy, capsys):
-    flip_byte(os.path.join(ckpt_path(root_copy, 2), "tensors.bin"), 1)
+    flip_byte(data_path(root_copy, 2), 1)
     assert cli.main(["verify", root_copy, "--job", JOB]) == 0
     out = capsys.readouterr().out
-    assert "BAD" in out and "ckpt-2" in out and "warning: older checkpoint" in out and "OK:" in out
+    assert "BAD" in out and "ckpt-e2" in out and "warning: older checkpoint" in out and "OK:" in out
 
 
 # -- gc -----------------------------------------------------------------------
 def test_gc_dry_run_changes_nothing_then_keep_1(root_copy):
     root = root_copy
     rdir = os.path.join(root, JOB, "range", RANGE)
+    past = time.time() - 7200
+    # a leftover of an interrupted save of an earlier release (ckpt-N.tmp-<id>), two hours old
     old = os.path.join(rdir, "ckpt-4.tmp-0123456789ab")
     os.makedirs(old)
     with open(os.path.join(old, "tensors.bin"), "wb") as f:
         f.write(b"x" * 100)
-    past = time.time() - 7200
     os.utime(os.path.join(old, "tensors.bin"), (past, past))
     os.utime(old, (past, past))
+    # today's: the part of a save never committed (no global.json), two hours old
+    abandoned = os.path.join(rdir, "ckpt-e4")
+    shutil.copytree(os.path.join(ckpt_path(root, 3), "rank-0"), os.path.join(abandoned, "rank-0"))
+    for d in (os.path.join(abandoned, "rank-0"), abandoned):
+        for f in os.listdir(d):
+            os.utime(os.path.join(d, f), (past, past))
+        os.utime(d, (past, past))
     fresh = os.path.join(rdir, "ckpt-5.tmp-abcdef012345")  # a save that may be in progress
     os.makedirs(fresh)
     before = tree_state(root)
@@ -300,17 +347,20 @@ def test_gc_dry_run_changes_nothing_then_keep_1(root_copy):
     assert tree_state(root) == before
     assert "dry run" in dry.stdout and "nothing was changed" in dry.stdout
     actions = {line.split()[2]: line for line in dry.stdout.splitlines() if line.startswith(JOB)}
-    assert "would delete" in actions["ckpt-1"] and "would delete" in actions["ckpt-2"]
-    assert "keep" in actions["ckpt-3"]
+    assert sorted(actions) == ["ckpt-4.tmp-0123456789ab", "ckpt-5.tmp-abcdef012345", "ckpt-e1", "ckpt-e2", "ckpt-e3",
+                               "ckpt-e4"], dry.stdout
+    assert "would delete" in actions["ckpt-e1"] and "would delete" in actions["ckpt-e2"]
+    assert "keep" in actions["ckpt-e3"]
     assert "would delete" in actions["ckpt-4.tmp-0123456789ab"]
+    assert "would delete" in actions["ckpt-e4"] and "not committed" in actions["ckpt-e4"]
     assert "skip" in actions["ckpt-5.tmp-abcdef012345"] and "in progress" in actions["ckpt-5.tmp-abcdef012345"]
 
     gc = run_cli("gc", root, "--keep", 1)
     assert gc.returncode == 0, describe(gc)
-    assert ckpt_dirs(root) == ["ckpt-3", "ckpt-5.tmp-abcdef012345"], gc.stdout
-    assert "deleted 3 directories" in gc.stdout
+    assert ckpt_dirs(root) == ["ckpt-5.tmp-abcdef012345", "ckpt-e3"], gc.stdout
+    assert "deleted 4 directories" in gc.stdout
     loaded = load_as_restart(Checkpointer(open_storage(root), JOB, RANGE))
-    assert loaded is not None and loaded.manifest.number == 3
+    assert loaded is not None and loaded.name == "ckpt-e3" and loaded.manifest.range.epoch_no == 3
 
 
 def test_gc_keep_must_be_positive(trained, capsys):
@@ -321,7 +371,7 @@ def test_gc_keep_must_be_positive(trained, capsys):
 # -- export -------------------------------------------------------------------
 def test_export_loads_into_a_fresh_program_with_plain_paddle(trained, tmp_path):
     root = trained["root"]
-    m = Checkpointer(open_storage(root), JOB, RANGE).read_manifest(3)
+    m = read_manifest(root, 3)
     key = m.programs[0].key
     dest = str(tmp_path / "export")
     p = run_cli("export", ckpt_path(root, 3), "--program", key, "--to", dest, "--optimizer-state")
@@ -335,7 +385,8 @@ def test_export_loads_into_a_fresh_program_with_plain_paddle(trained, tmp_path):
                         text=True, timeout=120)
     assert ld.returncode == 0, describe(ld)
 
-    ck = Checkpointer(open_storage(root), JOB, RANGE).load(3)
+    ck = load_as_restart(Checkpointer(open_storage(root), JOB, RANGE))  # the newest, ckpt-e3, verified
+    assert ck is not None and ck.name == "ckpt-e3" and ck.manifest.programs[0].key == key
     saved = {name: arr for (k, name), arr in ck.arrays.items() if k == key}
     with np.load(os.path.join(trained["out"], "final.npz")) as z:
         final = {n: z[n] for n in z.files}
@@ -352,10 +403,10 @@ def test_export_loads_into_a_fresh_program_with_plain_paddle(trained, tmp_path):
 
 
 def test_export_refuses_a_corrupt_checkpoint(root_copy, tmp_path, capsys):
-    flip_byte(os.path.join(ckpt_path(root_copy, 3), "tensors.bin"), tensor_offset(root_copy, 3, "m0_fc2.b"))
+    flip_byte(data_path(root_copy, 3), tensor_offset(root_copy, 3, "m0_fc2.b"))
     assert cli.main(["export", ckpt_path(root_copy, 3), "--to", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert "ckpt-3" in err and "corrupt" in err and "m0_fc2.b" in err
+    assert "ckpt-e3" in err and "corrupt" in err and "m0_fc2.b" in err
     assert not os.path.exists(str(tmp_path / "x" / "model.pdparams"))
 
 
@@ -375,20 +426,21 @@ def test_clear_errors(trained, root_copy, tmp_path, capsys):
     assert "does not exist" in err("verify", str(tmp_path / "missing"))
     assert "does not exist" in err("gc", str(tmp_path / "missing"), "--keep", 1)
     assert "unsupported scheme" in err("ls", "nosuch://bucket/x")
-    assert "ckpt-9 does not exist" in err("inspect", ckpt_path(root, 9))
+    assert "ckpt-e9 does not exist" in err("inspect", ckpt_path(root, 9))
     e = err("inspect", root, "--job", JOB, "--range", "_range_7")
     assert "range '_range_7' not found" in e and RANGE in e
     assert "looks like a job directory" in err("ls", os.path.join(root, JOB))
     # an unreadable (damaged) manifest
-    with open(os.path.join(ckpt_path(root_copy, 3), "manifest.json"), "r+b") as f:
+    with open(data_path(root_copy, 3, "manifest.json"), "r+b") as f:
         f.seek(20)
         f.write(b"#")
     e = err("inspect", ckpt_path(root_copy, 3))
-    assert "cannot read checkpoint" in e and "ckpt-3" in e and "manifest" in e
+    assert "cannot read checkpoint" in e and "ckpt-e3" in e and "manifest" in e
     # ... which ls reports and a restart would skip
     assert cli.main(["ls", root_copy, "--json"]) == 0
     (rng,) = json.loads(capsys.readouterr().out)["jobs"][0]["ranges"]
-    assert rng["restart"] == 2 and rng["checkpoints"][0]["status"] == "corrupt"
+    assert rng["restart_name"] == "ckpt-e2"
+    assert rng["checkpoints"][0]["name"] == "ckpt-e3" and rng["checkpoints"][0]["status"] == "corrupt"
     shutil.rmtree(os.path.join(root_copy, JOB, "metrics"), ignore_errors=True)
     e = err("stats", root_copy, "--job", JOB)
     assert "no save metrics" in e and "trainer-*.jsonl" in e
@@ -428,16 +480,21 @@ def test_stats_of_the_training_run(readonly, trained):
 def test_the_training_runs_metrics_lines_are_records_byte_for_byte(trained):
     """Every line the library wrote in a real training run is a valid MetricsRecord (the reader's
     checks never reject what the writers write) and serializes back to the same bytes; one start
-    record, one saved record per epoch with the fields of a save of one writer."""
+    record, one saved record per epoch with the fields of the save of a part (a one-process job's
+    checkpoint is a one-part global checkpoint: rank 0 writes its part and commits it)."""
     with open(os.path.join(trained["root"], JOB, "metrics", "trainer-0.jsonl")) as f:
         lines = f.read().splitlines()
     recs = [MetricsRecord.from_line(line) for line in lines]
     assert [r.to_line() for r in recs] == lines
     assert [r.event for r in recs] == ["start"] + ["saved"] * EPOCHS, lines
-    for r in recs[1:]:
-        assert set(json.loads(r.to_line())) == {
-            "event", "time", "pid", "range", "epoch", "step", "stall_s", "waited_s", "policy", "ok", "number",
-            "bytes", "persist_s", "throughput_mb_s"}, r
+    for e, r in enumerate(recs[1:]):
+        doc = json.loads(r.to_line())
+        assert set(doc) == {
+            "event", "time", "pid", "range", "epoch", "step", "stall_s", "waited_s", "policy", "ok", "name",
+            "rank", "committed", "bytes", "persist_s", "parts_wait_s"}, r
+        assert (doc["name"], doc["epoch"], doc["step"], doc["rank"], doc["committed"], doc["ok"]) == (
+            f"ckpt-e{e}", e, None, 0, True, True), r
+        assert doc["range"] == RANGE and doc["bytes"] > 0
 
 
 def test_stats_on_a_metrics_file(tmp_path, capsys):
@@ -520,7 +577,7 @@ def test_verify_shows_progress_when_forced(trained, monkeypatch, capsys):
     monkeypatch.setenv("PADDLE_ACP_PROGRESS", "1")
     assert cli.main(["verify", trained["root"]]) == 0
     err = capsys.readouterr().err
-    assert "verifying" in err and "ckpt-3" in err and "100%" in err
+    assert "verifying" in err and "ckpt-e3" in err and "100%" in err
     monkeypatch.delenv("PADDLE_ACP_PROGRESS")
     assert cli.main(["verify", trained["root"]]) == 0  # stderr is not a terminal here
     assert capsys.readouterr().err == ""
@@ -573,11 +630,12 @@ def _remote_round(uri, fs, base, trained, tmp_path, capsys):
     import pyarrow.fs as pafs
 
     pafs.copy_files(trained["root"], base, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-    ck3 = f"{uri}/{JOB}/range/{RANGE}/ckpt-3"
+    ck3 = f"{uri}/{JOB}/range/{RANGE}/ckpt-e3"
 
     assert cli.main(["ls", uri, "--json"]) == 0
     (rng,) = json.loads(capsys.readouterr().out)["jobs"][0]["ranges"]
-    assert rng["restart"] == 3 and [c["number"] for c in rng["checkpoints"]] == [3, 2, 1]
+    assert rng["restart_name"] == "ckpt-e3" and [c["name"] for c in rng["checkpoints"]] == ["ckpt-e3", "ckpt-e2", "ckpt-e1"]
+    assert all(c["status"] == "ok" and c["committed"] for c in rng["checkpoints"])
     assert cli.main(["verify", uri]) == 0
     assert "OK: 3 checkpoint(s) verified" in capsys.readouterr().out
     assert cli.main(["inspect", ck3]) == 0
@@ -604,10 +662,10 @@ def _remote_round(uri, fs, base, trained, tmp_path, capsys):
     assert cli.main(["gc", uri, "--keep", "1"]) == 0
     capsys.readouterr()
     left = {p.split("/")[4] for p, _ in _remote_files(fs, base) if "/range/" in p}
-    assert left == {"ckpt-3"}, left
+    assert left == {"ckpt-e3"}, left
 
     # a flipped byte in the only checkpoint: verify fails, naming it
-    data = f"{base}/{JOB}/range/{RANGE}/ckpt-3/tensors.bin"
+    data = f"{base}/{JOB}/range/{RANGE}/ckpt-e3/rank-0/tensors.bin"
     with fs.open_input_file(data) as f:
         raw = bytearray(f.read())
     raw[tensor_offset(trained["root"], 3, "m0_fc1.b")] ^= 0xFF
@@ -615,7 +673,7 @@ def _remote_round(uri, fs, base, trained, tmp_path, capsys):
         f.write(bytes(raw))
     assert cli.main(["verify", uri]) == 1
     out = capsys.readouterr().out
-    assert "FAILED" in out and "ckpt-3" in out and "STOPS with NoUsableCheckpointError" in out, out
+    assert "FAILED" in out and "ckpt-e3" in out and "STOPS with NoUsableCheckpointError" in out, out
     assert "START FROM SCRATCH" not in out  # a restart no longer starts from scratch when checkpoints exist
 
 
@@ -656,7 +714,7 @@ def test_the_tools_and_every_help_never_import_paddle(trained, tmp_path):
         mods = imported_modules(p.stderr)
         assert "paddle_acp.cli" in mods, describe(p)  # the import profile was read
         assert not [m for m in mods if m == "paddle" or m.startswith("paddle.")], c
-    assert "ckpt-3" in procs[4].stdout and os.path.exists(tmp_path / "model.pdparams")
+    assert "ckpt-e3" in procs[4].stdout and os.path.exists(tmp_path / "model.pdparams")
     # the same tools through the package (`python -m paddle_acp`) gate as `import paddle_acp` does
     p = run_cli("ls", root, env=child_env(PYTHONPROFILEIMPORTTIME=1))
     assert p.returncode == 0 and "paddle" in imported_modules(p.stderr), describe(p)
@@ -678,7 +736,7 @@ def test_without_a_usable_paddle_the_tools_work_and_everything_else_refuses(trai
         ("!", sys.executable, "-c", "import paddle_acp_cli, paddle_acp\ntry:\n    paddle_acp.train_epoch_range\n"
          "except ImportError as e:\n    print(type(e).__name__, e)\n"),
         env=env)
-    assert ls.returncode == 0 and "ckpt-3" in ls.stdout, describe(ls)
+    assert ls.returncode == 0 and "ckpt-e3" in ls.stdout, describe(ls)
     assert verify.returncode == 0 and "OK: 3 checkpoint(s) verified" in verify.stdout, describe(verify)
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith(f"paddle-acp: error: {why}; paddle-acp supports"), describe(run)
     assert not os.path.exists(tmp_path / "ck")

@@ -119,18 +119,35 @@ def test_midrun_model_change_error_has_no_noise_at_exit(tmp_path):
 
 
 # -- 14: Ctrl-C during a synchronous save ------------------------------------------------------------
-def _tmp_dirs(range_dir):
+def _positions(range_dir):
+    """Each position directory of the range (``ckpt-e<E>[-s<S>]``) with the names inside it."""
+    out = {}
     try:
         names = os.listdir(range_dir)
     except FileNotFoundError:
-        return set(), set()
-    return {n for n in names if ".tmp-" in n}, {n for n in names if ".tmp-" not in n}
+        return out
+    for n in names:
+        try:
+            out[n] = set(os.listdir(os.path.join(range_dir, n)))
+        except (FileNotFoundError, NotADirectoryError):
+            out[n] = None  # gone since the listing, or not a directory
+    return out
+
+
+def _saves(range_dir):
+    """(positions whose part is being written: a ``rank-0.tmp-*`` inside, no ``rank-0`` nor ``global.json``
+    yet; committed positions: ``global.json`` inside)."""
+    pos = _positions(range_dir)
+    pending = {n for n, inside in pos.items() if inside and "global.json" not in inside and "rank-0" not in inside
+               and any(x.startswith("rank-0.tmp-") for x in inside)}
+    return pending, {n for n, inside in pos.items() if inside and "global.json" in inside}
 
 
 def test_ctrl_c_during_synchronous_save_stops_the_process(tmp_path):
     """SIGINT delivered while a synchronous save is provably in progress (the process is frozen
-    with SIGSTOP while its ckpt-N.tmp-* directory exists and ckpt-N does not): the process must
-    stop with KeyboardInterrupt, the partial save removed, the last checkpoint intact."""
+    with SIGSTOP while its ckpt-eE/rank-0.tmp-* directory exists and neither ckpt-eE/rank-0 nor
+    ckpt-eE/global.json does): the process must stop with KeyboardInterrupt, the partial save removed,
+    the last checkpoint intact."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     range_dir = ckpt / JOB_ID / "range" / "_range_0"
     # ~110 MB of state (16 -> 500000 -> 1 with Adam): a save takes long enough to be caught in
@@ -142,15 +159,14 @@ def test_ctrl_c_during_synchronous_save_stops_the_process(tmp_path):
     try:
         deadline = time.monotonic() + 400
         while caught is None and p.poll() is None and time.monotonic() < deadline:
-            tmps, done = _tmp_dirs(range_dir)
-            if not tmps:
+            pending, _ = _saves(range_dir)
+            if not pending:
                 time.sleep(0.001)
                 continue
             os.kill(p.pid, signal.SIGSTOP)
-            tmps2, done2 = _tmp_dirs(range_dir)
-            pending = {t for t in tmps2 if t.split(".tmp-")[0] not in done2}
-            if pending and done2:  # frozen inside a save (not renamed yet) that has a predecessor
-                caught = (sorted(pending)[0], sorted(done2))
+            pending2, done2 = _saves(range_dir)
+            if pending2 and done2:  # frozen inside a save (not renamed yet) that has a predecessor
+                caught = (sorted(pending2)[0], sorted(done2))
                 os.kill(p.pid, signal.SIGINT)
             os.kill(p.pid, signal.SIGCONT)
             if caught is None:
@@ -166,9 +182,12 @@ def test_ctrl_c_during_synchronous_save_stops_the_process(tmp_path):
     assert "KeyboardInterrupt" in stderr, describe(proc)
     assert "checkpoint save interrupted by KeyboardInterrupt" in stderr, describe(proc)
     assert not is_done(out) and "training finished" not in stdout, describe(proc)
-    tmps, done = _tmp_dirs(range_dir)
+    pos = _positions(range_dir)
+    tmps = {f"{n}/{x}" for n, inside in pos.items() for x in (inside or ()) if ".tmp-" in x}
+    tmps |= {n for n in pos if ".tmp-" in n}
     assert tmps == set(), f"the interrupted save left {tmps} behind"
-    assert done and set(done) <= set(caught[1]) | {caught[0].split(".tmp-")[0]}, (done, caught)
+    _, done = _saves(range_dir)
+    assert done and set(pos) <= set(caught[1]) | {caught[0]}, (pos, caught)
     verify = subprocess.run([sys.executable, "-m", "paddle_acp", "verify", str(ckpt)], cwd=REPO,
                             env=script_env(None, "pir"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, timeout=300)

@@ -5,7 +5,7 @@ at the first call of the point the process creates ``<file>`` and stops; the tes
 SIGCONT. When that call returns or raises, ``<file>.done`` is created, so the test knows
 what the resumed process did there is over. Points:
 
-* ``save``: the start of ``Checkpointer.save`` (a single writer's save, before it lists);
+* ``save``: the start of ``GlobalCheckpointer.save`` (a save of this rank, one process's too: before any storage call);
 * ``write``: the start of the data write of a save (a single writer's checkpoint, or a rank's
   part once its save decided to write it: its temporary directory exists where the storage
   needs one made first; nothing is committed);
@@ -52,9 +52,9 @@ def install():
         setattr(owner, attr, hooked)
 
     if point == "save":
-        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+        from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 
-        wrap(Checkpointer, "save")
+        wrap(GlobalCheckpointer, "save")
     elif point == "write":
         import paddle_acp.format.checkpoints.checkpointer as checkpointer
 

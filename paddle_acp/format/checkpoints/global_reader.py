@@ -106,10 +106,9 @@ class GlobalReader:
             raise CorruptCheckpointError(f"{path} holds a share of the replicated tensors, but {GLOBAL_NAME} "
                                          "records one writer of them")
         if data:
-            try:
-                size = self.storage.size(f"{pdir}/{DATA_NAME}")
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{pdir}/{DATA_NAME} is missing") from None
+            size = reader.file_size(self.storage, f"{pdir}/{DATA_NAME}", DATA_NAME)  # (a link or a directory: refused)
+            if size is None:
+                raise CorruptCheckpointError(f"{pdir}/{DATA_NAME} is missing")
             if size != p.data_size:
                 raise CorruptCheckpointError(f"{pdir}/{DATA_NAME} has {size} bytes, expected {p.data_size}")
         return raw

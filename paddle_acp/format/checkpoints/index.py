@@ -91,6 +91,16 @@ class Entry:
         return str(self.number) if self.layout == SINGLE else self.name
 
 
+def global_committed(storage: Storage, path: str) -> bool:
+    """Whether the checkpoint of several ranks at ``path`` has its ``global.json``; True when that cannot be looked
+    up (e.g. permission denied): never taken for a leftover to delete, and its readers say why it is not used."""
+    try:
+        return storage.exists(f"{path}/{GLOBAL_NAME}")
+    except StorageError as exc:
+        logger.debug("cannot check %s: %s", path, exc)
+        return True
+
+
 def entries(storage: Storage, job_id: str, range_name: str, uncommitted: bool = False,
             listing: Optional[List[StorageEntry]] = None, committed_now: Sequence[str] = ()) -> List[Entry]:
     """The committed checkpoints of a range (with ``uncommitted``, also directories that are not: leftovers of
@@ -105,9 +115,11 @@ def entries(storage: Storage, job_id: str, range_name: str, uncommitted: bool = 
     listing = storage.listdir(parent) if listing is None else listing
     out: List[Entry] = []
     for e in listing:
-        pos = parse_name(e.name) if e.is_dir else None
-        if pos is not None:
-            committed = e.name in committed_now or storage.exists(f"{parent}/{e.name}/{GLOBAL_NAME}")
+        pos = parse_name(e.name)
+        if pos is not None and not e.is_dir:
+            atomic.foreign(storage, parent, e)  # a file or a link under a position's name: never read nor deleted
+        elif pos is not None:
+            committed = e.name in committed_now or global_committed(storage, f"{parent}/{e.name}")
             if committed or uncommitted:
                 out.append(Entry(e.name, GLOBAL, -1, position_key(*pos), committed, f"{parent}/{e.name}"))
     by_position = any(g.committed for g in out)
@@ -146,8 +158,10 @@ def restart_candidates(storage: Storage, job_id: str, range_name: str) -> Tuple[
     parent = range_dir(job_id, range_name)
     out = []
     for e in listing:
-        pos = parse_name(e.name) if e.is_dir else None
-        if pos is not None:
+        pos = parse_name(e.name)
+        if pos is not None and not e.is_dir:
+            atomic.foreign(storage, parent, e)  # a file or a link under a position's name: never read nor deleted
+        elif pos is not None:
             out.append(Entry(e.name, GLOBAL, -1, position_key(*pos), True, f"{parent}/{e.name}"))
     out.sort(key=lambda e: (e.key, e.name), reverse=True)
     return out, True

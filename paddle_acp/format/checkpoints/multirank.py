@@ -111,7 +111,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
             pos = parse_name(e.name) if e.is_dir else None
             if pos is None:
                 continue
-            committed = e.name in committed_now or self.storage.exists(f"{self.dir}/{e.name}/{GLOBAL_NAME}")
+            committed = e.name in committed_now or index.global_committed(self.storage, f"{self.dir}/{e.name}")
             out.append(GlobalEntry(e.name, pos[0], pos[1], committed))
         return sorted(out, key=lambda g: g.key)
 
@@ -157,6 +157,11 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         part cannot be written says so on storage (:meth:`declare_absent`), so that rank 0 abandons
         the position at once."""
         name = position_name(snap.range.epoch_no, snap.range.step)
+        if self.storage.has_symlinks and self.storage.kind(f"{self.dir}/{name}") in ("link", "file", "other"):
+            # (local disks only, one lstat) never written through a link, nor declared absent through one
+            raise StorageError(f"cannot write checkpoint {name} of {self.storage.uri}/{self.dir}: something that is no "
+                               "directory is there (a symbolic link or a file: paddle-acp never follows links inside "
+                               "a job nor deletes what it did not write); remove it")
         if self.fence is not None and self.fence.fenced_by is not None:
             self.fence.check(f"write checkpoint {name}")  # fenced for good
         try:

@@ -86,12 +86,12 @@ def load_newest(checkpointer: Checkpointer, global_checkpointer: "GlobalCheckpoi
     search = index.first_usable(listed, load, check, where, fatal)  # (it passes over the uncommitted)
     global_checkpointer.remember_listing(listed, uncommitted)  # discard_newer removes what is newer than the choice without listing again
     newer = [r for r in search.of_kind(index.NEWER_FORMAT) if r.entry.layout == index.GLOBAL]
-    if multi and newer and (search.found is not None or start_fresh):
+    if newer and (search.found is not None or start_fresh):
         if search.found is not None:
             search.found.close()
         # the positions this job would train again are taken by checkpoints it can neither read nor replace
         raise CheckpointError(
-            f"rank {global_checkpointer.rank}: checkpoint(s) {', '.join(r.entry.name for r in newer)} of {where} (job {global_checkpointer.job_id}) "
+            f"{who}checkpoint(s) {', '.join(r.entry.name for r in newer)} of {where} (job {global_checkpointer.job_id}) "
             f"are of a newer format ({newer[0].reason}); this job would train their positions again "
             f"{'from ' + search.found.name if search.found is not None else 'from scratch'} and cannot replace them. "
             "Resume with the newer paddle-acp that wrote them, or use a new PADDLE_JOB_ID. Nothing was deleted."

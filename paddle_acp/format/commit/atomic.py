@@ -42,7 +42,8 @@ class DirEntry:
     generation: int = -1  # a temporary name's writer generation (-1: none in the name)
 
 
-def _foreign(storage: Storage, parent: str, e: Entry) -> None:
+def foreign(storage: Storage, parent: str, e: Entry) -> None:
+    """Log once that ``e``, under a checkpoint's name, is no checkpoint (a file or a symbolic link)."""
     key = (storage.uri, f"{parent}/{e.name}")
     if key in _logged_foreign:
         return
@@ -75,7 +76,7 @@ def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -
         if not (m or t):
             continue
         if not e.is_dir:
-            _foreign(storage, parent, e)
+            foreign(storage, parent, e)
             continue
         if m:
             out.append(DirEntry(e.name, int(m.group(1)), _committed(storage, f"{parent}/{e.name}")))

@@ -268,6 +268,8 @@ def _lockstep(storage, points, fail=False):
             gate.held.clear()
             threading.Timer(0.05, gate.release.set).start()
         got0.append(r0.point("due", False, f"epoch {i}")[1])
+        if r0._writing is not None:  # a write started at this point: wait until it is held at the gate (its
+            assert gate.held.wait(30)  # thread may not have reached the store yet on a loaded machine)
         if gate.held.is_set():
             went_on += 1  # rank 0 passed this point while its plan write was still held
             assert r0._writing is not None and r0._writing[0].is_alive()
