@@ -518,7 +518,7 @@ def _tree(root):
 
 def test_checkpoints_of_a_newer_format_are_never_withdrawn_or_deleted(tmp_path):
     """Issue 25, item 2: a global checkpoint of a newer format is skipped, never withdrawn by a
-    restart (discard_newer), never deleted by retention; a job of several ranks does not resume from
+    restart (discard_newer), never deleted by retention; a job (of any world size) does not resume from
     an older one below it (it would train its position again over it), nor start fresh in place."""
     from paddle_acp.errors import NoUsableCheckpointError
 
@@ -529,10 +529,9 @@ def test_checkpoints_of_a_newer_format_are_never_withdrawn_or_deleted(tmp_path):
     for r in (0, 1):
         with pytest.raises(CheckpointError, match=r"ckpt-e2 .*are of a newer format.*from ckpt-e1"):
             load_newest(v2(tmp_path), gck(tmp_path, r, 2), None)
-    # one process (no positions of several ranks to write) falls back past it
-    loaded = load_newest(v2(tmp_path), gck(tmp_path, 0, 1), None)
-    assert loaded.name == "ckpt-e1"
-    loaded.close()
+    # one process (a job of world size 1: it writes positions too) refuses it alike
+    with pytest.raises(CheckpointError, match=r"^checkpoint\(s\) ckpt-e2 .*are of a newer format.*from ckpt-e1"):
+        load_newest(v2(tmp_path), gck(tmp_path, 0, 1), None)
     g0 = gck(tmp_path, 0, 2)
     g0.discard_newer(position_key(0, None))  # as after a resume from ckpt-e0: ckpt-e1 goes, ckpt-e2 stays
     assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e1" / GLOBAL_NAME).exists()
