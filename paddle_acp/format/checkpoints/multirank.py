@@ -158,10 +158,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         the position at once."""
         name = position_name(snap.range.epoch_no, snap.range.step)
         if self.storage.has_symlinks and self.storage.kind(f"{self.dir}/{name}") in ("link", "file", "other"):
-            # (local disks only, one lstat) never written through a link, nor declared absent through one
-            raise StorageError(f"cannot write checkpoint {name} of {self.storage.uri}/{self.dir}: something that is no "
-                               "directory is there (a symbolic link or a file: paddle-acp never follows links inside "
-                               "a job nor deletes what it did not write); remove it")
+            raise StorageError(f"cannot write checkpoint {name} of {self.storage.uri}/{self.dir}: a link or a file is "
+                               "there (never followed, nor deleted: paddle-acp did not write it); remove it")
         if self.fence is not None and self.fence.fenced_by is not None:
             self.fence.check(f"write checkpoint {name}")  # fenced for good
         try:
@@ -262,23 +260,21 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
             for g in reversed(committed):
                 try:
                     self.load(g.name, None).close()
+                    newest_valid = g
+                    break
                 except (CheckpointError, StorageError) as exc:
                     logger.debug("checkpoint %s is not usable: %s", g.name, exc)
-                    continue
-                newest_valid = g
-                break
         finally:
             self.cache = cache
         older = [g for g in committed if newest_valid is not None and g.key < newest_valid.key and self._deletable(g)]
+        kept = newest_valid.name if newest_valid is not None else "none"
         if not older:
             logger.error("checkpoint %s of %s/%s does not fit (%s) and no older checkpoint can be deleted (the newest "
                          "valid one, %s, is always kept): free space on the storage", name, self.storage.uri, self.dir,
-                         cause, newest_valid.name if newest_valid is not None else "none")
+                         cause, kept)
             return False
-        assert newest_valid is not None
         logger.warning("storage full while writing checkpoint %s of %s/%s: deleting the oldest checkpoint %s to make "
-                       "space (the newest valid one, %s, is kept)", name, self.storage.uri, self.dir, older[0].name,
-                       newest_valid.name)
+                       "space (the newest valid one, %s, is kept)", name, self.storage.uri, self.dir, older[0].name, kept)
         delete_old(self.storage, self.job_id, self.dir, [older[0].name], self.fence)
         return True
 
