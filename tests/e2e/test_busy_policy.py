@@ -380,7 +380,7 @@ def test_auto_waits_within_its_budget_then_skips_and_says_so(tmp_path, capsys):
     benchmarks' simulated remote store (ci/bench/simstore.py, ``sim://``), whose delays are sleeps: ~0.6 s per
     persist of this tiny checkpoint against epochs of milliseconds, the same on a loaded machine."""
     store = tmp_path / "store"
-    uri = f"sim://{store}?latency_ms=60"  # ~10 storage calls per persist: ~0.6 s each
+    uri = f"sim://{store}?latency_ms=60"  # ~10-15 storage calls per persist: ~0.6-1 s each
     out = tmp_path / "out"
     epochs = 24
     env = script_env(uri, "pir", {"PADDLE_ACP_SAVE_INTERVAL": "0"})
@@ -397,8 +397,9 @@ def test_auto_waits_within_its_budget_then_skips_and_says_so(tmp_path, capsys):
     assert len(start) == 1 and start[0]["policy"] == "auto", start
     assert sorted([r["epoch"] for r in saved] + [r["epoch"] for r in skipped]) == list(range(epochs)), recs
     assert all(r["policy"] == "auto" for r in saved + skipped)
-    # the first due saves wait for the previous checkpoint (within the 2 s at the range's start) ...
-    assert [r["epoch"] for r in saved[:3]] == [0, 1, 2] and saved[1]["waited_s"] > 0, saved
+    # the first due saves wait for the previous checkpoint (within the 2 s at the range's start: one persist of
+    # ~0.6-1 s at least; how many fit depends on how many storage calls a persist makes) ...
+    assert [r["epoch"] for r in saved[:2]] == [0, 1] and saved[1]["waited_s"] > 0, saved
     # ... then waiting would pass the budget: skipped, never all of them (the budget grows with the range)
     assert skipped, "no save was skipped although each persist takes ~0.6 s against epochs of milliseconds"
     assert saved[-1]["epoch"] == epochs - 1
