@@ -4,7 +4,8 @@ memory), with a progress line on a terminal."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Optional, Set, Tuple
+import contextlib
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Set, Tuple
 
 from paddle_acp.format.engine import reader
 from paddle_acp.format.layout import final_name, range_dir
@@ -37,10 +38,17 @@ def read_checkpoint(storage: Storage, job: str, range_name: str, number: int, wa
     ``base``: the directory holding the manifest and data file (default ``ckpt-<number>``; a part
     ``ckpt-e<E>/rank-<k>`` of a checkpoint of several ranks)."""
     base = base or f"{range_dir(job, range_name)}/{final_name(number)}"
-    with Progress(f"{verb} {uri_join(storage.uri, base)}", 0, enabled=False if quiet else None) as prog:
+    with progress_line(f"{verb} {uri_join(storage.uri, base)}", quiet) as progress:
+        return reader.read_tensors(storage, base, number, range_name, want or (), progress=progress)
+
+
+@contextlib.contextmanager
+def progress_line(label: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """A progress line on a terminal (none when ``quiet``) for the reader's ``progress(done, total)`` callback."""
+    with Progress(label, 0, enabled=False if quiet else None) as prog:
 
         def progress(n: int, total: int) -> None:
             prog.total = total
             prog.update(n)
 
-        return reader.read_tensors(storage, base, number, range_name, want or (), progress=progress)
+        yield progress

@@ -18,8 +18,7 @@ from paddle_acp.format.layout import range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage
 from paddle_acp.tools.discovery import short_reason, uri_join
-from paddle_acp.tools.progress import Progress
-from paddle_acp.tools.reading import verify_checkpoint
+from paddle_acp.tools.reading import progress_line, verify_checkpoint
 
 OK, VERIFIED, CORRUPT, NEWER, UNCOMMITTED = "ok", "verified", "corrupt", "newer-format", "uncommitted"
 
@@ -257,10 +256,5 @@ def verify_global(storage: Storage, job: str, range_name: str, name: str, quiet:
     gm, raws = g.check_global(name)
     for rank in sorted(raws):
         pdir = g.part_dir(name, rank)
-        with Progress(f"verifying {uri_join(storage.uri, pdir)}", 0, enabled=False if quiet else None) as prog:
-
-            def progress(n: int, total: int, prog: Progress = prog) -> None:
-                prog.total = total
-                prog.update(n)
-
+        with progress_line(f"verifying {uri_join(storage.uri, pdir)}", quiet) as progress:
             reader.verify(storage, pdir, gm.number, range_name, raws[rank], progress)
