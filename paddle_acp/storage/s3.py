@@ -7,6 +7,7 @@ the URI); the endpoint from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or th
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, Dict, Union
 from urllib.parse import ParseResult, parse_qsl, unquote, urlparse
 
@@ -58,6 +59,15 @@ class S3Storage(ArrowStorage):
 
     def hint(self, exc: BaseException) -> str:
         return s3_hint(exc, self.connect_timeout)
+
+    def _delete_dir(self, path: str) -> None:
+        """Its sub-directories first, the deepest first: an S3 service that keeps folders (SeaweedFS's) leaves an
+        emptied nested folder behind a prefix's deletion (a position's ``rank-0/`` under ``ckpt-e3/``), and both
+        were listed ever after. One listing per directory of the tree (a checkpoint's: two)."""
+        for e in self.listdir(path):
+            if e.is_dir:
+                self._delete_dir(posixpath.join(path, e.name))
+        super()._delete_dir(path)
 
     @classmethod
     def from_uri(cls, uri: str, parsed: ParseResult, options: StorageOptions) -> "S3Storage":

@@ -260,6 +260,14 @@ def test_delete_file_and_dir(backend):
     assert not st.exists("t/sub") and not st.exists("t/sub/b")
     st.delete_dir("t/sub")  # missing: no error
     assert [e.name for e in st.listdir("t")] == ["keep"]
+    # a nested tree whose top file went first (a checkpoint's deletion: global.json, then the position with its
+    # rank-0/): nothing of it is listed after (SeaweedFS's S3 kept the emptied folders when deleted by prefix)
+    st.makedirs("t/pos/rank-0/deep")
+    for f in ("t/pos/global.json", "t/pos/rank-0/manifest.json", "t/pos/rank-0/deep/x"):
+        st.write_bytes(f, b"x")
+    st.delete_file("t/pos/global.json")
+    st.delete_dir("t/pos")
+    assert [e.name for e in st.listdir("t")] == ["keep"] and not st.exists("t/pos")
 
 
 def test_rename(backend):

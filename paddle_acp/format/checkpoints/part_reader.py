@@ -1,0 +1,96 @@
+"""PartReader: reads one checkpoint directory written by one writer (its manifest and data file).
+
+Such a directory is a rank's part of a global checkpoint (``ckpt-e{E}[-s{S}]/rank-R``, today's layout for
+every world size) or a numbered checkpoint ``ckpt-N`` of an earlier release (read-only: nothing writes
+them any more). The reading itself is :mod:`~paddle_acp.format.engine.reader`'s; this object adds the
+range's place on storage, the node-local cache and the host-memory budget. Paths and names are in
+:mod:`~paddle_acp.format.layout`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Optional, Tuple
+
+from paddle_acp.errors import StorageError
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.engine import reader
+from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
+from paddle_acp.format.layout import final_name, range_dir
+from paddle_acp.format.manifest import Manifest
+from paddle_acp.storage.base import Storage
+
+if TYPE_CHECKING:
+    from paddle_acp.format.checkpoints.cache import RangeCache
+
+logger = logging.getLogger("paddle_acp")
+
+
+class PartReader:
+    """Reads the one-writer checkpoints of one range: a rank's part, an earlier release's ``ckpt-N``."""
+
+    def __init__(self, storage: Storage, job_id: str, range_name: str, cache: Optional["RangeCache"] = None,
+                 memory_budget: Optional[int] = None) -> None:
+        """``cache``: the node-local copies of this range (``PADDLE_ACP_LOCAL_CACHE``, remote storage only);
+        ``memory_budget``: ``PADDLE_ACP_HOST_MEMORY`` in bytes, a restore larger than it is neither mapped
+        nor held in memory."""
+        self.storage = storage
+        self.job_id = job_id
+        self.range_name = range_name
+        self.dir = range_dir(job_id, range_name)
+        self.memory_budget = memory_budget
+        self.landing: Optional[Landing] = None  # where a restore lands (the runtime's snapshot arena), while it loads
+        self.cache = cache
+
+    def check_no_links(self) -> None:
+        """Refuse a job whose ``range`` directory or range directory is a symbolic link
+        (:func:`paddle_acp.format.checkpoints.index.check_no_links`)."""
+        index.check_no_links(self.storage, self.job_id, self.range_name)
+
+    def base(self, number: int) -> str:
+        """The directory of committed checkpoint ``number``."""
+        return f"{self.dir}/{final_name(number)}"
+
+    def read_manifest(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> Manifest:
+        """The manifest of checkpoint ``number`` (in ``base``, default ``ckpt-N``); see :func:`reader.read_manifest`."""
+        return reader.read_manifest(self.storage, base or self.base(number), number, self.range_name, raw)
+
+    def check_header(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> Tuple[Manifest, str, str]:
+        """Validate the manifest and the data file's size; returns (manifest, dir, data path)."""
+        base = base or self.base(number)
+        m, data_path = reader.check_header(self.storage, base, number, self.range_name, raw)
+        return m, base, data_path
+
+    def load(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None,
+             landing: Optional[Landing] = None) -> LoadedCheckpoint:
+        """Read and verify checkpoint ``number`` completely (:func:`reader.load`); raises CorruptCheckpointError.
+
+        With a node-local cache the data comes from the local copy when that copy is this very
+        checkpoint (see :meth:`paddle_acp.format.checkpoints.cache.RangeCache.load`). ``landing``
+        (else :attr:`landing`): the buffer its bytes are read into, within :attr:`memory_budget`."""
+        landing = landing if landing is not None else self.landing
+        if self.cache is not None and base is None:
+            _m, raw = reader.read_manifest_raw(self.storage, self.base(number), number, self.range_name, raw)
+            cached = self.cache.load(final_name(number), number, raw, memory_budget=self.memory_budget, landing=landing)
+            if cached is not None:
+                cached.path = self.base(number)
+                return cached
+        return reader.load(self.storage, base or self.base(number), number, self.range_name, raw, self.memory_budget,
+                           landing)
+
+
+def no_usable(search: "index.Search[LoadedCheckpoint]", where: str, job_id: str, who: str = "") -> BaseException:
+    """Why a restart that found committed checkpoints but none it can use stops: the first
+    misfit's CheckpointError, a StorageError when some could not be read, else
+    :func:`paddle_acp.format.checkpoints.index.no_usable_error` naming each checkpoint."""
+    misfits = search.of_kind(index.MISFIT)
+    if misfits:
+        return misfits[0].error
+    unreadable = search.of_kind(index.UNREADABLE)
+    if unreadable:
+        return StorageError(
+            f"{who}no checkpoint of {where} could be loaded, and {len(unreadable)} could not be read "
+            f"({index.describe(unreadable)}): fix the storage (permissions?) rather than train from scratch, "
+            "or remove the unreadable checkpoints"
+        )
+    return index.no_usable_error(where, job_id, search.rejected, who)
