@@ -161,12 +161,12 @@ class Job:
     def start(self) -> None:
         """Each rank's first start (not counted): the job marker, a fence per rank, the start's look for a
         checkpoint and its clean-up."""
-        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
         from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.part_reader import PartReader
         from paddle_acp.format.checkpoints.restart import load_newest
-        from paddle_acp.format.commit.fencing import Fence
+        from paddle_acp.format.commit.fencing import Fence, write_job_marker
 
-        Checkpointer(self.st[0], self.job, "_range_0").write_job_marker()
+        write_job_marker(self.st[0], self.job)
         coord = None
         if self.coordination == "store":  # one real store, hosted here (world size 1: no rendezvous), every rank's link
             from support.coord import free_port
@@ -183,7 +183,7 @@ class Job:
             g.arrivals = coord
             g.announce()  # as the range's open does (its generation to the store, not waited for)
             # as the runtime starts a rank (runtime/restore.py): nothing to load in a new range, then the clean-up
-            loaded = load_newest(Checkpointer(self.st[r], self.job, "_range_0", self.keep, fence), g, "per-rank")
+            loaded = load_newest(PartReader(self.st[r], self.job, "_range_0"), g, "per-rank")
             assert loaded is None
             g.resume_from(None)
             g.discard_newer(None)
@@ -217,18 +217,18 @@ class Job:
     def restart(self) -> Dict[str, Any]:
         """Every rank restarts: a new fence, the newest checkpoint found, verified and loaded, the
         clean-up of anything newer (what a restarted rank does in the format layer)."""
-        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
         from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.part_reader import PartReader
         from paddle_acp.format.checkpoints.restart import load_newest
-        from paddle_acp.format.commit.fencing import Fence
+        from paddle_acp.format.commit.fencing import Fence, write_job_marker
 
         def one(r: int) -> Tuple[Optional[str], int]:
             st = self.st[r]
             if r == 0:
-                Checkpointer(st, self.job, "_range_0").write_job_marker()
+                write_job_marker(st, self.job)
             fence = Fence.take(st, self.job, r)
             g = GlobalCheckpointer(st, self.job, "_range_0", r, self.world, self.keep, 1800.0, fence)
-            loaded = load_newest(Checkpointer(st, self.job, "_range_0", self.keep, fence), g, "per-rank")
+            loaded = load_newest(PartReader(st, self.job, "_range_0"), g, "per-rank")
             g.resume_from(loaded)
             g.discard_newer(loaded.position_key if loaded is not None else None)
             if loaded is None:

@@ -205,13 +205,13 @@ def bench_one(args):
             acp_epochs(False, 2, 1)  # a checkpoint to restore, and the same bytes raw
             raw_write(os.path.join(work, "raw.bin"))
         from paddle_acp.adapter.tensors import write_program
-        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
         from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+        from paddle_acp.format.checkpoints.part_reader import PartReader
         from paddle_acp.format.checkpoints.restart import load_newest
         from paddle_acp.storage import open_storage
 
         uri = os.path.join(work, "acp")
-        ck = Checkpointer(open_storage(uri), "default", "_range_0")
+        ck = PartReader(open_storage(uri), "default", "_range_0")
         bufs = [np.ones_like(tensor_view(scope.find_var(n).get_tensor())[1]) for n in names]  # preallocated, touched
         restore_pairs = []
         import glob

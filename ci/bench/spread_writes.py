@@ -60,8 +60,8 @@ def rank_main(rank: int, world: int, uri: str, writers: str, mb: float, n: int, 
     simstore.register()
     from support.shares import own_share
 
-    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.part_reader import PartReader
     from paddle_acp.format.checkpoints.restart import load_newest
     from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot
     from paddle_acp.format.manifest import RangeRecord
@@ -88,7 +88,7 @@ def rank_main(rank: int, world: int, uri: str, writers: str, mb: float, n: int, 
     out.put((rank, "persist", times))
     barrier.wait()  # the last checkpoint is committed: every rank restores it at once
     t = time.time()
-    loaded = load_newest(Checkpointer(storage, JOB, RANGE, 0), gck, "replicated")
+    loaded = load_newest(PartReader(storage, JOB, RANGE), gck, "replicated")
     assert loaded is not None
     loaded.close()
     out.put((rank, "restore", time.time() - t))

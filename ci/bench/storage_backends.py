@@ -4,13 +4,13 @@
 For each backend (local disk; HDFS through pyarrow/libhdfs, hdfs-native and the
 ``hadoop fs`` command line; S3), in the same run and on the same bytes:
 
-* paddle-acp save  = ``Checkpointer.save`` of a Snapshot of real-size float32
+* paddle-acp save  = a one-process job's save (``GlobalCheckpointer.save``, rank 0 of 1) of a Snapshot of real-size float32
   arrays (what the async saver thread does: data file from the page-aligned
   image, checksums, manifest, atomic commit, retention) vs a plain
   ``pyarrow.fs`` write of the same bytes through the same filesystem object;
 * paddle-acp restore = the restart's ``load_newest`` (scan, manifest, full read
   into a new buffer, checksum verification) vs a plain ``pyarrow.fs`` read of the
-  file into a new buffer (32 MB ``readinto`` pieces, like the Checkpointer);
+  file into a new buffer (32 MB ``readinto`` pieces, like the reader);
 * HDFS also: Paddle's ``paddle.distributed.fleet.utils.fs.HDFSClient``
   upload/download of the same file (through the test server's ``bin/hadoop``;
   run in a fresh Python process, as a Paddle job would).
@@ -155,7 +155,7 @@ def plain_write(fs, path: str, data, fsync_local: bool) -> float:
 
 
 def plain_read(fs, path: str, size: int):
-    """Read into a freshly allocated buffer, as a restore must (Checkpointer.load does
+    """Read into a freshly allocated buffer, as a restore must (the reader does
     the same); returns (seconds, buffer)."""
     import numpy as np
 
@@ -219,8 +219,8 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     throughputs are medians, ratios medians of the per-round ratios."""
     import numpy as np
 
-    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.part_reader import PartReader
     from paddle_acp.format.checkpoints.restart import load_newest
     from paddle_acp.storage import open_storage
 
@@ -232,7 +232,8 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     st = open_storage(uri, cache_dir=os.path.join(work, "fscache"))
     handler = getattr(st.fs, "handler", None)
     local = st.local_path("") is not None
-    ck = Checkpointer(st, "bench", "_range_0", max_to_keep=1)
+    ck = GlobalCheckpointer(st, "bench", "_range_0", 0, 1, max_to_keep=1)  # a one-process job
+    saves = [0]  # each save at the next epoch (a position is written once)
     plain_dir = st.full("plain")
     st.fs.create_dir(plain_dir, recursive=True)
     path = f"{plain_dir}/blob.bin"
@@ -243,8 +244,10 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
     def acp():
         c0 = getattr(handler, "commands_run", None)
         t0 = time.perf_counter()
-        result = ck.save(snap)
-        number, written = result.number, result.data_size
+        this = dataclasses.replace(snap, range=dataclasses.replace(snap.range, epoch_no=saves[0]))
+        saves[0] += 1
+        result = ck.save(this, "replicated")
+        name, written = result.name, result.nbytes
         runs["acp_save_s"].append(time.perf_counter() - t0)
         assert written == size
         if c0 is not None:
@@ -253,11 +256,11 @@ def bench_backend(kind: str, uri: str, snap, image, size: int, work: str, rounds
             drop_tree_cache(st.full(ck.dir))
         c1 = getattr(handler, "commands_run", None)
         t0 = time.perf_counter()
-        loaded = load_newest(Checkpointer(st, "bench", "_range_0"), GlobalCheckpointer(st, "bench", "_range_0", 0, 1), None)
+        loaded = load_newest(PartReader(st, "bench", "_range_0"), GlobalCheckpointer(st, "bench", "_range_0", 0, 1), None)
         runs["acp_restore_s"].append(time.perf_counter() - t0)
         if c1 is not None:
             res["acp_restore_hadoop_commands"] = handler.commands_run - c1
-        assert loaded is not None and loaded.manifest.number == number
+        assert loaded is not None and loaded.name == name
         got = loaded.arrays[("bench", t0_name)]
         assert np.array_equal(got[:1000], snap.programs[0].tensors[0].array[:1000])
 
@@ -386,12 +389,15 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
     """One process's measurement (the code under test is whatever ``paddle_acp`` this
     process imports): round trips per checkpoint, then seconds per checkpoint.
 
-    A checkpoint here is what the saver thread does per save: ``Checkpointer.save`` (list,
-    write, commit, retention) and the metrics line. Code without the issue-21 API (no
+    A checkpoint here is what the saver thread does per save: the checkpointer's save (write,
+    commit, retention) and the metrics line. Code without the issue-21 API (no
     ``MetricsLog.add``) is driven the way its saver did: a fresh listing per save and a
     metrics append per save."""
-    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.format.checkpoints.metrics_log import MetricsLog
+    try:  # code before the one protocol (issue 43): a one-process job's checkpoints were ckpt-N of a Checkpointer
+        from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+    except ImportError:
+        Checkpointer = None
     from paddle_acp.storage import open_storage
 
     if kind.startswith("hdfs-"):
@@ -409,8 +415,15 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
     warm = 4  # retention starts after max_to_keep (3) checkpoints
 
     def loop(st, name, on_warm=None):
-        ck = (Checkpointer(st, "bench", name, max_to_keep=3, single_writer=True) if new_api
-              else Checkpointer(st, "bench", name, max_to_keep=3))
+        if Checkpointer is None:  # today: rank 0 of 1, the save waits for its commit and retention
+            from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+
+            g = GlobalCheckpointer(st, "bench", name, 0, 1, 3)
+            save = lambda snap: g.save(snap, "replicated").name  # noqa: E731
+        else:
+            ck = (Checkpointer(st, "bench", name, max_to_keep=3, single_writer=True) if new_api
+                  else Checkpointer(st, "bench", name, max_to_keep=3))
+            save = lambda snap: ck.save(snap).number  # noqa: E731
         metrics = MetricsLog(st, "bench", abs(hash(name)) % 100000)
         times = []
         for i in range(checkpoints + warm):
@@ -419,8 +432,7 @@ def fixed_child(kind: str, uri: str, checkpoints: int, nbytes: int, work: str) -
             # (a new snapshot per position: a snapshot is not written into)
             this = dataclasses.replace(snap, range=type(snap.range)(name, i, checkpoints + warm))
             t0 = time.perf_counter()
-            number = ck.save(this).number
-            rec = {"event": "saved", "time": time.time(), "number": number}
+            rec = {"event": "saved", "time": time.time(), ("number" if Checkpointer else "name"): save(this)}
             if record_type is not None:  # issue 26: a record is a MetricsRecord, no longer a dict
                 rec = record_type.from_dict(rec)
             if new_api:
@@ -536,8 +548,8 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
 
     from paddle_acp.adapter.tensors import write_program
     from paddle_acp.format.checkpoints.cache import LocalCache
-    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+    from paddle_acp.format.checkpoints.part_reader import PartReader
     from paddle_acp.format.checkpoints.restart import load_newest
     from paddle_acp.storage import open_storage
 
@@ -554,11 +566,11 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
         hdfs_uri = f"{hdfs.uri}/bench/cache-{uuid.uuid4().hex[:8]}"
         cache_dir = os.path.join(work, "cache")
         local_st, hdfs_st = open_storage(local_uri), open_storage(hdfs_uri)
-        Checkpointer(local_st, "bench", "_range_0", max_to_keep=1).save(snap)
-        writer = Checkpointer(hdfs_st, "bench", "_range_0", max_to_keep=1,
-                              cache=LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0"))
+        GlobalCheckpointer(local_st, "bench", "_range_0", 0, 1, 1).save(snap, "replicated")  # a one-process job
+        writer = GlobalCheckpointer(hdfs_st, "bench", "_range_0", 0, 1, 1,
+                                    cache=LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0", 0))
         t0 = time.perf_counter()
-        writer.save(snap)
+        writer.save(snap, "replicated")
         results["save_with_cache_s"] = time.perf_counter() - t0
         scope, place = paddle.static.Scope(), paddle.CPUPlace()
         for t in snap.programs[0].tensors:  # the program's tensors a restarted job writes into
@@ -569,13 +581,11 @@ def run_cache(args, size_mb: float, rounds: int, work: str) -> dict:
             drop_tree_cache(local_uri)
             drop_tree_cache(cache_dir)
             t0 = time.perf_counter()
-            if kind == "local":
-                ck = Checkpointer(local_st, "bench", "_range_0")
-            else:
-                cache = (LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0")
-                         if kind == "hdfs_cache" else None)
-                ck = Checkpointer(hdfs_st, "bench", "_range_0", cache=cache)
-            loaded = load_newest(ck, GlobalCheckpointer(ck.storage, "bench", "_range_0", 0, 1), None)
+            st_ = local_st if kind == "local" else hdfs_st
+            cache = (LocalCache.open(cache_dir, hdfs_uri, 1).for_range("bench", "_range_0", 0)
+                     if kind == "hdfs_cache" else None)
+            loaded = load_newest(PartReader(st_, "bench", "_range_0"),
+                                 GlobalCheckpointer(st_, "bench", "_range_0", 0, 1, cache=cache), None)
             write_program(loaded, "bench", scope, place)
             seconds = time.perf_counter() - t0
             want = "cache" if kind == "hdfs_cache" else ("local" if kind == "local" else "remote")

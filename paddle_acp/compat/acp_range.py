@@ -101,7 +101,7 @@ class TrainEpochRange:
     @property
     def _checkpoint_path(self) -> str:
         r = self._range
-        path: str = r.storage.full(r.checkpointer.dir)  # the range's Storage (untyped in runtime/)
+        path: str = r.storage.full(r.numbered.dir)  # the range's Storage (untyped in runtime/)
         return path
 
     @property

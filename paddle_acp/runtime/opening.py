@@ -17,8 +17,7 @@ from typing import Any, List, Optional, Tuple
 from paddle_acp import config as _config
 from paddle_acp.errors import AcpError, ConfigError
 from paddle_acp.format.checkpoints.cache import RangeCache
-from paddle_acp.format.checkpoints.checkpointer import write_job_marker
-from paddle_acp.format.commit.fencing import Fence
+from paddle_acp.format.commit.fencing import Fence, write_job_marker
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import early
 from paddle_acp.runtime.state import STATE

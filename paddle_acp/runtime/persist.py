@@ -19,7 +19,6 @@ from paddle_acp import config as _config
 from paddle_acp.adapter import rng as rng_state
 from paddle_acp.errors import AcpError, StorageError
 from paddle_acp.format.checkpoints import index
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
 from paddle_acp.format.commit.fencing import FencedError
@@ -62,7 +61,7 @@ class Persister:
     """Takes one range's checkpoints and persists them (its saver, its failures, its metrics lines)."""
 
     def __init__(self, name: str, max_epoch_num: int, cfg: _config.CheckpointConfig, storage: Storage, registry: Registry,
-                 position: Position, script: ScriptState, checkpointer: Checkpointer,
+                 position: Position, script: ScriptState,
                  global_checkpointer: GlobalCheckpointer, metrics: MetricsLog, schedule: SaveSchedule,
                  buffers: SnapshotBuffers) -> None:
         self.name = name
@@ -72,7 +71,6 @@ class Persister:
         self.registry = registry
         self.position = position
         self.script = script
-        self.checkpointer = checkpointer
         self.global_checkpointer = global_checkpointer
         self.metrics = metrics
         self.schedule = schedule
@@ -82,7 +80,7 @@ class Persister:
         self.rank = cfg.trainer_id
         self.is_writer = self.several_ranks or cfg.trainer_id == 0
         # the saver's thread writes what save() takes, and records each outcome
-        self.writer = TicketWriter(name, cfg, checkpointer, global_checkpointer, metrics, schedule, buffers)
+        self.writer = TicketWriter(name, cfg, global_checkpointer, metrics, schedule, buffers)
         self.saver = self.writer.saver
         self.writes = RankWrites(name, cfg, registry, global_checkpointer.world_size)
         self._skip_streak = 0

@@ -22,9 +22,9 @@ from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.executor import executor_place
 from paddle_acp.adapter.programs import is_distributed, program_info, unwrap
 from paddle_acp.errors import AcpError, CheckpointError
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.engine.stager import HostStager, Stager
 from paddle_acp.format.layout import range_dir
 from paddle_acp.format.metrics_record import MetricsRecord
@@ -95,9 +95,8 @@ class EpochRange:
         self.several_ranks = cfg.multi_rank
         self.is_writer = self.several_ranks or cfg.trainer_id == 0
         self.fence = opened.fence
-        self.checkpointer = Checkpointer(storage, cfg.job_id, name, cfg.max_to_keep, fence=opened.fence,
-                                         single_writer=cfg.trainer_id == 0, cache=opened.cache,
-                                         memory_budget=opened.memory_budget)
+        # reads the numbered checkpoints ckpt-N of earlier releases (nothing writes them any more)
+        self.numbered = PartReader(storage, cfg.job_id, name, cache=opened.cache, memory_budget=opened.memory_budget)
         # every writer writes global checkpoints: a one-process job is a job of world size 1 (its one part,
         # its own commit); a trainer > 0 without PADDLE_TRAINERS_NUM writes nothing and reads rank 0's
         self.global_checkpointer = GlobalCheckpointer(
@@ -109,7 +108,7 @@ class EpochRange:
         # every copy between the scope's tensors and checkpoint bytes (a save's into the snapshot arena, a
         # restore's into the tensors) goes through this one stager (format/engine/stager.py)
         self.stager: Stager = HostStager()
-        self.restorer = Restorer(name, cfg, self.checkpointer, self.global_checkpointer, self.release_hook,
+        self.restorer = Restorer(name, cfg, self.numbered, self.global_checkpointer, self.release_hook,
                                  self.stager)
         # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree),
         # posted through the ranks' coordinator (the job's store, or storage: runtime.coord), which also counts
@@ -124,7 +123,7 @@ class EpochRange:
         self.schedule = SaveSchedule(save_interval, cfg.busy_policy, agreement, synchronous=not cfg.async_save)
         self.metrics = MetricsLog(storage, cfg.job_id, cfg.trainer_id)
         self.persister = Persister(name, max_epoch_num, cfg, storage, self.registry, self.position, self.script,
-                                   self.checkpointer, self.global_checkpointer, self.metrics, self.schedule,
+                                   self.global_checkpointer, self.metrics, self.schedule,
                                    SnapshotBuffers(name, cfg.host_memory, self.stager))
         self.exit_on_preempt = settings.exit_on_preempt
         self.watcher = preemption.PreemptionWatcher(settings.preempt_signals, self._preempt_point,
@@ -240,7 +239,7 @@ class EpochRange:
     def _log_plan(self, start: int, end: int) -> None:
         """Say at the start when and where checkpoints will be taken (a short run with the default
         interval of 900 s checkpoints only after its last epoch: a kill before that loses it all)."""
-        where = f"{self.storage.uri.rstrip('/')}/{self.checkpointer.dir}"
+        where = f"{self.storage.uri.rstrip('/')}/{self.numbered.dir}"
         if not self.is_writer:
             logger.info("range %s of job %s: trainer %d restores from %s; only trainer 0 writes checkpoints",
                         self.name, self.cfg.job_id, self.cfg.trainer_id, where)

@@ -19,8 +19,8 @@ from paddle_acp.adapter import rng as rng_state
 from paddle_acp.adapter.fleet import decide_mode, fleet_degrees
 from paddle_acp.adapter.tensors import NON_TENSOR, default_place, scope_var_meta, write_program
 from paddle_acp.errors import CheckpointError
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.restart import load_newest
 from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.format.engine.stager import Stager
@@ -37,7 +37,7 @@ class Restorer:
     """The checkpoint one range resumed from (:attr:`loaded`), the position it resumes at and the
     state it still holds for programs that did not run yet."""
 
-    def __init__(self, name: str, cfg: _config.CheckpointConfig, checkpointer: Checkpointer,
+    def __init__(self, name: str, cfg: _config.CheckpointConfig, numbered: PartReader,
                  global_checkpointer: GlobalCheckpointer, on_released: Callable[[], None], stager: Stager) -> None:
         """``on_released``: called when every restored program has its state back (the range stops
         being fed programs it only held for the restore); ``stager``: what copies the restored bytes into
@@ -46,7 +46,7 @@ class Restorer:
         self.cfg = cfg
         self.several_ranks = cfg.multi_rank
         self.rank = cfg.trainer_id
-        self.checkpointer = checkpointer
+        self.numbered = numbered  # reads an earlier release's ckpt-N
         self.global_checkpointer = global_checkpointer
         self.on_released = on_released
         self.stager = stager
@@ -64,12 +64,12 @@ class Restorer:
         cfg = self.cfg
         running = cfg.rank_state if cfg.rank_state != "auto" else (
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
-        self.checkpointer.landing = self.global_checkpointer.landing = landing
+        self.numbered.landing = self.global_checkpointer.landing = landing
         try:
-            loaded = load_newest(self.checkpointer, self.global_checkpointer, running if self.several_ranks else None,
+            loaded = load_newest(self.numbered, self.global_checkpointer, running if self.several_ranks else None,
                                  start_fresh=cfg.start_fresh)
         finally:
-            self.checkpointer.landing = self.global_checkpointer.landing = None
+            self.numbered.landing = self.global_checkpointer.landing = None
         if self.several_ranks or self.rank == 0:  # every writer (a trainer > 0 of no world size writes nothing)
             self.global_checkpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
             self.global_checkpointer.discard_newer(loaded.position_key if loaded is not None else None)

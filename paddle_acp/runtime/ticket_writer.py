@@ -15,7 +15,6 @@ import time
 from typing import Optional, Tuple
 
 from paddle_acp import config as _config
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.metrics_record import SaveBegun
@@ -32,7 +31,6 @@ class TicketWriter:
 
     name: str
     cfg: _config.CheckpointConfig
-    checkpointer: Checkpointer
     global_checkpointer: GlobalCheckpointer  # every rank writes its part, rank 0 commits (one process: rank 0 of 1)
     metrics: MetricsLog
     schedule: SaveSchedule

@@ -37,7 +37,7 @@ from support.e2e import (  # noqa: E402
     script_cmd,
     script_env,
 )
-from support.newest import committed, load_as_restart
+from support.newest import committed, load_as_restart, reader
 from support.server_fixtures import hdfs_server  # noqa: E402,F401  (fixture)
 
 from paddle_acp import (
@@ -45,7 +45,6 @@ from paddle_acp import (
     config,
     tools,  # noqa: E402
 )
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
 SIMSTORE = os.path.join(REPO, "ci", "bench", "simstore.py")
@@ -154,7 +153,7 @@ def test_tiny_epochs_on_hdfs_skip_instead_of_waiting(hdfs, reference, tmp_path, 
     assert proc.stderr.count("due checkpoint(s) skipped, from epoch") == streaks, proc.stderr[-3000:]
 
     st = open_storage(uri)
-    ck = Checkpointer(st, JOB_ID, "_range_0")
+    ck = reader(st, JOB_ID, "_range_0")
     assert committed(st, JOB_ID) == [r["name"] for r in saved[-3:]]
     assert load_as_restart(ck).manifest.range.epoch_no == EPOCHS - 1
 
@@ -189,7 +188,7 @@ def test_kill_and_resume_on_hdfs_with_skipped_saves(hdfs, reference, tmp_path):
     env = dict(env, **SKIP_ENV)
     p1 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", 25, env=env)
     assert p1.returncode == -signal.SIGKILL, describe(p1)
-    committed = load_as_restart(Checkpointer(open_storage(uri), JOB_ID, "_range_0"))
+    committed = load_as_restart(reader(open_storage(uri), JOB_ID, "_range_0"))
     resume_at = committed.manifest.range.epoch_no + 1 if committed else 0
     committed and committed.close()
     p2 = run_script(out, uri, "pir", *ARGS, "--kill-at-epoch", 25, env=env)
@@ -239,7 +238,7 @@ def test_sigterm_during_a_persist_commits_the_newest_state(hdfs, reference, tmp_
             p.wait()
     assert p.returncode == 143, stderr[-4000:]
     last = read_log(out)[-1]["epoch"]
-    loaded = load_as_restart(Checkpointer(open_storage(uri), JOB_ID, "_range_0"))
+    loaded = load_as_restart(reader(open_storage(uri), JOB_ID, "_range_0"))
     assert loaded.manifest.range.epoch_no == last and loaded.manifest.range.step is None
     loaded.close()
     recs = metrics_of(uri)

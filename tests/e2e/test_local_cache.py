@@ -27,15 +27,15 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: support
 from support.e2e import JOB_ID, compare_results, describe, is_done, load_result, run_script  # noqa: E402
 from support.newest import committed as committed_on  # noqa: E402
-from support.newest import load_as_restart  # noqa: E402
+from support.newest import one_process, save  # noqa: E402
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.config import from_env  # noqa: E402
 from paddle_acp.errors import ConfigError  # noqa: E402
 from paddle_acp.format.checkpoints.cache import LocalCache  # noqa: E402
 from paddle_acp.format.checkpoints.cache_key import cache_key, canonical_location  # noqa: E402
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer  # noqa: E402
+from paddle_acp.format.checkpoints.part_reader import PartReader  # noqa: E402
 from paddle_acp.format.checkpoints.restart import load_newest  # noqa: E402
 from paddle_acp.format.commit.fencing import Fence, FencedError  # noqa: E402
 from paddle_acp.format.engine.arena import Arena  # noqa: E402
@@ -221,13 +221,23 @@ def s3_env(request, monkeypatch):
     return apply
 
 
-def writer(uri: str, cache_dir, keep: int = 3, fence=None) -> Checkpointer:
-    cache = LocalCache.open(str(cache_dir), uri, keep).for_range(JOB_ID, RANGE) if cache_dir is not None else None
-    return Checkpointer(open_storage(uri), JOB_ID, RANGE, keep, fence=fence, cache=cache)
+def writer(uri: str, cache_dir, keep: int = 3, fence=None) -> GlobalCheckpointer:
+    """A one-process job's checkpointer (rank 0 of 1) with its node-local copies (rank 0's), as the runtime opens it."""
+    cache = LocalCache.open(str(cache_dir), uri, keep).for_range(JOB_ID, RANGE, 0) if cache_dir is not None else None
+    return one_process(open_storage(uri), JOB_ID, RANGE, keep, fence=fence, cache=cache)
+
+
+def restart(uri: str, cache_dir):
+    """What a restart of the one-process job on the node of ``cache_dir`` loads: the runtime's two readers
+    (an earlier release's ckpt-N, today's checkpoints of one part), each with its node-local copies."""
+    g = writer(uri, cache_dir)
+    cache = LocalCache.open(str(cache_dir), uri, 3).for_range(JOB_ID, RANGE) if cache_dir is not None else None
+    return load_newest(PartReader(g.storage, JOB_ID, RANGE, cache=cache), g, None)
 
 
 def cache_files(cache_dir, uri: str, name: str) -> str:
-    return os.path.join(str(cache_dir), cache_key(uri), JOB_ID, "range", RANGE, name)
+    """The local copy of ``name`` of a one-process job: rank 0's."""
+    return os.path.join(str(cache_dir), cache_key(uri), JOB_ID, "range", RANGE, "rank-0", name)
 
 
 def log_lines(caplog, words: str):
@@ -243,24 +253,24 @@ def test_copy_committed_after_remote_and_used_on_restart(kind, request, s3_env, 
     w = writer(uri, cache)
     snaps = [snapshot(e, image=e != 1) for e in range(4)]  # epoch 1: a synchronous save's tensor views
     for s in snaps:
-        w.save(s)
+        save(w, s)
     # retention: the copies kept are the newest 2 (the remote keeps 3); no leftovers
     rdir = os.path.dirname(cache_files(cache, uri, "x"))
-    assert sorted(os.listdir(rdir)) == ["ckpt-2", "ckpt-3"]
-    assert sorted(os.listdir(os.path.join(rdir, "ckpt-3"))) == sorted([DATA_NAME, MANIFEST_NAME])
-    # the copy's manifest is the remote's, byte for byte
+    assert sorted(os.listdir(rdir)) == ["ckpt-e2", "ckpt-e3"]
+    assert sorted(os.listdir(os.path.join(rdir, "ckpt-e3"))) == sorted([DATA_NAME, MANIFEST_NAME])
+    # the copy's manifest is the remote's (rank 0's part), byte for byte
     st = open_storage(uri)
-    with open(os.path.join(rdir, "ckpt-3", MANIFEST_NAME), "rb") as f:
-        assert f.read() == st.read_bytes(f"{JOB_ID}/range/{RANGE}/ckpt-3/{MANIFEST_NAME}")
+    with open(os.path.join(rdir, "ckpt-e3", MANIFEST_NAME), "rb") as f:
+        assert f.read() == st.read_bytes(f"{JOB_ID}/range/{RANGE}/ckpt-e3/rank-0/{MANIFEST_NAME}")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = load_as_restart(writer(uri, cache))
-    assert loaded.manifest.number == 3 and loaded.source == "cache"
+        loaded = restart(uri, cache)
+    assert loaded.name == "ckpt-e3" and loaded.source == "cache"
     assert_values(loaded, snaps[3])
     assert len(log_lines(caplog, CACHE_LOG)) == 1 and not log_lines(caplog, REMOTE_LOG)
     # without the cache the same checkpoint comes from the remote, equal
-    plain = load_as_restart(writer(uri, None))
-    assert plain.manifest.number == 3 and plain.source == "remote"
+    plain = restart(uri, None)
+    assert plain.name == "ckpt-e3" and plain.source == "remote"
     assert_values(plain, snaps[3])
 
 
@@ -270,17 +280,17 @@ def test_stale_copy_remote_advanced_by_another_writer(kind, request, s3_env, tmp
     uri = remote_uri(request, kind)
     cache = tmp_path / "cache"
     w = writer(uri, cache)
-    w.save(snapshot(0))
-    w.save(snapshot(1))
-    other = writer(uri, tmp_path / "other-node")  # another node takes over and writes checkpoint 2
+    save(w, snapshot(0))
+    save(w, snapshot(1))
+    other = writer(uri, tmp_path / "other-node")  # another node takes over and writes checkpoint ckpt-e2
     newer = snapshot(2, seed=7)
-    assert other.save(newer).number == 2
+    assert save(other, newer).name == "ckpt-e2"
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = load_as_restart(writer(uri, cache))
-    assert loaded.manifest.number == 2 and loaded.source == "remote"
+        loaded = restart(uri, cache)
+    assert loaded.name == "ckpt-e2" and loaded.source == "remote"
     assert_values(loaded, newer)
     lines = log_lines(caplog, REMOTE_LOG)
-    assert len(lines) == 1 and "no local copy" in lines[0] and "ckpt-1" in lines[0], lines
+    assert len(lines) == 1 and "no local copy" in lines[0] and "ckpt-e1" in lines[0], lines
     assert not log_lines(caplog, CACHE_LOG)
 
 
@@ -290,33 +300,33 @@ def test_corrupt_copy_falls_back_to_remote(kind, request, s3_env, tmp_path, capl
     uri = remote_uri(request, kind)
     cache = tmp_path / "cache"
     w = writer(uri, cache)
-    w.save(snapshot(0))
+    save(w, snapshot(0))
     snap = snapshot(1)
-    w.save(snap)
-    data = cache_files(cache, uri, "ckpt-1") + "/" + DATA_NAME
+    save(w, snap)
+    data = cache_files(cache, uri, "ckpt-e1") + "/" + DATA_NAME
     with open(data, "r+b") as f:  # one flipped bit in the middle of the tensors
         f.seek(1000)
         b = f.read(1)
         f.seek(1000)
         f.write(bytes([b[0] ^ 0x10]))
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = load_as_restart(writer(uri, cache))
-    assert loaded.manifest.number == 1 and loaded.source == "remote"
+        loaded = restart(uri, cache)
+    assert loaded.name == "ckpt-e1" and loaded.source == "remote"
     assert_values(loaded, snap)
     lines = log_lines(caplog, REMOTE_LOG)
     assert len(lines) == 1 and "failed verification" in lines[0] and "checksum mismatch" in lines[0], lines
     assert not os.path.exists(data), "the corrupt copy was not removed"
     # a copy whose manifest differs from the remote's (same name, another run) is not used either
-    w.save(snapshot(2))
-    man = cache_files(cache, uri, "ckpt-2") + "/" + MANIFEST_NAME
+    save(w, snapshot(2))
+    man = cache_files(cache, uri, "ckpt-e2") + "/" + MANIFEST_NAME
     with open(man, "rb") as f:
         raw = f.read()
     with open(man, "wb") as f:
         f.write(raw.replace(b'"pir"', b'"PIR"'))
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = load_as_restart(writer(uri, cache))
-    assert loaded.manifest.number == 2 and loaded.source == "remote"
+        loaded = restart(uri, cache)
+    assert loaded.name == "ckpt-e2" and loaded.source == "remote"
     assert "manifest differs" in " ".join(log_lines(caplog, REMOTE_LOG))
 
 
@@ -327,21 +337,21 @@ def test_copy_of_a_checkpoint_the_remote_no_longer_has_is_not_used(kind, request
     cache = tmp_path / "cache"
     w = writer(uri, cache)
     s0 = snapshot(0)
-    w.save(s0)
-    w.save(snapshot(1))
+    save(w, s0)
+    save(w, snapshot(1))
     st = open_storage(uri)
-    base = f"{JOB_ID}/range/{RANGE}/ckpt-1"
-    st.delete_file(f"{base}/{MANIFEST_NAME}")  # withdrawn on the remote (as `paddle-acp gc` / retention do)
+    base = f"{JOB_ID}/range/{RANGE}/ckpt-e1"
+    st.delete_file(f"{base}/{GLOBAL_NAME}")  # withdrawn on the remote (as `paddle-acp gc` / retention do)
     st.delete_dir(base)
-    assert os.path.exists(cache_files(cache, uri, "ckpt-1"))
+    assert os.path.exists(cache_files(cache, uri, "ckpt-e1"))
     with caplog.at_level(logging.INFO, logger="paddle_acp"):
-        loaded = load_as_restart(writer(uri, cache))
-    assert loaded.manifest.number == 0, "a copy of a checkpoint the remote does not hold was used"
+        loaded = restart(uri, cache)
+    assert loaded.name == "ckpt-e0", "a copy of a checkpoint the remote does not hold was used"
     assert_values(loaded, s0)
-    assert loaded.source == "cache"  # checkpoint 0 is still the remote's, and its copy is identical
+    assert loaded.source == "cache"  # checkpoint ckpt-e0 is still the remote's, and its copy is identical
     # nothing left on the remote: the copies alone never resume anything
     st.delete_dir(f"{JOB_ID}/range/{RANGE}")
-    assert load_as_restart(writer(uri, cache)) is None
+    assert restart(uri, cache) is None
 
 
 def test_copy_not_committed_when_the_remote_commit_fails(hdfs_server, tmp_path):
@@ -351,13 +361,13 @@ def test_copy_not_committed_when_the_remote_commit_fails(hdfs_server, tmp_path):
     cache = tmp_path / "cache"
     st = open_storage(uri)
     w = writer(uri, cache, fence=Fence.take(st, JOB_ID))
-    w.save(snapshot(0))
+    save(w, snapshot(0))
     Fence.take(st, JOB_ID)  # another writer of the job started
     with pytest.raises(FencedError):
-        w.save(snapshot(1))
+        w.save(snapshot(1), "replicated")
     rdir = os.path.dirname(cache_files(cache, uri, "x"))
-    assert os.listdir(rdir) == ["ckpt-0"], os.listdir(rdir)
-    assert Checkpointer(st, JOB_ID, RANGE).committed_numbers() == [0]
+    assert os.listdir(rdir) == ["ckpt-e0"], os.listdir(rdir)
+    assert committed_on(st, JOB_ID, RANGE) == ["ckpt-e0"]
 
 
 # -- several ranks ---------------------------------------------------------------------------------
@@ -387,7 +397,7 @@ def save_both(uri, caches, epoch, seed=0, missing=()):
 
 def restore(uri, rank, cache_dir):
     g = gck(uri, rank, cache_dir)
-    return load_newest(Checkpointer(g.storage, JOB_ID, RANGE), g, "per-rank")
+    return load_newest(PartReader(g.storage, JOB_ID, RANGE), g, "per-rank")
 
 
 def test_several_ranks_each_caches_its_part(s3_server, monkeypatch, tmp_path, caplog):

@@ -20,10 +20,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: support
 from support.e2e import JOB_ID, check_restart_log, compare_results, describe, is_done, load_result, read_log, run_script  # noqa: E402
 from support.newest import committed as committed_names  # noqa: E402
-from support.newest import load_as_restart  # noqa: E402
+from support.newest import load_as_restart, reader  # noqa: E402
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from paddle_acp.format.layout import parse_name  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
 
@@ -90,4 +89,4 @@ def test_kill_and_resume_on_remote_storage(kind, ir, reference, request, tmp_pat
         problems.append(f"rerun started {rewinds} epochs back, expected {[KILL_AT - resume_at]}")
     assert not problems, "\n".join(problems) + "\n" + describe(p2)
     # the last epoch is always saved: the final state is on the server too
-    assert load_as_restart(Checkpointer(st, JOB_ID, "_range_0")).manifest.range.epoch_no == EPOCHS - 1
+    assert load_as_restart(reader(st, JOB_ID, "_range_0")).manifest.range.epoch_no == EPOCHS - 1

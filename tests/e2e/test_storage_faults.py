@@ -25,13 +25,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: support
 from support.e2e import JOB_ID, describe, is_done, read_log, run_script, script_cmd, script_env  # noqa: E402
-from support.newest import load_as_restart  # noqa: E402
+from support.newest import committed, load_as_restart, one_process, reader, save  # noqa: E402
 from support.server_fixtures import own_hdfs_server as hdfs_server  # noqa: E402,F401  (fixtures: it stops and restarts them)
 from support.server_fixtures import own_s3_server as s3_server  # noqa: E402,F401
 
 from paddle_acp.errors import StorageError  # noqa: E402
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
-from paddle_acp.format.commit import atomic  # noqa: E402
+from paddle_acp.format.checkpoints import index  # noqa: E402
+from paddle_acp.format.commit.fencing import write_job_marker  # noqa: E402
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
 from paddle_acp.format.manifest import RangeRecord  # noqa: E402
 from paddle_acp.storage import open_storage  # noqa: E402
@@ -44,8 +44,9 @@ def snapshot(epoch: int, mb: float = 0.01) -> Snapshot:
     return Snapshot(RangeRecord("_range_0", epoch, 100), [prog], None, "3.3.1", "pir")
 
 
-def uncommitted(st, ck) -> list:
-    return [e.name for e in atomic.scan(st, ck.dir) if not e.committed]
+def uncommitted(st, job_id: str = "job") -> list:
+    """The range's directories that are no committed checkpoint (leftovers of failed saves)."""
+    return [e.name for e in index.entries(st, job_id, "_range_0", uncommitted=True) if not e.committed]
 
 
 @pytest.fixture
@@ -116,12 +117,13 @@ def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
     assert "replicated to 0 nodes" in stderr or "datanodes" in stderr.lower(), info
 
     st = open_storage(uri)
-    ck = Checkpointer(st, JOB_ID, "_range_0")
-    latest = load_as_restart(ck)
+    latest = load_as_restart(reader(st, JOB_ID, "_range_0"))
     assert latest.manifest.range.epoch_no == epochs - 1, "the saves after the DataNode came back failed"
-    for n in ck.committed_numbers():
-        ck.load(n)  # every visible checkpoint is complete and verifies
-    assert uncommitted(st, ck) == [], "leftovers of the failed saves were not cleaned up"
+    names = committed(st, JOB_ID)
+    assert names, "no committed checkpoint"
+    for name in names:
+        one_process(st, JOB_ID).verify(name)  # every visible checkpoint is complete and verifies
+    assert uncommitted(st, JOB_ID) == [], "leftovers of the failed saves were not cleaned up"
     # (The metrics file lives on the same storage: its appends fail too while the
     # DataNode is down, with a warning. Whether they work again right after it is
     # back depends on HDFS lease recovery of a block the crash left open: not checked.)
@@ -134,15 +136,15 @@ def test_hdfs_datanode_down_during_training(hdfs_server, tmp_path):
 @pytest.mark.long  # on demand (bash ci/test.sh --long): ~12 s; .ci/run's step 1c kills and restarts S3 during training every time
 def test_s3_down_during_save_then_back(s3_server, s3_env):
     st = open_storage(f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}")
-    ck = Checkpointer(st, "job", "_range_0", max_to_keep=2)
-    assert ck.save(snapshot(0)).number == 0
+    ck = one_process(st, "job", "_range_0", keep=2)
+    assert save(ck, snapshot(0)).name == "ckpt-e0"
 
     big = snapshot(1, mb=256)
     result = {}
 
-    def save():
+    def save_big():
         try:
-            result["number"] = ck.save(big)
+            result["saved"] = ck.save(big, "replicated")
         except BaseException as exc:  # noqa: BLE001 - what the saver thread would see
             result["error"] = exc
 
@@ -150,7 +152,7 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
         return sum(p.stat().st_size for p in (s3_server.workdir / "data").rglob("*.dat"))
 
     before = stored()
-    t = threading.Thread(target=save)
+    t = threading.Thread(target=save_big)
     t.start()
     try:
         # stop the server once 8 MB of the 256 MB checkpoint arrived: in the middle of its upload (the listing
@@ -162,7 +164,7 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
         assert not t.is_alive(), "the save hangs with the server down"
     finally:
         s3_server.start()
-    if "number" in result:
+    if "saved" in result:
         pytest.skip("the 256 MB upload finished before the server was stopped (machine too fast?)")
     err = result["error"]
     assert isinstance(err, StorageError), repr(err)
@@ -170,48 +172,47 @@ def test_s3_down_during_save_then_back(s3_server, s3_env):
 
     # after the restart: a half-written checkpoint is invisible to restore. (S3 lists a checkpoint's
     # prefix only once its first object is complete, so the server may stop after the data upload:
-    # then the failure came after the manifest, written last, and checkpoint 1 is whole.)
-    reader = Checkpointer(open_storage(st.uri), "job", "_range_0")
-    committed = reader.committed_numbers()
-    assert committed in ([0], [0, 1]), committed
-    latest = load_as_restart(reader)  # verifies every checksum
-    assert latest.manifest.number == committed[-1] and latest.manifest.range.epoch_no == committed[-1]
-    # ... and the next save succeeds, past every number on storage (a leftover's too: the server may have
-    # stopped after the data object was whole; stopped during its upload, nothing of checkpoint 1 is
-    # visible, and the number is free again), removing the leftover
-    visible = [e.number for e in atomic.scan(st, ck.dir)]
-    n = ck.save(snapshot(2)).number
-    assert n == max(visible) + 1, (n, visible)
-    assert ck.committed_numbers() == committed[-1:] + [n] and uncommitted(st, ck) == []
+    # then the failure came after the part's manifest, or its global.json, written last, and
+    # checkpoint ckpt-e1 is whole, or its part is an uncommitted leftover.)
+    fresh = reader(open_storage(st.uri), "job", "_range_0")
+    names = committed(fresh.storage, "job")
+    assert names in (["ckpt-e0"], ["ckpt-e0", "ckpt-e1"]), names
+    latest = load_as_restart(fresh)  # verifies every checksum
+    assert latest.name == names[-1] and latest.manifest.range.epoch_no == len(names) - 1
+    # ... and the next save (the next epoch) succeeds, and its retention removes the leftover of
+    # the failed one (an abandoned position older than the newest commit)
+    assert save(ck, snapshot(2)).name == "ckpt-e2"
+    assert committed(st, "job") == names[-1:] + ["ckpt-e2"] and uncommitted(st) == []
     assert load_as_restart(ck).manifest.range.epoch_no == 2
 
 
 def test_s3_save_and_restore_while_server_is_down(s3_server, s3_env):
     st = open_storage(f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}")
-    ck = Checkpointer(st, "job", "_range_0")
-    ck.save(snapshot(0))
+    ck = one_process(st, "job", "_range_0")
+    save(ck, snapshot(0))
     s3_server.stop()
     try:
         t0 = time.time()
         with pytest.raises(StorageError) as save_err:
-            ck.save(snapshot(1))
+            ck.save(snapshot(1), "replicated")
         with pytest.raises(StorageError) as load_err:  # not None: that would mean "start from scratch"
-            load_as_restart(Checkpointer(open_storage(st.uri), "job", "_range_0"))
+            load_as_restart(reader(open_storage(st.uri), "job", "_range_0"))
         assert time.time() - t0 < 60
     finally:
         s3_server.start()
     for e in (save_err.value, load_err.value):
         assert st.uri in str(e), str(e)
-    assert ck.committed_numbers() == [0]
-    assert ck.save(snapshot(1)).number == 1
+    assert committed(st, "job") == ["ckpt-e0"]
+    res = save(ck, snapshot(1))  # the failed position again, once the server is back
+    assert res.name == "ckpt-e1" and res.committed is True
+    assert committed(st, "job") == ["ckpt-e0", "ckpt-e1"] and load_as_restart(ck).manifest.range.epoch_no == 1
 
 
 def test_restore_with_s3_unreachable_fails_clearly(s3_server, s3_env, tmp_path):
     """The training script itself, restarted while S3 is down, with checkpoints
     already there: it must stop with a clear error, not train from scratch."""
     uri = f"s3://{s3_server.bucket}/faults/{uuid.uuid4().hex[:8]}"
-    ck = Checkpointer(open_storage(uri), JOB_ID, "_range_0")
-    ck.save(snapshot(0))
+    save(one_process(open_storage(uri), JOB_ID, "_range_0"), snapshot(0))
     s3_server.stop()
     try:
         out = tmp_path / "out"
@@ -237,8 +238,9 @@ def test_wrong_s3_credentials_clear_error(s3_server, s3_env, monkeypatch, wrong)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody-here")
         want = "AWS_ACCESS_KEY_ID"
     st = open_storage(f"s3://{s3_server.bucket}/faults/creds")
-    ck = Checkpointer(st, "job", "_range_0")
-    for attempt in (ck.write_job_marker, lambda: ck.save(snapshot(0)), lambda: load_as_restart(ck)):
+    ck = one_process(st, "job", "_range_0")
+    for attempt in (lambda: write_job_marker(st, "job"), lambda: ck.save(snapshot(0), "replicated"),
+                    lambda: load_as_restart(ck)):
         with pytest.raises(StorageError) as err:
             attempt()
         msg = str(err.value)

@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.newest import load_as_restart, part_dir
+from support.newest import load_as_restart, part_dir, reader, write_numbered
 
 from paddle_acp import cli, config, tools
 from paddle_acp.errors import ConfigError, StorageError
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage import open_storage
@@ -308,7 +307,7 @@ def test_verify_detects_a_flipped_byte_and_gc_keeps_the_newest_valid(root_copy, 
     out = capsys.readouterr().out
     assert ckpt_dirs(root) == ["ckpt-e2", "ckpt-e3"], out
     assert "newest valid checkpoint" in out
-    loaded = load_as_restart(Checkpointer(open_storage(root), JOB, RANGE))
+    loaded = load_as_restart(reader(open_storage(root), JOB, RANGE))
     assert loaded is not None and loaded.name == "ckpt-e2" and loaded.manifest.range.epoch_no == 2
 
 
@@ -359,7 +358,7 @@ def test_gc_dry_run_changes_nothing_then_keep_1(root_copy):
     assert gc.returncode == 0, describe(gc)
     assert ckpt_dirs(root) == ["ckpt-5.tmp-abcdef012345", "ckpt-e3"], gc.stdout
     assert "deleted 4 directories" in gc.stdout
-    loaded = load_as_restart(Checkpointer(open_storage(root), JOB, RANGE))
+    loaded = load_as_restart(reader(open_storage(root), JOB, RANGE))
     assert loaded is not None and loaded.name == "ckpt-e3" and loaded.manifest.range.epoch_no == 3
 
 
@@ -385,7 +384,7 @@ def test_export_loads_into_a_fresh_program_with_plain_paddle(trained, tmp_path):
                         text=True, timeout=120)
     assert ld.returncode == 0, describe(ld)
 
-    ck = load_as_restart(Checkpointer(open_storage(root), JOB, RANGE))  # the newest, ckpt-e3, verified
+    ck = load_as_restart(reader(open_storage(root), JOB, RANGE))  # the newest, ckpt-e3, verified
     assert ck is not None and ck.name == "ckpt-e3" and ck.manifest.programs[0].key == key
     saved = {name: arr for (k, name), arr in ck.arrays.items() if k == key}
     with np.load(os.path.join(trained["out"], "final.npz")) as z:
@@ -834,10 +833,10 @@ def _save_ranks(root, epoch, ranks=(0, 1), world=2):
 
 @pytest.fixture
 def ranks_root(tmp_path):
-    """ckpt-0 of one writer (epoch 0), ckpt-e1..e3 of two ranks, ckpt-e4 abandoned (rank 1 only), and
+    """ckpt-0 of one writer (epoch 0: an earlier release's numbered checkpoint), ckpt-e1..e3 of two ranks, ckpt-e4 abandoned (rank 1 only), and
     ckpt-e0 a link to a directory outside the job."""
     root = tmp_path / "ranks"
-    Checkpointer(open_storage(str(root)), JOB, RANGE, 100).save(_rank_snapshot(0, 0))
+    write_numbered(open_storage(str(root)), 0, _rank_snapshot(0, 0), JOB, RANGE)
     for e in (1, 2, 3):
         _save_ranks(root, e)
     _save_ranks(root, 4, ranks=(1,))

@@ -19,10 +19,10 @@ from test_multirank import JOB, RANGE, snapshot
 
 from paddle_acp.errors import CorruptCheckpointError, RestartRequiredError, StorageError
 from paddle_acp.format.checkpoints import index
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.restart import load_newest
-from paddle_acp.format.commit.fencing import Fence
+from paddle_acp.format.commit.fencing import Fence, write_job_marker
 from paddle_acp.format.layout import bad_mark, position_name
 from paddle_acp.storage import open_storage
 
@@ -42,10 +42,10 @@ def restart(st, rank, world, mode):
     """Rank ``rank``'s restart in a job of ``world`` ranks: its fence, the checkpoint it resumes from
     (found, verified, loaded) and the clean-up of what is newer; (checkpoint name, rank held, gck)."""
     if rank == 0:
-        Checkpointer(st, JOB, RANGE).write_job_marker()
+        write_job_marker(st, JOB)
     fence = Fence.take(st, JOB, rank)
     gck = GlobalCheckpointer(st, JOB, RANGE, rank, world, 3, 5.0, fence)
-    loaded = load_newest(Checkpointer(st, JOB, RANGE, 3, fence), gck, mode)
+    loaded = load_newest(PartReader(st, JOB, RANGE), gck, mode)
     assert loaded is not None
     gck.resume_from(loaded)
     gck.discard_newer(loaded.position_key)
@@ -264,7 +264,7 @@ def test_each_rank_reads_only_the_data_it_restores_and_each_byte_once(tmp_path, 
     mode = "per-rank" if layout == "per-rank" else "replicated"
     for rank in range(world):
         st, got = reads_counted(open_storage(str(tmp_path)))
-        ck = Checkpointer(st, JOB, RANGE, 3)
+        ck = PartReader(st, JOB, RANGE)
         g = GlobalCheckpointer(st, JOB, RANGE, rank, world, 3, 5.0)
         ck.landing = g.landing = Lender() if landed else None
         loaded = load_newest(ck, g, mode)

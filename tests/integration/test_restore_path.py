@@ -3,7 +3,10 @@
 Tests taking ``backend_storage`` run on every real backend (local disk, HDFS, S3: tests/support.py).
 A restore lands in a lent buffer (the runtime's snapshot arena: local files read once into it,
 remote ones by ranged reads in parallel), or without one is verified through rotating buffers
-(local) or into a spool file (remote) and read again from there."""
+(local) or into a spool file (remote) and read again from there.
+
+The checkpoints are a one-process job's, as the runtime writes them (``ckpt-e{E}/rank-0`` committed by
+``global.json``); version 1 manifests only ever were an earlier release's numbered ``ckpt-N``."""
 
 import os
 import uuid
@@ -14,13 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
-from support.newest import load_as_restart
+from support.newest import load_as_restart, one_process, reader, save, write_numbered
 
 from paddle_acp.adapter.tensors import tensor_view, write_program
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
+from paddle_acp.format.checkpoints.restart import load_newest
 from paddle_acp.format.engine import reader as ckmod
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
+from paddle_acp.format.layout import position_number
 from paddle_acp.format.manifest import DATA_NAME, RangeRecord
 from paddle_acp.storage import open_storage
 
@@ -30,13 +34,64 @@ def snapshot(epoch, arrays):
     return Snapshot(RangeRecord("_range_0", epoch, 10), [ProgramSnapshot("k", "", tensors)], None)
 
 
+def position(n):
+    """Checkpoint ``ckpt-e{n}`` (epoch ``n``'s end), relative to the storage root."""
+    return f"job/range/_range_0/ckpt-e{n}"
+
+
+def part(n):
+    """The directory of ``ckpt-e{n}``'s manifest and data file (a one-process job: its rank-0 part)."""
+    return f"{position(n)}/rank-0"
+
+
 def data_file(root, n):
-    return os.path.join(str(root), "job", "range", "_range_0", f"ckpt-{n}", DATA_NAME)
+    return os.path.join(str(root), part(n), DATA_NAME)
 
 
 def data_path(n):
-    """The data file of checkpoint ``n``, relative to the storage root."""
-    return f"job/range/_range_0/ckpt-{n}/{DATA_NAME}"
+    """The data file of checkpoint ``ckpt-e{n}``, relative to the storage root."""
+    return f"{part(n)}/{DATA_NAME}"
+
+
+def job_saves(st_, *snaps):
+    """A one-process job saves ``snaps`` (distinct epochs), each committed; the reader of its range."""
+    g = one_process(st_)
+    for s in snaps:
+        save(g, s)
+    return reader(st_)
+
+
+def load(ck, n, landing=None):
+    """Read and verify ``ckpt-e{n}`` (its part) completely, as a restore does."""
+    return ck.load(position_number(n, None), base=part(n), landing=landing)
+
+
+def read_manifest(ck, n):
+    return ck.read_manifest(position_number(n, None), base=part(n))
+
+
+def recommit(st_, n):
+    """Re-seal ``ckpt-e{n}``'s global.json over its part's manifest as it now is (the CRC32 and size it
+    records), as a crafted checkpoint would be: the reader itself must then refuse what the manifest says."""
+    import json
+    import zlib
+
+    from paddle_acp.format.layout import GLOBAL_NAME
+    from paddle_acp.format.manifest import MANIFEST_NAME, seal
+
+    raw = st_.read_bytes(f"{part(n)}/{MANIFEST_NAME}")
+    g = json.loads(st_.read_bytes(f"{position(n)}/{GLOBAL_NAME}"))
+    g.pop("checksum")
+    g["parts"][0].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw))
+    st_.write_bytes(f"{position(n)}/{GLOBAL_NAME}", seal(g))
+
+
+def restart(st_, landing=None):
+    """What a restart of the one-process job loads, its part landing in ``landing`` (the runtime's
+    snapshot arena, lent to the restart as :meth:`paddle_acp.runtime.restore.Restorer.load_newest` does)."""
+    numbered, g = reader(st_), one_process(st_)
+    numbered.landing = g.landing = landing
+    return load_newest(numbered, g, None)
 
 
 # Examples of the property below per backend: a remote save and load cost tens of round trips.
@@ -62,14 +117,13 @@ def test_checksums_span_read_chunks(backend_storage):
         st_ = backend_storage.sub(uuid.uuid4().hex[:12])
         rng = np.random.default_rng(len(sizes) * 7919 + sum(sizes))
         arrays = {f"t{i}": rng.integers(0, 2**31, n, dtype=np.int64).astype(np.float32) for i, n in enumerate(sizes)}
-        ck = Checkpointer(st_, "job", "_range_0")
-        ck.save(snapshot(0, arrays))
+        ck = job_saves(st_, snapshot(0, arrays))
         target = None
         if flip is not None:
             nonempty = [n for n, a in arrays.items() if a.nbytes]
             if nonempty:
                 name = nonempty[flip[0] % len(nonempty)]
-                rec = next(t for t in ck.read_manifest(0).programs[0].tensors if t.name == name)
+                rec = next(t for t in read_manifest(ck, 0).programs[0].tensors if t.name == name)
                 target = rec.offset + int(flip[1] * rec.nbytes)
                 flip_byte(st_, data_path(0), target)
         with pytest.MonkeyPatch.context() as mp:
@@ -81,10 +135,10 @@ def test_checksums_span_read_chunks(backend_storage):
             lender = Lender() if landed else None
             if target is not None:
                 with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-                    ck.load(0, landing=lender)
+                    load(ck, 0, landing=lender)
                 assert lender is None or lender.back == lender.lent  # refused: the buffer is given back
                 return
-            loaded = ck.load(0, landing=lender)
+            loaded = load(ck, 0, landing=lender)
         for name, a in arrays.items():
             got = loaded.arrays[("k", name)]
             assert got.tobytes() == a.tobytes(), (kind, name)
@@ -125,11 +179,10 @@ def test_restore_lands_remote_files_in_the_lent_buffer_and_maps_nothing(backend_
     buffer's bytes; it is given back once every tensor is handed out. A local one is not lent anything
     (it is read from the page cache into the tensors at the copy). Nothing maps the data file."""
     local = backend_storage.local_path("") is not None
-    ck = Checkpointer(backend_storage.sub(uuid.uuid4().hex[:12]), "job", "_range_0")
     w = np.arange(1 << 20, dtype=np.float32)
-    ck.save(snapshot(0, {"w": w, "b": np.ones(3, np.float64)}))
+    ck = job_saves(backend_storage.sub(uuid.uuid4().hex[:12]), snapshot(0, {"w": w, "b": np.ones(3, np.float64)}))
     lender = Lender()
-    loaded = ck.load(0, landing=lender)
+    loaded = load(ck, 0, landing=lender)
     assert loaded.source == ("local" if local else "remote")
     assert DATA_NAME not in mapped_paths()
     got = loaded.arrays[("k", "w")]
@@ -158,11 +211,10 @@ def test_remote_restore_reads_on_the_storages_connections(backend_storage, monke
         return real_open(storage, path)
 
     monkeypatch.setattr(ckmod, "_open_remote", counted)
-    ck = Checkpointer(backend_storage.sub(uuid.uuid4().hex[:12]), "job", "_range_0")
     w = np.arange(2 << 20, dtype=np.float32)
-    ck.save(snapshot(0, {"w": w}))
+    ck = job_saves(backend_storage.sub(uuid.uuid4().hex[:12]), snapshot(0, {"w": w}))
     lender = Lender()
-    loaded = ck.load(0, landing=lender)
+    loaded = load(ck, 0, landing=lender)
     assert lender.lent == 1 and loaded.arrays[("k", "w")].tobytes() == w.tobytes()
     readers = {"hdfs": 2, "s3": 4}[backend_kind(backend_storage)]
     assert backend_storage.ranged_readers == readers
@@ -173,10 +225,9 @@ def test_remote_restore_reads_on_the_storages_connections(backend_storage, monke
 def test_restore_without_landing_maps_nothing(tmp_path):
     """Without a buffer to land in (over the budget, or a rank that keeps no snapshot buffer) the file
     is verified through small buffers and read again from it at the copy: still nothing mapped."""
-    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
-    ck.save(snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
+    job_saves(open_storage(str(tmp_path)), snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
     lender = Lender()
-    loaded = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0", memory_budget=1 << 20).load(0, landing=lender)
+    loaded = load(reader(open_storage(str(tmp_path)), memory_budget=1 << 20), 0, landing=lender)
     assert lender.lent == 0 and loaded._source._map is None and DATA_NAME not in mapped_paths()
     assert loaded.arrays[("k", "w")].tobytes() == np.arange(1 << 20, dtype=np.float32).tobytes()
     loaded.close()
@@ -187,9 +238,8 @@ def test_restore_checksums_run_at_normal_priority(tmp_path):
     the background threads' lower one."""
     import threading
 
-    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
-    ck.save(snapshot(0, {"w": np.arange(1 << 16, dtype=np.float32)}))
-    ck.load(0, landing=Lender()).close()
+    ck = job_saves(open_storage(str(tmp_path)), snapshot(0, {"w": np.arange(1 << 16, dtype=np.float32)}))
+    load(ck, 0, landing=Lender()).close()
     threads = [t for t in threading.enumerate() if t.name.startswith("paddle-acp-crc-restore")]
     assert threads, [t.name for t in threading.enumerate()]
     me = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -213,19 +263,18 @@ def test_restore_checksums_run_on_two_threads_in_parallel(tmp_path, monkeypatch)
             met.wait()  # on one thread: BrokenBarrierError after the timeout, raised by the load
         return real(buf, value)
 
-    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
     arrays = {f"t{i}": np.arange(i, i + 30000, dtype=np.float32) for i in range(4)}
-    ck.save(snapshot(0, arrays))
+    ck = job_saves(open_storage(str(tmp_path)), snapshot(0, arrays))
     monkeypatch.setitem(manifest._CHECKSUM_FUNCTIONS, "crc32c", meeting)
     monkeypatch.setattr(ckmod, "_VERIFY_CHUNK", 4096 * 3)  # every tensor spans chunks
-    loaded = ck.load(0)
+    loaded = load(ck, 0)
     assert next(calls) > 2
     for name, a in arrays.items():
         assert loaded.arrays[("k", name)].tobytes() == a.tobytes()
     loaded.close()
     flip_byte(ck.storage, data_path(0), 4096 * 3 + 5)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-        ck.load(0)
+        load(ck, 0)
 
 
 def test_truncated_file_or_manifest_past_the_end_is_refused_on_every_backend(backend_storage):
@@ -235,33 +284,32 @@ def test_truncated_file_or_manifest_past_the_end_is_refused_on_every_backend(bac
     from paddle_acp.format.manifest import MANIFEST_NAME, Manifest
 
     st_ = backend_storage.sub(uuid.uuid4().hex[:12])
-    ck = Checkpointer(st_, "job", "_range_0")
     old = {"w": np.full(5000, 1.0, np.float32)}
-    ck.save(snapshot(0, old))
-    ck.save(snapshot(1, {"w": np.full(5000, 2.0, np.float32)}))
-    ck.save(snapshot(2, {"w": np.full(5000, 3.0, np.float32)}))
+    ck = job_saves(st_, snapshot(0, old), snapshot(1, {"w": np.full(5000, 2.0, np.float32)}),
+               snapshot(2, {"w": np.full(5000, 3.0, np.float32)}))
     data = st_.read_bytes(data_path(1))
     st_.write_bytes(data_path(1), data[:len(data) // 2])  # truncated
-    mpath = f"{os.path.dirname(data_path(2))}/{MANIFEST_NAME}"
+    mpath = f"{part(2)}/{MANIFEST_NAME}"
     m = Manifest.loads(st_.read_bytes(mpath))
     m.programs[0].tensors[0].offset += 4096  # past the end of the data file
     st_.write_bytes(mpath, m.dumps())
+    recommit(st_, 2)  # global.json records the part's manifest as it now is: the reader, not the commit, refuses it
     for landed in (False, True):
         lender = ck.landing = Lender() if landed else None
         for n in (1, 2):
             with pytest.raises(CorruptCheckpointError):
-                ck.load(n)
-        loaded = load_as_restart(ck)
-        assert loaded.manifest.number == 0 and loaded.arrays[("k", "w")].tobytes() == old["w"].tobytes()
+                load(ck, n)
+        loaded = restart(st_, lender)
+        assert loaded.name == "ckpt-e0" and loaded.manifest.range.epoch_no == 0
+        assert loaded.arrays[("k", "w")].tobytes() == old["w"].tobytes()
         loaded.close()
         assert lender is None or lender.back == lender.lent
 
 
 def test_file_truncated_after_verification_is_an_error_not_a_crash(static_mode, tmp_path):
     """A mapped file that shrinks would fault (SIGBUS) when copied: it is refused with a clear error."""
-    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
-    ck.save(snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
-    loaded = ck.load(0)
+    ck = job_saves(open_storage(str(tmp_path)), snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
+    loaded = load(ck, 0)
     os.truncate(data_file(tmp_path, 0), 4096)
     scope = scope_with({"w": np.zeros(1 << 20, np.float32)})
     with pytest.raises(CorruptCheckpointError, match="shrank"):
@@ -305,13 +353,12 @@ def test_write_program_fills_scope_tensors_in_place(static_mode, backend_storage
         "lr": np.array([0.25], np.float32),  # the scope holds it with another shape: replaced
         "new": np.ones((2, 3), np.float64),  # not in the scope yet: created
     }
-    ck = Checkpointer(backend_storage, "job", "_range_0")
-    ck.save(snapshot(0, saved))
+    ck = job_saves(backend_storage, snapshot(0, saved))
     scope = scope_with({"w": np.zeros(3 << 20, np.float32), "b": np.zeros(7, np.float32), "step": np.zeros(1, np.int64), "lr": np.zeros((), np.float32)})
     ptr_w = scope.find_var("w").get_tensor()._ptr()
     loaded = load_as_restart(ck)
     # retention or `paddle-acp gc` may delete the checkpoint before the program first runs
-    backend_storage.delete_dir(os.path.dirname(data_path(0)))
+    backend_storage.delete_dir(position(0))
     assert write_program(loaded, "k", scope, paddle.CPUPlace()) == len(saved)
     got = scope_values(scope, saved)
     for n, a in saved.items():
@@ -323,8 +370,7 @@ def test_write_program_fills_scope_tensors_in_place(static_mode, backend_storage
 
 def test_write_program_without_consume_keeps_pending(static_mode, tmp_path):
     saved = {"w": np.arange(10, dtype=np.float32)}
-    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
-    ck.save(snapshot(0, saved))
+    ck = job_saves(open_storage(str(tmp_path)), snapshot(0, saved))
     loaded = load_as_restart(ck)
     s1, s2 = scope_with({"w": np.zeros(10, np.float32)}), paddle.static.Scope()
     assert write_program(loaded, "k", s1, paddle.CPUPlace(), consume=False) == 1
@@ -336,21 +382,19 @@ def test_write_program_without_consume_keeps_pending(static_mode, tmp_path):
 def test_corrupt_newest_never_touches_the_scope(static_mode, tmp_path):
     """The newest checkpoint is corrupt in its last tensor: nothing of it reaches the scope;
     the older one is restored whole."""
-    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
     old = {"a": np.full(5000, 1.0, np.float32), "z": np.full(5000, 1.0, np.float32)}
     new = {"a": np.full(5000, 2.0, np.float32), "z": np.full(5000, 2.0, np.float32)}
-    ck.save(snapshot(0, old))
-    ck.save(snapshot(1, new))
-    z = next(t for t in ck.read_manifest(1).programs[0].tensors if t.name == "z")
+    ck = job_saves(open_storage(str(tmp_path)), snapshot(0, old), snapshot(1, new))
+    z = next(t for t in read_manifest(ck, 1).programs[0].tensors if t.name == "z")
     with open(data_file(tmp_path, 1), "r+b") as f:
         f.seek(z.offset + z.nbytes - 4)  # the last bytes of the last tensor
         f.write(b"\xff" * 4)
     scope = scope_with({"a": np.zeros(5000, np.float32), "z": np.zeros(5000, np.float32)})
     with pytest.raises(CorruptCheckpointError):
-        ck.load(1)
+        load(ck, 1)
     assert all(not v.any() for v in scope_values(scope, ["a", "z"]).values())
     loaded = load_as_restart(ck)
-    assert loaded.manifest.number == 0
+    assert loaded.name == "ckpt-e0" and loaded.manifest.range.epoch_no == 0
     write_program(loaded, "k", scope, paddle.CPUPlace())
     got = scope_values(scope, ["a", "z"])
     assert np.array_equal(got["a"], old["a"]) and np.array_equal(got["z"], old["z"])
@@ -359,8 +403,7 @@ def test_corrupt_newest_never_touches_the_scope(static_mode, tmp_path):
 def test_tensor_view_matches_after_restore(static_mode, tmp_path):
     """A bf16-like uint16 payload and an int8 tensor round-trip into existing scope tensors."""
     saved = {"q": np.arange(-100, 100, dtype=np.int8), "m": np.arange(1000, dtype=np.uint16).astype(np.uint8)}
-    ck = Checkpointer(open_storage(str(tmp_path)), "job", "_range_0")
-    ck.save(snapshot(0, saved))
+    ck = job_saves(open_storage(str(tmp_path)), snapshot(0, saved))
     scope = scope_with({k: np.zeros_like(v) for k, v in saved.items()})
     write_program(load_as_restart(ck), "k", scope, paddle.CPUPlace())
     for n, a in saved.items():
@@ -368,15 +411,21 @@ def test_tensor_view_matches_after_restore(static_mode, tmp_path):
         assert view.tobytes() == a.tobytes()
 
 
+def numbered_data_path(n):
+    """The data file of an earlier release's numbered checkpoint ``ckpt-{n}``, relative to the storage root."""
+    return f"job/range/_range_0/ckpt-{n}/{DATA_NAME}"
+
+
 def rewrite_as_version_1(st_, n):
-    """Turn checkpoint ``n`` into what paddle-acp wrote before CRC32C: manifest version 1, zlib CRC32 per tensor."""
+    """Turn ``ckpt-{n}`` into what paddle-acp wrote before CRC32C (an earlier release's numbered checkpoint):
+    manifest version 1, zlib CRC32 per tensor."""
     import zlib
 
     from paddle_acp.format.manifest import MANIFEST_NAME, Manifest
 
-    mpath = f"{os.path.dirname(data_path(n))}/{MANIFEST_NAME}"
+    mpath = f"{os.path.dirname(numbered_data_path(n))}/{MANIFEST_NAME}"
     m = Manifest.loads(st_.read_bytes(mpath))
-    data = st_.read_bytes(data_path(n))
+    data = st_.read_bytes(numbered_data_path(n))
     for p in m.programs:
         for t in p.tensors:
             t.checksum = zlib.crc32(data[t.offset:t.offset + t.nbytes])
@@ -387,14 +436,15 @@ def rewrite_as_version_1(st_, n):
 
 
 def test_version_1_checkpoints_still_restore_and_verify(backend_storage):
-    """Checkpoints written before the switch to CRC32C load, verify, and still catch corruption."""
+    """Checkpoints written before the switch to CRC32C (an earlier release's numbered ``ckpt-N``) load,
+    verify, and still catch corruption."""
     from paddle_acp.tools import verify_checkpoint
 
     rng = np.random.default_rng(5)
     arrays = {"w": rng.standard_normal((300, 7)).astype(np.float32), "b": np.arange(9, dtype=np.int64), "e": np.zeros(0, np.float32)}
     st_ = backend_storage
-    ck = Checkpointer(st_, "job", "_range_0")
-    ck.save(snapshot(0, arrays))
+    write_numbered(st_, 0, snapshot(0, arrays))
+    ck = reader(st_)
     rewrite_as_version_1(st_, 0)
     assert ck.read_manifest(0).version == 1
     assert verify_checkpoint(st_, "job", "_range_0", 0, quiet=True).version == 1
@@ -402,7 +452,11 @@ def test_version_1_checkpoints_still_restore_and_verify(backend_storage):
     for name, a in arrays.items():
         assert loaded.arrays[("k", name)].tobytes() == a.tobytes()
     loaded.close()
-    flip_byte(st_, data_path(0), 100, 1)
+    loaded = load_as_restart(ck)  # the restart's path too
+    assert loaded.name == "ckpt-0" and loaded.manifest.version == 1
+    assert all(loaded.arrays[("k", name)].tobytes() == a.tobytes() for name, a in arrays.items())
+    loaded.close()
+    flip_byte(st_, numbered_data_path(0), 100, 1)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch in tensor 'w'"):
         ck.load(0)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch in tensor 'w'"):

@@ -18,8 +18,8 @@ from support.shares import own_share, share_nbytes, snapshot_items
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, RestartRequiredError
 from paddle_acp.format import global_manifest as gm
 from paddle_acp.format.checkpoints import index
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.restart import load_newest
 from paddle_acp.format.engine import shares
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
@@ -87,7 +87,8 @@ def ckdir(root, name):
 
 
 def v2(root):
-    return Checkpointer(open_storage(str(root)), JOB, RANGE, 3)
+    """The reader of the range's one-writer checkpoints (a part, an earlier release's ckpt-N): the restart's first argument."""
+    return PartReader(open_storage(str(root)), JOB, RANGE)
 
 
 # -- the split ------------------------------------------------------------------------
@@ -282,13 +283,13 @@ def test_a_capped_number_of_share_writers_at_a_larger_world_restores_bit_identic
         "writer)" in render(inspect(str(d), rank=3))
     assert inspect(str(d), rank=1).part["share_writers"] == 2
     opened = []
-    real = Checkpointer.load
+    real = PartReader.load
 
     def spy(self, number, base, raw=None, landing=None):  # the real load; records which part's data this rank opens
         opened.append(base.rsplit("/", 1)[-1])
         return real(self, number, base, raw, landing)
 
-    monkeypatch.setattr(Checkpointer, "load", spy)
+    monkeypatch.setattr(PartReader, "load", spy)
     for world in (5, 3, 1, 7):
         for r in range(world):
             opened.clear()
@@ -647,7 +648,7 @@ def test_spread_shares_with_node_local_caches_on_s3(s3_server, monkeypatch, tmp_
     for r in (0, 1):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="paddle_acp"):
-            loaded = load_newest(Checkpointer(open_storage(uri), JOB, RANGE, 3), cgck(r), None)
+            loaded = load_newest(PartReader(open_storage(uri), JOB, RANGE), cgck(r), None)
         assert loaded.name == "ckpt-e1" and loaded.source == "mixed", loaded.source  # own share cached, the other remote
         assert f"checkpoint ckpt-e1 (part of rank {r})" in caplog.text and "from the local cache" in caplog.text
         assert same(values(loaded), expected(1))
@@ -658,9 +659,9 @@ def test_spread_shares_with_node_local_caches_on_s3(s3_server, monkeypatch, tmp_
     raw[len(raw) // 2] ^= 0x10
     st_.write_bytes(path, bytes(raw))
     with pytest.raises(RestartRequiredError, match="rank 1's share"):
-        load_newest(Checkpointer(st_, JOB, RANGE, 3), cgck(0), None)
+        load_newest(PartReader(st_, JOB, RANGE), cgck(0), None)
     for r in (0, 1):  # rank 1's intact copy of its share does not save the copy every rank must agree on
-        loaded = load_newest(Checkpointer(st_, JOB, RANGE, 3), cgck(r), None)
+        loaded = load_newest(PartReader(st_, JOB, RANGE), cgck(r), None)
         assert loaded.name == "ckpt-e0" and same(values(loaded), expected(0))
         loaded.close()
 

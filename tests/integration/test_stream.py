@@ -142,22 +142,24 @@ def test_spool_verifies_every_tensor_on_its_way(tmp_path, flip, victim):
     """A remote restore over the budget: the reader's one verification loop copies the data file
     into an unlinked local spool file, every tensor checksummed on the way; one flipped byte
     anywhere is refused and leaves no spool behind."""
+    from support.newest import one_process, save
+
     from paddle_acp.errors import CorruptCheckpointError
-    from paddle_acp.format.checkpoints.checkpointer import Checkpointer
     from paddle_acp.format.engine import reader
     from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
+    from paddle_acp.format.layout import position_number
     from paddle_acp.format.manifest import DATA_NAME, RangeRecord
 
     rng = np.random.default_rng(7)
     arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in (100_000, 0, 50_000, 9 << 20, 7)]
     st_ = open_storage(str(tmp_path / "root"))
-    ck = Checkpointer(st_, "job", "_range_0")
-    ck.save(Snapshot(RangeRecord("_range_0", 0, 1),
-                     [ProgramSnapshot("k", "", [TensorData(f"t{i}", "uint8", a) for i, a in enumerate(arrays)])], None))
-    base = ck.base(0)
+    ck = one_process(st_)  # a one-process job's checkpoint of epoch 0: its rank-0 part holds the data file
+    save(ck, Snapshot(RangeRecord("_range_0", 0, 1),
+                      [ProgramSnapshot("k", "", [TensorData(f"t{i}", "uint8", a) for i, a in enumerate(arrays)])], None))
+    base, number = f"{ck.dir}/ckpt-e0/rank-0", position_number(0, None)
     data_file = tmp_path / "root" / base / DATA_NAME
     image = data_file.read_bytes()
-    m, data_path = reader.check_header(st_, base, 0, "_range_0")
+    m, data_path = reader.check_header(st_, base, number, "_range_0")
     if flip is not None:
         offset = next(t.offset for t in m.programs[0].tensors if t.name == victim)
         raw = bytearray(image)
@@ -179,4 +181,4 @@ def test_spool_verifies_every_tensor_on_its_way(tmp_path, flip, victim):
     with open(data_file, "ab") as f:  # a data file whose size the manifest does not state
         f.write(b"x" * 4096)
     with pytest.raises(CorruptCheckpointError):
-        reader.check_header(st_, base, 0, "_range_0")
+        reader.check_header(st_, base, number, "_range_0")

@@ -56,9 +56,9 @@ def install():
 
         wrap(GlobalCheckpointer, "save")
     elif point == "write":
-        import paddle_acp.format.checkpoints.checkpointer as checkpointer
+        import paddle_acp.format.checkpoints.multirank as multirank
 
-        wrap(checkpointer, "write_checkpoint")
+        wrap(multirank, "write_checkpoint")  # a part's data and manifest, as the checkpointer calls the writer
     elif point == "remove_own":
         from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Se
 
 from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.global_reader import GlobalEntry
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.rank_restore import RankRestore
 from paddle_acp.format.commit import absence, atomic
 from paddle_acp.format.commit.committer import Committer, PendingCommit
@@ -33,7 +33,7 @@ from paddle_acp.format.commit.part_commit import PartCommitMixin
 from paddle_acp.format.commit.retention import delete_old, preserve, to_delete
 from paddle_acp.format.engine.reader import Landing
 from paddle_acp.format.engine.snapshot import Snapshot
-from paddle_acp.format.engine.writer import is_out_of_space
+from paddle_acp.format.engine.writer import is_out_of_space, write_checkpoint
 from paddle_acp.format.layout import (
     GLOBAL_NAME,
     MANIFEST_NAME,
@@ -84,8 +84,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         self.base: Optional[str] = None  # the global checkpoint this incarnation resumed from
         self.base_crc: Optional[int] = None  # the CRC32 of its global.json (the copy resumed from)
         self.poll_interval = 0.02
-        # writes and reads this rank's part (a checkpoint of the single-writer format in the part's directory)
-        self._part_checkpointer = Checkpointer(storage, job_id, range_name, 0, fence=fence, memory_budget=memory_budget)
+        self._parts = PartReader(storage, job_id, range_name, memory_budget=memory_budget)  # reads the ranks' parts
         self.fence = fence  # this rank's writer fence: checked before each delete and each commit (its part's too)
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
         self.cache = cache
@@ -212,21 +211,22 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         # read (it goes with the position); a committed global.json lists this rank's part, which is
         # not there, so no committed copy is written into. No makedirs: the part's own makes the
         # position's directory (atomic.Pending; on HDFS its first file does).
-        gen = self._part_checkpointer.generation
+        gen = None if self.fence is None else self.fence.generation
         part = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                 "generation": -1 if gen is None else gen}
         if snap.share is not None:  # this part holds its share of the replicated tensors (format/engine/shares.py)
             part["share"] = snap.share
         snap = dataclasses.replace(snap, extra={**snap.extra, "part": part})  # (the caller's snapshot is left as it is)
-        pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy,
-                                 generation=gen)
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
-        while True:
+        fence = self.fence  # the commit's fence check is the quick one: one look-up (fencing.newer_recorded)
+        check = None if fence is None else (lambda: fence.check(f"commit checkpoint {name}", True))
+        while True:  # (again after space was made on a full storage)
+            pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy, generation=gen)
             try:
                 pending.prepare()  # (inside the try: a Ctrl-C right after its directory is made still removes it)
-                written = self._part_checkpointer.write(pending, snap, number)
+                written = write_checkpoint(pending, snap, number, check)
                 break
             except BaseException as exc:
                 try:
@@ -234,8 +234,6 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
                 except Exception as why:  # removed by this rank's next save or restart
                     logger.debug("could not remove %s: %s", pending.path, why)
                 if isinstance(exc, StorageError) and is_out_of_space(exc) and self._make_space(name, exc):
-                    pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank),
-                                             strategy=self.commit_strategy, generation=gen)
                     continue
                 if copy is not None:
                     copy.abort()
@@ -284,7 +282,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         ``PADDLE_ACP_PART_TIMEOUT``. Where the ranks share a store, it is said there (an arrival with the
         absence as its note, :mod:`~paddle_acp.format.commit.arrivals`: no file). Returns where it was said
         (the file's path), or None when it could not be."""
-        gen = self._part_checkpointer.generation
+        gen = None if self.fence is None else self.fence.generation
         self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
         a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
         if self._arrive(name, a.dumps(), absent=True):
@@ -320,7 +318,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of its
         directory, when just listed): only after this rank's fence check passed, and never a newer
         generation's part being written."""
-        gen = self._part_checkpointer.generation
+        gen = None if self.fence is None else self.fence.generation
         to_remove = []
         for e in self.storage.listdir(f"{self.dir}/{name}") if listing is None else listing:
             m = PART_RE.fullmatch(e.name) or PART_TMP_RE.fullmatch(e.name)

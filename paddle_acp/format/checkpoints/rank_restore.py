@@ -15,8 +15,8 @@ import logging
 from typing import TYPE_CHECKING, Dict, Optional
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, UnknownFormatError
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.global_reader import GlobalReader
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.commit import verdict
 from paddle_acp.format.engine import shares
 from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
@@ -39,12 +39,12 @@ class RankRestore(GlobalReader):
     base_crc: Optional[int]  # the CRC32 of its global.json (the copy resumed from)
     cache: Optional["RangeCache"]  # this rank's node-local copies
     landing: Optional[Landing]  # where this rank's own part lands at a restore (its snapshot arena)
-    _part_checkpointer: Checkpointer  # reads this rank's part (a checkpoint of the single-writer format)
+    _parts: PartReader  # reads the ranks' parts
 
     @property
     def memory_budget(self) -> Optional[int]:
         """The host-memory budget of this rank's restores (``PADDLE_ACP_HOST_MEMORY``)."""
-        return self._part_checkpointer.memory_budget
+        return self._parts.memory_budget
 
     def topology_error(self, g: GlobalManifest, running_mode: str, why: str) -> CheckpointError:
         return CheckpointError(
@@ -131,7 +131,7 @@ class RankRestore(GlobalReader):
         own = self.landing if src == self.rank else None
         cached = self.cache.load(g.name, g.number, raws[src], src, self.memory_budget, own) if self.cache is not None else None
         try:
-            return cached if cached is not None else self._part_checkpointer.load(g.number, f"{base}/{rank_part(src)}", raws[src], own)
+            return cached if cached is not None else self._parts.load(g.number, f"{base}/{rank_part(src)}", raws[src], own)
         except CorruptCheckpointError as exc:
             if self.world_size > 1:  # other ranks may accept it (their own part, another copy): never fall back alone
                 raise verdict.rejected(self.rank, base, g, self._whose(src), exc, self.storage) from exc
@@ -143,7 +143,7 @@ class RankRestore(GlobalReader):
         goes through the bad mark like its own part would."""
         try:
             parts = shares.load_all(lambda k: self._load_part(g, base, raws, k) if k == self.rank
-                                    else self._part_checkpointer.load(g.number, f"{base}/{rank_part(k)}", raws[k]),
+                                    else self._parts.load(g.number, f"{base}/{rank_part(k)}", raws[k]),
                                     list(range(g.share_writers)))
         except shares.ShareFailed as failed:
             exc = failed.error

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from paddle_acp.errors import CheckpointError, NoUsableCheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer, no_usable
+from paddle_acp.format.checkpoints.part_reader import PartReader, no_usable
 from paddle_acp.format.engine.reader import LoadedCheckpoint
 from paddle_acp.format.global_manifest import describe_topology
 from paddle_acp.format.layout import position_key
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("paddle_acp")
 
 
-def load_newest(checkpointer: Checkpointer, global_checkpointer: "GlobalCheckpointer", running_mode: Optional[str],
+def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer", running_mode: Optional[str],
                 check: Optional[Callable[[LoadedCheckpoint], None]] = None,
                 start_fresh: bool = False) -> Optional[LoadedCheckpoint]:
     """The newest checkpoint of either layout that verifies (older ones are tried in turn), in
@@ -44,7 +44,7 @@ def load_newest(checkpointer: Checkpointer, global_checkpointer: "GlobalCheckpoi
     ``start_fresh`` (``PADDLE_ACP_START_FRESH``) a warning and None instead. Never a silent start
     from scratch, and nothing is deleted here.
     """
-    checkpointer.check_no_links()
+    numbered.check_no_links()
     where = f"{global_checkpointer.storage.uri}/{global_checkpointer.dir}"
     multi = global_checkpointer.world_size > 1
     who = f"rank {global_checkpointer.rank}: " if multi else ""
@@ -69,7 +69,7 @@ def load_newest(checkpointer: Checkpointer, global_checkpointer: "GlobalCheckpoi
                     "Set PADDLE_ACP_RANK_STATE=replicated if the ranks' state is identical, or start a new job "
                     "(a new PADDLE_JOB_ID)."
                 )
-            loaded = checkpointer.load(e.number)  # (of the single-writer format: no global manifest)
+            loaded = numbered.load(e.number)  # an earlier release's ckpt-N: no global manifest
             return loaded.found_as(e.name, position_key(loaded.manifest.range.epoch_no, loaded.manifest.range.step))
 
     def fatal(e: index.Entry, exc: StorageError) -> Optional[BaseException]:

@@ -9,10 +9,8 @@ or by option (:func:`strategy_for`), like Orbax's ``atomicity`` module:
   its manifest, written last, is the commit marker.
 
 Either way readers accept only ``ckpt-N`` holding a manifest; everything else is
-a leftover of an interrupted save, removed by the writer before its next save
-(:func:`scan`, :func:`remove_leftovers`) once its fence check passed, and only
-when a writer of its own or an older generation left it (the temporary name
-carries the generation: ``ckpt-N.tmp-g<G>-<id>``). The global manifest of a checkpoint of
+a leftover of an interrupted save (:func:`scan`; the temporary name carries the writer's
+generation: ``ckpt-N.tmp-g<G>-<id>``). The global manifest of a checkpoint of
 several ranks is committed the same way (:meth:`CommitStrategy.write_file`).
 """
 
@@ -25,8 +23,7 @@ import uuid
 from typing import Callable, List, Optional, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, StorageError
-from paddle_acp.format.layout import FINAL_RE, MANIFEST_NAME, TMP_RE, final_name, parse_final, tmp_generation, tmp_name
-from paddle_acp.format.manifest import MAX_NUMBER
+from paddle_acp.format.layout import FINAL_RE, MANIFEST_NAME, TMP_RE, final_name, tmp_generation, tmp_name
 from paddle_acp.storage.base import MANIFEST_LAST, RENAME, Entry, Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -83,47 +80,6 @@ def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -
         elif t:
             out.append(DirEntry(e.name, int(t.group(1)), False, tmp_generation(t)))
     return sorted(out, key=lambda d: (d.number, d.name))
-
-
-def next_number(entries: List[DirEntry], listing: Optional[List[Entry]] = None) -> int:
-    """One past every number in ``entries`` and every ``ckpt-N`` name of ``listing``
-    (a stray file named ``ckpt-N`` must not make the commit of ``ckpt-N`` fail)."""
-    used = [e.number for e in entries]
-    for e in listing or ():
-        n = parse_final(e.name)
-        if n is not None:
-            used.append(n)
-    number = max(used, default=-1) + 1
-    if number > MAX_NUMBER:
-        raise CheckpointError(
-            f"checkpoint numbers are exhausted: ckpt-{number - 1} exists and numbers have at most 15 digits; "
-            "remove that entry (or start a new job with a new PADDLE_JOB_ID)"
-        )
-    return number
-
-
-def remove_leftovers(storage: Storage, parent: str, entries: List[DirEntry], generation: Optional[int] = None,
-                     check: Optional[Callable[[], None]] = None) -> List[DirEntry]:
-    """Delete the uncommitted entries left by a writer of ``generation`` or an older one (all of
-    them when None); returns those kept (a newer writer's, being written) or that could not be
-    deleted (logged). ``check`` (the writer's fence check) runs first when there is any
-    uncommitted entry, and may raise: then nothing is deleted."""
-    stuck = []
-    pending = [e for e in entries if not e.committed]
-    if pending and check is not None:
-        check()
-    for e in pending:
-        if generation is not None and e.generation > generation:
-            logger.debug("keeping %s/%s: written by a newer writer (generation %d)", parent, e.name, e.generation)
-            stuck.append(e)
-        else:
-            logger.info("removing leftover of an interrupted save: %s/%s", parent, e.name)
-            try:
-                storage.delete_dir(f"{parent}/{e.name}")
-            except StorageError as exc:  # it keeps its name; checkpoints go on past it
-                logger.warning("could not remove %s/%s: %s", parent, e.name, exc)
-                stuck.append(e)
-    return stuck
 
 
 # -- commit strategies ------------------------------------------------------------------------

@@ -201,3 +201,14 @@ def check_deletable(storage: Storage, job_id: str, path: str) -> None:
             f"refusing to delete under {storage.uri}/{path}: the job marker {marker} names another job "
             f"({doc.get('job_id') if isinstance(doc, dict) else None!r})"
         )
+
+
+def write_job_marker(storage: Storage, job_id: str) -> None:
+    """Mark ``job_id``'s directory as a paddle-acp job (written once, by trainer 0): what
+    :func:`check_deletable` asks of a directory before anything in it is deleted."""
+    path = f"{job_id}/{JOB_MARKER}"
+    if storage.exists(path):
+        return
+    storage.makedirs(job_id)
+    body = {"format": "paddle-acp/job", "version": 1, "job_id": job_id, "created": time.time()}
+    storage.write_bytes(path, json.dumps(body).encode())

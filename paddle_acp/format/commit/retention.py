@@ -2,7 +2,7 @@
 
 :func:`preserve` looks at a range's checkpoints (or the node-local cache's copies), newest first, and gives
 each a reason to keep it or to let it go. Its callers: the writer's retention after each commit
-(:meth:`Checkpointer.apply_retention`, :meth:`GlobalCheckpointer.apply_retention`), ``paddle-acp gc``
+(:meth:`GlobalCheckpointer.apply_retention`, for every world size), ``paddle-acp gc``
 (:mod:`paddle_acp.tools.gc`) and the node-local cache (:meth:`RangeCache._retain`). The rules, the never-lose
 rules of all three:
 

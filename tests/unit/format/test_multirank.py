@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.newest import committed, one_process, save, write_numbered
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.restart import load_newest
-from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
+from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable, write_job_marker
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
-from paddle_acp.format.layout import GLOBAL_NAME, parse_name, position_key, position_name
+from paddle_acp.format.layout import GLOBAL_NAME, parse_name, position_key, position_name, position_number
 from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.storage import open_storage
 
@@ -42,8 +43,19 @@ def gck(root, rank, world, timeout=5.0, fence=None, keep=3):
     return g
 
 
-def v2(root, keep=3, fence=None):
-    return Checkpointer(open_storage(str(root)), JOB, RANGE, keep, fence)
+def v2(root):
+    """The reader of the range's one-writer checkpoints (an earlier release's ckpt-N), as a restart builds it."""
+    return PartReader(open_storage(str(root)), JOB, RANGE)
+
+
+def one(root, keep=3, fence=None):
+    """A one-process job's checkpointer (rank 0 of 1)."""
+    return one_process(open_storage(str(root)), JOB, RANGE, keep, fence)
+
+
+def numbered(root, number, epoch):
+    """An earlier release's single-process checkpoint ``ckpt-N`` at the end of ``epoch``."""
+    write_numbered(open_storage(str(root)), number, snapshot(0, epoch), JOB, RANGE)
 
 
 def save_all(root, world, epoch, mode="per-rank", order=None, missing=(), timeout=None):
@@ -259,7 +271,7 @@ def test_replicated_checkpoint_restores_at_another_data_parallel_degree(tmp_path
 
 def test_single_rank_checkpoints_still_restore_in_a_multi_rank_job(tmp_path):
     ck = v2(tmp_path)
-    ck.save(snapshot(0, 4))
+    numbered(tmp_path, 0, 4)  # an earlier release's ckpt-0 at the end of epoch 4
     loaded = load_newest(ck, gck(tmp_path, 1, 2), None)
     assert loaded.global_manifest is None and loaded.name == "ckpt-0" and loaded.manifest.range.epoch_no == 4
     loaded.close()
@@ -301,24 +313,27 @@ def test_parts_of_an_earlier_incarnation_are_never_committed(tmp_path):
 def test_older_writer_generation_is_fenced_and_newest_never_goes_backwards(tmp_path, caplog):
     st_ = open_storage(str(tmp_path))
     live = Fence.take(st_, JOB)
-    ck_live = v2(tmp_path, keep=2, fence=live)
+    ck_live = one(tmp_path, keep=2, fence=live)
     for e in range(3):
-        ck_live.save(snapshot(0, 50 + e))
-    zombie_ck = v2(tmp_path, keep=2, fence=live)
+        save(ck_live, snapshot(0, 50 + e))
+    zombie_ck = one(tmp_path, keep=2, fence=live)
     newer = Fence.take(st_, JOB)  # a second writer starts: the first is now a zombie
     assert newer.generation == live.generation + 1
-    ck_new = v2(tmp_path, keep=2, fence=newer)
-    ck_new.save(snapshot(0, 53))
+    ck_new = one(tmp_path, keep=2, fence=newer)
+    save(ck_new, snapshot(0, 53))
     with pytest.raises(FencedError, match=f"generation {live.generation} is fenced by generation {newer.generation}"):
-        zombie_ck.save(snapshot(0, 22))
+        zombie_ck.save(snapshot(0, 22), "replicated")
     assert any("is fenced" in r.message and str(newer.generation) in r.message for r in caplog.records)
-    newest = ck_new.committed_numbers()[-1]
-    assert ck_new.read_manifest(newest).range.epoch_no == 53
-    assert not [p for p in (tmp_path / JOB / "range" / RANGE).iterdir() if ".tmp" in p.name]
+    newest = committed(st_, JOB, RANGE)[-1]
+    assert newest == "ckpt-e53"
+    part = f"{JOB}/range/{RANGE}/ckpt-e53/rank-0"
+    assert v2(tmp_path).read_manifest(position_number(53, None), part).range.epoch_no == 53
+    assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e22" / GLOBAL_NAME).exists()
+    assert not [p for p in (tmp_path / JOB / "range" / RANGE).rglob("*") if ".tmp" in p.name]
     # fenced for good: its retention deletes nothing either
     with pytest.raises(FencedError):
         zombie_ck.apply_retention(keep=1)
-    assert len(ck_new.committed_numbers()) == 2
+    assert committed(st_, JOB, RANGE) == ["ckpt-e52", "ckpt-e53"]
     # the global commit is fenced the same way
     g_old = gck(tmp_path, 0, 2, timeout=1, fence=live)
     gck(tmp_path, 1, 2).save(snapshot(1, 60), "per-rank")
@@ -339,16 +354,16 @@ def test_generations_are_taken_exclusively_under_races(tmp_path):
 
 
 def test_retention_never_deletes_another_jobs_checkpoints_nor_through_a_symlink(tmp_path):
-    other = v2(tmp_path / "o")  # another job's checkpoints, elsewhere
+    other = one(tmp_path / "o")  # another job's checkpoints, elsewhere
     other.storage.makedirs(JOB)
-    other.write_job_marker()
+    write_job_marker(other.storage, JOB)
     for e in range(4):
-        other.save(snapshot(0, e))
+        save(other, snapshot(0, e))
     before = sorted(str(p) for p in (tmp_path / "o").rglob("*"))
     # our job's range directory is a symlink to that job's range directory
     (tmp_path / "me" / JOB / "range").mkdir(parents=True)
     os.symlink(tmp_path / "o" / JOB / "range" / RANGE, tmp_path / "me" / JOB / "range" / RANGE)
-    mine = v2(tmp_path / "me", keep=1)
+    mine = one(tmp_path / "me", keep=1)
     with pytest.raises(CheckpointError, match="symlink"):
         mine.apply_retention()
     g = gck(tmp_path / "me", 0, 2, keep=1)
@@ -373,7 +388,7 @@ def test_ls_and_verify_show_and_check_checkpoints_of_several_ranks(tmp_path):
 
     from support.e2e import REPO
 
-    v2(tmp_path).save(snapshot(0, 0))  # a single-process checkpoint from before, older by position
+    numbered(tmp_path, 0, 0)  # a single-process checkpoint from before (ckpt-0), older by position
     for e in (1, 2):
         save_all(tmp_path, 2, e)
     gck(tmp_path, 1, 2).save(snapshot(1, 3), "per-rank")  # an abandoned one
@@ -561,8 +576,8 @@ def test_restart_order_is_the_index_order(tmp_path):
 
     st_ = open_storage(str(tmp_path))
     ck = v2(tmp_path)
-    ck.save(snapshot(0, 2))  # ckpt-0 at the end of epoch 2
-    ck.save(snapshot(0, 0))  # ckpt-1 at the end of epoch 0: newer by number
+    numbered(tmp_path, 0, 2)  # ckpt-0 at the end of epoch 2
+    numbered(tmp_path, 1, 0)  # ckpt-1 at the end of epoch 0: newer by number
     (tmp_path / JOB / "range" / RANGE / "ckpt-e5").mkdir()  # uncommitted: changes nothing
     assert [e.name for e in index.entries(st_, JOB, RANGE)] == ["ckpt-1", "ckpt-0"]
     assert load_newest(ck, gck(tmp_path, 0, 1), None).name == "ckpt-1"

@@ -4,7 +4,7 @@ retention, ``paddle-acp gc`` and the node-local cache, as a pure function under 
 A range is drawn as checkpoints newest first, each committed or not, of a known format or not, stale (not of
 the history a restart follows) or not; the restart's pick is drawn among the committed known ones (or none, or
 not looked for). The never-lose rules must hold for every draw; the callers' own tests (tests/e2e/test_tools.py gc,
-tests/e2e/test_local_cache.py, tests/unit/format/test_checkpointer.py) run them on real storage.
+tests/e2e/test_local_cache.py, tests/unit/format/test_one_writer.py) run them on real storage.
 """
 from __future__ import annotations
 

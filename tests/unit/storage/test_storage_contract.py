@@ -20,13 +20,14 @@ import uuid
 import numpy as np
 import pyarrow.fs as pafs  # noqa: E402
 import pytest
-from support.newest import load_as_restart
+from support.newest import committed, load_as_restart, one_process, reader, save
 from support.server_fixtures import hdfs_server, s3_server  # noqa: E402,F401  (fixtures)
 
 from paddle_acp.errors import StorageError  # noqa: E402
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from paddle_acp.format.checkpoints import index  # noqa: E402
 from paddle_acp.format.commit import atomic  # noqa: E402
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData  # noqa: E402
+from paddle_acp.format.layout import GLOBAL_NAME, position_number  # noqa: E402
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, RangeRecord  # noqa: E402
 from paddle_acp.storage import (  # noqa: E402
     MANIFEST_LAST,
@@ -443,10 +444,10 @@ def test_append_create_exclusive_and_sub(backend):
     assert below.read_bytes("gen-0") == b"first" and st.root != below.root
 
 
-# -- the Checkpointer on top of each backend --------------------------------------
+# -- the checkpointer on top of each backend --------------------------------------
 
 
-def make_snapshot(epoch: int) -> Snapshot:
+def make_snapshot(epoch: int, range_name: str = "_range_0") -> Snapshot:
     rng = np.random.default_rng(epoch)
     tensors = [
         TensorData("w", "float32", rng.standard_normal((64, 33)).astype("float32")),
@@ -455,7 +456,7 @@ def make_snapshot(epoch: int) -> Snapshot:
         TensorData("empty", "float32", np.zeros((0, 3), dtype="float32")),
     ]
     prog = ProgramSnapshot("prog0", "test program", tensors, {"last_epoch": epoch, "last_lr": 0.01})
-    return Snapshot(RangeRecord("_range_0", epoch, 10), [prog], None, "3.3.1", "pir")
+    return Snapshot(RangeRecord(range_name, epoch, 10), [prog], None, "3.3.1", "pir")
 
 
 def assert_same(loaded, snap):
@@ -470,32 +471,35 @@ def assert_same(loaded, snap):
 
 def test_checkpointer_round_trip_retention_and_leftovers(backend):
     st = backend.storage()
-    ck = Checkpointer(st, "job", "_range_0", max_to_keep=1)
-    assert load_as_restart(ck) is None and ck.committed_numbers() == []
+    ck = one_process(st, "job", "_range_0", keep=1)
+    assert load_as_restart(ck) is None and committed(st, "job") == []
     s0, s1 = make_snapshot(0), make_snapshot(1)
-    assert ck.save(s0).number == 0
-    assert ck.save(s1).number == 1
-    assert ck.committed_numbers() == [1]  # retention removed checkpoint 0 entirely
-    assert [e.name for e in st.listdir(ck.dir)] == ["ckpt-1"]
-    assert sorted(e.name for e in st.listdir(f"{ck.dir}/ckpt-1")) == [MANIFEST_NAME, DATA_NAME]
+    assert save(ck, s0).name == "ckpt-e0"
+    assert save(ck, s1).name == "ckpt-e1"
+    assert committed(st, "job") == ["ckpt-e1"]  # retention removed checkpoint ckpt-e0 entirely
+    assert [e.name for e in st.listdir(ck.dir)] == ["ckpt-e1"]
+    assert sorted(e.name for e in st.listdir(f"{ck.dir}/ckpt-e1")) == sorted([GLOBAL_NAME, "rank-0"])
+    assert sorted(e.name for e in st.listdir(f"{ck.dir}/ckpt-e1/rank-0")) == [MANIFEST_NAME, DATA_NAME]
 
-    # An interrupted save: on rename-capable storage a temp dir, on S3 a final
-    # name without its manifest (the manifest is the commit). Readers ignore it.
-    leftover = f"{ck.dir}/ckpt-2.tmp-0123abcd" if st.commit_style == RENAME else f"{ck.dir}/ckpt-2"
+    # An interrupted save of epoch 2: on rename-capable storage a temporary part, on S3
+    # the part's final name without its manifest (the manifest is the commit), and no
+    # global.json either way. Readers ignore it.
+    part = "rank-0.tmp-0123abcd" if st.commit_style == RENAME else "rank-0"
+    leftover = f"{ck.dir}/ckpt-e2/{part}"
     st.makedirs(leftover)
     st.write_bytes(f"{leftover}/{DATA_NAME}", b"torn half of a checkpoint")
     loaded = load_as_restart(ck)
-    assert loaded.manifest.number == 1
+    assert loaded.name == "ckpt-e1" and loaded.manifest.number == position_number(1, None)
     assert_same(loaded, s1)
 
-    # The next save cleans the leftover up and never reuses its number.
+    # The next save (a later position) commits and its retention removes the abandoned leftover.
     s3 = make_snapshot(3)
-    assert ck.save(s3).number == 3
-    assert [e.name for e in st.listdir(ck.dir)] == ["ckpt-3"]
-    reader = Checkpointer(backend.fresh(), "job", "_range_0")  # a fresh process's view
-    assert reader.committed_numbers() == [3]
-    assert_same(load_as_restart(reader), s3)
-    assert [e.number for e in atomic.scan(st, ck.dir)] == [3]
+    assert save(ck, s3).name == "ckpt-e3"
+    assert [e.name for e in st.listdir(ck.dir)] == ["ckpt-e3"]
+    fresh = reader(backend.fresh(), "job", "_range_0")  # a fresh process's view
+    assert committed(fresh.storage, "job") == ["ckpt-e3"]
+    assert_same(load_as_restart(fresh), s3)
+    assert [e.name for e in index.entries(st, "job", "_range_0", uncommitted=True)] == ["ckpt-e3"]
 
 
 def _rank_snapshot(rank, epoch):
@@ -550,7 +554,7 @@ def test_global_commit_and_writer_fencing_on_every_backend(backend):
         save(2, [1], fences[0])  # the older generation commits nothing
     assert not st.exists(f"job/range/_range_0/ckpt-e2/{GLOBAL_NAME}")
     for r in (0, 1):
-        loaded = load_newest(Checkpointer(st, "job", "_range_0"), gck(r), "per-rank")
+        loaded = load_newest(reader(st, "job", "_range_0"), gck(r), "per-rank")
         assert loaded.name == "ckpt-e0" and loaded.manifest.extra["loader_state"] == r
         assert [a.tolist() for a in loaded.arrays.values()] == [[10.0 * r] * 5]
         loaded.close()
@@ -601,24 +605,34 @@ def test_per_rank_fencing_on_every_backend(backend):
     assert [g.name for g in live.scan() if g.committed] == ["ckpt-e0"]
     assert not [e.name for e in st.listdir("job/range/_range_0/ckpt-e1") if e.name.startswith("rank-")]
 
-    # one writer of a range: the new one is in the middle of its first save when the old one saves
-    ck_new = Checkpointer(st, "job", "_range_1", fence=new[0])
-    pending = atomic.begin(st, ck_new.dir, 0, ck_new.commit_strategy, new[0].generation)
+    # one writer of a range (a job of one process: rank 0 of 1): the new one is in the middle of
+    # its first save when the old one saves, and when the old one cleans up at its start
+    ck_new = one_process(st, "job", "_range_1", fence=new[0])
+
+    def part(name, generation):
+        pending = atomic.Pending(st, f"{ck_new.dir}/{name}", 0, name="rank-0", strategy=ck_new.commit_strategy,
+                                 generation=generation)
+        pending.prepare()
+        return pending
+
+    pending = part("ckpt-e0", new[0].generation)
     st.write_bytes(f"{pending.path}/{DATA_NAME}", b"being written")
     with pytest.raises(FencedError):
-        Checkpointer(st, "job", "_range_1", fence=old[0]).save(make_snapshot(0))
+        one_process(st, "job", "_range_1", fence=old[0]).save(make_snapshot(0, "_range_1"), "replicated")
+    one_process(st, "job", "_range_1", fence=old[0]).discard_newer(None)  # fenced: removes nothing
     assert st.read_bytes(f"{pending.path}/{DATA_NAME}") == b"being written"
     if ck_new.commit_strategy.name == RENAME:  # temporary names carry the generation
-        older = atomic.begin(st, ck_new.dir, 1, ck_new.commit_strategy, 0)
-        newer = atomic.begin(st, ck_new.dir, 2, ck_new.commit_strategy, 5)
+        older = part("ckpt-e3", 0)
+        newer = part("ckpt-e3", 5)
         st.write_bytes(f"{newer.path}/{DATA_NAME}", b"a newer writer's")
-        kept = atomic.remove_leftovers(st, ck_new.dir, atomic.scan(st, ck_new.dir), new[0].generation,
-                                       lambda: new[0].check("remove leftovers"))
-        names = [e.name for e in st.listdir(ck_new.dir)]
-        assert [e.name for e in kept] == [newer.path.rsplit("/", 1)[1]] == names, names
-        assert older.path.rsplit("/", 1)[1] not in names and pending.path.rsplit("/", 1)[1] not in names
-    number = ck_new.save(make_snapshot(3)).number
-    assert ck_new.committed_numbers() == [number]
+    ck_new.discard_newer(None)  # the live writer's start: its own and older generations' leftovers go
+    assert not st.exists(pending.path)
+    if ck_new.commit_strategy.name == RENAME:
+        names = [e.name for e in st.listdir(f"{ck_new.dir}/ckpt-e3")]
+        assert names == [newer.path.rsplit("/", 1)[1]] and not st.exists(older.path), names
+        assert st.read_bytes(f"{newer.path}/{DATA_NAME}") == b"a newer writer's"
+    res = save(ck_new, make_snapshot(3, "_range_1"))
+    assert res.committed is True and committed(st, "job", "_range_1") == [res.name] == ["ckpt-e3"]
 
 
 # -- paths and URIs: properties of every backend's shared code ------------------------------

@@ -2,9 +2,10 @@
 shows of the values a checkpoint saved besides its tensors (the script's objects, the loader's state):
 bounded, with credentials redacted.
 
-The checkpoints are written by the format layer's own writer (:class:`Checkpointer`), manifests and
-all, as a training process writes them; the script's objects in the serialized form the runtime
-writes (``format/objstate``). No Paddle: the tools never import it.
+The checkpoints are written by the format layer's own writer (a one-process job's
+:class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`: ``ckpt-e{E}[-s{S}]/rank-0`` and its
+``global.json``), manifests and all, as a training process writes them; the script's objects in the
+serialized form the runtime writes (``format/objstate``). No Paddle: the tools never import it.
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import shutil
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.newest import one_process
+from support.newest import save as save_one
 
 from paddle_acp import cli
 from paddle_acp.format import objstate
-from paddle_acp.format.checkpoints.checkpointer import Checkpointer
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.manifest import RangeRecord
 from paddle_acp.secrets import register_secret
@@ -35,9 +37,9 @@ def snapshot(epoch, max_epoch_num, step=None, extra=None, range_name=RANGE):
 
 
 def save(root, *snaps, range_name=RANGE):
-    ck = Checkpointer(open_storage(str(root)), JOB, range_name, 0)
+    ck = one_process(open_storage(str(root)), JOB, range_name, keep=0)  # keeps every checkpoint
     for s in snaps:
-        ck.save(s)
+        save_one(ck, s)
 
 
 def ls_json(root, capsys):
@@ -54,14 +56,14 @@ def ls_text(root, capsys, *args):
 def test_ls_says_a_range_is_finished_when_its_last_epoch_is_the_checkpoint_a_restart_loads(tmp_path, capsys):
     save(tmp_path, snapshot(0, 3), snapshot(1, 3), snapshot(2, 3))
     out = ls_text(tmp_path, capsys)
-    assert f"range {RANGE}: a restart loads ckpt-2" in out, out
+    assert f"range {RANGE}: a restart loads ckpt-e2" in out, out
     assert ("FINISHED: every epoch done (0..2, max_epoch_num 3); a rerun with the same max_epoch_num trains nothing"
             in out), out
     r = ls_json(tmp_path, capsys)[RANGE]
     assert r["finished"] is True and r["max_epoch_num"] == 3
 
     # the last checkpoint gone: the restart loads epoch 1's, the range is not finished
-    shutil.rmtree(tmp_path / JOB / "range" / RANGE / "ckpt-2")
+    shutil.rmtree(tmp_path / JOB / "range" / RANGE / "ckpt-e2")
     out = ls_text(tmp_path, capsys)
     assert "not finished: epochs 0..1 done (max_epoch_num 3); a restart trains epoch 2 next" in out, out
     assert "FINISHED" not in out
@@ -71,13 +73,13 @@ def test_ls_says_a_range_is_finished_when_its_last_epoch_is_the_checkpoint_a_res
 def test_ls_finished_follows_the_checkpoint_a_restart_loads_not_the_newest(tmp_path, capsys):
     """The last epoch's checkpoint is corrupt: ``ls --verify`` sees the restart load the one before, not finished."""
     save(tmp_path, snapshot(0, 2), snapshot(1, 2))
-    data = tmp_path / JOB / "range" / RANGE / "ckpt-1" / "tensors.bin"
+    data = tmp_path / JOB / "range" / RANGE / "ckpt-e1" / "rank-0" / "tensors.bin"
     raw = bytearray(data.read_bytes())
     raw[0] ^= 0xFF
     data.write_bytes(bytes(raw))
-    assert "FINISHED" in ls_text(tmp_path, capsys)  # data not read: the restart loads ckpt-1 if it verifies
+    assert "FINISHED" in ls_text(tmp_path, capsys)  # data not read: the restart loads ckpt-e1 if it verifies
     out = ls_text(tmp_path, capsys, "--verify")
-    assert "a restart loads ckpt-0" in out and "not finished: epochs 0..0 done (max_epoch_num 2)" in out, out
+    assert "a restart loads ckpt-e0" in out and "not finished: epochs 0..0 done (max_epoch_num 2)" in out, out
 
 
 def test_ls_progress_of_mid_epoch_unbounded_and_empty_ranges(tmp_path, capsys):
@@ -143,7 +145,7 @@ def test_inspect_shows_the_saved_objects_values_bounded_and_redacted(tmp_path, c
     assert extra["loader_state"] == "{'auth_token': ***, 'offset': 2}"
 
     # a checkpoint without such values shows none (and says nothing of them)
-    assert cli.main(["inspect", str(tmp_path), "--number", "0"]) == 0
+    assert cli.main(["inspect", str(tmp_path / JOB / "range" / RANGE / "ckpt-e0")]) == 0
     out = capsys.readouterr().out
     assert "script state (restored" in out and "script state at the start" not in out and "loader_state" not in out
 
