@@ -22,6 +22,7 @@ import zlib
 import numpy as np
 import pytest
 from support.e2e import JOB_ID, load_result, read_log, run_script, script_env
+from support.newest import recommit
 
 from paddle_acp import cli
 from paddle_acp.format.layout import GLOBAL_NAME
@@ -53,24 +54,10 @@ def read_doc(root, n):
     return doc
 
 
-def recommit(root, n):
-    """Re-seal ``ckpt-e{n}``'s global.json over the part's manifest as it now is (the CRC32 and size
-    it records), as an attacker would: the crafted manifest is then what a restart reads."""
-    with open(os.path.join(pdir(root, n), MANIFEST_NAME), "rb") as f:
-        raw = f.read()
-    path = os.path.join(cdir(root, n), GLOBAL_NAME)
-    with open(path) as f:
-        g = json.load(f)
-    g.pop("checksum")
-    g["parts"][0].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw))
-    with open(path, "wb") as f:
-        f.write(seal(g))
-
-
 def write_doc(root, n, doc):
     with open(os.path.join(pdir(root, n), MANIFEST_NAME), "wb") as f:
         f.write(seal(doc))
-    recommit(root, n)
+    recommit(cdir(root, n))
 
 
 def write_text_sealed(root, n, text):
@@ -79,7 +66,7 @@ def write_text_sealed(root, n, text):
     raw = text[:-1] + ',"checksum":%d}' % (zlib.crc32(text.encode()) & 0xFFFFFFFF)
     with open(os.path.join(pdir(root, n), MANIFEST_NAME), "w") as f:
         f.write(raw)
-    recommit(root, n)
+    recommit(cdir(root, n))
 
 
 def canonical(doc):

@@ -17,10 +17,10 @@ import re
 import shutil
 import subprocess
 import sys
-import zlib
 
 import pytest
 from support.e2e import JOB_ID, REPO, load_result, read_log, run_script, script_env
+from support.newest import recommit
 
 from paddle_acp import cli
 from paddle_acp.format.layout import GLOBAL_NAME
@@ -67,20 +67,6 @@ def pdir(root, name):
     return os.path.join(cdir(root, name), "rank-0")
 
 
-def recommit(root, name):
-    """Re-seal one-part checkpoint ``name``'s global.json over its part's manifest as it now is (the CRC32 and
-    size it records, as its writer would): the part's manifest is then what a restart reads."""
-    with open(os.path.join(pdir(root, name), MANIFEST_NAME), "rb") as f:
-        raw = f.read()
-    path = os.path.join(cdir(root, name), GLOBAL_NAME)
-    with open(path) as f:
-        g = json.load(f)
-    g.pop("checksum")
-    g["parts"][0].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw))
-    with open(path, "wb") as f:
-        f.write(seal(g))
-
-
 def flip(path, offset=100):
     with open(path, "r+b") as f:
         f.seek(offset)
@@ -123,7 +109,7 @@ def newer_format(root):
     """Every checkpoint's part manifest of a newer format (global.json re-sealed over it: the manifest tells)."""
     for n in range(EPOCHS):
         reseal(os.path.join(pdir(root, f"ckpt-e{n}"), MANIFEST_NAME), version=4)
-        recommit(root, f"ckpt-e{n}")
+        recommit(cdir(root, f"ckpt-e{n}"))
 
 
 def flip_every(root):

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import zlib
 from typing import List, Optional
 
 from paddle_acp.format.checkpoints import index
@@ -16,7 +18,8 @@ from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.format.engine.loaded import LoadedCheckpoint
 from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.engine.writer import WriteResult, write_checkpoint
-from paddle_acp.format.layout import range_dir
+from paddle_acp.format.layout import GLOBAL_NAME, MANIFEST_NAME, range_dir
+from paddle_acp.format.manifest import seal
 from paddle_acp.storage import Storage
 
 
@@ -69,3 +72,18 @@ def part_dir(range_dir: "str | os.PathLike[str]", name: str) -> str:
     part; an earlier release's ``ckpt-N``: the checkpoint itself)."""
     d = os.path.join(os.fspath(range_dir), name)
     return d if os.path.exists(os.path.join(d, "manifest.json")) else os.path.join(d, "rank-0")
+
+
+def recommit(position: "str | os.PathLike[str]") -> None:
+    """Re-seal the local one-part checkpoint ``position``'s (``.../ckpt-e{E}``) global.json over its part's manifest as
+    it now is (the CRC32 and size it records), as an attacker would: an edited manifest is then what a restart reads,
+    not one the commit already tells apart."""
+    with open(os.path.join(position, "rank-0", MANIFEST_NAME), "rb") as f:
+        raw = f.read()
+    path = os.path.join(position, GLOBAL_NAME)
+    with open(path, "rb") as f:
+        g = json.loads(f.read())
+    g.pop("checksum")
+    g["parts"][0].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw))
+    with open(path, "wb") as f:
+        f.write(seal(g))

@@ -4,14 +4,13 @@ import dataclasses
 import json
 import os
 import uuid
-import zlib
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import backend_kind, backend_storage, flip_byte, hdfs_server, s3_server  # noqa: F401  (fixtures)
-from support.newest import committed, load_as_restart, one_process, reader, save, write_numbered
+from support.newest import committed, load_as_restart, one_process, reader, recommit, save, write_numbered
 
 from paddle_acp.errors import CorruptCheckpointError, NoUsableCheckpointError, StorageError, UnknownFormatError
 from paddle_acp.format.checkpoints import index
@@ -72,16 +71,6 @@ def pdir(tmp_path, e):
 
 def names(tmp_path):
     return committed(open_storage(str(tmp_path)), "job", "_range_0")
-
-
-def recommit(ck_dir):
-    """Re-seal ``ck_dir``'s global.json over its part's manifest as it now is (the CRC32 and size it records):
-    the edited manifest is then what a restart reads, not one the commit already tells apart."""
-    raw = (ck_dir / "rank-0" / MANIFEST_NAME).read_bytes()
-    g = json.loads((ck_dir / GLOBAL_NAME).read_bytes())
-    g.pop("checksum")
-    g["parts"][0].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw))
-    (ck_dir / GLOBAL_NAME).write_bytes(seal(g))
 
 
 def test_round_trip_and_layout(tmp_path):
