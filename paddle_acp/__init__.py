@@ -39,7 +39,7 @@ Where everything lives (one subpackage per layer; imports only go down; README "
 * :mod:`paddle_acp.adapter` – the only code that touches Paddle's internals.
 * :mod:`paddle_acp.format` – what a checkpoint is on storage: the on-disk formats (layout, manifests) at its
   top, then :mod:`~paddle_acp.format.engine` (moving bytes: writer, THE reader), :mod:`~paddle_acp.format.commit`
-  (commit, fencing, retention) and :mod:`~paddle_acp.format.checkpoints` (checkpointers, index, restart).
+  (commit, fencing, retention) and :mod:`~paddle_acp.format.checkpoints` (the checkpointer, index, restart).
 * :mod:`paddle_acp.storage` – one interface, a class per backend chosen by URI scheme.
 * :mod:`paddle_acp.tools` – the operator commands (never import Paddle).
 * :mod:`paddle_acp.compat` – Paddle's ``auto_checkpoint`` and ``checkpoint_saver`` surfaces.
