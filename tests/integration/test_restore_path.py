@@ -67,7 +67,7 @@ def load(ck, n, landing=None):
 
 
 def read_manifest(ck, n):
-    return ck.read_manifest(position_number(n, None), base=part(n))
+    return ckmod.read_manifest(ck.storage, part(n), position_number(n, None), ck.range_name)
 
 
 def recommit(st_, n):
@@ -446,7 +446,7 @@ def test_version_1_checkpoints_still_restore_and_verify(backend_storage):
     write_numbered(st_, 0, snapshot(0, arrays))
     ck = reader(st_)
     rewrite_as_version_1(st_, 0)
-    assert ck.read_manifest(0).version == 1
+    assert ckmod.read_manifest(st_, ck.base(0), 0, "_range_0").version == 1
     assert verify_checkpoint(st_, "job", "_range_0", 0, quiet=True).version == 1
     loaded = ck.load(0)
     for name, a in arrays.items():

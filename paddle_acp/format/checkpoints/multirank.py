@@ -86,6 +86,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         self.poll_interval = 0.02
         self._parts = PartReader(storage, job_id, range_name, memory_budget=memory_budget)  # reads the ranks' parts
         self.fence = fence  # this rank's writer fence: checked before each delete and each commit (its part's too)
+        self.generation = None if fence is None else fence.generation  # its writer generation (None: unfenced)
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
         self.cache = cache
         self.landing: Optional[Landing] = None  # where this rank's own part lands at a restore (its snapshot arena)
@@ -211,7 +212,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         # read (it goes with the position); a committed global.json lists this rank's part, which is
         # not there, so no committed copy is written into. No makedirs: the part's own makes the
         # position's directory (atomic.Pending; on HDFS its first file does).
-        gen = None if self.fence is None else self.fence.generation
+        gen = self.generation
         part = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                 "generation": -1 if gen is None else gen}
         if snap.share is not None:  # this part holds its share of the replicated tensors (format/engine/shares.py)
@@ -282,7 +283,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         ``PADDLE_ACP_PART_TIMEOUT``. Where the ranks share a store, it is said there (an arrival with the
         absence as its note, :mod:`~paddle_acp.format.commit.arrivals`: no file). Returns where it was said
         (the file's path), or None when it could not be."""
-        gen = None if self.fence is None else self.fence.generation
+        gen = self.generation
         self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
         a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
         if self._arrive(name, a.dumps(), absent=True):
@@ -318,7 +319,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of its
         directory, when just listed): only after this rank's fence check passed, and never a newer
         generation's part being written."""
-        gen = None if self.fence is None else self.fence.generation
+        gen = self.generation
         to_remove = []
         for e in self.storage.listdir(f"{self.dir}/{name}") if listing is None else listing:
             m = PART_RE.fullmatch(e.name) or PART_TMP_RE.fullmatch(e.name)

@@ -9,21 +9,16 @@ range's place on storage, the node-local cache and the host-memory budget. Paths
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Optional
 
-from paddle_acp.errors import StorageError
 from paddle_acp.format.checkpoints import index
 from paddle_acp.format.engine import reader
 from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
 from paddle_acp.format.layout import final_name, range_dir
-from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage
 
 if TYPE_CHECKING:
     from paddle_acp.format.checkpoints.cache import RangeCache
-
-logger = logging.getLogger("paddle_acp")
 
 
 class PartReader:
@@ -51,16 +46,6 @@ class PartReader:
         """The directory of committed checkpoint ``number``."""
         return f"{self.dir}/{final_name(number)}"
 
-    def read_manifest(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> Manifest:
-        """The manifest of checkpoint ``number`` (in ``base``, default ``ckpt-N``); see :func:`reader.read_manifest`."""
-        return reader.read_manifest(self.storage, base or self.base(number), number, self.range_name, raw)
-
-    def check_header(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None) -> Tuple[Manifest, str, str]:
-        """Validate the manifest and the data file's size; returns (manifest, dir, data path)."""
-        base = base or self.base(number)
-        m, data_path = reader.check_header(self.storage, base, number, self.range_name, raw)
-        return m, base, data_path
-
     def load(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None,
              landing: Optional[Landing] = None) -> LoadedCheckpoint:
         """Read and verify checkpoint ``number`` completely (:func:`reader.load`); raises CorruptCheckpointError.
@@ -78,19 +63,3 @@ class PartReader:
         return reader.load(self.storage, base or self.base(number), number, self.range_name, raw, self.memory_budget,
                            landing)
 
-
-def no_usable(search: "index.Search[LoadedCheckpoint]", where: str, job_id: str, who: str = "") -> BaseException:
-    """Why a restart that found committed checkpoints but none it can use stops: the first
-    misfit's CheckpointError, a StorageError when some could not be read, else
-    :func:`paddle_acp.format.checkpoints.index.no_usable_error` naming each checkpoint."""
-    misfits = search.of_kind(index.MISFIT)
-    if misfits:
-        return misfits[0].error
-    unreadable = search.of_kind(index.UNREADABLE)
-    if unreadable:
-        return StorageError(
-            f"{who}no checkpoint of {where} could be loaded, and {len(unreadable)} could not be read "
-            f"({index.describe(unreadable)}): fix the storage (permissions?) rather than train from scratch, "
-            "or remove the unreadable checkpoints"
-        )
-    return index.no_usable_error(where, job_id, search.rejected, who)

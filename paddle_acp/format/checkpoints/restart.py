@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from paddle_acp.errors import CheckpointError, NoUsableCheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
-from paddle_acp.format.checkpoints.part_reader import PartReader, no_usable
+from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.engine.reader import LoadedCheckpoint
 from paddle_acp.format.global_manifest import describe_topology
 from paddle_acp.format.layout import position_key
@@ -111,3 +111,20 @@ def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer",
                        " (those of a newer format are never deleted)" if search.of_kind(index.NEWER_FORMAT) else "")
         return None
     raise err
+
+
+def no_usable(search: "index.Search[LoadedCheckpoint]", where: str, job_id: str, who: str = "") -> BaseException:
+    """Why a restart that found committed checkpoints but none it can use stops: the first
+    misfit's CheckpointError, a StorageError when some could not be read, else
+    :func:`paddle_acp.format.checkpoints.index.no_usable_error` naming each checkpoint."""
+    misfits = search.of_kind(index.MISFIT)
+    if misfits:
+        return misfits[0].error
+    unreadable = search.of_kind(index.UNREADABLE)
+    if unreadable:
+        return StorageError(
+            f"{who}no checkpoint of {where} could be loaded, and {len(unreadable)} could not be read "
+            f"({index.describe(unreadable)}): fix the storage (permissions?) rather than train from scratch, "
+            "or remove the unreadable checkpoints"
+        )
+    return index.no_usable_error(where, job_id, search.rejected, who)

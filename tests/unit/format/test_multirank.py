@@ -17,6 +17,7 @@ from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.restart import load_newest
 from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable, write_job_marker
+from paddle_acp.format.engine import reader
 from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot, TensorData
 from paddle_acp.format.global_manifest import GlobalManifest, PartRecord
 from paddle_acp.format.layout import GLOBAL_NAME, parse_name, position_key, position_name, position_number
@@ -327,7 +328,7 @@ def test_older_writer_generation_is_fenced_and_newest_never_goes_backwards(tmp_p
     newest = committed(st_, JOB, RANGE)[-1]
     assert newest == "ckpt-e53"
     part = f"{JOB}/range/{RANGE}/ckpt-e53/rank-0"
-    assert v2(tmp_path).read_manifest(position_number(53, None), part).range.epoch_no == 53
+    assert reader.read_manifest(open_storage(str(tmp_path)), part, position_number(53, None), RANGE).range.epoch_no == 53
     assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e22" / GLOBAL_NAME).exists()
     assert not [p for p in (tmp_path / JOB / "range" / RANGE).rglob("*") if ".tmp" in p.name]
     # fenced for good: its retention deletes nothing either
