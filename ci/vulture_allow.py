@@ -7,7 +7,7 @@ test reads is dead unless the test reads it off a real path (then say which test
 """
 
 from paddle_acp import __dir__, __getattr__  # PEP 562 module hooks: Python calls them
-from paddle_acp.compat import acp_checker, auto_checkpoint, checkpoint_saver
+from paddle_acp.compat import acp_checker, acp_status, auto_checkpoint, checkpoint_saver
 from paddle_acp.format.engine.arena import Arena
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.runtime import hook
@@ -29,6 +29,10 @@ _ = [  # (vulture ignores the name _)
     acp_checker.AutoCheckpointChecker.get_exe_checkpoint_path,
     checkpoint_saver.PaddleModel._origin_program, checkpoint_saver.CheckpointSaver.save_checkpoint,
     checkpoint_saver.CheckpointSaver.load_checkpoint, checkpoint_saver.CheckpointSaver.clean_redundant_checkpoints,
+    # ExeTrainStatus's fields, read by name (acp_status._FIELDS: Paddle's JSON record and equality)
+    acp_status.ExeTrainStatus._hash_key, acp_status.ExeTrainStatus._checkpoint_no,
+    acp_status.ExeTrainStatus._restored_from, acp_status.ExeTrainStatus._exe_name,
+    acp_status.ExeTrainStatus._program_name,
     # pyarrow.fs.FileSystemHandler's methods and a raw file's: pyarrow calls them
     HadoopCliHandler.get_type_name, HadoopCliHandler.equals, HadoopCliHandler.delete_dir_contents,
     HadoopCliHandler.delete_root_dir_contents, HadoopCliHandler.copy_file, HadoopCliHandler.open_input_stream,

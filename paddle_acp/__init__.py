@@ -7,8 +7,8 @@ Public API::
         for batch in acp.resumable(loader):   # optional: mid-epoch checkpoints and resume
             exe.run(train_program, feed=batch, fetch_list=[loss])
 
-Switch it on with ``PADDLE_ACP_CHECKPOINT_URI=<path or URI>`` (or the PaddleCloud
-variables, see :mod:`paddle_acp.config`); without them the loop is a plain range.
+Switch it on with ``PADDLE_ACP_CHECKPOINT_URI=<path or URI>`` (or the PaddleCloud variables, see
+:mod:`paddle_acp.config`); without them the loop is a plain range.
 
 * :func:`train_epoch_range` – the epoch loop that saves and resumes.
 * :func:`resumable` – wrap an epoch's batches for mid-epoch checkpoints and resume.
@@ -22,16 +22,12 @@ variables, see :mod:`paddle_acp.config`); without them the loop is a plain range
 * Errors: :class:`AcpError` and its subclasses (:class:`UnsupportedPaddleError`, an ``ImportError``,
   when Paddle is missing or its version is not supported; see :mod:`paddle_acp.adapter.version`).
 
-Importing the package runs the version gate (it imports Paddle) and installs the hook, as it always
-did, wherever a Paddle is installed (a broken or unsupported one included: the gate names what is wrong).
-Where none is installed at all, the import succeeds and the gate runs on the first use that needs Paddle
-(a public name below, ``PADDLE_VERSION``), raising :class:`UnsupportedPaddleError` there: the layers that
-never touch Paddle (:mod:`paddle_acp.format`, :mod:`paddle_acp.storage`, :mod:`paddle_acp.tools`) are
-importable without it (their unit tests run so in CI). The public names are resolved on first use
-(PEP 562 ``__getattr__``), each after the gate. The one exception is the ``paddle-acp`` console script (:mod:`paddle_acp_cli`, a module outside this package):
-it asks, before importing anything here, for the gate to be deferred, so the operator tools (``ls``,
-``inspect``, ``verify``, ``gc``, ``stats``, every ``--help``) never import Paddle; ``paddle-acp run``
-calls :func:`_activate` itself before it runs the script.
+Importing the package runs the version gate (it imports Paddle) and installs the hook wherever a Paddle is
+installed (a broken or unsupported one included: the gate names what is wrong). Where none is, the import
+succeeds and the gate runs on the first use of a public name that needs Paddle (PEP 562 ``__getattr__``), so
+:mod:`paddle_acp.format`, :mod:`paddle_acp.storage` and :mod:`paddle_acp.tools` work without Paddle. The
+``paddle-acp`` console script (:mod:`paddle_acp_cli`) defers the gate, so the operator tools never import
+Paddle; ``paddle-acp run`` calls :func:`_activate` itself.
 
 Where everything lives (one subpackage per layer; imports only go down; README "Architecture"):
 
@@ -129,8 +125,7 @@ def _gate_deferred() -> bool:
 
 
 def _paddle_installed() -> bool:
-    """Whether a ``paddle`` is there to import (without importing it). A lookup that fails counts as
-    installed: the gate then imports it and names what is wrong."""
+    """Whether a ``paddle`` is there to import; a failing lookup counts as installed (the gate names it)."""
     try:
         return _importlib_util.find_spec("paddle") is not None
     except (ImportError, ValueError):
@@ -138,8 +133,7 @@ def _paddle_installed() -> bool:
 
 
 def _setup_logging(deferred: bool) -> None:
-    # Checked before anything imports Paddle: an invalid value is a ConfigError naming the variable.
-    # (Deferred, the command line checks it itself and reports it as a one-line error.)
+    # checked before anything imports Paddle; deferred, the command line reports a bad value itself
     try:
         level = _config.log_level_from_env()
     except ConfigError:
@@ -157,11 +151,8 @@ def _setup_logging(deferred: bool) -> None:
 
 
 def _activate() -> str:
-    """The version gate, then the Executor.run hook; idempotent. Returns Paddle's version.
-
-    No Paddle, or an unsupported one: one clear UnsupportedPaddleError (an ImportError), before
-    anything else touches Paddle. A newer or development build is used with a warning.
-    """
+    """The version gate (UnsupportedPaddleError before anything touches Paddle), then the Executor.run hook;
+    idempotent. Returns Paddle's version."""
     global _active
     if _active:
         return str(globals()["PADDLE_VERSION"])
@@ -199,11 +190,8 @@ def __dir__() -> list[str]:
 
 
 def simulate_restart() -> None:
-    """Reset paddle-acp's process state as a restart would: ranges are numbered from 0 again.
-
-    Waits for the active range's save in flight first. Paddle's scopes are not touched: to
-    resume bit-identically in one process, also start from a fresh scope/programs.
-    """
+    """Reset paddle-acp's process state as a restart would (ranges numbered from 0 again), after the active
+    range's save in flight. Paddle's scopes are not touched: resume into a fresh scope and programs."""
     from paddle_acp.runtime.state import STATE
 
     STATE.reset()

@@ -1,7 +1,6 @@
-"""Command line: ``paddle-acp run`` and the operator tools (ls, inspect, verify, gc, export, stats; see :mod:`paddle_acp.tools`).
+"""Command line: ``paddle-acp run`` and the operator tools (:mod:`paddle_acp.tools`).
 
-Nothing here imports Paddle until ``run`` runs (the tools never do): the console script
-(:mod:`paddle_acp_cli`) defers the package's version gate, and ``run`` calls it itself.
+Nothing here imports Paddle until ``run`` runs: the console script defers the version gate, ``run`` calls it.
 """
 
 from __future__ import annotations
@@ -26,13 +25,11 @@ _PADDLE_MODULES = {
 
 
 def redirect_paddle_auto_checkpoint() -> None:
-    """Make Paddle's auto_checkpoint (and checkpoint_saver) module names resolve to ours."""
+    """Make Paddle's auto_checkpoint (and checkpoint_saver) module names resolve to ours (after the gate)."""
     import importlib
 
-    import paddle_acp
     from paddle_acp.compat import auto_checkpoint, checkpoint_saver
 
-    paddle_acp._activate()  # the version gate and the Executor.run hook (deferred by the console script)
     ours = {"auto_checkpoint": auto_checkpoint, "checkpoint_saver": checkpoint_saver}
     for name, which in _PADDLE_MODULES.items():
         parent_name, _, leaf = name.rpartition(".")
@@ -49,7 +46,8 @@ def redirect_paddle_auto_checkpoint() -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     if _config.check_digests_from_env() is not None:  # under `paddle-acp check`: its runs keep its location
-        for option, value in (("--checkpoint", args.checkpoint), ("--interval", args.interval), ("--job-id", args.job_id)):
+        options = (("--checkpoint", args.checkpoint), ("--interval", args.interval), ("--job-id", args.job_id))
+        for option, value in options:
             if value is not None:
                 logger.warning("paddle-acp run: %s ignored under paddle-acp check (its runs checkpoint into its own "
                                "temporary directory, every epoch, never into the job's location)", option)
@@ -83,7 +81,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="paddle-acp", description="Automatic checkpoints for PaddlePaddle training.")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run a training script with auto-checkpointing (Paddle's auto_checkpoint API works unchanged)")
+    r = sub.add_parser(
+        "run", help="run a training script with auto-checkpointing (Paddle's auto_checkpoint API works unchanged)"
+    )
     r.add_argument("--checkpoint", metavar="URI", help="where to checkpoint (sets PADDLE_ACP_CHECKPOINT_URI)")
     r.add_argument("--interval", metavar="SECONDS", type=float, help="seconds between checkpoints (0 = every epoch)")
     r.add_argument("--job-id", help="job id (sets PADDLE_JOB_ID)")

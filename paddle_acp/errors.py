@@ -6,10 +6,7 @@ class AcpError(Exception):
 
 
 class ConfigError(AcpError, ValueError):
-    """A configuration value (environment variable or argument) is invalid.
-
-    The message names the variable and the offending value.
-    """
+    """A configuration value (environment variable or argument) is invalid; the message names it."""
 
 
 class StorageError(AcpError, OSError):
@@ -25,32 +22,22 @@ class CorruptCheckpointError(AcpError):
 
 
 class UnsupportedPaddleError(AcpError, ImportError):
-    """No Paddle, or a Paddle version paddle-acp does not support (raised on import).
-
-    The message names the installed version, the supported range and how to install Paddle.
-    """
+    """No Paddle, or a Paddle version paddle-acp does not support; the message says how to install one."""
 
 
 class RestartRequiredError(CheckpointError):
-    """The ranks of a job would go on from different checkpoints (a rank rejected data the others
-    accepted): every rank stops, and the job's restart falls back alike. Never swallowed as a
-    failed save: it stops training on the training thread."""
+    """The ranks of a job would go on from different checkpoints: every rank stops, and the restart falls back
+    alike. Never swallowed as a failed save."""
 
 
 class UnknownFormatError(CorruptCheckpointError):
-    """A checkpoint in a format version this paddle-acp does not know (a newer paddle-acp wrote it).
-
-    Never loaded, like a corrupt one, and never deleted or withdrawn by this paddle-acp
-    (retention, ``paddle-acp gc``, making space, a restart's clean-up): a newer paddle-acp resumes from it.
-    """
+    """A checkpoint in a format version a newer paddle-acp wrote: never loaded, and never deleted or withdrawn
+    by this paddle-acp (retention, ``paddle-acp gc``, a restart's clean-up): the newer one resumes from it."""
 
 
 class NoUsableCheckpointError(CheckpointError):
-    """A range has committed checkpoints but none of them can be restored (corrupt, unreadable or of a
-    newer format). The restart stops instead of training from scratch; nothing is deleted.
-
-    ``rejected``: (checkpoint name, reason) of each checkpoint, newest first; ``newer_format``: the
-    names of those written in a format this paddle-acp does not know."""
+    """A range has committed checkpoints but none can be restored: the restart stops instead of training from
+    scratch. ``rejected``: (name, reason) of each, newest first; ``newer_format``: those of a newer format."""
 
     def __init__(self, message: str, rejected: "list[tuple[str, str]]", newer_format: "list[str]") -> None:
         super().__init__(message)

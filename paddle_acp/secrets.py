@@ -1,9 +1,7 @@
 """Keeping credentials out of messages, logs, files and metrics.
 
-Strings that must never reach a message, log line, file or metrics record: the user info and the
-query values of every URI seen, PaddleCloud's UGI password, AWS_SECRET_ACCESS_KEY. They are
-registered by ``open_storage`` and ``config.from_env``; :func:`scrub` replaces them, and the log
-filter below applies it to every record of the "paddle_acp" logger.
+URIs' user info and credential query values, PaddleCloud's UGI password and AWS secrets are registered by
+``open_storage`` and ``config.from_env``; :func:`scrub` replaces them, in every "paddle_acp" log record too.
 """
 
 from __future__ import annotations
@@ -44,14 +42,13 @@ _SECRET_KEY_RE = re.compile(r"key|secret|token|pass|pwd|sig|cred|auth|session", 
 
 
 def secret_name(name: str) -> bool:
-    """Whether ``name`` (a query parameter, a dict key) is named like a credential (``secret_key``,
-    ``password``, ``session_token``...): its value is shown as ``***``."""
+    """Whether ``name`` (a query parameter, a dict key) is named like a credential: its value is shown as ``***``."""
     return bool(_SECRET_KEY_RE.search(name))
 
 
 def uri_secrets(uri: str) -> List[str]:
-    """The parts of ``uri`` that may hold credentials: its user info (and the password alone) and
-    the values of query parameters named like credentials (access_key, secret_key, session_token...)."""
+    """The parts of ``uri`` that may hold credentials: its user info (and the password alone) and the values of
+    query parameters named like credentials."""
     if not isinstance(uri, str) or "://" not in uri:
         return []
     p = urlparse(uri)
@@ -82,8 +79,7 @@ def scrub(text: object) -> str:
 
 
 class _ScrubFilter(logging.Filter):
-    """Replaces registered secrets in a record's message and traceback (a backstop: messages
-    are built from redacted URIs in the first place)."""
+    """Replaces registered secrets in a record's message and traceback (a backstop to redacted URIs)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not _SECRETS:

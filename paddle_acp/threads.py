@@ -1,8 +1,4 @@
-"""Background threads: the lower CPU priority every paddle-acp helper thread runs at.
-
-Below every layer (like :mod:`paddle_acp.errors`): the saver (runtime), the CRC thread (format)
-and the prefault workers all call :func:`lower_thread_priority` when they start.
-"""
+"""Background threads: the lower CPU priority every paddle-acp helper thread runs at (below every layer)."""
 
 from __future__ import annotations
 
@@ -16,8 +12,7 @@ BACKGROUND_NICE = 10  # added to the nice value of background (save, checksum, p
 
 
 def lower_thread_priority() -> None:
-    """Lower the calling thread's CPU priority (Linux: per-thread nice), so that background
-    checkpoint work yields the cores to training instead of competing with it."""
+    """Lower the calling thread's CPU priority (Linux: per-thread nice): checkpoint work yields to training."""
     try:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))

@@ -1,5 +1,5 @@
 """Adapter layer: the only code that touches Paddle's internals.
 
-Programs (which are training programs, their state, fingerprints), tensors and places,
-RNG generators, the LR scheduler, the supported-version gate and the DataLoader's worker start.
+Programs, tensors and places, RNG generators, the version gate, the executor, fleet, the store, elastic
+launchers and the DataLoader's worker start.
 """

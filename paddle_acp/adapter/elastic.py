@@ -1,23 +1,14 @@
 """Paddle's elastic launchers: whether this trainer runs under one with an etcd server, and which.
 
-Read in Paddle 3.3.1:
+Read in Paddle 3.3.1: ``paddle.distributed.launch --master etcd://HOST:PORT`` keeps the job's pods in that etcd
+but exports to its trainers only ``PADDLE_MASTER`` = this incarnation's collective master, never the etcd
+address; the legacy fleet launcher (``--elastic_server HOST:PORT``) exports ``PADDLE_ELASTIC_SERVER``. The
+trainers are the launcher's own children, so the address is read from the launcher's command line or
+environment in ``/proc/<parent pid>/``.
 
-* ``python -m paddle.distributed.launch --master etcd://HOST:PORT`` (``launch/controllers/collective.py``,
-  ``CollectiveElasticController``: ``--master`` or the launcher's ``PADDLE_MASTER`` starting ``etcd://``)
-  keeps the job's pods in that etcd, but exports to its trainers only ``PADDLE_MASTER`` = the collective
-  master of this incarnation (``_build_pod_with_master``: ``peer_list[0]['candidate']``, a fresh
-  endpoint at every restart) over whatever the launcher's environment held, and never the etcd address. The
-  trainers are the launcher's own children (``launch/utils/process_context.py``: ``subprocess.Popen``), so
-  the address is read from the launcher process: its command line (``--master etcd://...``) or its
-  environment (``PADDLE_MASTER=etcd://...``), in ``/proc/<parent pid>/``.
-* the legacy fleet launcher (``python -m paddle.distributed.launch --elastic_server HOST:PORT --job_id ID``,
-  or ``paddle.distributed.fleet.launch``; ``fleet/elastic/__init__.py``) reads ``PADDLE_ELASTIC_SERVER`` and
-  ``PADDLE_ELASTIC_JOB_ID`` from its environment, which its trainers inherit; or its arguments, read as above.
-
-:func:`elastic_etcd` returns the etcd endpoint named by the first of: ``PADDLE_ELASTIC_SERVER`` in this
-process's environment, then the nearest of this process's ancestors (:data:`MAX_ANCESTORS`) that is one of
-Paddle's launchers. :func:`incarnation` is what every trainer of one start of the job shares and the next
-start does not (the launcher's endpoints for this start), to keep two starts' liveness keys apart.
+:func:`elastic_etcd` returns the etcd endpoint named by ``PADDLE_ELASTIC_SERVER``, else by the nearest
+of this process's ancestors (:data:`MAX_ANCESTORS`) that is one of Paddle's launchers. :func:`incarnation`
+is what every trainer of one start of the job shares and the next start does not.
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 LAUNCHER_MODULES = ("paddle.distributed.launch", "paddle.distributed.fleet.launch")
 MAX_ANCESTORS = 3  # a trainer started through a shell or a wrapper still finds its launcher
@@ -67,8 +58,8 @@ def _arg(argv: Sequence[str], name: str) -> Optional[str]:
 
 
 def launcher_etcd(argv: Sequence[str], its_env: Mapping[str, str]) -> Optional[str]:
-    """The etcd endpoint of a process with command line ``argv`` and environment ``its_env`` (another process's,
-    read from /proc) when it is one of Paddle's launchers with one, else None."""
+    """The etcd endpoint of a process with command line ``argv`` and environment ``its_env`` when it is one of
+    Paddle's launchers with one, else None."""
     if not any(m in argv for m in LAUNCHER_MODULES):
         return None
     master = _arg(argv, "--master") or its_env.get("PADDLE_MASTER", "")
@@ -88,26 +79,24 @@ def _from_proc(pid: int) -> Optional[str]:
     return launcher_etcd(argv, env)
 
 
-def elastic_etcd(env: Mapping[str, str], pid: Optional[int] = None,
-                 read: Callable[[int], Optional[str]] = _from_proc) -> Optional[ElasticServer]:
-    """The etcd server of the elastic launcher this process runs under, or None (module docstring)."""
+def elastic_etcd(env: Mapping[str, str]) -> Optional[ElasticServer]:
+    """The etcd server of the elastic launcher this process runs under, or None."""
     server = env.get("PADDLE_ELASTIC_SERVER", "").strip()
     if server:
         return ElasticServer(server, "PADDLE_ELASTIC_SERVER")
-    p = os.getpid() if pid is None else pid
+    p = os.getpid()
     for _ in range(MAX_ANCESTORS):
         p = _parent(p)
         if p <= 1:
             return None
-        found = read(p)
+        found = _from_proc(p)
         if found:
             return ElasticServer(found, f"the launcher (pid {p})")
     return None
 
 
 def incarnation(env: Mapping[str, str]) -> str:
-    """A short token every trainer of this start of the job shares (the launcher's endpoints for it), or ``""``
-    where the environment names none."""
+    """A token every trainer of this start of the job shares (from the launcher's endpoints), or ``""``."""
     parts = [env.get(k, "").strip() for k in ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS")]
     if not any(parts):
         return ""

@@ -1,9 +1,6 @@
 """Executor: Paddle's ``Executor.run`` (the method paddle-acp's hook replaces) and Paddle's own auto-checkpoint call.
 
-The only code that reaches into ``paddle.base.executor``: the class whose ``run`` is patched (the
-class ``paddle.static.Executor`` names) and the module attribute ``acp`` its ``run`` calls
-``_auto_checkpoint`` on. The hook's logic (what a run feeds the active range) is the runtime's
-(:mod:`paddle_acp.runtime.hook`).
+The only code that reaches into ``paddle.base.executor``; the hook's logic is :mod:`paddle_acp.runtime.hook`'s.
 """
 
 from __future__ import annotations
@@ -11,8 +8,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Callable
 
-#: ``Executor.run(self, program, feed, fetch_list, feed_var_name, fetch_var_name, scope, ...)``: Paddle's
-#: API is untyped, so its arguments and result are Any at this boundary.
+#: ``Executor.run(self, program, feed, fetch_list, ...)``: Paddle's API is untyped.
 RunMethod = Callable[..., Any]
 
 
@@ -32,17 +28,14 @@ def set_executor_run(run: RunMethod) -> None:
 
 
 def redirect_auto_checkpoint(module: ModuleType) -> None:
-    """Point Paddle's own auto-checkpoint call (``paddle.base.executor.acp._auto_checkpoint``, the
-    only name of that module its executor uses) at ``module``'s ``_auto_checkpoint``; nothing on a
-    Paddle whose executor has no such call."""
+    """Point Paddle's own auto-checkpoint call (``paddle.base.executor.acp._auto_checkpoint``) at ``module``'s,
+    where its executor has one."""
     import paddle.base.executor as executor_mod
 
     if hasattr(executor_mod, "acp"):
         executor_mod.acp = module
 
 
-
 def executor_place(exe: Any) -> Any:
-    """The place ``exe`` (a ``paddle.static.Executor``) runs its programs on: its ``place`` attribute,
-    which Paddle sets from the constructor's argument; None for an object without one."""
+    """The place ``exe`` (a ``paddle.static.Executor``) runs its programs on; None for an object without one."""
     return getattr(exe, "place", None)

@@ -1,8 +1,4 @@
-"""Paddle's fleet: which state mode a job of several ranks keeps (replicated or per-rank).
-
-Reads the strategy ``fleet.init`` was given (never imports fleet itself) and the
-registered programs' parallel operators.
-"""
+"""Paddle's fleet: which state mode a job of several ranks keeps (replicated or per-rank)."""
 
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ def fleet_degrees() -> Dict[str, int]:
         if getattr(strategy, "tensor_parallel", False):
             put("mp_degree", strategy.tensor_parallel_configs.get("tensor_parallel_degree", 1))
         if getattr(strategy, "sharding", False):
-            put("sharding_degree", strategy.sharding_configs.get("sharding_degree", 1))
-            put("pp_degree", strategy.sharding_configs.get("pp_degree", 1))
-            put("mp_degree", strategy.sharding_configs.get("mp_degree", 1))
+            for k in ("sharding_degree", "pp_degree", "mp_degree"):
+                put(k, strategy.sharding_configs.get(k, 1))
         if getattr(strategy, "pipeline", False):
             put("pp_degree", 2)  # a pipeline strategy: stages hold different layers
     except Exception as exc:  # an unexpected strategy object: say so, decide from the programs

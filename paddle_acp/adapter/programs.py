@@ -1,7 +1,6 @@
 """Programs: tell training programs from the rest, list their state, fingerprint them.
 
-Works on PIR programs (Paddle 3.x default) and legacy-IR programs. The result
-for a program object is computed once and cached on the object.
+PIR and legacy-IR programs; the result is computed once and cached on the program object.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ logger = logging.getLogger("paddle_acp")
 
 _CACHE_ATTR = "_paddle_acp_info"
 
-#: A paddle.static.Program, a paddle.pir.Program or a CompiledProgram (or anything a caller passes):
-#: Paddle's API is untyped, so these are Any at this boundary.
+#: A paddle.static.Program, a paddle.pir.Program or a CompiledProgram (Paddle's API is untyped).
 PaddleProgram = Any
 
 
@@ -33,15 +31,11 @@ class ProgramInfo:
     label: str = ""
     has_backward: bool = False
     has_optimizer: bool = False
-    parallel_ops: Tuple[str, ...] = ()  # tensor-parallel, pipeline or sharding operators (see PARALLEL_OPS)
+    parallel_ops: Tuple[str, ...] = ()  # see PARALLEL_OPS
 
 
-# Operators that make a rank's state its own, as fleet inserts them (legacy IR op types; PIR
-# names are "pd_op." + the same, in-place variants end in "_"). From Paddle 3.3.1's
-# fleet/layers/mpu/mp_ops.py (tensor parallel: paddle.distributed.split, the meta-parallel
-# layers), incubate/optimizer/pipeline.py (pipeline stages) and
-# fleet/meta_optimizers/sharding/utils.py (sharding). Data-parallel all-reduce ops
-# (c_allreduce_sum, all_reduce) are NOT among them: they keep the ranks' state identical.
+# Operators that make a rank's state its own, as Paddle 3.3.1's fleet inserts them (legacy IR op types; PIR:
+# "pd_op." + the same, in-place variants end in "_"). Data-parallel all-reduces keep the ranks' state identical.
 PARALLEL_OPS = {
     "tensor-parallel": ("c_identity", "c_split", "c_concat", "c_embedding", "mp_allreduce_sum",
                         "c_softmax_with_cross_entropy", "c_softmax_with_multi_label_cross_entropy"),
@@ -54,12 +48,10 @@ _PARALLEL_BY_NAME = {op: kind for kind, ops in PARALLEL_OPS.items() for op in op
 def parallel_kind(op_name: str) -> Optional[str]:
     """'tensor-parallel', 'pipeline', 'sharding' or None for one operator name (either IR)."""
     name = op_name[6:] if op_name.startswith("pd_op.") else op_name
-    if name.endswith("_grad_"):
-        name = name[:-6]
-    elif name.endswith("_grad"):
-        name = name[:-5]
-    elif name.endswith("_"):
-        name = name[:-1]
+    for suffix in ("_grad_", "_grad", "_"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
     return _PARALLEL_BY_NAME.get(name)
 
 
@@ -212,8 +204,7 @@ def lr_scheduler_of(program: PaddleProgram) -> Optional[object]:
 
 
 def is_program(obj: object) -> bool:
-    """Whether ``obj`` is a Program Paddle can run: a legacy-IR or PIR ``Program``, or a ``CompiledProgram``
-    built from one (one built from a Graph has no Program)."""
+    """Whether ``obj`` is a legacy-IR or PIR ``Program``, or a ``CompiledProgram`` built from one."""
     import paddle
     from paddle.base.framework import Program as LegacyProgram
 
@@ -223,20 +214,18 @@ def is_program(obj: object) -> bool:
 
 
 def is_distributed(program: PaddleProgram) -> bool:
-    """Whether Paddle marked ``program`` a parameter-server program (its private ``_is_distributed``):
-    its state lives on the servers."""
+    """Whether Paddle marked ``program`` a parameter-server program: its state lives on the servers."""
     return bool(getattr(program, "_is_distributed", False))
 
 
 def auto_checkpoint_name(program: PaddleProgram) -> Optional[str]:
-    """The name Paddle's own auto-checkpoint gave ``program`` (its private ``_auto_checkpoint_name``), or None."""
+    """The name Paddle's own auto-checkpoint gave ``program``, or None."""
     name: Optional[str] = getattr(program, "_auto_checkpoint_name", None)
     return name
 
 
 def persistable_predicate() -> Callable[[Any], bool]:
-    """Paddle's test of a variable for ``paddle.static.save_vars``/``load_vars``: the persistable
-    ones but feed, fetch and reader variables (``paddle.static.io.is_persistable``)."""
+    """``paddle.static.io.is_persistable``: persistable but not feed, fetch or reader variables."""
     import paddle
 
     predicate: Callable[[Any], bool] = paddle.static.io.is_persistable

@@ -1,13 +1,8 @@
-"""RNG state: capture and restore Paddle's global generators, NumPy's and Python's.
+"""RNG state: capture and restore Paddle's global generators, NumPy's and Python's, as JSON-safe data.
 
-Stored as JSON-safe data. Paddle's generator state is its own
-``(device, seed, offset, state-bytes)`` tuple; the bytes are ASCII.
-
-Paddle 2.6's ``GeneratorState`` pickles only ``(device, seed, offset)``: the CPU engine
-(``std::mt19937_64``, one draw per element of dropout/uniform) is reachable only as an
-in-process ``Generator.get_state()`` object, and ``__setstate__`` reseeds it from ``seed``.
-There it is stored with an empty state string; after a restore in another process the CPU
-engine restarts from its seed (:func:`paddle_acp.adapter.version.warn_rng_limit` says so once).
+Paddle's generator state is ``(device, seed, offset, ASCII engine state)``. Paddle 2.6's ``GeneratorState``
+pickles only ``(device, seed, offset)`` (``__setstate__`` reseeds the engine), so there the engine state is
+stored empty and a restore in another process restarts the CPU engine from its seed (``warn_rng_limit``).
 """
 
 from __future__ import annotations
@@ -39,18 +34,16 @@ def carries_cpu_engine() -> bool:
 
 def _fields(st: Any) -> List[Any]:  # a Paddle GeneratorState -> [device, seed, offset, engine (ASCII)]
     parts = st.__getstate__()
-    if len(parts) == 4:  # Paddle 3.x: the engine state as a list of ASCII codes
-        device, seed, offset, raw = parts
-        return [int(device), int(seed), int(offset), bytes(raw).decode("ascii")]
-    if len(parts) == 3:  # Paddle 2.6: no engine state
-        device, seed, offset = parts
-        return [int(device), int(seed), int(offset), ""]
-    import paddle
+    if len(parts) not in (3, 4):
+        import paddle
 
-    raise CheckpointError(
-        f"Paddle {paddle.__version__}'s generator state has {len(parts)} fields; paddle-acp knows the "
-        "3 of Paddle 2.6 and the 4 of Paddle 3.x, and cannot save the RNG state of this Paddle"
-    )
+        raise CheckpointError(
+            f"Paddle {paddle.__version__}'s generator state has {len(parts)} fields; paddle-acp knows the "
+            "3 of Paddle 2.6 and the 4 of Paddle 3.x, and cannot save the RNG state of this Paddle"
+        )
+    device, seed, offset = parts[:3]
+    engine = bytes(parts[3]).decode("ascii") if len(parts) == 4 else ""  # 3.x: a list of ASCII codes; 2.6: none
+    return [int(device), int(seed), int(offset), engine]
 
 
 def capture() -> Dict[str, Any]:
@@ -75,8 +68,7 @@ def _generator(entry: List[Any], carries: bool) -> Any:  # -> a Paddle Generator
     if carries and raw:
         g.__setstate__((device, seed, offset, list(raw.encode("ascii"))))
     elif carries:
-        # a checkpoint made by Paddle 2.6 on Paddle 3.x: the engine restarts from ``seed``
-        # (3.0's __setstate__ takes no 3-tuple, so build a freshly seeded engine's state)
+        # a checkpoint of Paddle 2.6 on 3.x (whose __setstate__ takes no 3-tuple): a freshly seeded engine
         _warn_missing_engine()
         g.__setstate__((device, seed, offset, _fresh_engine(seed)))
     else:  # Paddle 2.6: __setstate__ reseeds the engine from ``seed``
@@ -85,12 +77,8 @@ def _generator(entry: List[Any], carries: bool) -> Any:  # -> a Paddle Generator
 
 
 def restore(state: Dict[str, Any]) -> None:
-    """Restore every generator this process shares with the checkpoint, NumPy's and Python's.
-
-    Paddle's generators are matched by position and device: the saving run may have seen
-    other devices (another number of visible GPUs). Those that match are restored, the rest
-    keep their current state, and a warning names both sides and the consequence.
-    """
+    """Restore NumPy's, Python's and every Paddle generator this process shares with the checkpoint (matched by
+    position and device: other devices may be visible now); a warning names those that are not."""
     import paddle
 
     validate(state)

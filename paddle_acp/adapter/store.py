@@ -2,22 +2,14 @@
 
 Read in Paddle 3.3.1 (docs/design.md, "Coordinating ranks through Paddle's store"):
 
-* ``python -m paddle.distributed.launch`` exports ``PADDLE_MASTER`` to every trainer: a port the
-  launcher reserved for the job's store (``launch/controllers/collective.py``, ``_build_pod_with_master``:
-  ``port = self.ctx.node.get_free_port()``, ``"PADDLE_MASTER": collective_master``), which
-  ``core.create_or_get_global_tcp_store()`` binds in rank 0's process and every other rank connects to
-  (``phi/core/distributed/store/store_utils.cc``: ``PADDLE_MASTER``, else the first of
-  ``PADDLE_TRAINER_ENDPOINTS``; created once per process). ``init_parallel_env`` calls the same function
-  (``distributed/parallel.py`` ~1162), so sharing it never binds a port twice: whoever calls first creates
-  it, the other gets the same object. Our keys carry their own prefix (:data:`KEY_PREFIX`). Measured: that
-  function holds the GIL for its whole rendezvous (no other thread of the process runs until every rank
-  connected), so ``PADDLE_ACP_COORDINATION=auto`` does not take it; ``store`` does.
-* With ``--ips``/``--start_port`` the launcher sets ``PADDLE_MASTER`` to rank 0's own trainer endpoint
-  (``_build_pod_with_args``: ``self.ctx.args.master = job_endpoints[0]``), which a static-graph job's
-  collective initialisation may bind itself: :func:`job_store_endpoint` reports that (``shared_with_trainer``).
-* ``MASTER_ADDR``/``MASTER_PORT`` alone: Paddle's global store ignores them (store_utils.cc reads only the two
-  variables above), so nothing of Paddle binds that port: a store of our own is opened there
-  (``core.TCPStore(host, port, is_master=rank 0, world_size, timeout)``, which releases the GIL while it waits).
+* ``paddle.distributed.launch`` exports ``PADDLE_MASTER``, a port reserved for the job's store, which
+  ``core.create_or_get_global_tcp_store()`` binds in rank 0 (created once per process: ``init_parallel_env``
+  shares it, so no port is bound twice; our keys carry :data:`KEY_PREFIX`). That call holds the GIL for its
+  whole rendezvous, so ``PADDLE_ACP_COORDINATION=auto`` does not take it; ``store`` does.
+* With ``--ips``/``--start_port``, ``PADDLE_MASTER`` is rank 0's own trainer endpoint, which the job's
+  collective initialisation may bind itself (``shared_with_trainer``).
+* ``MASTER_ADDR``/``MASTER_PORT`` alone: Paddle binds nothing there, so a store of our own is opened
+  (``core.TCPStore``, which releases the GIL while it waits).
 """
 
 from __future__ import annotations
@@ -77,11 +69,10 @@ def job_store_endpoint(env: Mapping[str, str]) -> Optional[StoreEndpoint]:
 
 
 def open_store(ep: StoreEndpoint, rank: int, world_size: int, timeout_s: int) -> KeyValueStore:
-    """Open (rank 0: host) the store at ``ep``; blocks until it is reached (Paddle's own retries, bounded by
-    ``timeout_s`` for a store of ours, by ``FLAGS_stop_check_timeout`` for the job's). Raises what Paddle raises."""
-    from paddle.base import core  # (only here: the adapter is the one layer that touches Paddle's internals)
+    """Open (rank 0: host) the store at ``ep``; blocks until it is reached (bounded by ``timeout_s`` for a store
+    of ours, by ``FLAGS_stop_check_timeout`` for the job's). Raises what Paddle raises."""
+    from paddle.base import core
 
-    # (Paddle's stubs type ``set``'s value as str; its binding takes bytes, which the plan's JSON is)
     before = _sockets_to(ep.port)
     if ep.source == "PADDLE_MASTER":
         store: Any = core.create_or_get_global_tcp_store()
@@ -127,9 +118,8 @@ def _socket(fd: int) -> Optional[socket.socket]:
 
 
 def _no_delay(fd: int) -> None:
-    """``TCP_NODELAY`` on the store client's socket ``fd``: Paddle's client sends a request in several writes and
-    never sets it, so Nagle's algorithm holds each request's tail until the server's delayed ACK: 44 ms per
-    ``add``, 88 per ``get`` (3.3.1, loopback), ~0.05 ms with it (``ci/bench/store_calls.py``). Best effort."""
+    """``TCP_NODELAY`` on the store client's socket ``fd`` (best effort): Paddle's client sends a request in several
+    writes, so Nagle holds each tail until the delayed ACK: 44 ms per ``add`` without, ~0.05 ms with it."""
     sk = _socket(fd)
     if sk is None:
         return

@@ -1,15 +1,13 @@
 """Paddle tensors: views of a scope's tensors for a snapshot, and writes of restored ones.
 
-The only code that reads or writes a Paddle tensor's memory. The snapshot
-types (:class:`~paddle_acp.format.engine.snapshot.TensorData`, ``ProgramSnapshot``)
-are the format's; host buffers are :mod:`paddle_acp.format.engine.arena`'s.
+The only code that reads or writes a Paddle tensor's memory; the snapshot types and host buffers are the format's.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-from typing import Any, Final, Iterable, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Final, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,7 +19,7 @@ from paddle_acp.format.manifest import DTYPES, align
 
 logger = logging.getLogger("paddle_acp")
 
-# Paddle's API is untyped: its objects are Any at this boundary, named for what they are.
+# Paddle's API is untyped: Any, named for what they are.
 PaddleTensor = Any  # a core DenseTensor (LoDTensor) of a scope variable
 PaddleScope = Any  # a core Scope
 PaddlePlace = Any  # a core Place or a concrete paddle.CPUPlace/CUDAPlace/...
@@ -36,7 +34,7 @@ def dtype_name(tensor: PaddleTensor) -> str:
 
 
 def tensor_meta(tensor: PaddleTensor) -> Tuple[str, List[int]]:
-    """(dtype, shape) of an initialized dense tensor; a dtype paddle-acp does not save by Paddle's own name."""
+    """(dtype, shape) of an initialized dense tensor (an unsupported dtype by Paddle's own name)."""
     try:
         dt = dtype_name(tensor)
     except CheckpointError:
@@ -48,8 +46,8 @@ NON_TENSOR: Final = "non-tensor"
 
 
 def scope_var_meta(scope: PaddleScope, name: str) -> Union[None, Literal["non-tensor"], Tuple[str, List[int]]]:
-    """What ``scope`` holds under ``name``: None (nothing, or a tensor not initialized), :data:`NON_TENSOR`
-    (a variable that is not a dense tensor: a reader, a list), else the tensor's (dtype, shape)."""
+    """What ``scope`` holds under ``name``: None (nothing, or an uninitialized tensor), :data:`NON_TENSOR`
+    (a reader, a list), else the tensor's (dtype, shape)."""
     var = scope.find_var(name)
     if var is None:
         return None
@@ -68,11 +66,7 @@ def default_place() -> PaddlePlace:
 
 
 def tensor_view(tensor: PaddleTensor) -> Tuple[str, np.ndarray]:
-    """A zero-copy NumPy view over a CPU tensor (a copy for other places).
-
-    The view is valid only until Paddle touches the tensor again: copy it out
-    before returning control to the training loop.
-    """
+    """A zero-copy NumPy view over a CPU tensor (a copy for other places), valid until Paddle touches it again."""
     dt = dtype_name(tensor)
     shape = tuple(tensor.shape())
     npdt = DTYPES[dt]
@@ -81,7 +75,8 @@ def tensor_view(tensor: PaddleTensor) -> Tuple[str, np.ndarray]:
     if place.is_cpu_place() and numel > 0:
         nbytes = numel * npdt.itemsize
         raw = (ctypes.c_char * nbytes).from_address(tensor._ptr())
-        return dt, np.frombuffer(raw, dtype=npdt).reshape(shape)  # type: ignore[call-overload]  # a ctypes array has the buffer protocol
+        # (a ctypes array has the buffer protocol)
+        return dt, np.frombuffer(raw, dtype=npdt).reshape(shape)  # type: ignore[call-overload]
     arr = np.array(tensor)
     if dt == "bfloat16":
         arr = arr.view(np.uint16)
@@ -89,8 +84,7 @@ def tensor_view(tensor: PaddleTensor) -> Tuple[str, np.ndarray]:
 
 
 def tensor_nbytes(tensor: PaddleTensor) -> int:
-    """The bytes ``tensor`` holds, from its metadata alone (element count and dtype): no copy,
-    and on an accelerator no device-to-host transfer."""
+    """The bytes ``tensor`` holds, from its metadata alone (no device-to-host transfer)."""
     shape = tuple(tensor.shape())
     numel = int(np.prod(shape)) if shape else 1
     return numel * DTYPES[dtype_name(tensor)].itemsize
@@ -98,23 +92,12 @@ def tensor_nbytes(tensor: PaddleTensor) -> int:
 
 def layout_size(scope: PaddleScope, names: Iterable[str]) -> int:
     """The size of the data file that ``layout()`` gives the named, initialized tensors (metadata only)."""
-    total = 0
-    for name in names:
-        t = find_tensor(scope, name)
-        if t is not None:
-            total += align(tensor_nbytes(t))
-    return total
+    return sum(align(tensor_nbytes(t)) for _, t in _found(scope, names))
 
 
 def tensor_items(scope: PaddleScope, names: Iterable[str]) -> List[Tuple[str, str, Tuple[int, ...], int]]:
-    """(name, dtype, shape, bytes) of the named, initialized tensors, from their metadata alone (what
-    :func:`tensor_views` would give, without a view or, on an accelerator, a device-to-host copy)."""
-    out: List[Tuple[str, str, Tuple[int, ...], int]] = []
-    for name in names:
-        t = find_tensor(scope, name)
-        if t is not None:
-            out.append((name, dtype_name(t), tuple(int(x) for x in t.shape()), tensor_nbytes(t)))
-    return out
+    """(name, dtype, shape, bytes) of the named, initialized tensors, from their metadata alone."""
+    return [(n, dtype_name(t), tuple(int(x) for x in t.shape()), tensor_nbytes(t)) for n, t in _found(scope, names)]
 
 
 def find_tensor(scope: PaddleScope, name: str) -> Optional[PaddleTensor]:
@@ -130,16 +113,17 @@ def find_tensor(scope: PaddleScope, name: str) -> Optional[PaddleTensor]:
     return t
 
 
-def tensor_views(scope: PaddleScope, names: Iterable[str]) -> List[TensorData]:
-    """Zero-copy views of the named, initialized tensors (valid until Paddle runs again)."""
-    out: List[TensorData] = []
+def _found(scope: PaddleScope, names: Iterable[str]) -> Iterator[Tuple[str, PaddleTensor]]:
+    """(name, tensor) of the named, initialized tensors."""
     for name in names:
         t = find_tensor(scope, name)
-        if t is None:
-            continue
-        dt, view = tensor_view(t)
-        out.append(TensorData(name, dt, view))
-    return out
+        if t is not None:
+            yield name, t
+
+
+def tensor_views(scope: PaddleScope, names: Iterable[str]) -> List[TensorData]:
+    """Zero-copy views of the named, initialized tensors (valid until Paddle runs again)."""
+    return [TensorData(name, *tensor_view(t)) for name, t in _found(scope, names)]
 
 
 def inplace_view(tensor: PaddleTensor, dtype: str, shape: Sequence[int]) -> Optional[np.ndarray]:
@@ -163,8 +147,8 @@ def scope_tensor(scope: PaddleScope, name: str) -> PaddleTensor:
 
 
 def own_place(tensor: PaddleTensor, default: Optional[PaddlePlace] = None) -> PaddlePlace:
-    """The concrete place (``tensor.set`` takes no generic ``Place``) ``tensor`` lives on now;
-    ``default`` (the CPU if None) for a tensor that holds nothing yet."""
+    """The concrete place (``tensor.set`` takes no generic ``Place``) ``tensor`` lives on; ``default`` (else
+    the CPU) for one that holds nothing yet."""
     import paddle
 
     if not tensor._is_initialized():
@@ -186,8 +170,7 @@ def own_place(tensor: PaddleTensor, default: Optional[PaddlePlace] = None) -> Pa
 def set_tensor(
     tensor: PaddleTensor, arr: np.ndarray, place: Optional[PaddlePlace], default_place: Optional[PaddlePlace] = None
 ) -> None:
-    """Replace ``tensor``'s contents with ``arr`` on ``place`` (the executor's); with None, on the
-    place the tensor lives on now (``default_place``, else the CPU, for one that holds nothing yet)."""
+    """Replace ``tensor``'s contents with ``arr`` on ``place``; with None, where it lives (:func:`own_place`)."""
     if place is None:
         place = own_place(tensor, default_place)
     tensor.set(arr, place)
@@ -202,13 +185,8 @@ def write_program(
     default_place: Optional[PaddlePlace] = None,
     stager: Stager = HOST,
 ) -> int:
-    """Write program ``key``'s pending tensors of ``loaded`` into ``scope``; returns how many.
-
-    Tensors the scope already holds with the same dtype and shape on the CPU
-    are filled in place (copied straight into them through ``stager``, the runtime's, which a save's
-    copy into the snapshot arena goes through too); others are replaced (``tensor.set``).
-    With ``consume`` they are handed out (no longer pending).
-    """
+    """Write program ``key``'s pending tensors of ``loaded`` into ``scope``; returns how many. CPU tensors of the
+    same dtype and shape are filled in place (through ``stager``), others replaced; ``consume`` hands them out."""
     pending = loaded.pending(key)
     inplace = []
     for t in pending:

@@ -1,24 +1,14 @@
 """Which Paddle is installed, and whether paddle-acp supports it.
 
-Paddle is the user's: paddle-acp never installs it (it is not a dependency). Importing
-paddle_acp calls :func:`check` once:
+Paddle is the user's (never installed by paddle-acp). Importing paddle_acp calls :func:`check` once:
 
-* no Paddle, or one whose import raises anything (ImportError, a CUDA loader's OSError or
-  RuntimeError, ...): :class:`~paddle_acp.errors.UnsupportedPaddleError` naming the cause;
-* a version below the supported range, or between the supported series (a pre-release of an
-  unsupported release included): :class:`~paddle_acp.errors.UnsupportedPaddleError` naming it
-  and the range;
-* a version above the tested range (a newer Paddle), a development build (``0.0.0``, built
-  from source) and a pre-release or dev build of a supported release (``3.2.0.dev20250901``,
-  ``3.0.0rc1``): accepted with one warning, since nothing can say in advance that it breaks;
-  paddle-acp's own checks (program detection, RNG state shape) still raise when it does;
-* Paddle 2.6.x: legacy IR only (PIR programs are refused when they would be checkpointed), and
-  the CPU generator's engine state cannot be saved: :func:`warn_rng_limit` says so once when
-  checkpointing starts.
+* no Paddle, or one whose import raises anything, or a version below or between the supported series:
+  :class:`~paddle_acp.errors.UnsupportedPaddleError` naming the cause and the range;
+* a newer Paddle, a development build (``0.0.0``) or a pre-release of a supported release: accepted with
+  one warning (paddle-acp's own checks still raise when something breaks);
+* Paddle 2.6.x: legacy IR only, and the CPU generator's engine state cannot be saved (:func:`warn_rng_limit`).
 
-The check reads ``paddle.__version__`` (paddle-acp imports Paddle anyway), so it costs
-microseconds; it never asks the package metadata, which differs between ``paddlepaddle`` and
-``paddlepaddle-gpu``.
+The check reads ``paddle.__version__``, never the package metadata (``paddlepaddle`` vs ``paddlepaddle-gpu``).
 """
 
 from __future__ import annotations
@@ -106,32 +96,24 @@ def classify(version: str) -> Tuple[str, str]:
 
 def check() -> str:
     """Import Paddle and enforce :func:`classify`'s verdict; returns Paddle's version string."""
-    # Paddle 2.6.2's libpaddle.so carries its own, older zlib with exported symbols: when the system
-    # libz is first loaded as libpaddle's dependency, libz's internal calls bind to that copy, and
-    # Python's zlib module (and every Cython 3 extension that inflates its strings at import, e.g.
-    # numpy 2.x's numpy.random) crashes afterwards. Loading zlib before Paddle avoids it.
+    # Paddle 2.6.2's libpaddle.so exports an older zlib: were the system libz first loaded as its dependency,
+    # libz would bind to that copy and Python's zlib (and numpy 2.x's numpy.random) crash. Load zlib first.
     import zlib  # noqa: F401
 
     try:
         import paddle
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("paddle", "paddle.base"):
+    except Exception as exc:  # ImportError, a CUDA loader's OSError, a RuntimeError from Paddle's own init, ...
+        if isinstance(exc, ModuleNotFoundError) and exc.name in ("paddle", "paddle.base"):
             raise UnsupportedPaddleError(
-                f"Paddle is installed but failed to import (missing module {exc.name!r}): {exc}; "
-                f"paddle-acp supports Paddle {SUPPORTED_TEXT}"
+                f"paddle-acp needs PaddlePaddle, and none is installed in this environment "
+                f"(paddle-acp never installs it); it supports Paddle {SUPPORTED_TEXT}: {INSTALL_HINT}"
             ) from exc
+        if isinstance(exc, ModuleNotFoundError):
+            why = f" (missing module {exc.name!r})"
+        else:
+            why = "" if isinstance(exc, ImportError) else f" ({type(exc).__name__})"
         raise UnsupportedPaddleError(
-            f"paddle-acp needs PaddlePaddle, and none is installed in this environment "
-            f"(paddle-acp never installs it); it supports Paddle {SUPPORTED_TEXT}: {INSTALL_HINT}"
-        ) from exc
-    except ImportError as exc:
-        raise UnsupportedPaddleError(
-            f"Paddle is installed but failed to import: {exc}; paddle-acp supports Paddle {SUPPORTED_TEXT}"
-        ) from exc
-    except Exception as exc:  # a CUDA loader's OSError, a RuntimeError from Paddle's own init, ...
-        raise UnsupportedPaddleError(
-            f"Paddle is installed but failed to import ({type(exc).__name__}): {exc}; "
-            f"paddle-acp supports Paddle {SUPPORTED_TEXT}"
+            f"Paddle is installed but failed to import{why}: {exc}; paddle-acp supports Paddle {SUPPORTED_TEXT}"
         ) from exc
     version = str(getattr(paddle, "__version__", "unknown"))
     verdict, message = classify(version)
@@ -153,12 +135,7 @@ def major() -> int:
 
 
 def pir_refusal(what: str = "this program") -> Optional[str]:
-    """The reason PIR (``what``) cannot be checkpointed on this Paddle, or ``None``.
-
-    Paddle 2.6's PIR is experimental (its ``Operation`` has no ``str_attr``, its static layers
-    reject PIR values, ``paddle.get_rng_state`` fails in PIR mode); paddle-acp supports 2.6 in
-    the legacy IR only.
-    """
+    """The reason PIR (``what``) cannot be checkpointed on this Paddle (2.6: experimental PIR), or ``None``."""
     if major() >= 3:
         return None
     import paddle
@@ -172,21 +149,11 @@ def pir_refusal(what: str = "this program") -> Optional[str]:
 
 def refuse_pir_mode() -> None:
     """Raise CheckpointError when checkpointing would start in PIR mode on Paddle 2.6."""
-    if major() >= 3:
-        return
+    reason = pir_refusal("the training loop")
     import paddle
 
-    if paddle.framework.in_pir_mode():
-        raise CheckpointError(pir_refusal("the training loop"))
-
-
-def rng_limit_message(version: str) -> str:
-    return (
-        f"Paddle {version} cannot save the CPU random generator's engine state (its GeneratorState keeps "
-        "only the seed and offset), so after a resume random ops such as dropout draw a different "
-        "random stream than an uninterrupted run would; parameters, optimizer state, LR scheduler, "
-        "epoch, NumPy's and Python's RNG are restored exactly. Paddle 3.0 or newer resumes bit-identically"
-    )
+    if reason is not None and paddle.framework.in_pir_mode():
+        raise CheckpointError(reason)
 
 
 def warn_rng_limit() -> None:
@@ -201,4 +168,10 @@ def warn_rng_limit() -> None:
     import paddle
 
     _warned_rng = True
-    logger.warning("%s", rng_limit_message(str(paddle.__version__)))
+    logger.warning(
+        "Paddle %s cannot save the CPU random generator's engine state (its GeneratorState keeps "
+        "only the seed and offset), so after a resume random ops such as dropout draw a different "
+        "random stream than an uninterrupted run would; parameters, optimizer state, LR scheduler, "
+        "epoch, NumPy's and Python's RNG are restored exactly. Paddle 3.0 or newer resumes bit-identically",
+        paddle.__version__,
+    )

@@ -1,11 +1,8 @@
 """DataLoader workers: recognises, in a forked child, that the fork is Paddle's ``DataLoader`` starting a worker.
 
-``paddle.io.DataLoader(num_workers>0)`` starts its workers in
-``_DataLoaderIterMultiProcess._init_workers`` (``paddle.io.dataloader.dataloader_iter``, Paddle 2.6 to
-3.3) through ``multiprocessing.Process(...).start()``: with the ``fork`` start method (Linux's default
-before Python 3.14) the child is forked while that method is on the forking thread's stack, which the
-child inherits. :func:`forking_loader_worker`, called from an ``os.register_at_fork`` child hook, reads
-that stack; it imports nothing (a forked child must not take locks another thread of the parent held).
+Paddle (2.6 to 3.3) forks its workers from ``_DataLoaderIterMultiProcess._init_workers``, which the child
+inherits on its stack. :func:`forking_loader_worker` (an ``os.register_at_fork`` child hook) reads that stack and
+imports nothing: a forked child must not take locks another thread of the parent held.
 """
 
 from __future__ import annotations

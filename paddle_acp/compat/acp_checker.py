@@ -1,8 +1,8 @@
-"""Paddle's ``AutoCheckpointChecker``: the auto-checkpoint environment, read like Paddle's, validated like paddle-acp's."""
+"""Paddle's ``AutoCheckpointChecker``: the auto-checkpoint environment, read like Paddle's, validated like ours."""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 from paddle_acp import config as _config
 from paddle_acp.secrets import redact
@@ -10,17 +10,14 @@ from paddle_acp.secrets import redact
 __all__ = ["AutoCheckpointChecker"]
 
 
-class AutoCheckpointChecker:
-    """The auto-checkpoint environment, read like Paddle's checker.
+def _read_only(attr: str) -> Any:
+    """A read-only property giving ``self.<attr>``, as Paddle's checker exposes its fields."""
+    return property(lambda self: getattr(self, attr))
 
-    With ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` the PaddleCloud
-    variables are validated (``PADDLE_JOB_ID``, ``PADDLE_TRAINER_ID`` and
-    ``PADDLE_EDL_HDFS_CHECKPOINT_PATH`` are required; ``PADDLE_EDL_HDFS_NAME``
-    too unless ``PADDLE_EDL_ONLY_FOR_CE_TEST=1``): a problem raises
-    :class:`ConfigError` naming the variable. Otherwise the checker describes
-    paddle-acp's own configuration (``PADDLE_ACP_CHECKPOINT_URI``) or an
-    inactive one (every field ``None``).
-    """
+
+class AutoCheckpointChecker:
+    """The auto-checkpoint environment, read like Paddle's checker: under PaddleCloud a missing or invalid
+    variable raises ConfigError; otherwise it describes paddle-acp's own configuration, or an inactive one."""
 
     def __init__(self, env: Optional[Mapping[str, str]] = None) -> None:
         self._run_env, cfg = _config.paddlecloud_view_from_env(env)
@@ -61,60 +58,33 @@ class AutoCheckpointChecker:
         return f"{self._root()}/{self.job_id}"
 
     def get_range_checkpoint_path(self, name: str) -> str:
-        """Where range ``name``'s checkpoints live (paddle-acp's layout matches Paddle's here)."""
         return f"{self.get_job_path()}/range/{name}"
 
     def get_exe_checkpoint_path(self, name: str) -> str:
-        """Paddle's per-program location; paddle-acp keeps program state inside the range checkpoints."""
         return f"{self.get_job_path()}/exe/{name}"
 
     @property
     def save_checkpoint_inter(self) -> Union[int, float]:
         return self._save_checkpoint_inter
 
-    @property
-    def run_env(self) -> Optional[str]:
-        return self._run_env
-
-    @property
-    def platform(self) -> Optional[str]:
-        return self._platform
-
-    @property
-    def job_id(self) -> Optional[str]:
-        return self._job_id
-
-    @property
-    def trainer_id(self) -> Optional[int]:
-        return self._trainer_id
-
-    @property
-    def hdfs_home(self) -> Optional[str]:
-        return self._hdfs_home
-
-    @property
-    def hdfs_name(self) -> Optional[str]:
-        return self._hdfs_name
-
-    @property
-    def hdfs_ugi(self) -> Optional[str]:
-        return self._hdfs_ugi
-
-    @property
-    def hdfs_checkpoint_path(self) -> Optional[str]:
-        return self._hdfs_checkpoint_path
-
-    @property
-    def ce_test(self) -> Optional[int]:
-        return self._ce_test
+    run_env = _read_only("_run_env")
+    platform = _read_only("_platform")
+    job_id = _read_only("_job_id")
+    trainer_id = _read_only("_trainer_id")
+    hdfs_home = _read_only("_hdfs_home")
+    hdfs_name = _read_only("_hdfs_name")
+    hdfs_ugi = _read_only("_hdfs_ugi")
+    hdfs_checkpoint_path = _read_only("_hdfs_checkpoint_path")
+    ce_test = _read_only("_ce_test")
 
     def __str__(self) -> str:
         ugi = self._hdfs_ugi
         if ugi and "," in ugi:  # "user,password": never print the password
             ugi = ugi.split(",", 1)[0] + ",***"
+        name = redact(self._hdfs_name) if self._hdfs_name else self._hdfs_name
         return (
             f"run_env:{self._run_env} platform:{self._platform} job_id:{self._job_id} "
-            f"hdfs_home:{self._hdfs_home} hdfs_name:{redact(self._hdfs_name) if self._hdfs_name else self._hdfs_name} hdfs_ugi:{ugi} "
+            f"hdfs_home:{self._hdfs_home} hdfs_name:{name} hdfs_ugi:{ugi} "
             f"hdfs_checkpoint_path:{self._hdfs_checkpoint_path} trainer_id:{self._trainer_id} "
             f"ce_test:{self._ce_test}"
         )

@@ -20,7 +20,7 @@ logger = logging.getLogger("paddle_acp")
 
 
 class _RangeState:
-    """Compat bookkeeping of one library range (holds no reference to it)."""
+    """Compat bookkeeping of one library range (no reference to it)."""
 
     def __init__(self) -> None:
         self.statuses: Dict[str, ExeTrainStatus] = {}
@@ -33,14 +33,14 @@ _states: "weakref.WeakKeyDictionary[EpochRange, _RangeState]" = weakref.WeakKeyD
 _views: "weakref.WeakValueDictionary[int, TrainEpochRange]" = weakref.WeakValueDictionary()
 
 
-class TrainEpochRange:
-    """Paddle's view of an active ``train_epoch_range``: wraps paddle-acp's range.
+def _of_range(attr: str) -> Any:
+    """A read-only property giving the wrapped range's ``attr``."""
+    return property(lambda self: getattr(self._range, attr))
 
-    Obtained from :func:`_get_train_epoch_range`; not built by user code.
-    Attributes not defined here are those of
-    :class:`paddle_acp.runtime.range.EpochRange` (``registry``, ``cfg``, ...),
-    also available as :attr:`range`.
-    """
+
+class TrainEpochRange:
+    """Paddle's view of an active ``train_epoch_range`` (from :func:`_get_train_epoch_range`): other attributes
+    are those of the wrapped :class:`~paddle_acp.runtime.range.EpochRange`, also available as :attr:`range`."""
 
     def __init__(self, lib_range: EpochRange) -> None:
         if not isinstance(lib_range, EpochRange):
@@ -49,11 +49,7 @@ class TrainEpochRange:
                 "and _get_train_epoch_range(), not TrainEpochRange(...)"
             )
         self._range = lib_range
-        state = _states.get(lib_range)
-        if state is None:
-            state = _RangeState()
-            _states[lib_range] = state
-        self._state = state
+        self._state = _states.setdefault(lib_range, _RangeState())
         self._read_restored_manifest()
 
     @property
@@ -65,43 +61,22 @@ class TrainEpochRange:
             raise AttributeError(name)
         return getattr(self._range, name)
 
-    # Paddle's public surface
-    @property
-    def name(self) -> str:
-        return self._range.name
-
-    @property
-    def restored_from(self) -> str:
-        return self._range.restored_from
-
     def get(self) -> int:
         return self._range.get()
 
-    # Paddle's private names its tests read
-    @property
-    def _name(self) -> str:
-        return self._range.name
-
-    @property
-    def _epoch_no(self) -> int:
-        return self._range.epoch_no
-
-    @property
-    def _max_epoch_num(self) -> int:
-        return self._range.max_epoch_num
-
-    @property
-    def _restored_from(self) -> str:
-        return self._range.restored_from
-
-    @property
-    def _save_checkpoint_inter(self) -> float:
-        return self._range.save_interval
+    # Paddle's public names, and the private ones its tests read
+    name = _of_range("name")
+    restored_from = _of_range("restored_from")
+    _name = _of_range("name")
+    _epoch_no = _of_range("epoch_no")
+    _max_epoch_num = _of_range("max_epoch_num")
+    _restored_from = _of_range("restored_from")
+    _save_checkpoint_inter = _of_range("save_interval")
 
     @property
     def _checkpoint_path(self) -> str:
         r = self._range
-        path: str = r.storage.full(r.numbered.dir)  # the range's Storage (untyped in runtime/)
+        path: str = r.storage.full(r.numbered.dir)  # (untyped in runtime/)
         return path
 
     @property
@@ -114,16 +89,14 @@ class TrainEpochRange:
         if st.manifest_read:
             return st.manifest
         st.manifest_read = True
-        loaded = self._range.restorer.loaded  # (its manifest stays once its tensors are restored)
+        loaded = self._range.restorer.loaded
         st.manifest = loaded.manifest if loaded is not None else None
         return st.manifest
 
     def _last_checkpoint(self) -> Union[Tuple[int, str], Tuple[None, None]]:
-        """The number and path of the range's newest committed checkpoint. The number is Paddle's
-        ``checkpoint_no``: a counter, 0 for the range's first checkpoint, one more for each later one. An
-        earlier release's ``ckpt-N`` has its N; a checkpoint named by its position (``ckpt-e<E>[-s<S>]``)
-        gets the next number after those seen before it (at the first look, its rank among the
-        range's committed checkpoints, oldest first: the counter where nothing was pruned yet)."""
+        """The number (Paddle's ``checkpoint_no``: 0 for the range's first checkpoint, one more for each later)
+        and path of the range's newest committed checkpoint. An earlier release's ``ckpt-N`` has its N; one named
+        by position gets the next number after those seen before it (first seen: its rank, oldest first)."""
         r = self._range
         try:
             newest = index.entries(r.storage, r.cfg.job_id, r.name)
@@ -193,10 +166,7 @@ class TrainEpochRange:
 
 
 def _get_train_epoch_range() -> Optional[TrainEpochRange]:
-    """The active range (a :class:`TrainEpochRange` view), or None outside a range.
-
-    The same view object is returned while the caller keeps it.
-    """
+    """The active range's :class:`TrainEpochRange` view (the same object while the caller keeps it), or None."""
     r = active_range()
     if r is None:
         return None

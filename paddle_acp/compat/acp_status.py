@@ -10,6 +10,11 @@ from paddle_acp.errors import CheckpointError
 
 __all__ = ["ExeTrainStatus"]
 
+# Paddle's fields, in its JSON's order; all but restored_from are compared and required when read back
+_FIELDS = ("epoch_no", "key", "hash_key", "checkpoint_path", "restored_from", "exe_name", "program_name",
+           "checkpoint_no")
+_REQUIRED = ("epoch_no", "key", "hash_key", "checkpoint_path", "checkpoint_no", "exe_name", "program_name")
+
 
 class ExeTrainStatus(SerializableBase):
     """The status of one training program in a range (Paddle's per-executor record)."""
@@ -31,33 +36,12 @@ class ExeTrainStatus(SerializableBase):
     def __eq__(self, t: object) -> bool:
         if not isinstance(t, ExeTrainStatus):
             return NotImplemented
-        return (
-            self._epoch_no == t._epoch_no
-            and self._hash_key == t._hash_key
-            and self._key == t._key
-            and self._checkpoint_path == t._checkpoint_path
-            and self._checkpoint_no == t._checkpoint_no
-            and self._exe_name == t._exe_name
-            and self._program_name == t._program_name
-        )
-
-    def __ne__(self, t: object) -> bool:
-        eq = self.__eq__(t)
-        return eq if eq is NotImplemented else not eq
+        return all(getattr(self, "_" + k) == getattr(t, "_" + k) for k in _REQUIRED)
 
     __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as in Paddle
 
     def _to_dict(self) -> Dict[str, Any]:
-        return {
-            "epoch_no": self._epoch_no,
-            "key": self._key,
-            "hash_key": self._hash_key,
-            "checkpoint_path": self._checkpoint_path,
-            "restored_from": self._restored_from,
-            "exe_name": self._exe_name,
-            "program_name": self._program_name,
-            "checkpoint_no": self._checkpoint_no,
-        }
+        return {k: getattr(self, "_" + k) for k in _FIELDS}
 
     def _serialize(self, pop_keys: Sequence[str] = ("restored_from",)) -> str:
         d = self._to_dict()
@@ -68,13 +52,8 @@ class ExeTrainStatus(SerializableBase):
     def _deserialize(self, s: str) -> None:
         d = json.loads(s)
         try:
-            self._epoch_no = d["epoch_no"]
-            self._key = d["key"]
-            self._hash_key = d["hash_key"]
-            self._checkpoint_path = d["checkpoint_path"]
-            self._checkpoint_no = d["checkpoint_no"]
-            self._exe_name = d["exe_name"]
-            self._program_name = d["program_name"]
+            for k in _REQUIRED:
+                setattr(self, "_" + k, d[k])
         except KeyError as exc:
             raise CheckpointError(f"executor train status lacks {exc.args[0]!r}") from None
 

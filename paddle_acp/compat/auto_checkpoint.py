@@ -1,34 +1,14 @@
 """Drop-in for ``paddle.base.incubate.checkpoint.auto_checkpoint``, fixed for Paddle 3.x.
 
 ``python -m paddle_acp run`` makes Paddle's module names (``paddle.base.incubate.checkpoint.auto_checkpoint``
-and ``paddle.incubate.checkpoint.auto_checkpoint``) resolve here, so scripts written for Paddle's API
-run unchanged. The names and their meaning are Paddle's; the work is paddle-acp's:
+and ``paddle.incubate.checkpoint.auto_checkpoint``) resolve here, so scripts written for Paddle's API run
+unchanged: the names and their meaning are Paddle's, the work paddle-acp's. Differences: a missing or invalid
+variable raises :class:`paddle_acp.errors.ConfigError` instead of ``sys.exit(1)``; programs reach the range
+through paddle-acp's ``Executor.run`` hook (:func:`_auto_checkpoint` only forwards when it is not installed).
 
-* :func:`train_epoch_range` is paddle-acp's loop (saves every epoch end once
-  ``save_checkpoint_inter`` seconds passed, the last epoch included).
-* :func:`_get_train_epoch_range` returns a :class:`TrainEpochRange` view of
-  the active range (``name``, ``restored_from``, ``get()``, ``_exe_status``)
-  or ``None``.
-* :class:`AutoCheckpointChecker` reads the PaddleCloud environment like
-  Paddle's, but a missing or invalid variable raises
-  :class:`paddle_acp.errors.ConfigError` instead of ``sys.exit(1)``.
-* :class:`ExeTrainStatus`, :func:`_can_auto_checkpoint`,
-  :func:`_check_program_oprole` (PIR and legacy IR), ``CONST_CHECKPOINT`` /
-  ``CONST_MEMORYINIT``; :class:`CheckpointSaver`, :class:`PaddleModel` and
-  :class:`SerializableBase` are re-exported from
-  :mod:`paddle_acp.compat.checkpoint_saver` as Paddle's module did.
-
-The programs are fed to the range by paddle-acp's ``Executor.run`` hook;
-:func:`_auto_checkpoint` (which Paddle's executor still calls on one legacy
-path) only forwards when that hook is not installed.
-
-Paddle's module globals are here with Paddle's meaning where its code and tests use them:
-``g_checker``, ``g_acp_type`` (``CONST_ACP_TYPE`` while a checkpointing range has been opened),
-``g_program_attr``, ``generator`` and ``g_train_epoch_range``. Replacing ``generator`` (what
-Paddle's tests do to restart in-process, ``_reset_generator()``) is a restart for paddle-acp too:
-the next range forgets the process's ranges (as :func:`paddle_acp.simulate_restart` does), is
-named ``_range_0`` again and resumes from that range's checkpoints. The parts live in
-:mod:`.acp_checker`, :mod:`.acp_status` and :mod:`.acp_range`.
+Paddle's module globals keep Paddle's meaning; replacing ``generator`` (Paddle's tests' ``_reset_generator()``)
+is an in-process restart, as :func:`paddle_acp.simulate_restart`. Parts: :mod:`.acp_checker`, :mod:`.acp_status`,
+:mod:`.acp_range`.
 """
 
 from __future__ import annotations
@@ -70,8 +50,7 @@ g_checker: Optional[AutoCheckpointChecker] = None
 CONST_DACP_TYPE = "dacp"  # Paddle's data-loader checkpoints (never set by paddle-acp)
 CONST_ACP_TYPE = "acp"  # checkpoints by epoch range
 g_acp_type: Optional[str] = None
-# Paddle cached here whether a program could be checkpointed, by program name; kept assignable
-# for Paddle's tests, not consulted (Paddle 3.x gives every program the same name).
+# Paddle's per-program-name cache: kept assignable for Paddle's tests, not consulted.
 g_program_attr: Dict[str, bool] = {}
 
 
@@ -88,8 +67,7 @@ _paddle_logger: Optional[logging.Logger] = None
 
 
 def _get_logger(log_level: Union[int, str], name: str = "auto_checkpoint") -> logging.Logger:
-    """Paddle's logger for its auto-checkpoint code and tests: ``name`` at ``log_level``, one
-    stderr handler, not propagated (the same logger on every call, as Paddle's)."""
+    """Paddle's logger for its auto-checkpoint code and tests (the same logger on every call, as Paddle's)."""
     global _paddle_logger
     if _paddle_logger is not None:
         return _paddle_logger
@@ -120,18 +98,14 @@ def _restart_if_reset() -> None:
 
 
 def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float] = None) -> Iterator[int]:
-    """Paddle's ``train_epoch_range``: paddle-acp's loop, with Paddle's module globals kept.
-
-    Sets ``g_acp_type`` to ``CONST_ACP_TYPE`` when checkpointing is on (Paddle's meaning). Every
-    checkpoint that comes due is taken (Paddle saved synchronously), waiting for the previous one
-    if it is still being written, unless ``PADDLE_ACP_BUSY_POLICY`` chooses otherwise.
-    """
+    """Paddle's ``train_epoch_range``: paddle-acp's loop, with Paddle's module globals kept. Every due checkpoint
+    is taken (Paddle saved synchronously) unless ``PADDLE_ACP_BUSY_POLICY`` chooses otherwise."""
     global g_acp_type
     _restart_if_reset()
     if _config.from_env().active:
         g_acp_type = CONST_ACP_TYPE
     every_due_save = not _config.busy_policy_chosen()
-    epochs = _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter)  # a generator: close() ends the loop
+    epochs = _runtime.train_epoch_range(max_epoch_num, save_checkpoint_inter)
     try:
         for i in epochs:
             r = active_range()
@@ -142,7 +116,7 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
                             "PADDLE_ACP_BUSY_POLICY to choose another)", r.name)
             yield i
     finally:
-        epochs.close()  # leaving the loop early closes paddle-acp's loop as it would have been closed
+        epochs.close()  # leaving the loop early closes paddle-acp's too
 
 
 # -- the environment ------------------------------------------------------------------
@@ -154,13 +128,10 @@ def _get_checker() -> AutoCheckpointChecker:
     return g_checker
 
 
-
-def __getattr__(name: str) -> Optional[TrainEpochRange]:
-    # Paddle's module global, kept live.
+def __getattr__(name: str) -> Optional[TrainEpochRange]:  # Paddle's module global, kept live
     if name == "g_train_epoch_range":
         return _get_train_epoch_range()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 
 # -- programs ----------------------------------------------------------------------
@@ -187,8 +158,7 @@ def _can_auto_checkpoint(prog: Any) -> bool:
 
 
 def _auto_checkpoint(exe: Any, program: Any) -> None:
-    """Paddle's executor hook. A no-op while paddle-acp's ``Executor.run`` hook is installed
-    (it already registered the program); otherwise registers ``program`` with the active range."""
+    """Paddle's executor hook: registers ``program`` with the active range unless paddle-acp's hook did."""
     from paddle_acp.runtime import hook
 
     return hook.paddle_auto_checkpoint(exe, program)

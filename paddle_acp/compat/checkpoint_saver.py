@@ -1,27 +1,16 @@
 """Drop-in for ``paddle.base.incubate.checkpoint.checkpoint_saver``, fixed for Paddle 3.x.
 
-Paddle's fleet code and tests use these classes directly: a list of
-:class:`SerializableBase` objects is written into one numbered checkpoint
-directory ``<path>/__paddle_checkpoint__.<N>`` through a Paddle ``FS`` client
-(``paddle.distributed.fleet.utils.fs.LocalFS`` or ``HDFSClient``).
+Paddle's fleet code and tests write a list of :class:`SerializableBase` objects into one numbered checkpoint
+directory ``<path>/__paddle_checkpoint__.<N>`` through a Paddle ``FS`` client (``LocalFS`` or ``HDFSClient``).
+This is Paddle's format (a ``save_vars`` combined file), not paddle-acp's. Fixes over Paddle 3.3.1:
 
-Differences from Paddle 3.3.1's module (all fixes):
-
-* the temporary directory ``__paddle_checkpoint__.<N>.tmp`` is created on
-  local storage too (3.3.1 only created it when uploading, so saving through
-  ``LocalFS`` failed), and a leftover one from an interrupted save is removed;
-* on upload/download storage the checkpoint stays a directory even when it
-  holds a single file (3.3.1's ``HDFSClient.upload`` of a one-file directory to
-  a missing path created a *file*); the upload is verified;
-* :meth:`CheckpointSaver.clean_redundant_checkpoints` exists again (fleet code
-  calls it; 3.3.1 no longer has it) and can keep the newest N;
-* :class:`PaddleModel` works for PIR programs as well as legacy ones, takes an
-  optional ``scope``, and also saves the program's LR scheduler state;
-* failures raise :class:`paddle_acp.errors.CheckpointError` instead of
-  ``assert`` (which ``python -O`` removes).
-
-This format is Paddle's (``save_vars`` combined file), not paddle-acp's own
-checkpoint format; ``train_epoch_range`` does not use this module.
+* the ``.tmp`` directory is created on local storage too (3.3.1's ``LocalFS`` saves failed), and a leftover
+  one from an interrupted save is removed;
+* uploaded, a one-file checkpoint stays a directory (3.3.1's ``HDFSClient.upload`` made it a file), and the
+  upload is verified;
+* :meth:`CheckpointSaver.clean_redundant_checkpoints` exists again (fleet calls it) and can keep the newest N;
+* :class:`PaddleModel` works for PIR and legacy programs, takes a ``scope`` and saves the LR scheduler state;
+* failures raise :class:`paddle_acp.errors.CheckpointError`, not ``assert`` (which ``python -O`` removes).
 """
 
 from __future__ import annotations
@@ -30,7 +19,7 @@ import contextlib
 import json
 import logging
 import os
-from typing import Any, ContextManager, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from paddle_acp.adapter.programs import lr_scheduler_of, persistable_predicate, unwrap
 from paddle_acp.errors import CheckpointError
@@ -52,7 +41,7 @@ class SerializableBase:
         raise NotImplementedError
 
 
-def _inner_program(program: Any) -> Any:  # Paddle's (untyped) Program or CompiledProgram
+def _inner_program(program: Any) -> Any:
     """The Program of a CompiledProgram (or the program itself); PIR and legacy."""
     import paddle
 
@@ -66,19 +55,13 @@ def _inner_program(program: Any) -> Any:  # Paddle's (untyped) Program or Compil
 
 
 class PaddleModel(SerializableBase):
-    """The persistable variables (and LR scheduler state) of one program.
-
-    ``serialize(path)`` writes every persistable variable of ``program`` from
-    ``scope`` (default: the global scope) into the combined file
-    ``path/_paddle_fleet_param__`` with ``paddle.static.save_vars``;
-    ``deserialize(path)`` reads them back with ``paddle.static.load_vars``.
-    Works for PIR and legacy-IR programs and for a legacy ``CompiledProgram``.
-    """
+    """The persistable variables (and LR scheduler state) of one program, from ``scope`` (default: the global
+    scope), in the combined file ``path/_paddle_fleet_param__`` (``paddle.static.save_vars``/``load_vars``)."""
 
     PARAM_FILE = "_paddle_fleet_param__"
     LR_SCHEDULER_FILE = "_paddle_acp_lr_scheduler.json"
 
-    def __init__(self, exe: Any, program: Any, scope: Any = None) -> None:  # Paddle's Executor, Program, Scope
+    def __init__(self, exe: Any, program: Any, scope: Any = None) -> None:
         self._exe = exe
         self._origin_program = program
         self._program = _inner_program(program)
@@ -93,6 +76,11 @@ class PaddleModel(SerializableBase):
         guard: ContextManager[Any] = paddle.static.scope_guard(self._scope)
         return guard
 
+    def _vars(self, io: Any, path: str) -> None:
+        """``paddle.static.save_vars`` or ``load_vars`` (``io``) of the program's persistables, in its scope."""
+        with self._scope_guard():
+            io(self._exe, path, main_program=self._program, predicate=persistable_predicate(), filename=self._file_name)
+
     def _lr_scheduler(self) -> Any:
         return lr_scheduler_of(self._program)
 
@@ -100,14 +88,7 @@ class PaddleModel(SerializableBase):
         import paddle
 
         os.makedirs(path, exist_ok=True)
-        with self._scope_guard():
-            paddle.static.save_vars(
-                self._exe,
-                path,
-                main_program=self._program,
-                predicate=persistable_predicate(),
-                filename=self._file_name,
-            )
+        self._vars(paddle.static.save_vars, path)
         sched = self._lr_scheduler()
         if sched is not None:
             from paddle_acp.runtime.registry import jsonable
@@ -122,14 +103,7 @@ class PaddleModel(SerializableBase):
         param_file = os.path.join(path, self._file_name)
         if not os.path.isfile(param_file):
             raise CheckpointError(f"{param_file} does not exist: not a PaddleModel checkpoint")
-        with self._scope_guard():
-            paddle.static.load_vars(
-                self._exe,
-                path,
-                main_program=self._program,
-                predicate=persistable_predicate(),
-                filename=self._file_name,
-            )
+        self._vars(paddle.static.load_vars, path)
         lr_file = os.path.join(path, self.LR_SCHEDULER_FILE)
         if os.path.isfile(lr_file):
             sched = self._lr_scheduler()
@@ -150,7 +124,7 @@ def _local_fs() -> Any:
 class CheckpointSaver:
     """Numbered checkpoints ``<path>/__paddle_checkpoint__.<N>`` on a Paddle ``FS``."""
 
-    def __init__(self, fs: Any) -> None:  # a Paddle FS client (LocalFS, HDFSClient): untyped
+    def __init__(self, fs: Any) -> None:
         self._fs = fs
         self._checkpoint_prefix = CHECKPOINT_PREFIX
 
@@ -169,11 +143,7 @@ class CheckpointSaver:
         return f"{root_path}/{self._checkpoint_prefix}.{number}"
 
     def get_checkpoint_no(self, root_path: str) -> List[int]:
-        """The numbers of the committed checkpoints under ``root_path``, ascending.
-
-        Only directories named exactly ``__paddle_checkpoint__.<int>`` count
-        (not ``exe.1``, ``__paddle_checkpoint__.exe`` or ``...<N>.tmp``).
-        """
+        """The numbers of the committed checkpoints (exactly ``__paddle_checkpoint__.<int>``), ascending."""
         found: List[int] = []
         for d in self._fs.list_dirs(root_path):
             n = self._parse_no(d)
@@ -186,17 +156,26 @@ class CheckpointSaver:
         return nos[-1] if nos else -1
 
     # -- save ----------------------------------------------------------------
-    def _fresh_cache(
-        self, local_fs: Any, local_cache_path: str, number: int, kind: str, trainer_id: Optional[int]
-    ) -> str:
-        """An empty local staging directory (a directory: a one-file checkpoint must not become a file)."""
+    @contextlib.contextmanager
+    def _staging(
+        self, local_cache_path: str, number: int, kind: str, trainer_id: Optional[int]
+    ) -> Iterator[Optional[str]]:
+        """An empty local staging directory while the block runs, for an ``fs`` that uploads and downloads
+        (a directory: a one-file checkpoint must not become a file); None for one that does not."""
+        local_fs = _local_fs()
+        if not self._fs.need_upload_download():
+            yield None
+            return
         path = f"{local_cache_path}/{self._checkpoint_prefix}.{number}.{kind}"
         if trainer_id is not None:
             path = f"{path}.{trainer_id}"
         if local_fs.is_exist(path):
             local_fs.delete(path)
         local_fs.mkdirs(path)
-        return path
+        try:
+            yield path
+        finally:
+            local_fs.delete(path)
 
     def save_checkpoint(
         self,
@@ -205,11 +184,8 @@ class CheckpointSaver:
         trainer_id: Optional[int] = None,
         local_cache_path: str = ".cache",
     ) -> Tuple[str, int]:
-        """Serialize ``slists`` into a new checkpoint under ``path``; returns (its path, its number).
-
-        The objects write into a directory that is only renamed to its final
-        name once complete, so readers never see a partial checkpoint.
-        """
+        """Serialize ``slists`` into a new checkpoint under ``path``, renamed into place once complete;
+        returns (its path, its number)."""
         fs = self._fs
         if not fs.is_exist(path):
             fs.mkdirs(path)
@@ -222,41 +198,26 @@ class CheckpointSaver:
         if fs.is_exist(tmp_path):  # leftover of an interrupted save
             fs.delete(tmp_path)
 
-        remote = fs.need_upload_download()
-        local_fs = _local_fs()
-        cache_path = None
-        if remote:
-            cache_path = self._fresh_cache(local_fs, local_cache_path, number, "saved_cache", trainer_id)
-            saved_path = cache_path
-        else:
-            fs.mkdirs(tmp_path)
-            saved_path = tmp_path
-
-        try:
-            for s in slists:
-                s.serialize(saved_path)
-            if remote:
-                assert cache_path is not None  # set above for a remote store
-                self._upload_dir(cache_path, tmp_path)
-            fs.mv(tmp_path, real_path)
-        except BaseException:
+        with self._staging(local_cache_path, number, "saved_cache", trainer_id) as cache_path:
+            if cache_path is None:
+                fs.mkdirs(tmp_path)
             try:
-                fs.delete(tmp_path)
-            except Exception as exc:  # removed by the next save anyway
-                logger.debug("could not remove %s: %s", tmp_path, exc)
-            raise
-        finally:
-            if cache_path is not None:
-                local_fs.delete(cache_path)
+                for s in slists:
+                    s.serialize(cache_path or tmp_path)
+                if cache_path is not None:
+                    self._upload_dir(cache_path, tmp_path)
+                fs.mv(tmp_path, real_path)
+            except BaseException:
+                try:
+                    fs.delete(tmp_path)
+                except Exception as exc:  # removed by the next save anyway
+                    logger.debug("could not remove %s: %s", tmp_path, exc)
+                raise
         return real_path, number
 
     def _upload_dir(self, local_dir: str, remote_dir: str) -> None:
-        """Upload the contents of ``local_dir`` into the directory ``remote_dir``.
-
-        ``remote_dir`` is created first: ``HDFSClient.upload`` puts each entry
-        *into* an existing directory, but turns a lone file into ``remote_dir``
-        itself when the directory does not exist.
-        """
+        """Upload the contents of ``local_dir`` into ``remote_dir``, created first: ``HDFSClient.upload`` would
+        turn a lone file into ``remote_dir`` itself."""
         fs = self._fs
         fs.mkdirs(remote_dir)
         entries = sorted(os.listdir(local_dir))
@@ -278,11 +239,8 @@ class CheckpointSaver:
         checkpoint_no: Optional[int] = None,
         ignore_empty: bool = True,
     ) -> Optional[str]:
-        """Deserialize ``slists`` from checkpoint ``checkpoint_no`` (default: the newest).
-
-        Returns the checkpoint's path, or None when there is none and
-        ``ignore_empty`` (otherwise :class:`CheckpointError`).
-        """
+        """Deserialize ``slists`` from checkpoint ``checkpoint_no`` (default: the newest); returns its path, or
+        None when there is none and ``ignore_empty`` (else CheckpointError)."""
         fs = self._fs
         if checkpoint_no is None:
             checkpoint_no = self._get_last_checkpoint_no(path)
@@ -297,30 +255,19 @@ class CheckpointSaver:
         if not fs.is_dir(real_path):
             raise CheckpointError(f"checkpoint {real_path} does not exist")
 
-        local_fs = _local_fs()
-        cache_path = None
-        load_path = real_path
-        if fs.need_upload_download():
-            cache_path = self._fresh_cache(local_fs, local_cache_path, checkpoint_no, "load_cache", trainer_id)
-            load_path = cache_path
-        try:
+        with self._staging(local_cache_path, checkpoint_no, "load_cache", trainer_id) as cache_path:
             if cache_path is not None:
                 fs.download(real_path, cache_path)
             for s in slists:
-                s.deserialize(load_path)
-        finally:
-            if cache_path is not None:
-                local_fs.delete(cache_path)
+                s.deserialize(cache_path or real_path)
         return real_path
 
     # -- pruning -------------------------------------------------------------
-    def clean_redundant_checkpoints(self, root_path: str, reserved: Iterable[int] = (), keep_last: Optional[int] = None) -> List[int]:
-        """Delete old checkpoints under ``root_path``; returns the numbers deleted.
-
-        Kept: the numbers in ``reserved`` plus the newest ``keep_last``
-        checkpoints. ``keep_last`` defaults to 1 without ``reserved`` (Paddle's
-        behaviour: only the newest survives) and to 0 with it.
-        """
+    def clean_redundant_checkpoints(
+        self, root_path: str, reserved: Iterable[int] = (), keep_last: Optional[int] = None
+    ) -> List[int]:
+        """Delete old checkpoints under ``root_path`` but ``reserved`` and the newest ``keep_last`` (default: 1
+        without ``reserved``, as Paddle, else 0); returns the numbers deleted."""
         nos = self.get_checkpoint_no(root_path)
         if not nos:
             return []

@@ -1,20 +1,12 @@
 """Configuration: one frozen dataclass, read from the environment in one place.
 
-Two ways to switch checkpointing on:
+Checkpointing is on with ``PADDLE_ACP_CHECKPOINT_URI`` (a local path, ``file://``, ``hdfs://`` or ``s3://``),
+or with ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` plus the PaddleCloud variables Paddle's
+``auto_checkpoint`` read. Every invalid value raises :class:`ConfigError` naming the variable and value.
 
-* ``PADDLE_ACP_CHECKPOINT_URI`` (a local path, ``file://``, ``hdfs://`` or ``s3://``): the plain
-  way for everyone outside PaddleCloud.
-* ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` plus the PaddleCloud
-  variables that Paddle's original ``auto_checkpoint`` read.
-
-Every invalid value raises :class:`ConfigError` naming the variable and value.
-
-This package reads every environment variable paddle-acp uses (:data:`ENV_VARS`): the training
-configuration here (:func:`from_env`), the variables of single components (logging, storage
-clients, preemption, the tools' progress line) in :mod:`paddle_acp.config.components`, those of a job of
-several ranks in :mod:`paddle_acp.config.ranks`, those ``paddle-acp check`` sets in
-:mod:`paddle_acp.config.check`, and the value parsers they share (booleans, seconds, job ids, amounts of memory) in
-:mod:`paddle_acp.config.values`. Everything is importable from ``paddle_acp.config``.
+This package reads every environment variable paddle-acp uses (:data:`ENV_VARS`): the training configuration
+here (:func:`from_env`), the rest in :mod:`.components`, :mod:`.ranks` and :mod:`.check`, with the value parsers
+of :mod:`.values`. Everything is importable from ``paddle_acp.config``.
 """
 
 from __future__ import annotations
@@ -30,7 +22,6 @@ from paddle_acp.config.check import check_epochs_from_env as check_epochs_from_e
 from paddle_acp.config.check import check_kill_at_from_env as check_kill_at_from_env
 from paddle_acp.config.components import DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONNECT_TIMEOUT
 from paddle_acp.config.components import HDFS_CLIENTS as HDFS_CLIENTS
-from paddle_acp.config.components import LOG_LEVELS as LOG_LEVELS
 from paddle_acp.config.components import S3Env as S3Env
 from paddle_acp.config.components import StorageOptions as StorageOptions
 from paddle_acp.config.components import connect_early_from_env as connect_early_from_env
@@ -38,17 +29,14 @@ from paddle_acp.config.components import connect_timeout_from_env as connect_tim
 from paddle_acp.config.components import exit_on_preempt_from_env as exit_on_preempt_from_env
 from paddle_acp.config.components import hadoop_home_from_env as hadoop_home_from_env
 from paddle_acp.config.components import hdfs_client_from_env as hdfs_client_from_env
-from paddle_acp.config.components import hdfs_ugi_from_env as hdfs_ugi_from_env
 from paddle_acp.config.components import log_level_from_env as log_level_from_env
 from paddle_acp.config.components import preempt_signals_from_env as preempt_signals_from_env
 from paddle_acp.config.components import progress_from_env as progress_from_env
 from paddle_acp.config.components import s3_from_env as s3_from_env
 from paddle_acp.config.components import storage_options_from_env as storage_options_from_env
 from paddle_acp.config.components import trainer_id_from_env as trainer_id_from_env
-from paddle_acp.config.ranks import DEFAULT_PART_TIMEOUT as DEFAULT_PART_TIMEOUT
-from paddle_acp.config.ranks import DEFAULT_REPLICATED_WRITERS as DEFAULT_REPLICATED_WRITERS
+from paddle_acp.config.ranks import DEFAULT_PART_TIMEOUT, DEFAULT_REPLICATED_WRITERS, RANK_STATE_MODES
 from paddle_acp.config.ranks import DEFAULT_SHARE_WRITERS as DEFAULT_SHARE_WRITERS
-from paddle_acp.config.ranks import RANK_STATE_MODES as RANK_STATE_MODES
 from paddle_acp.config.ranks import writer_cap as writer_cap
 from paddle_acp.config.values import FALSE_WORDS as FALSE_WORDS
 from paddle_acp.config.values import MAX_WORLD as MAX_WORLD
@@ -56,7 +44,7 @@ from paddle_acp.config.values import MIN_HOST_MEMORY as MIN_HOST_MEMORY
 from paddle_acp.config.values import TRUE_WORDS as TRUE_WORDS
 from paddle_acp.config.values import HostMemory as HostMemory
 from paddle_acp.config.values import check_interval as check_interval
-from paddle_acp.config.values import env_int as env_int
+from paddle_acp.config.values import env_choice, env_int
 from paddle_acp.config.values import is_valid_job_id as is_valid_job_id
 from paddle_acp.config.values import parse_bool as parse_bool
 from paddle_acp.config.values import parse_host_memory as parse_host_memory
@@ -67,10 +55,9 @@ PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
 DEFAULT_JOB_ID = "default"
 DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
-# What a save that comes due while the previous checkpoint is still being written does
-# (asynchronous saves only; the final save of a range, preemption saves and synchronous
-# mode always wait): see saver.busy_action. ``auto`` waits for it unless the range's waits would pass
-# AUTO_WAIT_SHARE of its time beyond its first AUTO_WAIT_FREE_S seconds (runtime/schedule.py): then it skips.
+# What an asynchronous save that comes due while the previous one is still being written does (saver.busy_action).
+# ``auto`` waits unless the range's waits would pass AUTO_WAIT_SHARE of its time beyond its first AUTO_WAIT_FREE_S
+# seconds (runtime/schedule.py): then it skips.
 BUSY_POLICIES = ("auto", "skip", "queue", "wait")
 DEFAULT_BUSY_POLICY = "auto"
 AUTO_WAIT_SHARE = 0.05
@@ -81,11 +68,9 @@ _LAUNCHER_MARKERS = ("PADDLE_LOG_DIR", "POD_NAME")
 logger = logging.getLogger("paddle_acp")
 
 
-# Every environment variable paddle-acp reads, each read in this package only (tests/unit/config/test_config.py greps
-# the package: a PADDLE_ACP_* name anywhere must be listed here and documented in README.md's table).
-# To add one: list it here, read it in a ``*_from_env(env=None)`` function of this package that raises
-# ConfigError naming it (the parsers of ``config.values``: ``parse_bool`` for a boolean, ...), and add a
-# row to README.md's table.
+# Every environment variable paddle-acp reads, each read in this package only (tests/unit/config/test_config.py
+# checks it). To add one: list it here, read it in a ``*_from_env(env=None)`` function that raises ConfigError
+# naming it (with ``config.values``' parsers), and add a row to README.md's table.
 ENV_VARS = (
     "PADDLE_ACP_CHECKPOINT_URI",
     "PADDLE_ACP_SAVE_INTERVAL",
@@ -139,25 +124,18 @@ class CheckpointConfig:
     uri: Optional[str] = None
     job_id: str = DEFAULT_JOB_ID
     trainer_id: int = 0
-    world_size: Optional[int] = None  # PADDLE_TRAINERS_NUM; None: not set (only trainer 0 writes, as before)
+    world_size: Optional[int] = None  # PADDLE_TRAINERS_NUM; None: not set (only trainer 0 writes)
     rank_state: str = "auto"  # auto | replicated | per-rank
     part_timeout: float = DEFAULT_PART_TIMEOUT  # seconds rank 0 waits for the other ranks' parts
-    # who writes replicated tensors: "all" (ranks 0..DEFAULT_SHARE_WRITERS-1 each a share), "N" (ranks
-    # 0..N-1, N >= 2) or "one" (rank 0 writes every tensor); writer_cap() gives the cap
     replicated_writers: str = DEFAULT_REPLICATED_WRITERS
     save_interval: float = DEFAULT_SAVE_INTERVAL
     max_to_keep: int = DEFAULT_MAX_TO_KEEP
     async_save: bool = True
     busy_policy: str = DEFAULT_BUSY_POLICY
-    # PADDLE_ACP_HOST_MEMORY: the bound of the snapshot buffers (see memory_budget_from_env); None: adapt
-    # to the memory available when the first training program registers
+    # the bound of the snapshot buffers; None: adapt to the memory available when the first program registers
     host_memory: Optional["HostMemory"] = None
     fs_cache: str = ".cache"
-    # PADDLE_ACP_LOCAL_CACHE: a local directory keeping a copy of each checkpoint written to a remote
-    # store, read back on a restart on this node when it is the remote's committed checkpoint
-    local_cache: Optional[str] = None
-    # PADDLE_ACP_START_FRESH: a range whose checkpoints all fail (corrupt, of a newer format) starts from
-    # scratch instead of stopping with NoUsableCheckpointError; the checkpoints are kept
+    local_cache: Optional[str] = None  # a local copy of each checkpoint written to a remote store
     start_fresh: bool = False
     source: str = "inactive"
     inactive_reason: str = ""
@@ -168,7 +146,6 @@ class CheckpointConfig:
     hdfs_ugi: Optional[str] = None
     hdfs_checkpoint_path: Optional[str] = None
     ce_test: bool = False
-    # every storage setting (timeouts, HDFS client, user and UGI, S3 endpoint): what open_storage gets
     storage: StorageOptions = dataclasses.field(default_factory=StorageOptions)
 
     @property
@@ -177,7 +154,6 @@ class CheckpointConfig:
 
     @property
     def multi_rank(self) -> bool:
-        """Several ranks, each writing its part of a globally committed checkpoint."""
         return self.world_size is not None and self.world_size > 1
 
     def __post_init__(self) -> None:
@@ -218,24 +194,18 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _busy_policy(env: Mapping[str, str]) -> str:
-    raw = env.get("PADDLE_ACP_BUSY_POLICY")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_BUSY_POLICY
-    value = raw.strip().lower()
-    if value not in BUSY_POLICIES:
-        raise ConfigError(
-            f"PADDLE_ACP_BUSY_POLICY={raw!r} is not a policy: use auto (default: a save that comes due while the "
-            "previous checkpoint is still being written waits for it, unless the range's waits would pass "
-            f"{AUTO_WAIT_SHARE:.0%} of its time beyond its first {AUTO_WAIT_FREE_S:g} s: then it is skipped), skip "
-            "(it is always skipped), queue (it waits in a second host buffer when memory allows) or wait (training "
-            "always waits for the previous checkpoint)"
-        )
-    return value
+    return env_choice(
+        env, "PADDLE_ACP_BUSY_POLICY", DEFAULT_BUSY_POLICY, BUSY_POLICIES, str.lower,
+        "is not a policy: use auto (default: a save that comes due while the "
+        "previous checkpoint is still being written waits for it, unless the range's waits would pass "
+        f"{AUTO_WAIT_SHARE:.0%} of its time beyond its first {AUTO_WAIT_FREE_S:g} s: then it is skipped), skip "
+        "(it is always skipped), queue (it waits in a second host buffer when memory allows) or wait (training "
+        "always waits for the previous checkpoint)",
+    )
 
 
 def busy_policy_chosen(env: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether ``PADDLE_ACP_BUSY_POLICY`` names a policy (Paddle's ``train_epoch_range`` takes
-    every due checkpoint, as Paddle's synchronous saves did, unless one is chosen)."""
+    """Whether ``PADDLE_ACP_BUSY_POLICY`` names a policy."""
     raw = (os.environ if env is None else env).get("PADDLE_ACP_BUSY_POLICY")
     return raw is not None and raw.strip() != ""
 
@@ -249,16 +219,16 @@ def _interval(env: Mapping[str, str]) -> float:
 
 
 def local_cache_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """``PADDLE_ACP_LOCAL_CACHE``: an absolute directory (``~`` expanded, a relative path taken from
-    the working directory), or None when unset or empty. ConfigError for a value that cannot name a
-    directory (a NUL byte, an existing file). Whether it is writable is found out when a range opens:
-    then one warning and no cache (checkpoints still go to the remote)."""
+    """``PADDLE_ACP_LOCAL_CACHE`` as an absolute directory, or None when unset or empty. ConfigError for a
+    value that cannot name a directory; whether it is writable is found out when a range opens."""
     env = os.environ if env is None else env
     raw = env.get("PADDLE_ACP_LOCAL_CACHE")
     if raw is None or raw.strip() == "":
         return None
     if "\0" in raw:
-        raise ConfigError("PADDLE_ACP_LOCAL_CACHE contains a NUL byte: set it to a local directory, e.g. /local/acp-cache")
+        raise ConfigError(
+            "PADDLE_ACP_LOCAL_CACHE contains a NUL byte: set it to a local directory, e.g. /local/acp-cache"
+        )
     value = raw.strip()
     if "://" in value:
         raise ConfigError(
@@ -333,8 +303,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
 
     why = f"when PADDLE_RUNNING_ENV={PADDLECLOUD_RUNNING_ENV}"
     job_id = validate_job_id(_required(env, "PADDLE_JOB_ID", why))
-    if env.get("PADDLE_TRAINER_ID") is None or env.get("PADDLE_TRAINER_ID", "").strip() == "":
-        raise ConfigError(f"PADDLE_TRAINER_ID is not set but is required {why}")
+    _required(env, "PADDLE_TRAINER_ID", why)
     ckpt_path = _required(env, "PADDLE_EDL_HDFS_CHECKPOINT_PATH", why)
     ce_test = _bool(env, "PADDLE_EDL_ONLY_FOR_CE_TEST", False)
     hdfs_name = (env.get("PADDLE_EDL_HDFS_NAME") or "").strip()
@@ -374,9 +343,8 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
 
 
 def paddlecloud_view_from_env(env: Optional[Mapping[str, str]] = None) -> Tuple[Optional[str], CheckpointConfig]:
-    """What Paddle's ``AutoCheckpointChecker`` describes: ``PADDLE_RUNNING_ENV`` and the configuration.
-    Under PaddleCloud (``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT``) that is the PaddleCloud
-    variables' configuration (``PADDLE_ACP_CHECKPOINT_URI`` ignored), as Paddle's checker read it."""
+    """``PADDLE_RUNNING_ENV`` and the configuration, as Paddle's ``AutoCheckpointChecker`` read them: under
+    PaddleCloud, ``PADDLE_ACP_CHECKPOINT_URI`` is ignored."""
     env = os.environ if env is None else env
     run_env = env.get("PADDLE_RUNNING_ENV")
     if run_env == PADDLECLOUD_RUNNING_ENV:

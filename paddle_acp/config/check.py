@@ -1,7 +1,4 @@
-"""The variables ``paddle-acp check`` sets on the runs it starts: where the runtime appends its digests, how
-many epochs a range runs, where the first run kills itself. Each raises
-:class:`~paddle_acp.errors.ConfigError` naming the variable; the runtime's range reads them when it opens.
-"""
+"""The variables ``paddle-acp check`` sets on the runs it starts; the runtime's range reads them when it opens."""
 
 from __future__ import annotations
 
@@ -12,15 +9,13 @@ from paddle_acp.errors import ConfigError
 
 
 def check_digests_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """``PADDLE_ACP_CHECK_DIGESTS`` (set by ``paddle-acp check``): the file the runtime appends its
-    per-epoch digests to; None when unset."""
+    """``PADDLE_ACP_CHECK_DIGESTS``: the file the runtime appends its per-epoch digests to; None when unset."""
     raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_DIGESTS")
     return raw if raw else None
 
 
 def check_epochs_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
-    """``PADDLE_ACP_CHECK_EPOCHS`` (set by ``paddle-acp check``): every range ends after this many
-    epochs (the script is not edited); None when unset."""
+    """``PADDLE_ACP_CHECK_EPOCHS``: every range ends after this many epochs; None when unset."""
     raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_EPOCHS")
     if raw is None or raw.strip() == "":
         return None
@@ -34,10 +29,8 @@ def check_epochs_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[i
 
 
 def check_kill_at_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, int, Optional[int]]]:
-    """``PADDLE_ACP_CHECK_KILL_AT`` (set by ``paddle-acp check`` on the first process of a killed run):
-    ``EPOCH[:STEP]@RANGE``, where the process SIGKILLs itself once every checkpoint taken before that
-    point is committed (inside epoch EPOCH of range RANGE, after its first training run; with STEP,
-    in batch STEP, counted from 0). (range, epoch, step or None); None when unset."""
+    """``PADDLE_ACP_CHECK_KILL_AT`` = ``EPOCH[:STEP]@RANGE``: where the process SIGKILLs itself once every
+    checkpoint taken before that point is committed. (range, epoch, step or None); None when unset."""
     raw = (os.environ if env is None else env).get("PADDLE_ACP_CHECK_KILL_AT")
     if raw is None or raw.strip() == "":
         return None

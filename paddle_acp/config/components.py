@@ -1,8 +1,6 @@
-"""The variables of single components: logging, the trainer id checked at import, storage clients
-(connect timeout, HDFS client and Hadoop home, the AWS variables), preemption and the tools' progress line.
+"""The variables of single components: logging, the trainer id, storage clients, preemption, the progress line.
 
-Each ``*_from_env(env=None)`` reads ``os.environ`` (or ``env``) and raises
-:class:`~paddle_acp.errors.ConfigError` naming the variable.
+Each ``*_from_env(env=None)`` reads ``os.environ`` (or ``env``) and raises ConfigError naming the variable.
 """
 
 from __future__ import annotations
@@ -10,44 +8,27 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Tuple
 
-from paddle_acp.config.values import check_interval, env_int, parse_bool
+from paddle_acp.config.values import env_choice, env_int, env_seconds, parse_bool
 from paddle_acp.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_CONNECT_TIMEOUT = 30.0
-# The options of the JVM that libhdfs starts in the training process, when the user's LIBHDFS_OPTS does not
-# give them (set LIBHDFS_OPTS, even empty, for the JVM's own defaults). That JVM makes few calls of its own
-# (checksums and copies are intrinsics): C1 alone compiles what it needs at a fraction of C2's CPU, and the
-# serial collector has no threads of its own. Measured (ci/bench/ranks_training_hdfs.py's machine, 5 fresh processes each):
-# connect 1.33 -> 0.95 s, 2.11 -> 1.31 CPU-seconds to the first write; 256 MB writes no slower.
+# The options of libhdfs's JVM in the training process when LIBHDFS_OPTS is unset: it makes few calls of its own,
+# so C1 alone and the thread-less serial collector suffice. Measured (ci/bench/ranks_training_hdfs.py): connect
+# 1.33 -> 0.95 s, 2.11 -> 1.31 CPU-seconds to the first write; 256 MB writes no slower.
 DEFAULT_LIBHDFS_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def log_level_from_env(env: Optional[Mapping[str, str]] = None) -> str:
     """``PADDLE_ACP_LOG_LEVEL`` (case-insensitive), ``INFO`` when unset or empty."""
-    return _choice(env, "PADDLE_ACP_LOG_LEVEL", "INFO", LOG_LEVELS, str.upper,
-                   f"is not a log level (use one of {', '.join(LOG_LEVELS)})")
-
-
-def _choice(env: Optional[Mapping[str, str]], name: str, default: str, choices: Sequence[str],
-            norm: Callable[[str], str], problem: str) -> str:
-    """The variable ``name`` of ``env`` (``os.environ`` by default), stripped and normalised by ``norm``:
-    ``default`` when unset or empty, one of ``choices``, else a ConfigError saying ``problem``."""
-    env = os.environ if env is None else env
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = norm(raw.strip())
-    if value not in choices:
-        raise ConfigError(f"{name}={raw!r} {problem}")
-    return value
+    return env_choice(os.environ if env is None else env, "PADDLE_ACP_LOG_LEVEL", "INFO", LOG_LEVELS, str.upper,
+                      f"is not a log level (use one of {', '.join(LOG_LEVELS)})")
 
 
 def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
-    """``PADDLE_TRAINER_ID``: an integer >= 0 (0 when unset). Checked when paddle_acp is imported,
-    before Paddle, whose own logger would otherwise fail on it with a bare ValueError."""
+    """``PADDLE_TRAINER_ID``: an integer >= 0 (0 when unset)."""
     env = os.environ if env is None else env
     return env_int(env, "PADDLE_TRAINER_ID", 0)
 
@@ -55,12 +36,10 @@ def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
 def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
     """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30)."""
     env = os.environ if env is None else env
-    raw = env.get("PADDLE_ACP_CONNECT_TIMEOUT")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_CONNECT_TIMEOUT
-    seconds = check_interval(raw.strip(), "PADDLE_ACP_CONNECT_TIMEOUT")
+    seconds = env_seconds(env, "PADDLE_ACP_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT)
     if seconds <= 0:
-        raise ConfigError(f"PADDLE_ACP_CONNECT_TIMEOUT={raw!r} must be a number of seconds > 0")
+        raise ConfigError(f"PADDLE_ACP_CONNECT_TIMEOUT={env['PADDLE_ACP_CONNECT_TIMEOUT']!r} must be a number of "
+                          "seconds > 0")
     return seconds
 
 
@@ -88,15 +67,15 @@ def exit_on_preempt_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
 
 
 def connect_early_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
-    """``PADDLE_ACP_CONNECT_EARLY``: open a remote store whose client is slow to start (HDFS) in the background
-    from the package's import, for the first range (default 1; see :mod:`paddle_acp.runtime.early`)."""
+    """``PADDLE_ACP_CONNECT_EARLY``: open a slow-starting remote store (HDFS) in the background from import
+    (default 1; :mod:`paddle_acp.runtime.early`)."""
     env = os.environ if env is None else env
     return parse_bool(env.get("PADDLE_ACP_CONNECT_EARLY"), "PADDLE_ACP_CONNECT_EARLY", True)
 
 
 def progress_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
     """``PADDLE_ACP_PROGRESS``: True/False forces the tools' progress line on or off (a boolean, or
-    ``always``/``never``); None (unset, empty or ``auto``): shown when stderr is a terminal."""
+    ``always``/``never``); None (unset, empty or ``auto``): shown on a terminal."""
     env = os.environ if env is None else env
     raw = env.get("PADDLE_ACP_PROGRESS")
     low = (raw or "").strip().lower()
@@ -111,8 +90,7 @@ HDFS_CLIENTS = ("pyarrow", "hdfs-native", "cli")
 
 
 def hdfs_client_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """``PADDLE_ACP_HDFS_CLIENT``: the HDFS client to use (one of :data:`HDFS_CLIENTS`), or None
-    (unset or empty: the first that works)."""
+    """``PADDLE_ACP_HDFS_CLIENT`` (one of :data:`HDFS_CLIENTS`), or None: the first that works."""
     env = os.environ if env is None else env
     raw = env.get("PADDLE_ACP_HDFS_CLIENT")
     if not raw:
@@ -123,16 +101,9 @@ def hdfs_client_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[st
 
 
 def hadoop_home_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The Hadoop installation of the hadoop command line client: ``PADDLE_EDL_HDFS_HOME``, else
-    ``HADOOP_HOME``, else None."""
+    """The hadoop CLI client's installation: ``PADDLE_EDL_HDFS_HOME``, else ``HADOOP_HOME``, else None."""
     env = os.environ if env is None else env
     return env.get("PADDLE_EDL_HDFS_HOME") or env.get("HADOOP_HOME") or None
-
-
-def hdfs_ugi_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """``PADDLE_EDL_HDFS_UGI`` (``user,password``) as set, or None. A secret: never log it."""
-    env = os.environ if env is None else env
-    return env.get("PADDLE_EDL_HDFS_UGI") or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +116,6 @@ class S3Env:
 
 
 def s3_from_env(env: Optional[Mapping[str, str]] = None) -> S3Env:
-    """The AWS variables of :class:`S3Env` (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...)."""
     env = os.environ if env is None else env
     secrets = tuple(v for v in (env.get("AWS_SECRET_ACCESS_KEY"), env.get("AWS_SESSION_TOKEN")) if v)
     return S3Env(
@@ -157,8 +127,7 @@ def s3_from_env(env: Optional[Mapping[str, str]] = None) -> S3Env:
 
 @dataclasses.dataclass(frozen=True)
 class StorageOptions:
-    """Every setting a storage backend needs, built once here and handed to
-    :func:`paddle_acp.storage.schemes.open_storage`: no backend reads the environment itself."""
+    """Every setting a storage backend needs, handed to ``open_storage``: no backend reads the environment."""
 
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # PADDLE_ACP_CONNECT_TIMEOUT
     hdfs_client: Optional[str] = None  # PADDLE_ACP_HDFS_CLIENT: one of HDFS_CLIENTS; None: the first that works
@@ -171,17 +140,17 @@ class StorageOptions:
 
     def replace(self, **changes: object) -> "StorageOptions":
         """A copy with ``changes`` (None values are ignored: the setting stays)."""
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
+        kept = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **kept)  # type: ignore[arg-type]
 
 
 def storage_options_from_env(env: Optional[Mapping[str, str]] = None) -> StorageOptions:
-    """The :class:`StorageOptions` the environment (``os.environ`` by default) sets."""
     env = os.environ if env is None else env
     return StorageOptions(
         connect_timeout=connect_timeout_from_env(env),
         hdfs_client=hdfs_client_from_env(env),
         hadoop_home=hadoop_home_from_env(env),
-        hdfs_ugi=hdfs_ugi_from_env(env),
+        hdfs_ugi=env.get("PADDLE_EDL_HDFS_UGI") or None,
         cache_dir=env.get("PADDLE_EDL_FS_CACHE") or None,
         s3=s3_from_env(env),
     )
@@ -191,24 +160,19 @@ COORDINATION_MODES = ("auto", "store", "etcd", "storage")
 
 
 def coordination_from_env(env: Optional[Mapping[str, str]] = None) -> str:
-    """``PADDLE_ACP_COORDINATION``: how the ranks of a job of several coordinate (``auto`` when unset):
-    ``store`` (through the job's store: ``PADDLE_MASTER`` of ``paddle.distributed.launch``, or
-    ``MASTER_ADDR``/``MASTER_PORT``; an error when the job has none), ``etcd`` (through the etcd server of
-    Paddle's elastic launcher, or ``PADDLE_ELASTIC_SERVER``; an error when there is none), ``storage`` (small
-    files on the checkpoint storage: the protocol of earlier versions) or ``auto`` (etcd under an elastic
-    launcher with one, else a store of paddle-acp's own at ``MASTER_ADDR``/``MASTER_PORT``, storage otherwise:
-    docs/design.md). The same on every rank."""
-    return _choice(env, "PADDLE_ACP_COORDINATION", "auto", COORDINATION_MODES, str.lower,
-                   "is not a mode: use auto (default: the elastic launcher's etcd where there is one, else a "
-                   "store at MASTER_ADDR/MASTER_PORT where set, storage otherwise), store, etcd or storage")
+    """``PADDLE_ACP_COORDINATION``: how the ranks of a job coordinate (the same on every rank; docs/design.md):
+    ``store`` (the job's store), ``etcd`` (the elastic launcher's), ``storage`` (small files on the checkpoint
+    storage) or ``auto`` (etcd where there is one, else a store at ``MASTER_ADDR``/``MASTER_PORT``, else storage)."""
+    return env_choice(os.environ if env is None else env, "PADDLE_ACP_COORDINATION", "auto", COORDINATION_MODES,
+                      str.lower, "is not a mode: use auto (default: the elastic launcher's etcd where there is "
+                      "one, else a store at MASTER_ADDR/MASTER_PORT where set, storage otherwise), store, etcd or "
+                      "storage")
 
 
 STORE_VARS = ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS", "MASTER_ADDR", "MASTER_PORT", "PADDLE_ELASTIC_SERVER")
 
 
 def store_env_from_env(env: Optional[Mapping[str, str]] = None) -> Mapping[str, str]:
-    """The variables that name a job's store or etcd (:data:`STORE_VARS`, set by ``paddle.distributed.launch`` or
-    the user; read by Paddle itself, so never judged here: :func:`paddle_acp.adapter.store.job_store_endpoint`,
-    :func:`paddle_acp.adapter.elastic.elastic_etcd`)."""
+    """The variables that name a job's store or etcd (:data:`STORE_VARS`), unjudged: the adapter reads them."""
     env = os.environ if env is None else env
     return {k: env[k] for k in STORE_VARS if k in env}

@@ -1,10 +1,7 @@
 """Variable names: the ``PADDLE_ACP_*`` names known here, and one warning for an unknown (misspelled) one.
 
-A misspelled variable (the checkpoint location's name ending in ``URL``, the save interval's with a
-double ``L``) would otherwise be ignored without a word. The known names are :data:`paddle_acp.config.ENV_VARS` (what the library
-reads, each documented in README.md's table) and :data:`TOOLING_VARS` (what this repository's tests and
-CI scripts read, never the library): any other ``PADDLE_ACP_*`` name in the environment gets one warning
-per process, naming the closest known one (:func:`warn_unknown`, called when ``paddle_acp`` is imported).
+Known are :data:`paddle_acp.config.ENV_VARS` (the library's) and :data:`TOOLING_VARS` (this repository's tests
+and CI scripts'); any other ``PADDLE_ACP_*`` name gets one warning per process naming the closest known one.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ logger = logging.getLogger("paddle_acp")
 
 PREFIX = "PADDLE_ACP_"
 
-# Read by this repository's tests, CI scripts and benchmarks (tests/, ci/, .ci/), never by the library:
-# known, so that a test run prints no warning for them (tests/e2e/test_defaults.py greps those trees).
+# Read by this repository's tests, CI scripts and benchmarks, never by the library (tests/e2e/test_defaults.py).
 TOOLING_VARS = (
     "PADDLE_ACP_REQUIRE_SERVERS",  # tests/support/server_fixtures.py: fail instead of skip without servers
     "PADDLE_ACP_TEST_INSTALLED",  # ci/matrix.py: the tests run against the installed copy
@@ -41,7 +37,7 @@ _warned = False
 
 
 def known_names() -> List[str]:
-    """Every ``PADDLE_ACP_*`` name known: the library's (:data:`~paddle_acp.config.ENV_VARS`) and the tooling's."""
+    """Every ``PADDLE_ACP_*`` name known, the library's and the tooling's."""
     return sorted({n for n in ENV_VARS if n.startswith(PREFIX)} | set(TOOLING_VARS))
 
 

@@ -1,7 +1,6 @@
 """Value parsers of the configuration: booleans, seconds, integers, job ids, amounts of memory.
 
-Pure functions of a string (and the variable's name, for the message): no environment is read here.
-Each raises :class:`~paddle_acp.errors.ConfigError` naming the variable, the value and the way out.
+Pure functions of a string; each raises ConfigError naming the variable, the value and the way out.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from paddle_acp.errors import ConfigError
 
@@ -21,8 +20,8 @@ FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def parse_bool(raw: Optional[str], name: str, default: bool) -> bool:
-    """The one boolean parser: ``1/true/yes/on`` and ``0/false/no/off`` (any case, surrounding
-    blanks ignored); ``default`` when ``raw`` is None or blank; else ConfigError naming ``name``."""
+    """The one boolean parser: ``1/true/yes/on`` and ``0/false/no/off`` (any case, blanks ignored);
+    ``default`` when ``raw`` is None or blank; else ConfigError naming ``name``."""
     if raw is None or raw.strip() == "":
         return default
     low = raw.strip().lower()
@@ -48,7 +47,6 @@ def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
 
 
 def check_interval(value: Any, name: str) -> float:
-    # value: whatever the user passed (a string from the environment, a number from a call); float() decides
     try:
         seconds = float(value)
     except (TypeError, ValueError):
@@ -58,9 +56,29 @@ def check_interval(value: Any, name: str) -> float:
     return seconds
 
 
-#: The most ranks one job may have: the largest world size a checkpoint's global.json records
-#: (paddle_acp.format.global_manifest reads it from here; config is below format).
+#: The most ranks one job may have: the largest world size a checkpoint's global.json records.
 MAX_WORLD = 1 << 16
+
+
+def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """Variable ``name`` of ``env`` as seconds (:func:`check_interval`); ``default`` when unset or blank."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return check_interval(raw.strip(), name)
+
+
+def env_choice(env: Mapping[str, str], name: str, default: str, choices: Sequence[str],
+               norm: Callable[[str], str], problem: str) -> str:
+    """Variable ``name``, stripped and normalised by ``norm``: ``default`` when unset or empty, one of
+    ``choices``, else a ConfigError saying ``problem``."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = norm(raw.strip())
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r} {problem}")
+    return value
 
 
 def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -103,10 +121,8 @@ class HostMemory:
 
 
 def parse_host_memory(raw: str, name: str = "PADDLE_ACP_HOST_MEMORY") -> HostMemory:
-    """``512MiB``, ``2GB``, ``1.5g``, ``1073741824`` (bytes) or ``25%`` (of the machine's memory).
-
-    Units: B, k/KB/M/MB/G/GB/T/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024),
-    case-insensitive. Raises ConfigError naming the variable, the value and the way out."""
+    """``512MiB``, ``2GB``, ``1.5g``, ``1073741824`` (bytes) or ``25%`` (of the machine's memory); units
+    case-insensitive, KB/MB/... powers of 1000, KiB/MiB/... of 1024."""
     text = raw.strip().lower()
     m = _MEMORY_RE.fullmatch(text)
     how = ("use bytes with an optional unit (512MiB, 2GB, 1.5GiB) or a percentage of the machine's memory "
