@@ -1,23 +1,17 @@
 """``paddle-acp check -- CMD ...``: does this training command resume exactly after a kill anywhere?
 
-Runs the user's own command (the script unchanged; :mod:`.check_runs`) with its checkpoints in a
-temporary directory, a checkpoint at every epoch end and every range cut to ``--epochs`` epochs
-(``PADDLE_ACP_CHECK_EPOCHS``): uninterrupted, uninterrupted again, then once per kill point, killed
-there (the runtime SIGKILLs itself at that training position once the checkpoints before it are
-committed: the same point on any machine load) and restarted. The kill points are early, middle and
-last epochs of the first run and a batch after its first mid-epoch checkpoint (where the script takes
-one), or those ``--kill-at EPOCH[:STEP]`` names. The runtime appends what it sees at every epoch end
-to the file ``PADDLE_ACP_CHECK_DIGESTS`` names, one per rank (:mod:`paddle_acp.runtime.digests`);
-the verdict (:mod:`.check_report`) is *resumes exactly* (exit 0), *not deterministic even without a
-kill* (1), *resumes differently* (2) or *state not restored* (4: the epochs compared match, but the
-restart reset state of the script that a longer run may train with). A command that cannot be checked
-(it fails, it ends before a kill point) exits with 3; Ctrl-C or SIGTERM ends every process the check
-started and removes its directory (unless ``--keep``).
+Runs the user's command unchanged (:mod:`.check_runs`): uninterrupted twice, then once per kill point,
+killed there and restarted. The runtime SIGKILLs itself at that training position once the checkpoints
+before it are committed, so the point is the same on any machine load; it appends what it sees at every
+epoch end to the digests files (:mod:`paddle_acp.runtime.digests`), which :mod:`.check_report` compares.
+A command that cannot be checked exits with 3; Ctrl-C or SIGTERM ends every process the check started
+and removes its directory (unless ``--keep``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import signal
 import sys
@@ -27,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from paddle_acp.tools import check_report as report
 from paddle_acp.tools.check_runs import Point, Runs, strip_runner_options, tail
 from paddle_acp.tools.discovery import ToolError
-from paddle_acp.tools.render import emit, emit_json
+from paddle_acp.tools.render import output
 
 
 class Interrupted(Exception):
@@ -47,20 +41,11 @@ def parse_kill_at(text: str) -> Tuple[int, Optional[int]]:
     return int(parts[0]), int(parts[1]) if len(parts) == 2 else None
 
 
-def _epoch_starts(records: List[Dict[str, Any]]) -> List[Tuple[str, int]]:
-    out: List[Tuple[str, int]] = []
-    for r in records:
-        key = (r["range"], r["epoch"])
-        if r.get("kind") == "start" and key not in out:
-            out.append(key)
-    return out
-
-
 def kill_points(records: List[Dict[str, Any]], asked: List[Tuple[int, Optional[int]]]) -> List[Point]:
-    """Where to kill, from the first run's records (its lowest rank's): the points ``asked``
-    (--kill-at, in the first range that ran that epoch), else early, middle and last epochs and the
-    batch after the first mid-epoch checkpoint."""
-    seq = _epoch_starts(records)
+    """Where to kill, from the first run's records (its lowest rank's): the points ``asked`` (--kill-at, in the
+    first range that ran that epoch), else early, middle and last epochs and the batch after the first
+    mid-epoch checkpoint."""
+    seq = list(dict.fromkeys((r["range"], r["epoch"]) for r in records if r.get("kind") == "start"))
     points: List[Point] = []
     if asked:
         for epoch, step in asked:
@@ -76,27 +61,22 @@ def kill_points(records: List[Dict[str, Any]], asked: List[Tuple[int, Optional[i
         saves = [r for r in records if r.get("kind") == "save" and isinstance(r.get("step"), int)]
         if saves:
             points.append((saves[0]["range"], saves[0]["epoch"], saves[0]["step"]))
-    out: List[Point] = []
-    for p in points:
-        if p not in out:
-            out.append(p)
-    return out
+    return list(dict.fromkeys(points))
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
-def check(command: List[str], epochs: int = 3, timeout: float = 600.0, quiet: bool = False,
-          keep: bool = False, kill_at: Optional[List[Tuple[int, Optional[int]]]] = None) -> report.CheckResult:
+def check(command: List[str], epochs: int = 3, timeout: float = 600.0, keep: bool = False,
+          kill_at: Optional[List[Tuple[int, Optional[int]]]] = None) -> report.CheckResult:
     if not command:
         raise ToolError("no command to check: paddle-acp check -- python train.py ARGS")
     if epochs < 2:
         raise ToolError(f"--epochs {epochs}: at least 2 (a checkpoint must be committed before the kill)")
 
     def say(text: str) -> None:
-        if not quiet:
-            print(f"paddle-acp check: {text}", file=sys.stderr, flush=True)
+        print(f"paddle-acp check: {text}", file=sys.stderr, flush=True)
 
     command, removed = strip_runner_options(command)
     notes = [f"removed {o} (and its value) from the paddle-acp run command: the check's runs checkpoint into its "
@@ -192,10 +172,8 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     previous: Dict[int, Any] = {}
     for num in (int(signal.SIGTERM), int(signal.SIGHUP)):
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread: the caller handles its signals
             previous[num] = signal.signal(num, _on_signal)
-        except ValueError:  # not the main thread: the caller handles its signals
-            pass
     try:
         points = [parse_kill_at(k) for k in args.kill_at]
         res = check(command, args.epochs, args.timeout, keep=args.keep, kill_at=points)
@@ -210,8 +188,4 @@ def main(args: argparse.Namespace) -> int:
     finally:
         for num, handler in previous.items():
             signal.signal(num, handler)
-    if args.json:
-        emit_json(report.to_json(res))
-    else:
-        emit(report.render(res))
-    return res.exit_status
+    return output(res, args.json, report.to_json, report.render).exit_status

@@ -1,11 +1,9 @@
 """``paddle-acp check``'s verdict: compare the per-epoch digests of its runs, name what differs.
 
-The records are those :mod:`paddle_acp.runtime.digests` writes (one JSON object a line, one file per
-rank). A run's view of an epoch is its last ``epoch`` record for that (range, epoch): after a kill,
-the restarted process's. Tensors and fetched values decide whether training differs, per rank; the
-script's numbers that the restart reset (``scalars``) and the objects holding state paddle-acp does not
-capture (``uncaptured``) are state a longer run may train differently with: the verdict is then
-*state not restored*, never *resumes exactly*, and the report says how to capture each.
+A run's view of an epoch is its last ``epoch`` record for that (range, epoch): after a kill, the restarted
+process's. Tensors and fetched values decide whether training differs, per rank; the script's numbers that
+the restart reset and the objects holding state paddle-acp does not capture make the verdict *state not
+restored* (a longer run may train differently), never *resumes exactly*; the report says how to capture each.
 """
 
 from __future__ import annotations
@@ -34,11 +32,9 @@ def read_records(path: str) -> List[Dict[str, Any]]:
     except FileNotFoundError:
         return out
     for line in lines:
-        if not line.strip():
-            continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except ValueError:  # an empty or torn line
             continue
         if isinstance(rec, dict) and isinstance(rec.get("range"), str) and isinstance(rec.get("epoch"), int):
             out.append(rec)
@@ -80,9 +76,6 @@ class Difference:
     missing: Optional[str] = None  # the epoch ended in one run only: which
     rank: int = 0
 
-    def to_json(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def _diff_maps(a: Dict[str, str], b: Dict[str, str]) -> List[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
@@ -93,7 +86,8 @@ def first_difference(ref: Epochs, other: Epochs, ref_name: str, other_name: str)
     for key, a in ref.items():
         b = other.get(key)
         if b is None:
-            return Difference(key[0], key[1], [], [], missing=f"epoch {key[1]} of range {key[0]} never ended in the {other_name} run")
+            return Difference(key[0], key[1], [], [],
+                              missing=f"epoch {key[1]} of range {key[0]} never ended in the {other_name} run")
         if bool(a.get("left_early")) != bool(b.get("left_early")):
             left_in = ref_name if a.get("left_early") else other_name
             return Difference(key[0], key[1], [], [], missing=f"the loop was left inside epoch {key[1]} of range "
@@ -106,7 +100,8 @@ def first_difference(ref: Epochs, other: Epochs, ref_name: str, other_name: str)
             return Difference(key[0], key[1], tensors, fetched)
     for key in other:
         if key not in ref:
-            return Difference(key[0], key[1], [], [], missing=f"epoch {key[1]} of range {key[0]} ended only in the {other_name} run")
+            return Difference(key[0], key[1], [], [],
+                              missing=f"epoch {key[1]} of range {key[0]} ended only in the {other_name} run")
     return None
 
 
@@ -143,8 +138,8 @@ def fix_for_object(kind: str) -> str:
 
 
 def differing_scalars(ref: RankEpochs, repeat: RankEpochs, killed: RankEpochs) -> List[Dict[str, Any]]:
-    """The script's numbers that are the same in both uninterrupted runs but not after the restart:
-    state (a counter, an accumulator) that paddle-acp does not restore."""
+    """The script's numbers the same in both uninterrupted runs but not after the restart: state paddle-acp
+    does not restore."""
     out: Dict[Tuple[int, str], Dict[str, Any]] = {}
     for rank, epochs in ref.items():
         for key, a in epochs.items():
@@ -162,8 +157,7 @@ def differing_scalars(ref: RankEpochs, repeat: RankEpochs, killed: RankEpochs) -
 
 
 def uncaptured_objects(*runs: RankEpochs) -> List[Dict[str, Any]]:
-    """Objects of the script's globals (and of the frame opening a range) holding state paddle-acp
-    does not capture, by name, as the runtime described them."""
+    """Objects of the script holding state paddle-acp does not capture, as the runtime described them."""
     seen: Dict[str, str] = {}
     for run in runs:
         for epochs in run.values():
@@ -195,7 +189,7 @@ def to_json(res: CheckResult) -> Dict[str, Any]:
     return {
         "verdict": res.verdict, "exit_status": res.exit_status, "command": res.command, "epochs": res.epochs,
         "compared_epochs": res.compared_epochs, "runs": res.runs, "kills": res.kills, "notes": res.notes,
-        "first_difference": res.difference.to_json() if res.difference is not None else None,
+        "first_difference": dataclasses.asdict(res.difference) if res.difference is not None else None,
         "state_not_captured": {"scalars": res.scalars, "objects": res.uncaptured},
     }
 

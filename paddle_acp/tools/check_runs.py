@@ -1,17 +1,15 @@
 """The runs of one ``paddle-acp check``: the user's command started in its own process group, with its
 checkpoints, digests and output in the check's temporary directory, and every group ended with it.
 
-Each run's environment: the caller's without any ``PADDLE_ACP_*`` / ``PADDLE_EDL_*`` variable, the
-job id and the running environment (they would send the checkpoints elsewhere or change when they are
-taken), then a checkpoint at every epoch end and every due save taken (busy policy ``wait``), every
-range cut to ``--epochs`` epochs, the digests file and, for the first process of a killed run only,
-the kill point (``PADDLE_ACP_CHECK_KILL_AT``: the runtime kills itself there, :mod:`paddle_acp.runtime.check_kill`).
-A ``paddle-acp run`` command loses its ``--checkpoint``, ``--job-id`` and ``--interval`` options
-(:func:`strip_runner_options`): the check never reads or writes the job's own location.
+Each run's environment is the caller's without any variable that would send the checkpoints elsewhere or
+change when they are taken; then a checkpoint at every epoch end, every due save taken, every range cut to
+``--epochs`` epochs and, for the first process of a killed run only, the kill point
+(:mod:`paddle_acp.runtime.check_kill`). The check never reads or writes the job's own location.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,9 +30,8 @@ Point = Tuple[str, int, Optional[int]]  # (range, epoch, step or None)
 
 
 def strip_runner_options(command: List[str]) -> Tuple[List[str], List[str]]:
-    """``command`` without the options of ``paddle-acp run`` (``python -m paddle_acp run``, ...) that
-    would point its runs at the job's own checkpoints or change when they are taken; and the options
-    removed (their values are not repeated: a URI may hold a secret)."""
+    """``command`` without the options of ``paddle-acp run`` (``python -m paddle_acp run``, ...) that would point
+    its runs at the job's own checkpoints; and the options removed (not their values: a URI may hold a secret)."""
     run_at = None
     for i, word in enumerate(command[:-1]):
         if command[i + 1] != "run":
@@ -58,16 +55,8 @@ def strip_runner_options(command: List[str]) -> Tuple[List[str], List[str]]:
     return out + command[i:], removed
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class Runs:
-    """The runs of one check, in its temporary directory ``workdir``; :meth:`end_all` ends every
-    process group they started."""
+    """The runs of one check, in its temporary directory ``workdir``."""
 
     def __init__(self, command: List[str], epochs: int, timeout: float, workdir: str, say: Any) -> None:
         self.command = command
@@ -116,8 +105,7 @@ class Runs:
         return proc
 
     def wait(self, proc: subprocess.Popen[bytes], name: str, started: float) -> int:
-        """The exit status of the run's process; then whatever it left in its group (background
-        children) is killed."""
+        """The exit status of the run's process; then whatever it left in its group is killed."""
         try:
             rc = proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
@@ -128,12 +116,11 @@ class Runs:
         return rc
 
     def end(self, proc: subprocess.Popen[bytes]) -> None:
-        """Kill the process group of ``proc`` (what is left of it) and reap its leader."""
-        _kill_group(proc.pid)
-        try:
+        """Kill what is left of the process group of ``proc`` and reap its leader."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        except ProcessLookupError:
-            pass
         proc.wait()
         if proc in self.groups:
             self.groups.remove(proc)

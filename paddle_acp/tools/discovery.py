@@ -1,8 +1,6 @@
 """Finding things under a storage root: the root itself, jobs, their ranges and job markers.
 
-A job is a directory ``URI/<job id>/`` holding ``job.json`` or ``range/``; its name follows the
-job-id rule of :func:`paddle_acp.config.is_valid_job_id`. Errors the operator can fix raise
-:class:`ToolError` (an :class:`~paddle_acp.errors.AcpError`: the command line prints it, status 2).
+A job is a directory ``URI/<job id>/`` (a valid job id) holding ``job.json`` or ``range/``.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ logger = logging.getLogger("paddle_acp")
 
 
 class ToolError(AcpError):
-    """An operator-facing error: printed by the command line, exit status 2."""
+    """An error the operator can fix: printed by the command line, exit status 2."""
 
 
 def uri_join(uri: str, rel: str) -> str:
@@ -62,11 +60,9 @@ def _is_job_dir(storage: Storage, name: str) -> bool:
 
 
 def list_jobs(storage: Storage) -> List[str]:
-    jobs = []
-    for e in storage.listdir(""):
-        # a job directory may be a link the operator made (links inside a job are never followed)
-        if (e.is_dir or e.is_link) and is_valid_job_id(e.name) and _is_job_dir(storage, e.name):
-            jobs.append(e.name)
+    # a job directory may be a link the operator made (links inside a job are never followed)
+    jobs = [e.name for e in storage.listdir("")
+            if (e.is_dir or e.is_link) and is_valid_job_id(e.name) and _is_job_dir(storage, e.name)]
     return sorted(jobs, key=natural_key)
 
 

@@ -12,14 +12,12 @@ import pickle
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.engine import reader, shares
 from paddle_acp.format.manifest import Manifest, ProgramRecord
-from paddle_acp.tools.discovery import ToolError, short_reason
-from paddle_acp.tools.inspect_checkpoint import add_ref_args
-from paddle_acp.tools.kinds import export_split, program_ir
+from paddle_acp.tools.discovery import ToolError
+from paddle_acp.tools.inspect_checkpoint import add_ref_args, export_split, program_ir
 from paddle_acp.tools.reading import read_checkpoint
-from paddle_acp.tools.refs import CkptRef, load_manifest, read_part, resolve_checkpoint
+from paddle_acp.tools.refs import CkptRef, load_manifest, read_part, reading, resolve_checkpoint
 from paddle_acp.tools.render import human_bytes, output, table
 
 
@@ -64,30 +62,21 @@ def spread_parts(ref: CkptRef) -> Optional[Dict[int, Manifest]]:
     """Every part's manifest of a checkpoint whose ranks wrote shares of the replicated tensors, else None."""
     if not ref.multirank:
         return None
-    try:
+    with reading(ref):
         g, raws = read_part(ref)  # the shares checked to cover the state exactly
         if g.writers != shares.WRITERS_ALL:
             return None
         return {k: reader.read_manifest(ref.storage, f"{ref.path}/rank-{k}", g.number, ref.range, raw)
                 for k, raw in raws.items()}
-    except CorruptCheckpointError as exc:
-        raise ToolError(f"cannot read checkpoint {ref.uri}: {short_reason(exc, ref.path)}") from exc
-    except StorageError as exc:
-        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
 
 
 def tensor_part(ref: CkptRef) -> CkptRef:
-    """The part whose tensors ``ref``'s rank restores: rank 0's of a replicated checkpoint that rank 0
-    wrote alone (writers "one": the other parts hold no tensors), else ``ref`` itself (as
-    :meth:`paddle_acp.format.checkpoints.rank_restore.RankRestore.load` picks it)."""
+    """The part whose tensors ``ref``'s rank restores (as a rank's restore picks it): rank 0's of a
+    replicated checkpoint that rank 0 wrote alone, else ``ref`` itself."""
     if not ref.multirank or ref.rank == 0:
         return ref
-    try:
+    with reading(ref):
         g, _ = read_part(ref)
-    except CorruptCheckpointError as exc:
-        raise ToolError(f"cannot read checkpoint {ref.uri}: {short_reason(exc, ref.path)}") from exc
-    except StorageError as exc:
-        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
     if g.mode != "replicated" or g.writers == shares.WRITERS_ALL:
         return ref
     return dataclasses.replace(ref, rank=0)
@@ -110,7 +99,7 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
     if not name or "/" in name or name in (".", ".."):
         raise ToolError(f"--name {name!r} must be a plain file name prefix")
     want = {(prog.key, t.name) for t in prog.tensors if optimizer_state or split[t.name] == "pdparams"}
-    try:
+    with reading(ref, "cannot export checkpoint {uri}: it is corrupt ({reason})"):
         if spread is None:
             _, arrays = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, want, verb="exporting",
                                         base=source.part_path)
@@ -122,10 +111,6 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
                     by_part[k] = read_checkpoint(ref.storage, ref.job, ref.range, ref.number, theirs,
                                                  verb="exporting", base=f"{ref.path}/rank-{k}")[1]
             arrays = shares.assemble(spread, by_part, want)
-    except CorruptCheckpointError as exc:
-        raise ToolError(f"cannot export checkpoint {ref.uri}: it is corrupt ({short_reason(exc, ref.path)})") from exc
-    except StorageError as exc:
-        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
     params = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors if split[t.name] == "pdparams"}
     opt = {t.name: arrays[(prog.key, t.name)] for t in prog.tensors
            if split[t.name] == "pdopt" and (prog.key, t.name) in arrays}
@@ -139,21 +124,11 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
         files.append((prefix + ".pdparams", len(params), write_pickle(prefix + ".pdparams", params)))
         if optimizer_state:
             files.append((prefix + ".pdopt", len(opt), write_pickle(prefix + ".pdopt", opt)))
-        info = {
-            "source": ref.uri,
-            **({"rank": ref.rank} if ref.multirank else {}),
-            "number": m.number,
-            "range": m.range.to_json(),
-            "program": prog.key,
-            "label": prog.label,
-            "paddle_version": m.paddle_version,
-            "ir": ir,
-            "created": m.created,
-            "exported": time.time(),
-            "parameters": sorted(params),
-            "optimizer_state": sorted(opt) if optimizer_state else None,
-            "lr_scheduler": prog.lr_scheduler,
-        }
+        info = {"source": ref.uri, **({"rank": ref.rank} if ref.multirank else {}), "number": m.number,
+                "range": m.range.to_json(), "program": prog.key, "label": prog.label,
+                "paddle_version": m.paddle_version, "ir": ir, "created": m.created, "exported": time.time(),
+                "parameters": sorted(params), "optimizer_state": sorted(opt) if optimizer_state else None,
+                "lr_scheduler": prog.lr_scheduler}
         info_path = prefix + ".export.json"
         with open(info_path, "w") as f:
             json.dump(info, f, indent=2)

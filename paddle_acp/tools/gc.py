@@ -17,7 +17,7 @@ from paddle_acp.format.commit import retention
 from paddle_acp.format.commit.retention import delete_checkpoint, preserve
 from paddle_acp.storage.base import Storage, scrub
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs
-from paddle_acp.tools.render import emit, emit_json, fmt_duration, human_bytes, plural, table
+from paddle_acp.tools.render import fmt_duration, human_bytes, output, plural, root_command, table
 from paddle_acp.tools.scan import CORRUPT, NEWER, CkptInfo, restart_checkpoint, scan_range
 
 KEEP, DELETE, SKIP = "keep", "delete", "skip"
@@ -46,9 +46,9 @@ class GcResult:
         return [a for a in self.plan if a.action == DELETE]
 
 
-def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float, now: Optional[float] = None) -> List[GcAction]:
+def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float) -> List[GcAction]:
     """What ``gc`` keeps and deletes; reads (and verifies) but changes nothing."""
-    now = time.time() if now is None else now
+    now = time.time()
     plan: List[GcAction] = []
 
     def old_leftover(i: CkptInfo) -> bool:  # (one modified within ``leftover_age``: a save may be writing it)
@@ -66,7 +66,7 @@ def plan_gc(storage: Storage, jobs: List[str], keep: int, leftover_age: float, n
 
 
 def _why(i: CkptInfo, why: str, keep: int, now: float, restart: Optional[CkptInfo]) -> str:
-    """The words for :func:`preserve`'s reason ``why`` about ``i`` (``restart``: the one a restart loads)."""
+    """The words for :func:`preserve`'s reason ``why`` about ``i``."""
     corrupt = f" (CORRUPT: {i.reason})" if i.status == CORRUPT else ""
     if why == retention.PENDING:
         return f"{i.reason}, but modified {fmt_duration(now - (i.mtime or now))} ago: may be a save in progress"
@@ -82,15 +82,15 @@ def _why(i: CkptInfo, why: str, keep: int, now: float, restart: Optional[CkptInf
 
 
 def _delete(storage: Storage, info: CkptInfo) -> None:
-    """The commit file first (``manifest.json``, or ``global.json`` of a checkpoint of several ranks): a
-    half-deleted checkpoint never looks committed. Only directories the scan found inside the job's own
-    range directory; never through a symbolic link (the storage refuses)."""
+    """The commit file first (a half-deleted checkpoint never looks committed); only inside the job's own
+    range directory, never through a symbolic link (the storage refuses)."""
     if not info.path.startswith(f"{info.job}/range/{info.range}/"):  # pragma: no cover - the scan builds it so
         raise ToolError(f"refusing to delete {info.path!r}: not inside range {info.range!r} of job {info.job!r}")
     delete_checkpoint(storage, info.path, info.committed)
 
 
-def gc(uri: str, keep: int, dry_run: bool = False, job: Optional[str] = None, leftover_age: float = 600.0) -> GcResult:
+def gc(uri: str, keep: int, dry_run: bool = False, job: Optional[str] = None,
+       leftover_age: float = 600.0) -> GcResult:
     if keep < 1:
         raise ToolError(f"--keep must be at least 1, got {keep}")
     storage = open_root(uri)
@@ -111,16 +111,11 @@ def gc(uri: str, keep: int, dry_run: bool = False, job: Optional[str] = None, le
 
 
 def to_json(res: GcResult) -> Dict[str, Any]:
-    return {
-        "uri": res.uri,
-        "dry_run": bool(res.dry_run),
-        "keep": res.keep,
-        "actions": [{"job": a.job, "range": a.range, "checkpoint": a.info.name, "action": a.action, "why": a.why,
-                     "bytes": a.info.bytes} for a in res.plan],
-        "deleted": [] if res.dry_run else [a.info.path for a in res.deleted],
-        "freed_bytes": 0 if res.dry_run else sum(a.info.bytes for a in res.deleted),
-        "errors": res.errors,
-    }
+    actions = [{"job": a.job, "range": a.range, "checkpoint": a.info.name, "action": a.action, "why": a.why,
+                "bytes": a.info.bytes} for a in res.plan]
+    return {"uri": res.uri, "dry_run": bool(res.dry_run), "keep": res.keep, "actions": actions,
+            "deleted": [] if res.dry_run else [a.info.path for a in res.deleted],
+            "freed_bytes": 0 if res.dry_run else sum(a.info.bytes for a in res.deleted), "errors": res.errors}
 
 
 def render(res: GcResult) -> str:
@@ -142,25 +137,20 @@ def render(res: GcResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser("gc", help="delete old checkpoints and leftovers by hand (keeps the newest valid one)",
-                       description="Keep the newest K committed checkpoints of every range (and always the newest valid "
-                       "one) and delete the older ones and the leftovers of interrupted saves.")
-    p.add_argument("uri", metavar="URI", help="storage root")
+    p: argparse.ArgumentParser = root_command(
+        sub, "gc", "delete old checkpoints and leftovers by hand (keeps the newest valid one)",
+        "Keep the newest K committed checkpoints of every range (and always the newest valid one) and delete the "
+        "older ones and the leftovers of interrupted saves.")
     p.add_argument("--keep", type=int, required=True, metavar="K", help="committed checkpoints to keep per range (>= 1)")
     p.add_argument("--dry-run", action="store_true", help="only show what would be deleted")
-    p.add_argument("--job", help="only this job")
-    p.add_argument("--leftover-age", type=float, default=600.0, metavar="SECONDS",
-                   help="delete uncommitted leftovers only when untouched this long (default 600: a save may be in progress)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--leftover-age", type=float, default=600.0, metavar="SECONDS", help="delete uncommitted "
+                   "leftovers only when untouched this long (default 600: a save may be in progress)")
     return p
 
 
 def main(args: argparse.Namespace) -> int:
-    res = gc(args.uri, args.keep, args.dry_run, args.job, args.leftover_age)
-    if args.json:
-        emit_json(to_json(res))
-        return 2 if res.errors else 0
-    emit(render(res))
-    for e in res.errors:
-        print(f"paddle-acp: error: {scrub(e)}", file=sys.stderr)
+    res = output(gc(args.uri, args.keep, args.dry_run, args.job, args.leftover_age), args.json, to_json, render)
+    if not args.json:
+        for e in res.errors:
+            print(f"paddle-acp: error: {scrub(e)}", file=sys.stderr)
     return 2 if res.errors else 0

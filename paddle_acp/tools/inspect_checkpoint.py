@@ -1,20 +1,60 @@
 """``paddle-acp inspect``: one checkpoint's manifest (programs, variables and their kinds, LR scheduler,
 RNG, the Paddle version and IR it was made with, the script's own saved objects and other values, shown
-bounded and redacted by :mod:`.values`), its data file, and whether a restart loads it."""
+bounded and redacted by :mod:`.values`), its data file, and whether a restart loads it. A variable's kind
+(parameter, optimizer state, learning rate) comes from Paddle's naming, as does where ``paddle.static.save``
+would put it (``.pdparams`` or ``.pdopt``, for ``export``)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
-from typing import Any, Dict, List, Optional, Tuple
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.format.manifest import DATA_NAME, Manifest
-from paddle_acp.tools.kinds import tensor_kinds
 from paddle_acp.tools.refs import load_manifest, read_part, resolve_checkpoint
 from paddle_acp.tools.render import fmt_time, human_bytes, output, table
 from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, scan_range
 from paddle_acp.tools.values import extra_values, render_extra, rng_summary, rng_text
+
+_LR_RE = re.compile(r"^(learning_rate(_\d+)?|.*@.*)$")
+_ACC_TAIL_RE = re.compile(r"^_[A-Za-z][A-Za-z0-9_]*_\d+$")
+
+
+def tensor_kinds(names: Sequence[str]) -> Dict[str, str]:
+    """name -> "param", "optimizer" or "lr": an accumulator is named ``<parameter>_<accumulator>_<n>`` after
+    another variable of the program (``w_moment1_0``, ``w_fp32_master_0``); ``learning_rate_<n>`` and
+    counters with an '@' are "lr"; everything else (weights, batch-norm statistics) is a parameter."""
+    present = set(names)
+    kinds = {}
+    for n in names:
+        kind = "param"
+        if _LR_RE.match(n):
+            kind = "lr"
+        else:
+            for i, ch in enumerate(n):
+                if ch == "_" and i and n[:i] in present and _ACC_TAIL_RE.match(n[i:]):
+                    kind = "optimizer"
+                    break
+        kinds[n] = kind
+    return kinds
+
+
+def program_ir(label: str, manifest_ir: str) -> str:
+    """The IR of one program: its label starts with it ("pir: 61 ops, ...")."""
+    head = label.split(":", 1)[0].strip()
+    if head in ("pir", "legacy"):
+        return head
+    return "legacy" if manifest_ir == "legacy" else "pir"
+
+
+def export_split(names: Sequence[str], ir: str) -> Dict[str, str]:
+    """name -> "pdparams" or "pdopt", as ``paddle.static.save`` splits them (under PIR the learning rate
+    is a parameter)."""
+    return {n: "pdparams" if kind == "param" or (kind == "lr" and ir == "pir") else "pdopt"
+            for n, kind in tensor_kinds(names).items()}
 
 
 @dataclasses.dataclass
@@ -46,10 +86,8 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
             part["writers"] = g.writers
             part["share_writers"] = g.share_writers
     data_size = None
-    try:
+    with contextlib.suppress(FileNotFoundError):
         data_size = ref.storage.size(f"{ref.part_path}/{DATA_NAME}")
-    except FileNotFoundError:
-        pass
     if ref.scanned is not None:  # resolved to the checkpoint a restart loads: found (and its data read) already
         infos = ref.scanned
         restart = next((i for i in infos if i.restart), None)
@@ -67,26 +105,14 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
 
 
 def to_json(res: InspectResult) -> Dict[str, Any]:
-    m = res.manifest
-    return {
-        "checkpoint": res.uri,
-        "job": res.job,
-        "range": m.range.to_json(),
-        "number": m.number,
-        "created": m.created,
-        "paddle_version": m.paddle_version,
-        "ir": m.ir,
-        "rng": rng_summary(m.rng),
-        "data_size": m.data_size,
-        "data_file_size": res.data_file_size,
-        "restart": res.loads,
-        "data_status": res.this.status if res.this is not None else None,
-        "data_problem": (res.this.reason or None) if res.this is not None else None,
-        "extra_keys": sorted(m.extra),
-        "extra": extra_values(m.extra),  # each value bounded and redacted (tools/values.py)
-        "programs": res.programs,
-        **({"part": res.part} if res.part is not None else {}),
-    }
+    m, this = res.manifest, res.this
+    return {"checkpoint": res.uri, "job": res.job, "range": m.range.to_json(), "number": m.number,
+            "created": m.created, "paddle_version": m.paddle_version, "ir": m.ir, "rng": rng_summary(m.rng),
+            "data_size": m.data_size, "data_file_size": res.data_file_size, "restart": res.loads,
+            "data_status": this.status if this is not None else None,
+            "data_problem": (this.reason or None) if this is not None else None,
+            "extra_keys": sorted(m.extra), "extra": extra_values(m.extra), "programs": res.programs,
+            **({"part": res.part} if res.part is not None else {})}
 
 
 def _data_text(res: InspectResult) -> str:
@@ -149,11 +175,9 @@ def render(res: InspectResult) -> str:
     for p in res.programs:
         n_param = sum(1 for t in p["tensors"] if t["kind"] == "param")
         lines += ["", f"program {p['key']}  ({p['label']})"]
-        if p["lr_scheduler"] is not None:
-            sched = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(p["lr_scheduler"].items()))
-            lines.append(f"  LR scheduler: {sched}")
-        else:
-            lines.append("  LR scheduler: none saved")
+        sched = p["lr_scheduler"]
+        lines.append("  LR scheduler: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(sched.items()))
+                                           if sched is not None else "none saved"))
         trows = [[t["name"], t["kind"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]",
                   t["nbytes"] if "piece" not in t else f"{t['nbytes']} (its bytes {t['piece'][0]}..{t['piece'][1]})"]
                  for t in p["tensors"]]  # a piece: a byte range of the tensor (spread writes)
@@ -170,14 +194,16 @@ def add_ref_args(p: argparse.ArgumentParser) -> None:
                    "with --job/--range")
     p.add_argument("--job", help="job id (with a storage root URI; optional when there is one job)")
     p.add_argument("--range", help="range name, e.g. _range_0 (optional when the job has one range)")
-    p.add_argument("--number", type=int, help="the number N of an earlier release's checkpoint ckpt-N (default: the one a restart loads)")
+    p.add_argument("--number", type=int,
+                   help="the number N of an earlier release's checkpoint ckpt-N (default: the one a restart loads)")
     p.add_argument("--rank", type=int, metavar="K",
                    help="of a checkpoint of several ranks (ckpt-e<E>[-s<S>]): the part of rank K (default 0)")
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser("inspect", help="show one checkpoint's manifest",
-                       description="Show a checkpoint's programs, variables, LR scheduler, RNG and the Paddle version/IR it was made with.")
+    p: argparse.ArgumentParser = sub.add_parser("inspect", help="show one checkpoint's manifest", description="Show "
+                                                "a checkpoint's programs, variables, LR scheduler, RNG and the Paddle "
+                                                "version/IR it was made with.")
     add_ref_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p

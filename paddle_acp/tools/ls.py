@@ -1,10 +1,7 @@
 """``paddle-acp ls``: jobs, ranges and checkpoints under a storage root, newest first; ``*`` marks the
-checkpoint a restart would load, and each range says whether it is finished.
-
-A range is finished when the checkpoint a restart loads was taken at the end of its last epoch: the
-range record of its manifest (``epoch_no``, ``max_epoch_num``, ``step`` None) is what the restart itself
-resumes from (``runtime/restore``), so a rerun with the same ``max_epoch_num`` trains no epoch (a larger
-one trains the epochs after it; a negative one never ends)."""
+checkpoint a restart would load, and each range says whether it is finished: whether that checkpoint was
+taken at the end of its last epoch (its manifest's range record is what the restart resumes from, so a
+rerun with the same ``max_epoch_num`` trains no epoch; a negative one never ends)."""
 
 from __future__ import annotations
 
@@ -77,29 +74,19 @@ def ls(uri: str, job: Optional[str] = None, verify: bool = False) -> LsResult:
     return LsResult(storage.uri, verify, jobs)
 
 
+def _range_json(r: RangeListing, verified: bool) -> Dict[str, Any]:
+    pick = r.restart
+    m = pick.manifest if pick else None
+    return {"range": r.range, "restart": pick.number if pick else None, "finished": r.finished,
+            "max_epoch_num": m.range.max_epoch_num if m else None, "restart_name": pick.name if pick else None,
+            "restart_outcome": restart_outcome(r.checkpoints, verified), "data_checked": verified,
+            "checkpoints": [i.to_json() for i in r.checkpoints]}
+
+
 def to_json(res: LsResult) -> Dict[str, Any]:
-    return {
-        "uri": res.uri,
-        "verified": bool(res.verified),
-        "jobs": [
-            {
-                "job": j.job,
-                "created": j.created,
-                "ranges": [
-                    {"range": r.range, "restart": r.restart.number if r.restart else None,
-                     "finished": r.finished,
-                     "max_epoch_num": r.restart.manifest.range.max_epoch_num
-                     if r.restart and r.restart.manifest else None,
-                     "restart_name": r.restart.name if r.restart else None,
-                     "restart_outcome": restart_outcome(r.checkpoints, bool(res.verified)),
-                     "data_checked": bool(res.verified),
-                     "checkpoints": [i.to_json() for i in r.checkpoints]}
-                    for r in j.ranges
-                ],
-            }
-            for j in res.jobs
-        ],
-    }
+    jobs = [{"job": j.job, "created": j.created, "ranges": [_range_json(r, bool(res.verified)) for r in j.ranges]}
+            for j in res.jobs]
+    return {"uri": res.uri, "verified": bool(res.verified), "jobs": jobs}
 
 
 def epoch_cell(m: Optional[Manifest]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from paddle_acp.format.layout import NO_STEP, parse_name, position_number
 from paddle_acp.format.metrics_record import EVENTS, TIME_MAX, MetricsRecord, MetricsRecordError, is_num
@@ -17,29 +17,15 @@ logger = logging.getLogger("paddle_acp")
 METRICS_DIR = "metrics"
 _METRICS_RE = re.compile(r"trainer-(0|[1-9][0-9]{0,8})\.jsonl", re.ASCII)  # fullmatch
 
-__all__ = ["EVENTS", "TIME_MAX", "METRICS_DIR", "Record", "is_num", "clean_record", "read_metrics", "saves_of",
-           "unrecorded_of", "restarts_of"]
+__all__ = ["EVENTS", "TIME_MAX", "METRICS_DIR", "Record", "is_num", "read_metrics", "saves_of", "unrecorded_of",
+           "restarts_of"]
 
 Record = Dict[str, Any]  # a record read back: MetricsRecord.to_dict() and the reader's ``trainer``
 
 
-def clean_record(rec: Any) -> Optional[Record]:
-    """A line's JSON object checked as a :class:`~paddle_acp.format.metrics_record.MetricsRecord`
-    (its JSON object again, event and range filled in, text cut), or None when it is not one."""
-    try:
-        return MetricsRecord.from_dict(rec).to_dict()
-    except MetricsRecordError:
-        return None
-
-
 def read_metrics(storage: Storage, job: str) -> Tuple[List[Record], int]:
-    """The records of a job's metrics files, oldest first, and how many lines were unusable.
-
-    Files: ``JOB/metrics/trainer-<i>.jsonl``, one :class:`~paddle_acp.format.metrics_record.MetricsRecord`
-    per line (saves, failed and skipped saves, process starts), each returned as its JSON object with
-    a ``trainer`` field. A torn, malformed or out-of-range line is skipped and counted (its reason
-    logged at debug level).
-    """
+    """The records of a job's metrics files, oldest first, each with its ``trainer`` field, and how many
+    lines were unusable (each reason logged at debug level)."""
     records: List[Record] = []
     bad = 0
     for e in storage.listdir(f"{job}/{METRICS_DIR}"):
@@ -70,14 +56,10 @@ def saves_of(records: List[Record]) -> List[Record]:
 
 
 def unrecorded_of(records: List[Record]) -> int:
-    """At most how many save records a kill lost: committed checkpoints no ``saved`` line names.
-
-    A restart's ``start`` record names the checkpoint it restored; when that one (and, for the
-    consecutive numbers of one writer, those between it and the last recorded one) has no
-    ``saved`` record of the same trainer and range before it, the killed process committed them
-    but its buffered lines died with it (storage other than a local disk writes them in batches).
-    An upper bound: a number may also have been skipped (past a leftover of a failed save).
-    """
+    """At most how many save records a kill lost: a restart's ``start`` record names the checkpoint it
+    restored; when no ``saved`` record of the same trainer and range names it (or, for one writer's
+    consecutive numbers, those after the last recorded one), the killed process's buffered lines died
+    with it. An upper bound: a number may also have been skipped (past a leftover of a failed save)."""
     last: Dict[Tuple[Any, str], int] = {}
     lost = 0
     for r in records:
@@ -101,10 +83,9 @@ def unrecorded_of(records: List[Record]) -> int:
 
 
 def _committed_after(prev: int, m: int) -> int:
-    """At most how many checkpoints were committed after ``prev`` (-1: none recorded) up to ``m``, both a
-    ``saved`` record's number or position (:func:`~paddle_acp.format.layout.position_number`). One writer's numbers
-    (``ckpt-N``) follow each other; positions at the end of an epoch (``ckpt-eE``: every epoch's checkpoint,
-    a one-process job's too) at most one per epoch; positions within an epoch do not follow each other: at least one."""
+    """At most how many checkpoints were committed after ``prev`` (-1: none recorded) up to ``m`` (numbers or
+    :func:`~paddle_acp.format.layout.position_number`): one writer's ``ckpt-N`` follow each other, epoch-end
+    positions come at most one per epoch, mid-epoch positions do not follow each other (count one)."""
     if m < 1 << 32:
         return m - prev
     if m & NO_STEP == NO_STEP and (prev < 0 or (prev >= 1 << 32 and prev & NO_STEP == NO_STEP)):
@@ -113,8 +94,7 @@ def _committed_after(prev: int, m: int) -> int:
 
 
 def restarts_of(records: List[Record]) -> List[Record]:
-    """The first record of every process after the first one (a restart): a ``start``
-    record, or for files without them the first record with a new ``pid``."""
+    """The first record of every process after the first one (a restart)."""
     out, seen, prev = [], set(), None
     for r in records:
         pid = (r.get("trainer"), r.get("pid"))

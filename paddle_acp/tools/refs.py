@@ -4,9 +4,10 @@ defaults to the checkpoint a restart loads)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.errors import CorruptCheckpointError, StorageError
@@ -39,9 +40,7 @@ class CkptRef:
     number: int
     name: Optional[str] = None  # several ranks: the checkpoint's directory name
     rank: int = 0
-    # when the reference was resolved to the checkpoint a restart loads: the range's scan (restart order,
-    # the data of the one picked read), so that ``inspect`` need not read it again
-    scanned: Optional[List[CkptInfo]] = None
+    scanned: Optional[List[CkptInfo]] = None  # resolved to the one a restart loads: the range's scan, data read
 
     @property
     def multirank(self) -> bool:
@@ -87,13 +86,8 @@ def _parse_ref(ref: str) -> Optional[CkptRef]:
 
 def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional[str] = None,
                        number: Optional[int] = None, rank: Optional[int] = None) -> CkptRef:
-    """A checkpoint from ``URI/JOB/range/RANGE/ckpt-N`` (or ``.../ckpt-e<E>[-s<S>]``) or from ``URI``
-    plus job/range/number.
-
-    With ``URI``, the job (and range) may be left out when there is only one;
-    the number defaults to the checkpoint a restart would load. ``rank``: which part of a
-    checkpoint of several ranks (default 0); refused for a checkpoint of one writer.
-    """
+    """A checkpoint from ``URI/JOB/range/RANGE/ckpt-N`` (or ``.../ckpt-e<E>[-s<S>]``) or from ``URI`` plus
+    job/range/number; ``rank``: which part of a checkpoint of several ranks (default 0)."""
     bare = job is None and range_name is None and number is None
     if bare:
         parsed = _parse_ref(ref)
@@ -122,22 +116,13 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
         pick = restart_checkpoint(storage, job, range_name, infos, quiet=True)
         if pick is None:
             raise ToolError(f"range {range_name!r} of job {job!r} under {storage.uri!r} has no valid checkpoint")
-        if pick.multirank:
-            return _with_rank(CkptRef(storage, job, range_name, pick.number, name=pick.name, scanned=infos), rank)
-        return _with_rank(CkptRef(storage, job, range_name, pick.number, scanned=infos), rank)
+        name = pick.name if pick.multirank else None
+        return _with_rank(CkptRef(storage, job, range_name, pick.number, name=name, scanned=infos), rank)
     return _with_rank(CkptRef(storage, job, range_name, number), rank)
 
 
 def _with_rank(ref: CkptRef, rank: Optional[int]) -> CkptRef:
-    _check_ref(ref)
-    if rank is not None:
-        if not ref.multirank:
-            raise ToolError(f"--rank {rank}: checkpoint {ref.uri} was written by one process (it has no parts of ranks)")
-        ref.rank = rank
-    return ref
-
-
-def _check_ref(ref: CkptRef) -> None:
+    """``ref``, checked to exist, reading the part of ``rank`` (refused for a checkpoint of one writer)."""
     st = ref.storage
     if not st.exists(ref.path):
         have = index.entries(st, ref.job, ref.range) if st.exists(range_dir(ref.job, ref.range)) else []
@@ -145,6 +130,12 @@ def _check_ref(ref: CkptRef) -> None:
         if not st.exists(ref.job):
             extra = f" (no job {ref.job!r} under {st.uri!r})"
         raise ToolError(f"checkpoint {ref.uri} does not exist{extra}")
+    if rank is not None:
+        if not ref.multirank:
+            raise ToolError(f"--rank {rank}: checkpoint {ref.uri} was written by one process (it has no parts of "
+                            "ranks)")
+        ref.rank = rank
+    return ref
 
 
 def read_part(ref: CkptRef) -> Tuple[GlobalManifest, Dict[int, bytes]]:
@@ -155,10 +146,21 @@ def read_part(ref: CkptRef) -> Tuple[GlobalManifest, Dict[int, bytes]]:
     return GlobalReader(ref.storage, ref.job, ref.range).check_global(ref.dir_name)
 
 
-def load_manifest(ref: CkptRef) -> Manifest:
-    """The manifest ``ref`` reads (of a checkpoint of several ranks: its rank's part, checked against the
-    global manifest); ToolError when it cannot be read or is corrupt."""
+@contextlib.contextmanager
+def reading(ref: CkptRef, corrupt: str = "cannot read checkpoint {uri}: {reason}") -> Iterator[None]:
+    """A CorruptCheckpointError (worded by ``corrupt``) or StorageError reading ``ref`` as a ToolError."""
     try:
+        yield
+    except CorruptCheckpointError as exc:
+        raise ToolError(corrupt.format(uri=ref.uri, reason=short_reason(exc, ref.path))) from exc
+    except StorageError as exc:
+        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc
+
+
+def load_manifest(ref: CkptRef) -> Manifest:
+    """The manifest ``ref`` reads (of a checkpoint of several ranks: its rank's part); ToolError when it
+    cannot be read or is corrupt."""
+    with reading(ref):
         if ref.multirank:
             g, raws = read_part(ref)
             if ref.rank not in raws:
@@ -167,7 +169,3 @@ def load_manifest(ref: CkptRef) -> Manifest:
             ref.number = g.number
             return reader.read_manifest(ref.storage, ref.part_path, g.number, ref.range, raws[ref.rank])
         return reader.read_manifest(ref.storage, ref.path, ref.number, ref.range)
-    except CorruptCheckpointError as exc:
-        raise ToolError(f"cannot read checkpoint {ref.uri}: {short_reason(exc, ref.path)}") from exc
-    except StorageError as exc:
-        raise ToolError(f"cannot read checkpoint {ref.uri}: {exc}") from exc

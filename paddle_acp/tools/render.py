@@ -1,11 +1,9 @@
-"""Text rendering shared by the commands: sizes, times, durations, tables, the output line.
-
-Every command computes a result object first; these helpers turn it into today's text. Nothing
-here reads storage.
-"""
+"""Text rendering shared by the commands: sizes, times, durations, tables, the output; nothing here reads
+storage."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -117,11 +115,8 @@ def guard(fn: Callable[[Any], int]) -> Callable[[Any], int]:
         try:
             return fn(args)
         except BrokenPipeError:
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
 
     run.__name__ = getattr(fn, "__name__", "command")

@@ -1,9 +1,6 @@
 """The checkpoints of a range in restart order, each with its status, and the one a restart loads
-(decided by :mod:`paddle_acp.format.checkpoints.index`, the restart's own code).
-
-Both layouts: one writer (``ckpt-<N>/`` with ``manifest.json`` and ``tensors.bin``) and several ranks
-(``ckpt-e<E>[-s<S>]/`` with ``rank-<k>/`` parts and ``global.json``, see
-:mod:`paddle_acp.format.checkpoints.multirank`). Links and non-directories are never checkpoints.
+(decided by :mod:`paddle_acp.format.checkpoints.index`, the restart's own code), in both layouts (one
+writer's ``ckpt-<N>/``, several ranks' ``ckpt-e<E>[-s<S>]/``). Links and non-directories are never checkpoints.
 """
 
 from __future__ import annotations
@@ -36,11 +33,10 @@ class CkptInfo:
     bytes: int = 0
     mtime: Optional[float] = None
     manifest: Optional[Manifest] = None
-    status: str = UNCOMMITTED  # ok | verified | corrupt | newer-format (never deleted) | uncommitted
+    status: str = UNCOMMITTED  # OK, VERIFIED, CORRUPT, NEWER (never deleted) or UNCOMMITTED
     reason: str = ""
     restart: bool = False
     position: Optional[Tuple[int, int]] = None  # checkpoints of several ranks: (epoch, step) order
-    ranks: Optional[List[int]] = None  # checkpoints of several ranks: the parts' ranks (committed ones)
     entry: Optional[index.Entry] = None  # where the restart order puts it
 
     @property
@@ -53,59 +49,41 @@ class CkptInfo:
 
     def to_json(self) -> Dict[str, Any]:
         m = self.manifest
-        return {
-            "name": self.name,
-            "number": self.number,
-            "path": self.path,
-            "committed": self.committed,
-            "status": self.status,
-            "valid": self.valid,
-            "reason": self.reason or None,
-            "restart": self.restart,
-            "bytes": self.bytes,
-            "created": m.created if m is not None else self.mtime,
-            "epoch": m.range.epoch_no if m is not None else None,
-            "step": m.range.step if m is not None else None,
-            "max_epoch_num": m.range.max_epoch_num if m is not None else None,
-            "paddle_version": m.paddle_version if m is not None else None,
-            "ir": m.ir if m is not None else None,
-        }
+        r = m.range if m is not None else None
+        return {"name": self.name, "number": self.number, "path": self.path, "committed": self.committed,
+                "status": self.status, "valid": self.valid, "reason": self.reason or None, "restart": self.restart,
+                "bytes": self.bytes, "created": m.created if m is not None else self.mtime,
+                "epoch": r.epoch_no if r else None, "step": r.step if r else None,
+                "max_epoch_num": r.max_epoch_num if r else None,
+                "paddle_version": m.paddle_version if m is not None else None, "ir": m.ir if m is not None else None}
 
 
-def dir_stats(storage: Storage, path: str) -> Tuple[int, Dict[str, int], Optional[float]]:
-    """(total bytes, file name -> size, newest mtime) of one checkpoint directory."""
-    files: Dict[str, int] = {}
-    newest: Optional[float] = None
+def dir_stats(storage: Storage, path: str) -> Tuple[int, Optional[float]]:
+    """(total bytes of its files, newest mtime) of one checkpoint directory."""
+    size, newest = 0, None
     for e in storage.listdir(path):
         if not e.is_dir:
-            files[e.name] = e.size
+            size += e.size
         if e.mtime is not None:
             newest = e.mtime if newest is None else max(newest, e.mtime)
-    return sum(files.values()), files, newest
+    return size, newest
 
 
-def scan_range(
-    storage: Storage, job: str, range_name: str, verify: bool = False, quiet_progress: bool = False
-) -> List[CkptInfo]:
-    """Every checkpoint directory of a range, with its status, in the order a restart tries them
-    (:func:`paddle_acp.format.checkpoints.index.entries`, the restart's own ordering).
+def scan_range(storage: Storage, job: str, range_name: str, verify: bool = False) -> List[CkptInfo]:
+    """Every checkpoint directory of a range, with its status, in the order a restart tries them.
 
-    Without ``verify`` a committed checkpoint is "ok" when its manifest is valid
-    and its data file has the size the manifest gives (no data is read); with
-    ``verify`` every checksum is checked ("verified"). The first valid one is
-    marked ``restart``: without ``verify`` that is the one a restart loads if its data verifies
-    (:func:`restart_checkpoint` reads the data, as a restart does).
+    Without ``verify`` a committed checkpoint is "ok" when its manifest is valid and its data file has
+    the size the manifest gives; with ``verify`` every checksum is checked ("verified"). The first valid
+    one is marked ``restart`` (without ``verify``: the one a restart loads if its data verifies, which
+    :func:`restart_checkpoint` reads).
     """
-    parent = range_dir(job, range_name)
     index.check_no_links(storage, job, range_name)
-    listing = storage.listdir(parent)
+    listing = storage.listdir(range_dir(job, range_name))
     mtimes = {e.name: e.mtime for e in listing}
     infos: List[CkptInfo] = []
     for e in index.entries(storage, job, range_name, uncommitted=True, listing=listing):
-        if e.layout == index.SINGLE:
-            infos.append(_single_info(storage, job, range_name, e, verify, quiet_progress, mtimes))
-        else:
-            infos.append(_global_info(storage, job, range_name, e, verify, quiet_progress, mtimes))
+        info_of = _single_info if e.layout == index.SINGLE else _global_info
+        infos.append(info_of(storage, job, range_name, e, verify, mtimes))
     _mark(infos, lambda i: i if i.valid else _refuse(i))
     return infos
 
@@ -115,8 +93,7 @@ def _refuse(i: CkptInfo) -> CkptInfo:
 
 
 def _mark(infos: List[CkptInfo], check: Callable[[CkptInfo], CkptInfo]) -> Optional[CkptInfo]:
-    """Mark (``restart``) the first checkpoint of ``infos`` (restart order) that ``check`` passes,
-    found by the restart's own search (:func:`paddle_acp.format.checkpoints.index.first_usable`)."""
+    """Mark (``restart``) the first checkpoint of ``infos`` that ``check`` passes, by the restart's own search."""
     by_entry = {id(i.entry): i for i in infos if i.entry is not None}
     cands = [i.entry for i in infos if i.entry is not None]
     search = index.first_usable(cands, lambda e: check(by_entry[id(e)]), log=False)
@@ -125,31 +102,37 @@ def _mark(infos: List[CkptInfo], check: Callable[[CkptInfo], CkptInfo]) -> Optio
     return search.found
 
 
-def _single_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool, quiet: bool,
+def _failed(info: CkptInfo, exc: Exception, unreadable: str = "cannot be read: ") -> None:
+    """Mark ``info`` of a newer format or corrupt, by ``exc`` (``unreadable`` prefixes a StorageError's reason)."""
+    reason = short_reason(exc, info.path)
+    if isinstance(exc, UnknownFormatError):
+        info.status, info.reason = NEWER, reason
+    else:
+        info.status, info.reason = CORRUPT, (unreadable + reason if isinstance(exc, StorageError) else reason)
+
+
+def _single_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool,
                  mtimes: Dict[str, Optional[float]]) -> CkptInfo:
     info = CkptInfo(job, range_name, e.name, e.number, e.committed, e.path, entry=e)
+    newest = None
     try:
-        info.bytes, _files, newest = dir_stats(storage, e.path)
+        info.bytes, newest = dir_stats(storage, e.path)
     except StorageError as exc:  # this checkpoint only: the others are still listed
-        newest = None
         if e.committed:
-            info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, e.path)}"
+            _failed(info, exc)
     info.mtime = newest if newest is not None else mtimes.get(e.name)
     if e.committed and info.status != CORRUPT:
         try:
             if verify:
-                info.manifest = verify_checkpoint(storage, job, range_name, e.number, quiet=quiet)
+                info.manifest = verify_checkpoint(storage, job, range_name, e.number)
                 info.status = VERIFIED
             else:  # the manifest and the data file's size, as a restore checks them first
                 info.manifest, _ = reader.check_header(storage, e.path, e.number, range_name)
                 info.status = OK
-        except UnknownFormatError as exc:
-            info.status, info.reason = NEWER, short_reason(exc, e.path)
-        except CorruptCheckpointError as exc:
-            info.status, info.reason = CORRUPT, short_reason(exc, e.path)
-            info.manifest = _manifest_if_valid(storage, e.path, e.number, range_name)  # shown where it is
-        except StorageError as exc:
-            info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, e.path)}"
+        except (CorruptCheckpointError, StorageError) as exc:
+            _failed(info, exc)
+            if info.status == CORRUPT and not isinstance(exc, StorageError):  # the manifest may be valid: shown
+                info.manifest = _manifest_if_valid(storage, e.path, e.number, range_name)
     elif not e.committed:
         info.reason = "leftover of an interrupted save" if ".tmp-" in e.name else "no manifest (not committed)"
     return info
@@ -163,44 +146,35 @@ def _manifest_if_valid(storage: Storage, path: str, number: int, range_name: str
         return None
 
 
-def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool, quiet: bool,
+def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, verify: bool,
                  mtimes: Dict[str, Optional[float]]) -> CkptInfo:
-    """A checkpoint of several ranks (``ckpt-e<E>[-s<S>]/``, per-rank parts, ``global.json``):
-    "ok" when the global manifest and every part's manifest verify (and the data files have their
-    sizes); with ``verify`` every part's checksums are read too."""
+    """A checkpoint of several ranks: "ok" when the global manifest and every part's manifest verify (and
+    the data files have their sizes); with ``verify`` every part's checksums are read too."""
     from paddle_acp.format.checkpoints.global_reader import GlobalReader
 
-    global_reader = GlobalReader(storage, job, range_name)
-    path = e.path
-    info = CkptInfo(job, range_name, e.name, 0, e.committed, path, entry=e)
-    info.position = e.key
-    info.bytes, newest = 0, mtimes.get(e.name)
+    info = CkptInfo(job, range_name, e.name, 0, e.committed, e.path, entry=e, position=e.key)
+    newest = mtimes.get(e.name)
     try:
-        for d in storage.listdir(path):
+        for d in storage.listdir(e.path):
             if d.is_dir:
-                n, _files, t = dir_stats(storage, f"{path}/{d.name}")
+                n, t = dir_stats(storage, f"{e.path}/{d.name}")
                 info.bytes += n
                 newest = t if t is not None and (newest is None or t > newest) else newest
     except StorageError as exc:  # this checkpoint only
-        info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
+        _failed(info, exc)
     info.mtime = newest
     if e.committed and info.status != CORRUPT:
         try:
-            gm, raws = global_reader.check_global(e.name)
+            gm, raws = GlobalReader(storage, job, range_name).check_global(e.name)
             info.number = gm.number
             info.manifest = Manifest.loads(raws[0])
-            info.ranks = sorted(raws)
             info.status = OK
             info.reason = "1 rank" if gm.world_size == 1 else f"{gm.world_size} ranks, {gm.mode}"
             if verify:
-                verify_global(storage, job, range_name, e.name, quiet=quiet)
+                verify_global(storage, job, range_name, e.name)
                 info.status = VERIFIED
-        except UnknownFormatError as exc:
-            info.status, info.reason = NEWER, short_reason(exc, path)
-        except (CorruptCheckpointError, CheckpointError) as exc:  # CheckpointError: parts moved or swapped
-            info.status, info.reason = CORRUPT, short_reason(exc, path)
-        except StorageError as exc:
-            info.status, info.reason = CORRUPT, f"cannot be read: {short_reason(exc, path)}"
+        except (CorruptCheckpointError, CheckpointError, StorageError) as exc:  # CheckpointError: parts swapped
+            _failed(info, exc)
     elif not e.committed:
         info.reason = "no global manifest (not committed, or abandoned)"
     return info
@@ -208,24 +182,22 @@ def _global_info(storage: Storage, job: str, range_name: str, e: index.Entry, ve
 
 def restart_checkpoint(storage: Storage, job: str, range_name: str, infos: List[CkptInfo],
                        quiet: bool = False) -> Optional[CkptInfo]:
-    """The checkpoint a restart loads, as a restart finds it (the same order, the same search): the
-    first committed one whose data verifies (every checksum read); those that fail are marked corrupt.
-    None: a restart finds nothing to load (it stops when ``infos`` hold committed checkpoints)."""
+    """The checkpoint a restart loads, found as a restart finds it: the first committed one whose data
+    verifies (those that fail are marked). None: a restart finds nothing to load."""
 
     def check(i: CkptInfo) -> CkptInfo:
         if not i.valid:
             _refuse(i)
         if i.status != VERIFIED:
             try:
-                if i.multirank:  # a checkpoint of several ranks: every part
+                if i.multirank:
                     verify_global(storage, job, range_name, i.name, quiet=quiet)
                 else:
                     verify_checkpoint(storage, job, range_name, i.number, quiet=quiet)
-            except UnknownFormatError as exc:
-                i.status, i.reason = NEWER, short_reason(exc, i.path)
-                raise
             except (CorruptCheckpointError, CheckpointError, StorageError) as exc:  # CheckpointError: parts swapped
-                i.status, i.reason = CORRUPT, short_reason(exc, i.path)
+                _failed(i, exc, unreadable="")
+                if i.status == NEWER:
+                    raise
                 raise CorruptCheckpointError(i.reason) from exc
             i.status = VERIFIED
         return i
@@ -248,8 +220,8 @@ def restart_outcome(infos: List[CkptInfo], checked: bool) -> str:
 
 
 def verify_global(storage: Storage, job: str, range_name: str, name: str, quiet: bool = False) -> None:
-    """Every part of a checkpoint of several ranks, every checksum; CorruptCheckpointError otherwise.
-    A progress line per part on a terminal (as for a checkpoint of one writer), unless ``quiet``."""
+    """Every checksum of every part of a checkpoint of several ranks (a progress line per part);
+    CorruptCheckpointError otherwise."""
     from paddle_acp.format.checkpoints.global_reader import GlobalReader
 
     g = GlobalReader(storage, job, range_name)

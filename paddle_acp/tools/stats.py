@@ -1,13 +1,16 @@
 """``paddle-acp stats``: a summary of a job's save metrics (blocked time, skipped saves, persist time,
-throughput, failures, restarts), overall and per range; ``--plot`` draws them (:mod:`.plot`)."""
+throughput, failures, restarts), overall and per range; ``--plot`` draws them over wall time (needs
+matplotlib, imported only then): per save the time the training thread was blocked and the time the write
+took, on log axes; failed saves, skipped saves and (re)starts of the training process marked."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from paddle_acp.config import AUTO_WAIT_FREE_S, AUTO_WAIT_SHARE
 from paddle_acp.format.checkpoints.metrics_log import FLUSH_INTERVAL
@@ -27,10 +30,15 @@ from paddle_acp.tools.render import (
 THROUGHPUT_MIN_BYTES = 64 << 20  # below this a checkpoint's time is its fixed cost, not bandwidth
 
 
+def _median_and(xs: List[float], median_key: str, key: str,
+                 extreme: Callable[[List[float]], float]) -> Dict[str, Optional[float]]:
+    """``xs``'s median and ``extreme`` (max or min) under those keys; None of both without values."""
+    return {median_key: statistics.median(xs) if xs else None, key: extreme(xs) if xs else None}
+
+
 def summarize_metrics(records: List[Record], now: Optional[float] = None) -> Dict[str, Any]:
-    """Saves, failures, skipped saves, restarts; the time the training thread was blocked per
-    save (median/worst, and of it waiting for the previous save), persist time, throughput,
-    total bytes, time since the last save."""
+    """Overall and per range: saves, failures, skips, restarts, the training thread's blocked time per save
+    (and of it the wait for the previous save), persist time, throughput, bytes, time since the last save."""
     now = time.time() if now is None else now
 
     def vals(key: str, recs: List[Record]) -> List[float]:
@@ -41,7 +49,6 @@ def summarize_metrics(records: List[Record], now: Optional[float] = None) -> Dic
         skipped = [r for r in all_recs if r["event"] == "skipped"]
         stall, persist = vals("stall_s", recs), vals("persist_s", recs)
         waited = vals("waited_s", recs)
-        # throughput only of checkpoints large enough for it to mean something
         thr = [r["throughput_mb_s"] for r in recs if is_num(r.get("throughput_mb_s")) and is_num(r.get("bytes"))
                and r["bytes"] >= THROUGHPUT_MIN_BYTES]
         ok = [r for r in recs if r["event"] == "saved"]
@@ -49,33 +56,21 @@ def summarize_metrics(records: List[Record], now: Optional[float] = None) -> Dic
         worst = max((r for r in recs if is_num(r.get("stall_s"))), key=lambda r: r["stall_s"], default=None)
         last = recs[-1]["time"] if recs else None
         return {
-            "count": len(recs),
-            "ok": len(ok),
-            "failed": len(failed),
-            "skipped": len(skipped),
-            "restarts": len(restarts_of(all_recs)),
-            "unrecorded": unrecorded_of(all_recs),
-            "stall_median_s": statistics.median(stall) if stall else None,
-            "stall_worst_s": max(stall) if stall else None,
-            "stall_worst_at": {"range": worst.get("range"), "number": worst.get("number"), "time": worst["time"]} if worst else None,
-            "waited_median_s": statistics.median(waited) if waited else None,
-            "waited_worst_s": max(waited) if waited else None,
-            "waited_saves": sum(1 for w in waited if w > 0),
-            "waited_total_s": sum(waited),
+            "count": len(recs), "ok": len(ok), "failed": len(failed), "skipped": len(skipped),
+            "restarts": len(restarts_of(all_recs)), "unrecorded": unrecorded_of(all_recs),
+            **_median_and(stall, "stall_median_s", "stall_worst_s", max),
+            "stall_worst_at": ({"range": worst.get("range"), "number": worst.get("number"), "time": worst["time"]}
+                               if worst else None),
+            **_median_and(waited, "waited_median_s", "waited_worst_s", max),
+            "waited_saves": sum(1 for w in waited if w > 0), "waited_total_s": sum(waited),
             # the busy policies the skips were made under (auto: waiting would have passed the range's budget)
             "skip_policies": sorted({str(r.get("policy")) for r in skipped}),
-            "persist_median_s": statistics.median(persist) if persist else None,
-            "persist_worst_s": max(persist) if persist else None,
-            "throughput_median_mb_s": statistics.median(thr) if thr else None,
-            "throughput_min_mb_s": min(thr) if thr else None,
-            "total_bytes": int(sum(vals("bytes", ok))),
-            "first_save": recs[0]["time"] if recs else None,
-            "last_failure": (
-                {"time": failed[-1]["time"], "range": failed[-1].get("range"), "error": failed[-1].get("error")}
-                if failed else None
-            ),
-            "last_save": last,
-            "since_last_save_s": (now - last) if last is not None else None,
+            **_median_and(persist, "persist_median_s", "persist_worst_s", max),
+            **_median_and(thr, "throughput_median_mb_s", "throughput_min_mb_s", min),
+            "total_bytes": int(sum(vals("bytes", ok))), "first_save": recs[0]["time"] if recs else None,
+            "last_failure": ({"time": failed[-1]["time"], "range": failed[-1].get("range"),
+                              "error": failed[-1].get("error")} if failed else None),
+            "last_save": last, "since_last_save_s": (now - last) if last is not None else None,
         }
 
     out = block(records)
@@ -89,7 +84,6 @@ class StatsResult:
     uri: str
     job: str
     where: str  # the metrics files, as a URI pattern
-    records: List[Record]
     skipped_lines: int
     summary: Dict[str, Any]
     plot: Optional[str]  # the image written, if any
@@ -104,12 +98,113 @@ def stats(uri: str, job: Optional[str] = None, plot: Optional[str] = None) -> St
     if not saves_of(records) and not any(r["event"] == "skipped" for r in records):
         extra = f" ({bad} unusable line(s) skipped)" if bad else ""
         raise ToolError(f"job {name!r} under {storage.uri!r} has no save metrics ({where} is missing or empty){extra}")
-    res = StatsResult(storage.uri, name, where, records, bad, summarize_metrics(records), plot)
+    res = StatsResult(storage.uri, name, where, bad, summarize_metrics(records), plot)
     if plot:
-        from paddle_acp.tools.plot import plot_metrics
-
         res.plot_legend = plot_metrics(records, res.summary, plot, f"paddle-acp saves of job {name}")
     return res
+
+
+def time_axis(span: float) -> Tuple[str, float]:
+    """(unit name, seconds per unit) for an elapsed-time axis of ``span`` seconds."""
+    if span < 180:
+        return "seconds", 1.0
+    if span < 3 * 3600:
+        return "minutes", 60.0
+    if span < 3 * 86400:
+        return "hours", 3600.0
+    return "days", 86400.0
+
+
+def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: str, title: str) -> List[str]:
+    """Draw the saves to ``path`` (``summary``: :func:`summarize_metrics` of the same records); returns the
+    legend's labels, in order."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker as mticker
+        import matplotlib.transforms as mtransforms
+    except ImportError:
+        raise ToolError(
+            "--plot needs matplotlib, which is not installed here: `pip install matplotlib` "
+            "(or `pip install '.[plot]'` in a paddle-acp checkout), or leave out --plot for the text summary"
+        ) from None
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise ToolError(f"cannot write the plot to {path!r}: directory {d!r} does not exist")
+    t0: float = records[0]["time"]
+    span = max(records[-1]["time"] - t0, 1.0)
+    unit, per = time_axis(span)
+
+    def x(r: Record) -> float:
+        t: float = r["time"]
+        return (t - t0) / per
+
+    floor = 1e-4  # log axes: 0.1 ms stands for "no time at all"
+
+    def y(r: Record, key: str) -> Optional[float]:
+        v = r.get(key)
+        return max(float(v), floor) if v is not None and is_num(v) else None
+
+    s = summary
+    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    saved = [r for r in records if r["event"] == "saved"]
+    failed = [r for r in records if r["event"] == "failed"]
+    skipped = [r for r in records if r["event"] == "skipped"]
+    restarts = restarts_of(records)
+    # one line per process and range: lines never join across a restart
+    segments: Dict[Tuple[Any, Any, str], List[Dict[str, Any]]] = {}
+    for r in saved:
+        segments.setdefault((r.get("trainer"), r.get("pid"), r["range"]), []).append(r)
+    ranges = sorted({r["range"] for r in saved}, key=natural_key)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {name: colors[i % len(colors)] for i, name in enumerate(ranges)}
+    labelled = set()
+    for (_tr, _pid, name), recs in segments.items():
+        # the range's own name (`_range_0`); a label starting with '_' would hide it, this one does not
+        label = None if name in labelled else f"saved, range {name}"
+        labelled.add(name)
+        for ax, key in ((ax1, "stall_s"), (ax2, "persist_s")):
+            pts = [(x(r), y(r, key)) for r in recs if y(r, key) is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=0.8,
+                        color=color[name], label=label if ax is ax1 else None)
+    for ax, key in ((ax1, "stall_s"), (ax2, "persist_s")):
+        pts = [(x(r), y(r, key) or floor) for r in failed]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "x", color="red", ms=9, mew=2,
+                    label=f"failed save ({len(failed)})" if ax is ax1 else None)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_minor_locator(mticker.NullLocator())
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _pos: fmt_seconds(v)))
+        ax.grid(True, which="major", alpha=0.3)
+        # restarts: a dashed line through both panels
+        for i, r in enumerate(restarts):
+            ax.axvline(x(r), color="0.3", ls="--", lw=1,
+                       label=(f"restart ({len(restarts)})" if i == 0 and ax is ax1 else None))
+    if skipped:
+        trans = mtransforms.blended_transform_factory(ax1.transData, ax1.transAxes)
+        ax1.plot([x(r) for r in skipped], [0.03] * len(skipped), "|", color="darkorange", ms=12, mew=1.5,
+                 transform=trans, label=f"skipped save ({len(skipped)}): previous one still being written")
+    ax1.set_ylabel("training thread blocked per save")
+    ax2.set_ylabel("write + commit time per save")
+    ax2.set_xlabel(f"{unit} since {fmt_time(t0)}")
+    ax2.set_xlim(left=min(0.0, ax2.get_xlim()[0]))
+    parts = [f"{s['count']} saves"]
+    if s["failed"]:
+        parts.append(f"{s['failed']} failed")
+    if s["skipped"]:
+        parts.append(f"{s['skipped']} skipped")
+    if restarts:
+        parts.append(f"{len(restarts)} restart(s)")
+    ax1.set_title(title + "\n" + ", ".join(p for p in parts if p), fontsize=11)
+    legend = ax1.legend(loc="upper left", fontsize="small", framealpha=0.85)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [t.get_text() for t in legend.get_texts()]
 
 
 def to_json(res: StatsResult) -> Dict[str, Any]:
@@ -162,8 +257,8 @@ def render(res: StatsResult) -> str:
         trows = [[name, b["count"], b["failed"], b["skipped"], fmt_seconds(b["stall_median_s"]),
                   fmt_seconds(b["stall_worst_s"]), human_bytes(b["total_bytes"]), fmt_time(b["last_save"])]
                  for name, b in s["ranges"].items()]
-        lines += ["", table(["RANGE", "SAVES", "FAILED", "SKIPPED", "MEDIAN BLOCKED", "WORST BLOCKED", "BYTES", "LAST SAVE"],
-                            trows, right=(1, 2, 3, 4, 5, 6), indent="  ")]
+        heads = ["RANGE", "SAVES", "FAILED", "SKIPPED", "MEDIAN BLOCKED", "WORST BLOCKED", "BYTES", "LAST SAVE"]
+        lines += ["", table(heads, trows, right=(1, 2, 3, 4, 5, 6), indent="  ")]
     if s["unrecorded"]:
         lines.append(
             f"\nnote: a kill may have lost up to {s['unrecorded']} save record(s) (not counted above): checkpoints "
@@ -180,7 +275,8 @@ def render(res: StatsResult) -> str:
 def register(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = root_command(
         sub, "stats", "summarize the save metrics of a job (blocked time, skipped saves, persist time)",
-        "Summarize the metrics the saves write (JOB/metrics/trainer-*.jsonl).", job_help="job id (optional when there is one job)")
+        "Summarize the metrics the saves write (JOB/metrics/trainer-*.jsonl).",
+        job_help="job id (optional when there is one job)")
     p.add_argument("--plot", metavar="PNG", help="draw the saves over wall time, with failed and skipped saves "
                    "and restarts marked (needs matplotlib: pip install matplotlib)")
     return p

@@ -1,13 +1,10 @@
 """What ``paddle-acp inspect`` shows of the values a checkpoint's manifest holds besides its tensors
-(``extra``: the script's own objects, the data loader's state, the RNG at a mid-epoch checkpoint's
-epoch start): each value as one bounded line, with anything that may be a credential redacted.
+(``extra``: the script's objects, the data loader's state, the RNG at a mid-epoch checkpoint's epoch start):
+each value as one bounded line, the way Python writes it, shortened.
 
-A value is shown the way Python writes it, shortened: at most :data:`ITEMS` items of a list, tuple
-or dict, :data:`DEPTH` levels deep, :data:`TEXT` characters of a string, an array as its dtype, shape
-and first items, and the whole line cut at the width asked for. Redacted before anything is cut: a
-string's registered secrets (:func:`paddle_acp.secrets.scrub`) and the user info and query of every
-URI in it, and the value of a key named like a credential (``password``, ``secret_key``, ``token``...,
-:func:`paddle_acp.secrets.secret_name`) unless it is a number (an RNG state's ``key`` array is none).
+Redacted before anything is cut: a string's registered secrets and the user info and query of every URI in
+it, and the value of a key named like a credential (:func:`paddle_acp.secrets.secret_name`) unless it is a
+number (an RNG state's ``key`` array is none).
 """
 
 from __future__ import annotations
@@ -73,30 +70,28 @@ def _show(v: Any, depth: int, hidden: bool) -> str:
     return f"<{type(v).__name__}>"  # decode() returns nothing else
 
 
-def _objects(section: Any, width: int) -> Dict[str, List[Dict[str, str]]]:
-    """An ``objects`` section (format/objstate.py, validated when the manifest was read): per part
-    ("rng", "state") its objects' names, kinds and values (by name, as the manifest holds them)."""
+def _objects(section: Any) -> Dict[str, List[Dict[str, str]]]:
+    """An ``objects`` section (format/objstate.py): per part ("rng", "state") its objects' names, kinds and values."""
     rng, state = objstate.validate(section)
-    return {part: [{"name": scrub(name), "kind": kind, "value": preview(value, width)}
+    return {part: [{"name": scrub(name), "kind": kind, "value": preview(value)}
                    for name, (kind, value) in objs.items()]
             for part, objs in (("rng", rng), ("state", state))}
 
 
-def extra_values(extra: Dict[str, Any], width: int = WIDTH) -> Dict[str, Any]:
-    """The manifest's ``extra`` as ``inspect`` shows it: ``objects`` and ``epoch_start_objects`` per
-    object, ``epoch_start_rng`` summarized, any other value (``loader_state``...) as one line. ``part``
-    (whose part of a checkpoint of several ranks this is) is shown by ``inspect`` itself."""
+def extra_values(extra: Dict[str, Any]) -> Dict[str, Any]:
+    """The manifest's ``extra`` as ``inspect`` shows it: ``objects`` and ``epoch_start_objects`` per object,
+    ``epoch_start_rng`` summarized, any other value as one line (``part``: shown by ``inspect`` itself)."""
     out: Dict[str, Any] = {}
     for key in sorted(extra):
         v = extra[key]
         if key == "part" or v is None:
             continue
         if key in ("objects", "epoch_start_objects"):
-            out[key] = _objects(v, width)
+            out[key] = _objects(v)
         elif key == "epoch_start_rng":
             out[key] = rng_summary(v)
         else:
-            out[scrub(key)] = preview(v, width)  # plain JSON data
+            out[scrub(key)] = preview(v)  # plain JSON data
     return out
 
 

@@ -1,8 +1,7 @@
 """``paddle-acp verify``: read every committed checkpoint and check its manifest and every checksum.
 
-Fails (exit status 1) when the checkpoint a restart would try first (the newest committed one of a
-range, in restart order) is bad, when a range has checkpoint directories but none valid (a restart then
-stops, or starts from scratch when none is committed), or when nothing is valid at all.
+Fails (exit status 1) when the checkpoint a restart would try first is bad, when a range has checkpoint
+directories but none valid, or when nothing is valid at all.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from paddle_acp.tools.scan import NEWER, CkptInfo, restart_outcome, scan_range
 @dataclasses.dataclass
 class VerifyResult:
     uri: str
-    job: Optional[str]  # the --job asked for
-    jobs: List[str]
     checked: int  # committed checkpoints read
     valid: int
     ranges: Dict[str, Dict[str, List[CkptInfo]]]  # job -> range -> checkpoints, newest first
@@ -37,7 +34,7 @@ class VerifyResult:
 def verify(uri: str, job: Optional[str] = None) -> VerifyResult:
     storage = open_root(uri)
     jobs = select_jobs(storage, job)
-    res = VerifyResult(storage.uri, job, jobs, 0, 0, {}, [], [])
+    res = VerifyResult(storage.uri, 0, 0, {}, [], [])
     for j in jobs:
         res.ranges[j] = {}
         for r in list_ranges(storage, j):

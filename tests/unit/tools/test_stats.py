@@ -18,7 +18,7 @@ from paddle_acp import cli
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.metrics_record import MetricsRecord
 from paddle_acp.storage import open_storage
-from paddle_acp.tools import metrics, plot
+from paddle_acp.tools import metrics, stats
 
 JOB = "jobS"
 
@@ -172,8 +172,8 @@ def test_plot_marks_restarts_failures_and_skips(tmp_path, capsys):
     assert "1 restart(s)" in out and "20 skipped" in out and "1 FAILED" in out, out
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert plot.time_axis(50) == ("seconds", 1.0) and plot.time_axis(3000)[0] == "minutes"
-    assert plot.time_axis(20000)[0] == "hours" and plot.time_axis(10 ** 6)[0] == "days"
+    assert stats.time_axis(50) == ("seconds", 1.0) and stats.time_axis(3000)[0] == "minutes"
+    assert stats.time_axis(20000)[0] == "hours" and stats.time_axis(10 ** 6)[0] == "days"
 
 
 def test_plot_legend_names_each_range_as_the_tools_do(tmp_path):
