@@ -1,10 +1,7 @@
 """The global manifest (``global.json``): the commit of a checkpoint of several ranks.
 
-Written last, by rank 0, once every rank's part is committed: it lists each
-part with the CRC32 and size of its manifest, the size of its data and its
-program fingerprints, and the topology (world size, mode). Untrusted input like
-every manifest: size-capped before parsing, checksummed, every field checked.
-The protocol that writes and reads it is :mod:`paddle_acp.format.checkpoints.multirank`.
+Written last, by rank 0, once every rank's part is committed: each part's manifest CRC32 and size, data size
+and program keys, and the topology. Untrusted input like every manifest (:mod:`.untrusted_json`).
 """
 
 from __future__ import annotations
@@ -18,13 +15,13 @@ from paddle_acp.format.layout import parse_name, position_key, position_number
 from paddle_acp.format.manifest import MAX_TIME, max_manifest_size
 from paddle_acp.format.untrusted_json import (
     MAX_INT,
-    _doc_checksum,
     _fail,
     _get,
     check_newer_version,
     check_text,
     parse_json,
     seal,
+    unseal,
 )
 
 GLOBAL_FORMAT = "paddle-acp/global-checkpoint"
@@ -73,15 +70,11 @@ class GlobalManifest:
     created: float = 0.0
     generation: int = -1
     base: Optional[str] = None  # the checkpoint the writing incarnation resumed from
-    # who wrote the replicated tensors: "one" (rank 0, version 3) or "all" (each rank its share,
-    # format/engine/shares.py; version 4, which older builds refuse as a newer format)
+    # who wrote the replicated tensors: "one" (rank 0, version 3) or "all" (each rank its share, version 4)
     writers: str = "one"
-    # "all" only: how many ranks wrote shares, ranks 0..share_writers-1 (the parts from it on hold no
-    # tensors); 0 with writers "one"
-    share_writers: int = 0
+    share_writers: int = 0  # "all": ranks 0..share_writers-1 wrote shares; 0 with "one"
     version: int = 0  # 0: the version ``writers`` calls for
-    # the CRC32 of the bytes it was read from (None when built here): what names this copy of
-    # the checkpoint; a rank's mark condemns the copy whose global.json has this CRC32
+    # the CRC32 of the bytes it was read from (None when built here): names this copy (verdict marks)
     crc32: Optional[int] = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -125,13 +118,7 @@ class GlobalManifest:
         if not isinstance(d, dict):
             raise _fail("global manifest: top level must be an object")
         check_newer_version(d, GLOBAL_FORMAT, GLOBAL_VERSION, "global manifest")
-        checksum = d.pop("checksum", None)
-        try:
-            actual = _doc_checksum(d)
-        except ValueError:
-            raise _fail("global manifest contains NaN or infinity") from None
-        if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != actual:
-            raise _fail("global manifest checksum mismatch (the file was modified or damaged)")
+        unseal(d, "global manifest ", "the file")
         if d.get("format") != GLOBAL_FORMAT:
             raise _fail(f"format is {d.get('format')!r}, expected {GLOBAL_FORMAT!r}")
         version = _get(d, "version", int, "global")

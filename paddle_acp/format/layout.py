@@ -13,9 +13,8 @@ Under the storage root::
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/absent-rank-{k}      rank k could not write (or does not take) its
                                                                  part of this position (:mod:`.absence`)
 
-Names are parsed strictly (canonical decimal, ASCII digits, bounded lengths): anything
-else under a checkpoint's name is foreign and never read or deleted. Inside
-``tensors.bin`` every tensor starts at a multiple of :data:`~paddle_acp.format.manifest.ALIGN`.
+Names are parsed strictly (canonical ASCII decimal, bounded lengths): anything else is foreign and never read
+or deleted. Inside ``tensors.bin`` every tensor starts at a multiple of ``manifest.ALIGN``.
 """
 
 from __future__ import annotations
@@ -28,16 +27,15 @@ from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME
 
 __all__ = [
     "DATA_NAME", "GLOBAL_NAME", "JOB_MARKER", "MANIFEST_NAME", "absent_mark", "bad_mark", "final_name", "layout",
-    "parse_absent_mark", "parse_bad_mark", "parse_final", "parse_name", "parse_tmp", "position_key", "position_name", "position_number",
-    "range_dir", "rank_part", "tmp_name",
+    "parse_absent_mark", "parse_bad_mark", "parse_final", "parse_name", "position_key", "position_name",
+    "position_number", "range_dir", "rank_part", "tmp_name",
 ]
 
 JOB_MARKER = "job.json"
 GLOBAL_NAME = "global.json"
 
-# Strict: a name is one of these in full (fullmatch, or the \A..\Z anchors for .match), canonical
-# decimal (ASCII [0-9], no leading zero but "0" itself, no trailing newline) with a bounded length;
-# every other name (ckpt-e00, ckpt-e0\n, ckpt-e\u0660 with an Arabic-Indic digit) is foreign.
+# A name matches in full (\A..\Z: no trailing newline), canonical decimal (ASCII, no leading zero but "0"):
+# ckpt-e00, ckpt-e0\n, ckpt-e\u0660 (an Arabic-Indic digit) are foreign.
 def canonical(digits: int) -> str:
     """The pattern of a canonical decimal of at most ``digits`` digits, as one group."""
     return r"(0|[1-9][0-9]{0,%d})" % (digits - 1)
@@ -72,9 +70,8 @@ def final_name(number: int) -> str:
 
 
 def tmp_name(name: str, token: str, generation: Optional[int] = None) -> str:
-    """The name a checkpoint directory (or part, or file) is written under before its rename;
-    ``generation``: the writer's fencing generation, so that a writer removes only leftovers of
-    older generations, never a newer writer's directory being written."""
+    """The name a directory (or part, or file) is written under before its rename; ``generation``: the writer's
+    fencing generation (a writer removes only older generations' leftovers)."""
     return f"{name}.tmp-{token}" if generation is None or generation < 0 else f"{name}.tmp-g{generation}-{token}"
 
 
@@ -87,12 +84,6 @@ def tmp_generation(match: "re.Match[str]") -> int:
 def parse_final(name: str) -> Optional[int]:
     """The number of a committed checkpoint's directory name ``ckpt-N``, or None."""
     m = FINAL_RE.fullmatch(name)
-    return int(m.group(1)) if m else None
-
-
-def parse_tmp(name: str) -> Optional[int]:
-    """The number of a directory ``ckpt-N.tmp-<id>`` being written (or left over), or None."""
-    m = TMP_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 
@@ -137,8 +128,7 @@ def bad_mark(rank: int, global_crc32: int) -> str:
 
 
 def parse_bad_mark(name: str) -> Optional[Tuple[int, int]]:
-    """(rank, CRC32 of the condemned global.json) of a mark's name ``bad-rank-<k>-<crc>``, or None
-    (strict: canonical decimal rank, exactly 8 lowercase hex digits; anything else is foreign)."""
+    """(rank, CRC32 of the condemned global.json) of a mark's name ``bad-rank-<k>-<crc>``, or None."""
     m = BAD_RE.fullmatch(name)
     return (int(m.group(1)), int(m.group(2), 16)) if m else None
 
@@ -151,6 +141,6 @@ def absent_mark(rank: int) -> str:
 
 
 def parse_absent_mark(name: str) -> Optional[int]:
-    """The rank of an absence's name ``absent-rank-<k>``, or None (strict, like every name here)."""
+    """The rank of an absence's name ``absent-rank-<k>``, or None."""
     m = ABSENT_RE.fullmatch(name)
     return int(m.group(1)) if m else None

@@ -1,35 +1,24 @@
 """Manifest: the JSON document that describes (and commits) one checkpoint.
 
-It is data, never code: no pickle, every field type-checked on load, names
-validated, offsets bounded by the data file's size, dtypes from an allow-list.
-
-The checksum of the document guards against accidents, not edits: a crafted
-manifest (its checksum recomputed) is untrusted input. Before it is parsed its
-size is capped (:func:`max_manifest_size`) and its nesting depth checked (the
-JSON parser recurses); every number is range-checked, every string must be
-encodable, and the RNG and LR-scheduler states are validated in full, so that
-anything accepted here can be restored without an exception, and anything
-else raises :class:`CorruptCheckpointError` (restore then falls back to an
-older checkpoint).
-
-The parsing and field checks every record on storage shares are :mod:`paddle_acp.format.untrusted_json`
-(:func:`seal` re-exported here).
+Data, never code: no pickle. Its checksum guards against accidents, not edits: a crafted manifest is untrusted
+input, so its size is capped (:func:`max_manifest_size`) before parsing, every field is type- and range-checked
+and the RNG, LR-scheduler and script states are validated in full: anything accepted restores without an
+exception, anything else raises :class:`CorruptCheckpointError` (restore falls back to an older checkpoint).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import crc32c
 import numpy as np
 
+from paddle_acp.format import objstate, rng_schema
 from paddle_acp.format.untrusted_json import (
     MAX_DOCUMENT_SIZE,
-    _doc_checksum,
     _fail,
     _get,
     _int_in,
@@ -37,6 +26,7 @@ from paddle_acp.format.untrusted_json import (
     check_newer_version,
     check_text,
     parse_json,
+    unseal,
 )
 from paddle_acp.format.untrusted_json import seal as seal  # the manifest's encoding (tests and tools seal documents)
 
@@ -53,21 +43,10 @@ ALIGN = 64
 
 # dtype name -> numpy storage dtype (bfloat16 is stored as its raw 16 bits).
 DTYPES: Dict[str, np.dtype] = {
-    "float16": np.dtype("float16"),
-    "bfloat16": np.dtype("uint16"),
-    "float32": np.dtype("float32"),
-    "float64": np.dtype("float64"),
-    "int8": np.dtype("int8"),
-    "uint8": np.dtype("uint8"),
-    "int16": np.dtype("int16"),
-    "int32": np.dtype("int32"),
-    "int64": np.dtype("int64"),
-    "bool": np.dtype("bool"),
-    "complex64": np.dtype("complex64"),
-    "complex128": np.dtype("complex128"),
+    name: np.dtype("uint16" if name == "bfloat16" else name)
+    for name in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+                 "complex64", "complex128")
 }
-
-_FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}", re.ASCII)
 MAX_NDIM = 16
 
 # Bounds of a manifest (what paddle-acp itself never comes near; anything beyond is rejected).
@@ -88,9 +67,7 @@ def max_manifest_size(data_size: int) -> int:
 
 
 def check_lr_scheduler(state: Any, where: str) -> None:
-    """An LR scheduler state as ``LRScheduler.state_dict()`` gives it: an object of JSON
-    data whose ``last_epoch`` (Paddle's schedulers all have it) is an integer and whose
-    ``last_lr`` is a number. Its keys are compared with the live scheduler's at restore."""
+    """An ``LRScheduler.state_dict()``: JSON data, an integer ``last_epoch`` and a number ``last_lr``."""
     if not isinstance(state, dict):
         raise _fail(f"{where} must be an object")
     check_json_data(state, where, max_items=10_000)
@@ -101,12 +78,6 @@ def check_lr_scheduler(state: Any, where: str) -> None:
 def checksum_function(version: int) -> Callable[[Any, int], int]:
     """The tensor checksum of a manifest ``version``: ``f(buffer, running_value) -> int``, chainable."""
     return _CHECKSUM_FUNCTIONS[TENSOR_CHECKSUMS[version]]
-
-
-def check_file_name(name: str, where: str = "file") -> str:
-    if not isinstance(name, str) or not _FILE_RE.fullmatch(name) or ".." in name:
-        raise _fail(f"{where} name {name!r} is not a plain file name inside the checkpoint")
-    return name
 
 
 @dataclasses.dataclass
@@ -262,15 +233,13 @@ class Manifest:
 
     @property
     def checksum(self) -> Callable[[Any, int], int]:
-        """The function that checks this manifest's tensors (see :func:`checksum_function`)."""
+        """The function that checks this manifest's tensors."""
         return checksum_function(self.version)
 
     @classmethod
     def loads(cls, raw: bytes, data_file_size: Optional[int] = None) -> "Manifest":
-        """Parse and validate a manifest; raises CorruptCheckpointError only.
-
-        ``data_file_size``: the size of the checkpoint's tensors.bin when known (the
-        manifest may then be at most :func:`max_manifest_size` of it)."""
+        """Parse and validate a manifest (at most :func:`max_manifest_size` of ``data_file_size``, the size of
+        its tensors.bin, when known); raises CorruptCheckpointError only."""
         if not isinstance(raw, (bytes, bytearray)):
             raise _fail("not bytes")
         limit = MAX_MANIFEST_SIZE if data_file_size is None else max_manifest_size(data_file_size)
@@ -278,13 +247,7 @@ class Manifest:
         if not isinstance(d, dict):
             raise _fail("top level must be an object")
         check_newer_version(d, FORMAT, max(TENSOR_CHECKSUMS), "manifest")
-        checksum = d.pop("checksum", None)
-        try:
-            actual = _doc_checksum(d)
-        except (ValueError, RecursionError):
-            raise _fail("contains NaN or infinity") from None
-        if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != actual:
-            raise _fail("checksum mismatch (the manifest was modified or damaged)")
+        unseal(d, "", "the manifest")
         m = cls.from_json(d)
         if len(raw) > max_manifest_size(m.data_size):
             raise _fail(f"{len(raw)} bytes, more than the {max_manifest_size(m.data_size)} allowed for {m.data_size} bytes of data")
@@ -306,12 +269,10 @@ class Manifest:
             raise _fail(f"manifest.created = {created!r} is not a time between 1970 and 9999")
         rng = _get(d, "rng", dict, "manifest", optional=True)
         if rng is not None:
-            _check_rng(rng, "manifest.rng")
+            rng_schema.validate(rng)
         files = _get(d, "files", dict, "manifest")
         if set(files) != {DATA_NAME}:
             raise _fail(f"files must list exactly {DATA_NAME!r}, got {sorted(files)!r}")
-        for name in files:
-            check_file_name(name)
         data_size = _int_in(files[DATA_NAME], "size", f"files.{DATA_NAME}", 0, MAX_BYTES)
         programs = [ProgramRecord.from_json(p, f"programs[{i}]", version) for i, p in enumerate(_get(d, "programs", list, "manifest"))]
         keys = [p.key for p in programs]
@@ -331,10 +292,10 @@ class Manifest:
             raise _fail(f"tensor {strays[0]} is a piece of a tensor, but this is no part of a checkpoint whose ranks "
                         "wrote shares (extra.part.share)")
         if extra.get("epoch_start_rng") is not None:
-            _check_rng(extra["epoch_start_rng"], "manifest.extra.epoch_start_rng")
-        for key in ("objects", "epoch_start_objects"):  # the script's own state (format/objstate.py)
+            rng_schema.validate(extra["epoch_start_rng"])
+        for key in ("objects", "epoch_start_objects"):  # the script's own state
             if extra.get(key) is not None:
-                _check_objects(extra[key], f"manifest.extra.{key}")
+                objstate.validate(extra[key], f"manifest.extra.{key}")
         return cls(
             number=number,
             created=float(created),
@@ -347,18 +308,6 @@ class Manifest:
             extra=extra,
             version=version,
         )
-
-
-def _check_objects(section: Any, where: str) -> None:
-    from paddle_acp.format.objstate import validate
-
-    validate(section, where)
-
-
-def _check_rng(state: Any, where: str) -> None:
-    from paddle_acp.format.rng_schema import validate
-
-    validate(state)
 
 
 def align(n: int) -> int:

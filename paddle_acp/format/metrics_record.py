@@ -1,24 +1,20 @@
-"""The metrics record: one line of ``{job}/metrics/trainer-{id}.jsonl``, its fields, how the writers
-build it, how it is serialized and how a line read back is parsed and validated (the one definition).
+"""The metrics record: one line of ``{job}/metrics/trainer-{id}.jsonl``: its fields, how writers build it,
+how it is serialized, and how a line read back is parsed and validated.
 
-A line is a JSON object (keys sorted). Its ``event`` says what happened:
+A line is a JSON object (keys sorted) with ``event``, ``time``, ``pid`` and ``range``. Its ``event``:
 
 * ``start``: a process began writing checkpoints of a range (``restored``, ``restore_source``, ``policy``);
 * ``saved`` / ``failed``: a save (``epoch``, ``step``, ``stall_s``, ``waited_s``, ``policy``, ``ok``,
-  ``persist_s``; a saved checkpoint of one writer ``number``, ``bytes``, ``throughput_mb_s``; a part of a
-  checkpoint of several ranks ``name``, ``bytes``, ``rank``, ``committed``, ``parts_wait_s``; a failure
-  ``error``; optional ``queued``, ``skipped_before``, ``streamed``);
-* ``skipped``: a save that came due while the previous checkpoint was still being written and was not
-  taken (``epoch``, ``step``, ``stall_s``, ``policy``).
+  ``persist_s``; of one writer ``number``, ``bytes``, ``throughput_mb_s``; a rank's part ``name``, ``bytes``,
+  ``rank``, ``committed``, ``parts_wait_s``; a failure ``error``; optional ``queued``, ``skipped_before``,
+  ``streamed``);
+* ``skipped``: a save due while the previous one was still being written (``epoch``, ``step``, ``stall_s``,
+  ``policy``).
 
-Every record has ``event``, ``time``, ``pid`` and ``range``. The meaning and type of each field is
-its dataclass field's ``metadata["doc"]``. A line written before ``event`` existed is a
-``saved`` one, or with ``ok: false`` a ``failed`` one. Keys this version does not know are kept as read
-(``extra``) and written back unchanged.
-
-A line read back is untrusted (the file lives on shared storage: anyone can edit it):
-:meth:`MetricsRecord.from_line` raises :class:`MetricsRecordError` naming the field and what is wrong
-with it; :mod:`paddle_acp.tools.metrics` skips and counts such a line.
+Each field's meaning and type is its ``metadata["doc"]``. A line older than ``event`` is ``saved``
+(``failed`` with ``ok: false``); unknown keys are kept (``extra``) and written back unchanged. A line read
+back is untrusted (shared storage): :meth:`MetricsRecord.from_line` raises :class:`MetricsRecordError`
+naming the field and its fault.
 """
 
 from __future__ import annotations
@@ -65,12 +61,8 @@ def _doc(text: str, default: Any = None) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class MetricsRecord:
-    """One metrics line. ``None`` is an absent key unless the key is in ``nulls`` (written as ``null``:
-    the writers always write ``step``, ``restored``, ``restore_source`` and ``committed``, ``null`` or not).
-
-    Writers build records with :meth:`start`, :meth:`skipped` and :class:`SaveBegun`
-    (:meth:`SaveBegun.saved`, :meth:`SaveBegun.failed`, :meth:`SaveBegun.part`), never field by field.
-    """
+    """One metrics line. ``None`` is an absent key unless the key is in ``nulls`` (written as ``null``).
+    Writers build records with :meth:`start`, :meth:`skipped` and :class:`SaveBegun`, never field by field."""
 
     event: str = dataclasses.field(metadata={"doc": "str: start, saved, failed or skipped"})
     time: float = dataclasses.field(metadata={"doc": "float: wall-clock time of the record, seconds since the epoch"})
@@ -101,7 +93,6 @@ class MetricsRecord:
     nulls: FrozenSet[str] = dataclasses.field(default=frozenset(), metadata={"internal": True})
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, metadata={"internal": True})
 
-    # -- writers -------------------------------------------------------------------------------
     @classmethod
     def start(cls, *, range: str, restored: Optional[int], policy: str, restore_source: Optional[str],
               time: Optional[float] = None, pid: Optional[int] = None) -> "MetricsRecord":
@@ -117,7 +108,6 @@ class MetricsRecord:
         return _written(cls(event="skipped", time=_now(time), pid=_pid(pid), range=range, epoch=epoch, step=step,
                             stall_s=round(stall_s, 6), policy=policy), always=("step",))
 
-    # -- serializing ---------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         """The line's JSON object: every field set (or in ``nulls``), and the unknown keys read with it."""
         out: Dict[str, Any] = dict(self.extra)
@@ -131,7 +121,6 @@ class MetricsRecord:
         """The JSON line (without its newline), keys sorted."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
-    # -- reading -------------------------------------------------------------------------------
     @classmethod
     def from_line(cls, line: str) -> "MetricsRecord":
         """Parse and validate one line read back; :class:`MetricsRecordError` when it is not a record."""
@@ -145,7 +134,7 @@ class MetricsRecord:
 
     @classmethod
     def from_dict(cls, obj: Any) -> "MetricsRecord":
-        """Validate a line's JSON object (see the module docstring); :class:`MetricsRecordError` when invalid."""
+        """Validate a line's JSON object; :class:`MetricsRecordError` when invalid."""
         if not isinstance(obj, dict):
             raise MetricsRecordError(f"not a metrics record: a JSON {_json_type(obj)}, not an object")
         kw: Dict[str, Any] = {}
@@ -209,8 +198,8 @@ class SaveBegun:
 
     def part(self, *, name: str, nbytes: int, persist_s: float, rank: int, committed: Optional[bool],
              parts_wait_s: float, error: Optional[BaseException] = None) -> MetricsRecord:
-        """A rank's part of checkpoint ``name`` written; rank 0's once its global commit is decided
-        (``committed``; None on the other ranks). An ``error`` of the commit makes it a failed save."""
+        """A rank's part of checkpoint ``name`` written (rank 0's: ``committed`` decided; None on the others).
+        An ``error`` of the commit makes it a failed save."""
         if error is not None:
             committed = False
         ok = committed is not False
@@ -228,7 +217,6 @@ class SaveBegun:
         return _written(rec, always=("step",) + always)
 
 
-# -- helpers ------------------------------------------------------------------------------------
 _FIELDS = tuple(f for f in dataclasses.fields(MetricsRecord) if not f.metadata.get("internal"))
 _NAMES = frozenset(f.name for f in _FIELDS)
 _TYPES: Dict[str, Type[Any]] = {
@@ -253,15 +241,10 @@ def _pid(p: Optional[int]) -> int:
 
 
 def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, dict):
-        return "object"
-    if isinstance(v, list):
-        return "array"
-    return "string" if isinstance(v, str) else "number"
+    for kind, name in ((type(None), "null"), (bool, "boolean"), (dict, "object"), (list, "array"), (str, "string")):
+        if isinstance(v, kind):
+            return name
+    return "number"
 
 
 def _show(v: Any) -> str:

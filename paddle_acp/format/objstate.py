@@ -1,33 +1,20 @@
 """The serialized form of the script's own state (``manifest.extra.objects``), and its validation.
 
-A checkpoint holds, besides Paddle's tensors, the state of Python objects the script keeps:
-the RNG objects captured from its globals and locals and the values it registered with
-``train_epoch_range(state=...)`` / ``paddle_acp.track``
-(:mod:`paddle_acp.runtime.capture`, :mod:`paddle_acp.runtime.objects`). They are stored as
-plain JSON data in the manifest, never pickled::
+The RNG objects captured from the script's globals and locals and the values it registered
+(:mod:`paddle_acp.runtime.capture`, :mod:`paddle_acp.runtime.objects`), stored as JSON data, never pickled::
 
     extra.objects = {"version": 2,
                      "rng":   {"module_global:rng": {"kind": "numpy.Generator", "value": V}, ...},
                      "state": {"step": {"kind": "state_dict", "value": V}, ...}}
 
-The value of a ``numpy.Generator`` / ``numpy.BitGenerator`` is its bit generator's ``state`` dict,
-plus (version 2) a ``"seed_seq"`` key when the bit generator has a ``SeedSequence``: that
-sequence's ``{"entropy", "spawn_key", "pool_size", "n_children_spawned"}`` (``Generator.spawn``
-draws its children from it, and ``state`` does not hold how many it spawned); a
-``numpy.SeedSequence`` object (version 2) is saved as the same four fields. Version 1 sections
-(no seed sequences, at most 256 objects a part) are read as before.
-
-``extra.epoch_start_objects`` (mid-epoch checkpoints) has the same shape: the state at the
-start of the checkpoint's epoch. A value ``V`` is :func:`encode`'s form of a Python value:
-``null``, booleans, strings, finite floats and integers below 2**63 in magnitude as
-themselves, JSON lists for lists; every other value is an object with one ``$`` key:
-``{"$dict": {str: V}}``, ``{"$tuple": [V]}``, ``{"$int": "<decimal>"}`` (larger integers, e.g.
-PCG64's 128-bit state), ``{"$float": "nan"|"inf"|"-inf"}``, ``{"$array": {"dtype", "shape",
-"data": base64 of the little-endian bytes}}`` and ``{"$scalar": {"dtype", "data"}}`` (NumPy).
-
-:func:`validate` checks a section read from an untrusted manifest in full: bounded sizes,
-the encoding, and for every RNG kind that a fresh object of that kind accepts the state, so
-that anything accepted restores without an exception.
+A Generator's / BitGenerator's value is its bit generator's ``state``, plus (version 2) ``"seed_seq"``: its
+SeedSequence's ``{"entropy", "spawn_key", "pool_size", "n_children_spawned"}`` (``state`` does not hold the
+spawn count); a ``numpy.SeedSequence`` is those four fields. ``extra.epoch_start_objects`` has the same shape.
+A value ``V`` (:func:`encode`): null, booleans, strings, finite floats, integers below 2**63 and lists as
+themselves; else one ``$`` key: ``{"$dict": {str: V}}``, ``{"$tuple": [V]}``, ``{"$int": "<decimal>"}``,
+``{"$float": "nan"|"inf"|"-inf"}``, ``{"$array": {"dtype", "shape", "data": base64, little-endian}}``,
+``{"$scalar": {"dtype", "data"}}``. :func:`validate` checks a section read back in full (for an RNG: that
+a fresh object of its kind accepts the state), so that anything accepted restores without an exception.
 """
 
 from __future__ import annotations
@@ -74,13 +61,8 @@ def _fail(msg: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"invalid script state in manifest: {msg}")
 
 
-# -- encoding ------------------------------------------------------------------------------------
-def encode(value: Any, where: str = "value") -> Any:
-    """``value`` as JSON data (the form above); EncodeError names the part that has none."""
-    return _enc(value, where, 1)
-
-
-def _enc(v: Any, where: str, depth: int) -> Any:
+def encode(v: Any, where: str = "value", depth: int = 1) -> Any:
+    """``v`` (nested ``depth`` deep) as JSON data; EncodeError names the part that has none."""
     if depth > MAX_DEPTH:
         raise EncodeError(f"{where}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(v, np.str_):
@@ -104,15 +86,15 @@ def _enc(v: Any, where: str, depth: int) -> Any:
     if isinstance(v, np.ndarray):
         return {"$array": _array(v, where)}
     if isinstance(v, list):
-        return [_enc(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
+        return [encode(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
     if isinstance(v, tuple):
-        return {"$tuple": [_enc(x, f"{where}[{i}]", depth + 2) for i, x in enumerate(v)]}
+        return {"$tuple": [encode(x, f"{where}[{i}]", depth + 2) for i, x in enumerate(v)]}
     if isinstance(v, dict):
         out = {}
         for k, x in v.items():
             if not isinstance(k, str):
                 raise EncodeError(f"{where}: key {k!r} is a {type(k).__name__}; only string keys can be saved")
-            out[k] = _enc(x, f"{where}[{k!r}]", depth + 2)
+            out[k] = encode(x, f"{where}[{k!r}]", depth + 2)
         return {"$dict": out}
     raise EncodeError(
         f"{where} is a {type(v).__module__}.{type(v).__qualname__}, which paddle-acp cannot save as data "
@@ -131,13 +113,8 @@ def _array(a: np.ndarray, where: str) -> Dict[str, Any]:
     return {"dtype": name, "shape": [int(s) for s in a.shape], "data": base64.b64encode(raw).decode("ascii")}
 
 
-# -- decoding (untrusted input) ------------------------------------------------------------------
-def decode(data: Any, where: str = "value") -> Any:
-    """The Python value of :func:`encode`'s form; CorruptCheckpointError for anything else."""
-    return _dec(data, where, 1)
-
-
-def _dec(v: Any, where: str, depth: int) -> Any:
+def decode(v: Any, where: str = "value", depth: int = 1) -> Any:
+    """The Python value of :func:`encode`'s form (untrusted input); CorruptCheckpointError for anything else."""
     if depth > MAX_DEPTH + 2:
         raise _fail(f"{where} is nested too deep")
     if v is None or isinstance(v, (bool, str)):
@@ -151,14 +128,14 @@ def _dec(v: Any, where: str, depth: int) -> Any:
             raise _fail(f"{where}: a non-finite number")
         return v
     if isinstance(v, list):
-        return [_dec(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
+        return [decode(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
     if not isinstance(v, dict) or len(v) != 1:
         raise _fail(f"{where} is not an encoded value")
     tag, body = next(iter(v.items()))
     if tag == "$dict" and isinstance(body, dict):
-        return {str(k): _dec(x, f"{where}[{k!r}]", depth + 2) for k, x in body.items()}
+        return {str(k): decode(x, f"{where}[{k!r}]", depth + 2) for k, x in body.items()}
     if tag == "$tuple" and isinstance(body, list):
-        return tuple(_dec(x, f"{where}[{i}]", depth + 2) for i, x in enumerate(body))
+        return tuple(decode(x, f"{where}[{i}]", depth + 2) for i, x in enumerate(body))
     if tag == "$int" and isinstance(body, str):
         digits = body[1:] if body.startswith("-") else body
         if not (digits.isascii() and digits.isdigit() and 0 < len(digits) <= MAX_INT_DIGITS):
@@ -197,7 +174,6 @@ def _dec_array(body: Dict[str, Any], where: str, scalar: bool) -> np.ndarray:
     return np.frombuffer(raw, dtype=dt).astype(dt.newbyteorder("="), copy=True).reshape(shape)
 
 
-# -- RNG objects ---------------------------------------------------------------------------------
 def read_rng(kind: str, obj: Any) -> Any:
     """The state of RNG object ``obj`` of ``kind``, as a Python value ``apply_rng`` takes back."""
     if kind in ("numpy.Generator", "numpy.BitGenerator"):
@@ -219,11 +195,9 @@ def read_rng(kind: str, obj: Any) -> Any:
 def apply_rng(kind: str, obj: Any, state: Any) -> None:
     """Set RNG object ``obj`` of ``kind`` to ``state`` in place (the same object goes on drawing).
 
-    A Generator's or BitGenerator's seed sequence: the one it has gets the saved spawn count in
-    place when it is the saved one (same entropy, spawn key and pool size); another one (the
-    name holds an object seeded otherwise than the one saved) is replaced by the saved one, so
-    that the object spawns as the saved one did. A ``SeedSequence`` object: ValueError unless it
-    is the saved one (a seed sequence's identity cannot be changed in place)."""
+    A bit generator's seed sequence gets the saved spawn count when it is the saved one (same entropy, spawn
+    key and pool size), else is replaced by the saved one. A ``SeedSequence`` object: ValueError unless it is
+    the saved one (its identity cannot be changed in place)."""
     if kind in ("numpy.Generator", "numpy.BitGenerator"):
         bitgen = obj.bit_generator if kind == "numpy.Generator" else obj
         state = dict(state)
@@ -288,8 +262,8 @@ _children_slot: List[int] = []  # the index of n_children_spawned in SeedSequenc
 
 
 def _set_children(seq: Any, n: int) -> None:
-    """Set ``seq.n_children_spawned`` to ``n`` in place (read-only from Python: through the state its
-    pickling sets, found once by a probe; else by spawning the difference when it grows)."""
+    """Set ``seq.n_children_spawned`` (read-only from Python) to ``n`` in place: through its pickled state,
+    else by spawning the difference."""
     if seq.n_children_spawned == n:
         return
     try:
@@ -310,8 +284,7 @@ def _set_children(seq: Any, n: int) -> None:
 
 
 def _replace_seed_seq(bitgen: Any, seq: Any) -> None:
-    """Give ``bitgen`` the seed sequence ``seq`` in place (NumPy >= 1.25 pickles a bit generator
-    as its state and seed sequence)."""
+    """Give ``bitgen`` the seed sequence ``seq`` in place (through its pickled state: NumPy >= 1.25)."""
     if isinstance(bitgen.__getstate__(), tuple):
         bitgen.__setstate__((bitgen.state, seq))
     if getattr(bitgen, "_seed_seq", None) is not seq:
@@ -367,11 +340,9 @@ def _check_rng_state(kind: str, state: Any, where: str) -> None:
         raise _fail(f"{where}: not a valid {kind} state ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-# -- a section as a whole ------------------------------------------------------------------------
 def validate(section: Any, where: str = "manifest.extra.objects") -> Tuple[Dict[str, Tuple[str, Any]], Dict[str, Tuple[str, Any]]]:
-    """Check one ``objects`` section read from a manifest; returns ``(rng, state)``, each a dict
-    name -> (kind, decoded value). Raises CorruptCheckpointError for anything :func:`encode` and
-    the capture could not have written."""
+    """Check one ``objects`` section read from a manifest; returns ``(rng, state)``, each name -> (kind, value).
+    CorruptCheckpointError for anything :func:`encode` and the capture could not have written."""
     if not isinstance(section, dict) or set(section) != {"version", "rng", "state"}:
         raise _fail(f"{where} is not an object with keys version, rng, state")
     if section["version"] not in VERSIONS or isinstance(section["version"], bool):

@@ -1,21 +1,12 @@
 """The save plan of a job of several ranks (``plan.json``): which due points every rank saves at.
 
-Written by rank 0 only, read by every rank; the one clock that decides is rank 0's
-(:mod:`paddle_acp.runtime.agree` says when it is written and read). Due points are
-counted alike by every rank in two sequences: ``due`` (epoch ends when every epoch
-saves, ``save_every_steps`` boundaries) and ``interval`` (epoch ends when
-``save_checkpoint_inter`` > 0). The plan holds
-
-- ``strides``: ``[anchor, stride]`` pairs over the ``due`` sequence: from due point
-  ``anchor`` on, every ``stride``-th one is taken (until a later pair's anchor);
-  before the first pair every ``default_stride``-th one from point 0 (the busy policy's
-  default, which every rank knows before it reads a plan);
-- ``requests``: indices of the ``interval`` sequence that are taken (no other is).
-
-Its layout: ``{job}/range/{range}/plan.json``, beside the checkpoints (a name no
-checkpoint listing reads). Untrusted input like every manifest: size-capped,
-checksummed, every field bounded; a plan of another range or another start
-(``base``: the checkpoint the job resumed from) is not this job's plan.
+Written by rank 0 only, read by every rank (:mod:`paddle_acp.runtime.agree`). Due points are counted alike by
+every rank in two sequences: ``due`` (epoch ends when every epoch saves, ``save_every_steps`` boundaries) and
+``interval`` (epoch ends when ``save_checkpoint_inter`` > 0). ``strides``: ``[anchor, stride]`` pairs over
+``due`` (from point ``anchor`` on every ``stride``-th is taken; before the first pair every
+``default_stride``-th from 0); ``requests``: the indices of ``interval`` that are taken. Stored at
+``{job}/range/{range}/plan.json``; untrusted input like every manifest. A plan of another range or another
+``base`` (the checkpoint the job resumed from) is not this job's.
 """
 
 from __future__ import annotations

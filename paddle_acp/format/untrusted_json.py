@@ -1,7 +1,5 @@
-"""Untrusted JSON documents: what every record on storage (manifest, global record, plan, markers) is parsed
-and sealed with: :func:`parse_json` caps size and nesting before parsing and refuses NaN/Infinity; the field
-checks (:func:`_get`, :func:`check_text`, :func:`check_json_data`) raise CorruptCheckpointError naming the
-field; :func:`check_newer_version` refuses a newer format first; :func:`seal` adds the document's checksum.
+"""Untrusted JSON documents: how every record on storage (manifest, global record, plan, markers) is parsed,
+checked field by field (CorruptCheckpointError naming the field) and sealed with its checksum.
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ def _parse_constant(text: str) -> Any:
 
 
 def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_DOCUMENT_SIZE) -> Any:
-    """``json.loads`` for untrusted bytes: size and nesting capped, NaN/Infinity refused
-    (integers beyond 4300 digits are refused by Python itself; each field bounds its own).
+    """``json.loads`` for untrusted bytes: size and nesting capped, NaN/Infinity refused.
     Raises CorruptCheckpointError, never RecursionError or MemoryError."""
     if len(raw) > max_size:
         raise CorruptCheckpointError(f"invalid {what}: {len(raw)} bytes, more than the {max_size} allowed")
@@ -70,9 +67,8 @@ def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_DOCUMENT_
 
 
 def check_newer_version(d: Any, fmt: str, known: int, what: str) -> None:
-    """UnknownFormatError when document ``d`` is of format ``fmt`` with a version above ``known`` (the
-    newest this paddle-acp reads): written by a newer paddle-acp, whose checksums and fields may differ,
-    so this is decided before anything else is checked."""
+    """UnknownFormatError when document ``d`` of format ``fmt`` has a version above ``known``: decided before
+    anything else is checked (a newer paddle-acp's checksums and fields may differ)."""
     if not isinstance(d, dict) or d.get("format") != fmt:
         return
     version = d.get("version")
@@ -104,9 +100,8 @@ def _int_in(d: Any, key: str, where: str, lo: int, hi: int, optional: bool = Fal
 
 
 def check_json_data(value: Any, where: str, max_items: int = 100_000) -> None:
-    """JSON data as paddle-acp writes it (LR scheduler, RNG and loader state): plain types,
-    string keys, texts encodable, integers below 2**64 in magnitude, at most ``max_items``
-    values. Depth is bounded by :func:`parse_json` already."""
+    """JSON data as paddle-acp writes it (LR scheduler, RNG and loader state): plain types, string keys,
+    encodable texts, integers below 2**64 in magnitude, at most ``max_items`` values."""
     stack, n = [(value, where)], 0
     while stack:
         v, w = stack.pop()
@@ -153,8 +148,16 @@ def _doc_checksum(doc: Dict[str, Any]) -> int:
     return zlib.crc32(canon) & 0xFFFFFFFF
 
 
+def unseal(d: Dict[str, Any], what: str, damaged: str) -> None:
+    """Take the checksum out of document ``d`` (parsed by :func:`parse_json`: no NaN) and check it; it guards
+    against accidents, not edits."""
+    checksum = d.pop("checksum", None)
+    if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != _doc_checksum(d):
+        raise _fail(f"{what}checksum mismatch ({damaged} was modified or damaged)")
+
+
 def seal(doc: Dict[str, Any]) -> bytes:
-    """Encode a manifest document with its checksum (the form written to storage)."""
+    """Encode a document with its checksum (the form written to storage)."""
     doc = dict(doc)
     doc.pop("checksum", None)
     doc["checksum"] = _doc_checksum(doc)

@@ -228,7 +228,7 @@ def test_restore_without_landing_maps_nothing(tmp_path):
     job_saves(open_storage(str(tmp_path)), snapshot(0, {"w": np.arange(1 << 20, dtype=np.float32)}))
     lender = Lender()
     loaded = load(reader(open_storage(str(tmp_path)), memory_budget=1 << 20), 0, landing=lender)
-    assert lender.lent == 0 and loaded._source._map is None and DATA_NAME not in mapped_paths()
+    assert lender.lent == 0 and DATA_NAME not in mapped_paths()  # (a FileSource never maps its file)
     assert loaded.arrays[("k", "w")].tobytes() == np.arange(1 << 20, dtype=np.float32).tobytes()
     loaded.close()
 
@@ -323,12 +323,14 @@ def test_file_shrinking_during_verification_is_corrupt(tmp_path):
     path.write_bytes(bytes(1 << 20))
     fd = os.open(path, os.O_RDONLY)
     try:
-        mapping = ckmod._map_file(fd, 1 << 20)
+        from paddle_acp.format.engine import chunks
+
+        mapping = chunks.map_file(fd, 1 << 20)
         assert mapping is not None
-        ckmod._populate(mapping, 0, 8192, "f.bin")
+        chunks.populate(mapping, 0, 8192, "f.bin")
         os.truncate(path, 4096)
         with pytest.raises(CorruptCheckpointError, match="short read at byte 8192"):
-            ckmod._populate(mapping, 8192, 8192, "f.bin")
+            chunks.populate(mapping, 8192, 8192, "f.bin")
         mapping.close()
     finally:
         os.close(fd)

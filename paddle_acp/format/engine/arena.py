@@ -1,7 +1,7 @@
 """Host memory for checkpoints: page-aligned buffers, the reusable arena, parallel copies.
 
-Buffers are reused from save to save (one arena per range), so after the
-first save a snapshot costs a memcpy per tensor and no allocations.
+Buffers are reused from save to save (one arena per range): after the first save a snapshot costs a memcpy
+per tensor and no allocations.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _POPULATE_CHUNK = 32 << 20
 _BACKGROUND_CHUNK = HUGE_PAGE  # a background population's unit: it holds the address-space lock (see Arena)
 _COPY_CHUNK = 32 << 20
+_ANONYMOUS = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)  # 0: the platform has none
 
 J = TypeVar("J")
 CopyJob = Tuple[np.ndarray, np.ndarray]  # (destination, source) of the same size
@@ -28,23 +29,15 @@ CopyJob = Tuple[np.ndarray, np.ndarray]  # (destination, source) of the same siz
 def alloc_buffer(size: int) -> np.ndarray:
     """A page-aligned uint8 buffer whose pages are populated by the kernel in bulk.
 
-    Faulting in fresh memory page by page costs ~2 s per GB on this machine
-    kind; populating it in the kernel ~0.3 s. It is populated 32 MB at a time
-    (``MADV_POPULATE_WRITE``) so that the training thread's own mmap/munmap
-    calls, which need the same address-space lock, are never held up for long
-    while this runs in the background; older kernels get ``MAP_POPULATE``.
-
-    The buffer asks for transparent huge pages (``MADV_HUGEPAGE``; 2 MB pages
-    where the kernel grants them). On this project's VMs (free page reporting
-    to the host) a resident 1.2 GB buffer of 4 KB pages kept the kernel
-    reporting Paddle's freed step memory to the host, which Paddle then faulted
-    back in: training steps ran 2-20% slower for as long as the buffer lived.
-    With huge pages nothing was reported and steps ran at their normal speed.
+    Faulting fresh memory in page by page costs ~2 s per GB, populating it in the kernel ~0.3 s; it is
+    populated 32 MB at a time (``MADV_POPULATE_WRITE``; older kernels: ``MAP_POPULATE``) so that the training
+    thread's mmap/munmap, which need the same address-space lock, are never held up for long. It asks for
+    transparent huge pages: on VMs with free page reporting a resident buffer of 4 KB pages made training
+    steps 2-20% slower (Paddle's freed step memory was reported to the host and faulted back in).
     """
     if size <= 0:
         return np.empty(0, dtype=np.uint8)
-    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    mm = _anonymous_mapping(size, flags)
+    mm = _anonymous_mapping(size)
     if mm is None:
         return np.empty(size, dtype=np.uint8)
     try:
@@ -53,17 +46,16 @@ def alloc_buffer(size: int) -> np.ndarray:
     except (OSError, ValueError, AttributeError):
         mm.close()
         try:
-            mm = mmap.mmap(-1, size, flags=flags | getattr(mmap, "MAP_POPULATE", 0))
+            mm = mmap.mmap(-1, size, flags=_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
         except (OSError, ValueError, TypeError):
             return np.empty(size, dtype=np.uint8)
     return np.frombuffer(mm, dtype=np.uint8)  # the array keeps the mapping alive
 
 
-def _anonymous_mapping(size: int, flags: int) -> Optional[mmap.mmap]:
-    """An anonymous mapping of ``size`` bytes (``flags``: 0 where the platform has none to give) that asks
-    for transparent huge pages (see :func:`alloc_buffer`); None when it cannot be made."""
+def _anonymous_mapping(size: int) -> Optional[mmap.mmap]:
+    """An anonymous mapping of ``size`` bytes asking for transparent huge pages; None when it cannot be made."""
     try:
-        mm = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+        mm = mmap.mmap(-1, size, flags=_ANONYMOUS) if _ANONYMOUS else mmap.mmap(-1, size)
     except (OSError, ValueError, TypeError):
         return None
     try:
@@ -74,10 +66,9 @@ def _anonymous_mapping(size: int, flags: int) -> Optional[mmap.mmap]:
 
 
 def _map_unpopulated(size: int) -> Optional[mmap.mmap]:
-    """A private anonymous mapping of ``size`` bytes asking for huge pages, not populated; None where
-    this platform cannot populate a mapping in the kernel (``MADV_POPULATE_WRITE``)."""
-    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    mm = _anonymous_mapping(size, flags) if flags else None
+    """An unpopulated private anonymous mapping asking for huge pages; None where the kernel cannot populate it
+    (``MADV_POPULATE_WRITE``)."""
+    mm = _anonymous_mapping(size) if _ANONYMOUS else None
     if mm is None:
         return None
     try:  # probe: the kernel populates (Linux >= 5.14); else alloc_buffer's MAP_POPULATE path
@@ -89,10 +80,8 @@ def _map_unpopulated(size: int) -> Optional[mmap.mmap]:
 
 
 def populate_pages(arr: np.ndarray) -> None:
-    """Populate the pages under ``arr`` (a view into an anonymous mapping) in the kernel in one call
-    (``MADV_POPULATE_WRITE``), before a read lands in them: faulting them in page by page inside the read
-    made a remote restore's ranged reads slower (issue 44). Best effort: where the kernel cannot, the read
-    faults them in."""
+    """Populate the pages under ``arr`` (a view into an anonymous mapping) in one call before a read lands in
+    them (faulting them in inside the read slowed remote restores, issue 44). Best effort."""
     addr, n = arr.ctypes.data, arr.nbytes
     base = addr // PAGE * PAGE
     if n <= 0 or _libc is None:
@@ -111,15 +100,11 @@ _libc = _load_libc()
 
 
 class Arena:
-    """One reusable, page-aligned host buffer holding a checkpoint's file image.
+    """One reusable, page-aligned (``O_DIRECT``) host buffer holding a checkpoint's file image.
 
-    Reused from save to save (so its pages are faulted in once), and aligned
-    for ``O_DIRECT`` writes.
-
-    :meth:`start` maps it without populating it; :meth:`populate_next` then populates it a chunk at a
-    time, from any number of threads (each chunk is claimed by one). A background thread does that at
-    low priority; :meth:`finish` lets the thread that needs the buffer populate what is left itself, at
-    its own priority, instead of waiting for a background thread that a loaded host may starve.
+    :meth:`start` maps it unpopulated; :meth:`populate_next` populates it a chunk at a time from any number of
+    threads (a background one at low priority); :meth:`finish` lets the thread that needs the buffer populate
+    the rest at its own priority rather than wait for a background thread a loaded host may starve.
     """
 
     def __init__(self) -> None:
@@ -135,8 +120,8 @@ class Arena:
         return max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)  # whole huge pages
 
     def start(self, size: int) -> bool:
-        """Map a buffer for ``size`` bytes unless there is one already; populated by :meth:`populate_next`.
-        False where this platform has no in-kernel population (:meth:`ensure` then allocates it whole)."""
+        """Map a buffer for ``size`` bytes unless there is one already; False where the kernel cannot populate
+        it (:meth:`ensure` then allocates it whole)."""
         padded = self.padded(size)
         with self._lock:
             if self.buf is not None and self.buf.nbytes >= padded:
@@ -181,12 +166,9 @@ class Arena:
             return self._end - self._next if self._mm is not None else 0
 
     def finish(self, threads: int = 2) -> None:
-        """Populate what no thread claimed yet, on this thread and ``threads - 1`` helpers (at this
-        thread's priority). A chunk a background thread is still populating is not waited for: a copy
-        into it faults its pages in (population and writes to the same pages are safe together)."""
-        with self._lock:
-            left = self._end - self._next if self._mm is not None else 0
-        if left <= 0:
+        """Populate what no thread claimed yet, on this thread and ``threads - 1`` helpers. A chunk still being
+        populated is not waited for (a copy into it faults its pages in, safely)."""
+        if self.unclaimed <= 0:
             return
         run_parallel(lambda _: self._drain(), list(range(threads)), threads)
 
@@ -202,9 +184,7 @@ class Arena:
     def ensure(self, size: int) -> np.ndarray:
         padded = self.padded(size)
         if self.buf is None or self.buf.nbytes < padded:
-            with self._lock:  # a population under way ends (its thread lets go of the old mapping)
-                self._mm, self._next, self._end = None, 0, 0
-            self.buf = None  # release the old mapping first
+            self.release()  # first (a population under way ends: its thread lets go of the old mapping)
             self.buf = alloc_buffer(padded)
         return self.buf
 
@@ -220,10 +200,8 @@ class Arena:
 
 
 def run_parallel(fn: Callable[[J], Any], jobs: Sequence[J], threads: int = 2) -> None:
-    """Run ``fn(job)`` for every job on ``threads`` threads (the jobs release the GIL).
-
-    The first exception raised by any job is re-raised here, after all threads stopped.
-    """
+    """Run ``fn(job)`` for every job on ``threads`` threads (the jobs release the GIL); the first exception is
+    re-raised here, after all threads stopped."""
     if threads <= 1 or len(jobs) <= 1:
         for j in jobs:
             fn(j)

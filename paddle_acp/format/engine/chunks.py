@@ -1,19 +1,18 @@
 """Where the reader's bytes come from: a data file's chunks, in order, for its one verification loop.
 
-:func:`paddle_acp.format.engine.reader._verify_stream` asks a :class:`Chunks` for each chunk in
-turn and checksums it. The sources: a mapped local file (``paddle-acp verify`` and ``export``),
-a local file read with ``preadv`` into rotating buffers, a remote file read in order (rotating
-buffers, or a spool), and :class:`RangedChunks`: a remote restore landing in the buffer it is needed
-in (the snapshot arena), by ranged reads on several connections in parallel, straight into it.
+A mapped local file (``verify``, ``export``), a local file mapped a window at a time (restore) or read with
+``preadv``, a remote file read in order, and :class:`RangedChunks`: a remote restore read straight into the
+buffer it lands in, by ranged reads on several connections in parallel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -27,11 +26,12 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 RANGED_READERS = 4  # connections a remote restore reads on in parallel (unless its storage says: ranged_readers)
 
 
-def populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:
-    """Wait until bytes [pos, pos + n) of a mapped file are in the page cache and mapped."""
+def populate(mapping: mmap.mmap, off: int, n: int, data_path: str, base: int = 0) -> None:
+    """Wait until bytes [off, off + n) of a mapping (of a file from byte ``base``) are in the page cache."""
+    pos = base + off
     while True:
         try:
-            mapping.madvise(MADV_POPULATE_READ, pos, n)
+            mapping.madvise(MADV_POPULATE_READ, off, n)
             return
         except (InterruptedError, BlockingIOError):  # EINTR, EAGAIN: try again
             continue
@@ -42,8 +42,8 @@ def populate(mapping: mmap.mmap, pos: int, n: int, data_path: str) -> None:
 
 
 def map_file(fd: int, size: int) -> Optional[mmap.mmap]:
-    """The file mapped read-only for a verification pass, or None where that is not
-    possible (empty file, no ``mmap``/``MADV_POPULATE_READ``): then it is read into buffers."""
+    """The file mapped read-only for a verification pass, or None where that is not possible (empty file, no
+    ``MADV_POPULATE_READ``)."""
     if size <= 0 or not hasattr(mmap, "MAP_SHARED"):
         return None
     try:
@@ -60,11 +60,9 @@ def map_file(fd: int, size: int) -> Optional[mmap.mmap]:
 
 
 class Chunks:
-    """Where the bytes of a data file come from, a chunk at a time, in order.
-
-    ``get(pos, n, slot)`` returns bytes ``[pos, pos + n)``; with ``depth`` set,
-    chunks live in ``depth`` rotating buffers (``slot`` is the one to use, its
-    previous checksum done), else every chunk stays valid until the end."""
+    """Where the bytes of a data file come from, a chunk at a time, in order: ``get(pos, n, slot)`` returns bytes
+    ``[pos, pos + n)``; with ``depth`` set, in ``depth`` rotating buffers (``slot``: the one whose previous
+    checksum is done), else every chunk stays valid until the end."""
 
     depth: Optional[int] = None
 
@@ -80,8 +78,7 @@ class Chunks:
 
 
 class MappedChunks(Chunks):
-    """A mapped local file: this thread waits for each chunk's pages (``MADV_POPULATE_READ``:
-    read from disk into the page cache and mapped, no copy); they are checksummed in place."""
+    """A mapped local file: each chunk's pages are populated (no copy) and checksummed in place."""
 
     def __init__(self, mapping: mmap.mmap, data_path: str, size: int):
         super().__init__(data_path, size)
@@ -94,18 +91,15 @@ class MappedChunks(Chunks):
 
 
 class WindowChunks(Chunks):
-    """A local file mapped one chunk at a time, in ``depth`` windows at most: this thread waits for each
-    window's pages (``MADV_POPULATE_READ``: read into the page cache and mapped, no copy), the CRC
-    thread checksums them in place, and a window is unmapped when its slot comes round again (its
-    checksum done) or at :meth:`close`. The restore's verification pass: no copy of the bytes, and
-    never more than ``depth`` chunks of the file mapped (its pages count in the process's memory)."""
+    """A local file mapped one chunk at a time, ``depth`` windows at most (mapped pages count in the process's
+    memory), checksummed in place; a window is unmapped when its slot comes round again or at :meth:`close`."""
 
     depth: Optional[int] = 3
 
     def __init__(self, fd: int, data_path: str, size: int):
         super().__init__(data_path, size)
         self._fd = fd
-        self._windows: Dict[int, Tuple[mmap.mmap, np.ndarray]] = {}
+        self._windows: Dict[int, mmap.mmap] = {}
 
     def get(self, pos: int, n: int, slot: int) -> np.ndarray:
         self._unmap(slot)
@@ -113,29 +107,15 @@ class WindowChunks(Chunks):
             window = mmap.mmap(self._fd, n, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=pos)
         except (OSError, ValueError) as exc:
             raise StorageError(f"reading {self._path} failed at byte {pos}: {exc}") from exc
-        arr = np.frombuffer(window, dtype=np.uint8)
-        self._windows[slot] = (window, arr)
-        while True:
-            try:
-                window.madvise(MADV_POPULATE_READ, 0, n)
-                return arr
-            except (InterruptedError, BlockingIOError):  # EINTR, EAGAIN: try again
-                continue
-            except OSError as exc:
-                if exc.errno == errno.EFAULT:  # pages past the end: the file shrank
-                    raise CorruptCheckpointError(f"{self._path}: short read at byte {pos}") from None
-                raise StorageError(f"reading {self._path} failed at byte {pos}: {exc}") from exc
+        self._windows[slot] = window
+        populate(window, 0, n, self._path, pos)
+        return np.frombuffer(window, dtype=np.uint8)
 
     def _unmap(self, slot: int) -> None:
-        held = self._windows.pop(slot, None)
-        if held is None:
-            return
-        window, arr = held
-        del arr, held
-        try:
-            window.close()
-        except BufferError:  # a view is still alive (a traceback): unmapped with it
-            pass
+        window = self._windows.pop(slot, None)
+        if window is not None:
+            with contextlib.suppress(BufferError):  # a view is still alive (a traceback): unmapped with it
+                window.close()
 
     def close(self) -> None:
         for slot in list(self._windows):
@@ -143,25 +123,18 @@ class WindowChunks(Chunks):
 
 
 class Buffered(Chunks):
-    """Chunks read into three rotating buffers, or (``image``) each into its place in one buffer
-    that holds the whole file (then every chunk stays valid)."""
+    """Chunks read into three rotating buffers."""
 
     depth: Optional[int] = 3
 
-    def __init__(self, data_path: str, size: int, image: Optional[np.ndarray] = None):
+    def __init__(self, data_path: str, size: int):
         super().__init__(data_path, size)
         self._bufs: List[np.ndarray] = []
-        self._image = image
-        if image is not None:
-            self.depth = None
 
     def get(self, pos: int, n: int, slot: int) -> np.ndarray:
-        if self._image is not None:
-            buf = self._image[pos:pos + n]
-        else:
-            while len(self._bufs) <= slot:
-                self._bufs.append(alloc_buffer(self.size))
-            buf = self._bufs[slot][:n]
+        while len(self._bufs) <= slot:
+            self._bufs.append(alloc_buffer(self.size))
+        buf = self._bufs[slot][:n]
         self._fill(buf.data, pos)
         return buf
 
@@ -170,10 +143,10 @@ class Buffered(Chunks):
 
 
 class PreadChunks(Buffered):
-    """A local file read with ``preadv`` into rotating buffers (or, with ``image``, into one buffer)."""
+    """A local file read with ``preadv`` into rotating buffers."""
 
-    def __init__(self, fd: int, data_path: str, size: int, image: Optional[np.ndarray] = None):
-        super().__init__(data_path, size, image)
+    def __init__(self, fd: int, data_path: str, size: int):
+        super().__init__(data_path, size)
         self._fd = fd
 
     def _fill(self, mv: memoryview, pos: int) -> None:
@@ -183,7 +156,7 @@ class PreadChunks(Buffered):
 
 
 def fill_from(f: InputFile, mv: memoryview, pos: int, data_path: str) -> None:
-    """Fill ``mv`` from a remote file read in order (``readinto`` until full)."""
+    """Fill ``mv`` from a remote file read in order."""
     got = 0
     while got < mv.nbytes:
         r = f.readinto(mv[got:])
@@ -202,12 +175,20 @@ class RemoteChunks(Buffered):
     def _fill(self, mv: memoryview, pos: int) -> None:
         fill_from(self._f, mv, pos, self._path)
 
+    def check_end(self, end: int) -> None:
+        """Nothing may follow byte ``end`` (a remote data file's size is checked as it is read)."""
+        _check_end(self._f, self._path, end)
+
+
+def _check_end(f: InputFile, data_path: str, end: int) -> None:
+    if f.read(1):
+        raise CorruptCheckpointError(f"{data_path} is larger than the {end} bytes its manifest records")
+
 
 class RangedChunks(Chunks):
-    """A remote file read straight into ``image`` (the whole file's place) on ``readers`` connections
-    in parallel, each chunk a ranged read (``seek`` + ``readinto``); chunks are handed on in order,
-    each as soon as it is complete. :meth:`close` (also on an error) cancels the reads not started
-    and waits for the running ones: nothing writes into ``image`` after it returns."""
+    """A remote file read straight into ``image`` by ranged reads on ``readers`` connections in parallel; chunks
+    are handed on in order. :meth:`close` cancels the reads not started and waits for the running ones:
+    nothing writes into ``image`` after it returns."""
 
     def __init__(self, open_file: Callable[[], InputFile], data_path: str, size: int, image: np.ndarray,
                  readers: int = RANGED_READERS):
@@ -244,11 +225,9 @@ class RangedChunks(Chunks):
         return self._image[pos:pos + n]
 
     def check_end(self, end: int) -> None:
-        """Nothing may follow byte ``end`` (the size of a remote data file is checked as it is read)."""
         f = self._file()
         f.seek(end)
-        if f.read(1):
-            raise CorruptCheckpointError(f"{self._path} is larger than the {end} bytes its manifest records")
+        _check_end(f, self._path, end)
 
     def close(self) -> None:
         drain(self._futs.values())

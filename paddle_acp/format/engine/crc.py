@@ -1,11 +1,9 @@
 """Checksums on other cores: the CRC threads shared by the writer and the reader.
 
-The background thread (:func:`crc_pool`, at a lower CPU priority) for work that overlaps training (a
-save's checksums, ``paddle-acp verify``), and the restore's two (:func:`restore_crc_pool`, at normal
-priority) for checksums that training waits for: at a lower priority it was the first to touch each
-freshly read page and a busy core starved it, so a restore waited for it; on one thread the checksums
-were most of a warm restore (issue 44). Two threads checksum chunks of one tensor apart, each from 0:
-:func:`combine` joins their values (zlib's ``crc32_combine``, for either checksum of the format)."""
+The background thread (:func:`crc_pool`, lower CPU priority) for work that overlaps training, and the
+restore's two (:func:`restore_crc_pool`, normal priority: at a lower one a busy core starved them and the
+restore waited, issue 44). Chunks of one tensor are checksummed apart, each from 0; :func:`combine` joins them.
+"""
 
 from __future__ import annotations
 
@@ -46,10 +44,8 @@ def restore_crc_pool() -> ThreadPoolExecutor:
 def _start(name: str, initializer: Optional[Callable[[], None]], workers: int = 1) -> ThreadPoolExecutor:
     """A pool whose ``workers`` threads are all started now (``initializer``: run in each first)."""
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=initializer)
-    # Start its worker now, with Ctrl-C and SIGTERM held back: a KeyboardInterrupt raised inside
-    # the pool's Thread.start() leaves a worker the pool does not know, and the interpreter then
-    # waits for it forever at exit. A held-back signal is delivered right after (the worker
-    # inherits the mask: signals are the main thread's business anyway).
+    # Start the workers now with SIGINT/SIGTERM held back: a KeyboardInterrupt inside Thread.start() leaves a
+    # worker the pool does not know, which the interpreter waits for forever at exit (delivered right after).
     held = {signal.SIGINT, signal.SIGTERM}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
     try:
@@ -114,8 +110,7 @@ def _shift(poly: int, nbytes: int) -> int:
 
 
 def combine(algorithm: str, crc1: int, crc2: int, len2: int) -> int:
-    """The checksum (``algorithm``: ``"crc32"`` or ``"crc32c"``, a manifest's ``checksum_name``) of A followed by B,
-    from ``crc1`` (A's), ``crc2`` (B's, computed from 0) and ``len2`` (B's length)."""
+    """The ``algorithm`` checksum of A followed by B, from ``crc1`` (A's), ``crc2`` (B's, from 0) and ``len2``."""
     if crc1 == 0 or len2 == 0:  # the empty A (or B): nothing to shift
         return crc2 if len2 else crc1
     poly = _POLYS[algorithm]

@@ -1,16 +1,12 @@
 """A verified checkpoint in memory or on a local disk, its tensors handed out once each.
 
-What :func:`paddle_acp.format.engine.reader.load` returns: nothing here reads anything
-that was not verified first. :class:`FileSource` keeps a verified local file
-open and copies tensors out of it on demand (a restore over the host-memory budget, or
-one with nowhere to land); :class:`MemorySource` holds the verified image of a file in a
-buffer, the snapshot arena a restore landed in (see :data:`Landing`).
+What :func:`paddle_acp.format.engine.reader.load` returns: :class:`FileSource` keeps a verified local file
+open and reads tensors out of it on demand; :class:`MemorySource` holds the verified image a restore landed in.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import os
 from typing import Any, Callable, Dict, Iterator, List, MutableMapping, Optional, Protocol, Sequence, Tuple
 
@@ -25,9 +21,8 @@ __all__ = ["FileSource", "Key", "Landing", "Lent", "LoadedCheckpoint", "MemorySo
 
 Key = Tuple[str, str]  # (program key, tensor name)
 ReadItem = Tuple[str, TensorRecord, np.ndarray]  # (program key, tensor, the array to fill)
-# Where a restore lands (the runtime's snapshot arena, which the first save needs anyway): given the
-# data file's size, a buffer of at least that many bytes and the call that gives it back (once its
-# tensors are all handed out, or the load failed), or None where there is none to lend.
+# Where a restore lands (the runtime's snapshot arena): given the data file's size, a buffer of at least that
+# many bytes and the call that gives it back (once its tensors are all handed out, or the load failed), or None.
 Lent = Tuple[np.ndarray, Callable[[], None]]
 Landing = Callable[[int], Optional[Lent]]
 
@@ -41,8 +36,7 @@ def _check_fits(view: np.ndarray, rec: TensorRecord) -> None:
 
 
 class MemorySource:
-    """Verified tensors held in one in-memory image (the buffer a restore landed in); ``on_close``
-    gives that buffer back (called once)."""
+    """Verified tensors held in one in-memory image; ``on_close`` gives that buffer back (called once)."""
 
     def __init__(self, arrays: Dict[Key, np.ndarray], on_close: Optional[Callable[[], None]] = None):
         self._arrays = arrays
@@ -66,8 +60,7 @@ class MemorySource:
 
 
 def pread_into(fd: int, mv: memoryview, offset: int) -> int:
-    """Fill ``mv`` from byte ``offset`` of file ``fd`` (``preadv`` until full or the end of the file);
-    returns how many bytes were read (fewer than ``mv.nbytes`` only at the end of the file)."""
+    """Fill ``mv`` from byte ``offset`` of file ``fd``; returns the bytes read (fewer only at the end of the file)."""
     got = 0
     while got < mv.nbytes:
         n = os.preadv(fd, [mv[got:]], offset + got)
@@ -78,31 +71,15 @@ def pread_into(fd: int, mv: memoryview, offset: int) -> int:
 
 
 class FileSource:
-    """Tensors of a verified local data file, read on demand through an open descriptor.
+    """Tensors of a verified local data file, read on demand (``preadv``) through an open descriptor: it keeps
+    that very file readable even if it is unlinked (retention, ``gc``) before the program first runs."""
 
-    The file was read and checksummed in full before this source exists; the
-    descriptor (and the mapping) keep that very file (inode) readable even if
-    it is unlinked (retention, ``paddle-acp gc``) before the program first
-    runs. With ``mapping`` (the file mapped read-only, its page-cache pages
-    already mapped by the verification pass) tensors are copied straight out
-    of the page cache: a plain memcpy on two threads, 1.5-2x faster here than
-    ``preadv`` of the same cached bytes. Without it they are read with ``preadv``.
-    """
-
-    def __init__(self, fd: int, path: str, size: int, mapping: Optional[mmap.mmap] = None):
+    def __init__(self, fd: int, path: str):
         self._fd = fd
         self._path = path
-        self._size = size
-        self._map = mapping
-        self._bytes = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None else None
-
-    def _check_size(self) -> None:
-        # a mapped file that shrank would fault (SIGBUS) on access: refuse it first
-        if os.fstat(self._fd).st_size < self._size:
-            raise CorruptCheckpointError(f"{self._path}: the file shrank after it was verified")
 
     def _reader(self, offset: int) -> Callable[[np.ndarray, int], None]:
-        """The call that fills a host buffer with this file's bytes from ``offset`` + its ``pos`` on (``preadv``)."""
+        """The call that fills a host buffer with this file's bytes from ``offset`` + its ``pos`` on."""
         def read(buf: np.ndarray, pos: int) -> None:
             got = pread_into(self._fd, buf.data, offset + pos)
             if got < buf.nbytes:
@@ -118,14 +95,6 @@ class FileSource:
         return arr
 
     def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None:
-        if self._bytes is not None:  # copied out of the page cache, else read (preadv): through the stager either way
-            copies: List[CopyJob] = []
-            self._check_size()
-            for _key, rec, view in items:
-                _check_fits(view, rec)
-                copies.append((view, self._bytes[rec.offset:rec.offset + rec.nbytes]))
-            stager.stage(copies)
-            return
         fills: List[FillJob] = []
         for _key, rec, view in items:
             _check_fits(view, rec)
@@ -133,21 +102,13 @@ class FileSource:
         stager.fill(fills)
 
     def close(self) -> None:
-        self._bytes = None
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive somewhere: the GC unmaps it with that view
-                pass
-            self._map = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
 
 class TensorSource(Protocol):
-    """What a LoadedCheckpoint reads its verified tensors from (a source above, or the shares of
-    a spread checkpoint, :class:`paddle_acp.format.engine.shares.SharesSource`)."""
+    """What a LoadedCheckpoint reads its verified tensors from (a source above, or ``shares.SharesSource``)."""
 
     def read(self, key: str, rec: TensorRecord) -> np.ndarray: ...
     def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None: ...
@@ -177,14 +138,8 @@ class _PendingArrays(MutableMapping[Key, np.ndarray]):
 
 
 class LoadedCheckpoint:
-    """A verified checkpoint whose tensors are handed out once each.
-
-    ``arrays`` maps ``(program key, tensor name)`` to the tensors not yet
-    handed out (read on access). :func:`paddle_acp.adapter.tensors.write_program`
-    puts one program's tensors straight into a scope (through ``pending``,
-    ``read``, ``read_into`` and ``hand_out``). When every tensor has been handed
-    out the data file (or image) is released.
-    """
+    """A verified checkpoint whose tensors are handed out once each (``arrays``: those not yet handed out, read
+    on access); when every tensor has been handed out the data file (or image) is released."""
 
     def __init__(self, path: str, manifest: Manifest, source: TensorSource):
         self.path = path
@@ -201,9 +156,8 @@ class LoadedCheckpoint:
             source.close()
 
     def of_global(self, path: str, global_manifest: Any, own: Manifest) -> "LoadedCheckpoint":
-        """This rank's restore of a checkpoint of several ranks at ``path``: its global manifest, and this rank's
-        own RNG state and extra (from its own part's manifest ``own``; the tensors may come from other parts).
-        Returns itself."""
+        """This rank's restore of a checkpoint of several ranks at ``path``: its global manifest, and the RNG state
+        and extra of this rank's own part's manifest ``own`` (the tensors may come from other parts); itself."""
         self.path = path
         self.name = path.rsplit("/", 1)[-1]
         self.global_manifest = global_manifest
@@ -232,8 +186,7 @@ class LoadedCheckpoint:
         return self._source.read(key, rec)
 
     def read_into(self, items: Sequence[ReadItem], stager: Stager = HOST) -> None:
-        """Fill each ``(key, record, array)``'s array (its dtype and shape) with the tensor; the copies out of
-        verified memory go through ``stager`` (the runtime's, :mod:`paddle_acp.format.engine.stager`)."""
+        """Fill each ``(key, record, array)``'s array with the tensor, through ``stager``."""
         self._source.read_into(items, stager)
 
     def hand_out(self, k: Key) -> None:

@@ -1,28 +1,15 @@
 """The reader: the one place a checkpoint is read and verified.
 
-Nothing unverified is handed on. Every entry point checks the manifest first
-(untrusted input: refused unread when it is too large, then validated in full)
-and the data file's size (:func:`check_header`); the data entry points check
-every tensor's checksum before they return anything:
-
-- :func:`load` (restore): a :class:`LoadedCheckpoint` whose tensors are handed
-  out once each, checksummed at normal priority as the bytes arrive. A local file is
-  verified a mapped window at a time, then read from the page cache straight into the
-  scope's tensors; a remote one lands in the snapshot arena that the first save needs
-  anyway (lent by the runtime, within the host-memory budget), or else is verified
-  into a local spool. Nothing maps or buffers a whole file.
-- :func:`verify` (``paddle-acp verify``, ``ls --verify``, ``gc``): every checksum,
-  nothing kept (constant memory on every backend).
-- :func:`read_tensors` (``paddle-acp export``): every checksum, the asked-for
-  tensors kept.
-
-All three stream the data file once, in order, through one loop
-(:func:`_verify_stream`): this thread reads (or waits for the kernel to read)
-a chunk while the CRC threads checksum the previous ones (a restore's two in parallel).
+Nothing unverified is handed on: every entry point validates the manifest first (untrusted: refused unread
+when too large) and the data file's size (:func:`check_header`); :func:`load` (restore), :func:`verify`
+(``verify``, ``ls --verify``, ``gc``) and :func:`read_tensors` (``export``) check every tensor's checksum
+before they return anything. All three stream the data file once, in order, through one loop
+(:func:`_verify_stream`): this thread reads a chunk while the CRC threads checksum the previous ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
@@ -35,7 +22,6 @@ import numpy as np
 from paddle_acp.errors import CorruptCheckpointError, StorageError
 from paddle_acp.format.engine.chunks import Chunks, PreadChunks, RangedChunks, RemoteChunks, WindowChunks, local_chunks
 from paddle_acp.format.engine.chunks import map_file as _map_file
-from paddle_acp.format.engine.chunks import populate as _populate  # noqa: F401  (tests call it here)
 from paddle_acp.format.engine.crc import combine, crc_pool, drain, restore_crc_pool
 from paddle_acp.format.engine.loaded import FileSource, Key, Landing, Lent, LoadedCheckpoint, MemorySource
 from paddle_acp.format.engine.spool import open_spool, spool_writer
@@ -60,8 +46,7 @@ Pieces = List[Tuple[int, int, int]]  # a chunk's pieces of tensors: (record inde
 
 # -- the manifest and the data file's size -----------------------------------------------
 def file_size(storage: Storage, path: str, what: str) -> Optional[int]:
-    """The size of a regular file of a checkpoint; None when it is missing.
-    CorruptCheckpointError for a directory, a symbolic link or anything else."""
+    """The size of a regular file of a checkpoint; None when missing, CorruptCheckpointError when not a file."""
     kind, size = storage.stat(path)
     if kind == "missing":
         return None
@@ -112,12 +97,8 @@ def read_manifest(storage: Storage, base: str, number: int, range_name: str, raw
 
 def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
                       raw: Optional[bytes] = None) -> Tuple[Manifest, bytes]:
-    """The manifest of checkpoint ``number`` in directory ``base`` of range ``range_name``, and
-    its bytes; ``raw``: its bytes, already read (and checked) by the caller.
-
-    Untrusted input: a manifest or data file that is a directory or a symbolic
-    link, or a manifest larger than :func:`max_manifest_size` of its data, is
-    refused unread (CorruptCheckpointError). The data file is not checked here."""
+    """The manifest of checkpoint ``number`` in directory ``base`` of range ``range_name``, and its bytes
+    (``raw``: already read by the caller). The data file is not checked here."""
     m, raw_bytes, _size = _read_manifest(storage, base, number, range_name, raw)
     return m, raw_bytes
 
@@ -125,13 +106,11 @@ def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
 def check_header(storage: Storage, base: str, number: int, range_name: str,
                  raw: Optional[bytes] = None, sized_by_read: bool = False) -> Tuple[Manifest, str]:
     """Validate the manifest and the data file's size, reading no data; returns (manifest, data path).
-
-    What ``paddle-acp ls`` shows as "ok". Raises CorruptCheckpointError. ``sized_by_read``: a remote
-    data file whose manifest bytes the caller gave is not looked up here: its reader checks its size
-    (:func:`load`: one storage call fewer)."""
-    m, _raw, size = _read_manifest(storage, base, number, range_name, raw)  # RNG and LR-scheduler states are validated there
+    ``sized_by_read``: a remote data file is not looked up when the caller gave the manifest's bytes: its
+    reader checks its size."""
+    m, _raw, size = _read_manifest(storage, base, number, range_name, raw)
     data_path = f"{base}/{DATA_NAME}"
-    if size == -1 and sized_by_read and _local_path(storage, data_path) is None:
+    if size == -1 and sized_by_read and storage.local_path(data_path) is None:
         return m, data_path
     if size == -1:  # not looked up yet
         size = file_size(storage, data_path, DATA_NAME)
@@ -147,23 +126,15 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
          memory_budget: Optional[int] = None, landing: Optional[Landing] = None) -> LoadedCheckpoint:
     """Read and verify checkpoint ``number`` (directory ``base``) completely; raises CorruptCheckpointError.
 
-    Every tensor's checksum is checked before this returns, so nothing of a corrupt checkpoint can
-    reach a scope. The checksums run at normal priority (training waits for them) as the bytes
-    arrive, and nothing maps or buffers the whole file beyond what is lent:
-
-    - A local file is verified a window at a time (mapped, checksummed in place, unmapped; three
-      windows at most; rotating buffers where mapping is not possible) and stays open: at the copy the
-      tensors are read from it (the page cache) with ``preadv`` straight into the scope's tensors. (Landing it
-      in the snapshot arena instead would fault in a whole fresh buffer while the training waits:
-      slower on the VMs measured, issue 44; the arena is populated after the copy, in the background.)
-    - A remote file lands in ``landing`` (the snapshot arena the first save needs anyway), when it lends
-      a buffer for a file within ``memory_budget``: its bytes are read once, straight into it, by ranged
-      reads on several connections in parallel, and copied from there into the scope's tensors; the
-      buffer is given back when they are all handed out. Else it is verified on its way into an unlinked
-      local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there like a local one."""
+    The checksums run at normal priority as the bytes arrive; nothing maps or buffers the whole file beyond
+    what is lent. A local file is verified a mapped window at a time and stays open: its tensors are read
+    from the page cache with ``preadv`` straight into the scope's (landing it in a fresh arena made the
+    training wait for page faults, issue 44). A remote file lands in the buffer ``landing`` lends (the
+    snapshot arena) when it fits ``memory_budget``, read by ranged reads in parallel; else it is verified on
+    its way into an unlinked local spool file and read from there."""
     m, data_path = check_header(storage, base, number, range_name, raw, sized_by_read=True)
     records = _records(m)
-    os_path = _local_path(storage, data_path)
+    os_path = storage.local_path(data_path)
     fits = m.data_size > 0 and (memory_budget is None or m.data_size <= memory_budget)
     lent = landing(m.data_size) if landing is not None and fits and os_path is None else None
     if lent is not None:
@@ -185,14 +156,14 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
         except BaseException:
             os.close(fd)
             raise
-        loaded = LoadedCheckpoint(base, m, FileSource(fd, data_path, m.data_size))
+        loaded = LoadedCheckpoint(base, m, FileSource(fd, data_path))
     loaded.source = "local" if os_path is not None else "remote"
     return loaded
 
 
 def _land(storage: Storage, base: str, m: Manifest, data_path: str, records: List[Record], lent: Lent) -> LoadedCheckpoint:
-    """The one pass of a remote restore that lands in a lent buffer: every byte read once into it (ranged
-    reads in parallel) and checksummed there; the buffer is given back at once when the file does not verify."""
+    """A remote restore into a lent buffer: every byte read once into it and checksummed there; the buffer is
+    given back at once when the file does not verify."""
     buf, give_back = lent
     image = buf[:m.data_size]
     try:
@@ -213,21 +184,18 @@ def _land(storage: Storage, base: str, m: Manifest, data_path: str, records: Lis
 
 def verify(storage: Storage, base: str, number: int, range_name: str, raw: Optional[bytes] = None,
            progress: Optional[Progress] = None) -> Manifest:
-    """Check checkpoint ``number`` (directory ``base``) completely, keeping nothing; returns its manifest.
-
-    The same checks as :func:`load` in constant memory. Raises CorruptCheckpointError."""
+    """Check checkpoint ``number`` completely in constant memory, keeping nothing; returns its manifest."""
     return read_tensors(storage, base, number, range_name, (), raw, progress)[0]
 
 
 def read_tensors(storage: Storage, base: str, number: int, range_name: str, want: Collection[Key],
                  raw: Optional[bytes] = None, progress: Optional[Progress] = None) -> Tuple[Manifest, Dict[Key, np.ndarray]]:
-    """Check checkpoint ``number`` completely; returns its manifest and the tensors ``want`` names
-    (``(program key, tensor name)`` pairs), each a new array. Raises CorruptCheckpointError."""
+    """Check checkpoint ``number`` completely; returns its manifest and the tensors ``want`` names, new arrays."""
     m, data_path = check_header(storage, base, number, range_name, raw)
     records = _records(m)
     out = {(key, t.name): np.empty(*t.stored()) for _off, key, t in records if (key, t.name) in want}
     keep = {i: out[(key, t.name)] for i, (_off, key, t) in enumerate(records) if (key, t.name) in out}
-    os_path = _local_path(storage, data_path)
+    os_path = storage.local_path(data_path)
     if os_path is not None:
         fd, mapping = _open_local(storage, os_path, data_path, m.data_size)
         try:
@@ -245,11 +213,6 @@ def _records(m: Manifest) -> List[Record]:
     return sorted(((t.offset, p.key, t) for p in m.programs for t in p.tensors), key=lambda x: x[0])
 
 
-def _local_path(storage: Storage, path: str) -> Optional[str]:
-    """The operating-system path of ``path`` where the storage is a local file system, else None."""
-    return storage.local_path(path)
-
-
 def _open_remote(storage: Storage, data_path: str) -> InputFile:
     try:
         return storage.open_input(data_path)
@@ -257,13 +220,6 @@ def _open_remote(storage: Storage, data_path: str) -> InputFile:
         if file_size(storage, data_path, DATA_NAME) is None:  # CorruptCheckpointError when not a regular file
             raise CorruptCheckpointError(f"{data_path} is missing") from None
         raise
-
-
-def _check_end(f: InputFile, data_path: str, m: Manifest) -> None:
-    """After the manifest's ``data_size`` bytes were read: nothing may follow (the size of a remote
-    data file is checked as it is read, :func:`check_header`'s ``sized_by_read``)."""
-    if f.read(1):
-        raise CorruptCheckpointError(f"{data_path} is larger than the {m.data_size} bytes its manifest records")
 
 
 def _open_local(storage: Storage, os_path: str, data_path: str, size: int,
@@ -290,18 +246,15 @@ def _open_local(storage: Storage, os_path: str, data_path: str, size: int,
 
 def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
     if mapping is not None:
-        try:
+        with contextlib.suppress(BufferError):  # a view in the traceback: unmapped with it
             mapping.close()
-        except BufferError:  # a view in the traceback: unmapped with it
-            pass
     os.close(fd)
 
 
 def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record],
                     budget: Optional[int], spool_dir: Optional[str] = None) -> FileSource:
-    """A remote data file with no buffer to land in (larger than the host-memory budget, or a process that
-    keeps no snapshot buffer): verified by the one loop on its way into an unlinked local spool file (:mod:`paddle_acp.format.engine.spool`), then read from there
-    like a local one (no mapping)."""
+    """A remote data file with no buffer to land in: verified on its way into an unlinked local spool file,
+    then read from there like a local one."""
     if budget is not None and m.data_size > budget:
         logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
                     "spool file instead of memory", data_path, m.data_size, budget)
@@ -311,13 +264,13 @@ def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List
     fd = open_spool(data_path, spool_dir)
     try:
         with _open_remote(storage, data_path) as f:
-            _verify_stream(RemoteChunks(f, data_path, _READ_CHUNK), m, data_path, records,
-                           sink=spool_writer(fd, data_path), pool=restore_crc_pool())
-            _check_end(f, data_path, m)
+            chunks = RemoteChunks(f, data_path, _READ_CHUNK)
+            _verify_stream(chunks, m, data_path, records, sink=spool_writer(fd, data_path), pool=restore_crc_pool())
+            chunks.check_end(m.data_size)
     except BaseException:
         os.close(fd)
         raise
-    return FileSource(fd, data_path, m.data_size)
+    return FileSource(fd, data_path)
 
 
 # -- the data file: the one verification loop ----------------------------------------------
@@ -327,12 +280,9 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
                    pool: Optional[ThreadPoolExecutor] = None) -> None:
     """Read the data file once, in order, and check every tensor's checksum (CorruptCheckpointError).
 
-    This thread gets each chunk (and hands it to ``sink(chunk, offset)``, the spool of a
-    restore over the memory budget); a CRC thread checksums it, tensor by tensor, each piece
-    from 0, and copies the bytes of the tensors in ``keep`` (record index -> array) into them;
-    this thread joins the pieces of a tensor that spans chunks, in order (:func:`combine`).
-    ``pool``: the CRC threads (the background one, at a lower priority, unless given: a
-    restore's two run at normal priority, on chunks in parallel)."""
+    This thread gets each chunk (and hands it to ``sink(chunk, offset)``); a CRC thread of ``pool`` (default:
+    the background one) checksums it tensor by tensor, each piece from 0, and copies the bytes of the tensors in
+    ``keep`` (record index -> array); this thread joins a tensor's pieces in order (:func:`combine`)."""
     size = m.data_size
     fn, algorithm = m.checksum, TENSOR_CHECKSUMS[m.version]
     crcs = [0] * len(records)
@@ -358,7 +308,7 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
     pos, first, k, joined = 0, 0, 0, 0
 
     def join(upto: int, wait: bool) -> int:
-        """Join the pieces of chunks ``joined``.. in order (up to ``upto``, or the first not done unless ``wait``)."""
+        """Join the pieces of chunks ``joined``..``upto`` in order (without ``wait``: up to the first not done)."""
         j = joined
         while j < upto and (wait or futs[j].done()):
             for i, crc, n in futs[j].result():

@@ -1,32 +1,18 @@
 """Spread writes of replicated state: which rank writes which bytes, and reading the shares back.
 
-With ``PADDLE_ACP_REPLICATED_WRITERS=all`` (or a number) a data-parallel job (replicated
-state) does not leave every tensor to rank 0: the *share writers*, ranks 0..S-1 with
-S = min(world size, cap), each write a *share* into their own part; the ranks from S on
-write a part with no tensors (as every rank but 0 does under ``one``), so a restore opens S
-data files, not one per rank. The split (:func:`split`) is a pure function of the tensor
-metadata every rank holds alike: the tensors' bytes, one after the other in canonical order
-(program key, then name), are cut into S equal byte ranges, and writer r writes range r. A
-tensor that lies in one range is written whole; one that crosses a boundary is written as
-*pieces* (a part's tensor record with ``piece = [start, stop)``, the bytes of the tensor it
-holds; such a part is a version-3 manifest, which older builds refuse as a newer format), so
-every writer writes T/S bytes (+-1) whatever the tensors' sizes. It needs only names,
-dtypes, shapes and sizes (:data:`Item`), so a rank takes views of (on a GPU: copies to the
-host) only its own share. (Checkpoints of earlier builds cut shares by whole tensor: they read
-the same way; :func:`check_cover` asks only that the shares cover the state exactly.)
+With ``PADDLE_ACP_REPLICATED_WRITERS=all`` (or a number) the *share writers*, ranks 0..S-1 (S = min(world
+size, cap)), each write a *share* of a data-parallel job's state into their own part; the other ranks' parts
+hold no tensors. :func:`split` is a pure function of metadata every rank holds alike: the tensors' bytes, in
+canonical order (program key, name), cut into S equal ranges; a tensor crossing a boundary is written as
+*pieces* (records with ``piece = [start, stop)``: a version-3 manifest, refused by older builds). Shares cut by
+whole tensor (earlier builds) read the same way.
 
-What records who holds what: each part's manifest lists the tensors and pieces of its share
-(its programs, each with the LR scheduler state, and only the share's records) and carries
-``extra.part.share = {"writers": "all", "share_writers": S, "items": N, "digest": D}``: the
-number of share writers, the number of tensors of the whole state and a CRC32 of their
-canonical list (program key, name, dtype, shape), the same in every part; the global manifest
-(version 4, ``"writers": "all"``, ``"share_writers": S``) says the checkpoint is spread and
-which parts hold shares. :func:`check_cover` validates this untrusted record when rank 0
-commits and whenever a checkpoint is read: each part lists the same programs, the parts from
-S on hold no tensors, every tensor's records (whole, or pieces) tile its bytes exactly once
-with one dtype and shape, and together they are the N tensors whose list has digest D.
-:func:`merge` joins the verified parts into one :class:`LoadedCheckpoint` whose tensors are
-read from the part (or, piece by piece, the parts) that hold them.
+Each part's manifest lists its share's records and carries ``extra.part.share = {"writers": "all",
+"share_writers": S, "items": N, "digest": D}`` (N tensors in all, D a CRC32 of their canonical list); the
+global manifest is version 4 with ``"writers": "all"``. :func:`check_cover` validates this untrusted record at
+commit and at every read: the same record and programs in every part, no tensors from rank S on, every
+tensor's records tiling its bytes exactly once with one dtype and shape, N tensors of digest D.
+:func:`merge` joins the verified parts into one :class:`LoadedCheckpoint`.
 """
 
 from __future__ import annotations
@@ -63,8 +49,7 @@ Piece = Optional[Tuple[int, int]]  # bytes [start, stop) of a tensor; None: the 
 
 
 def split(items: Sequence[Item], writers: int) -> Dict[int, Dict[Tuple[str, str], Piece]]:
-    """rank -> {(program key, tensor name): the piece it writes (None: the whole tensor)}: the
-    tensors' bytes in canonical order cut into ``writers`` equal ranges (every rank computes the same)."""
+    """rank -> {(program key, tensor name): the piece it writes (None: the whole tensor)}."""
     if writers < 1:
         raise ValueError(f"a split among {writers} writers")
     order = sorted(items, key=lambda i: (i[0], i[1]))
@@ -99,8 +84,7 @@ def record(items: Sequence[Item], writers: int) -> Dict[str, Any]:
 
 
 def owned(items: Sequence[Item], rank: int, writers: int) -> Dict[Tuple[str, str], Piece]:
-    """(program key, name) -> the piece of it ``rank`` writes (None: whole), for ``rank``'s share of
-    ``items`` (none for a rank from ``writers`` on)."""
+    """(program key, name) -> the piece of it ``rank`` writes (None: whole); none from rank ``writers`` on."""
     if rank >= writers:
         return {}
     return split(items, writers)[rank]
@@ -109,17 +93,13 @@ def owned(items: Sequence[Item], rank: int, writers: int) -> Dict[Tuple[str, str
 def share_layout_nbytes(items: Sequence[Item], rank: int, writers: int) -> int:
     """The data file size of ``rank``'s share of ``items`` (each tensor or piece at an aligned offset)."""
     mine = owned(items, rank, writers)
-    return sum(align(_piece_nbytes(mine[(i[0], i[1])], i[4])) for i in items if (i[0], i[1]) in mine)
-
-
-def _piece_nbytes(piece: Piece, whole: int) -> int:
-    return whole if piece is None else piece[1] - piece[0]
+    pieces = ((mine[(i[0], i[1])], i[4]) for i in items if (i[0], i[1]) in mine)
+    return sum(align(whole if piece is None else piece[1] - piece[0]) for piece, whole in pieces)
 
 
 def part_share(m: Manifest) -> Optional[Dict[str, Any]]:
     """The ``extra.part.share`` record of a part's manifest, checked (CorruptCheckpointError), or None."""
-    part = m.extra.get("part") if isinstance(m.extra, dict) else None
-    share = part.get("share") if isinstance(part, dict) else None
+    share = _share_of(m)
     if share is None:
         return None
     if (not isinstance(share, dict) or set(share) != {"writers", "share_writers", "items", "digest"}
@@ -133,11 +113,9 @@ def part_share(m: Manifest) -> Optional[Dict[str, Any]]:
 
 
 def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = True) -> Dict[str, Any]:
-    """The parts' shares are one spread state: every part (``manifests``: rank -> manifest, every rank
-    of the checkpoint; not ``complete``: at least the share writers', what a restore reads, so a rank's
-    restore costs the same at any world size) has the same share record and lists the same programs, the parts from rank
-    ``share_writers`` on hold no tensors, no tensor is in two parts, and together they are the recorded
-    tensors (count and digest). Returns the share record; CorruptCheckpointError naming what is wrong."""
+    """The parts' shares are one spread state (see the module docstring); returns the share record, else
+    CorruptCheckpointError naming what is wrong. ``manifests``: rank -> manifest, every rank's (not
+    ``complete``: at least the share writers', what a restore reads)."""
     records = {k: part_share(m) for k, m in sorted(manifests.items())}
     share = records.get(0) if records else None
     if share is None or any(r != share for r in records.values()):
@@ -184,9 +162,8 @@ def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = 
 
 
 def merged_programs(manifests: Mapping[int, Manifest], own: int) -> List[ProgramRecord]:
-    """Every program with the tensors of every share (in rank order; a tensor written as pieces once,
-    where its first piece is, as a whole record whose offset and checksum are not a file's); LR scheduler
-    state of rank ``own``'s part."""
+    """Every program with the tensors of every share, in rank order (a tensor written as pieces: once, as a whole
+    record whose offset and checksum are not a file's); LR scheduler state of rank ``own``'s part."""
     out = []
     for i, p in enumerate(manifests[own].programs):
         tensors: List[TensorRecord] = []
@@ -227,8 +204,7 @@ def _flat_bytes(view: np.ndarray) -> np.ndarray:
 
 
 class SharesSource:
-    """Tensors of a spread checkpoint: each read from the verified part that holds it, or joined from
-    the verified parts that hold its pieces."""
+    """Tensors of a spread checkpoint, each read from the verified part(s) that hold it (or its pieces)."""
 
     def __init__(self, parts: Mapping[int, LoadedCheckpoint]):
         self._parts = dict(parts)
@@ -261,8 +237,8 @@ class SharesSource:
 
 
 def merge(parts: Mapping[int, LoadedCheckpoint], own: int, path: str) -> LoadedCheckpoint:
-    """One LoadedCheckpoint of the verified ``parts`` of a spread checkpoint (rank -> its loaded part):
-    rank ``own``'s manifest (its RNG, loader state, LR schedulers) with every share's tensors."""
+    """One LoadedCheckpoint of the verified ``parts`` of a spread checkpoint: rank ``own``'s manifest with
+    every share's tensors."""
     m = {k: ck.manifest for k, ck in parts.items()}
     manifest = dataclasses.replace(m[own], programs=merged_programs(m, own),
                                    data_size=sum(x.data_size for x in m.values()))
@@ -274,8 +250,8 @@ def merge(parts: Mapping[int, LoadedCheckpoint], own: int, path: str) -> LoadedC
 
 def assemble(manifests: Mapping[int, Manifest], arrays: Mapping[int, Mapping[Key, np.ndarray]],
              want: Set[Key]) -> Dict[Key, np.ndarray]:
-    """The tensors ``want`` names, from the verified parts' arrays (rank -> (program key, name) -> the
-    array its record holds: a tensor, or a piece's bytes), pieces joined into whole tensors."""
+    """The tensors ``want`` names from the verified parts' arrays (rank -> key -> a tensor or a piece's bytes),
+    pieces joined."""
     out: Dict[Key, np.ndarray] = {}
     for kn, held in _held(manifests).items():
         if kn not in want:
@@ -297,9 +273,8 @@ MAX_READERS = 8  # shares read at once by one rank
 
 
 def load_all(load_one: Callable[[int], LoadedCheckpoint], ranks: Sequence[int]) -> Dict[int, LoadedCheckpoint]:
-    """Every part of ``ranks`` read and verified by ``load_one(rank)``, up to :data:`MAX_READERS` at once
-    (threads: reads and checksums release the GIL). When one fails, the others are closed and
-    ``(rank, exception)`` of the first failure (in rank order) is raised as :class:`ShareFailed`."""
+    """Every part of ``ranks`` read and verified by ``load_one(rank)``, up to :data:`MAX_READERS` at once. When
+    one fails the others are closed and the first failure (in rank order) is raised as :class:`ShareFailed`."""
     out: Dict[int, LoadedCheckpoint] = {}
     failed: List[Tuple[int, BaseException]] = []
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_READERS, len(ranks))), thread_name_prefix="paddle-acp-share") as pool:
@@ -326,11 +301,10 @@ class ShareFailed(Exception):
 
 
 def commit_writers(own: Optional[Dict[str, Any]], manifests: Mapping[int, Manifest], where: str) -> Tuple[str, int]:
-    """Rank 0, before it commits: ("all", share writers) when its part and every other hold shares that
-    cover the state (:func:`check_cover`), ("one", 0) when no part holds a share; CorruptCheckpointError
-    when the ranks disagree (PADDLE_ACP_REPLICATED_WRITERS set differently, or a different state per rank)."""
+    """Rank 0, before it commits: ("all", share writers) when the parts' shares cover the state, ("one", 0) when
+    no part holds a share; CorruptCheckpointError when the ranks disagree."""
     if own is None:
-        spread = [k for k, m in sorted(manifests.items()) if _has_share(m)]
+        spread = [k for k, m in sorted(manifests.items()) if _share_of(m) is not None]
         if spread:
             raise CorruptCheckpointError(f"{where}: rank 0 wrote every replicated tensor, but the part(s) of rank(s) "
                                          f"{spread} hold shares (PADDLE_ACP_REPLICATED_WRITERS differs between the ranks)")
@@ -339,6 +313,7 @@ def commit_writers(own: Optional[Dict[str, Any]], manifests: Mapping[int, Manife
     return WRITERS_ALL, int(share["share_writers"])
 
 
-def _has_share(m: Manifest) -> bool:
+def _share_of(m: Manifest) -> Any:
+    """The ``extra.part.share`` of a part's manifest as written, unchecked (None: none)."""
     part = m.extra.get("part") if isinstance(m.extra, dict) else None
-    return isinstance(part, dict) and part.get("share") is not None
+    return part.get("share") if isinstance(part, dict) else None

@@ -1,11 +1,6 @@
-"""Snapshot types: a checkpoint's content, already copied out of Paddle.
+"""Snapshot types: a checkpoint's content, already copied out of Paddle, and its data file's layout.
 
-A :class:`Snapshot` is what the writer writes: the range's position, each
-program's tensors (host arrays, see :mod:`paddle_acp.adapter.tensors` for how
-they are taken out of a scope), the RNG and loader states, and the data file's
-layout. It holds content only: the writer returns what it wrote rather than
-writing into it, and a save's runtime facts travel beside it. :func:`copy_into`
-copies laid-out tensors into the file's image (an :class:`~paddle_acp.format.engine.arena.Arena`).
+:func:`copy_into` copies laid-out tensors into the file's image (an :class:`~.arena.Arena`).
 """
 
 from __future__ import annotations
@@ -54,8 +49,7 @@ class ProgramSnapshot:
 
 
 def layout(programs: Iterable[ProgramSnapshot]) -> int:
-    """Assign each tensor its (aligned) offset in the data file; returns the file size
-    (also :func:`paddle_acp.format.layout.layout`)."""
+    """Assign each tensor its (aligned) offset in the data file; returns the file size."""
     offset = 0
     for p in programs:
         for t in p.tensors:
@@ -66,14 +60,8 @@ def layout(programs: Iterable[ProgramSnapshot]) -> int:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Snapshot:
-    """Everything one checkpoint holds, already copied out of Paddle: its content and how its
-    bytes are laid out, nothing about the save that takes it.
-
-    Frozen: the writer never writes into it; it returns what it wrote
-    (:class:`~paddle_acp.format.engine.writer.WriteResult`). What the runtime decides about one save
-    (busy-policy queueing, waits, stalls, durability, rank 0's wait for the parts) travels
-    beside it (:class:`~paddle_acp.runtime.saver.SaveTicket`).
-    """
+    """Everything one checkpoint holds and how its bytes are laid out, nothing about the save that takes it
+    (that travels beside it, ``runtime.saver.SaveTicket``). Frozen: the writer returns what it wrote."""
 
     range: RangeRecord  # the manifest's training position
     programs: List[ProgramSnapshot]  # the tensors and LR schedulers (their offsets: the layout)
@@ -87,7 +75,7 @@ class Snapshot:
     data_size: int = -1
     # several ranks: "replicated" or "per-rank", what this part holds (recorded in the part's manifest)
     mode: Optional[str] = None
-    # several ranks, spread writes: this part's share record (format/engine/shares.py; recorded in the part's manifest)
+    # several ranks, spread writes: this part's share record (shares.py; recorded in the part's manifest)
     share: Optional[Dict[str, Any]] = None
     # the state is over the host-memory budget: its bytes come in chunks (format/engine/stream.py), not in ``image``
     stream: Optional["ChunkStream"] = None
@@ -98,11 +86,7 @@ class Snapshot:
 
 
 def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, stager: Stager = HOST) -> None:
-    """Copy laid-out tensors into ``image`` (the file's bytes) and point them at their copies.
-
-    The copies go through ``stager`` (:class:`~paddle_acp.format.engine.stager.HostStager`: large
-    tensors split into chunks copied on two threads): the copy is the whole training stall.
-    """
+    """Copy laid-out tensors into ``image`` (the file's bytes) through ``stager`` and point them at their copies."""
     end = 0
     jobs: List[Tuple[np.ndarray, np.ndarray]] = []
     for p in programs:

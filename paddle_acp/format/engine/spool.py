@@ -1,14 +1,7 @@
-"""The local spool file of a remote restore larger than the host-memory budget.
+"""The local spool file of a remote restore larger than the host-memory budget (or with nowhere to land).
 
-A remote data file is normally read once into memory and verified there, which doubles
-the process's memory at restore (the scope's tensors plus the image). When the file is
-larger than the budget, :func:`paddle_acp.format.engine.reader.load` streams it instead through
-a few small buffers into an unlinked local file (the spool), every tensor's checksum
-computed on the way by the reader's one verification loop; only a file whose every
-checksum matched is handed on, and the tensors are then copied out of it with ``preadv``
-(page cache, nothing mapped). This module owns the spool file itself: its creation
-(unlinked at once, so it goes with the descriptor whatever happens to the process) and
-the writes into it.
+:func:`paddle_acp.format.engine.reader.load` verifies such a file on its way into an unlinked local file (gone
+with the descriptor whatever happens to the process) and copies the tensors out of it with ``preadv``.
 """
 
 from __future__ import annotations
@@ -23,11 +16,10 @@ from paddle_acp.errors import StorageError
 
 
 def open_spool(data_path: str, spool_dir: Optional[str] = None) -> int:
-    """A new, already unlinked file in ``spool_dir`` (else the system's temporary directory),
-    for the data file ``data_path``; its descriptor. StorageError when it cannot be made."""
+    """The descriptor of a new, already unlinked file in ``spool_dir`` (default: the temporary directory)."""
     try:
         fd, path = tempfile.mkstemp(prefix="paddle-acp-restore-", dir=spool_dir)
-        os.unlink(path)  # gone with the descriptor, whatever happens to this process
+        os.unlink(path)
     except OSError as exc:
         raise StorageError(f"cannot create a local spool file for restoring {data_path} "
                            f"({spool_dir or tempfile.gettempdir()}): {exc.strerror}") from exc

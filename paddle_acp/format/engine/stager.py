@@ -1,15 +1,9 @@
 """The stager: the one seam every copy between a scope's tensors and checkpoint bytes goes through.
 
-A save copies the scope's tensors into the snapshot arena (:func:`~paddle_acp.format.engine.snapshot.copy_into`,
-or chunk by chunk through :class:`~paddle_acp.format.engine.stream.ChunkStream`); a restore copies verified
-bytes (the lent arena, the page cache of a mapped local file) into the scope's tensors
-(:meth:`~paddle_acp.format.engine.loaded.LoadedCheckpoint.read_into`). Both hand their ``(destination,
-source)`` pairs to a :class:`Stager` (modelled on torch DCP's ``AsyncStager``); a restore out of a local
-file that is not mapped whole reads it with ``preadv`` straight into the tensors: those reads are handed to
-the stager as :data:`FillJob` s (a destination and the call that reads its bytes). :class:`HostStager`, a
-memcpy (or a read) on two threads, is the one used today; a device stager (device <-> pinned host copies:
-a read into a pinned buffer, then a copy to the device) would plug in here without touching the format or
-storage.
+Saves and restores hand their ``(destination, source)`` pairs (and a restore's ``preadv`` reads, as
+:data:`FillJob` s) to a :class:`Stager` (modelled on torch DCP's ``AsyncStager``). :class:`HostStager`, a
+memcpy or read on two threads, is the one used today; a device stager would plug in here without touching
+the format or storage.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Streamed saves: a state larger than the host-memory budget, saved through a bounded buffer.
 
-When the snapshot arena may not hold the whole checkpoint (``PADDLE_ACP_HOST_MEMORY``,
-or the memory available at registration), the checkpoint's file image goes through
-the arena's slots chunk by chunk: a copy thread (the training thread waits for it)
-copies the bytes of the next chunk out of the live tensors into a free slot, the
-writer writes each full slot, checksums it meanwhile on the CRC thread, and frees it.
-Training resumes when the last chunk is copied, so its stall is about the time to
-write all but the last ``budget`` bytes of the checkpoint, instead of one memcpy.
-
-Nothing here reads a tensor after :meth:`ChunkStream.join` returned: the writer
-only sees the slots.
+The checkpoint's file image goes through the arena's slots chunk by chunk: a copy thread (which training
+waits for) copies the next chunk out of the live tensors into a free slot; the writer writes each full slot,
+checksums it on the CRC thread meanwhile, and frees it. Training resumes when the last chunk is copied.
+Nothing here reads a tensor after :meth:`ChunkStream.join` returned: the writer only sees the slots.
 """
 
 from __future__ import annotations
@@ -47,12 +41,8 @@ class StreamAborted(CheckpointError):
 
 
 class ChunkStream:
-    """One checkpoint's file image, copied out of the live tensors in bounded chunks.
-
-    ``tensors`` are laid out (``offset`` set) and hold zero-copy views of the live
-    tensors (``array``); ``buf`` is the page-aligned arena (at least two chunks); ``stager`` copies each
-    chunk's tensor bytes into its slot.
-    """
+    """One checkpoint's file image, copied out of the live tensors in bounded chunks: ``tensors`` are laid out
+    and hold views of the live tensors; ``buf`` is the page-aligned arena (at least two chunks)."""
 
     def __init__(self, tensors: Sequence[Any], size: int, buf: np.ndarray, chunk: int, stager: Stager = HOST) -> None:
         if chunk <= 0 or chunk % PAGE or buf.nbytes < MIN_SLOTS * chunk:
@@ -81,17 +71,14 @@ class ChunkStream:
     def slots(self) -> int:
         return len(self._slots)
 
-    # -- the copy side (the training thread waits for it) ---------------------------------
     def start(self, t0: Optional[float] = None) -> None:
-        """Start copying on a thread of its own (the writer may run on the caller's thread);
-        ``t0``: when the save began (``time.perf_counter()``), for :meth:`stall_seconds`."""
+        """Start copying on a thread of its own; ``t0``: when the save began (``time.perf_counter()``)."""
         self._t0 = time.perf_counter() if t0 is None else t0
         self._thread = threading.Thread(target=self._produce, name="paddle-acp-copy", daemon=True)
         self._thread.start()
 
     def join(self) -> None:
-        """Wait until every byte is copied out of the tensors (or the stream was abandoned);
-        the tensors may change after this returns. Re-raises a copy error."""
+        """Wait until every byte is copied out of the tensors (or the stream was abandoned); re-raises a copy error."""
         t = self._thread
         if t is None:
             return
@@ -124,8 +111,7 @@ class ChunkStream:
             self.abort(f"the snapshot copy failed: {exc}")
 
     def _overlaps(self, pos: int, end: int) -> Iterator[Tuple[int, int, int, int]]:
-        """The tensors with bytes in file range [pos, end), in file order: (index, the tensor's first byte, the
-        first and the end byte of its part of the range)."""
+        """(index, first byte, and the range [a, b) in [pos, end)) of each tensor with bytes there, in file order."""
         for i, (lo, hi) in enumerate(self._spans):
             if hi <= pos or lo == hi:
                 continue
@@ -157,14 +143,13 @@ class ChunkStream:
         self._free.put(_ABORT)
         self._full.put((_ABORT, 0, 0))
 
-    # -- the writer side ------------------------------------------------------------------
     def _crc(self, slot: np.ndarray, pos: int, n: int) -> None:
         for i, _lo, a, b in self._overlaps(pos, pos + n):
             self.crcs[i] = self._fn(slot[a - pos:b - pos].data, self.crcs[i])
 
     def chunks(self) -> Iterator[Tuple[np.ndarray, int, int]]:
-        """Yield ``(slot, file offset, bytes)`` in file order; the slot is checksummed meanwhile and
-        handed back to the copy when the consumer asks for the next one (or stops)."""
+        """Yield ``(slot, file offset, bytes)`` in file order; each slot is checksummed meanwhile and handed back
+        when the consumer asks for the next one (or stops)."""
         prev: Optional[int] = None
         fut = None
         try:
@@ -190,7 +175,7 @@ class ChunkStream:
                 self.abort(self._aborted or "the checkpoint's write failed")
 
     def stall_seconds(self) -> float:
-        """From the start of the save to the last chunk copied (known once the writer has every chunk)."""
+        """From the start of the save to the last chunk copied."""
         end = self._copied_at if self._copied_at is not None else time.perf_counter()
         return end - self._t0
 
@@ -199,11 +184,8 @@ class ChunkStream:
 
 
 def write_stream(storage: Any, path: str, stream: ChunkStream) -> int:
-    """Write ``stream`` to ``path`` on ``storage`` and make it durable; returns the bytes written.
-
-    Local disks: ``O_DIRECT`` (buffered where the filesystem refuses it) and fsync.
-    Remote stores: each chunk is handed to the client as a copy of its own (a client may
-    still upload a buffer after its write call returned, while the slot is reused)."""
+    """Write ``stream`` to ``path`` durably; returns the bytes written. Local disks: ``O_DIRECT`` where the
+    filesystem takes it. Remote stores get a copy of each chunk (a client may upload after its call returned)."""
     os_path = storage.local_path(path)
     if os_path is not None:
         return _write_local(os_path, path, stream)
