@@ -1,9 +1,7 @@
 """The schema of the RNG state a manifest records (``manifest.rng``, ``extra.epoch_start_rng``).
 
-Paddle's generators (device, seed, offset and, from Paddle 3, the engine state
-as text), NumPy's and Python's. Validated in full when a manifest is read, so
-that anything accepted restores without an exception
-(:mod:`paddle_acp.adapter.rng` captures and restores it).
+Paddle's generators (device, seed, offset and, from Paddle 3, the engine state as text), NumPy's and
+Python's, validated in full so that anything accepted restores without an exception (:mod:`paddle_acp.adapter.rng`).
 """
 
 from __future__ import annotations
@@ -28,9 +26,19 @@ def _uint(x: Any, bits: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**bits
 
 
+def _finite(x: Any) -> bool:
+    """A number a float holds, finite (an integer past float's range, e.g. 10**400, is not: restore would fail)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def validate(state: Dict[str, Any]) -> None:
-    """Raise CorruptCheckpointError unless ``state`` has the shape ``capture`` produces,
-    with every value in the range ``restore`` accepts (checked before a checkpoint is chosen)."""
+    """CorruptCheckpointError unless ``state`` has the shape ``capture`` produces, every value in the range
+    ``restore`` accepts."""
     if not isinstance(state, dict):
         raise _bad("not an object")
     if set(state) != {"paddle", "numpy", "python"}:
@@ -62,12 +70,12 @@ def validate(state: Dict[str, Any]) -> None:
         raise _bad("numpy state values out of range")
     if npst[3] not in (0, 1) or isinstance(npst[3], bool):
         raise _bad("numpy has_gauss must be 0 or 1")
-    if isinstance(npst[4], bool) or not isinstance(npst[4], (int, float)) or not math.isfinite(npst[4]):
+    if not _finite(npst[4]):
         raise _bad("numpy cached gaussian must be a finite number")
     py = state.get("python")
     if not (isinstance(py, list) and len(py) == 3 and py[0] == 3 and isinstance(py[1], list) and len(py[1]) == 625):
         raise _bad("python state malformed")
     if not all(_uint(x, 32) for x in py[1][:624]) or not (_uint(py[1][624], 32) and py[1][624] <= 624):
         raise _bad("python state values out of range")
-    if py[2] is not None and (isinstance(py[2], bool) or not isinstance(py[2], (int, float)) or not math.isfinite(py[2])):
+    if py[2] is not None and not _finite(py[2]):
         raise _bad("python gauss_next must be null or a finite number")

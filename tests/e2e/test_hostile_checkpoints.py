@@ -164,6 +164,7 @@ CASES = {
     "RNG seed 2**70": (edit(rng_seed), "fallback"),
     "Python RNG index 10**6": (edit(python_index), "fallback"),
     "NumPy gauss 'x'": (edit(numpy_gauss), "fallback"),
+    "Python gauss_next 10**400": (edit(lambda d: d["rng"]["python"].__setitem__(2, 10**400)), "fallback"),
     "an extra generator": (edit(extra_generator), "restored-warned"),
     "garbage LR scheduler state": (edit(lr_garbage), "fallback"),
     "6 MB manifest for 8 KB of data": (big_manifest, "fallback"),

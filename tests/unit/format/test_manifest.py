@@ -450,3 +450,15 @@ def test_a_piece_outside_a_share_is_refused(extra):
                  extra=extra)
     with pytest.raises(CorruptCheckpointError, match="is a piece of a tensor, but this is no part of a checkpoint whose"):
         Manifest.loads(m.dumps())
+
+
+@given(rng_states(), st.sampled_from([("numpy", 4), ("python", 2)]), st.sampled_from([10**400, -(10**309), 2**1024]))
+@settings(max_examples=20, deadline=None)
+def test_a_cached_gaussian_past_floats_range_is_refused_not_a_crash(state, where, huge):
+    """An integer no float holds as the cached gaussian of NumPy or Python (a crafted manifest): a clear
+    CorruptCheckpointError naming it, never an OverflowError from the check itself."""
+    from paddle_acp.format import rng_schema
+    rng_schema.validate(state)  # as written: valid
+    state[where[0]][where[1]] = huge
+    with pytest.raises(CorruptCheckpointError, match="gauss"):
+        rng_schema.validate(state)
