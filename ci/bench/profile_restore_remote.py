@@ -62,7 +62,7 @@ def child(mb: int, readers: int, populate: bool) -> None:
         fn = checksum_function(version)
         return lambda buf, c: timed("crc_s", fn, buf, c)
 
-    chunks.RangedChunks.__init__ = lambda self, *a, **k: init(self, *a, **dict(k, readers=readers))
+    chunks.RangedChunks.__init__ = lambda self, *a, **k: init(self, *a[:4], readers=readers)  # (the reader passes it 5th)
     chunks.RangedChunks.get = lambda self, pos, n, slot: timed("read_wait_s", get, self, pos, n, slot)
     chunks.RangedChunks._read = ranged_read
     stager.HostStager.stage = lambda self, pairs: timed("copy_s", stage, self, pairs)
