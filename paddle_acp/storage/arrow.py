@@ -1,22 +1,20 @@
 """The part of every backend that goes through a ``pyarrow.fs.FileSystem``.
 
-:class:`ArrowStorage` implements the :class:`~paddle_acp.storage.base.Storage` primitives on any
-pyarrow filesystem (S3, HDFS through libhdfs, hdfs-native or the hadoop command line, a local
-disk) and turns every error of the client into a StorageError; the backends subclass it and add
-what is their own (local disks: ``os`` calls; S3: its commit style and error hints).
+:class:`ArrowStorage` implements the :class:`~paddle_acp.storage.base.Storage` primitives on any pyarrow
+filesystem and turns every error of the client into a StorageError; the backends add what is their own.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional, Tuple, Type, cast
+from typing import Any, Callable, List, Tuple, Type, cast
 
 import pyarrow
 import pyarrow.fs as pafs
 
 from paddle_acp.errors import StorageError
 from paddle_acp.storage import forks
-from paddle_acp.storage.base import MANIFEST_LAST, RENAME, Entry, InputFile, OutputStream, Storage
+from paddle_acp.storage.base import Entry, InputFile, OutputStream, Storage
 
 _KINDS = {pafs.FileType.File: "file", pafs.FileType.Directory: "dir", pafs.FileType.NotFound: "missing"}
 
@@ -25,20 +23,14 @@ class ArrowStorage(Storage):
     """A directory tree under ``root`` on a ``pyarrow.fs.FileSystem``."""
 
     errors: Tuple[Type[BaseException], ...] = (OSError, pyarrow.ArrowException)
-    # whether a forked child may use (and drop) this process's client: False where the client has threads
-    # (libhdfs's JVM, hdfs-native's runtime): a child then never touches it (paddle_acp.storage.forks)
-    fork_safe = True
+    fork_safe = True  # False where the client has threads: a forked child never touches it (storage.forks)
 
-    def __init__(self, fs: Any, root: str, uri: str, commit_style: Optional[str] = None):
+    def __init__(self, fs: Any, root: str, uri: str):
         super().__init__(root, uri)
         self._fs = fs
         self._pid = os.getpid()
         if not self.fork_safe:
             forks.track(fs)  # the client itself: copies (``sub``) share it
-        if commit_style is not None:
-            if commit_style not in (RENAME, MANIFEST_LAST):
-                raise ValueError(f"commit_style {commit_style!r} must be {RENAME!r} or {MANIFEST_LAST!r}")
-            self.commit_style = commit_style
 
     @property
     def fs(self) -> Any:
@@ -49,11 +41,11 @@ class ArrowStorage(Storage):
                                "it cannot be used here (open the location again in this process)")
         return self._fs
 
-    def _info(self, what: str, path: str) -> Any:
+    def _info(self, path: str) -> Any:
         try:
             return self.fs.get_file_info(self.full(path))
         except self.errors as exc:
-            raise self.wrap(what, path, exc) from exc
+            raise self.wrap("checking", path, exc) from exc
 
     def makedirs(self, path: str) -> None:
         try:
@@ -71,9 +63,7 @@ class ArrowStorage(Storage):
         try:
             with self.fs.open_append_stream(self.full(path)) as out:
                 out.write(data)
-        except NotImplementedError as exc:  # object stores cannot append
-            raise self.wrap("appending to", path, exc) from exc
-        except self.errors as exc:
+        except (NotImplementedError,) + self.errors as exc:  # object stores cannot append
             raise self.wrap("appending to", path, exc) from exc
 
     def open_input(self, path: str) -> InputFile:
@@ -85,15 +75,15 @@ class ArrowStorage(Storage):
             raise self.wrap("opening for read", path, exc) from exc
 
     def stat(self, path: str) -> Tuple[str, int]:
-        info = self._info("checking", path)
+        info = self._info(path)
         kind = _KINDS.get(info.type, "other")
         return kind, (info.size or 0) if kind == "file" else 0
 
     def exists(self, path: str) -> bool:
-        return bool(self._info("checking", path).type != pafs.FileType.NotFound)
+        return bool(self._info(path).type != pafs.FileType.NotFound)
 
     def size(self, path: str) -> int:
-        info = self._info("checking", path)
+        info = self._info(path)
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"{self.uri}/{path}")
         return int(info.size or 0)
@@ -102,10 +92,9 @@ class ArrowStorage(Storage):
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self.full(path), allow_not_found=True))
         except (FileNotFoundError, NotADirectoryError) as exc:
-            # a directory that another process creates while it is listed (a job's ranks at start): libhdfs
-            # says "No such file or directory" despite allow_not_found, hdfs-native NotADirectoryError;
-            # looked at once more: not there is an empty listing, a directory now is listed, a file is an error
-            kind = self._info("checking", path).type
+            # a directory being created meanwhile (libhdfs: "No such file" despite allow_not_found, hdfs-native:
+            # NotADirectoryError), looked at again: missing lists empty, a directory is listed, a file is an error
+            kind = self._info(path).type
             if kind == pafs.FileType.NotFound:
                 return []
             if kind != pafs.FileType.Directory:

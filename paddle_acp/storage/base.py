@@ -1,26 +1,10 @@
 """The storage interface: a directory tree under a root, whatever the backend.
 
-All paths given to :class:`Storage` methods are relative, '/'-separated and resolved under the
-storage root; nothing here uses ``os.path`` on them, so the same code runs on local disks, HDFS
-and S3. A backend is a subclass (``local``, ``s3``, ``hdfs``; ``arrow`` is the part they share),
-chosen by the URI's scheme in :mod:`paddle_acp.storage.schemes`.
-
-What differs between backends is stated by capabilities, never by asking which backend it is:
-
-* :attr:`Storage.commit_style`: ``"rename"`` (a directory rename is atomic: a checkpoint is
-  written under a temporary name and renamed into place) or ``"manifest-last"`` (object stores:
-  the manifest, written after the data, is the commit);
-* :meth:`Storage.local_path`: a path the operating system can open (``os.open``, ``mmap``), or None;
-* :attr:`Storage.direct_io`: :meth:`Storage.write_image` of a page-aligned image bypasses the page
-  cache (worth copying a snapshot into an aligned arena even for a synchronous save);
-* :attr:`Storage.has_symlinks`: entries may be symbolic links (never followed inside a job);
-* :attr:`Storage.overlap_writes`: closing a file waits on a remote acknowledgement, so independent
-  files are better written at once;
-* :attr:`Storage.creates_parents`: creating a file creates its missing parent directories (HDFS
-  through libhdfs), so a directory about to receive files needs no ``makedirs`` of its own.
-
-Every failure of a backend surfaces as :class:`~paddle_acp.errors.StorageError` with secrets
-removed, except a missing file, which is ``FileNotFoundError`` (callers treat it as "absent").
+Paths given to :class:`Storage` methods are relative, '/'-separated and resolved under the storage root (never
+``os.path``). A backend is a subclass chosen by the URI's scheme (:mod:`paddle_acp.storage.schemes`); what differs
+between backends is stated by capabilities (the class attributes of :class:`Storage`, :meth:`Storage.local_path`),
+never by asking which backend it is. Every failure surfaces as :class:`~paddle_acp.errors.StorageError` with
+secrets removed, except a missing file: ``FileNotFoundError`` (callers treat it as "absent").
 """
 
 from __future__ import annotations
@@ -52,8 +36,8 @@ def pieces(buffers: Iterable[Any]) -> Iterator[Any]:
         mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
         for i in range(0, mv.nbytes, WRITE_CHUNK):
             yield mv[i:i + WRITE_CHUNK]
-RENAME = "rename"  # commit by renaming a temporary directory into place
-MANIFEST_LAST = "manifest-last"  # commit by writing the manifest after the data
+RENAME = "rename"  # commit by an atomic rename of a temporary directory into place
+MANIFEST_LAST = "manifest-last"  # commit by writing the manifest after the data (object stores)
 
 
 class OutputStream(Protocol):
@@ -105,12 +89,9 @@ class _Reads(Protocol):
 
 
 def read_pieces(f: _Reads, want: Optional[int]) -> bytes:
-    """Everything ``f`` has, or its first ``want`` bytes, asked for in pieces of at most :data:`READ_PIECE`.
-
-    A reader allocates what it is asked for before it reads: pyarrow's ``read(n)`` makes an ``n``-byte
-    object and shrinks it afterwards, so reading a 30 KB manifest with its 64 MB limit mapped 64 MB of fresh
-    memory (zeroing a 2 MB huge page on first touch) at every read, and ``read()`` without a size asks the
-    store for the file's size first (one more call)."""
+    """Everything ``f`` has, or its first ``want`` bytes, asked for in pieces of at most :data:`READ_PIECE`:
+    pyarrow's ``read(n)`` allocates ``n`` bytes first (a 64 MB limit for a 30 KB manifest), and ``read()``
+    asks the store for the size first (one more call)."""
     pieces: List[bytes] = []
     got = 0
     while want is None or got < want:
@@ -125,16 +106,14 @@ def read_pieces(f: _Reads, want: Optional[int]) -> bytes:
 class Storage(abc.ABC):
     """A directory tree under ``root``; subclasses implement the primitives for one backend."""
 
-    commit_style: str = RENAME
+    commit_style: str = RENAME  # or MANIFEST_LAST
     errors: Tuple[Type[BaseException], ...] = (OSError,)  # what the backend's client raises on failure
-    direct_io: bool = False
-    has_symlinks: bool = False
-    overlap_writes: bool = False
-    creates_parents: bool = False
+    direct_io: bool = False  # write_image of a page-aligned image bypasses the page cache
+    has_symlinks: bool = False  # entries may be symbolic links (never followed inside a job)
+    overlap_writes: bool = False  # closing a file waits on a remote acknowledgement: write files at once
+    creates_parents: bool = False  # creating a file creates its missing parents (no makedirs needed)
     ranged_readers: int = 4  # connections a restore reads one file on in parallel (ranged reads)
-    # seconds a small file's write takes here beyond its round trips, known without measuring (the save plan's
-    # first estimate of a persist, runtime/agree.py): 0 unless the backend's client is known to wait
-    small_write_s: float = 0.0
+    small_write_s: float = 0.0  # a small write's known wait beyond its round trips (runtime/agree.py's estimate)
 
     def __init__(self, root: str, uri: str):
         self.root = root.rstrip("/") or "/"
@@ -152,12 +131,8 @@ class Storage(abc.ABC):
             raise StorageError(f"refusing path outside the storage root: {path!r}")
         return self.root + "/" + path if self.root != "/" else "/" + path
 
-    @staticmethod
-    def join(*parts: str) -> str:
-        return posixpath.join(*parts)
-
     def local_path(self, path: str) -> Optional[str]:
-        """A path the operating system can open for ``path``; None where the storage is not a local disk."""
+        """A path the operating system can open for ``path``; None unless a local disk."""
         return None
 
     def sub(self, path: str) -> "Storage":
@@ -172,7 +147,7 @@ class Storage(abc.ABC):
         return StorageError(scrub(f"{what} {self.uri}/{path} failed: {exc}{self.hint(exc)}"))
 
     def hint(self, exc: BaseException) -> str:
-        """A backend's explanation of an error its client words obscurely (" (...)" or "")."""
+        """A backend's explanation of an obscure client error (" (...)" or "")."""
         return ""
 
     # -- primitives every backend implements ----------------------------------
@@ -186,8 +161,7 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def append_bytes(self, path: str, data: bytes) -> None:
-        """Append ``data`` to the file; StorageError where that fails or the backend cannot append
-        (object stores: the caller rewrites the file instead)."""
+        """Append ``data`` to the file; StorageError where that fails or cannot be done (object stores)."""
 
     @abc.abstractmethod
     def open_input(self, path: str) -> InputFile:
@@ -215,8 +189,7 @@ class Storage(abc.ABC):
 
     # -- built on the primitives ----------------------------------------------
     def read_bytes(self, path: str, limit: Optional[int] = None) -> bytes:
-        """The file's bytes; with ``limit``, at most ``limit + 1`` of them (more than
-        ``limit`` returned means the file is larger)."""
+        """The file's bytes; with ``limit``, at most ``limit + 1`` of them (more: the file is larger)."""
         with self.open_input(path) as f:
             try:
                 return read_pieces(f, None if limit is None else limit + 1)
@@ -226,11 +199,9 @@ class Storage(abc.ABC):
                 raise self.wrap("reading", path, exc) from exc
 
     def _vanished(self, path: str) -> bool:
-        """Whether a file whose read just failed is no longer there (deleted between the open and
-        the read: an object store opens with one request and reads with others) while its directory
-        still is. It then reads as missing, as it would a moment later. Any doubt keeps the read
-        error: the check fails too, or the directory looks gone as well (libhdfs reports a call the
-        NameNode did not answer as "not found": an outage must never read as a missing file)."""
+        """Whether a file whose read failed was deleted since its open while its directory remains (it then
+        reads as missing). Any doubt keeps the read error: libhdfs reports an unanswered call as "not found",
+        and an outage must never read as a missing file."""
         doubt: Tuple[Type[BaseException], ...] = (StorageError,) + self.errors
         try:
             return not self.exists(path) and self.exists(posixpath.dirname(path))
@@ -241,11 +212,8 @@ class Storage(abc.ABC):
         self.write_buffers(path, [data])
 
     def write_buffers(self, path: str, buffers: Iterable[Any]) -> int:
-        """Stream several buffers into one file; returns the bytes written.
-
-        Large buffers are written in pieces of at most ``WRITE_CHUNK`` bytes: libhdfs
-        copies each write into one Java byte[] (a 1 GB write is a 1 GB array on a
-        client heap that is often 256 MB: OutOfMemoryError)."""
+        """Stream several buffers into one file; returns the bytes written. Writes are at most ``WRITE_CHUNK``
+        bytes: libhdfs copies each into one Java byte[] (a 1 GB write on a 256 MB heap: OutOfMemoryError)."""
         total = 0
         out = self.open_output(path)
         try:
@@ -264,8 +232,7 @@ class Storage(abc.ABC):
         return self.write_buffers(path, [memoryview(image).cast("B")[:size]])
 
     def kind(self, path: str) -> str:
-        """"file", "dir", "link" (a symbolic link, where :attr:`has_symlinks`: never followed),
-        "other" or "missing"."""
+        """"file", "dir", "link" (where :attr:`has_symlinks`), "other" or "missing"."""
         return self.stat(path)[0]
 
     @abc.abstractmethod
@@ -276,36 +243,26 @@ class Storage(abc.ABC):
     def size(self, path: str) -> int:
         """The size of the file at ``path``; FileNotFoundError when nothing is there."""
 
-    def link_below_root(self, path: str) -> Optional[str]:
-        """The first component of ``path`` below its first one (the job directory, which
-        may be a link the operator made) that is a symbolic link, or None.
-
-        Used before deleting: nothing inside a job is ever deleted through a link, nor a link itself."""
+    def _refuse_links(self, path: str) -> None:
+        """Refuse to delete through (or a) symbolic link below the job directory (the first component, which
+        may be a link the operator made)."""
         if not self.has_symlinks or path in ("", "."):
-            return None
+            return
         parts = path.split("/")
         for i in range(2, len(parts) + 1):
-            prefix = "/".join(parts[:i])
-            if self.kind(prefix) == "link":
-                return prefix
-        return None
-
-    def _refuse_links(self, what: str, path: str) -> None:
-        link = self.link_below_root(path)
-        if link is not None:
-            raise StorageError(
-                f"refusing to {what} {self.uri}/{path}: {link} is a symbolic link "
-                "(paddle-acp never follows links inside a job; remove the link)"
-            )
+            link = "/".join(parts[:i])
+            if self.kind(link) == "link":
+                raise StorageError(f"refusing to delete {self.uri}/{path}: {link} is a symbolic link "
+                                   "(paddle-acp never follows links inside a job; remove the link)")
 
     def delete_dir(self, path: str) -> None:
         """Delete a directory tree; never through (or below) a symbolic link."""
-        self._refuse_links("delete", path)
+        self._refuse_links(path)
         self._delete_dir(path)
 
     def delete_file(self, path: str) -> None:
-        """Delete a file; never through a symbolic link (a link itself is not deleted either)."""
-        self._refuse_links("delete", path)
+        """Delete a file; never through a symbolic link (nor the link itself)."""
+        self._refuse_links(path)
         self._delete_file(path)
 
     def rename(self, src: str, dst: str) -> None:
@@ -313,12 +270,9 @@ class Storage(abc.ABC):
         self.sync_dir(posixpath.dirname(dst))
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
-        """Create ``path`` holding ``data`` unless it exists; True when this call created it.
-
-        Rename-committing stores: written under a temporary name and renamed, exclusive where that rename refuses
-        a taken name (a storage whose rename replaces an existing file overrides this: the local disk's O_EXCL,
-        HDFS's move into the directory). Object stores have no conditional write through
-        pyarrow: an existing object is seen, a concurrent creation is not (documented)."""
+        """Create ``path`` holding ``data`` unless it exists; True when this call created it. Rename-committing
+        stores write a temporary file and rename it (a rename that replaces a file is overridden: O_EXCL, HDFS's
+        move into the directory); object stores see an existing object, not a concurrent creation (documented)."""
         self.forget_cached(path)
         if self.exists(path):
             return False
@@ -338,11 +292,10 @@ class Storage(abc.ABC):
         return True
 
     def forget_cached(self, path: str) -> None:
-        """Make the next look-up at or under ``path`` ask the storage itself, not a client-side
-        metadata cache (the hadoop CLI client keeps one): for state other processes change."""
+        """Make the next look-up at or under ``path`` bypass a client-side metadata cache (the hadoop CLI's)."""
         return None
 
-    # -- durability (remote stores persist on close) -----------------------------
+    # -- durability (remote stores persist on close) --
     def sync(self, path: str) -> None:
         """Make a written file durable (local disks: fsync)."""
         return None

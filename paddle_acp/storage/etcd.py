@@ -1,24 +1,11 @@
 """A tiny etcd v3 client over etcd's JSON gateway (``POST /v3/...``), for the ranks' coordination.
 
-Paddle's elastic launcher keeps its job in etcd (``--master etcd://HOST:PORT``) through the PyPI ``etcd3``
-package, which is no dependency of Paddle (the launcher imports it only in elastic mode) and whose generated
-protobuf modules import only with ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`` beside the protobuf Paddle
-brings: a trainer cannot use it. Every etcd v3 server (3.3 on: ``/v3beta`` before 3.4, ``/v3`` since) serves
-the same calls as JSON over HTTP, with keys and values base64-encoded and 64-bit integers as decimal strings;
-this module speaks that with :mod:`http.client` and nothing else:
-
-* :meth:`EtcdClient.put` / :meth:`~EtcdClient.get` one key (``/v3/kv/put``, ``/v3/kv/range``), optionally
-  attached to a lease;
-* :meth:`~EtcdClient.count` the keys under a prefix (``/v3/kv/range`` with ``count_only``);
-* :meth:`~EtcdClient.puts`, :meth:`~EtcdClient.gets`, :meth:`~EtcdClient.counts`: several of those in one
-  transaction (``/v3/kv/txn``, one round trip per :data:`MAX_TXN_OPS`);
-* :meth:`~EtcdClient.grant` / :meth:`~EtcdClient.keepalive` a lease (``/v3/lease/grant``,
-  ``/v3/lease/keepalive``: the gateway answers one keep-alive per request).
-
-Every call is bounded: one connection per call with ``timeout`` seconds for the connect and for each read,
-an answer of at most :data:`MAX_ANSWER` bytes. A failure raises :class:`EtcdError` naming the endpoint (its
-user info and query dropped: :func:`paddle_acp.secrets.redact`) and what failed; an answer that is not what
-etcd answers raises it too (never trusted, never unpickled).
+Paddle's elastic launcher uses the PyPI ``etcd3`` package, which is no dependency of Paddle and whose protobuf
+modules clash with Paddle's: a trainer cannot use it. Every etcd v3 server (``/v3`` since 3.4) serves the same calls
+as JSON over HTTP (keys and values base64, 64-bit integers as decimal strings); this speaks that with
+:mod:`http.client` only. Every call is bounded (one connection with ``timeout`` seconds for the connect and each
+read, an answer of at most :data:`MAX_ANSWER` bytes); a failure, or an answer that is not etcd's, raises
+:class:`EtcdError` naming the endpoint (redacted) and what failed.
 """
 
 from __future__ import annotations
@@ -44,7 +31,7 @@ class EtcdError(StorageError):
 
 def parse_endpoint(text: str) -> Tuple[str, int]:
     """``(host, port)`` of ``etcd://HOST:PORT``, ``http://HOST:PORT`` or ``HOST:PORT`` (the first of a
-    comma-separated list); ValueError naming what is wrong otherwise (no https, no user info)."""
+    comma-separated list); ValueError otherwise (no https, no user info)."""
     first = text.strip().split(",")[0].strip()
     scheme, sep, rest = first.partition("://")
     if not sep:
@@ -152,13 +139,9 @@ class EtcdClient:
     def get(self, key: bytes) -> Optional[bytes]:
         return range_answer(self.call("/v3/kv/range", {"key": b64(key)}), key)
 
-    def count(self, prefix: bytes) -> int:
-        """How many keys start with ``prefix``."""
-        return _int(self.call("/v3/kv/range", count_op(prefix)), "count", 0)
-
     def txn(self, ops: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        """The answers to ``ops`` (``{"request_put": ...}`` / ``{"request_range": ...}``), applied atomically in
-        one round trip per :data:`MAX_TXN_OPS` (etcd's default limit per transaction)."""
+        """The answers to ``ops`` (``{"request_put": ...}`` / ``{"request_range": ...}``), one transaction per
+        :data:`MAX_TXN_OPS`."""
         out: List[Dict[str, Any]] = []
         for i in range(0, len(ops), MAX_TXN_OPS):
             chunk = ops[i:i + MAX_TXN_OPS]

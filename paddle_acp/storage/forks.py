@@ -1,23 +1,11 @@
 """Forked children and their parent's storage clients: owns which clients a child inherited, and keeps them alive.
 
-An HDFS client's native half has threads: libhdfs's JVM (its GC, its IPC connections), hdfs-native's tokio
-runtime. A forked child (a ``multiprocessing.Pool`` or DataLoader worker, a raw ``os.fork``) has only the
-thread that forked, so closing or destroying such a client in the child waits for threads that do not exist:
-the child hangs forever, at the fork hook that drops it, in its destructor at exit, or in the first call it
-makes. The rule (issue 42): **a forked child never touches, drops or waits for its parent's client**.
-
-* :func:`track` records every client that is not fork-safe (``ArrowStorage.fork_safe`` false) when its
-  storage is made; in a forked child, :func:`_after_fork_in_child` moves every tracked one into
-  :data:`_inherited` and adds a reference the interpreter never releases (:func:`keep_forever`), so its
-  destructor runs neither when the child drops it nor when the child's interpreter ends (which clears every
-  module's globals, this list included);
-* :func:`opened_here` says whether this process made a storage: a child's call through its parent's
-  client is refused with a :class:`~paddle_acp.errors.StorageError` naming the problem instead of hanging
-  (``ArrowStorage.fs``);
-* other layers hand what they hold of a parent's client (the early connection of
-  :mod:`paddle_acp.runtime.early`) to :func:`keep_forever` from their own fork hooks.
-
-The leak is the child's only: a worker's copy of the client's memory, freed when the child exits.
+An HDFS client's native half has threads (libhdfs's JVM, hdfs-native's tokio runtime); a forked child has only
+the thread that forked, so closing, destroying or calling such a client there waits forever for threads that do not
+exist. The rule (issue 42): **a forked child never touches, drops or waits for its parent's client**. Every client
+that is not fork-safe is :func:`track`-ed; a forked child keeps each one alive forever (:func:`keep_forever`: its
+destructor never runs), and a call through it is refused (``ArrowStorage.fs``, :func:`opened_here`). The leak is the
+child's copy of the client's memory, freed when it exits.
 """
 
 from __future__ import annotations
@@ -39,15 +27,14 @@ def track(client: Any) -> None:
 
 
 def keep_forever(obj: Any) -> None:
-    """Keep ``obj`` alive until this process ends, its destructor never run: a reference in
-    :data:`_inherited` (dropping the parent's copy in a fork hook does not destroy it) and one more that
-    nothing releases (the interpreter's shutdown clears module globals, :data:`_inherited` too)."""
+    """Keep ``obj`` alive until this process ends, its destructor never run: a reference in :data:`_inherited`
+    and one that nothing releases (the interpreter's shutdown clears module globals too)."""
     _inherited.append(obj)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def opened_here(pid: int) -> bool:
-    """Whether a storage made by process ``pid`` belongs to this process (not to a parent it was forked from)."""
+    """Whether a storage made by process ``pid`` belongs to this process (not to a parent)."""
     return pid == os.getpid()
 
 

@@ -1,6 +1,5 @@
-"""Running ``hadoop fs`` commands for :mod:`paddle_acp.storage.hadoop_cli`: the Hadoop installation and
-the filesystem they address, the environment and ``-D`` options each gets (user, UGI, UTF-8 paths),
-timeouts, and the error each failure becomes (the UGI never shown).
+"""Running ``hadoop fs`` commands for :mod:`paddle_acp.storage.hadoop_cli`: their installation, environment and
+``-D`` options (user, UGI, UTF-8 paths), timeouts, and the error each failure becomes (the UGI never shown).
 """
 
 from __future__ import annotations
@@ -11,17 +10,15 @@ import os
 import subprocess
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 from urllib.parse import urlparse
 
 from paddle_acp.storage.hadoop_cli_io import HadoopCliError, classify, stderr_tail
 
 logger = logging.getLogger("paddle_acp")
 
-# Seconds a metadata command may take (a dead NameNode makes the client retry).
-META_TIMEOUT = 300.0
-# Minimum seconds for a data transfer; larger files get 1 s per 8 MB on top.
-DATA_TIMEOUT = 600.0
+META_TIMEOUT = 300.0  # seconds a metadata command may take (a dead NameNode makes the client retry)
+DATA_TIMEOUT = 600.0  # minimum seconds for a data transfer; 1 s per 8 MB on top
 
 
 def data_timeout(size: int) -> float:
@@ -104,10 +101,10 @@ class FsShell:
         logger.debug("%s: exit %d in %.2f s", self.display(args), r.returncode, time.perf_counter() - t0)
         return r
 
-    def run(self, args: Sequence[str], what: str, paths: Sequence[str], timeout: float = META_TIMEOUT,
-             ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess[bytes]:
+    def run(self, args: Sequence[str], what: str, paths: Sequence[str],
+            timeout: float = META_TIMEOUT) -> subprocess.CompletedProcess[bytes]:
         r = self.exec(args, timeout)
-        if r.returncode not in tuple(ok_codes):
+        if r.returncode != 0:
             raise self.error(r, args, what, paths)
         return r
 

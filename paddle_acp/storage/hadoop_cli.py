@@ -1,35 +1,16 @@
 """HDFS through the ``hadoop fs`` command line, as Paddle's ``HDFSClient`` used it.
 
-The last-resort HDFS client of :func:`paddle_acp.storage.open_storage` (no
-libhdfs/JVM in-process, no ``hdfs-native``): every operation runs
-``$HADOOP_HOME/bin/hadoop fs -D fs.defaultFS=... <command>`` and data is staged
-through a local cache directory (``PADDLE_EDL_FS_CACHE``, default ``.cache``)::
+The last-resort HDFS client (no libhdfs/JVM in-process, no ``hdfs-native``), a pyarrow filesystem handler:
+every operation runs ``$HADOOP_HOME/bin/hadoop fs``; writes are staged in a local file (under
+``PADDLE_EDL_FS_CACHE``) uploaded by ``-put -f`` on close (``-put`` writes ``NAME._COPYING_`` and renames it:
+never a torn file), reads ``-get`` a local copy, metadata comes from ``-stat`` / ``-ls``. Each command starts
+a JVM (1-2 s): paths are batched into one command where possible, and metadata is cached
+(:mod:`.hadoop_cli_cache`; other processes' changes may take ``metadata_ttl`` seconds to be seen).
 
-    fs = pyarrow.fs.PyFileSystem(HadoopCliHandler(hadoop_home, "hdfs://nn:9000", "user", ".cache"))
-
-* writes go to a local temporary file and are uploaded by ``-put -f`` when the
-  stream is closed (``-put`` itself writes ``NAME._COPYING_`` and renames it, so
-  a reader never sees a torn file under the final name);
-* reads ``-get`` the file into a local temporary file and open that;
-* metadata comes from ``-stat`` / ``-ls``.
-
-Each command starts a JVM (about 1-2 s), so the handler keeps the number of
-commands small: paths are batched into one command where FsShell accepts several,
-and directory listings are kept for ``metadata_ttl`` seconds (default 10) so that
-the usual "list a directory, then look at each child" pattern costs one or two
-commands instead of one per child.  Changes made through this handler update
-that cache at once; changes made by *other* processes may take up to
-``metadata_ttl`` seconds to be seen (``metadata_ttl=0`` turns the cache off).
-
-Limitations of the command line (not of HDFS): modification times of listed
-entries have minute resolution (``-ls``); paths may not contain the glob
-characters ``* ? [ ] { } \\`` (FsShell expands them; such paths are refused with
-a clear error); writing to a path that is an existing directory is refused only
-when the handler knows it is one (otherwise ``-put`` stores the file inside it);
-``move`` onto an existing directory moves the source into it (as HDFS rename and
-pyarrow's ``HadoopFileSystem`` do).  The user is passed as ``HADOOP_USER_NAME`` (simple
-authentication); a PaddleCloud UGI ``user,password`` (``ugi=``) is passed as
-``-D hadoop.job.ugi=...`` like ``HDFSClient`` did, and never appears in errors.
+Limits of the command line: listed mtimes have minute resolution; glob characters ``* ? [ ] { } \\`` in
+paths are refused; writing onto a directory is refused only when the handler knows it is one; ``move`` onto a
+directory moves into it (as HDFS rename does). The user goes as ``HADOOP_USER_NAME``; a PaddleCloud UGI
+``user,password`` as ``-D hadoop.job.ugi=...``, never shown in errors.
 """
 
 from __future__ import annotations
@@ -97,14 +78,15 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
 
     # -- metadata cache (see MetadataCache) ---------------------------------------
     def forget(self, path: str) -> None:
-        """Drop what the metadata cache holds at and under ``path``: the next look-up asks the
-        namenode (for state other processes change, such as writer generations)."""
+        """Drop what the metadata cache holds at and under ``path`` (state other processes change)."""
         self._invalidate(self._path(path))
 
-    def _raise_if_known_missing(self, p: str) -> None:
+    def _known(self, p: str) -> Optional[FileInfo]:
+        """What the cache knows of ``p``; FileNotFoundError where it knows ``p`` is missing."""
         known = self._cached_info(p)
         if known is not None and known.type == FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{p}: No such file or directory")
+        return known
 
     # -- FileSystemHandler: metadata -----------------------------------------------
     def get_type_name(self) -> str:
@@ -138,9 +120,8 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         return [as_path(result[p], orig) for p, orig in zip(norm, paths)]
 
     def _prefetch_for(self, path: str) -> Optional[FileInfo]:
-        """``path`` is a child of a child directory of a freshly listed directory (the
-        "list, then look inside each entry" pattern): list all those child
-        directories with one ``-ls GRANDPARENT/*`` and answer from that."""
+        """``path`` is in a child directory of a freshly listed one ("list, then look inside each entry"):
+        list all those children with one ``-ls GRANDPARENT/*`` and answer from that."""
         if path == "/":
             return None
         parent = _parent(path)
@@ -178,11 +159,10 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
                 missing.add(line.split("`", 1)[1].rsplit("'", 1)[0])
         lines = [ln for ln in r.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
         found = [p for p in paths if p not in missing]
-        if r.returncode != 0 and not missing:  # not a missing path: the command failed
+        # (not a missing path: the command failed; or one path whose output does not match)
+        if (r.returncode != 0 and not missing) or (len(lines) != len(found) and len(paths) == 1):
             raise self.shell.error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
         if len(lines) != len(found):
-            if len(paths) == 1:
-                raise self.shell.error(r, ["-stat", "%F %b %Y %n", *paths], "checking", paths)
             out: Dict[str, FileInfo] = {}
             for p in paths:  # could not match the output to the paths: one at a time
                 out.update(self._stat([p]))
@@ -192,12 +172,8 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         for p, line in zip(found, lines):
             kind, size, mtime_ms, _name = (line.split("\t", 3) + ["", "", "", ""])[:4]
             mtime_ns = int(mtime_ms) * 1_000_000 if mtime_ms.strip().isdigit() else None
-            if kind == "directory":
-                out[p] = FileInfo(p, FileType.Directory, mtime_ns=mtime_ns)
-            elif kind == "regular file":
-                out[p] = FileInfo(p, FileType.File, size=int(size), mtime_ns=mtime_ns)
-            else:
-                out[p] = FileInfo(p, FileType.Unknown, mtime_ns=mtime_ns)
+            ftype = {"directory": FileType.Directory, "regular file": FileType.File}.get(kind, FileType.Unknown)
+            out[p] = FileInfo(p, ftype, size=int(size) if ftype == FileType.File else None, mtime_ns=mtime_ns)
         if self.metadata_ttl > 0:
             with self._lock:
                 if self._unchanged_since(token):  # else stale: a change of this handler raced the command
@@ -211,11 +187,12 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             cached = self._cached_listing(base)
             if cached is not None:
                 return list(cached.values())
-        known = self._cached_info(base)
-        if known is not None and known.type == FileType.NotFound:
+        try:
+            self._known(base)
+        except FileNotFoundError:
             if selector.allow_not_found:
                 return []
-            raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{base}: No such file or directory")
+            raise
         args = ["-ls", "-R", base] if selector.recursive else ["-ls", base]
         token = self._token()
         r = self.shell.exec(args, META_TIMEOUT)
@@ -243,23 +220,24 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             r = self.shell.exec(["-mkdir", p], META_TIMEOUT)
             if r.returncode != 0:
                 err = self.shell.error(r, ["-mkdir", p], "creating directory", [p])
-                if not isinstance(err, FileExistsError):
-                    raise err
-                if self._stat([p])[p].type != FileType.Directory:
+                if not isinstance(err, FileExistsError) or self._stat([p])[p].type != FileType.Directory:
                     raise err
         self._note(p, FileInfo(p, FileType.Directory))
 
-    def delete_dir(self, path: str) -> None:
+    def _rm(self, path: str, args: List[str], what: str) -> None:
         p = self._path(path)
-        if p == "/":
-            raise ValueError("refusing to delete the root directory")
-        self._raise_if_known_missing(p)
+        self._known(p)
         try:
-            self.shell.run(["-rm", "-r", "-skipTrash", p], "deleting directory", [p])
+            self.shell.run([*args, p], what, [p])
         except BaseException:
             self._invalidate(p)
             raise
         self._note(p, FileInfo(p, FileType.NotFound))
+
+    def delete_dir(self, path: str) -> None:
+        if self._path(path) == "/":
+            raise ValueError("refusing to delete the root directory")
+        self._rm(path, ["-rm", "-r", "-skipTrash"], "deleting directory")
 
     def _delete_contents(self, p: str, missing_dir_ok: bool) -> None:
         try:
@@ -288,19 +266,11 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         self._delete_contents("/", False)
 
     def delete_file(self, path: str) -> None:
-        p = self._path(path)
-        self._raise_if_known_missing(p)
-        try:
-            self.shell.run(["-rm", "-skipTrash", p], "deleting file", [p])
-        except BaseException:
-            self._invalidate(p)
-            raise
-        self._note(p, FileInfo(p, FileType.NotFound))
+        self._rm(path, ["-rm", "-skipTrash"], "deleting file")
 
     def move(self, src: str, dest: str) -> None:
         s, d = self._path(src), self._path(dest)
-        # Like HDFS rename (and pyarrow's HadoopFileSystem): an existing destination
-        # file is replaced, a destination directory receives the source inside it.
+        # like HDFS rename: an existing destination file is replaced, a directory receives the source
         before_src, before_dst = self._cached_info(s), self._cached_info(d)
         try:
             r = self.shell.exec(["-mv", s, d], META_TIMEOUT)
@@ -338,9 +308,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
         d = staging_dir(self.cache_dir)
         local = os.path.join(d, "data")
         try:
-            info = self._cached_info(p)
-            if info is not None and info.type == FileType.NotFound:
-                raise FileNotFoundError(errno.ENOENT, f"{self.default_fs}{p}: No such file or directory")
+            info = self._known(p)
             size = info.size if info is not None and info.size else 0
             self.shell.run(["-get", p, local], "downloading", [p], timeout=data_timeout(size))
             if os.path.isdir(local):
@@ -350,30 +318,24 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
             shutil.rmtree(d, ignore_errors=True)  # the open file stays readable
         return f
 
-    def open_input_stream(self, path: str) -> Any:
-        return self._download(path)
+    open_input_file = _download
+    open_input_stream = _download
 
-    def open_input_file(self, path: str) -> Any:
-        return self._download(path)
-
-    def _check_not_dir(self, p: str) -> None:
-        # `-put SRC DIR` would store the file *inside* an existing directory: refuse
-        # when that is known (an unknown path is not checked: that would cost a JVM)
+    def _staged(self, path: str, append: bool) -> Any:
+        p = self._path(path)
+        # `-put SRC DIR` would store the file *inside* an existing directory: refused where that is known
+        # (checking an unknown path would cost a JVM)
         known = self._cached_info(p)
         if known is not None and known.type == FileType.Directory:
             raise IsADirectoryError(errno.EISDIR, f"{self.default_fs}{p} is a directory")
+        return pa.PythonFile(StagedOutput(staging_dir(self.cache_dir),
+                                          lambda local, size: self._upload(local, p, size, append)), mode="w")
 
     def open_output_stream(self, path: str, metadata: Any = None) -> Any:
-        p = self._path(path)
-        self._check_not_dir(p)
-        return pa.PythonFile(StagedOutput(staging_dir(self.cache_dir), lambda local, size: self._upload(local, p, size, False)),
-                             mode="w")
+        return self._staged(path, False)
 
     def open_append_stream(self, path: str, metadata: Any = None) -> Any:
-        p = self._path(path)
-        self._check_not_dir(p)
-        return pa.PythonFile(StagedOutput(staging_dir(self.cache_dir), lambda local, size: self._upload(local, p, size, True)),
-                             mode="w")
+        return self._staged(path, True)
 
     def _upload(self, local: str, path: str, size: int, append: bool) -> None:
         """Store a staged stream's local file at ``path`` (``-put -f`` or ``-appendToFile``), noting the result."""

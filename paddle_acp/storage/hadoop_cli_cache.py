@@ -1,10 +1,8 @@
 """The metadata cache of the ``hadoop fs`` client (:mod:`paddle_acp.storage.hadoop_cli`).
 
-Each ``hadoop fs`` command starts a JVM (about 1-2 s), so listings and ``stat`` results are kept for
-``metadata_ttl`` seconds: the usual "list a directory, then look at each child" pattern costs one
-or two commands instead of one per child. Changes made through the handler update the cache at
-once (:meth:`MetadataCache._note`); a failed command drops what it may have changed
-(:meth:`MetadataCache._invalidate`).
+Each command starts a JVM (1-2 s), so listings and ``stat`` results are kept ``metadata_ttl`` seconds ("list a
+directory, then look at each child" costs one or two commands). The handler's own changes update the cache at
+once (:meth:`MetadataCache._note`); a failed command drops what it may have changed (``_invalidate``).
 """
 
 from __future__ import annotations
@@ -42,22 +40,15 @@ def parse_ls(stdout: bytes) -> List[FileInfoT]:
             mtime_ns = int(mtime) * 1_000_000_000
         except (ValueError, OverflowError):
             mtime_ns = None
-        if perm.startswith("d"):
-            out.append(FileInfo(path, FileType.Directory, mtime_ns=mtime_ns))
-        else:
-            out.append(FileInfo(path, FileType.File, size=int(size), mtime_ns=mtime_ns))
+        is_dir = perm.startswith("d")
+        out.append(FileInfo(path, FileType.Directory if is_dir else FileType.File,
+                            size=None if is_dir else int(size), mtime_ns=mtime_ns))
     return out
 
 
 def as_path(info: FileInfoT, path: str) -> FileInfoT:
     """``info`` about ``path`` (the same entry named as the caller named it)."""
-    if info.path == path:
-        return info
-    if info.type == FileType.NotFound:
-        return FileInfo(path, FileType.NotFound)
-    if info.type == FileType.Directory:
-        return FileInfo(path, FileType.Directory, mtime_ns=info.mtime_ns)
-    return FileInfo(path, info.type, size=info.size, mtime_ns=info.mtime_ns)
+    return info if info.path == path else FileInfo(path, info.type, size=info.size, mtime_ns=info.mtime_ns)
 
 
 class MetadataCache:
@@ -69,9 +60,8 @@ class MetadataCache:
         # dir -> (time, {name: FileInfo}): complete listings; path -> (time, FileInfo)
         self._listings: Dict[str, Tuple[float, Dict[str, FileInfoT]]] = {}
         self._infos: Dict[str, Tuple[float, FileInfoT]] = {}
-        # changes this handler made (noted, invalidated, moved): what a command read is stored only when
-        # no change happened while it ran (a listing begun before another thread's mkdir returned would
-        # otherwise replace the directory that mkdir just recorded)
+        # changes this handler made: what a command read is stored only when none happened while it ran (a
+        # listing begun before another thread's mkdir returned would replace what that mkdir recorded)
         self._changes = 0
 
     def __getstate__(self) -> Dict[str, Any]:  # pickled (a handler sent to a process) without the lock and cache
@@ -125,21 +115,11 @@ class MetadataCache:
 
     def _cached_info(self, path: str) -> Optional[FileInfoT]:
         with self._lock:
-            hit = self._infos.get(path)
-        if hit is not None and self._fresh(hit[0]):
-            return hit[1]
-        if path == "/":
-            return None
-        listing = self._cached_listing(_parent(path))
-        if listing is not None:
-            name = posixpath.basename(path)
-            return listing.get(name) or FileInfo(path, FileType.NotFound)
-        return None
+            return self._known_locked(path)
 
     def _invalidate(self, *paths: str) -> None:
-        """Forget everything a change at ``paths`` may have changed: the paths, what is
-        under them, and their ancestors (``mkdir -p`` creates parents).  Used when a
-        command failed and the outcome is unknown."""
+        """Forget what a change at ``paths`` (whose outcome is unknown) may have changed: the paths, what is
+        under them, and their ancestors (``mkdir -p`` creates parents)."""
         with self._lock:
             self._changes += 1
             for p in paths:
@@ -148,8 +128,7 @@ class MetadataCache:
                         del cache[k]
 
     def _move_cached(self, src: str, dst: str) -> None:
-        """After renaming ``src`` to ``dst`` (which did not exist): what was known under
-        ``src`` is now known under ``dst``."""
+        """After renaming ``src`` to ``dst`` (which did not exist): what was known under ``src`` is under ``dst``."""
         if self.metadata_ttl <= 0:
             return
         with self._lock:
@@ -168,10 +147,9 @@ class MetadataCache:
                 cache[nk] = tv
 
     def _note(self, path: str, info: FileInfoT, token: Optional[int] = None) -> None:
-        """Record a fact this handler just caused (a file written, a directory made,
-        a path removed): ``path`` and everything under it are replaced, the parent's
-        cached listing (if any) is updated in place. With ``token`` (:meth:`_token`): a fact
-        a command begun then observed, recorded only if this handler changed nothing since."""
+        """Record a fact this handler just caused (a file written, a directory made, a path removed): ``path``
+        and what is under it are replaced, the parent's cached listing updated. With ``token`` (:meth:`_token`):
+        a fact a command begun then observed, recorded only if this handler changed nothing since."""
         if self.metadata_ttl <= 0:
             return
         now = time.monotonic()

@@ -1,6 +1,5 @@
-"""Pieces of the ``hadoop fs`` client (:mod:`paddle_acp.storage.hadoop_cli`) around a command:
-what its stderr means (the OSError subclass that fits), the local staging directory, and the write stream
-that stages data in a local file and uploads it with ``-put -f`` (or ``-appendToFile``) when closed."""
+"""Pieces of the ``hadoop fs`` client (:mod:`paddle_acp.storage.hadoop_cli`) around a command: what its stderr
+means, the local staging directory, and the write stream uploaded when closed."""
 
 from __future__ import annotations
 
@@ -40,9 +39,7 @@ def stderr_tail(stderr: str, lines: int = 8) -> str:
     keep = []
     for line in stderr.splitlines():
         t = line.strip()
-        if not t or t.startswith("at ") or t.startswith("... ") or "util.NativeCodeLoader" in t:
-            continue
-        if t.startswith("log4j:"):
+        if not t or t.startswith(("at ", "... ", "log4j:")) or "util.NativeCodeLoader" in t:
             continue
         keep.append(t)
     return " | ".join(keep[-lines:]) if keep else "(no output on stderr)"
@@ -60,10 +57,9 @@ def staging_dir(cache_dir: str) -> str:
 
 
 class StagedOutput:
-    """A write-only stream into a local temporary file, uploaded with ``-put -f`` on close."""
+    """A write-only stream into a local temporary file; ``upload(local_file, size)`` stores it on close."""
 
     def __init__(self, staging_dir: str, upload: Callable[[str, int], None]):
-        """``upload(local_file, size)`` stores the staged bytes on close (the CLI handler's own call)."""
         self.closed = True
         self._upload = upload
         self._dir = staging_dir

@@ -1,17 +1,11 @@
 """HDFS (``hdfs://host:port/path``, ``viewfs://``) through the first client that connects.
 
-Clients, in order (``PADDLE_ACP_HDFS_CLIENT`` forces one):
-
-* ``pyarrow``: ``pyarrow.fs.HadoopFileSystem`` (libhdfs and a JVM in this process; fastest);
-* ``hdfs-native``: the Rust client (no JVM), wrapped as a pyarrow filesystem;
-* ``cli``: the ``hadoop fs`` command line (:mod:`paddle_acp.storage.hadoop_cli`), as Paddle's
-  ``HDFSClient`` used it.
-
-libhdfs's JVM starts with :data:`~paddle_acp.config.components.DEFAULT_LIBHDFS_OPTS` unless the user set
-``LIBHDFS_OPTS`` (:func:`libhdfs_jvm_options`). Each is tried within ``PADDLE_ACP_CONNECT_TIMEOUT`` (a dead NameNode fails at open, not in the
-middle of a save); a NameNode port that refuses connections for all of it fails before any client starts
-(:func:`_refused_until`). A directory rename is atomic: checkpoints are committed by renaming. A forked child
-never uses or drops the parent's client (:mod:`paddle_acp.storage.forks`).
+Clients, in order (``PADDLE_ACP_HDFS_CLIENT`` forces one): ``pyarrow`` (libhdfs and a JVM in this process;
+fastest), ``hdfs-native`` (the Rust client, no JVM), ``cli`` (the ``hadoop fs`` command line,
+:mod:`.hadoop_cli`). Each is tried within ``PADDLE_ACP_CONNECT_TIMEOUT`` (a dead NameNode fails at open, not
+in a save); a port that refuses connections all that time fails before any client starts. Checkpoints commit
+by an atomic directory rename. A forked child never uses or drops the parent's client (:mod:`.forks`).
+libhdfs's JVM gets ``DEFAULT_LIBHDFS_OPTS`` unless the user set ``LIBHDFS_OPTS`` (:func:`libhdfs_jvm_options`).
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from paddle_acp.config import StorageOptions
 from paddle_acp.errors import StorageError
 from paddle_acp.storage import forks
 from paddle_acp.storage.arrow import ArrowStorage
-from paddle_acp.storage.base import RENAME, Entry, redact, scrub
+from paddle_acp.storage.base import Entry, redact, scrub
 from paddle_acp.storage.libhdfs import LibhdfsLister
 
 logger = logging.getLogger("paddle_acp")
@@ -44,15 +38,11 @@ logger = logging.getLogger("paddle_acp")
 class HdfsStorage(ArrowStorage):
     """A directory tree on HDFS; ``client`` names the client in use."""
 
-    commit_style = RENAME
     overlap_writes = True  # closing a file waits for the namenode to see its last block
-    # closing a file with data: the client's first ``complete`` usually comes before the DataNode reported the
-    # block, and it tries again 400 ms later (Hadoop 2.7's client: fixed; later ones: the default; hdfs-native ~0.5 s)
+    # a close's first ``complete`` usually precedes the DataNode's block report: the client retries 400 ms later
     small_write_s = 0.4
     ranged_readers = 2  # 4 were slower than 2 against one DataNode on 2 cores (issue 44, ci/bench/profile_restore_remote.py)
-    # hdfs-native raises RuntimeError for a refusal of the NameNode (safe mode while it restarts, a
-    # quota, permissions): a storage error like any other client's, never a raw exception
-    errors = ArrowStorage.errors + (RuntimeError,)
+    errors = ArrowStorage.errors + (RuntimeError,)  # hdfs-native's NameNode refusals (safe mode, quota, permissions)
     fork_safe = False  # libhdfs's JVM, hdfs-native's runtime, the command line client's locks
 
     def __init__(self, fs: Any, root: str, uri: str, client: str = "pyarrow",
@@ -60,18 +50,14 @@ class HdfsStorage(ArrowStorage):
         super().__init__(fs, root, uri)
         self.client = client
         self._lister = lister
-        # libhdfs creates a file with FileSystem.create, and hdfs-native with create_parent (its WriteOptions'
-        # default): both make missing parents in the one Create RPC (no GetFileInfo and Mkdirs before it);
-        # ``hadoop fs -put`` refuses a missing parent
+        # libhdfs and hdfs-native make missing parents in the one Create RPC; ``hadoop fs -put`` refuses them
         self.creates_parents = client in ("pyarrow", "hdfs-native")
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless its name is taken; True when this call created it. The
-        NameNode decides, in one rename that refuses a taken name: hdfs-native renames without overwriting. libhdfs
-        (through pyarrow's move) and ``hadoop fs -mv`` (:mod:`.hadoop_cli`, which does as pyarrow does) replace an
-        existing file, so two processes that both looked and found the name free both "created" it (a writer's
-        generation taken twice: neither fenced). For them the file is written in a directory of its own and moved
-        *into* its parent: a move into a directory that holds the name already is refused, by every client."""
+        NameNode decides, in one rename that refuses a taken name. hdfs-native renames without overwriting; libhdfs
+        and ``hadoop fs -mv`` replace an existing file (two writers would both "create" it), so for them the file
+        is written in a directory of its own and moved *into* its parent, which every client refuses when taken."""
         self.forget_cached(path)
         parent, _, name = path.rpartition("/")
         tag = uuid.uuid4().hex[:12]
@@ -125,15 +111,15 @@ class HdfsStorage(ArrowStorage):
         user = options.hdfs_user or (unquote(parsed.username) if parsed.username else None)
         root = parsed.path.rstrip("/") or "/"
         display = redact(uri)
-        forced = options.hdfs_client  # validated in config: one of CLIENTS, or None
+        forced = options.hdfs_client  # one of CLIENTS (validated in config), or None
         timeout = options.connect_timeout
         deadline = time.monotonic() + timeout
+        bound = f" (connection attempts are bounded by PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s)"
         refused = _refused_until(host, port, deadline) if parsed.scheme.lower() == "hdfs" else None
         if refused is not None:
-            raise StorageError(f"cannot reach HDFS at {display}: {refused} (connection attempts are bounded by "
-                               f"PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s)")
+            raise StorageError(f"cannot reach HDFS at {display}: {refused}{bound}")
         why: List[str] = []
-        for client in _clients(forced):
+        for client in [forced] if forced else CLIENTS:
             left = deadline - time.monotonic()
             if left <= 0:
                 why.append(f"{client}: not tried (PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s spent)")
@@ -152,16 +138,13 @@ class HdfsStorage(ArrowStorage):
             logger.info("HDFS %s: using the %s client: %s", display, client, reason)
             lister = LibhdfsLister.connect(host, port, user, hdfs_ipc_conf(timeout)) if client == "pyarrow" else None
             return cls(fs, root, display, client, lister)
-        raise StorageError(f"cannot reach HDFS at {display}: " + " | ".join(why)
-                           + f" (connection attempts are bounded by PADDLE_ACP_CONNECT_TIMEOUT={timeout:g} s)")
+        raise StorageError(f"cannot reach HDFS at {display}: " + " | ".join(why) + bound)
 
 
 def _refused_until(host: str, port: int, deadline: float) -> Optional[str]:
-    """Why no client is tried: the NameNode's port refused every connection until ``deadline`` (tried again
-    every 0.25 s: a NameNode restarting is waited for, as the clients' own retries would). None: it accepted,
-    or the address is not a plain host here (an HA nameservice, a name that does not resolve, no route): the
-    clients decide. No client's call is left running past its caller for a refused port: one coming back
-    while the interpreter finalizes aborts the process (``_CALLS``), and each prints a Java stack trace."""
+    """Why no client is tried: the NameNode's port refused every connection until ``deadline`` (tried every
+    0.25 s: a restart is waited for). None: it accepted, or the address is no plain host (HA nameservice, no
+    such name, no route): the clients decide. (A client's call left running aborts the process at exit.)"""
     if host == "default":
         return None
     while True:
@@ -177,10 +160,6 @@ def _refused_until(host: str, port: int, deadline: float) -> Optional[str]:
             return None
 
 
-def _clients(forced: Optional[str]) -> List[str]:
-    return [forced] if forced else list(CLIENTS)
-
-
 def _connect(client: str, host: str, port: int, user: Optional[str], options: StorageOptions) -> Tuple[Any, str]:
     """A pyarrow filesystem of ``client`` (not yet connected) and why it is the one used."""
     timeout = options.connect_timeout
@@ -193,8 +172,7 @@ def _connect(client: str, host: str, port: int, user: Optional[str], options: St
             from hdfs_native.fsspec import HdfsFileSystem
         except ImportError:
             raise StorageError("the hdfs-native package is not installed (pip install paddle-acp[hdfs])") from None
-        # never in fsspec's instance cache: its fork hook empties that cache in every forked child, and a client
-        # only the cache still held (its storage dropped) was dropped there, waiting forever for its runtime's threads
+        # never in fsspec's instance cache: its fork hook drops the cache's clients in a child (a hang: see forks)
         fs = pafs.PyFileSystem(_HdfsNativeHandler(HdfsFileSystem(host=host, port=port, skip_instance_cache=True,
                                                                  **hdfs_native_conf(timeout))))
         return fs, "no usable libhdfs/JVM; hdfs-native needs neither"
@@ -209,8 +187,7 @@ def _connect(client: str, host: str, port: int, user: Optional[str], options: St
 
 
 class FirstJvm:
-    """Whether this process's libhdfs JVM was asked for (its options are fixed from then on: the environment is
-    changed at most once per process)."""
+    """Whether this process's libhdfs JVM was asked for (its options are fixed from then on)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -223,9 +200,7 @@ _FIRST_JVM = FirstJvm()
 @contextlib.contextmanager
 def libhdfs_jvm_options(opts: Optional[str], first: FirstJvm = _FIRST_JVM) -> Iterator[None]:
     """``opts`` as ``LIBHDFS_OPTS`` while libhdfs starts this process's JVM (its first connection), unless the
-    user set ``LIBHDFS_OPTS``: theirs are never replaced. The variable is removed again afterwards, so the
-    script's own subprocesses see the environment it set; later connections (the JVM runs, its options
-    fixed) leave the environment alone."""
+    user set ``LIBHDFS_OPTS``; removed afterwards (subprocesses see the script's environment)."""
     if not opts:
         yield
         return
@@ -242,9 +217,8 @@ def libhdfs_jvm_options(opts: Optional[str], first: FirstJvm = _FIRST_JVM) -> It
 
 
 def hdfs_ipc_conf(timeout: float) -> Dict[str, str]:
-    """Hadoop client settings (libhdfs, the hadoop CLI) that bound connection attempts to about
-    ``timeout`` seconds (Hadoop's defaults retry a refused connection 10 times and a timed-out one
-    45 times, 20 s each)."""
+    """Hadoop client settings (libhdfs, the hadoop CLI) bounding connection attempts to about ``timeout`` s
+    (the defaults retry a refused connection 10 times, a timed-out one 45 times, 20 s each)."""
     retries = max(1, int(timeout // 2))
     return {
         "ipc.client.connect.timeout": str(max(1000, int(timeout * 1000 / 3))),
@@ -256,8 +230,7 @@ def hdfs_ipc_conf(timeout: float) -> Dict[str, str]:
 
 
 def hdfs_native_conf(timeout: float) -> Dict[str, str]:
-    """hdfs-native's settings: 3 attempts with short sleeps between them (its defaults take about
-    3 minutes to give up on a namenode that refuses connections)."""
+    """hdfs-native's settings: 3 attempts, short sleeps (its defaults give up on a refusing namenode in ~3 min)."""
     return {
         "dfs.client.failover.max.attempts": "3",
         "dfs.client.failover.sleep.base.millis": "500",
@@ -266,21 +239,11 @@ def hdfs_native_conf(timeout: float) -> Dict[str, str]:
     }
 
 
-# Probe threads still in a client's call after their caller gave up on them. A daemon thread that comes back from
-# native code while the interpreter finalizes is ended by pthread_exit, whose unwinding through Arrow's C++ frames
-# aborts the process ("FATAL: exception not rethrown", rc -6): a refused connection retried past the timeout on a
-# loaded machine. The exit waits for them, at most PROBE_EXIT_WAIT seconds (one that never answers never comes back)
+# Probe threads still in a client's call after their caller gave up: one that comes back from native code while the
+# interpreter finalizes aborts the process ("FATAL: exception not rethrown"), so the exit waits PROBE_EXIT_WAIT s
 _CALLS: "set[threading.Thread]" = set()
 _CALLS_LOCK = threading.Lock()
 PROBE_EXIT_WAIT = 1.0
-
-
-def _calling(run: Any) -> None:
-    try:
-        run()
-    finally:
-        with _CALLS_LOCK:
-            _CALLS.discard(threading.current_thread())
 
 
 def _wait_for_calls_at_exit() -> None:
@@ -301,8 +264,7 @@ os.register_at_fork(after_in_child=_forget_calls_in_child)
 
 
 def _probe(fs: Any, root: str, timeout: float, client: str) -> None:
-    """Connect now (a dead server fails here, not in the middle of a save), within ``timeout``
-    seconds whatever the client's own retry settings do."""
+    """Connect now (a dead server fails here, not in a save), within ``timeout`` s whatever the client retries."""
     box: List[Optional[BaseException]] = []
 
     def run() -> None:
@@ -313,8 +275,11 @@ def _probe(fs: Any, root: str, timeout: float, client: str) -> None:
             box.append(None)
         except BaseException as exc:  # handed to the calling thread
             box.append(exc)
+        finally:
+            with _CALLS_LOCK:
+                _CALLS.discard(threading.current_thread())
 
-    t = threading.Thread(target=_calling, args=(run,), name=f"paddle-acp-connect-{client}", daemon=True)
+    t = threading.Thread(target=run, name=f"paddle-acp-connect-{client}", daemon=True)
     with _CALLS_LOCK:
         _CALLS.add(t)
     t.start()
@@ -326,9 +291,7 @@ def _probe(fs: Any, root: str, timeout: float, client: str) -> None:
 
 
 class _BytesWriter:
-    """hdfs-native's ``FileWriter.write`` copies a ``pyarrow.Buffer`` (what
-    ``pyarrow.PythonFile`` hands it) element by element, at ~6 MB/s; given
-    ``bytes`` it runs at network speed. One memcpy per write call is cheaper."""
+    """hdfs-native's ``write`` copies a ``pyarrow.Buffer`` element by element (~6 MB/s): it gets ``bytes``."""
 
     def __init__(self, f: Any):
         self._f = f
@@ -341,9 +304,7 @@ class _BytesWriter:
 
 
 class _HdfsNativeHandler(pafs.FSSpecHandler):  # type: ignore[misc]  # pyarrow is untyped
-    """hdfs-native as a pyarrow filesystem. A listing and an open for reading are one NameNode RPC each
-    (``getListing``, ``getBlockLocations``), called on the client itself: fsspec's generic paths asked
-    ``getFileInfo`` before them, three times for a listing (4 RPCs) and once for an open (2)."""
+    """hdfs-native as a pyarrow filesystem; a listing and an open are one NameNode RPC each (fsspec's: 4 and 2)."""
 
     def get_file_info_selector(self, selector: Any) -> Any:
         if selector.recursive:

@@ -1,9 +1,8 @@
 """libhdfs's own calls, through ctypes on the library (and JVM) pyarrow loaded: a directory listing in one RPC.
 
-pyarrow's listing (arrow's ``GetFileInfo(FileSelector)``) first looks the directory up, and libhdfs's look-up is
-``exists`` and then ``getFileInfo``: 3 NameNode RPCs per listing, where ``hdfsListDirectory`` is one
-(``getListing``). :class:`LibhdfsLister` is made only where pyarrow's libhdfs is loaded in this process; any
-surprise (no such library, a name that is not UTF-8) leaves the listing to pyarrow.
+pyarrow's listing costs 3 NameNode RPCs (``exists``, ``getFileInfo``, ``getListing``), ``hdfsListDirectory`` one.
+Made only where pyarrow's libhdfs is loaded in this process; any surprise (no such library, a name that is not
+UTF-8) leaves the listing to pyarrow.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ logger = logging.getLogger("paddle_acp")
 
 
 class _FileInfo(ctypes.Structure):
-    """libhdfs's ``hdfsFileInfo`` (hdfs.h, unchanged since Hadoop 2; Arrow's own copy of the header is the same)."""
+    """libhdfs's ``hdfsFileInfo`` (hdfs.h, unchanged since Hadoop 2)."""
 
     _fields_ = [("kind", ctypes.c_int), ("name", ctypes.c_char_p), ("last_mod", ctypes.c_long),
                 ("size", ctypes.c_int64), ("replication", ctypes.c_short), ("block_size", ctypes.c_int64),
@@ -41,9 +40,8 @@ class LibhdfsLister:
 
     @classmethod
     def connect(cls, host: str, port: int, user: Optional[str], conf: Dict[str, str]) -> Optional["LibhdfsLister"]:
-        """The process's lister for this NameNode and user (Hadoop's FileSystem cache shares one client among
-        them: never disconnected, as libhdfs's own handles of the cache), or None where none can be made. A forked
-        child makes its own: its parent's client lost its threads in the fork (:mod:`paddle_acp.storage.forks`)."""
+        """The process's lister for this NameNode and user (never disconnected: Hadoop's FileSystem cache shares
+        its client), or None where none can be made. A forked child makes its own (:mod:`.forks`)."""
         key = (os.getpid(), host, port, user)
         with cls._cache_lock:
             if key not in cls._cache:

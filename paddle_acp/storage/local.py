@@ -1,25 +1,16 @@
 """Local disks (``file://`` URIs and plain paths).
 
-A ``file://`` URI is read as RFC 8089 says: ``file:///abs/path`` or ``file://localhost/abs/path``,
-its path percent-decoded (``file:///data/pct%20dir`` is the directory ``/data/pct dir``, as pyarrow
-and every URL library read it); another host, user info, a query or fragment, or a ``%00`` is a
-ConfigError. A plain path (no scheme) is taken literally, never decoded.
-
-pyarrow's ``LocalFileSystem`` for streams, directories, deletes and renames; the operating system
-directly where a local disk can do better or must be safer than a generic filesystem:
-
-* writes of a page-aligned image bypass the page cache (``O_DIRECT``), with buffered writes where
-  the filesystem refuses it;
-* every written file and every renamed-into directory is ``fsync``-ed (a commit survives a crash
-  of the machine, not only of the process);
-* reads, listings and ``stat`` never follow a symbolic link (``O_NOFOLLOW``, ``lstat``), and
-  nothing is deleted through one;
-* :meth:`LocalStorage.local_path` hands readers an OS path (restore maps the data file with
-  ``mmap``) and exclusive creation is ``O_EXCL``.
+A ``file://`` URI is read as RFC 8089 says (``file:///abs/path``, ``file://localhost/abs/path``, its path
+percent-decoded); another host, user info, a query or fragment, or a ``%00`` is a ConfigError. A plain path is
+taken literally. pyarrow's ``LocalFileSystem`` does the rest, except where the OS does better or safer: page-aligned
+images bypass the page cache (``O_DIRECT``, buffered where refused); written files and renamed-into directories
+are ``fsync``-ed; reads, listings and ``stat`` never follow a symbolic link (``O_NOFOLLOW``, ``lstat``), nor do
+deletes; exclusive creation is ``O_EXCL``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any, List, Optional, Tuple
@@ -29,7 +20,7 @@ import pyarrow.fs as pafs
 
 from paddle_acp.errors import ConfigError
 from paddle_acp.storage.arrow import ArrowStorage
-from paddle_acp.storage.base import RENAME, Entry, kind_of, read_pieces, redact
+from paddle_acp.storage.base import Entry, kind_of, read_pieces, redact
 
 logger = logging.getLogger("paddle_acp")
 
@@ -38,8 +29,7 @@ _PAGE = 4096
 
 
 def sync_to(fd: int, size: int) -> None:
-    """Make the local file open at ``fd`` ``size`` bytes long (an ``O_DIRECT`` write wrote whole pages) and
-    durable (fsync)."""
+    """Make the file open at ``fd`` ``size`` bytes long (``O_DIRECT`` wrote whole pages) and durable."""
     os.ftruncate(fd, size)
     os.fsync(fd)
 
@@ -66,7 +56,6 @@ def file_uri_path(uri: str, parsed: ParseResult) -> str:
 class LocalStorage(ArrowStorage):
     """A directory tree on a local disk."""
 
-    commit_style = RENAME
     direct_io = hasattr(os, "O_DIRECT")
     has_symlinks = True
 
@@ -82,10 +71,8 @@ class LocalStorage(ArrowStorage):
     def local_path(self, path: str) -> Optional[str]:
         return self.full(path)
 
-    # -- writes ------------------------------------------------------------------
     def write_image(self, path: str, image: Any, size: int) -> int:
-        """``O_DIRECT`` (no page-cache copy, a fraction of the CPU), falling back to buffered
-        writes where the filesystem refuses it."""
+        """``O_DIRECT`` (no page-cache copy), buffered where the filesystem refuses it."""
         mv = memoryview(image).cast("B")
         if self.direct_io:
             try:
@@ -126,9 +113,7 @@ class LocalStorage(ArrowStorage):
         self.sync_dir(path.rsplit("/", 1)[0])
         return True
 
-    # -- reads and metadata: links are never followed -------------------------------
     def read_bytes(self, path: str, limit: Optional[int] = None) -> bytes:
-        """Opened without following a symbolic link."""
         try:
             fd = os.open(self.full(path), os.O_RDONLY | _NOFOLLOW)
         except FileNotFoundError:
@@ -152,7 +137,6 @@ class LocalStorage(ArrowStorage):
         return kind, st.st_size if kind == "file" else 0
 
     def listdir(self, path: str) -> List[Entry]:
-        """A symbolic link is reported as such (``is_link``, not a directory), whatever it points to."""
         out = []
         try:
             with os.scandir(self.full(path)) as it:
@@ -170,27 +154,20 @@ class LocalStorage(ArrowStorage):
             raise self.wrap("listing", path, exc) from exc
         return sorted(out, key=lambda e: e.name)
 
-    # -- durability ------------------------------------------------------------------
     def sync(self, path: str) -> None:
         try:
             fd = os.open(self.full(path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise self.wrap("syncing", path, exc) from exc
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            raise self.wrap("syncing", path, exc) from exc
-        finally:
-            os.close(fd)
 
     def sync_dir(self, path: str) -> None:
-        try:
+        with contextlib.suppress(OSError):  # best effort
             fd = os.open(self.full(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -19,8 +19,7 @@ from paddle_acp.errors import ConfigError
 from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import MANIFEST_LAST, redact, register_secret, scrub
 
-# S3 error codes (as pyarrow reports them) that mean "these credentials are not
-# accepted"; a HEAD request's 403 carries no body, so say what it usually means.
+# S3 error codes (as pyarrow reports them) of refused credentials: a HEAD request's 403 has no body to explain it
 _S3_AUTH_HINTS = (
     ("SIGNATURE_DOES_NOT_MATCH", "the S3 secret key is wrong (AWS_SECRET_ACCESS_KEY or the URI's secret_key)"),
     ("INVALID_ACCESS_KEY_ID", "the S3 access key id is unknown to the server (AWS_ACCESS_KEY_ID or the URI's access_key)"),
@@ -61,9 +60,8 @@ class S3Storage(ArrowStorage):
         return s3_hint(exc, self.connect_timeout)
 
     def _delete_dir(self, path: str) -> None:
-        """Its sub-directories first, the deepest first: an S3 service that keeps folders (SeaweedFS's) leaves an
-        emptied nested folder behind a prefix's deletion (a position's ``rank-0/`` under ``ckpt-e3/``), and both
-        were listed ever after. One listing per directory of the tree (a checkpoint's: two)."""
+        """The deepest sub-directories first: a service that keeps folders (SeaweedFS) leaves an emptied nested
+        folder behind a prefix's deletion, listed ever after."""
         for e in self.listdir(path):
             if e.is_dir:
                 self._delete_dir(posixpath.join(path, e.name))
@@ -74,24 +72,22 @@ class S3Storage(ArrowStorage):
         if not parsed.netloc:
             raise ConfigError(f"checkpoint URI {redact(uri)!r}: an s3:// URI needs a bucket (s3://bucket/prefix)")
         aws = options.s3
-        endpoint = aws.endpoint
         for secret in aws.secrets:
             register_secret(secret)
         bucket = parsed.netloc.rpartition("@")[2]  # user info never becomes part of a path
-        timeouts = _s3_timeouts(options.connect_timeout)
+        timeouts = dict(connect_timeout=options.connect_timeout, request_timeout=max(options.connect_timeout, 60.0))
         try:
-            if parsed.query or not endpoint:
+            if parsed.query or not aws.endpoint:
                 fs, root = pafs.FileSystem.from_uri(uri)
-                if timeouts and isinstance(fs, pafs.S3FileSystem):
+                if isinstance(fs, pafs.S3FileSystem):
                     fs = _with_s3_timeouts(parsed, timeouts)
             else:
-                ep = urlparse(endpoint)
-                region = aws.region
+                ep = urlparse(aws.endpoint)
                 creds = {}
                 if parsed.password is not None:  # s3://KEY:SECRET@bucket/... (pyarrow's own URI form)
                     creds = dict(access_key=unquote(parsed.username or ""), secret_key=unquote(parsed.password))
                 fs = pafs.S3FileSystem(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https",
-                                       region=region, **creds, **timeouts)
+                                       region=aws.region, **creds, **timeouts)
                 root = (bucket + parsed.path).rstrip("/")
         except (pyarrow.ArrowException, OSError, ValueError, TypeError) as exc:
             # from None: the original text may quote the URI, credentials included
@@ -99,13 +95,8 @@ class S3Storage(ArrowStorage):
         return cls(fs, str(root), uri, options.connect_timeout)
 
 
-def _s3_timeouts(t: float) -> Dict[str, float]:
-    return dict(connect_timeout=t, request_timeout=max(t, 60.0))
-
-
 def _with_s3_timeouts(parsed: ParseResult, timeouts: Dict[str, float]) -> Any:
-    """``FileSystem.from_uri`` cannot set timeouts: rebuild the S3 filesystem from the URI's
-    options (as pyarrow parses them) with ``PADDLE_ACP_CONNECT_TIMEOUT`` added."""
+    """The S3 filesystem of the URI's options (as pyarrow parses them) with timeouts, which ``from_uri`` cannot set."""
     opts: Dict[str, Union[str, bool]] = {}
     for key, value in parse_qsl(parsed.query, keep_blank_values=True):
         if key in _STR_OPTIONS:

@@ -22,8 +22,7 @@ _BACKENDS: Dict[str, Opener] = {
     "viewfs": HdfsStorage.from_uri,
 }
 
-# The schemes whose opening is slow (a client to start, a connection to make: libhdfs starts a JVM, ~1 s):
-# a training process opens them in the background from its import (paddle_acp.runtime.early)
+# schemes slow to open (libhdfs starts a JVM, ~1 s): opened in the background at import (runtime.early)
 SLOW_TO_OPEN = frozenset({"hdfs", "viewfs"})
 
 
@@ -40,14 +39,9 @@ def register_backend(scheme: str, opener: Opener) -> None:
 
 def open_storage(uri: str, options: Optional[StorageOptions] = None, *, hdfs_user: Optional[str] = None,
                  hadoop_home: Optional[str] = None, cache_dir: Optional[str] = None) -> Storage:
-    """Pick the backend from the URI's scheme and open it with ``options`` (every storage setting, built by
-    :mod:`paddle_acp.config`; None: :func:`~paddle_acp.config.storage_options_from_env`). ``hdfs_user``,
-    ``hadoop_home`` and ``cache_dir``, where given, override those of ``options``.
-
-    ``file://`` or a plain path: the local filesystem. ``hdfs://host:port/path``: HDFS (see
-    :mod:`paddle_acp.storage.hdfs` for the client choice). ``s3://bucket/prefix``: S3 (credentials
-    and endpoint from the AWS variables or the URI's query).
-    """
+    """The backend of the URI's scheme (a plain path or ``file://``, ``hdfs://``, ``s3://``) opened with
+    ``options`` (None: :func:`~paddle_acp.config.storage_options_from_env`); ``hdfs_user``, ``hadoop_home``
+    and ``cache_dir``, where given, override those of ``options``."""
     if not isinstance(uri, str) or not uri.strip():
         raise ConfigError(f"checkpoint URI {uri!r} is empty")
     register_uri(uri)
