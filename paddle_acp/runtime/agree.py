@@ -1,44 +1,21 @@
 """Saves of several ranks decided together: rank 0's save plan, posted through the ranks' coordinator, read by every rank.
 
-Every rank counts its due points alike, in two sequences (``due``: epoch ends when every
-epoch saves and ``save_every_steps`` boundaries; ``interval``: epoch ends when
-``save_checkpoint_inter`` > 0), and takes a due point exactly when the plan
-(:class:`~paddle_acp.format.save_plan.SavePlan`) says so. Only rank 0's clock decides
-(:class:`Planner`, pure: times and states are passed in). The points of a sequence fall in
-blocks of ``H`` (:data:`SCHEDULE`), block ``b`` >= 1 from point ``s = b*H - O`` on (:data:`OFFSET`:
-the first block is ``H - O`` points long); the plan may change only from a block's first point on,
-and rank 0 decides the change for the block at ``s`` at its point ``s - W`` and writes it in the
-background while it trains on: it waits for that write at its next point, ``s - W + 1``, before
-it passes it (a write to a remote store, ~0.1-0.5 s on HDFS, no longer holds rank 0's training
-thread, and with it every rank in lockstep, at each change). Every other rank starts one read of
-the plan (in the background) when it reaches point ``s - W + 2`` and uses it from point
-``s`` on: one small read per block per rank, with ``W - 2`` due points of time to complete.
-Data-parallel ranks are in lockstep through their gradient collectives: a rank reaches point
-``s - W + 2`` only after rank 0 passed point ``s - W + 1``, so that read sees every change
-rank 0 made for that block. Through a store (:attr:`~paddle_acp.runtime.coord.Coordinator.instant`: a post
-and a read are a round trip each) the window is one point (:func:`blocks`): rank 0 posts the block from
-``s`` at its point ``s - 1`` before it passes it, and every other rank reads it when it reaches ``s``
-(after rank 0 passed ``s - 1``, in lockstep); the first block is point 0 alone. For ``due`` points rank 0 decides the second block at its first point
-(``O`` = 1, ``W`` = 3): the first epoch's length stands for the time between due points, and until a
-persist is measured, twice a small file's write for a persist's (:class:`Agreement`). Without
-lockstep (a rank ``W`` points ahead of rank 0) a rank may decide a block on an older plan: the
-ranks then disagree on a checkpoint, which is abandoned (a global checkpoint needs every part),
-never resumed wrongly; the rank says so in a warning when it reads the plan that contradicts
-its decision.
+Every rank counts its due points alike, in two sequences (``due``: epoch ends when every epoch saves and
+``save_every_steps`` boundaries; ``interval``: epoch ends when ``save_checkpoint_inter`` > 0), and takes a due
+point exactly when the plan (:class:`~paddle_acp.format.save_plan.SavePlan`) says so. Only rank 0's clock decides
+(:class:`Planner`, pure). A sequence's points fall in blocks of ``H`` (block ``b`` >= 1 from point
+``s = b*H - O`` on, :func:`blocks`); the plan changes only at a block's first point. Rank 0 decides the block at
+``s`` at its point ``s - W`` and writes it in the background, waiting for that write at ``s - W + 1``; every other
+rank starts one read at ``s - W + 2`` and uses it from ``s`` on. Data-parallel ranks are in lockstep through their
+gradient collectives, so that read sees every change rank 0 made for the block. Through a store
+(``Coordinator.instant``) ``W`` is 1: rank 0 posts the block before it passes ``s - 1``, the others read it at
+``s``. Without lockstep a rank may decide on an older plan: the ranks then disagree on a checkpoint, which is
+abandoned (a global checkpoint needs every part), never resumed wrongly, and the rank warns.
 
-The busy policy (``skip``/``queue``/``wait``) becomes a stride: under ``skip`` and
-``queue`` rank 0 takes every ``s``-th due point, ``s`` about the persist time over the
-time between due points, at most :data:`MAX_STRIDE` (K): a checkpoint is taken at least
-every K due points, waiting for the previous one if it must. A taken point that finds a
-rank's previous checkpoint still being written waits for it (``queue``: copies it into
-the second buffer when that fits). Interval saves: once ``save_checkpoint_inter`` seconds of
-its own clock passed since the last one (under ``skip``/``queue``: and its previous
-checkpoint is written), rank 0 asks for one at the next block's first interval point.
-Final and preemption saves are outside the plan: they always wait and commit.
-
-The plan travels through the range's :class:`~paddle_acp.runtime.coord.Coordinator`: the job's store
-(no file per plan; a rank other than 0 that lost the store, its rank 0 gone, stops at its next due point
-with :class:`~paddle_acp.runtime.coord.CoordinationError`) or, without one, ``plan.json`` on storage.
+The busy policy becomes a stride: under ``skip`` and ``queue`` rank 0 takes every ``s``-th due point, ``s`` about
+the persist time over the time between due points, at most :data:`MAX_STRIDE`. Interval saves: once
+``save_checkpoint_inter`` seconds of rank 0's clock passed (and, but under ``wait``, its previous checkpoint is
+written), it asks for one at the next block's first interval point. Final and preemption saves are outside the plan.
 """
 
 from __future__ import annotations
@@ -61,16 +38,11 @@ from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
-MAX_STRIDE = 8  # K: every K-th due point at least is taken (waiting for the previous checkpoint if need be)
-# (H, W) per sequence: blocks of H points; rank 0 decides the block from point s at its point s - W and has written
-# it when it passes s - W + 1; the others read it from point s - W + 2 on (W - 2 points for the read)
+MAX_STRIDE = 8  # every K-th due point at least is taken (waiting for the previous checkpoint if need be)
+# (H, W) per sequence; O: block b >= 1 begins at point b*H - O (due: the second block is decided at point 0)
 SCHEDULE = {"due": (4, 3), "interval": (2, 3)}
-# O per sequence: block b >= 1 begins at point b*H - O (the first block is H - O points long; due: points 0-2,
-# decided before anything is measured, the second decided at point 0)
 OFFSET = {"due": 1, "interval": 0}
-# Through a store (posted and read in a round trip, Coordinator.instant): W = 1, rank 0 posts the block from s at
-# its point s - 1 before it passes it, every other rank reads it at its point s; the first block is point 0 alone
-# (the second is decided at point 0, on the first epoch's length and a small write's time)
+# through a store (Coordinator.instant): W = 1, the first block is point 0 alone
 INSTANT_SCHEDULE = {"due": (4, 1), "interval": (2, 1)}
 INSTANT_OFFSET = {"due": 3, "interval": 1}
 
@@ -82,19 +54,15 @@ def blocks(kind: str, instant: bool) -> Tuple[int, int, int]:
 
 
 MARGIN = 1.2  # the stride covers the persist time with this margin
-# a shorter stride is planned only when it is at most this fraction of the current one: a write of the plan
-# (and rank 0's wait for it) is not spent on e.g. every 7th point instead of every 8th, which the estimates of
-# the persist and of the gap between due points swing between from block to block
+# a shorter stride is planned only when it is at most this fraction of the current one (no plan write for 7 vs 8)
 SHORTEN_BELOW = 0.8
 PERSIST_WINDOW = 4  # the persist time planned for: the longest of this many last persists
 READ_TIMEOUT = 60.0  # seconds a rank waits at a due point for its read of the plan
 _TORN_RETRIES = 5
 
 
-def initial_plan(range_name: str, base: Optional[str], token: str, policy: str) -> SavePlan:
-    """The plan every rank holds before it reads one: every due point (nothing is measured yet; rank 0's
-    first change holds from the first point of the second block on). ``policy``: kept for the record."""
-    del policy
+def initial_plan(range_name: str, base: Optional[str], token: str) -> SavePlan:
+    """The plan every rank holds before it reads one: every due point."""
     return SavePlan(range_name, base, token, default_stride=1)
 
 
@@ -103,9 +71,7 @@ class Planner:
 
     def __init__(self, plan: SavePlan, policy: str, interval: float, now: float, floor: float = 0.0,
                  instant: bool = False) -> None:
-        """``floor``: the least a persist takes on this storage, known before any is measured (from a small
-        file's write, :class:`Agreement`); ``instant``: the plan travels through a store
-        (:func:`blocks`)."""
+        """``floor``: the least a persist takes on this storage before any is measured; ``instant``: a store."""
         self.plan = plan
         self.instant = instant
         self.policy = policy
@@ -116,24 +82,18 @@ class Planner:
         self.planned_for = 0.0  # the persist time the last decision planned for (logged)
         self.persist = 0.0  # the longest of the last PERSIST_WINDOW persists' seconds (submit to end)
         self._persists: Deque[float] = collections.deque(maxlen=PERSIST_WINDOW)
-        # the start times of the persists in flight, oldest first: rank 0's saver is free once its own part is
-        # written, while that checkpoint's global commit goes on (its committer commits in order), so the next
-        # persist often starts before the previous one ended
+        # the start times of the persists in flight, oldest first (the next may start before a commit ended)
         self._inflight: Deque[float] = collections.deque()
         self._last_interval = now
 
     def restart_clock(self, now: float, partial: bool = False) -> None:
-        """The loop starts: interval saves count from now, and the first due point's distance from now is
-        the first estimate of the time between due points (it decides the second block). ``partial``: the
-        first epoch resumes mid-epoch, and its length says nothing of an epoch's: the first due point decides
-        nothing (the second block takes every point, as the first does), the second point's distance is the
-        first estimate."""
+        """The loop starts: interval saves count from now, and so does the first gap between due points
+        (``partial``: the first epoch resumes mid-epoch and its length says nothing: the second point's gap is)."""
         self._last_interval = now
         self._last_due = None if partial else now
 
     def point_done(self, now: float) -> None:
-        """The due point's save (or skip) returned: the time to the next one is training time (a wait
-        for the previous checkpoint is not)."""
+        """The due point's save (or skip) returned: the time to the next one is training time."""
         self._last_due = now
 
     def persist_started(self, now: float) -> None:
@@ -146,10 +106,8 @@ class Planner:
             self.persist = max(self._persists)
 
     def estimate(self, now: float) -> float:
-        """The persist time: the longest of the last few (a storage's persists vary: one slow write in a few,
-        e.g. HDFS's retried block completion, would otherwise make every rank wait at the next taken point), or
-        longer while the oldest one in flight has taken longer already. Before any persist ended: at least the
-        floor (the second block is decided at the first due point, before any persist can have ended)."""
+        """The persist time: the longest of the last few (one slow write in a few would otherwise make every rank
+        wait), or longer while the oldest in flight has taken longer; before any ended, at least the floor."""
         known = self.persist if self._persists else max(self.persist, self.floor)
         inflight = list(self._inflight)[:1]  # (a copy: another thread may end it meanwhile)
         if not inflight:
@@ -157,8 +115,7 @@ class Planner:
         return max(known, now - inflight[0])
 
     def at(self, kind: str, index: int, now: float, busy: bool) -> Optional[SavePlan]:
-        """Rank 0 at point ``index`` of ``kind``, before deciding it: the new plan to publish (it
-        changes only the points of the next block, :data:`SCHEDULE`), or None."""
+        """Rank 0 at point ``index`` of ``kind``: the new plan to publish (for the next block), or None."""
         h, w, o = blocks(kind, self.instant)
         decide = (index + o + w) % h == 0
         if kind == "interval":
@@ -177,11 +134,8 @@ class Planner:
         want = max(1, min(MAX_STRIDE, math.ceil(MARGIN * self.planned_for / self.gap)))
         if want == stride or stride * SHORTEN_BELOW < want < stride:
             return None
-        # the change is anchored at a point the current plan takes: no streak of skips longer than the larger
-        # stride. A longer stride counts from the last point taken before the block (the points between it and
-        # the block, which every rank may have decided already, stay untaken): after a block of every point,
-        # the next checkpoint comes ``want`` points after the last one, not at the block's first point (a wait
-        # for the persist of the point before it). Otherwise: the block's first point the current plan takes.
+        # anchored at a point the current plan takes (no streak of skips longer than the larger stride): a longer
+        # stride counts from the last point taken before the block, else from the block's first point taken
         last = start - 1 - (start - 1 - anchor) % stride
         anchor = last if last + want >= start else start + (anchor - start) % stride
         self.plan = self.plan.with_stride(anchor, want)
@@ -201,26 +155,21 @@ class Planner:
 
 
 class Agreement:
-    """One range's due points on one rank: counts them, and publishes (rank 0) or reads (the
-    others) the plan that decides them."""
+    """One range's due points on one rank: counts them; rank 0 publishes the plan, the others read it."""
 
     def __init__(self, storage: Storage, range_dir: str, range_name: str, rank: int, policy: str,
                  interval: float, base: Optional[str] = None, fence: Optional[Fence] = None,
                  coord: Optional[Coordinator] = None) -> None:
-        """``fence``: this rank's writer fence (rank 0 checks it before it writes a plan; None: not a writer);
-        ``coord``: how the plan travels (None: ``plan.json`` in ``range_dir`` on ``storage``).
-        Until rank 0 measured a persist, it plans on twice the time a small file's write takes (the fence's record
-        took to create, or what the storage says a small write takes, the longer): its persist creates two files
-        one after the other at least (its part's manifest, then the global one)."""
+        """``fence``: checked before rank 0 writes a plan; ``coord``: how the plan travels (None: ``plan.json`` on
+        ``storage``). Until a persist is measured rank 0 plans on two small writes (a part's, the global manifest)."""
         self.coord = coord if coord is not None else StorageCoordinator(storage, range_dir)
         self.range_name = range_name
         self.rank = rank
         self.base = base
         self.fence = fence
         self.counts = {"due": 0, "interval": 0}
-        self.policy = policy
-        self.plan = initial_plan(range_name, base, "-", policy)  # until one is read
-        self.instant = self.coord.instant  # a store: the plan is posted and read at once (W = 1, :func:`blocks`)
+        self.plan = initial_plan(range_name, base, "-")  # until one is read
+        self.instant = self.coord.instant
         self.planner = Planner(self.plan, policy, interval, time.monotonic(),
                                floor=2 * max(fence.took_s if fence is not None else 0.0, storage.small_write_s),
                                instant=self.instant) if rank == 0 else None
@@ -233,20 +182,17 @@ class Agreement:
         self._writing: Optional[Tuple[threading.Thread, Optional[SavePlan], List[BaseException]]] = None
 
     def start(self, base: Optional[str]) -> None:
-        """At the range's open (rank 0 before any training step): a fresh plan replaces one of an earlier start.
-        Written in the background while rank 0 trains its first steps: :meth:`point` waits for it at rank 0's
-        first due point, before any other rank reads a plan (from its second point on, in lockstep)."""
+        """At the range's open: rank 0 writes a fresh plan in the background (waited for at its first due point)."""
         self.finish()
         self.base = base
-        self.plan = initial_plan(self.range_name, base, "-", self.policy)
+        self.plan = initial_plan(self.range_name, base, "-")
         if self.planner is None:
             return
-        self.planner.plan = self.plan = initial_plan(self.range_name, base, uuid.uuid4().hex[:16], self.policy)
+        self.planner.plan = self.plan = initial_plan(self.range_name, base, uuid.uuid4().hex[:16])
         self._publish(self.planner.plan, None)
 
     def tell(self, event: Callable[[Planner, float], None]) -> None:
-        """Rank 0: tell its planner of the loop's ``event`` now (:meth:`Planner.restart_clock`, ``point_done``,
-        ``persist_started``, ``persist_ended``); the other ranks have none."""
+        """Rank 0: tell its planner of the loop's ``event`` now; the other ranks have none."""
         if self.planner is not None:
             event(self.planner, time.monotonic())
 
@@ -270,9 +216,7 @@ class Agreement:
                 self._start_read(kind)  # rank 0 posted this block's plan before it passed the point before
             if self._pending.get(kind) is not None:
                 self._adopt(self._await_read(kind))
-        # the liveness signal: a rank whose rank 0 (and its store) is gone stops here, and any rank, rank 0
-        # included, that lost the etcd the ranks coordinate through
-        self.coord.check()
+        self.coord.check()  # a rank that lost rank 0's store (or the etcd) stops here
         taken = self.plan.taken(kind, index)
         self._history.append((kind, index, taken, where))
         if self.planner is None and not self.instant and (index + o + w - 2) % h == 0:
@@ -280,12 +224,10 @@ class Agreement:
         return index, taken
 
     def close(self) -> None:
-        """The range ended: rank 0's plan write in flight is done (:meth:`finish`), and this rank's part of the
-        coordinator's start (the store's open: :meth:`~paddle_acp.runtime.coord.Coordinator.close`)."""
+        """The range ended: rank 0's plan write in flight is done, and the coordinator closed."""
         self.finish()
         self.coord.close()
 
-    # -- rank 0 ----------------------------------------------------------------
     def finish(self) -> None:
         """Rank 0: wait for the plan write in flight; when it failed, the ranks go on with the plan before it."""
         if self._writing is None:
@@ -327,7 +269,6 @@ class Agreement:
                         "" if stride == 1 else _ordinal(stride), anchor, self.planner.planned_for,
                         self.planner.gap or 0.0, MAX_STRIDE)
 
-    # -- the other ranks -------------------------------------------------------
     def _read(self) -> Optional[SavePlan]:
         for attempt in range(_TORN_RETRIES):
             try:

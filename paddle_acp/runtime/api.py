@@ -1,10 +1,7 @@
 """The runtime's public API: ``train_epoch_range``, ``resumable``, ``active_range``, ``reset`` and the process's range bookkeeping.
 
-Each ``train_epoch_range`` loop in a script is a range named ``_range_0``,
-``_range_1``, ... in creation order, with its own epoch counter and
-checkpoints (:class:`~paddle_acp.runtime.range.EpochRange`). While a range is
-active, the Executor.run hook hands every program to its ``on_run``. What the
-process remembers between ranges is :data:`paddle_acp.runtime.state.STATE`.
+Each ``train_epoch_range`` loop is a range named ``_range_0``, ``_range_1``, ... in creation order
+(:class:`~paddle_acp.runtime.range.EpochRange`); while one is active, the Executor.run hook feeds it programs.
 """
 
 from __future__ import annotations
@@ -38,12 +35,10 @@ __all__ = [
 
 logger = logging.getLogger("paddle_acp")
 
-# The library's range class under its earlier name (``paddle_acp.compat.auto_checkpoint.TrainEpochRange``
-# is Paddle's view of it, a different class).
+# the range class under its earlier name (compat.auto_checkpoint.TrainEpochRange is another class)
 TrainEpochRange = EpochRange
 
-# One message per range whose final checkpoint failed (``paddle-acp run`` exits 1 when any);
-# the process state's list, cleared in place by reset().
+# one message per range whose final checkpoint failed (``paddle-acp run`` exits 1 when any)
 final_save_failures = STATE.final_save_failures
 
 
@@ -56,17 +51,11 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
                       state: Optional[Mapping[str, Any]] = None) -> Generator[int, None, None]:
     """Yield epoch numbers; checkpoint the training state at epoch ends and resume after a restart.
 
-    ``save_checkpoint_inter``: seconds between checkpoints (0 = every epoch);
-    ``None`` takes ``PADDLE_ACP_SAVE_INTERVAL`` / ``PADDLE_EDL_SAVE_CHECKPOINT_INTER``
-    (default 900). The last epoch is always saved. A negative
-    ``max_epoch_num`` means no end.
-
-    Besides Paddle's state, every checkpoint holds the RNG objects the script keeps in its
-    module globals and in the locals of the frame that opens the loop
-    (:func:`paddle_acp.runtime.capture.capturable`), the objects of ``state`` (name -> object,
-    see :mod:`paddle_acp.runtime.objects`) and those of :func:`paddle_acp.track`; a resumed run
-    restores them in place before its first epoch. An object that cannot be saved is a
-    ConfigError here, naming its key and type.
+    ``save_checkpoint_inter``: seconds between checkpoints (0 = every epoch; ``None``: ``PADDLE_ACP_SAVE_INTERVAL``
+    / ``PADDLE_EDL_SAVE_CHECKPOINT_INTER``, default 900); the last epoch is always saved. A negative
+    ``max_epoch_num`` means no end. Every checkpoint also holds the script's RNG objects
+    (:mod:`paddle_acp.runtime.capture`), the objects of ``state`` (name -> object) and those of
+    :func:`paddle_acp.track`, restored in place before a resumed run's first epoch.
     """
     registered = check_state(state)
     clash = sorted(set(registered) & set(tracked()))
@@ -144,13 +133,9 @@ def _leave(r: EpochRange, closed: bool) -> None:
 def resumable(iterable: Iterable[Any], save_every_steps: Optional[int] = None) -> Iterator[Any]:
     """Iterate an epoch's batches so that checkpoints can be taken, and resumed, mid-epoch.
 
-    Inside an active ``train_epoch_range``: counts batches, checkpoints every
-    ``save_every_steps`` batches (and when ``save_checkpoint_inter`` > 0 seconds
-    passed), saves and exits at the next batch after a preemption signal, and
-    after a restart skips the batches the checkpoint already covers (through
-    ``set_state_dict`` when the loader has ``state_dict``/``set_state_dict``,
-    else by re-iterating it: the loader must then be deterministic). Outside a
-    range it is ``iter(iterable)``.
+    Inside a range: checkpoints every ``save_every_steps`` batches (and when the interval passed), saves at the
+    next batch after a preemption signal, and after a restart skips the batches done (through the loader's
+    ``set_state_dict`` where it has one, else by re-iterating a deterministic loader). Outside: ``iter(iterable)``.
     """
     r = STATE.active
     if r is None:

@@ -1,11 +1,7 @@
 """The host-memory budget of the snapshot buffers (``PADDLE_ACP_HOST_MEMORY``).
 
-The snapshot arena was as large as the whole state, so a job whose model took more
-than half of the machine's memory was pushed into OOM by switching checkpointing on.
-Now the arena holds at most the budget; a state that does not fit is saved through
-it in chunks (:mod:`paddle_acp.format.engine.stream`). Unset, the budget adapts to the
-memory available when the first training program registers: half of ``MemAvailable``,
-and never so much that less than 1 GiB would stay available.
+A state that does not fit the budget is saved through it in chunks (:mod:`paddle_acp.format.engine.stream`).
+Unset, the budget is half of ``MemAvailable`` when the first program registers, leaving at least 1 GiB available.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Snapshot buffers: owns the host memory a range's checkpoints are copied into.
 
-:class:`SnapshotBuffers` holds the two snapshot arenas (the first, populated on a background
-thread from when a program registers, what is left by the first save itself; the ``queue`` busy
-policy's second, allocated when first needed) and the host-memory budget
-(``PADDLE_ACP_HOST_MEMORY``, or the memory available at the first registration). A state larger
-than the budget is streamed through the first arena in chunks
-(:class:`~paddle_acp.format.engine.stream.ChunkStream`). A restore lands in the first arena
-(:meth:`SnapshotBuffers.lend`): the pages the first save needs anyway, filled by the restore's
-one read instead of by the background population.
+:class:`SnapshotBuffers` holds the two snapshot arenas (the first, populated in the background from when a program
+registers; the ``queue`` policy's second, allocated when first needed) and the host-memory budget
+(:mod:`~paddle_acp.runtime.budget`). A state larger than the budget is streamed through the first arena in
+chunks. A restore lands in the first arena (:meth:`SnapshotBuffers.lend`): the pages the first save needs anyway.
 """
 
 from __future__ import annotations
@@ -28,29 +24,15 @@ from paddle_acp.threads import lower_thread_priority
 
 logger = logging.getLogger("paddle_acp")
 
-# The ``queue`` busy policy allocates its second snapshot buffer only when the host keeps
-# at least this much memory available after it.
+# The ``queue`` busy policy's second snapshot buffer must leave at least this much memory available.
 QUEUE_HEADROOM = 1 << 30
-
-
-def mem_available() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes, or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 class SnapshotBuffers:
     """The snapshot arenas of one range and the host-memory budget that bounds them."""
 
     def __init__(self, range_name: str, host_memory: HostMemory | None, stager: Stager) -> None:
-        """``host_memory``: ``PADDLE_ACP_HOST_MEMORY`` as configured (None: the memory available); ``stager``:
-        what copies a save's tensors into these buffers (the range's, which its restore copies through too)."""
+        """``host_memory``: ``PADDLE_ACP_HOST_MEMORY`` (None: adaptive); ``stager``: copies into these buffers."""
         self.range_name = range_name
         self.stager = stager
         self.host_memory = host_memory
@@ -71,10 +53,8 @@ class SnapshotBuffers:
         return self.budget.nbytes if self.budget is not None else None
 
     def lend(self, size: int) -> Optional[Lent]:
-        """The first arena, mapped for ``size`` bytes (not populated: the restore's read faults its pages in),
-        lent to a restore to land in; None when ``size`` is over the budget. While it is lent this object
-        holds a fresh arena; given back, it is the first arena again (its pages already in) unless a save
-        mapped another one meanwhile or the range ended (then it is unmapped)."""
+        """The first arena, mapped (not populated) for ``size`` bytes, lent to a restore to land in; None over the
+        budget. Given back, it is the first arena again unless a save mapped another meanwhile or the range ended."""
         if self.budget is None:
             self.budget = host_budget.decide(self.host_memory)
         if size <= 0 or self._released or not self.budget.fits(size):
@@ -96,9 +76,8 @@ class SnapshotBuffers:
         return buf, give_back
 
     def prepare(self, size: int) -> None:
-        """A program registered; the state to save is ``size`` bytes: map the first arena and populate it
-        in the background, so the first save does not pay for it on the training thread (it populates
-        what is left itself, :meth:`ready`)."""
+        """A program registered; the state is ``size`` bytes: map the first arena and populate it in the
+        background (the first save populates what is left itself, :meth:`ready`)."""
         self.state_size = size
         if self.budget is None:  # decided once, at the first registration
             self.budget = host_budget.decide(self.host_memory)
@@ -114,8 +93,7 @@ class SnapshotBuffers:
             )
         if self._whole:  # the last registration's thread allocates the first arena whole: let it end
             self.join()
-        # a mapping (cheap) on this thread, populated chunk by chunk by the thread below (a thread of an
-        # earlier registration still running goes on with the chunks of this mapping: nothing waits for it)
+        # a mapping (cheap) here, populated chunk by chunk by the thread below (an earlier one goes on with it)
         mapped = self.first.start(arena)
         self._whole = not mapped
 
@@ -139,18 +117,15 @@ class SnapshotBuffers:
         return self.first.unclaimed
 
     def ready(self) -> None:
-        """Before a save copies into the first arena: populate what the background thread has not
-        yet, on this (the training) thread and a helper at this thread's priority. The background
-        thread runs at a lower priority, which a loaded host may starve for many seconds; waiting
-        for it made the first save of a range stall that long (issue 28)."""
+        """Before a save copies into the first arena: populate what is left on this thread's priority (a loaded
+        host may starve the lower-priority background thread for seconds, issue 28)."""
         if self._whole:
             self.join()
         else:
             self.first.finish()
 
     def size_for(self, size: int) -> int:
-        """The snapshot buffer for a state of ``size`` bytes: all of it when it fits the budget,
-        else the budget's whole chunks (at least two)."""
+        """The snapshot buffer for ``size`` bytes: all of it within the budget, else its whole chunks (at least 2)."""
         b = self.budget_nbytes
         if b is None or size <= b:
             return size
@@ -166,8 +141,7 @@ class SnapshotBuffers:
         return self.first.ensure(nbytes)[:nbytes]
 
     def queue_fits(self) -> bool:
-        """Whether the ``queue`` policy's second buffer (the size of the first) fits in host
-        memory and in the host-memory budget; decided once per range, with one log line when it does not."""
+        """Whether the ``queue`` policy's second buffer fits in host memory and the budget (decided once)."""
         b = self.budget_nbytes
         if self._queue_ok is None and b is not None and 2 * self.state_size > b and (
                 self.host_memory is not None or self.state_size > b):
@@ -179,7 +153,7 @@ class SnapshotBuffers:
                 self.budget.source if self.budget else "")
         if self._queue_ok is None:
             need = self.first.nbytes
-            avail = mem_available()
+            avail = host_budget.mem_available()
             self._queue_ok = avail is None or self.second.nbytes >= need or avail - need >= QUEUE_HEADROOM
             if not self._queue_ok:
                 logger.warning(

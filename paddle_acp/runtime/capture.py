@@ -1,30 +1,13 @@
 """What is captured without code: the RNG objects a script holds, found in its globals and locals.
 
-The one decision of what can be captured is :func:`capturable` (and :func:`rng_kind`, which
-names the kind); :func:`find_captured` finds the capturable objects reachable from a frame's
-module globals and locals, under stable names. ``train_epoch_range`` calls it with the frame
-that opens the loop (:func:`caller_frame`), and every checkpoint then holds those objects'
-state (:mod:`paddle_acp.runtime.objects`; the serialized form is
-:mod:`paddle_acp.format.objstate`).
+:func:`capturable` is the one decision of what is captured (restored in place, the same object goes on drawing):
+a NumPy ``Generator`` (with its seed sequence), ``BitGenerator``, ``RandomState`` or ``SeedSequence`` (how many
+children it spawned), or a ``random.Random`` other than ``SystemRandom``. :func:`find_captured` finds them in
+the module globals and locals of the frame that opens the loop, under stable names; :class:`Site` looks the
+names up again at each save (a name rebound inside the loop is saved as it holds then).
 
-Captured (restored in place: the same object goes on drawing):
-
-* ``numpy.random.Generator`` (``np.random.default_rng(seed)``): its bit generator's state;
-* a bare NumPy ``BitGenerator`` (``np.random.PCG64(seed)``, ...);
-* ``numpy.random.RandomState``;
-* ``random.Random`` and subclasses, except ``random.SystemRandom`` (it has no state);
-* ``numpy.random.SeedSequence``: how many children it spawned (``ss.spawn(n)``); a Generator's
-  or BitGenerator's seed sequence is saved with it (``Generator.spawn`` draws from it).
-
-A captured name is looked up again at each save (:class:`Site`): a name rebound inside the loop
-(``rng = np.random.default_rng(rng.integers(2**32))``) is saved as it holds then, and said once.
-
-Not captured, because every checkpoint saves them already or they have no state: Paddle's
-generators (``paddle.Generator(device)`` returns the device's default generator, saved with the
-global RNG state); Paddle's ``io`` samplers, which draw from NumPy's global RNG, from
-``np.random.RandomState(epoch)`` (``DistributedBatchSampler``) or from a Python iterator passed as
-``generator=`` (which cannot be saved). Other objects are added with
-``train_epoch_range(state=...)`` or ``paddle_acp.track``.
+Not captured, because every checkpoint saves them already or they have no state: Paddle's generators (the
+global RNG state) and Paddle's ``io`` samplers. Other objects are added with ``state=`` or ``paddle_acp.track``.
 """
 
 from __future__ import annotations
@@ -42,8 +25,7 @@ MAX_CONTAINER = 1000  # a list, tuple or dict with more items is not looked into
 
 
 def rng_kind(obj: Any) -> Optional[str]:
-    """The kind of RNG object ``obj`` is (a key of ``format.objstate.RNG_KINDS``), or None when it
-    is not one paddle-acp can save and restore in place."""
+    """The kind of RNG object ``obj`` is (a key of ``format.objstate.RNG_KINDS``), or None: not one captured."""
     if isinstance(obj, np.random.Generator):
         return "numpy.Generator"
     if isinstance(obj, np.random.SeedSequence):
@@ -58,8 +40,7 @@ def rng_kind(obj: Any) -> Optional[str]:
 
 
 def capturable(obj: Any) -> bool:
-    """Whether ``obj`` is captured without code when a script holds it: a NumPy ``Generator``,
-    ``BitGenerator``, ``RandomState`` or ``SeedSequence``, or a ``random.Random`` (not ``SystemRandom``)."""
+    """Whether ``obj`` is captured without code when a script holds it."""
     return rng_kind(obj) is not None
 
 
@@ -68,8 +49,8 @@ def _label(key: Any) -> str:
 
 
 class Binding(NamedTuple):
-    """Where a captured object was found: ``scope`` ("module_global" or "local"), the variable,
-    and ``key`` (:data:`WHOLE`, or the key or index of the item of the container it holds)."""
+    """Where a captured object was found: ``scope`` ("module_global" or "local"), the variable, ``key``
+    (:data:`WHOLE`, or the key or index of the container's item)."""
 
     scope: str
     var: str
@@ -103,14 +84,10 @@ def _walk(module_globals: Mapping[str, Any], frame_locals: Optional[Mapping[str,
 
 
 def find_captured(module_globals: Mapping[str, Any], frame_locals: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """The capturable objects reachable from ``module_globals`` and ``frame_locals``: name -> object.
+    """The capturable objects reachable from the scopes: name -> object, each object once, under its first name.
 
-    Names are stable across runs of one script: ``module_global:<name>`` and ``local:<name>``,
-    with ``[<key>]`` or ``[<index>]`` appended for an object one level inside a plain ``dict``,
-    ``list`` or ``tuple`` (of at most :data:`MAX_CONTAINER` items) held under that name. Globals
-    come first, in definition order; an object reachable under several names is listed once,
-    under the first. Names that start with ``__`` are skipped. ``frame_locals`` may be
-    ``module_globals`` itself (a loop at module level): then only ``module_global:`` names result.
+    Names: ``module_global:<name>`` and ``local:<name>``, with ``[<key>]`` for an item one level inside a plain
+    ``dict``, ``list`` or ``tuple`` (of at most :data:`MAX_CONTAINER` items); ``__`` names are skipped.
     """
     return {name: obj for name, (_, obj) in _find(module_globals, frame_locals)[0].items()}
 
@@ -145,10 +122,8 @@ def _resolve(scope: Optional[Mapping[str, Any]], b: Binding) -> Any:
 class Site:
     """The scopes of the frame that opened a loop: what is captured there, looked up again at each save.
 
-    ``found``: name -> object (as :func:`find_captured`); ``bindings``: name -> :class:`Binding`;
-    ``aliases``: name -> the other names (with bindings) that held the same object when the loop opened;
-    :meth:`current`: what they all hold now.
-    :meth:`release` drops the frame when the loop ends (it holds the frame's locals alive)."""
+    ``found`` (as :func:`find_captured`), ``bindings``, and ``aliases``: the other names that held the same
+    object when the loop opened. :meth:`release` drops the frame (it holds its locals alive)."""
 
     def __init__(self, frame: FrameType) -> None:
         self._globals: Mapping[str, Any] = frame.f_globals

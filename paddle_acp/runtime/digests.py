@@ -1,24 +1,12 @@
 """Per-epoch digests for ``paddle-acp check``: what the hook sees at every epoch end, written to a file.
 
-Active only when ``PADDLE_ACP_CHECK_DIGESTS`` names a file (``paddle-acp check`` sets it). At the
-start of every epoch a ``start`` record is appended; at its end an ``epoch`` record with
-
-* ``tensors``: a digest (SHA-256, 16 hex digits) of every persistable of every registered program;
-* ``fetched``: a digest of each value the script fetched from ``Executor.run`` in the epoch (by the
-  fetched variable's name, else ``fetch[i]``), over all its runs in that epoch;
-* ``scalars``: the numbers held by the script's globals (``__main__``) and by the locals of the frame
-  that opened the range: a counter that drives training shows up here;
-* ``uncaptured``: the objects there that hold state paddle-acp does not checkpoint (other RNG objects,
-  iterators, generators, counters), by name and type;
-* ``resumed_mid_epoch``: the epoch started from a mid-epoch checkpoint (its fetches are partial);
-* ``left_early``: the loop was left inside the epoch (``break``, ``return``, an exception): the record
-  holds the state where it was left.
-
-A ``save`` record marks a mid-epoch checkpoint (its epoch and step), a ``kill`` record the point where
-the process killed itself (:mod:`~paddle_acp.runtime.check_kill`). Every record holds the writer's
-``rank``; rank k > 0 writes to the file's name + ``.rank<k>`` (one writer per file).
-
-One JSON object a line, flushed at once (the process may be killed right after).
+Active only when ``PADDLE_ACP_CHECK_DIGESTS`` names a file. Each epoch appends a ``start`` record and an
+``epoch`` record: ``tensors`` (a digest of every persistable of every registered program), ``fetched`` (a digest
+of each value fetched from ``Executor.run`` over the epoch), ``scalars`` (the numbers held by the script's globals
+and the locals of the frame that opened the range), ``uncaptured`` (objects there whose state paddle-acp does not
+checkpoint), ``resumed_mid_epoch`` and ``left_early`` (the loop was left inside the epoch). ``save`` and ``kill``
+records mark a mid-epoch checkpoint and the kill point (:mod:`~paddle_acp.runtime.check_kill`). Rank k > 0
+writes to the file's name + ``.rank<k>``. One JSON object a line, flushed at once (the process may be killed).
 """
 
 from __future__ import annotations
@@ -56,11 +44,7 @@ def _digest(arr: np.ndarray) -> str:
 
 
 def uncaptured_kind(obj: Any) -> Optional[str]:
-    """What state ``obj`` holds that paddle-acp does not checkpoint (``None``: nothing known).
-
-    paddle-acp captures Paddle's generators, the global RNGs of NumPy and ``random``, and the RNG
-    objects the script holds (:func:`paddle_acp.runtime.capture.capturable`): none of these is reported.
-    """
+    """What state ``obj`` holds that paddle-acp does not checkpoint (``None``: nothing known)."""
     if isinstance(obj, (bool, io.IOBase)) or capturable(obj):
         return None  # (an open file is not training state, though it iterates its lines)
     if isinstance(obj, (random.Random, np.random.RandomState, np.random.Generator)):
@@ -91,8 +75,7 @@ def _visible(name: str, value: Any) -> bool:
 
 
 class DigestedRange(Protocol):
-    """What the digests read of a range (:class:`paddle_acp.runtime.range.EpochRange`, which imports
-    this module: hence a protocol, not that class)."""
+    """What the digests read of a range (:class:`paddle_acp.runtime.range.EpochRange` imports this module)."""
 
     @property
     def name(self) -> str: ...
@@ -144,8 +127,7 @@ class EpochDigests:
                      "time": self._started, "resumed_mid_epoch": resumed_mid_epoch})
 
     def on_fetch(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], result: Any) -> None:
-        """The values one Executor.run returned (the hook calls this after the run, with the run's
-        arguments; Paddle's, untyped)."""
+        """The values one Executor.run returned (called by the hook after the run, with its arguments)."""
         if result is None:
             return
         fetch_list = kwargs.get("fetch_list", args[2] if len(args) > 2 else None)
@@ -173,14 +155,8 @@ class EpochDigests:
         """Append a record of this range at the current epoch (a kill, a mid-epoch save)."""
         self._write({"range": self._range, "pid": os.getpid(), "time": time.time(), **record})
 
-    def saved_at(self, epoch: int, step: Optional[int]) -> None:
-        """A checkpoint was taken at ``step`` of ``epoch`` (a mid-epoch one: the check kills after it)."""
-        self.note({"kind": "save", "epoch": epoch, "step": step})
-
     def end_epoch(self, r: DigestedRange, epoch: int, resumed_mid_epoch: bool, left: bool = False) -> None:
-        """Append the epoch's record (``r``: the range, whose registered programs are read; ``left``: the
-        loop was left inside the epoch, by ``break``, ``return`` or an exception: the record says so).
-        Never raises (it may run while the loop is being left)."""
+        """Append the epoch's record (``left``: the loop was left inside the epoch). Never raises."""
         try:
             self._end_epoch(r, epoch, resumed_mid_epoch, left)
         except Exception as exc:  # a digest is a diagnosis: it never breaks the training it watches

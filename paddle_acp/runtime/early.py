@@ -1,24 +1,12 @@
 """Early connection: owns the storage a process opens in the background from its import, for its first range.
 
-Opening HDFS starts libhdfs's JVM and connects: about a second per process, on the training thread
-when a range opens (``docs/performance.md``, issue 28). A script imports paddle-acp, then builds its
-programs and runs its startup program before its epoch loop; :func:`start` (called when the package
-activates, after the version gate has imported Paddle, so the JVM installs its signal handlers after
-Paddle's, in the order a range's own connection has them) opens the configured location on a
-background thread meanwhile, and :func:`take` hands that storage to the first range that opens the
-same location with the same settings.
-
-Nothing here changes what a range does with its storage or reports: a connection that failed raises
-the error the range's own open would (the same call), and one to another location or with other
-settings is dropped unused (the range opens its storage itself). Until the range opens, Ctrl-C and
-SIGTERM reach the JVM's handlers once it has started (it ends the process, as their default would);
-the range installs its own handlers after it, as it does after its own connection.
-``PADDLE_ACP_CONNECT_EARLY=0`` switches it off. Only the schemes of
-:data:`~paddle_acp.storage.schemes.SLOW_TO_OPEN` are opened early (a local directory or S3 opens in
-milliseconds). At interpreter exit a connection still being made is waited for at most :data:`EXIT_WAIT` seconds, so a
-short script does not exit in the middle of a JVM's start, nor waits for a NameNode that never answers; a
-forked child forgets the parent's connection without dropping it (:mod:`paddle_acp.storage.forks`: its
-client's threads do not exist in the child).
+Opening HDFS (libhdfs's JVM) takes about a second per process. :func:`start` (when the package activates, after
+Paddle's import, so the JVM installs its signal handlers after Paddle's) opens the configured location on a
+background thread while the script builds its programs; :func:`take` hands it to the first range that opens the
+same location with the same settings. A failed connection raises the error the range's own open would; one to
+another location is dropped unused. ``PADDLE_ACP_CONNECT_EARLY=0`` switches it off; only
+:data:`~paddle_acp.storage.schemes.SLOW_TO_OPEN` schemes are opened early. At exit a connection still being
+made is waited for at most :data:`EXIT_WAIT` seconds; a forked child forgets it without dropping it.
 """
 
 from __future__ import annotations
@@ -27,7 +15,7 @@ import atexit
 import logging
 import os
 import threading
-from typing import Any, Optional, Tuple
+from typing import Optional
 
 from paddle_acp import config as _config
 from paddle_acp.errors import AcpError
@@ -42,7 +30,7 @@ class _Early:
     """One background connection: the location and settings it was opened with, its storage once opened."""
 
     def __init__(self, cfg: _config.CheckpointConfig) -> None:
-        self.key = key_of(cfg)
+        self.key = (cfg.uri, cfg.storage)  # what must match for a range to use it: location, every setting
         self.timeout = cfg.storage.connect_timeout
         self.storage: Optional[Storage] = None
         self.error: Optional[AcpError] = None  # the open's own error (the range's open would raise the same)
@@ -63,15 +51,9 @@ _slot: Optional[_Early] = None  # not taken yet
 _started: Optional[_Early] = None  # the last one started, taken or not (waited for at exit)
 
 
-def key_of(cfg: _config.CheckpointConfig) -> Tuple[Any, ...]:
-    """What must match for a range to use an early connection: the location and every storage setting."""
-    return (cfg.uri, cfg.storage)
-
-
 def start() -> bool:
-    """Open the environment's checkpoint location in the background, where it is remote and slow to open
-    and early connections are on. Never raises (a bad setting is the range's to report). Whether one
-    was started."""
+    """Open the environment's checkpoint location in the background where it is slow to open (whether one was
+    started). Never raises: a bad setting is the range's to report."""
     global _slot, _started
     try:
         if not _config.connect_early_from_env():
@@ -91,20 +73,16 @@ def start() -> bool:
 
 
 def take(cfg: _config.CheckpointConfig) -> Optional[Storage]:
-    """The early connection for ``cfg``, or None: none was started, it is for another location or other
-    settings, or it failed unexpectedly. Taken once; raises the storage error its open raised (the same
-    call with the same settings: retrying would double the wait for a server that does not answer).
-
-    Always waits for a connection still being made (bounded by ``PADDLE_ACP_CONNECT_TIMEOUT``), even one
-    not used: libhdfs's JVM installs its handlers of SIGTERM and SIGINT when it starts, and the range
-    installs its own after it (a JVM starting later would take the preemption signal from the range)."""
+    """The early connection for ``cfg`` (taken once), or None; raises the storage error its open raised (a retry
+    would double the wait). Always waits for a connection still being made, even one not used: the JVM's
+    signal handlers must be installed before the range's."""
     global _slot
     with _lock:
         early, _slot = _slot, None
     if early is None:
         return None
     early.thread.join()
-    if early.key != key_of(cfg):
+    if early.key != (cfg.uri, cfg.storage):
         return None
     if early.error is not None:
         raise early.error
@@ -118,9 +96,7 @@ def forget() -> None:
         _slot = None
 
 
-# the longest exit waits for a connection still being made: long enough for a JVM's start in progress to
-# finish (a short script never exits in its middle), short enough that a NameNode that accepts and never
-# answers does not hold the exit (the connection's own bound, PADDLE_ACP_CONNECT_TIMEOUT, is 30 s)
+# the longest exit waits for a connection still being made: a JVM's start finishes, a mute NameNode does not hold it
 EXIT_WAIT = 1.5
 
 
@@ -133,8 +109,7 @@ def _wait_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # no lock taken here: another thread of the parent may have held it at the fork; the parent's connection
-    # is kept, never dropped (its client's destructor would wait for threads the child does not have)
+    # no lock taken (another thread may have held it at the fork); the parent's connection is never dropped
     global _lock, _slot, _started
     for early in {id(e): e for e in (_slot, _started) if e is not None}.values():
         forks.keep_forever(early)

@@ -1,9 +1,7 @@
 """Hook: the patch on ``paddle.static.Executor.run`` that feeds programs to the active range.
 
-The fast path (no range to feed) is one attribute lookup on the process state
-(:data:`paddle_acp.runtime.state.STATE`); Executor.run is called thousands of times a second.
-Paddle's executor itself (the class patched, its own auto-checkpoint call) is reached through
-:mod:`paddle_acp.adapter.executor`.
+The fast path (no range to feed) is one attribute lookup on :data:`paddle_acp.runtime.state.STATE`:
+Executor.run is called thousands of times a second.
 """
 
 from __future__ import annotations
@@ -11,27 +9,16 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 from paddle_acp.adapter import executor as paddle_executor
 from paddle_acp.adapter.executor import RunMethod
-from paddle_acp.runtime.digests import EpochDigests
 from paddle_acp.runtime.state import STATE
 
+if TYPE_CHECKING:  # (the range's module imports the process state this one reads)
+    from paddle_acp.runtime.range import EpochRange
+
 logger = logging.getLogger("paddle_acp")
-
-
-class FedRange(Protocol):
-    """What the hook uses of the range it feeds (:class:`paddle_acp.runtime.range.EpochRange`, which
-    imports the process state this module reads: hence a protocol, not that class)."""
-
-    @property
-    def digests(self) -> Optional[EpochDigests]: ...
-
-    # exe: a paddle.static.Executor; program: a Program or CompiledProgram, or None (the default
-    # main program); scope: a core Scope, or None (the global scope): Paddle's objects are untyped
-    def on_run(self, exe: Any, program: Any, scope: Any) -> None: ...
-
 
 _original_run: Optional[RunMethod] = None
 
@@ -45,7 +32,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:  # Paddle's Executor and its untyped run
-        r: Optional[FedRange] = STATE.hooked  # the public field of the process state
+        r: Optional[EpochRange] = STATE.hooked
         if r is not None:
             program = args[0] if args else kwargs.get("program")
             scope = kwargs.get("scope")
@@ -62,7 +49,8 @@ def install() -> None:
     run.__paddle_acp_original__ = original  # type: ignore[attr-defined]  # a mark on the function: Paddle's run, for ci/bench/local_costs_figures.py
     paddle_executor.set_executor_run(run)  # the patch
     _original_run = original
-    _neutralize_paddle_hook()
+    # Paddle's own (sys.exit-prone) auto-checkpoint call: paddle_auto_checkpoint
+    paddle_executor.redirect_auto_checkpoint(sys.modules[__name__])
     logger.debug("installed the Executor.run hook")
 
 
@@ -79,11 +67,9 @@ def installed() -> bool:
 
 
 def paddle_auto_checkpoint(exe: Any, program: Any) -> None:
-    """What Paddle's executor calls as ``acp._auto_checkpoint`` (its own hook: dead on 2.6.2-3.3 but for a
-    legacy inference path). A no-op while the Executor.run hook is installed (it registered the program
-    already); otherwise ``program`` goes to the active range. (``exe``: Paddle's Executor; ``program``:
-    a Program; untyped.)"""
-    r: Optional[FedRange] = STATE.active
+    """What Paddle's executor calls as ``acp._auto_checkpoint``: a no-op while the Executor.run hook is
+    installed; otherwise ``program`` goes to the active range."""
+    r: Optional[EpochRange] = STATE.active
     if r is None or installed():
         return None
     import paddle
@@ -93,12 +79,3 @@ def paddle_auto_checkpoint(exe: Any, program: Any) -> None:
 
 
 _auto_checkpoint = paddle_auto_checkpoint  # the name Paddle's executor calls
-
-
-def _neutralize_paddle_hook() -> None:
-    """Point Paddle's own (dead, sys.exit-prone) auto-checkpoint call at ours.
-
-    Paddle's executor calls ``paddle.base.executor.acp._auto_checkpoint`` and nothing else of that
-    module; ours (:func:`paddle_auto_checkpoint`) is a no-op while the hook above does the work.
-    """
-    paddle_executor.redirect_auto_checkpoint(sys.modules[__name__])  # its _auto_checkpoint is paddle_auto_checkpoint

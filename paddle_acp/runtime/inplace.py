@@ -1,13 +1,7 @@
 """Restoring a saved value into the objects a script holds, in place, at every level of nesting.
 
-The script keeps references into its state (``hist = metrics["hist"]``, ``lst = v.value``): a
-restore that replaced the inner containers would leave it appending to detached ones.
-:func:`restore_into` writes a saved value into the live one instead: a list by slice
-assignment, a dict by clear and update, keeping the identity of every nested list, dict or
-array that exists on both sides (at the same index or key), and a NumPy array by copying into
-it when its shape and dtype match (and it is writeable). What cannot be updated in place (a
-number, a string, a container whose type changed) is replaced in its parent; a tuple (immutable)
-is rebuilt around its restored items.
+The script keeps references into its state (``hist = metrics["hist"]``): :func:`restore_into` keeps the identity
+of every nested list, dict or array present on both sides; what cannot be updated in place is replaced in its parent.
 """
 
 from __future__ import annotations
@@ -20,9 +14,8 @@ __all__ = ["restore_into"]
 
 
 def restore_into(live: Any, saved: Any) -> Any:
-    """The object to hold once ``saved`` is restored into ``live``: ``live`` itself, updated in
-    place, where it is a list, dict or array that can take ``saved``; else ``saved`` (its items
-    restored into ``live``'s where they can be, for a tuple)."""
+    """The object to hold once ``saved`` is restored into ``live``: ``live`` updated in place where it can take
+    ``saved``, else ``saved`` (a tuple rebuilt around its restored items)."""
     if isinstance(live, dict) and isinstance(saved, dict):
         merged = {k: restore_into(live[k], v) if k in live else v for k, v in saved.items()}
         live.clear()

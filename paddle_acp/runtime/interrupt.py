@@ -1,14 +1,8 @@
 """Ctrl-C while rank 0 waits for other ranks' parts: the waits end at once, then Python's own handler runs.
 
-Rank 0's commits wait on a thread of their own (:class:`~paddle_acp.format.commit.committer.Committer`,
-not a daemon: a normal exit lets them finish). A SIGINT must not leave the process waiting up to
-``PADDLE_ACP_PART_TIMEOUT`` for a part that may never come: :func:`watch` installs, once, on the
-main thread and only where SIGINT raises KeyboardInterrupt (Python's default handler), a handler
-that cancels every watched committer's commits (each is abandoned, never half-committed; the last
-committed checkpoint stays intact) and then calls Python's handler, which raises KeyboardInterrupt
-as before. A handler the script installed itself is left alone. A preemption signal (SIGTERM, routed
-to :mod:`~paddle_acp.runtime.preemption`) brings the pending commits' deadlines forward to a
-preemption save's wait (:func:`preempted`): the launcher is stopping the job.
+:func:`watch` installs, once, on the main thread and only where SIGINT has Python's default handler, a handler
+that cancels every watched committer's commits (abandoned, never half-committed) and then calls Python's handler.
+A preemption signal brings the pending commits' deadlines forward to a preemption save's wait (:func:`preempted`).
 """
 
 from __future__ import annotations

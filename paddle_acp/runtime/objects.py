@@ -1,23 +1,12 @@
 """The script's own state in a range's checkpoints: captured RNGs, ``state=`` and ``track`` objects.
 
-:class:`ScriptState` holds, for one range, the RNG objects found in the script
-(:func:`paddle_acp.runtime.capture.find_captured`) and the objects registered with
-``train_epoch_range(state={...})`` or :func:`track`. :meth:`ScriptState.capture` turns their
-state into the serialized form of :mod:`paddle_acp.format.objstate` (saved in the manifest's
-``extra``); :meth:`ScriptState.restore` writes a checkpoint's back into the same objects.
-
-Registered objects (checked by :func:`check_state` when the loop opens, not at the first save):
-
-* any object with ``state_dict()`` and ``set_state_dict(state)`` (Paddle's convention: LR
-  schedulers, a user class, :class:`~paddle_acp.runtime.values.Value` and its :class:`~paddle_acp.runtime.values.Counter`), whose state is plain data
-  (restored into what its ``state_dict()`` returns, then set: containers it hands out keep
-  their identity);
-* a ``dict`` or ``list`` of plain data (restored in place at every level:
-  :func:`paddle_acp.runtime.inplace.restore_into`);
-* a NumPy array (restored in place: same shape and dtype);
-* an RNG object (:func:`~paddle_acp.runtime.capture.capturable`) the frame search cannot reach.
-
-A bare ``int``/``float`` cannot be updated in place: hold it in a ``Counter`` or ``Value``.
+:class:`ScriptState` holds one range's captured RNG objects (:mod:`paddle_acp.runtime.capture`) and registered
+objects; it captures their state in the serialized form of :mod:`paddle_acp.format.objstate` (the manifest's
+``extra``) and restores a checkpoint's into the same objects. Registered objects (checked when the loop opens):
+anything with ``state_dict()``/``set_state_dict(state)`` of plain data (restored into what ``state_dict()``
+returns, so containers it hands out keep their identity; :class:`~paddle_acp.runtime.values.Value`), a ``dict``
+or ``list`` of plain data (restored in place, :func:`paddle_acp.runtime.inplace.restore_into`), a NumPy array
+(same shape and dtype), or an RNG object. A bare ``int``/``float`` cannot be restored in place.
 """
 
 from __future__ import annotations
@@ -42,8 +31,7 @@ _IMMUTABLE = (bool, int, float, complex, str, bytes, tuple, frozenset, type(None
 
 
 def kind_of(name: str, obj: Any) -> str:
-    """The kind (``format.objstate.STATE_KINDS``) registered object ``obj`` is saved as; ConfigError
-    naming ``name`` and the type when it cannot be saved and restored in place."""
+    """The kind (``objstate.STATE_KINDS``) ``obj`` is saved as; ConfigError when it cannot be restored in place."""
     if not isinstance(name, str) or not name or len(name) > objstate.MAX_NAME or not name.isprintable():
         raise ConfigError(f"state name {name!r} must be a non-empty printable string of at most {objstate.MAX_NAME} characters")
     what = f"{type(obj).__module__}.{type(obj).__qualname__}"
@@ -83,8 +71,7 @@ def read(kind: str, obj: Any) -> Any:
 
 
 def check_state(state: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, Any]]:
-    """``train_epoch_range``'s ``state=``: name -> (kind, object); ConfigError naming the key and the
-    type of anything that cannot be saved (its current value is encoded once to find out)."""
+    """``train_epoch_range``'s ``state=``: name -> (kind, object); ConfigError for anything that cannot be saved."""
     if state is None:
         return {}
     if not isinstance(state, Mapping):
@@ -107,9 +94,8 @@ def check_state(state: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, Any]
 
 
 def track(name: str, obj: Any) -> Any:
-    """Save ``obj`` with every checkpoint of the ranges opened after this call, under ``name``, and
-    restore it in place before the first epoch of a resumed run (as ``train_epoch_range(state=...)``
-    does for one range). Returns ``obj``. Call it before the loop; ``simulate_restart`` forgets it."""
+    """Save ``obj`` under ``name`` with every checkpoint of the ranges opened after this call, and restore it in
+    place before a resumed run's first epoch (``state=`` for every range). Returns ``obj``."""
     if STATE.active is not None:
         raise ConfigError(f"paddle_acp.track({name!r}, ...) inside the active range {STATE.active.name}: call it "
                           "before train_epoch_range, so that the object is restored before the first epoch")
@@ -133,9 +119,8 @@ def _describe(kind: str, obj: Any) -> str:
 
 
 def _into_state_dict(current: Any, saved: Any) -> Any:
-    """What ``set_state_dict`` gets: the saved state, restored into the containers ``state_dict()``
-    hands out (``Value([])``'s list stays the script's), its top-level dict a new one (keys the
-    object has and the checkpoint lacks are left to ``set_state_dict``, as before)."""
+    """What ``set_state_dict`` gets: the saved state restored into the containers ``state_dict()`` hands out,
+    in a new top-level dict."""
     if isinstance(current, dict) and isinstance(saved, dict):
         return {k: restore_into(current[k], v) if k in current else v for k, v in saved.items()}
     return restore_into(current, saved)
@@ -174,8 +159,7 @@ class ScriptState:
         return " and ".join(parts)
 
     def check(self) -> None:
-        """At the loop's open: ConfigError when the objects are more, or their state larger, than a
-        checkpoint holds (naming the limit and the objects), instead of every save failing."""
+        """At the loop's open: ConfigError when the objects are more, or larger, than a checkpoint holds."""
         for what, objs in (("captured RNG objects", self.rngs), ("registered state objects (state=, track)", self.state)):
             if len(objs) > objstate.MAX_OBJECTS:
                 names = list(objs)
@@ -207,23 +191,23 @@ class ScriptState:
                 ckind = rng_kind(cur) if cur is not MISSING else None
                 if ckind is None:
                     how = "deleted" if cur is MISSING else f"rebound to a {type(cur).__name__}"
-                    self._say(name, "gone", f"{name} no longer holds an RNG object since the loop opened ({how}): "
-                              f"checkpoints go on saving the {kind} it held")
+                    self._once(("gone", (name,)), f"{name} no longer holds an RNG object since the loop opened "
+                               f"({how}): checkpoints go on saving the {kind} it held")
                     continue
-                self._say(name, "rebound", f"{name} holds another {ckind} than when the loop opened (rebound in the "
-                          f"loop): checkpoints save the object it holds at each save, and a restart restores that state "
-                          f"into the {ckind} {name} holds when its loop opens")
+                self._once(("rebound", (name,)), f"{name} holds another {ckind} than when the loop opened (rebound in "
+                           f"the loop): checkpoints save the object it holds at each save, and a restart restores that "
+                           f"state into the {ckind} {name} holds when its loop opens")
                 self.rngs[name] = (ckind, cur)
                 obj = cur
             for alias, _ in site.aliases.get(name, ()):
                 other = now[alias]
                 if other is not obj and other is not MISSING and rng_kind(other) is not None:
-                    self._say(alias, "alias", f"{alias} held the same object as {name} when the loop opened and holds "
-                              f"another {rng_kind(other)} now: checkpoints save {name}'s object only, so a restart "
-                              f"restores {alias} to {name}'s state; keep the RNG under one name, or pass it with state=")
+                    self._once(("alias", (alias,)), (
+                        f"{alias} held the same object as {name} when the loop opened and holds another "
+                        f"{rng_kind(other)} now: checkpoints save {name}'s object only, so a restart restores "
+                        f"{alias} to {name}'s state; keep the RNG under one name, or pass it with state="))
 
-    def _say(self, name: str, what: str, message: str) -> None:
-        key = (what, (name,))
+    def _once(self, key: Tuple[str, Tuple[str, ...]], message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning("range %s: %s", self.range_name, message)
@@ -251,9 +235,8 @@ class ScriptState:
         return section
 
     def restore(self, section: Any, where: str) -> None:
-        """Write the state of ``section`` (a checkpoint's, read and validated with its manifest) back
-        into the objects, in place. An object the checkpoint lacks, or one this run lacks: one warning;
-        one of another kind than saved (or that cannot take the saved state): CheckpointError."""
+        """Write ``section`` (validated with its manifest) back into the objects, in place. An object either side
+        lacks: one warning; one of another kind than saved, or that cannot take it: CheckpointError."""
         if not self and section is None:
             return
         if section is None:
@@ -310,8 +293,4 @@ class ScriptState:
             ) from exc
 
     def _warn(self, where: str, names: List[str], why: str) -> None:
-        key = (why, tuple(names))
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        logger.warning("range %s: script state %s from %s: %s", self.range_name, ", ".join(names), where, why)
+        self._once((why, tuple(names)), f"script state {', '.join(names)} from {where}: {why}")

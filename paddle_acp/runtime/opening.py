@@ -1,9 +1,7 @@
 """Opening a range: owns the I/O before a range is built (its storage, job marker, writer fence, node-local cache).
 
-:func:`open_io` does it once per range (the job marker and trainer 0's fence once per process) and returns what it
-took and found (:class:`Opened`); :class:`LoopSettings` are the loop's environment settings, read and refused when bad
-before any I/O, as :func:`check_range_args` refuses bad ``train_epoch_range`` arguments.
-:meth:`~paddle_acp.runtime.range.EpochRange.open` calls them, then builds the range.
+:func:`open_io` does it once per range (the job marker and trainer 0's fence once per process); :class:`LoopSettings`
+are the loop's environment settings, refused when bad before any I/O.
 """
 
 from __future__ import annotations
@@ -62,8 +60,7 @@ class LoopSettings:
 
 
 def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opened:
-    """A range's I/O before it is built: job marker and fence, the node-local cache. Every rank that
-    writes takes its own fence (a generation of its rank) before anything it deletes."""
+    """A range's I/O before it is built: job marker and fence (every writer's, before anything it deletes), cache."""
     fence = None
     if cfg.multi_rank or cfg.trainer_id == 0:
         marker = (storage.uri, cfg.job_id)
@@ -91,13 +88,9 @@ def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opene
 
 
 def _marked_and_fenced(storage: Storage, cfg: _config.CheckpointConfig) -> Fence:
-    """Trainer 0's first open of a job: its fence, and the job marker written meanwhile in the background. The
-    marker is a whole file's write (~0.4 s on HDFS, whose client waits for the block's report before it completes
-    a file; the fence's record is empty and takes no such wait), which no open waits for: the fence lets nothing
-    be deleted or committed before the marker is written (:meth:`Fence.first`: its first check waits for it; when
-    it failed, that check raises the error the open would have, and every later check writes the marker again
-    until it is written: a storage that failed for a while loses no checkpoint after it is back). The fence's
-    error wins when both fail."""
+    """Trainer 0's first open of a job: its fence, and the job marker (~0.4 s on HDFS) written meanwhile in the
+    background. The fence's first check waits for the marker (:meth:`Fence.first`); a failed write raises there,
+    and later checks write it again until it is written. The fence's error wins when both fail."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="paddle-acp-job-marker")
     marked = pool.submit(write_job_marker, storage, cfg.job_id)
     pool.shutdown(wait=False)

@@ -1,12 +1,9 @@
 """Persister: owns taking a range's snapshots (when, what, into which buffer) and ending its saves.
 
-:meth:`Persister.save` asks the save-decision policy (:mod:`~paddle_acp.runtime.save_decision`, through the
-:class:`~paddle_acp.runtime.schedule.SaveSchedule`) what a due save does (the busy policy, the ranks' save
-plan), copies the state this rank writes (:class:`~paddle_acp.runtime.rank_writes.RankWrites`) into the
-:class:`~paddle_acp.runtime.buffers.SnapshotBuffers` and hands the :class:`Snapshot` (the content), in a
-:class:`~paddle_acp.runtime.saver.SaveTicket` (what was decided about this save), to the saver of its
-:class:`~paddle_acp.runtime.ticket_writer.TicketWriter`, which persists it on its thread and records the outcome.
-:meth:`Persister.close` waits for the last save, reports a failed final one and frees the buffers.
+:meth:`Persister.save` asks the :class:`~paddle_acp.runtime.schedule.SaveSchedule` what a due save does, copies
+the state this rank writes (:class:`~paddle_acp.runtime.rank_writes.RankWrites`) into the
+:class:`~paddle_acp.runtime.buffers.SnapshotBuffers` and hands it, in a
+:class:`~paddle_acp.runtime.saver.SaveTicket`, to its :class:`~paddle_acp.runtime.ticket_writer.TicketWriter`.
 """
 
 from __future__ import annotations
@@ -75,11 +72,9 @@ class Persister:
         self.metrics = metrics
         self.schedule = schedule
         self.buffers = buffers
-        # several ranks (PADDLE_TRAINERS_NUM > 1): every rank writes its part, rank 0 commits
         self.several_ranks = cfg.multi_rank
         self.rank = cfg.trainer_id
         self.is_writer = self.several_ranks or cfg.trainer_id == 0
-        # the saver's thread writes what save() takes, and records each outcome
         self.writer = TicketWriter(name, cfg, global_checkpointer, metrics, schedule, buffers)
         self.saver = self.writer.saver
         self.writes = RankWrites(name, cfg, registry, global_checkpointer.world_size)
@@ -89,10 +84,9 @@ class Persister:
         self._final_submitted = False  # the save after the last epoch was submitted
         self.closed = False  # ended: no more saves, the buffers are freed
 
-    # -- decisions ---------------------------------------------------------------
     def decide(self, point: str, plan: Optional[bool] = None, ask: bool = True) -> Decision:
-        """The save-decision policy's word on a save at ``point`` now, with this saver's and buffers' state
-        (:meth:`SaveSchedule.decide`; ``plan``: the ranks' plan took this point already; ``ask``: ask it here)."""
+        """The policy's decision on a save at ``point`` now (``plan``: the ranks' plan took this point already;
+        ``ask``: ask the plan here)."""
         busy, pos = self.saver.busy, self.position
         free = busy and self.schedule.busy_policy == QUEUE and self.saver.queue_free
         ctx = SaveContext(point, busy=busy, plan=plan, step=pos.step, every=pos.every, queue_free=free,
@@ -105,25 +99,14 @@ class Persister:
         return self.decide(EPOCH_END, ask=self.schedule.interval > 0).due
 
     def due_by_time(self) -> bool:
-        """Mid-epoch: whether a save is due by the interval alone and the busy policy would take it now (else it
-        stays due: ``auto``, the wait for the checkpoint in flight is expected to pass the range's budget)."""
+        """Mid-epoch: whether a save is due by the interval alone and the busy policy would take it now."""
         return self.decide(STEP, ask=False).due
 
-    # -- taking a checkpoint -----------------------------------------------------
     def save(self, sync: bool = False, preempt: bool = False, rng: Optional[Dict[str, Any]] = None, final: bool = False,
              objects: Optional[Dict[str, Any]] = None, agreed: bool = False) -> None:
-        """Checkpoint now (at an epoch end, or mid-epoch when the position has a step); ``rng``,
-        ``objects``: the RNG states and the script's objects to record, when they were captured
-        earlier than now.
-
-        ``sync`` (preemption) and ``final`` (the range's last epoch) saves are durable:
-        they wait for the checkpoint in flight and are committed before this returns
-        (``final`` when the range closes). Any other save that comes due while the
-        previous checkpoint is still being written follows the busy policy
-        (``PADDLE_ACP_BUSY_POLICY``, see :class:`~paddle_acp.runtime.save_decision.SaveDecisionPolicy`); with
-        several ranks rank 0's save plan decides it alike on every rank (:mod:`~paddle_acp.runtime.agree`;
-        ``agreed``: the plan took this point already).
-        """
+        """Checkpoint now (``rng``, ``objects``: captured earlier than now). ``sync`` (preemption) and ``final``
+        saves are durable: committed before this returns (``final``: when the range closes); any other follows the
+        busy policy (``agreed``: the ranks' plan took this point already)."""
         check_main_thread("checkpointing")
         if self.several_ranks and not self._base_checked:
             self._check_base()
@@ -163,9 +146,8 @@ class Persister:
             buffer = 1 if inflight is None or inflight.buffer == 0 else 0
         stream = None
         if size and ((self.saver.async_save and not sync) or self.storage.direct_io):
-            # async: training goes on while the saver writes, so copy into the reused buffer;
-            # local disks: the aligned copy lets the write bypass the page cache (O_DIRECT),
-            # which costs far less CPU and time than a buffered write of the views
+            # async: training goes on while the saver writes, so copy into the reused buffer; local disks:
+            # the aligned copy lets the write bypass the page cache (O_DIRECT), far cheaper than a buffered one
             arena = self.buffers.size_for(size)
             if arena < size:  # over the host-memory budget: streamed through the buffer in chunks
                 tensors, buf = [t for p in programs for t in p.tensors], self.buffers.chunks(arena)
@@ -196,8 +178,7 @@ class Persister:
         self._skip_streak = 0
         self.schedule.persist_started()  # (before the saver may end it)
         if stream is not None:
-            # a copy thread fills the buffer's chunks while the saver writes them; training goes on
-            # once the last chunk is copied (a synchronous saver writes it all within submit())
+            # a copy thread fills the chunks while the saver writes them; training goes on after the last copy
             stream.start(t0)
             try:
                 self.saver.submit(ticket)
@@ -218,8 +199,8 @@ class Persister:
         self._final_submitted = True
 
     def _check_base(self) -> None:
-        """At this rank's first save, on the training thread: stop (RestartRequiredError) when a rank marked the
-        checkpoint this incarnation resumed from bad; a storage error is logged and the next save checks again."""
+        """At this rank's first save: RestartRequiredError when a rank marked the checkpoint resumed from bad
+        (a storage error is logged and the next save checks again)."""
         try:
             self.global_checkpointer.check_base()
         except StorageError as exc:
@@ -229,9 +210,8 @@ class Persister:
         self._base_checked = True
 
     def _skip(self, t0: float, arena: bool = False, costly: bool = False) -> None:
-        """Do not take this checkpoint: the previous one is still being written (``arena``: the snapshot
-        arena is still being populated; ``costly``: auto, waiting for it would pass the range's wait budget).
-        The first skip of a run says why; the save that ends the run says how many were skipped."""
+        """Do not take this checkpoint (``arena``: the snapshot arena is still being populated; ``costly``:
+        waiting would pass the ``auto`` budget). The first skip of a run says why; the save ending it, how many."""
         self.saver.stats.skipped += 1
         self._skip_streak += 1
         at = self.position.at()
@@ -263,11 +243,9 @@ class Persister:
         self.metrics.add(MetricsRecord.skipped(range=self.name, epoch=self.position.epoch_no, step=self.position.step,
                                                stall_s=time.perf_counter() - t0, policy=policy))
 
-    # -- the end -----------------------------------------------------------------
     def close(self) -> None:
-        """Wait for the save in flight (and a queued one) to commit, then free the snapshot buffers: an ended range
-        saves no more. Freed here, not when the garbage collector gets to the range: left
-        to the collector, a 1.2 GB arena cost the next range's first epoch 1-3 s."""
+        """Wait for the saves in flight and queued to commit, then free the snapshot buffers now (left to the
+        garbage collector, a 1.2 GB arena cost the next range's first epoch 1-3 s)."""
         try:
             self.schedule.close()
             self.saver.wait(for_previous=False)  # the final save (its own line says when it committed)
@@ -283,8 +261,7 @@ class Persister:
             self.buffers.release()
 
     def _final_save_failed(self, error: BaseException) -> None:
-        """The checkpoint after the last epoch failed: say so once, loudly, at the end
-        (``paddle-acp run`` also exits with status 1)."""
+        """The checkpoint after the last epoch failed: say so once, loudly (``paddle-acp run`` exits 1)."""
         if isinstance(error, FencedError):  # not this process's checkpoint any more: the fence said so once
             STATE.final_save_failures.append(f"range {self.name} of job {self.cfg.job_id}: {error}")
             return
@@ -301,17 +278,14 @@ class Persister:
         STATE.final_save_failures.append(msg)
         logger.error("%s", msg)
 
-    # -- the snapshot buffers ------------------------------------------------------
     def landing(self, size: int) -> Optional[Lent]:
-        """Where a restore of ``size`` bytes lands: the snapshot arena this rank's first save needs anyway
-        (None where this rank keeps none: it writes nothing, or saves synchronously; or over the budget)."""
+        """Where a restore of ``size`` bytes lands: the snapshot arena the first save needs anyway (None: none)."""
         if self.closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io):
             return None
         return self.buffers.lend(size)
 
     def prepare_buffers(self) -> None:
-        """A program registered: prepare the snapshot buffer for this rank's state (in the background),
-        so the first save does not pay for it on the training thread."""
+        """A program registered: prepare the snapshot buffer for this rank's state in the background."""
         if self.closed or not self.is_writer or not (self.saver.async_save or self.storage.direct_io) or self.writes.follower():
             return
         self.buffers.prepare(self.writes.nbytes())  # metadata only: nothing is copied

@@ -1,13 +1,8 @@
 """Preemption: turn SIGTERM (and optionally other signals) into a save at the next safe point.
 
-Which signals, and whether to exit, come from the configuration
-(:func:`paddle_acp.config.preempt_signals_from_env`, :func:`paddle_acp.config.exit_on_preempt_from_env`).
-The handler only records the signal; the training thread saves at the next
-step or epoch boundary and then raises :class:`Preempted` (a ``SystemExit``
-with status 128 + signal number, 143 for SIGTERM) unless told to continue.
-
-A child forked while the handlers are installed gets the handlers from before them back, and Paddle's
-DataLoader workers forked meanwhile leave the signals to this process (:mod:`~paddle_acp.runtime.shield`).
+The handler only records the signal; the training thread saves at the next step or epoch boundary and then
+raises :class:`Preempted` (``SystemExit`` with status 128 + signal number) unless told to continue. Children
+forked meanwhile are handled by :mod:`~paddle_acp.runtime.shield`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The epoch range: one ``train_epoch_range`` loop, composed of the collaborators that own its parts.
 
-:class:`EpochRange` is opened by :meth:`EpochRange.open` (the storage, the job marker and
-writer fence, the node-local cache: :mod:`~paddle_acp.runtime.opening`; the checkpoint it resumes from:
-all I/O happens there, the constructor does none) and iterated by :meth:`EpochRange.epochs`. It composes, each owning its state:
-:class:`~paddle_acp.runtime.restore.Restorer` (the checkpoint resumed from),
-:class:`~paddle_acp.runtime.steps.Position` and :class:`~paddle_acp.runtime.steps.ResumableSteps`
-(where the loop is, mid-epoch steps), :class:`~paddle_acp.runtime.schedule.SaveSchedule` (when a
-checkpoint is due and what a due one does), :class:`~paddle_acp.runtime.buffers.SnapshotBuffers`
-(the host memory of the snapshots) and :class:`~paddle_acp.runtime.persist.Persister` (taking and
-persisting checkpoints).
+:meth:`EpochRange.open` does all the I/O (:mod:`~paddle_acp.runtime.opening`, then the checkpoint it resumes
+from); the constructor does none. Its parts: :class:`~paddle_acp.runtime.restore.Restorer`,
+:class:`~paddle_acp.runtime.steps.Position` and :class:`~paddle_acp.runtime.steps.ResumableSteps`,
+:class:`~paddle_acp.runtime.schedule.SaveSchedule`, :class:`~paddle_acp.runtime.buffers.SnapshotBuffers` and
+:class:`~paddle_acp.runtime.persist.Persister`.
 """
 
 from __future__ import annotations
@@ -65,8 +61,7 @@ class EpochRange:
     @classmethod
     def open(cls, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig,
              save_checkpoint_inter: Optional[float] = None, script: Optional[ScriptState] = None) -> "EpochRange":
-        """Open a range: validate the arguments, open the storage, write the job marker (trainer 0)
-        and take the writer fence (every rank that writes), load the checkpoint it resumes from."""
+        """Open a range: validate the arguments, do its I/O (:func:`open_io`), load the checkpoint it resumes from."""
         check_range_args(max_epoch_num, save_checkpoint_inter)
         storage = open_storage_for(cfg)
         settings = LoopSettings.from_env()
@@ -77,9 +72,7 @@ class EpochRange:
     def __init__(self, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig, storage: Storage,
                  save_checkpoint_inter: Optional[float] = None, script: Optional[ScriptState] = None,
                  opened: Opened = _NOTHING_OPENED, settings: Optional[LoopSettings] = None) -> None:
-        """No I/O here: :meth:`open` does it, then builds a range and starts it. ``script``: the script's
-        own objects saved with each checkpoint; ``opened``: what :func:`open_io` took and found;
-        ``settings``: the environment's (read here when not given)."""
+        """No I/O here (:meth:`open` does it). ``script``: the script's objects saved with each checkpoint."""
         check_range_args(max_epoch_num, save_checkpoint_inter)
         settings = settings if settings is not None else LoopSettings.from_env()
         self.max_epoch_num = max_epoch_num
@@ -91,28 +84,23 @@ class EpochRange:
             save_interval = _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
         self.registry = Registry()
         self.storage = storage
-        # several ranks (PADDLE_TRAINERS_NUM > 1): every rank writes its part, rank 0 commits
         self.several_ranks = cfg.multi_rank
         self.is_writer = self.several_ranks or cfg.trainer_id == 0
         self.fence = opened.fence
         # reads the numbered checkpoints ckpt-N of earlier releases (nothing writes them any more)
         self.numbered = PartReader(storage, cfg.job_id, name, cache=opened.cache, memory_budget=opened.memory_budget)
-        # every writer writes global checkpoints: a one-process job is a job of world size 1 (its one part,
-        # its own commit); a trainer > 0 without PADDLE_TRAINERS_NUM writes nothing and reads rank 0's
+        # a one-process job is a job of world size 1; a trainer > 0 without PADDLE_TRAINERS_NUM writes nothing
         self.global_checkpointer = GlobalCheckpointer(
             storage, cfg.job_id, name, cfg.trainer_id if self.several_ranks else 0, cfg.world_size or 1,
             cfg.max_to_keep, cfg.part_timeout, fence=opened.fence, cache=opened.rank_cache,
             memory_budget=opened.memory_budget)
         self.script = script if script is not None else ScriptState(name, {}, {})
         self.position = Position()
-        # every copy between the scope's tensors and checkpoint bytes (a save's into the snapshot arena, a
-        # restore's into the tensors) goes through this one stager (format/engine/stager.py)
+        # every copy between the scope's tensors and checkpoint bytes, both ways, goes through this one stager
         self.stager: Stager = HostStager()
         self.restorer = Restorer(name, cfg, self.numbered, self.global_checkpointer, self.release_hook,
                                  self.stager)
-        # several ranks take the same checkpoints: rank 0's save plan decides their due points (runtime.agree),
-        # posted through the ranks' coordinator (the job's store, or storage: runtime.coord), which also counts
-        # the parts in place for rank 0's commit
+        # several ranks: rank 0's save plan decides the due points (runtime.agree), through the coordinator
         agreement = None
         if self.several_ranks:
             coord = open_coordinator(cfg, storage, range_dir(cfg.job_id, name), name)
@@ -135,7 +123,7 @@ class EpochRange:
         self._seen_scope: Any = None
         self.inherited: Optional[EpochRange] = None  # an ended range that still holds unrestored state
         self.failed = False  # registering a program raised (e.g. the model changed since the checkpoint)
-        # ``paddle-acp check``: the range ends after this many epochs; per-epoch digests go to a file
+        # ``paddle-acp check``: the range ends after this many epochs; per-epoch digests
         self._check_epochs = settings.check_epochs
         self.digests = EpochDigests.for_range(settings.check_digests, cfg.trainer_id)
         kill = settings.check_kill_at
@@ -143,7 +131,7 @@ class EpochRange:
             self.digests.kill = KillPoint(kill[1], kill[2], self.position, self._committed, self.digests.note)
 
     def _start(self) -> None:
-        """The range's reads before its first epoch: the checkpoint to resume from, the ranks' save plan."""
+        """The range's I/O before its first epoch: the checkpoint to resume from, the ranks' save plan."""
         self.restorer.load_newest(self.persister.landing)  # lands in the snapshot arena the first save needs
         self.position.epoch_no = self.restorer.resume_epoch
         self.schedule.start(self.global_checkpointer.base)  # rank 0: a fresh plan, before any step
@@ -153,7 +141,6 @@ class EpochRange:
                 range=self.name, restored=self.restorer.restored_number, policy=self.schedule.busy_policy,
                 restore_source=loaded.source if loaded is not None else None))
 
-    # -- what the loop and the API read ----------------------------------------
     @property
     def epoch_no(self) -> int:
         """The current epoch (-1 before the first)."""
@@ -187,7 +174,6 @@ class EpochRange:
     def get(self) -> int:
         return self.position.epoch_no
 
-    # -- the loop ------------------------------------------------------------
     def epochs(self) -> Iterator[int]:
         check_main_thread("train_epoch_range")
         end = sys.maxsize if self.max_epoch_num < 0 else self.max_epoch_num
@@ -237,8 +223,7 @@ class EpochRange:
         return self.resumable_steps.steps(iterable, save_every_steps)
 
     def _log_plan(self, start: int, end: int) -> None:
-        """Say at the start when and where checkpoints will be taken (a short run with the default
-        interval of 900 s checkpoints only after its last epoch: a kill before that loses it all)."""
+        """Say at the start when and where checkpoints will be taken."""
         where = f"{self.storage.uri.rstrip('/')}/{self.numbered.dir}"
         if not self.is_writer:
             logger.info("range %s of job %s: trainer %d restores from %s; only trainer 0 writes checkpoints",
@@ -273,11 +258,6 @@ class EpochRange:
         elif self.persister.interval_due():
             self.persister.save(agreed=self.schedule.interval > 0)
 
-    def save(self, sync: bool = False, preempt: bool = False, rng: Optional[Dict[str, Any]] = None, final: bool = False,
-             objects: Optional[Dict[str, Any]] = None, agreed: bool = False) -> None:
-        """Checkpoint now (see :meth:`Persister.save`)."""
-        self.persister.save(sync=sync, preempt=preempt, rng=rng, final=final, objects=objects, agreed=agreed)
-
     def _committed(self) -> None:
         """Block until every checkpoint taken so far is committed (rank 0 of several: globally)."""
         self.persister.saver.wait(for_previous=False)
@@ -287,7 +267,7 @@ class EpochRange:
     def _save_at_step(self, rng: Optional[Dict[str, Any]], objects: Optional[Dict[str, Any]]) -> None:
         self.persister.save(rng=rng, objects=objects)
         if self.digests is not None:
-            self.digests.saved_at(self.position.epoch_no, self.position.step)
+            self.digests.note({"kind": "save", "epoch": self.position.epoch_no, "step": self.position.step})
 
     def _preempt_point(self) -> str:
         """Where a preemption signal received now is acted on (called in the signal handler)."""
@@ -311,7 +291,6 @@ class EpochRange:
         """Wait for the last save and free the snapshot buffers (see :meth:`Persister.close`)."""
         self.persister.close()
 
-    # -- hook entry point ----------------------------------------------------
     def on_run(self, exe: Any, program: Any, scope: Any) -> None:
         """Called by the hook before every Executor.run while this range is active."""
         try:
@@ -347,8 +326,7 @@ class EpochRange:
         if not (self.restorer.loaded is not None and self.restorer.restore_entry(entry)):
             prev = self.inherited
             if prev is not None and prev.restorer.holds(entry.key):
-                # first run after an earlier, finished range restored from a checkpoint and this
-                # range has none yet: the program continues from the state that range ended with
+                # an earlier, finished range restored it and this one has no checkpoint: continue from its state
                 prev.restorer.restore_entry(entry)
         self.persister.prepare_buffers()  # after the restore's copy (its arena back), never beside it
 

@@ -1,9 +1,7 @@
 """RankWrites: owns what this rank writes of a checkpoint of several ranks (its state's mode, its share).
 
-A rank's state is ``per-rank`` (every rank writes its own tensors) or ``replicated`` (one copy serves every
-rank: rank 0 writes it, or, with ``PADDLE_ACP_REPLICATED_WRITERS``, the share writers each write a share of it,
-:mod:`paddle_acp.format.engine.shares`). The :class:`~paddle_acp.runtime.persist.Persister` asks at each save
-which tensors to take, and when a program registers how large this rank's snapshot buffer must be.
+A rank's state is ``per-rank`` (every rank writes its own) or ``replicated`` (rank 0 writes it, or, with
+``PADDLE_ACP_REPLICATED_WRITERS``, the share writers each write a share, :mod:`paddle_acp.format.engine.shares`).
 """
 
 from __future__ import annotations
@@ -36,16 +34,15 @@ class RankWrites:
         self._mode_logged: Optional[str] = None
 
     def choose(self) -> Tuple[Optional[str], Only, Optional[Dict[str, Any]]]:
-        """At a save: (the state's mode, the tensors this rank takes, the share record of a spread checkpoint);
-        one process: ('replicated', None, None), it takes them all. The mode is logged when it changes."""
+        """At a save: (the state's mode, the tensors this rank takes (None: all), the share record of a spread
+        checkpoint). The mode is logged when it changes."""
         if not self.several_ranks:
             return "replicated", None, None
         mode, why = decide_mode(self.cfg.rank_state, self.registry.entries)
         if mode != self._mode_logged:
             logger.info("range %s: rank %d of %d saves %s state (%s)", self.name, self.rank, self.cfg.world_size, mode, why)
             self._mode_logged = mode
-        if self._spread(mode):  # the share writers each write a share of the replicated tensors,
-            # chosen from metadata: views of (on a GPU, host copies of) the share alone
+        if self._spread(mode):  # the share writers each write a share, chosen from metadata
             items = [i for e in self.registry.entries for i in e.items()]
             return mode, shares.owned(items, self.rank, self._share_writers()), shares.record(items, self._share_writers())
         if mode == "replicated" and self.rank != 0:  # one copy of the tensors: rank 0's
@@ -53,14 +50,13 @@ class RankWrites:
         return mode, None, None
 
     def follower(self) -> bool:
-        """A rank other than 0 whose tensors are replicated and written by other ranks (rank 0, or the
-        share writers when this rank is not one of them): its part holds no tensors."""
+        """A rank other than 0 whose replicated tensors other ranks write: its part holds no tensors."""
         if not self.several_ranks or self.rank == 0 or decide_mode(self.cfg.rank_state, self.registry.entries)[0] != "replicated":
             return False
         return writer_cap(self.cfg.replicated_writers) is None or self.rank >= self._share_writers()
 
     def nbytes(self) -> int:
-        """The bytes of the tensors this rank writes, from metadata alone (what its snapshot buffer holds)."""
+        """The bytes of the tensors this rank writes, from metadata alone."""
         size = sum(e.nbytes() for e in self.registry.entries)
         if self._spread(decide_mode(self.cfg.rank_state, self.registry.entries)[0]):  # this rank's share of it
             items = [i for e in self.registry.entries for i in e.items()]
@@ -68,7 +64,7 @@ class RankWrites:
         return size
 
     def _spread(self, mode: Optional[str]) -> bool:
-        """The ranks write shares of the replicated state (PADDLE_ACP_REPLICATED_WRITERS=all or N, format/engine/shares.py)."""
+        """The ranks write shares of the replicated state (PADDLE_ACP_REPLICATED_WRITERS)."""
         return self.several_ranks and mode == "replicated" and writer_cap(self.cfg.replicated_writers) is not None
 
     def _share_writers(self) -> int:

@@ -1,9 +1,4 @@
-"""Registry: the training programs (with their scopes) that one range checkpoints.
-
-A program is registered on its first ``Executor.run`` inside a range; if the
-range was restored from a checkpoint, its state is written back right then,
-before the run.
-"""
+"""Registry: the training programs (with their scopes) that one range checkpoints, registered on their first run."""
 
 from __future__ import annotations
 
@@ -76,10 +71,8 @@ class ProgramEntry:
         self.place = place
 
     def views(self, only: Optional[Mapping[Tuple[str, str], Optional[Tuple[int, int]]]] = None) -> ProgramSnapshot:
-        """The program's state as zero-copy views; copy them before Paddle runs again. ``only``: the
-        (program key, name) of the tensors to take (a rank's share of replicated state) -> the byte
-        range of it to take (None: the whole tensor), None: all; the others are not touched (on an
-        accelerator: not copied to the host)."""
+        """The program's state as zero-copy views; copy them before Paddle runs again. ``only``: (program key,
+        name) of the tensors to take -> the byte range of it (None: whole); None: all of them."""
         names = [n for n in self.info.persistables if only is None or (self.key, n) in only]
         tensors = tensor_views(self.scope, names)
         if only:
@@ -89,19 +82,16 @@ class ProgramEntry:
         return ProgramSnapshot(self.key, self.info.label, tensors, state)
 
     def nbytes(self) -> int:
-        """The bytes this program's state takes in a checkpoint's data file, from the tensors'
-        metadata alone (no copy: on an accelerator a copy is a device-to-host transfer)."""
+        """The bytes this program's state takes in a checkpoint's data file, from the tensors' metadata alone."""
         return layout_size(self.scope, self.info.persistables)
 
     def items(self) -> List[Tuple[str, str, str, Tuple[int, ...], int]]:
-        """(program key, name, dtype, shape, bytes) of the tensors :meth:`views` would take, from their
-        metadata alone: what the split of replicated state into shares needs (format/engine/shares.py)."""
+        """(program key, name, dtype, shape, bytes) of the tensors :meth:`views` would take, from metadata."""
         return [(self.key, n, d, s, b) for n, d, s, b in tensor_items(self.scope, self.info.persistables)]
 
     def check_checkpoint(self, rec: ProgramRecord, where: str) -> None:
-        """Raise CheckpointError unless program record ``rec`` restores this program exactly:
-        every persistable the scope holds, with the same dtype and shape, nothing else,
-        and an LR scheduler state with the keys this program's scheduler has."""
+        """CheckpointError unless ``rec`` restores this program exactly: every persistable the scope holds, same
+        dtype and shape, nothing else, and an LR scheduler state with the keys this program's scheduler has."""
         saved = {t.name: t for t in rec.tensors}
         persist = set(self.info.persistables)
         missing: List[str] = []
@@ -140,8 +130,7 @@ class ProgramEntry:
             )
 
     def restore(self, loaded: LoadedCheckpoint, sched_state: Optional[Dict[str, Any]], stager: Stager) -> None:
-        """Write this program's tensors from ``loaded`` (a verified checkpoint), copied through ``stager``
-        (the range's, which its saves copy through too), and its LR scheduler."""
+        """Write this program's tensors from ``loaded`` (a verified checkpoint) and its LR scheduler."""
         rec = loaded.manifest.program(self.key)
         if rec is not None:
             self.check_checkpoint(rec, f"{loaded.manifest.number} ({loaded.path})")
@@ -202,17 +191,16 @@ class Registry:
         """Register; returns (entry, is_new). Identical programs on one scope share an entry."""
         scopes = self._scopes_by_fp.setdefault(info.fingerprint, [])
         sid = id(scope)
-        if sid in scopes:
-            idx = scopes.index(sid)
-            key = info.fingerprint if idx == 0 else f"{info.fingerprint}.{idx}"
-            entry = next(e for e in self.entries if e.key == key)
-            self._by_token[(id(program), sid)] = entry
-            self._aliases.append(program)  # keep it alive: its id must not be reused
-            return entry, False
-        scopes.append(sid)
-        idx = len(scopes) - 1
+        is_new = sid not in scopes
+        if is_new:
+            scopes.append(sid)
+        idx = scopes.index(sid)
         key = info.fingerprint if idx == 0 else f"{info.fingerprint}.{idx}"
-        entry = ProgramEntry(key, info, program, scope, place)
-        self.entries.append(entry)
+        if is_new:
+            entry = ProgramEntry(key, info, program, scope, place)
+            self.entries.append(entry)
+        else:
+            entry = next(e for e in self.entries if e.key == key)
+            self._aliases.append(program)  # keep it alive: its id must not be reused
         self._by_token[(id(program), sid)] = entry
-        return entry, True
+        return entry, is_new

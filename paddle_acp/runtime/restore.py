@@ -1,12 +1,8 @@
 """Restorer: owns the checkpoint a range resumes from, and writes its state back.
 
-:meth:`Restorer.load_newest` (when the range opens) picks the newest valid checkpoint
-(``format/checkpoints/restart.load_newest``: the single-writer or the global one; checkpoints that exist but
-cannot be used stop the restart unless ``PADDLE_ACP_START_FRESH`` is set) and records the epoch and
-step the loop resumes at; :meth:`Restorer.resume_rng` restores the RNG state when the loop starts.
-Each training program gets its tensors and LR scheduler back on its first ``Executor.run``
-(:meth:`Restorer.restore_entry`); programs that never ran in the range are written
-into the global scope when the loop ends (:meth:`Restorer.write_unrestored_into_global_scope`).
+:meth:`Restorer.load_newest` picks the newest valid checkpoint when the range opens; each training program gets
+its tensors and LR scheduler back on its first ``Executor.run`` (:meth:`Restorer.restore_entry`), and programs
+that never ran in the range are written into the global scope when the loop ends.
 """
 
 from __future__ import annotations
@@ -39,9 +35,8 @@ class Restorer:
 
     def __init__(self, name: str, cfg: _config.CheckpointConfig, numbered: PartReader,
                  global_checkpointer: GlobalCheckpointer, on_released: Callable[[], None], stager: Stager) -> None:
-        """``on_released``: called when every restored program has its state back (the range stops
-        being fed programs it only held for the restore); ``stager``: what copies the restored bytes into
-        the scope's tensors (the range's, which its saves copy through too)."""
+        """``on_released``: called when every restored program has its state back; ``stager``: copies the
+        restored bytes into the scope's tensors."""
         self.name = name
         self.cfg = cfg
         self.several_ranks = cfg.multi_rank
@@ -60,7 +55,7 @@ class Restorer:
 
     def load_newest(self, landing: Optional[Landing] = None) -> None:
         """Load the newest valid checkpoint of this range (if any) and record its position. ``landing``:
-        where its bytes are read into (this rank's snapshot arena, :meth:`Persister.landing`)."""
+        where its bytes are read into (:meth:`Persister.landing`)."""
         cfg = self.cfg
         running = cfg.rank_state if cfg.rank_state != "auto" else (
             "per-rank" if any(v > 1 for v in fleet_degrees().values()) else None)
@@ -76,7 +71,6 @@ class Restorer:
         if loaded is not None:
             self.loaded = loaded
             rec = loaded.manifest.range
-            # A mid-epoch checkpoint (step set) resumes inside its epoch.
             self.resume_epoch = rec.epoch_no if rec.step is None else rec.epoch_no - 1
             self.resume_step = rec.step
             self.resume_extra = loaded.manifest.extra
@@ -99,8 +93,7 @@ class Restorer:
             rng_state.restore(self.resume_extra["epoch_start_rng"])
         elif m.rng is not None:
             rng_state.restore(m.rng)
-        # the script's objects (captured RNGs, state=, track), the same way: mid-epoch, their state at
-        # the epoch's start now and at the step once resumable() has skipped the batches done
+        # the script's objects the same way: mid-epoch, at the epoch's start now, at the step after the skip
         script.restore(m.extra.get("epoch_start_objects" if self.resume_step is not None else "objects"),
                        f"checkpoint {self.loaded.name}")
         at = f"epoch {start}" + (f", step {self.resume_step}" if self.resume_step is not None else "")
@@ -163,29 +156,23 @@ class Restorer:
         self.on_released()
 
     def write_unrestored_into_global_scope(self) -> None:
-        """Write the state of restored programs that never ran into the global scope, by name.
-
-        A restarted job whose range has no epochs left runs no program inside
-        it; code after the loop must still see the trained state. (The LR
-        scheduler follows when the program first runs.)
-        """
+        """Write the state of restored programs that never ran into the global scope, by name (a finished job
+        restarted runs no program in its range; code after the loop must still see the trained state)."""
         if not self.has_unrestored_state:
             return
         import paddle
 
         scope = paddle.static.global_scope()
         self._check_global_scope(scope)
-        # each tensor stays where it lives (a GPU job's parameters on its GPU); one the scope holds
-        # nothing for yet goes to Paddle's default device, as the executor would put it
+        # each tensor stays where it lives; one the scope lacks goes to Paddle's default device
         default = default_place()
         for p in self._resumed.manifest.programs:
             write_program(self._resumed, p.key, scope, None, consume=False, default_place=default, stager=self.stager)
         logger.info("range %s: wrote the restored state of programs that did not run into the global scope", self.name)
 
     def _check_global_scope(self, scope: Any) -> None:
-        """The checkpoint's unrestored tensors must fit the variables the scope already holds (same
-        dtype and shape), as a registered program's fingerprint guarantees mid-run: a model changed
-        since the checkpoint must fail here, not leave the old model in the scope."""
+        """The checkpoint's unrestored tensors must fit the variables the scope holds (dtype and shape): a model
+        changed since the checkpoint fails here."""
         m = self._resumed.manifest
         unrestored = set(self._resumed.arrays)  # the keys (the arrays are read on access only)
         bad = []

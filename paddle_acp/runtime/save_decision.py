@@ -1,16 +1,9 @@
 """When to save: the save-decision policy, one pure object (``should_save(context) -> Decision``).
 
-:class:`SaveDecisionPolicy` holds a range's settings (``save_checkpoint_inter``, the busy policy
-``PADDLE_ACP_BUSY_POLICY``, synchronous saves, several ranks); :meth:`~SaveDecisionPolicy.should_save`
-answers, from the facts of one moment (:class:`SaveContext`: the point reached, the time since the last
-checkpoint, whether the previous checkpoint is still being written, the ranks' plan for this point, the
-``auto`` wait budget...), whether a save is due there and what it does (:class:`Decision`). It reads no clock
-and does no I/O: :class:`~paddle_acp.runtime.schedule.SaveSchedule` gathers the facts (and, with several
-ranks, asks rank 0's save plan, :mod:`~paddle_acp.runtime.agree`, at the points
-:meth:`~SaveDecisionPolicy.plan_point` names), so the same facts give the same decision on every rank.
-
-With several ranks only the plan decides take or skip (every rank reads the same plan); waiting for this
-rank's previous checkpoint, or queueing behind it, is each rank's own and never skips a taken point.
+:class:`SaveDecisionPolicy` holds a range's save settings; :meth:`~SaveDecisionPolicy.should_save` answers, from
+the facts of one moment (:class:`SaveContext`), whether a save is due there and what it does. It reads no clock and
+does no I/O, so the same facts give the same decision on every rank. With several ranks only rank 0's plan decides
+take or skip; waiting for this rank's previous checkpoint, or queueing behind it, never skips a taken point.
 Preemption and final saves are durable: they wait for the previous checkpoint and are always taken.
 """
 
@@ -29,16 +22,15 @@ AUTO = "auto"  # the default busy policy: WAIT within the range's wait budget, e
 EPOCH_END, STEP, PREEMPT, FINAL = "epoch end", "step", "preempt", "final"
 # why a due save is skipped
 BUSY, COSTLY, ARENA, PLAN = "busy", "costly", "arena", "plan"
-# One writer, ``skip``/``auto``: at most this many due saves in a row are skipped while at least ARENA_SKIP_BYTES
-# of the snapshot arena are still to be populated; the next one populates the rest itself (populating
-# fresh memory costs seconds per GB on some hosts: the first save of a range would stall that long).
+# One writer, ``skip``/``auto``: at most this many due saves in a row are skipped while ARENA_SKIP_BYTES or more
+# of the snapshot arena are still to be populated (seconds per GB on some hosts); the next populates the rest.
 ARENA_SKIPS = 2
 ARENA_SKIP_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class SaveContext:
-    """The facts of one moment that a save decision depends on (gathered by the range, nothing read here)."""
+    """The facts of one moment that a save decision depends on."""
 
     point: str  # EPOCH_END, STEP (a batch boundary of ``resumable``), PREEMPT or FINAL
     since_save: float = 0.0  # seconds since the last checkpoint was taken (or the loop started)
@@ -85,9 +77,8 @@ class SaveDecisionPolicy:
         return point in (PREEMPT, FINAL) or self.synchronous
 
     def plan_point(self, c: SaveContext) -> Optional[str]:
-        """Several ranks: the sequence of rank 0's save plan this point counts in (``due``: epoch ends when
-        every epoch saves and ``save_every_steps`` boundaries; ``interval``: epoch ends when the interval is
-        set), or None (one writer, a durable save, or not a point of the plan)."""
+        """Several ranks: the sequence of rank 0's save plan this point counts in (``due`` or ``interval``), or
+        None (one writer, a durable save, or not a point of the plan)."""
         if not self.several_ranks or self.durable(c.point):
             return None
         if c.point == EPOCH_END:
@@ -127,7 +118,7 @@ class SaveDecisionPolicy:
         return Decision(QUEUE) if queue else Decision(SKIP, BUSY)
 
     def describe(self) -> str:
-        """What a save that comes due while the previous checkpoint is still being written does (the start line)."""
+        """What a save due while the previous checkpoint is being written does (the start line)."""
         policy = self.busy_policy
         if self.several_ranks and policy != WAIT:
             return (f"a checkpoint still being written when the next comes due: rank 0's save plan takes every n-th "

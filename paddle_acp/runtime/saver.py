@@ -1,11 +1,8 @@
 """Saver: persist snapshots synchronously or on one background thread.
 
-At most one snapshot is being written, and at most one more may wait behind it
-(``enqueue``; the ``queue`` busy policy). ``wait`` blocks until both are
-committed and reports (logs, counts) failures on the calling (training) thread.
-What a save that comes due while the saver is busy does is decided by the save-decision policy
-(:mod:`~paddle_acp.runtime.save_decision`). The saver queues and writes save tickets (:class:`SaveTicket`):
-a snapshot (the checkpoint's content) with what the runtime decided about its save.
+At most one save ticket (:class:`SaveTicket`: a snapshot and what the runtime decided about its save) is being
+written, and at most one more may wait behind it (``enqueue``; the ``queue`` busy policy). ``wait`` blocks until
+both are committed and reports failures on the calling (training) thread.
 """
 
 from __future__ import annotations
@@ -26,9 +23,7 @@ logger = logging.getLogger("paddle_acp")
 
 @dataclasses.dataclass
 class SaveTicket:
-    """One save as the runtime decided it, beside the :class:`~paddle_acp.format.engine.snapshot.Snapshot`
-    it writes (which holds the checkpoint's content only): the saver queues and writes tickets,
-    and the save's metrics record is made of them. None of it is in the checkpoint's files."""
+    """One save as the runtime decided it, beside the snapshot it writes (none of it is in the checkpoint)."""
 
     snap: Snapshot
     buffer: int = 0  # which of the range's snapshot buffers holds ``snap.image`` (0, or 1 when queued)
@@ -64,23 +59,16 @@ class Saver:
     def _run(self, ticket: SaveTicket) -> None:
         try:
             self._persist(ticket)
-        except RestartRequiredError as exc:
-            # the ranks would go on from different checkpoints: not a failed save that the next one
-            # retries, but the end of training, on the training thread (as an interrupt is)
-            self.stats.failures += 1
-            if not self.async_save or threading.current_thread() is threading.main_thread():
-                raise
-            self._interrupt = exc
-        except Exception as exc:  # reported on the training thread by wait()
-            self._errors.append(exc)
         except BaseException as exc:
-            # KeyboardInterrupt (Ctrl-C) or SystemExit: the checkpointer has removed the partial
-            # checkpoint; the last committed one is intact. On the training thread (synchronous and
-            # preemption saves) it propagates and stops the process; a background thread hands it
-            # to wait(), which raises it on the training thread.
+            if isinstance(exc, Exception) and not isinstance(exc, RestartRequiredError):
+                self._errors.append(exc)  # reported on the training thread by wait()
+                return
+            # the ranks would go on from different checkpoints (RestartRequiredError), or KeyboardInterrupt or
+            # SystemExit (the partial checkpoint is removed): raised on the training thread
             self.stats.failures += 1
-            logger.warning("checkpoint save interrupted by %s; its partial files were removed, the last "
-                           "committed checkpoint is intact", type(exc).__name__)
+            if not isinstance(exc, Exception):
+                logger.warning("checkpoint save interrupted by %s; its partial files were removed, the last "
+                               "committed checkpoint is intact", type(exc).__name__)
             if not self.async_save or threading.current_thread() is threading.main_thread():
                 raise
             self._interrupt = exc
@@ -100,8 +88,7 @@ class Saver:
             if isinstance(exc, FencedError):  # the fence said so once, at ERROR; this writer saves no more
                 logger.debug("checkpoint save refused: %s", exc)
                 continue
-            # One line with the cause per failure; the traceback once (later ones at DEBUG), so a
-            # storage outage does not print a screenful every epoch.
+            # one line per failure; the traceback once (later ones at DEBUG)
             cause = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
             first = self.stats.failures == 1
             logger.error("checkpoint save failed (%d so far); training goes on and the next save retries: %s: %s%s",
@@ -115,8 +102,7 @@ class Saver:
             raise interrupt
 
     def interrupt(self, exc: BaseException) -> None:
-        """Hand ``exc`` (raised on another thread: a commit's error) to the training thread: a
-        RestartRequiredError is raised by the next :meth:`wait`, any other is reported there."""
+        """Hand a commit's error to the training thread: raised (RestartRequiredError) or reported by :meth:`wait`."""
         if isinstance(exc, RestartRequiredError) or not isinstance(exc, Exception):
             self.stats.failures += 1
             self._interrupt = exc
@@ -141,8 +127,7 @@ class Saver:
             return self._inflight
 
     def enqueue(self, ticket: SaveTicket) -> None:
-        """Write ``ticket``'s snapshot after the checkpoint in flight (the save decision said QUEUE); when
-        that one finished meanwhile, write it now. Its buffers must differ from the in-flight one's."""
+        """Write ``ticket`` after the checkpoint in flight (or now, when that one finished meanwhile)."""
         with self._lock:
             if self._inflight is not None and self._queued is None:
                 self._queued = ticket
@@ -152,10 +137,8 @@ class Saver:
         self.submit(ticket)
 
     def wait(self, for_previous: bool = True) -> float:
-        """Block until the saves in flight and queued (if any) are committed; returns seconds waited.
-
-        ``for_previous``: a due save waits for the previous checkpoint (said in one log line); else the
-        caller waits for its own save (a synchronous or final one), which logs its own line."""
+        """Block until the saves in flight and queued are committed; returns seconds waited (``for_previous``:
+        a due save waits for the previous checkpoint, said in a log line)."""
         waited = 0.0
         t = self._thread
         if t is not None:
@@ -172,8 +155,7 @@ class Saver:
         return waited
 
     def wait_idle(self, timeout: float) -> Tuple[bool, float]:
-        """Wait at most ``timeout`` seconds for the checkpoint in flight (the ``auto`` policy):
-        (whether the saver is idle now, seconds waited). Failures are reported by the next :meth:`wait`."""
+        """Wait at most ``timeout`` s for the checkpoint in flight (``auto``): (idle now, seconds waited)."""
         t = self._thread
         if t is None or not self.busy:
             return True, 0.0

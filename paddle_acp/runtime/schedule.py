@@ -1,20 +1,10 @@
 """Save schedule: owns a range's clock since its last checkpoint, its ``auto`` wait budget and its save plan.
 
-:class:`SaveSchedule` gathers the facts the save-decision policy
-(:class:`~paddle_acp.runtime.save_decision.SaveDecisionPolicy`, pure) decides on: the time since the last
-checkpoint, the persists' durations and the range's waits (the ``auto`` budget) and, with several ranks,
-rank 0's save plan (:class:`~paddle_acp.runtime.agree.Agreement`), asked at the points the policy names.
-What it is told (whether the saver is busy, whether the second buffer fits) comes in the
-:class:`~paddle_acp.runtime.save_decision.SaveContext`: it does no I/O of its own beyond the plan's.
-
-The default policy, ``auto``, holds the range's wait budget: a due save that finds the previous
-checkpoint still being written waits for it as long as all such waits of the range stay within
-:data:`~paddle_acp.config.AUTO_WAIT_SHARE` (5 %) of the range's time beyond its first
-:data:`~paddle_acp.config.AUTO_WAIT_FREE_S` (2 s); a save whose wait would pass that (the persist
-in flight is expected to take longer, or did not end within the allowance) is skipped. Small
-checkpoints between short epochs are all taken (waits of milliseconds); large ones that take
-longer to write than the training between them are skipped, as under ``skip``, and cost the
-training at most that share.
+:class:`SaveSchedule` gathers the facts the pure save-decision policy decides on (and, with several ranks, asks
+rank 0's save plan, :class:`~paddle_acp.runtime.agree.Agreement`); it does no I/O of its own beyond the plan's.
+Under ``auto`` a due save that finds the previous checkpoint still being written waits for it as long as all such
+waits of the range stay within :data:`~paddle_acp.config.AUTO_WAIT_SHARE` of its time beyond its first
+:data:`~paddle_acp.config.AUTO_WAIT_FREE_S`; a save whose wait would pass that is skipped.
 """
 
 from __future__ import annotations
@@ -36,8 +26,7 @@ class SaveSchedule:
 
     def __init__(self, interval: float, busy_policy: str, agreement: Optional[Agreement],
                  synchronous: bool = False) -> None:
-        """``interval``: seconds between checkpoints (0: every epoch); ``agreement``: several ranks'
-        save plan (None for one writer); ``synchronous``: every save is written before training goes on."""
+        """``interval``: seconds between checkpoints (0: every epoch); ``agreement``: several ranks' save plan."""
         self.policy = SaveDecisionPolicy(interval, busy_policy, synchronous, agreement is not None)
         self.agreement = agreement
         self.last_save = time.monotonic()
@@ -60,8 +49,7 @@ class SaveSchedule:
 
     def decide(self, ctx: SaveContext, at: Optional[str]) -> Decision:
         """The policy's decision on ``ctx`` with this range's clock and ``auto`` budget. Several ranks, with ``at``
-        (the position, for the plan's log lines): rank 0's save plan is asked first when the point is one of its
-        due points (every rank counts them alike, :meth:`SaveDecisionPolicy.plan_point`)."""
+        (the position): rank 0's save plan is asked first at one of its due points."""
         plan = ctx.plan
         kind = self.policy.plan_point(ctx) if plan is None else None
         if kind is not None and at is not None:
@@ -72,27 +60,24 @@ class SaveSchedule:
             allowance=self.wait_allowance()))
 
     def start(self, base: Optional[str]) -> None:
-        """Several ranks, when the range opens: rank 0 writes a fresh save plan (before any training
-        step); ``base``: the global checkpoint this incarnation resumed from."""
+        """Several ranks, when the range opens: rank 0 writes a fresh save plan (``base``: the checkpoint resumed)."""
         if self.agreement is not None:
             self.agreement.start(base)
 
     def restart_clock(self, partial: bool = False) -> None:
-        """The loop starts: the interval counts from now (``partial``: its first epoch resumes mid-epoch,
-        :meth:`Planner.restart_clock`)."""
+        """The loop starts: the interval counts from now (``partial``: its first epoch resumes mid-epoch)."""
         self.last_save = self.loop_start = time.monotonic()
         if self.agreement is not None:
             self.agreement.tell(lambda planner, now: planner.restart_clock(now, partial))
 
     def wait_allowance(self) -> float:
-        """``auto``: the seconds training may still wait for the previous checkpoint now (the budget less the
-        range's waits so far)."""
+        """``auto``: the seconds training may still wait for the previous checkpoint now."""
         budget = AUTO_WAIT_FREE_S + AUTO_WAIT_SHARE * (time.monotonic() - self.loop_start)
         return max(0.0, budget - self.waited_s)
 
     def expected_wait(self) -> float:
-        """``auto``: how much longer the persist in flight is expected to take: the longest of the last few less
-        its time so far; before any ended, as long again as it took so far."""
+        """``auto``: how much longer the persist in flight is expected to take (the longest of the last few; before
+        any ended, as long again as it took so far)."""
         since = self._persist_since
         if since is None:
             return 0.0
@@ -109,8 +94,7 @@ class SaveSchedule:
         return self.agreement is not None
 
     def close(self) -> None:
-        """The range ended: rank 0's save-plan write still in flight is done (a later start's plan is never
-        overwritten by it), and this rank joined the store's open (Agreement.close)."""
+        """The range ended: rank 0's save-plan write still in flight is done (:meth:`Agreement.close`)."""
         if self.agreement is not None:
             self.agreement.close()
 
@@ -120,14 +104,13 @@ class SaveSchedule:
             self.agreement.tell(Planner.point_done)
 
     def persist_started(self) -> None:
-        """A checkpoint's persist began (auto; several ranks: rank 0 sizes its plan by the persist time)."""
+        """A checkpoint's persist began."""
         self._persist_since = time.monotonic()
         if self.agreement is not None:
             self.agreement.tell(Planner.persist_started)
 
     def persist_ended(self) -> None:
-        """A checkpoint's persist ended (rank 0: its global commit was decided; on the saver's or the committer's
-        thread): ``auto`` expects the next to take as long; several ranks: rank 0 sizes its plan by it."""
+        """A checkpoint's persist ended (rank 0: its global commit was decided), from the saver's or committer's."""
         since, self._persist_since = self._persist_since, None
         if since is not None:
             self._persists.append(time.monotonic() - since)

@@ -1,25 +1,13 @@
 """Worker shield: owns how Paddle's DataLoader workers forked while a range is open take the preemption signals.
 
-A job stopped by signalling all its processes at once (Slurm signals every process of the job step; a
-launcher may signal a process group) signals the DataLoader's workers (``num_workers>0``) too. A worker
-killed by SIGTERM makes Paddle raise ``SystemError`` in the training thread at whatever it runs then
-(Paddle's SIGCHLD handler), the preemption save included: no save.
-
-While a range's preemption handlers are installed (:func:`engage`), a worker that Paddle's DataLoader
-forks (:func:`paddle_acp.adapter.workers.forking_loader_worker`) blocks the preemption signals from its
-first instruction on (the mask, which its threads inherit: Paddle's worker installs its own SIGTERM
-handler after the fork, which would replace an ignore but not a block), and one thread of it waits for
-them (``sigwaitinfo``): a signal sent by the worker's parent (``Process.terminate()``, which
-``multiprocessing`` sends its daemonic children at exit) ends the worker at once with status 0, as
-Paddle's own handler does for its parent's SIGTERM; one sent by anyone else (the job's stop) is held
-while the parent lives and ends the worker once the parent is gone, however it ended (Paddle's orphaned
-workers do not end by themselves). Only the training process acts on it: it saves at the next boundary
-and exits, and its loader stops the workers as at any loop's end.
-
-Every child forked meanwhile gets the handlers from before the range back: the range's handler would
-only record the signal in a process that has no range (a child the script forks, which
-``multiprocessing`` stops with SIGTERM at exit, would not end). A child a worker forks gets the signals
-back unblocked; a worker's ``subprocess`` children (no fork hook runs there) inherit the block.
+A job stopped by signalling all its processes at once signals the DataLoader's workers too, and a worker killed by
+SIGTERM makes Paddle raise ``SystemError`` in the training thread (its SIGCHLD handler): the preemption save is
+lost. While a range's handlers are installed (:func:`engage`), a worker Paddle forks blocks the preemption signals
+from its first instruction on (a block, not an ignore: Paddle's worker installs its own SIGTERM handler after the
+fork), and one thread of it waits for them: a signal from its parent (``Process.terminate()``) ends it at once
+with status 0, as Paddle's handler would; one from anyone else is held while the parent lives and ends the worker
+once the parent is gone. Every other child forked meanwhile gets the handlers from before the range back; a
+worker's own children get the signals back unblocked (``subprocess`` children inherit the block).
 """
 
 from __future__ import annotations
@@ -38,24 +26,22 @@ _blocked_here: FrozenSet[int] = frozenset()
 
 
 def engage(previous: Dict[int, signal._HANDLER]) -> None:
-    """A range's handlers of the signals ``previous`` names are installed: a child forked from now on
-    gets the handlers from before them back (``previous``' values), and a DataLoader worker blocks them."""
+    """A range's handlers are installed: a child forked from now on gets ``previous`` back; a worker blocks them."""
     global _shielded
     _shielded = dict(previous)
 
 
 def release() -> None:
-    """The range's handlers are removed: children forked from now on take the signals as this process does."""
+    """The range's handlers are removed: children take the signals as this process does."""
     global _shielded
     _shielded = {}
 
 
 def _wait(signals: FrozenSet[int], parent: int) -> None:
-    """A shielded worker's thread: its parent's signal ends the worker; anyone else's (the job's stop) is
-    held while the parent lives and ends the worker once the parent is gone (no save left to shield)."""
+    """A shielded worker's thread: its parent's signal ends the worker; anyone else's, once the parent is gone."""
     held = 0  # the first signal held (0: none)
     while True:
-        # (no signal held: nothing to do until one comes; one held: the parent's end is looked for twice a second)
+        # (one held: the parent's end is looked for twice a second)
         info = signal.sigwaitinfo(signals) if not held else signal.sigtimedwait(signals, 0.5)
         if info is not None:
             if info.si_pid == parent:  # the loader's own process ends its worker (status 0, as Paddle's handler)

@@ -1,12 +1,7 @@
 """Process state: everything paddle-acp remembers between ranges of one process, in one object.
 
-A restart (and :func:`paddle_acp.simulate_restart`) starts from a fresh :class:`ProcessState`:
-ranges are numbered from 0 again, the job marker is written again, the writer fence takes a
-new generation. The ``Executor.run`` hook reads :attr:`ProcessState.hooked` on every run
-(one attribute lookup: the fast path of a call made thousands of times a second).
-
-Not here: the ``Executor.run`` patch itself (:mod:`paddle_acp.runtime.hook`), which a restart
-does not undo, and the once-per-process warnings of the adapter and format layers.
+A restart (and :func:`paddle_acp.simulate_restart`) starts from a fresh :class:`ProcessState`. Not here: the
+``Executor.run`` patch (:mod:`paddle_acp.runtime.hook`), which a restart does not undo.
 """
 
 from __future__ import annotations
@@ -28,23 +23,18 @@ class ProcessState:
     """The process-wide state of the runtime layer (one instance: :data:`STATE`)."""
 
     def __init__(self) -> None:
-        # The range whose loop runs now (``active_range()``, ``resumable``).
-        # (typed Any: the range module imports this one; EpochRange in paddle_acp.runtime.range)
+        # the range whose loop runs now (typed Any: an EpochRange, whose module imports this one)
         self.active: Optional[Any] = None
-        # The range the Executor.run hook feeds: the active one, or an ended one whose restored
-        # programs have not run yet (a finished job restarted: its loop yields nothing, but code
-        # after the loop must see the restored state).
+        # the range the hook feeds: the active one, or an ended one whose restored programs have not run yet
         self.hooked: Optional[Any] = None
         self.range_counter = 0
         self.logged_inactive = False  # "checkpointing is off" was logged
-        # One message per range whose final checkpoint failed (``paddle-acp run`` exits 1 when any).
         self.final_save_failures: List[str] = []
         # (storage URI, job id, rank) -> this process's writer Fence (one generation of its rank per start)
         self.fences: Dict[Tuple[str, str, int], Fence] = {}
         # (storage URI, job id) whose job marker this process wrote or found (once per process, not per range)
         self.marked_jobs: Set[Tuple[str, str]] = set()
-        # (PADDLE_ACP_LOCAL_CACHE, storage URI) -> its LocalCache, or None (a local URI, or unusable:
-        # said once per process, not per range)
+        # (PADDLE_ACP_LOCAL_CACHE, storage URI) -> its LocalCache, or None (a local URI, or unusable)
         self.caches: Dict[Tuple[str, str], Optional[LocalCache]] = {}
         # paddle_acp.track's objects: name -> (kind, object), saved by every range opened after
         self.tracked: Dict[str, Tuple[str, Any]] = {}
@@ -55,8 +45,7 @@ class ProcessState:
         return name
 
     def fence_for(self, storage: Storage, job_id: str, rank: int) -> Fence:
-        """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per
-        process): a generation of its own rank (:mod:`paddle_acp.format.commit.fencing`)."""
+        """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per process)."""
         key = (storage.uri, job_id, rank)
         f = self.fences.get(key)
         if f is None:
@@ -64,8 +53,7 @@ class ProcessState:
         return f
 
     def local_cache(self, cfg: CheckpointConfig, storage: Storage) -> Optional[LocalCache]:
-        """The node-local cache tier of a remote checkpoint location (``PADDLE_ACP_LOCAL_CACHE``);
-        None when it is not set, the location is local, or the directory is unusable."""
+        """The node-local cache of a remote checkpoint location (``PADDLE_ACP_LOCAL_CACHE``), or None."""
         if cfg.local_cache is None:
             return None
         key = (cfg.local_cache, storage.uri)

@@ -1,15 +1,13 @@
 """Mid-epoch steps: owns where the loop is (epoch, step) and the ``resumable`` batch iteration.
 
-:class:`Position` is the loop's place: the epoch, the batches done in it (``resumable`` loops
-only) and the step state a mid-epoch checkpoint records in the manifest's ``extra`` (the epoch's
-start RNG and objects, the loader's state). :class:`ResumableSteps` iterates one epoch's batches:
-it counts them, asks for a checkpoint every ``save_every_steps`` batches (or when the time
-interval passed), turns a preemption signal into a save at the next batch boundary and, after a
-restart, skips the batches a mid-epoch checkpoint already covers.
+:class:`Position` is the loop's place and the step state a mid-epoch checkpoint records; :class:`ResumableSteps`
+iterates one epoch's batches, saves at due batch boundaries and after a preemption signal, and after a restart
+skips the batches a mid-epoch checkpoint already covers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Callable, Dict, Iterator, Optional
 
@@ -49,23 +47,19 @@ class Position:
         return extra
 
 
+@dataclasses.dataclass(eq=False)
 class ResumableSteps:
     """One range's ``resumable`` iteration: step-level checkpoints and mid-epoch resume."""
 
-    def __init__(self, range_name: str, position: Position, restorer: Restorer, script: ScriptState,
-                 watcher: PreemptionWatcher, is_writer: bool, due_by_time: Callable[[], bool],
-                 save: StepSave, preempt: StepSave) -> None:
-        """``due_by_time()``: whether a save is due by the time interval alone and would be taken
-        now; ``save``, ``preempt``: take a mid-epoch checkpoint (and stop, for ``preempt``)."""
-        self.range_name = range_name
-        self.position = position
-        self.restorer = restorer
-        self.script = script
-        self.watcher = watcher
-        self.is_writer = is_writer
-        self.due_by_time = due_by_time
-        self.save = save
-        self.preempt = preempt
+    range_name: str
+    position: Position
+    restorer: Restorer
+    script: ScriptState
+    watcher: PreemptionWatcher
+    is_writer: bool
+    due_by_time: Callable[[], bool]  # whether a save is due by the interval alone now
+    save: StepSave  # take a mid-epoch checkpoint
+    preempt: StepSave  # take one and stop
 
     def steps(self, iterable: Any, save_every_steps: Optional[int] = None) -> Iterator[Any]:
         """Iterate one epoch's batches with step-level checkpoints and mid-epoch resume."""
@@ -104,16 +98,11 @@ class ResumableSteps:
                 elif self.is_writer and (
                     (save_every_steps is not None and pos.step % save_every_steps == 0) or self.due_by_time()
                 ):
-                    # (a save due by time alone that the busy policy would skip stays due: it is
-                    # taken at the first batch boundary after the previous checkpoint is written;
-                    # several ranks take interval saves at epoch ends, as their save plan says)
                     due = "save"
             if due is not None:
-                # A mid-epoch checkpoint is taken only when another batch follows: one taken after
-                # the epoch's last batch would resume with no batch left to run, so the restore
-                # (made when the training program first runs) would come after the code that ends
-                # the epoch (an eval, sched.step()). The epoch's end then saves or preempts instead.
-                # The loader and RNG states are those before the next batch is fetched.
+                # Only when another batch follows: one after the last batch would resume with no batch left,
+                # so its restore (at the program's first run) would come after the epoch's end code. The
+                # loader and RNG states are those before the next batch is fetched.
                 loader_state = iterable.state_dict() if stateful else None
                 rng = rng_state.capture()
                 objects = self.script.capture()
@@ -135,8 +124,7 @@ class ResumableSteps:
             pos.step += 1
 
     def _check_batches_left(self, it: Iterator[Any], skip: int) -> Iterator[Any]:
-        """Refuse to resume silently wrong from a checkpoint taken after an epoch's last batch
-        (earlier builds took such checkpoints): with no batch left, the restore would come too late."""
+        """Refuse a checkpoint taken after an epoch's last batch (earlier builds took them): no restore in time."""
         try:
             first = next(it)
         except StopIteration:

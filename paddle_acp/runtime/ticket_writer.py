@@ -1,10 +1,8 @@
 """TicketWriter: owns persisting save tickets on the saver's thread and recording what became of each.
 
-The :class:`~paddle_acp.runtime.persist.Persister` takes a snapshot and hands it, in a
-:class:`~paddle_acp.runtime.saver.SaveTicket`, to the :class:`~paddle_acp.runtime.saver.Saver` this writer owns.
-On the saver's thread the writer has the checkpointer write this rank's part of a global checkpoint (a one-process
-job is a job of world size 1), whose commit rank 0 decides on its committer's thread, then records the outcome: the metrics
-log's record, the log line, and the error of the last save that ended (reported when the range closes).
+It has the checkpointer write this rank's part of a global checkpoint (a one-process job is one of world size 1),
+whose commit rank 0 decides on its committer's thread, then records the outcome: the metrics record, the log line,
+and the error of the last save that ended (reported when the range closes).
 """
 
 from __future__ import annotations
@@ -62,8 +60,7 @@ class TicketWriter:
         self.metrics.flush_due()
 
     def _streamed_record(self, ticket: SaveTicket, record: SaveBegun) -> Tuple[SaveBegun, float]:
-        """The metrics record and stall of a saved snapshot. A streamed one's ended when its last chunk
-        was copied, during the write: the metrics record gets it, and the stream's figures."""
+        """The metrics record and stall of a saved snapshot (a streamed one's: until its last chunk was copied)."""
         stream = ticket.snap.stream
         if stream is None:
             return record, ticket.stall_seconds
@@ -73,8 +70,7 @@ class TicketWriter:
                                   chunks=stream.nchunks), stall
 
     def _persist_part(self, ticket: SaveTicket, record: SaveBegun, t0: float) -> None:
-        """This rank's part; rank 0's commit goes on on the committer's thread (a durable save, or a
-        synchronous saver, waits for it): the metrics record and log line come when it is decided."""
+        """This rank's part; rank 0's commit is decided on the committer's thread (durable saves wait for it)."""
         snap = ticket.snap
         try:
             assert snap.mode is not None  # decided by Persister.save() for every save
@@ -99,10 +95,8 @@ class TicketWriter:
 
     def _part_done(self, record: SaveBegun, done: "_PartWritten", committed: Optional[bool], waited: float,
                    error: Optional[BaseException], decided_at: Optional[float] = None) -> None:
-        """The metrics record and log line of a part written (rank 0: of its commit, once decided;
-        ``decided_at``: when, if it was earlier than now: a durable save waited for retention too)."""
-        # rank 0: the persist time its save plan is sized by, until the global commit (every rank's part
-        # written), not its own part alone, nor retention after the commit
+        """The metrics record and log line of a part written (rank 0: once its commit is decided, at
+        ``decided_at`` when that was earlier: the persist time the plan is sized by excludes retention)."""
         self.schedule.persist_ended()
         dt = (time.perf_counter() if decided_at is None else decided_at) - done.t0
         if error is not None:  # the commit failed (storage, fenced, or the base was condemned)

@@ -1,7 +1,4 @@
-"""``acp.Value`` and ``acp.Counter``: a number (or any plain value) of the script that a checkpoint saves and
-restores in place, since a bare ``int``/``float`` cannot be (registered like any object with
-``state_dict()``, :mod:`paddle_acp.runtime.objects`).
-"""
+"""``acp.Value`` and ``acp.Counter``: a number (or any plain value) a checkpoint saves and restores in place."""
 
 from __future__ import annotations
 
@@ -14,11 +11,9 @@ _V = TypeVar("_V", bound="Value")
 
 
 class Value:
-    """A mutable value a checkpoint saves and restores in place: ``lr = acp.Value(0.1)``.
+    """A mutable value a checkpoint saves and restores in place: ``lr = acp.Value(0.1)``; read and write ``.value``.
 
-    Read and write ``.value``. ``+=``, ``-=``, ``*=`` and ``/=`` change it in place (the name
-    keeps the same object); arithmetic, comparisons, ``int()``, ``float()`` and indexing use
-    the value.
+    ``+=``, ``-=``, ``*=``, ``/=`` change it in place; arithmetic, comparisons and conversions use the value.
     """
 
     __slots__ = ("value",)

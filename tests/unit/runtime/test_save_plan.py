@@ -104,7 +104,7 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0, ins
     decisions, rank 1's)."""
     kind = "interval" if interval > 0 else "due"
     h, w, o = blocks(kind, instant)
-    planner = Planner(initial_plan("r", None, "t", policy), policy, interval, 0.0, floor=floor, instant=instant)
+    planner = Planner(initial_plan("r", None, "t"), policy, interval, 0.0, floor=floor, instant=instant)
     planner.restart_clock(0.0)
     now, done_at = 0.0, None
     after = []  # the plan as rank 0 had it after passing point i
@@ -127,7 +127,7 @@ def simulate(policy, epochs, persists, lag_choices, interval=0.0, floor=0.0, ins
             done_at = now + next(p, 1.0)
         planner.point_done(now)
         after.append(SavePlan.loads(planner.plan.dumps()))  # as the others read it
-    before0 = initial_plan("r", None, "t", policy)
+    before0 = initial_plan("r", None, "t")
     theirs = []
     for i in range(len(epochs)):
         b = (i + o) // h
@@ -385,7 +385,7 @@ def test_the_stride_covers_commits_that_outlast_the_parts():
     """Due points every 0.15 s; each rank's part is written in 0.3 s, the global commit decided 1.2 s after the
     save (rank 0's saver is free at 0.3 s, its commit goes on): the plan takes a point at most every 1.2 s of
     training time, so taken points never find a part in flight."""
-    planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0)
+    planner = Planner(initial_plan("r", None, "t"), "skip", 0.0, 0.0)
     now, part_done, commits = 0.0, None, []
     waits = []
     for i in range(120):
@@ -439,7 +439,7 @@ def test_the_second_block_is_planned_at_the_first_point_on_the_opens_write_time(
     floor nothing is known yet: every point. Once a persist is measured, it alone counts (a faster one brings
     the stride down)."""
     def second_block(floor):
-        planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=floor)
+        planner = Planner(initial_plan("r", None, "t"), "skip", 0.0, 0.0, floor=floor)
         planner.restart_clock(0.0)
         planner.at("due", 0, 0.1, False)  # the first due point, one epoch after the loop's start
         planner.persist_started(0.1)
@@ -488,7 +488,7 @@ def test_a_slightly_shorter_stride_is_not_worth_a_plan_write():
     """At every 8th point, a wanted 7th (the estimates swing between blocks) leaves the plan as it is: each change
     is a write rank 0 waits for at its next point. A 6th, or any shorter stride below 6, is planned."""
     def plan_after(persist):
-        planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0)
+        planner = Planner(initial_plan("r", None, "t"), "skip", 0.0, 0.0)
         planner.restart_clock(0.0)
         now = 0.0
         for i in range(20):
@@ -555,7 +555,7 @@ def test_a_first_epoch_resumed_mid_epoch_decides_nothing(instant):
     """A restart mid-epoch: the first due point comes after the epoch's remaining steps (0.01 s here), which says
     nothing of an epoch's length (60 s). Its point decides no stride from it (K would skip the next epochs, each a
     minute of training, while nothing is being written): every point is taken until a whole epoch was measured."""
-    planner = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=0.8, instant=instant)
+    planner = Planner(initial_plan("r", None, "t"), "skip", 0.0, 0.0, floor=0.8, instant=instant)
     planner.restart_clock(0.0, partial=True)
     planner.at("due", 0, 0.01, False)
     assert planner.plan.strides == ()
@@ -564,7 +564,7 @@ def test_a_first_epoch_resumed_mid_epoch_decides_nothing(instant):
         now += 60.0
         planner.at("due", i, now, False)
     assert all(planner.plan.taken("due", i) for i in range(12)), planner.plan
-    whole = Planner(initial_plan("r", None, "t", "skip"), "skip", 0.0, 0.0, floor=0.8, instant=instant)
+    whole = Planner(initial_plan("r", None, "t"), "skip", 0.0, 0.0, floor=0.8, instant=instant)
     whole.restart_clock(0.0)
     whole.at("due", 0, 0.01, False)  # a whole first epoch of 0.01 s: every 8th point (at most K) from then on
     assert whole.plan.strides and whole.plan.strides[-1][1] == MAX_STRIDE
