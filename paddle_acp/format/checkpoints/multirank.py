@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
@@ -47,6 +47,7 @@ from paddle_acp.format.layout import (
     rank_part,
     tmp_generation,
 )
+from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Entry, Storage
 
 if TYPE_CHECKING:
@@ -57,7 +58,6 @@ logger = logging.getLogger("paddle_acp")
 PREEMPT_PART_WAIT = 10.0  # seconds rank 0 waits for the parts of a preemption save (the launcher is stopping the job)
 
 
-# -- the checkpointer ----------------------------------------------------------------
 @dataclasses.dataclass
 class SaveResult:
     name: str
@@ -73,9 +73,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
                  max_to_keep: int = 3, part_timeout: float = 300.0, fence: Optional[Fence] = None,
                  cache: Optional["RangeCache"] = None, memory_budget: Optional[int] = None) -> None:
-        """``fence``: this rank's writer fence; ``cache``: this rank's node-local copies
-        (``PADDLE_ACP_LOCAL_CACHE``, remote storage only); ``memory_budget``: the host-memory budget of
-        this rank's restores (``PADDLE_ACP_HOST_MEMORY``)."""
+        """``cache``: this rank's node-local copies (``PADDLE_ACP_LOCAL_CACHE``); ``memory_budget``: the host-memory
+        budget of its restores (``PADDLE_ACP_HOST_MEMORY``)."""
         super().__init__(storage, job_id, range_name)
         self.rank = rank
         self.world_size = world_size
@@ -101,11 +100,10 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         self._not_cleared: Set[str] = set()
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
         self.own_manifests: Dict[str, bytes] = {}  # position -> this rank's part's manifest bytes, as written
+        self.staged_globals: Dict[str, Tuple[bytes, str]] = {}  # one rank: global.json staged beside its part
 
-    # -- listing ---------------------------------------------------------------
     def scan(self, listing: Optional[List[Entry]] = None, committed_now: Collection[str] = ()) -> List[GlobalEntry]:
-        """The range's checkpoints, oldest first (``listing``: of the range, when just listed;
-        ``committed_now``: names whose ``global.json`` this writer has just written, not looked up)."""
+        """The range's checkpoints, oldest first (``listing``: of the range; ``committed_now``: known committed)."""
         out = []
         for e in self.storage.listdir(self.dir) if listing is None else listing:
             pos = parse_name(e.name) if e.is_dir else None
@@ -131,31 +129,25 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
 
     def _known_clear(self, name: str) -> bool:
         """Whether this rank knows, without a look-up, that it has no part at ``name``: its start's clean-up
-        (:meth:`discard_newer`) removed every part of its own newer than the checkpoint it resumed from, at
-        every position the range held, and ``name`` is newer still. A part an older process of this rank
-        (a zombie) renamed there since is never committed: a rename onto it fails or lands inside it, and
-        rank 0 commits no part of a superseded generation (fencing.py); that position is abandoned."""
+        (:meth:`discard_newer`) removed every part of its own newer than the checkpoint it resumed from, and
+        ``name`` is newer still (a zombie's part there since is never committed: fencing.py)."""
         if not self._cleared or name in self._not_cleared:
             return False
         pos = parse_name(name)
         return pos is not None and (self._cleared_after is None or position_key(*pos) > self._cleared_after)
 
     def _own_part_there(self, name: str) -> bool:
-        """Whether this rank has a part at ``name``: its directory where parts are renamed into place
-        (a rename onto it must never happen), its manifest where they are written in place (the
-        files are replaced; the manifest is what commits them)."""
+        """Whether this rank has a part at ``name``: its directory where parts are renamed into place (never
+        renamed onto), its manifest where they are written in place (the manifest commits them)."""
         if self.commit_strategy.in_place:
             return self.part_committed(name, self.rank)
         return self.storage.exists(self.part_dir(name, self.rank))
 
-    # -- writing ---------------------------------------------------------------
     def save(self, snap: Snapshot, mode: str, wait: bool = True, part_wait: Optional[float] = None) -> SaveResult:
-        """Write this rank's part; on rank 0 also hand the commit (wait for the others' parts, commit
-        globally, retention) to the committer's thread, and with ``wait`` wait for its outcome
-        (``SaveResult.pending`` otherwise). ``part_wait``: rank 0's wait for the parts, when shorter
-        than ``PADDLE_ACP_PART_TIMEOUT`` (a preemption save: :data:`PREEMPT_PART_WAIT`). A rank whose
-        part cannot be written says so on storage (:meth:`declare_absent`), so that rank 0 abandons
-        the position at once."""
+        """Write this rank's part; on rank 0 also hand the commit (wait for the parts, commit, retention) to the
+        committer's thread and with ``wait`` wait for its outcome. ``part_wait``: rank 0's wait for the parts, when
+        shorter than ``PADDLE_ACP_PART_TIMEOUT`` (a preemption save). A rank whose part cannot be written says so
+        (:meth:`declare_absent`): rank 0 abandons the position at once."""
         name = position_name(snap.range.epoch_no, snap.range.step)
         if self.storage.has_symlinks and self.storage.kind(f"{self.dir}/{name}") in ("link", "file", "other"):
             raise StorageError(f"cannot write checkpoint {name} of {self.storage.uri}/{self.dir}: a link or a file is "
@@ -205,13 +197,9 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
                 logger.info("range %s: checkpoint %s is already committed; not written again", self.range_name, name)
                 return None
             self._remove_own(name, listing)
-        # else the first save of this incarnation at ``name`` and no part of this rank there (known from
-        # the start's clean-up, else one look-up, on HDFS one RPC): nothing of this rank to remove nor to rename onto. Its absence
-        # there would count only had this incarnation written it (it never touched ``name``; an
-        # earlier incarnation's does not count, absence.counts); a leftover temporary part is never
-        # read (it goes with the position); a committed global.json lists this rank's part, which is
-        # not there, so no committed copy is written into. No makedirs: the part's own makes the
-        # position's directory (atomic.Pending; on HDFS its first file does).
+        # else the first save of this incarnation at ``name`` and no part of this rank there (known from the start's
+        # clean-up, else one look-up): nothing to remove nor to rename onto (an earlier incarnation's absence does not
+        # count, a leftover temporary part is never read, a committed global.json there lists a part that is not).
         gen = self.generation
         part = {"rank": self.rank, "world_size": self.world_size, "mode": mode, "base": self.base,
                 "generation": -1 if gen is None else gen}
@@ -227,11 +215,12 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
             pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy, generation=gen)
             try:
                 pending.prepare()  # (inside the try: a Ctrl-C right after its directory is made still removes it)
-                written = write_checkpoint(pending, snap, number, check)
+                written = write_checkpoint(pending, snap, number, check, self._stager(name, snap, mode))
                 break
             except BaseException as exc:
                 try:
                     pending.abort()
+                    self._drop_staged(name)
                 except Exception as why:  # removed by this rank's next save or restart
                     logger.debug("could not remove %s: %s", pending.path, why)
                 if isinstance(exc, StorageError) and is_out_of_space(exc) and self._make_space(name, exc):
@@ -246,10 +235,29 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         self.own_manifests[name] = written.manifest
         return written.data_size
 
+    def _stager(self, name: str, snap: Snapshot, mode: str) -> Optional[Callable[[bytes], None]]:
+        """One rank on a storage that renames and overlaps writes (HDFS, where a small file's close waits ~0.4 s):
+        its ``global.json`` is written beside its part's files, renamed into place by the commit."""
+        if self.world_size != 1 or self.commit_strategy.in_place or not self.storage.overlap_writes:
+            return None
+
+        def stage(raw: bytes) -> None:
+            try:
+                body = self.global_body(name, snap.range.epoch_no, snap.range.step, mode, {0: (raw, Manifest.loads(raw))})
+                self.staged_globals[name] = (raw, atomic.stage_file(self.storage, f"{self.dir}/{name}/{GLOBAL_NAME}", body))
+            except Exception as exc:  # (the commit writes it then, and says what fails)
+                logger.debug("range %s: global.json of %s not written ahead: %s", self.range_name, name, exc)
+        return stage
+
+    def _drop_staged(self, name: str) -> None:
+        """Remove the ``global.json`` staged for ``name`` (its part was not written, or its position abandoned)."""
+        staged = self.staged_globals.pop(name, None)
+        if staged is not None:
+            self.storage.delete_file(staged[1])
+
     def _make_space(self, name: str, cause: BaseException) -> bool:
-        """The storage is full while this job of one rank writes ``name``: delete the oldest committed checkpoint
-        older than the newest valid one (its data verified here, from the storage itself), never that one nor one of
-        a newer format. False when there is none (or with several ranks, whose retention alone deletes)."""
+        """The storage is full while a job of one rank writes ``name``: delete the oldest committed checkpoint older
+        than the newest valid one (verified from the storage itself), never one of a newer format. False: none."""
         if self.world_size != 1 or self.rank != 0:
             return False
         committed = [g for g in self.scan() if g.committed]
@@ -278,11 +286,9 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         return True
 
     def declare_absent(self, name: str, reason: str) -> Optional[str]:
-        """Say on storage that this rank has no part at position ``name`` (its save failed, or it does not
-        take that position), best effort: rank 0 then abandons the position at once instead of waiting
-        ``PADDLE_ACP_PART_TIMEOUT``. Where the ranks share a store, it is said there (an arrival with the
-        absence as its note, :mod:`~paddle_acp.format.commit.arrivals`: no file). Returns where it was said
-        (the file's path), or None when it could not be."""
+        """Say that this rank has no part at position ``name`` (its save failed, or it does not take that position),
+        best effort, in the job's store when there is one (:mod:`~paddle_acp.format.commit.arrivals`), else on
+        storage: rank 0 abandons the position at once. Returns where it was said, or None."""
         gen = self.generation
         self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
         a = absence.Absence(name, self.rank, -1 if gen is None else gen, self.base, reason)
@@ -292,33 +298,30 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
 
     def _commit_and_retain(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
                            ticket: PendingCommit) -> bool:
-        """On the committer's thread: the commit of position ``name``, then retention when it committed
-        (once the commit is decided and told, :meth:`PendingCommit.then`: rank 0's metrics line and save
-        plan time the persist to its global commit, not to retention's last delete; ``wait`` still
-        returns after retention)."""
+        """On the committer's thread: the commit of position ``name``, then retention when it committed (once the
+        commit is told, :meth:`PendingCommit.then`: the persist is timed to the commit; ``wait`` returns after)."""
         committed = self._commit(name, epoch_no, step, mode, timeout, ticket)
         listing, self._range_listing = self._range_listing, None
         if committed:
             ticket.then(lambda: self._retain_after(name, listing))
         elif not ticket.cancel.is_set():  # abandoned: its own part goes now (the others' at the next commit)
             try:
+                self._drop_staged(name)
                 self._remove_own(name)
             except (StorageError, CheckpointError) as exc:
                 logger.debug("could not remove rank 0's part of abandoned checkpoint %s: %s", name, exc)
         return committed
 
     def _retain_after(self, name: str, listing: Optional[List[Entry]]) -> None:
-        """Retention after the commit of ``name``, on the range as that commit listed it, if it did
-        (a position newer since: the next time)."""
+        """Retention after the commit of ``name``, on the range as that commit listed it, if it did."""
         try:
             self.apply_retention(listing=listing, committed_now=(name,))
         except (StorageError, CheckpointError) as exc:
             logger.warning("retention after checkpoint %s failed: %s", name, exc)
 
     def _remove_own(self, name: str, listing: Optional[List[Entry]] = None) -> None:
-        """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of its
-        directory, when just listed): only after this rank's fence check passed, and never a newer
-        generation's part being written."""
+        """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of it, when just listed)
+        once this rank's fence check passed, never a newer generation's part being written."""
         gen = self.generation
         to_remove = []
         for e in self.storage.listdir(f"{self.dir}/{name}") if listing is None else listing:
@@ -339,10 +342,9 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
 
     def apply_retention(self, keep: Optional[int] = None, listing: Optional[List[Entry]] = None,
                         committed_now: Collection[str] = ()) -> List[str]:
-        """Rank 0: remove what :func:`~paddle_acp.format.commit.retention.preserve` lets go of both layouts (older than
-        the newest ``keep`` committed, abandoned ones older than the newest commit; an earlier release's ``ckpt-N``
-        counts at its position, its leftovers are not touched). Returns the names removed. ``listing`` and
-        ``committed_now``: of the range, as the commit just made saw it (it lists the range no second time)."""
+        """Rank 0: remove what :func:`~paddle_acp.format.commit.retention.preserve` lets go of (an earlier release's
+        ``ckpt-N`` counts at its position); returns the names removed. ``listing``, ``committed_now``: of the range,
+        as the commit just made saw it."""
         keep = self.max_to_keep if keep is None else keep
         entries = index.entries(self.storage, self.job_id, self.range_name, True, listing, list(committed_now))
         committed = [e for e in entries if e.committed]
@@ -371,10 +373,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         return known
 
     def discard_newer(self, key: Optional[Tuple[int, int]]) -> None:
-        """At start: remove what this rank wrote after the checkpoint it resumes from (parts of
-        checkpoints that never became, or are no longer, valid); rank 0 also withdraws their
-        global manifests. Positions newer than ``key`` (every one when None) are re-trained. Uses the
-        restart's listing when there is one (:meth:`remember_listing`)."""
+        """At start: remove this rank's parts of positions newer than ``key`` (every one when None: they are
+        re-trained); rank 0 also withdraws their global manifests. Uses the restart's listing when there is one."""
         listed, self._listed = self._listed, None
         not_cleared: Set[str] = set()
         for g in self.scan() if listed is None else listed:

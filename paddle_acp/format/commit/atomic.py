@@ -166,12 +166,23 @@ def _write_file(storage: Storage, path: str, body: bytes, before: Optional[Calla
             before()
         storage.write_bytes(path, body)
         return
+    place_file(storage, stage_file(storage, path, body), path, before)
+
+
+def stage_file(storage: Storage, path: str, body: bytes) -> str:
+    """Write ``body`` under a temporary name beside ``path`` (a storage that renames); returns that name."""
     tmp = tmp_name(path, uuid.uuid4().hex[:12])
     storage.write_bytes(tmp, body)
+    return tmp
+
+
+def place_file(storage: Storage, tmp: str, path: str, before: Optional[Callable[[], None]]) -> None:
+    """Rename ``tmp`` (:func:`stage_file`) to ``path`` once ``before`` passed; removed when it raises (a fenced
+    writer: nothing of this write stays)."""
     if before is not None:
         try:
             before()
-        except BaseException:  # (a fenced writer): nothing of this write stays
+        except BaseException:
             try:
                 storage.delete_file(tmp)
             except StorageError as exc:

@@ -1,15 +1,13 @@
 """Rank 0's global commit: wait for every rank's part of a position, check each, write ``global.json``.
 
-A part counts when its manifest is valid, names its rank and the checkpoint this
-incarnation resumed from, and was written by the newest generation of its rank
-(:mod:`~paddle_acp.format.commit.fencing`): a part of a superseded process never enters a
-global checkpoint. The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a missing part
-abandons the checkpoint. Where the ranks share a store (``arrivals``: each rank counts its part in once it
-is in place, :mod:`paddle_acp.runtime.coord`), rank 0 lists the position once every rank counted in (and
-at most every LATER_PARTS_EVERY seconds before that, for absences and ranks that moved on), not at every
-poll round; the count is a hint only: what commits is still decided from storage. With the store, the manifests,
-the generations and the absences come from it (:mod:`.arrivals`): per checkpoint no manifest read, no fence
-look-up and no absence file per rank. Mixed into :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
+A part counts when its manifest is valid, names its rank and the checkpoint this incarnation resumed from, and was
+written by the newest generation of its rank (:mod:`~paddle_acp.format.commit.fencing`): a part of a superseded
+process never enters a global checkpoint. The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a missing part abandons
+the checkpoint. Where the ranks share a store (:mod:`.arrivals`: each rank counts its part in once it is in place),
+rank 0 lists the position once every rank counted in (and at most every LATER_PARTS_EVERY seconds before that), and
+the manifests, generations and absences come from the store: per checkpoint no manifest read, no fence look-up and no
+absence file per rank. What commits is still decided from what storage holds. Mixed into
+:class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.commit import absence, arrivals, verdict
 from paddle_acp.format.commit.arrivals import Arrivals
-from paddle_acp.format.commit.atomic import CommitStrategy
+from paddle_acp.format.commit.atomic import CommitStrategy, place_file
 from paddle_acp.format.commit.committer import PendingCommit as Ticket
 from paddle_acp.format.commit.fencing import Fence, newer_recorded, newest_generation
 from paddle_acp.format.engine import shares
@@ -79,16 +77,16 @@ class PartCommitMixin:
     rank: int
     own_manifests: Dict[str, bytes]  # position -> this rank's part's manifest bytes, as written (the newest few)
     _generation_posted: bool = False  # this rank's generation is in the store (posted with its first arrival)
+    staged_globals: Dict[str, Tuple[bytes, str]]  # position -> (its one part's manifest, global.json staged for it)
 
     def arrival_key(self, name: str) -> str:
         """The key under which every rank counts its part of position ``name`` of this incarnation."""
         return f"{self.base}/{name}"
 
     def _arrive(self, name: str, note: Optional[bytes] = None, absent: bool = False) -> bool:
-        """Count this rank's part (or with ``absent``, its absence) at ``name`` in, where the ranks share a store
-        (:mod:`.arrivals`; best effort: rank 0 lists storage at least every LATER_PARTS_EVERY seconds anyway).
-        ``note``: the part's manifest bytes or the absence document, which rank 0 then reads from the store; the
-        first arrival also posts this rank's generation. False where nothing was counted (no store, or it failed)."""
+        """Count this rank's part (or its absence) at ``name`` in, where the ranks share a store, best effort;
+        ``note``: the part's manifest or the absence, read by rank 0 from the store (the first arrival also posts
+        this rank's generation). False where nothing was counted."""
         if self.arrivals is None or self.arrivals.kind == "storage":
             return False
         gen = None if self._generation_posted or self.fence is None else (self.fence.rank, self.fence.generation)
@@ -101,23 +99,20 @@ class PartCommitMixin:
         return True
 
     def announce(self) -> None:
-        """At the range's open: post this process's generation to the job's store without waiting (a newer process
-        of a rank is known to rank 0 from its open on, not from its first part; again with the first arrival)."""
+        """At the range's open: post this process's generation to the job's store without waiting."""
         if self.arrivals is not None and self.fence is not None:
             self.arrivals.arrive_soon(arrivals.generation_key(self.fence.rank, self.fence.generation))
 
     def _own_part(self, name: str) -> Optional[Tuple[bytes, Manifest]]:
-        """This rank's part of ``name`` as it wrote it (its manifest's bytes, kept from the write), when it
-        is of this incarnation: its commit reads it from no storage."""
+        """This rank's part of ``name`` as it wrote it (its manifest's bytes), when it is of this incarnation."""
         raw = self.own_manifests.get(name)
         m = self._part_manifest(raw, self.rank, name) if raw is not None else None
         return None if raw is None or m is None else (raw, m)
 
     def _from_store(self, name: str, with_absences: bool) -> Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int],
                                                                     Dict[int, absence.Absence]]:
-        """Rank 0, once every rank counted in (or one counted itself in without a part): what the store holds of
-        the other ranks at ``name`` (:func:`.arrivals.parts_and_generations`); empty where it cannot tell (a rank
-        that moved on since: its part is read from storage)."""
+        """Rank 0, once every rank counted in: what the store holds of the other ranks at ``name``
+        (:func:`.arrivals.parts_and_generations`); empty where it cannot tell (then storage tells)."""
         pos = parse_name(name)
         if self.arrivals is None or pos is None:
             return {}, {}, {}
@@ -178,10 +173,8 @@ class PartCommitMixin:
 
     def _superseded(self, name: str, rank: int, m: Manifest, gens: Optional[Dict[int, int]] = None,
                     vouched: Optional[Dict[int, int]] = None) -> bool:
-        """The part's writer is not the newest incarnation of its rank (one listing of that rank's
-        generation records): a part written by a superseded process never enters a global checkpoint.
-        FencedError when this rank 0 itself is superseded. ``vouched``: rank -> the generation the job's
-        store holds as that rank's newest (:meth:`_from_store`): no look-up on storage for it."""
+        """The part's writer is not the newest incarnation of its rank: its part never enters a global checkpoint
+        (FencedError when this rank 0 itself is superseded). ``vouched``: rank -> its newest generation in the store."""
         gen = arrivals.part_generation(m)
         if vouched is not None and gen is not None and vouched.get(rank) == gen:
             return False  # its writer posted this generation to the job's store, and no newer process of its rank did
@@ -235,15 +228,13 @@ class PartCommitMixin:
 
     def _commit(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
                 ticket: Optional[Ticket] = None) -> bool:
-        """Rank 0: wait for every part of ``name``, then write the global manifest. False: abandoned
-        (a rank said it has no part, wrote a later one, sent none in time, or the wait was cancelled).
+        """Rank 0: wait for every part of ``name``, then write the global manifest. False: abandoned (a rank said it
+        has no part, wrote a later one, sent none in time, or the wait was cancelled).
 
-        Storage calls (storage only; with a store, see the loop): one listing of the position per poll round,
-        each part's manifest read when it appears (again only when it changes), each other rank's generation looked
-        up once (this writer's own: right before global.json's rename), the base's marks checked before waiting and
-        before the commit; while parts are missing, one listing of the range (and of each later position) at the
-        first round, then at most every LATER_PARTS_EVERY seconds (a rank that moved on abandons the position within
-        it), from the second such round on the base's marks (a rank that rejected the base stops rank 0))."""
+        Storage calls (storage only): one listing of the position per poll round, each part's manifest read when it
+        appears or changes, each other rank's generation looked up once, the base's marks checked before waiting and
+        before the commit; while parts are missing, the range (and each later position) listed at most every
+        LATER_PARTS_EVERY seconds (a rank that moved on abandons the position)."""
         st = self.storage
         ckdir = f"{self.dir}/{name}"
         self._range_listing = None
@@ -351,22 +342,12 @@ class PartCommitMixin:
             delay = min(delay * 1.5, 0.5)
         if ticket is not None:
             ticket.waited = time.monotonic() - t0
-        try:  # spread writes: the parts' shares must cover the state exactly (format/engine/shares.py)
-            writers, share_writers = shares.commit_writers(shares.part_share(parts[0][1]), {k: parts[k][1] for k in parts}, f"{self.dir}/{name}")
+        try:
+            body = self.global_body(name, epoch_no, step, mode, parts)
         except CorruptCheckpointError as exc:
             logger.error("range %s: checkpoint %s abandoned: %s; it stays invisible and training goes on",
                          self.range_name, name, exc)
             return self._gave_up(ticket, t0)
-        records = []
-        for k in range(self.world_size):
-            raw, m = parts[k]
-            records.append(PartRecord(k, zlib.crc32(raw) & 0xFFFFFFFF, len(raw), m.data_size, [p.key for p in m.programs]))
-        g = GlobalManifest(
-            name=name, range_name=self.range_name, epoch_no=epoch_no, step=step,
-            world_size=self.world_size, mode=mode, parts=records, created=time.time(),
-            generation=self.fence.generation if self.fence is not None else -1, base=self.base, writers=writers,
-            share_writers=share_writers,
-        )
         self.check_base()  # again right before the commit: a rank may have rejected it meanwhile
         # the last round's listing (every part in it) shows the marks and absences to remove: verdicts on
         # an earlier copy of this position, absences of an earlier incarnation (neither is written anew
@@ -378,8 +359,24 @@ class PartCommitMixin:
         for e in listing:  # absences of an earlier incarnation (they did not count)
             if not e.is_dir and parse_absent_mark(e.name) is not None:
                 st.delete_file(f"{ckdir}/{e.name}")
-        self._write_global(name, g.dumps())
+        staged = self.staged_globals.pop(name, None)  # one rank: global.json written beside its part
+        self._write_global(name, body, staged[1] if staged is not None and staged[0] == parts[0][0] else None)
         return True
+
+    def global_body(self, name: str, epoch_no: int, step: Optional[int], mode: str,
+                    parts: Dict[int, Tuple[bytes, Manifest]]) -> bytes:
+        """``global.json``'s bytes listing ``parts`` (CorruptCheckpointError: spread writes whose shares do not
+        cover the state exactly, format/engine/shares.py)."""
+        writers, share_writers = shares.commit_writers(shares.part_share(parts[0][1]), {k: parts[k][1] for k in parts},
+                                                       f"{self.dir}/{name}")
+        records = [PartRecord(k, zlib.crc32(raw) & 0xFFFFFFFF, len(raw), m.data_size, [p.key for p in m.programs])
+                   for k, (raw, m) in sorted(parts.items())]
+        return GlobalManifest(
+            name=name, range_name=self.range_name, epoch_no=epoch_no, step=step,
+            world_size=self.world_size, mode=mode, parts=records, created=time.time(),
+            generation=self.fence.generation if self.fence is not None else -1, base=self.base, writers=writers,
+            share_writers=share_writers,
+        ).dumps()
 
     @staticmethod
     def _gave_up(ticket: Optional[Ticket], t0: float) -> bool:
@@ -387,14 +384,17 @@ class PartCommitMixin:
             ticket.waited = time.monotonic() - t0
         return False
 
-    def _write_global(self, name: str, body: bytes) -> None:
-        """Write ``global.json`` whole or not at all (:meth:`CommitStrategy.write_file`), the fence checked
-        right before the one step that makes it visible (the rename; on S3 the write): one look-up. A
-        fenced writer's temporary file is removed again (atomic.write_file), so nothing of it stays."""
+    def _write_global(self, name: str, body: bytes, staged: Optional[str] = None) -> None:
+        """Write ``global.json`` whole or not at all (``staged``: already written under that temporary name, renamed
+        into place), the fence checked right before the one step that makes it visible (the rename; on S3 the write):
+        one look-up. A fenced writer's temporary file is removed again, so nothing of it stays."""
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
         fence = self.fence
         before = None
         if fence is not None:
             def before() -> None:
                 fence.check(f"commit checkpoint {name}", quick=True)
-        self.commit_strategy.write_file(self.storage, path, body, before)
+        if staged is not None:
+            place_file(self.storage, staged, path, before)
+        else:
+            self.commit_strategy.write_file(self.storage, path, body, before)

@@ -66,11 +66,14 @@ def _until(stop: threading.Event, buffers: List[Union[bytes, memoryview]]) -> It
 
 
 def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
-                     before_commit: Optional[Callable[[], None]] = None) -> WriteResult:
+                     before_commit: Optional[Callable[[], None]] = None,
+                     alongside: Optional[Callable[[bytes], None]] = None) -> WriteResult:
     """Write ``snap`` as checkpoint ``number`` into ``pending`` and commit it; returns what was written.
 
     ``before_commit`` runs (and may raise, e.g. a fenced writer) right before the
-    step that makes the checkpoint visible."""
+    step that makes the checkpoint visible. ``alongside`` (it must not raise) gets the manifest's bytes
+    where the files are written at once, on a thread of its own beside them (a job of one rank stages
+    its ``global.json`` there: its close pays the remote's wait in the same time as theirs)."""
     st = pending.storage
     size = snap.data_size  # (the snapshot was laid out when it was made)
     tensors = [t for p in snap.programs for t in p.tensors]
@@ -151,14 +154,21 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
 
         t = threading.Thread(target=data_thread, name="paddle-acp-data", daemon=True)
         t.start()
+        side: Optional[threading.Thread] = None
         try:
-            pending.write_manifest_early(manifest_bytes())
+            raw = manifest_bytes()
+            if alongside is not None:
+                side = threading.Thread(target=alongside, args=(raw,), name="paddle-acp-alongside", daemon=True)
+                side.start()
+            pending.write_manifest_early(raw)
         except BaseException:
             stop.set()  # (a Ctrl-C here waits for one piece of the data, not for all of it)
             raise
         finally:
             try:
                 t.join()
+                if side is not None:
+                    side.join()
             except BaseException:  # a Ctrl-C while waiting: the data thread writes no further piece
                 stop.set()
                 raise

@@ -589,7 +589,7 @@ def test_both_commit_strategies_write_the_same_checkpoint(tmp_path_factory, styl
             fenced_by = None
             generation = 0
 
-            def check(self, what, quick=False):  # (quick: the commit's look-up of the next generation)
+            def check(self, what, quick=False, vouch=None):  # (quick: the commit's look-up of the next generation)
                 raise Refused(what)
 
         c.fence = Fence()
@@ -769,3 +769,65 @@ def test_a_ctrl_c_during_an_overlapped_write_waits_for_one_piece_of_the_data_not
     st_.open_output, st_.write_bytes = real_open, real_write_bytes
     assert_nothing_of_it_stays(tmp_path, 1)
     assert save(c, make_snapshot(1)).name == "ckpt-e1" and load_as_restart(c).name == "ckpt-e1"
+
+
+# -- one rank on HDFS: global.json written beside the part ---------------------------------------
+class Spy:
+    """``inner`` with every call logged as (method, first argument); ``fail_data``: the data file's write fails."""
+
+    def __init__(self, inner, fail_data=False):
+        self._inner, self.log, self.fail_data = inner, [], fail_data
+
+    def __getattr__(self, name):
+        v = getattr(self._inner, name)
+        if not callable(v):
+            return v
+
+        def call(*args, **kwargs):
+            self.log.append((name, args[0] if args else None))
+            if self.fail_data and name in ("write_buffers", "write_image") and str(args[0]).endswith(DATA_NAME):
+                raise StorageError("injected: the data file cannot be written")
+            return v(*args, **kwargs)
+        return call
+
+
+def every_name(st_, path):
+    out = []
+    for e in st_.listdir(path):
+        out.append(f"{path}/{e.name}")
+        if e.is_dir:
+            out += every_name(st_, f"{path}/{e.name}")
+    return out
+
+
+def test_one_rank_stages_its_global_json_beside_its_part_where_writes_overlap(backend_storage):
+    """Where the storage overlaps writes and renames (HDFS), a one-process job's global.json is written while its
+    part's files are, before the part's rename, and renamed into place by the commit; everywhere the checkpoints
+    load and nothing temporary is left."""
+    spy = Spy(backend_storage)
+    c = one_process(spy)
+    snaps = [make_snapshot(e) for e in range(2)]
+    for s in snaps:
+        assert save(c, s).committed is True
+    staged = backend_kind(backend_storage) == "hdfs"
+    for e in range(2):
+        gdir = f"job/range/_range_0/ckpt-e{e}"
+        writes = [i for i, (m, p) in enumerate(spy.log) if m == "write_bytes" and str(p).startswith(f"{gdir}/{GLOBAL_NAME}")]
+        part_rename = [i for i, (m, p) in enumerate(spy.log) if m == "rename" and str(p).startswith(f"{gdir}/rank-0.tmp")]
+        assert len(writes) == 1
+        assert bool(part_rename) is (backend_kind(backend_storage) != "s3")  # (S3: written in place, no rename)
+        assert (bool(part_rename) and writes[0] < part_rename[0]) is staged, spy.log
+    assert_loads(load_as_restart(one_process(backend_storage)), snaps[1])
+    assert not [n for n in every_name(backend_storage, "job/range") if ".tmp-" in n]
+
+
+def test_a_failed_part_write_leaves_no_staged_global_json(backend_storage):
+    """The part's data cannot be written: the save fails, the global.json staged for it is removed with its
+    part, nothing is committed at that position, and the next save commits."""
+    c = one_process(Spy(backend_storage, fail_data=True))
+    with pytest.raises(StorageError, match="injected"):
+        c.save(make_snapshot(0), "replicated")
+    assert not [n for n in every_name(backend_storage, "job/range") if ".tmp-" in n or n.endswith(GLOBAL_NAME)]
+    ok = one_process(backend_storage)
+    assert save(ok, make_snapshot(1)).committed is True
+    assert committed(backend_storage, "job", "_range_0") == ["ckpt-e1"]
