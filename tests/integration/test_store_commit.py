@@ -221,3 +221,38 @@ def test_the_store_client_sends_each_request_at_once(tmp_path):
     finally:
         mine.close()
         other.close()
+
+
+def announced(g):
+    """``g``'s generation, posted to the store as the range's open does (not waited for there: here until seen)."""
+    from paddle_acp.format.commit import arrivals
+    g.announce()
+    t0 = time.monotonic()
+    while not arrivals.vouches(g.arrivals, g.fence.rank, g.fence.generation):
+        assert time.monotonic() - t0 < 30, "the store never showed the posted generation"
+        time.sleep(0.01)
+    return g
+
+
+def test_a_ranks_part_needs_no_fence_lookup_on_the_store_path_and_a_superseded_rank_is_still_fenced(tmp_path, monkeypatch):
+    """On the store path a rank's part is renamed into place on the store's word that its generation is the newest
+    (no look-up on storage); once a newer process of that rank posted its generation, the old one's next part looks
+    on storage, is fenced and renames nothing; and the store's word is taken only for VOUCHED_FOR seconds."""
+    from paddle_acp.format.commit import fencing
+    from paddle_acp.format.commit.fencing import FencedError
+    st = open_storage(str(tmp_path))
+    coord = store_coordinator()
+    rank(st, 0, 2, coord)
+    counting = Counting(open_storage(str(tmp_path)))
+    old = announced(rank(counting, 1, 2, coord))
+    counting.log.clear()  # (the fence's take listed its records)
+    old.save(snapshot(1), "per-rank")
+    assert generation_lookups(counting) == [], counting.log
+    monkeypatch.setattr(fencing, "VOUCHED_FOR", 0.0)  # the store's word has run out: storage is asked
+    old.save(snapshot(1, epoch=1), "per-rank")
+    assert generation_lookups(counting) == [f"{JOB}/writers/rank-1/gen-1"], counting.log
+    monkeypatch.undo()
+    announced(rank(st, 1, 2, coord))  # a newer process of rank 1 (generation 1)
+    with pytest.raises(FencedError):
+        old.save(snapshot(1, epoch=2), "per-rank")
+    assert not (tmp_path / CKDIR.replace("ckpt-e0", "ckpt-e2") / "rank-1").exists()

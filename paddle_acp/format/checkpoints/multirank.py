@@ -26,7 +26,7 @@ from paddle_acp.format.checkpoints import index
 from paddle_acp.format.checkpoints.global_reader import GlobalEntry
 from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.rank_restore import RankRestore
-from paddle_acp.format.commit import absence, atomic
+from paddle_acp.format.commit import absence, arrivals, atomic
 from paddle_acp.format.commit.committer import Committer, PendingCommit
 from paddle_acp.format.commit.fencing import Fence, FencedError
 from paddle_acp.format.commit.part_commit import PartCommitMixin
@@ -209,8 +209,9 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         # written while the upload runs; not for a streamed snapshot (over the host-memory budget), whose
         # tensors change once its last chunk is copied: its data exists only as the upload's chunks
         copy = self.cache.begin(snap) if self.cache is not None and snap.stream is None else None
-        fence = self.fence  # the commit's fence check is the quick one: one look-up (fencing.newer_recorded)
-        check = None if fence is None else (lambda: fence.check(f"commit checkpoint {name}", True))
+        fence = self.fence  # the part's fence check: the store's word, else one look-up (fencing.newer_recorded)
+        check = None if fence is None else (lambda: fence.check(f"commit checkpoint {name}", True, lambda: arrivals.vouches(
+            self.arrivals, fence.rank, fence.generation)))
         while True:  # (again after space was made on a full storage)
             pending = atomic.Pending(st, ckdir, number, name=rank_part(self.rank), strategy=self.commit_strategy, generation=gen)
             try:

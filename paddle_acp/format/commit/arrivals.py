@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
-from paddle_acp.errors import CorruptCheckpointError
+from paddle_acp.errors import AcpError, CorruptCheckpointError
 from paddle_acp.format.commit import absence
 from paddle_acp.format.layout import absent_mark, parse_name, parse_part, position_key
 from paddle_acp.format.manifest import Manifest
@@ -48,6 +48,18 @@ class Arrivals(Protocol):
 def generation_key(rank: int, generation: int) -> str:
     """The store's count of the processes of ``rank`` that hold ``generation`` (each posts its own once)."""
     return f"g/{rank}/{generation}"
+
+
+def vouches(coord: Optional[Arrivals], rank: int, generation: int) -> bool:
+    """Whether the job's store says ``generation`` is still rank ``rank``'s newest: posted there, and no newer one
+    (False where it cannot tell, or failed: storage tells)."""
+    if coord is None or coord.kind == "storage":
+        return False
+    try:
+        got = coord.counts([generation_key(rank, generation), generation_key(rank, generation + 1)])
+    except AcpError:
+        return False
+    return got is not None and got[0] > 0 and got[1] == 0
 
 
 def absent_key(key: str) -> str:

@@ -11,7 +11,10 @@ a rank wins. A rank's writer checks that its generation is still the newest of i
 right before every step that deletes or makes something visible: removing leftovers, its
 earlier part, old checkpoints (one listing of its small records directory), and each commit
 (one look-up of the next generation's record, :func:`newer_recorded`; the listing when it is there). When it is not, it deletes and commits nothing more and logs one error
-naming both generations (:class:`FencedError` after that, logged by no one else).
+naming both generations (:class:`FencedError` after that, logged by no one else). Where the ranks share a store, a
+rank's check before its part's rename takes the store's word (``vouch``: it holds this process's generation and no
+newer one of its rank) and looks on storage at most every VOUCHED_FOR seconds: a part is no checkpoint until rank 0,
+whose own commit always looks on storage, committed it, and rank 0 never commits a superseded rank's part.
 
 Temporary names carry the generation (``ckpt-N.tmp-g<G>-<id>``, ``rank-k.tmp-g<G>-<id>``):
 a writer removes leftovers of its own and older generations only, never the directory a
@@ -53,6 +56,7 @@ logger = logging.getLogger("paddle_acp")
 WRITERS_DIR = "writers"
 _GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full
 JOB_MARKER = "job.json"
+VOUCHED_FOR = 30.0  # seconds a quick check takes the job's store's word for this generation before looking on storage
 
 
 class FencedError(CheckpointError):
@@ -111,6 +115,7 @@ class Fence:
         self.rank = rank
         self.took_s = took_s
         self.fenced_by: Optional[int] = None
+        self._looked_at = time.monotonic()  # when storage last said this generation is the newest (taken: now)
         self._first: Optional[Callable[[], None]] = None  # done before any check passes (:meth:`first`)
         self._first_lock = threading.Lock()
 
@@ -150,13 +155,17 @@ class Fence:
     def who(self) -> str:
         return "this writer" if self.rank == 0 else f"this writer of rank {self.rank}"
 
-    def check(self, what: str, quick: bool = False) -> None:
+    def check(self, what: str, quick: bool = False, vouch: Optional[Callable[[], bool]] = None) -> None:
         """Raise FencedError unless this generation is still the newest of its rank (one listing;
         ``quick``: one look-up of the next generation's record, listing only when it is there,
-        :func:`newer_recorded`). The first time it is not, one error is logged; nothing else logs a
-        FencedError."""
+        :func:`newer_recorded`; ``vouch``: the job's store's word for it, taken for VOUCHED_FOR seconds after
+        storage last said so). The first time it is not, one error is logged; nothing else logs a FencedError."""
         self._wait_first()
+        if self.fenced_by is None and quick and vouch is not None and \
+                time.monotonic() - self._looked_at < VOUCHED_FOR and vouch():
+            return
         if self.fenced_by is None and quick and not newer_recorded(self.storage, self.job_id, self.rank, self.generation):
+            self._looked_at = time.monotonic()
             return
         if self.fenced_by is None:
             newest = newest_generation(self.storage, self.job_id, self.rank)
