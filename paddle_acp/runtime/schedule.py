@@ -44,8 +44,11 @@ class SaveSchedule:
         return self.policy.busy_policy
 
     def set_busy_policy(self, policy: str) -> None:
-        """Change the busy policy of this range's later saves (Paddle's API takes every due save)."""
+        """Change the busy policy of this range's later saves (Paddle's API takes every due save), rank 0's save plan's
+        too (several ranks: the plan decides which due points they take)."""
         self.policy = dataclasses.replace(self.policy, busy_policy=policy)
+        if self.agreement is not None:
+            self.agreement.tell(lambda planner, now: setattr(planner, "policy", policy))
 
     def decide(self, ctx: SaveContext, at: Optional[str]) -> Decision:
         """The policy's decision on ``ctx`` with this range's clock and ``auto`` budget. Several ranks, with ``at``

@@ -568,3 +568,27 @@ def test_a_first_epoch_resumed_mid_epoch_decides_nothing(instant):
     whole.restart_clock(0.0)
     whole.at("due", 0, 0.01, False)  # a whole first epoch of 0.01 s: every 8th point (at most K) from then on
     assert whole.plan.strides and whole.plan.strides[-1][1] == MAX_STRIDE
+
+
+@pytest.mark.parametrize("change", [False, True])
+def test_a_busy_policy_changed_after_the_open_reaches_rank_0s_save_plan(tmp_path, change):
+    """Paddle's train_epoch_range takes every due checkpoint: the compat layer sets the busy policy to ``wait`` on
+    every rank after the range opened (SaveSchedule.set_busy_policy). With several ranks rank 0's save plan decides
+    which due points they take, so it follows the change: every point is taken however long the persists are (it
+    once kept the policy the range opened with and strode past due points)."""
+    from paddle_acp.runtime.save_decision import WAIT
+    from paddle_acp.runtime.schedule import SaveSchedule
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("j/range/r")
+    r0 = Agreement(storage, "j/range/r", "r", 0, "skip", 0.0)
+    r0.start(None)
+    schedule = SaveSchedule(0.0, "skip", r0)
+    if change:
+        schedule.set_busy_policy(WAIT)
+    r0.planner.persist = 1e6  # persists far longer than the due points are apart: "skip" strides past points
+    taken = []
+    for i in range(20):
+        taken.append(r0.point("due", True, f"epoch {i}")[1])
+        r0.tell(Planner.point_done)
+    r0.finish()
+    assert all(taken) is change, taken
