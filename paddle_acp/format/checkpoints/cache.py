@@ -1,43 +1,21 @@
 """The node-local cache tier of remote checkpoints (``PADDLE_ACP_LOCAL_CACHE=DIR``).
 
-This module owns:
-
-* the layout of the cache directory of one remote checkpoint location,
-  ``DIR/<key>/`` (:mod:`~paddle_acp.format.checkpoints.cache_key`), holding ``origin.json`` (the
-  location it caches, credentials never included) and, mirroring the remote::
+Layout: ``DIR/<key>/`` per remote location (:mod:`~paddle_acp.format.checkpoints.cache_key`), holding
+``origin.json`` (the location, never credentials) and, mirroring the remote::
 
       <job>/range/<range>/ckpt-<N>/{tensors.bin,manifest.json}              one writer
       <job>/range/<range>/rank-<k>/ckpt-e<E>[-s<S>]/{tensors.bin,manifest.json}   rank k's part
 
-* writing the local copy of each checkpoint the writer uploads
-  (:meth:`RangeCache.begin`): the data file is written under ``*.tmp-<id>``
-  while the upload runs, and the copy is committed (its manifest written, the
-  same bytes as the remote's, then renamed into place) only after the remote
-  commit succeeded: for one writer the checkpoint's commit, for a rank of
-  several its part's commit (a part is used only once the remote's global
-  manifest names it, see below);
-* retention of the copies (the newest ``keep``; copies at a later position
-  than the one just committed belong to another history and go too:
-  :func:`~paddle_acp.format.commit.retention.preserve`), the
-  removal of leftovers, and a free-space check before each copy;
-* the restore decision (:meth:`RangeCache.load`): restore picks its checkpoint
-  on the remote as always (listing, global commit, manifests read from the
-  remote); its data is read from the local copy only when the copy's manifest
-  is byte for byte the remote's committed manifest (for a part: the bytes the
-  remote's ``global.json`` records by CRC32 and size) and the copy then passes
-  the normal verifier (every checksum, before anything reaches a scope), and
-  only when nobody but this user could have written it
-  (:mod:`~paddle_acp.format.checkpoints.cache_trust`: owner and mode of the cache root, of
-  every directory down to the copy and of its files, no symlinks; checksums
-  catch damage, not edits). Otherwise (no copy, another copy, a copy others
-  could write, a corrupt copy, an unreadable one) the remote is read, with one
-  log line saying why. A corrupt copy is removed.
+A copy's data file is written under ``*.tmp-<id>`` while the upload runs (:meth:`RangeCache.begin`) and committed
+(the remote's manifest bytes, then a rename) only after the remote commit succeeded. Retention keeps the newest
+``keep`` copies; those at a later position than the one just committed are of another history and go.
 
-Correctness never depends on the cache: its bytes are checked against the
-manifest read from the remote at restore time, and used only when this user
-alone could have written them, so a stale, foreign, damaged or tampered copy
-can cost a remote read, never a wrong resume. Keys keep jobs and
-locations apart so that one location's retention never deletes another's copies.
+Correctness never depends on the cache: restore picks its checkpoint on the remote and reads a local copy
+(:meth:`RangeCache.load`) only when its manifest is byte for byte the remote's committed one (for a part: the bytes
+``global.json`` records), it passes the normal verifier, and nobody but this user could have written it
+(:mod:`~paddle_acp.format.checkpoints.cache_trust`: checksums catch damage, not edits). So a stale, foreign,
+damaged or tampered copy costs a remote read (one log line says why), never a wrong resume; a corrupt copy is
+removed. Keys keep locations apart, so one location's retention never deletes another's copies.
 """
 
 from __future__ import annotations
@@ -105,9 +83,8 @@ class LocalCache:
     @classmethod
     def open(cls, directory: str, remote_uri: str, max_to_keep: int,
              options: Optional[StorageOptions] = None) -> Optional["LocalCache"]:
-        """The cache of ``remote_uri`` under ``directory``; None, with one warning, when it cannot
-        be used (not creatable, not writable, or its key taken by another location): checkpoints
-        then go to the remote alone, as without the cache."""
+        """The cache of ``remote_uri`` under ``directory``; None, with one warning, when it cannot be used
+        (checkpoints then go to the remote alone)."""
         endpoint = (options or StorageOptions()).s3.endpoint
         canon = canonical_location(remote_uri, endpoint)
         root = os.path.join(directory, cache_key(remote_uri, endpoint))
@@ -222,9 +199,8 @@ class RangeCache:
         return f"{have} bytes free on the disk of {root}, a copy needs {size} (+{_HEADROOM >> 20} MiB kept free)"
 
     def _retain(self, name: str) -> None:
-        """After ``name`` was committed (the copy a restart uses): keep it and the newest ``keep - 1`` older
-        copies (:func:`~paddle_acp.format.commit.retention.preserve`); copies at a later position are of another
-        history (the remote was reset, or newer checkpoints withdrawn) and go."""
+        """After committing ``name``: keep it and the newest ``keep - 1`` older copies; copies at a later position
+        are of another history and go (:func:`~paddle_acp.format.commit.retention.preserve`)."""
         new = _position(name)
         if new is None:
             return
@@ -245,13 +221,9 @@ class RangeCache:
     # -- reading ------------------------------------------------------------------------------
     def load(self, name: str, number: int, raw: bytes, src_rank: Optional[int] = None,
              memory_budget: Optional[int] = None, landing: Optional[Landing] = None) -> Optional[LoadedCheckpoint]:
-        """A LoadedCheckpoint of checkpoint ``name`` (manifest ``number``) read from its local copy,
-        or None: the caller reads the remote. ``raw``: the manifest bytes of the remote's committed
-        checkpoint (or part), just read from the remote. ``src_rank``: whose part (several ranks);
-        the copy is looked for in that rank's directory (a rank restoring rank 0's replicated
-        tensors on rank 0's node finds rank 0's copy). ``memory_budget``, ``landing``: as for
-        :func:`reader.load` (the local copy is read like any local checkpoint).
-        Logs exactly one line saying which and why."""
+        """Checkpoint ``name`` (manifest ``number``) from its local copy, or None: the caller reads the remote.
+        ``raw``: the remote's committed manifest bytes, just read; ``src_rank``: whose part (looked for in that
+        rank's directory); ``memory_budget``, ``landing``: as for :func:`reader.load`. Logs one line saying why."""
         d = self.own_dir(src_rank)
         base = f"{d}/{name}"
         what = f"checkpoint {name}" + ("" if src_rank is None else f" (part of rank {src_rank})")

@@ -20,11 +20,9 @@ _IDENTITY_PARAMS = ("endpoint_override", "scheme")
 
 
 def canonical_location(uri: str, s3_endpoint: Optional[str] = None) -> str:
-    """The remote location ``uri`` names, without what does not change it: user info and
-    credentials (query parameters other than the endpoint), a trailing or doubled ``/``.
-    For ``s3://`` without an ``endpoint_override`` the ``s3_endpoint`` in use (``AWS_ENDPOINT_URL_S3``
-    / ``AWS_ENDPOINT_URL``, :class:`~paddle_acp.config.StorageOptions`) is part of it (the same
-    bucket name on another server)."""
+    """The remote location ``uri`` names, without user info, credentials (query parameters other than the
+    endpoint) or a trailing or doubled ``/``. For ``s3://`` without ``endpoint_override`` it includes
+    ``s3_endpoint`` (:class:`~paddle_acp.config.StorageOptions`): the same bucket on another server differs."""
     p = urlsplit(uri.strip())
     scheme = p.scheme.lower()
     netloc = p.netloc.rpartition("@")[2]
@@ -39,11 +37,8 @@ def canonical_location(uri: str, s3_endpoint: Optional[str] = None) -> str:
 
 
 def cache_key(uri: str, s3_endpoint: Optional[str] = None) -> str:
-    """The name of the cache directory of remote location ``uri``: ``<scheme>-<slug>-<hash>``.
-
-    ``hash``: 32 hex digits of the SHA-256 of :func:`canonical_location` (what keeps
-    locations apart); ``slug``: the host and last path component, filesystem-safe, for
-    people (at most 48 characters). Never holds user info or query values."""
+    """The cache directory name of ``uri``: ``<scheme>-<slug>-<hash>`` (hash: SHA-256 of
+    :func:`canonical_location`; slug: host and last path component, for people). No user info or query values."""
     canon = canonical_location(uri, s3_endpoint)
     p = urlsplit(canon)
     scheme = re.sub(r"[^a-z0-9]", "", p.scheme.lower(), flags=re.ASCII)[:16] or "x"

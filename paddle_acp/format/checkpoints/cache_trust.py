@@ -65,10 +65,8 @@ def _harden_one(path: str, euid: int) -> bool:
 
 
 def harden(root: str, rel_dir: str, files: Iterable[str] = ()) -> None:
-    """Take the group and other write bits off what this user owns of ``root/rel_dir`` (the
-    directories below ``root``, which stays as the user made it) and its ``files``: a umask of
-    002 must not make every copy untrusted. Best effort: what cannot be changed is left for
-    :func:`untrusted` to refuse."""
+    """Take group and other write bits off what this user owns below ``root`` down to ``rel_dir`` and its ``files``
+    (a umask of 002 must not make every copy untrusted). Best effort: :func:`untrusted` refuses what is left."""
     euid = os.geteuid()
     path = root
     try:

@@ -1,9 +1,7 @@
 """Reading the committed checkpoints of several ranks: the global manifest, each part's record, the marks.
 
-What every rank's restore and the operator tools read alike (no rank, no topology, nothing written):
-:meth:`GlobalReader.read_global` (the commit), :meth:`GlobalReader.check_part_record` (one part against
-the global manifest's record of it), :meth:`GlobalReader.check_global` (every part: O(W), the tools) and
-:meth:`GlobalReader.verify` (every checksum). The layout and the protocol: :mod:`.multirank`.
+What every rank's restore and the operator tools read alike (nothing written); the layout and the protocol are in
+:mod:`.multirank`.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ class GlobalEntry:
 
 
 class GlobalReader:
-    """Reads the committed checkpoints of several ranks of one range: no rank, no topology, nothing
-    written (what the operator tools and every rank's restore read alike)."""
+    """Reads the committed checkpoints of several ranks of one range (no rank, no topology, nothing written)."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str) -> None:
         self.storage = storage
@@ -63,9 +60,8 @@ class GlobalReader:
         return g
 
     def check_global(self, name: str) -> Tuple[GlobalManifest, Dict[int, bytes]]:
-        """The global manifest and every part's manifest bytes, each verified against it
-        (:meth:`check_part_record`), and no rank's mark on this copy. O(W) storage calls: what the
-        operator tools read (a rank's restore reads only the parts it loads, :meth:`load`)."""
+        """The global manifest and every part's manifest bytes, each checked (:meth:`check_part_record`), with no
+        mark on this copy. O(W) storage calls: the tools' check (a restore reads only its parts)."""
         g = self.read_global(name)
         verdict.check_marks(self.storage, f"{self.dir}/{name}", g)
         raws = {p.rank: self.check_part_record(name, g, p.rank) for p in g.parts}
@@ -85,10 +81,9 @@ class GlobalReader:
                                          f"{share['share_writers']}")
 
     def check_part_record(self, name: str, g: GlobalManifest, rank: int, data: bool = True) -> bytes:
-        """Part ``rank``'s manifest bytes, verified against the global manifest's record of it:
-        CRC32 and size, validity, its position, range and data size, the part's own record of its
-        rank, world size and mode (:func:`verdict.check_part`: CheckpointError); with ``data``,
-        the data file's size too. CorruptCheckpointError otherwise (UnknownFormatError: newer format)."""
+        """Part ``rank``'s manifest bytes, checked against the global manifest's record (CRC32, size, position,
+        range, data size; identity: :func:`verdict.check_part`, CheckpointError), with ``data`` the data file's
+        size too. CorruptCheckpointError otherwise (UnknownFormatError: newer format)."""
         p = g.parts[rank]
         pdir = self.part_dir(name, rank)
         path = f"{pdir}/{MANIFEST_NAME}"

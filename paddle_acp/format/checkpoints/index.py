@@ -1,21 +1,10 @@
 """Index: the checkpoints of one range in both layouts, in the order a restart tries them.
 
 One read-only answer to "which checkpoint does a restart load", shared by the restart
-(:func:`paddle_acp.format.checkpoints.restart.load_newest`) and the operator tools (``ls``, ``verify``,
-``inspect``, ``gc``):
-
-- :func:`entries` lists the single-writer checkpoints (``ckpt-N``) and those of several ranks
-  (``ckpt-e<E>[-s<S>]``), newest first in restart order: by training position (a ``ckpt-N``'s
-  position read from its manifest) when a committed checkpoint of several ranks exists, else by
-  number; at one position the checkpoint of several ranks comes first, then the higher number.
-- :func:`restart_candidates`: what a restart tries, listed with one call when the range holds
-  checkpoints of several ranks only (whether each is committed is learnt by loading it).
-- :func:`first_usable` tries them in that order with the caller's check (a restore, or a
-  verification) and returns the first that passes, with why each one before it was rejected.
-- :func:`no_usable_error`: checkpoints exist but none can be used; the restart stops (never a
-  silent start from scratch, never a deletion).
-- :func:`newer_format`: whether a checkpoint is of a format version this paddle-acp does not
-  know; such a checkpoint is never deleted or withdrawn by it.
+(:func:`paddle_acp.format.checkpoints.restart.load_newest`) and the tools (``ls``, ``verify``, ``inspect``, ``gc``):
+:func:`entries` and :func:`restart_candidates` list them, :func:`first_usable` tries them with the caller's check,
+:func:`no_usable_error` stops a restart that finds none usable (never a silent start from scratch, never a
+deletion), and :func:`newer_format` tells a checkpoint of an unknown newer format (never deleted or withdrawn).
 """
 
 from __future__ import annotations
@@ -60,9 +49,8 @@ T = TypeVar("T")
 
 
 def check_no_links(storage: Storage, job_id: str, range_name: str) -> None:
-    """Refuse a job whose ``range`` directory or range directory is a symbolic link:
-    writes would land, and retention would delete, in whatever it points to, and a restore
-    would read another job's checkpoints. (Remote stores have no links.)"""
+    """Refuse a job whose ``range`` directory or range directory is a symbolic link: writes, retention and
+    restores would act on whatever it points to (remote stores have no links)."""
     if not storage.has_symlinks:
         return
     for path in (f"{job_id}/range", range_dir(job_id, range_name)):
@@ -103,14 +91,10 @@ def global_committed(storage: Storage, path: str) -> bool:
 
 def entries(storage: Storage, job_id: str, range_name: str, uncommitted: bool = False,
             listing: Optional[List[StorageEntry]] = None, committed_now: Sequence[str] = ()) -> List[Entry]:
-    """The committed checkpoints of a range (with ``uncommitted``, also directories that are not: leftovers of
-    interrupted saves, abandoned checkpoints of several ranks), newest first, in the order a restart tries them.
-
-    Single-writer checkpoints are ordered by number, unless a committed checkpoint of several ranks exists:
-    then every checkpoint is ordered by training position, a ``ckpt-N``'s read from its manifest (one that
-    cannot be read sorts below every position). At one position the checkpoint of several ranks comes
-    first, then the higher number. Reads manifests only where positions are needed; verifies nothing.
-    ``committed_now``: checkpoints of several ranks whose ``global.json`` the caller has just written (not looked up)."""
+    """The committed checkpoints of a range (with ``uncommitted``, also leftovers and abandoned ones), newest first
+    in restart order: by number, or by training position (a ``ckpt-N``'s from its manifest; unreadable: last) once
+    a committed checkpoint of several ranks exists; at one position several ranks first, then the higher number.
+    Verifies nothing. ``committed_now``: checkpoints whose ``global.json`` the caller just wrote (not looked up)."""
     parent = range_dir(job_id, range_name)
     listing = storage.listdir(parent) if listing is None else listing
     out: List[Entry] = []
@@ -147,11 +131,9 @@ class NotCommitted(Exception):
 
 
 def restart_candidates(storage: Storage, job_id: str, range_name: str) -> Tuple[List[Entry], bool]:
-    """What a restart tries, in :func:`entries` order (uncommitted directories included), and
-    whether they were listed without a look inside. When the range holds checkpoints of several
-    ranks only (their order is their names'), one listing is all: each is taken as committed, and
-    loading one whose ``global.json`` is missing raises :class:`NotCommitted` (one read instead
-    of an ``exists`` per checkpoint). Otherwise :func:`entries` looks into each one."""
+    """What a restart tries, in :func:`entries` order (uncommitted included), and whether they were listed without
+    a look inside: with checkpoints of several ranks only, one listing takes each as committed (loading one
+    without ``global.json`` raises :class:`NotCommitted`); otherwise :func:`entries` looks into each."""
     listing = storage.listdir(range_dir(job_id, range_name))
     if any(FINAL_RE.fullmatch(e.name) or TMP_RE.fullmatch(e.name) for e in listing):
         return entries(storage, job_id, range_name, uncommitted=True, listing=listing), False
@@ -197,15 +179,10 @@ class Search(Generic[T]):
 def first_usable(candidates: Sequence[Entry], load: Callable[[Entry], T], check: Optional[Callable[[T], None]] = None,
                  where: str = "", fatal: Optional[Callable[[Entry, StorageError], Optional[BaseException]]] = None,
                  log: bool = True) -> Search[T]:
-    """The first committed checkpoint of ``candidates`` (restart order, :func:`entries`) that ``load``
-    returns without CorruptCheckpointError (of which UnknownFormatError: a newer format) or StorageError
-    (:class:`NotCommitted`: passed over, not committed),
-    and that ``check`` (when given) does not reject with CheckpointError; what ``load`` returned for it.
-
-    A rejected checkpoint is logged with a warning naming it and the cause (``where``: the range's
-    location) unless ``log`` is False. ``fatal(entry, exc)`` may turn a read error into an exception
-    raised at once (several ranks must not fall back alone). Any other exception of ``load`` (a
-    CheckpointError: the checkpoint cannot be restored into this job) propagates."""
+    """The first committed checkpoint of ``candidates`` that ``load`` returns without CorruptCheckpointError or
+    StorageError (:class:`NotCommitted`: passed over) and ``check`` does not reject with CheckpointError. Each
+    rejection is logged unless ``log`` is False (``where``: the range's location); ``fatal(entry, exc)`` may turn a
+    read error into an exception raised at once. Other exceptions of ``load`` propagate."""
     rejected: List[Rejection] = []
     for e in candidates:
         if not e.committed:
@@ -277,10 +254,9 @@ def no_usable_error(where: str, job_id: str, rejected: Sequence[Rejection], who:
 
 
 def newer_format(storage: Storage, path: str) -> Optional[str]:
-    """Why the committed checkpoint directory ``path`` (either layout) is of a format version this
-    paddle-acp does not know, or None (it is of a known format, or corrupt: no more than a restore
-    would tell). Reads its commit file (and rank 0's part manifest). StorageError when they cannot be
-    read now: the caller must not take that for "known" (deleting what it could not read)."""
+    """Why committed checkpoint ``path`` (either layout) is of a format version this paddle-acp does not know, or
+    None (known, or corrupt). StorageError when its commit file or rank 0's manifest cannot be read now, which the
+    caller must not take for "known" (it would delete what it could not read)."""
     name = path.rsplit("/", 1)[-1]
     docs: List[Tuple[str, int, str, int, str]] = []
     if parse_name(name) is not None:

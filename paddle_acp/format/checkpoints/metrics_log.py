@@ -1,16 +1,10 @@
 """The metrics log: one JSON line per save in ``{job}/metrics/trainer-{id}.jsonl`` on the checkpoint storage.
 
-A line is a :class:`~paddle_acp.format.metrics_record.MetricsRecord` (its fields, their types and
-meanings, the events start, saved, failed and skipped, and the parsing of a line read back are defined
-there, once); this module owns the file: buffering the lines and writing them.
-
-On a local disk a save's line is appended as soon as its checkpoint commits, so a kill loses
-none (``paddle-acp stats`` agrees with the committed checkpoints). Elsewhere (HDFS, S3: an append
-is a round trip, on S3 a rewrite of the file) lines are written in batches (the first at once,
-then at most every ``FLUSH_INTERVAL`` seconds, and whenever a range ends or a preemption save
-commits): a kill loses the lines of the unwritten batch, and ``paddle-acp stats`` says how many
-committed checkpoints have no line. Always on the saver's thread: a metrics line never costs the
-training thread a storage round trip.
+A line is a :class:`~paddle_acp.format.metrics_record.MetricsRecord` (defined there); this module buffers and
+writes the lines. On a local disk a line is appended as soon as its checkpoint commits, so a kill loses none.
+Elsewhere (an append is a round trip; on S3 a rewrite) lines go in batches: the first at once, then at most every
+``FLUSH_INTERVAL`` seconds and whenever a range ends or a preemption save commits; a kill loses the unwritten
+batch (``paddle-acp stats`` counts committed checkpoints without a line). Written on the saver's thread only.
 """
 
 from __future__ import annotations

@@ -7,12 +7,9 @@ Layout (``W`` = ``PADDLE_TRAINERS_NUM``, 1 for a job of one process)::
     {job}/range/{range}/ckpt-e{E}[-s{S}]/global.json              written last, by rank 0: the commit
 
 The name is the training position (epoch ``E`` done, or step ``S`` of epoch ``E``), which every rank derives alike.
-Each rank writes its part (renamed into place from ``rank-{k}.tmp-g<G>-<id>`` where renames are atomic, G its fencing
-generation; on S3 its manifest, written last, commits it). Rank 0 waits, bounded by ``PADDLE_ACP_PART_TIMEOUT``, for
-every part of the position, checks each (:mod:`~paddle_acp.format.commit.part_commit`: a superseded process's part is
-never committed) and writes ``global.json`` listing every part with the CRC32 of its manifest and the topology; a part
-that does not come abandons the position. Restore (:mod:`.rank_restore`) loads, on each rank, only the parts it uses;
-a rank that rejects a part of several marks the copy bad and stops, never falls back alone (:mod:`.verdict`).
+Each rank writes its part (renamed from ``rank-{k}.tmp-g<G>-<id>``, G its generation; on S3 its manifest commits it).
+Rank 0 waits for and checks every part (:mod:`~paddle_acp.format.commit.part_commit`) and writes ``global.json``
+listing each with its manifest's CRC32 and the topology. Restore: :mod:`.rank_restore`.
 """
 
 from __future__ import annotations
@@ -114,9 +111,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         return sorted(out, key=lambda g: g.key)
 
     def remember_listing(self, entries: Sequence[index.Entry], uncommitted: Collection[str] = ()) -> None:
-        """The range's checkpoints as this rank's restart listed them (:func:`index.restart_candidates`,
-        ``uncommitted``: those found not committed when loaded): :meth:`discard_newer` uses them once
-        instead of listing again."""
+        """Keep the range's checkpoints as the restart listed them (``uncommitted``: found not committed when
+        loaded), for :meth:`discard_newer` to use once instead of listing again."""
         out = []
         for e in entries:
             pos = parse_name(e.name) if e.layout == index.GLOBAL else None
@@ -128,9 +124,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
 
     def _known_clear(self, name: str) -> bool:
-        """Whether this rank knows, without a look-up, that it has no part at ``name``: its start's clean-up
-        (:meth:`discard_newer`) removed every part of its own newer than the checkpoint it resumed from, and
-        ``name`` is newer still (a zombie's part there since is never committed: fencing.py)."""
+        """Whether this rank knows without a look-up that it has no part at ``name``: :meth:`discard_newer` removed
+        its parts newer than its base, and ``name`` is newer still (a zombie's part there never commits)."""
         if not self._cleared or name in self._not_cleared:
             return False
         pos = parse_name(name)
@@ -144,10 +139,9 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         return self.storage.exists(self.part_dir(name, self.rank))
 
     def save(self, snap: Snapshot, mode: str, wait: bool = True, part_wait: Optional[float] = None) -> SaveResult:
-        """Write this rank's part; on rank 0 also hand the commit (wait for the parts, commit, retention) to the
-        committer's thread and with ``wait`` wait for its outcome. ``part_wait``: rank 0's wait for the parts, when
-        shorter than ``PADDLE_ACP_PART_TIMEOUT`` (a preemption save). A rank whose part cannot be written says so
-        (:meth:`declare_absent`): rank 0 abandons the position at once."""
+        """Write this rank's part; on rank 0 also hand the commit to the committer's thread, and with ``wait`` wait
+        for it. ``part_wait``: rank 0's shorter wait for the parts (a preemption save). A rank whose part cannot be
+        written says so (:meth:`declare_absent`)."""
         name = position_name(snap.range.epoch_no, snap.range.step)
         if self.storage.has_symlinks and self.storage.kind(f"{self.dir}/{name}") in ("link", "file", "other"):
             raise StorageError(f"cannot write checkpoint {name} of {self.storage.uri}/{self.dir}: a link or a file is "
@@ -189,8 +183,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         fresh = name not in self._touched and self.fence is not None
         self._touched.add(name)
         if not fresh or (not self._known_clear(name) and self._own_part_there(name)):
-            # this rank was here before (this incarnation, or an earlier one's part): one listing
-            # shows the commit and every part and leftover of this rank, removed once the fence check passed
+            # this rank was here before: one listing shows the commit and this rank's parts and leftovers
             st.forget_cached(ckdir)  # rank 0 commits it from another process
             listing = st.listdir(ckdir)
             if any(e.name == GLOBAL_NAME for e in listing):
@@ -287,8 +280,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         return True
 
     def declare_absent(self, name: str, reason: str) -> Optional[str]:
-        """Say that this rank has no part at position ``name`` (its save failed, or it does not take that position),
-        best effort, in the job's store when there is one (:mod:`~paddle_acp.format.commit.arrivals`), else on
+        """Say, best effort, that this rank has no part at ``name``, in the job's store when there is one, else on
         storage: rank 0 abandons the position at once. Returns where it was said, or None."""
         gen = self.generation
         self._touched.add(name)  # its next save at ``name`` removes the absence first (_write_part)
@@ -343,9 +335,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
 
     def apply_retention(self, keep: Optional[int] = None, listing: Optional[List[Entry]] = None,
                         committed_now: Collection[str] = ()) -> List[str]:
-        """Rank 0: remove what :func:`~paddle_acp.format.commit.retention.preserve` lets go of (an earlier release's
-        ``ckpt-N`` counts at its position); returns the names removed. ``listing``, ``committed_now``: of the range,
-        as the commit just made saw it."""
+        """Rank 0: remove what :func:`~paddle_acp.format.commit.retention.preserve` lets go; returns the names
+        removed. ``listing``, ``committed_now``: the range as the commit just made saw it."""
         keep = self.max_to_keep if keep is None else keep
         entries = index.entries(self.storage, self.job_id, self.range_name, True, listing, list(committed_now))
         committed = [e for e in entries if e.committed]

@@ -1,10 +1,8 @@
 """PartReader: reads one checkpoint directory written by one writer (its manifest and data file).
 
-Such a directory is a rank's part of a global checkpoint (``ckpt-e{E}[-s{S}]/rank-R``, today's layout for
-every world size) or a numbered checkpoint ``ckpt-N`` of an earlier release (read-only: nothing writes
-them any more). The reading itself is :mod:`~paddle_acp.format.engine.reader`'s; this object adds the
-range's place on storage, the node-local cache and the host-memory budget. Paths and names are in
-:mod:`~paddle_acp.format.layout`.
+Such a directory is a rank's part (``ckpt-e{E}[-s{S}]/rank-R``) or an earlier release's ``ckpt-N`` (read-only).
+The reading is :mod:`~paddle_acp.format.engine.reader`'s; this adds the range's place, the node-local cache and
+the host-memory budget.
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ class PartReader:
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, cache: Optional["RangeCache"] = None,
                  memory_budget: Optional[int] = None) -> None:
-        """``cache``: the node-local copies of this range (``PADDLE_ACP_LOCAL_CACHE``, remote storage only);
-        ``memory_budget``: ``PADDLE_ACP_HOST_MEMORY`` in bytes, a restore larger than it is neither mapped
-        nor held in memory."""
+        """``cache``: this range's node-local copies (``PADDLE_ACP_LOCAL_CACHE``); ``memory_budget``:
+        ``PADDLE_ACP_HOST_MEMORY`` in bytes (a larger restore is neither mapped nor held in memory)."""
         self.storage = storage
         self.job_id = job_id
         self.range_name = range_name
@@ -38,8 +35,7 @@ class PartReader:
         self.cache = cache
 
     def check_no_links(self) -> None:
-        """Refuse a job whose ``range`` directory or range directory is a symbolic link
-        (:func:`paddle_acp.format.checkpoints.index.check_no_links`)."""
+        """Refuse a linked ``range`` or range directory (:func:`paddle_acp.format.checkpoints.index.check_no_links`)."""
         index.check_no_links(self.storage, self.job_id, self.range_name)
 
     def base(self, number: int) -> str:
@@ -48,11 +44,9 @@ class PartReader:
 
     def load(self, number: int, base: Optional[str] = None, raw: Optional[bytes] = None,
              landing: Optional[Landing] = None) -> LoadedCheckpoint:
-        """Read and verify checkpoint ``number`` completely (:func:`reader.load`); raises CorruptCheckpointError.
-
-        With a node-local cache the data comes from the local copy when that copy is this very
-        checkpoint (see :meth:`paddle_acp.format.checkpoints.cache.RangeCache.load`). ``landing``
-        (else :attr:`landing`): the buffer its bytes are read into, within :attr:`memory_budget`."""
+        """Read and verify checkpoint ``number`` completely (:func:`reader.load`; CorruptCheckpointError), from the
+        local copy when it is this very checkpoint (:meth:`paddle_acp.format.checkpoints.cache.RangeCache.load`).
+        ``landing`` (else :attr:`landing`): the buffer read into."""
         landing = landing if landing is not None else self.landing
         if self.cache is not None and base is None:
             _m, raw = reader.read_manifest_raw(self.storage, self.base(number), number, self.range_name, raw)

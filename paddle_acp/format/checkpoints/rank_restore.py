@@ -1,12 +1,9 @@
 """One rank's restore of a checkpoint of several ranks (the layout and the protocol: :mod:`.multirank`).
 
-The global manifest and its marks are read and judged alike by every rank (:class:`.global_reader.GlobalReader`);
-then each rank loads only the parts it uses (its own: RNG, loader, per-rank state; replicated mode: rank 0's part,
-or every share writer's share when the ranks spread the writes, :mod:`~paddle_acp.format.engine.shares`), each
-verified against the global record, so a rank's restore costs the same storage calls at any world size. A part only
-this rank reads and finds bad is marked and stops the job (:mod:`~paddle_acp.format.commit.verdict`), never a
-fallback of one rank alone. :meth:`RankRestore.resume_from` records the checkpoint this incarnation resumed from
-(its parts are tagged with it) and :meth:`RankRestore.check_base` stops the job when a rank marked it bad.
+Every rank judges the global manifest and its marks alike (:class:`.global_reader.GlobalReader`), then loads only
+the parts it uses (its own; replicated: rank 0's part, or every share, :mod:`~paddle_acp.format.engine.shares`),
+each checked against the global record: the same storage calls at any world size. A part only this rank reads and
+finds bad is marked and stops the job (:mod:`~paddle_acp.format.commit.verdict`), never a fallback of one rank alone.
 """
 
 from __future__ import annotations
@@ -55,17 +52,10 @@ class RankRestore(GlobalReader):
         )
 
     def load(self, name: str, running_mode: Optional[str], listed_only: bool = False) -> LoadedCheckpoint:
-        """Verify checkpoint ``name`` and load this rank's share of it.
-
-        ``running_mode``: the mode this job is known to run in ('per-rank', 'replicated')
-        or None (auto, decided when programs register). Reads the global manifest, the marks on it,
-        and only the parts this rank loads (a constant number of storage calls at any world size).
-        Raises CorruptCheckpointError for what every rank reads alike (the global manifest, a mark:
-        every rank falls back to an older one), RestartRequiredError when a part only this rank
-        loads is bad in a job of several ranks (the copy is marked, :mod:`.verdict`), or
-        CheckpointError (topology, a part moved between ranks: never a partial restore).
-        ``listed_only``: see :meth:`read_global`.
-        """
+        """Verify checkpoint ``name`` and load this rank's share of it (``running_mode``: 'per-rank', 'replicated', or
+        None: decided when programs register; ``listed_only``: see :meth:`read_global`). Raises CorruptCheckpointError
+        for what every rank reads alike (all fall back), RestartRequiredError when a part only this rank loads is bad
+        (the copy is marked), or CheckpointError (topology, moved parts: never a partial restore)."""
         base = f"{self.dir}/{name}"
         g = self.read_global(name, listed_only)  # the global manifest and its marks: every rank reads them alike
         verdict.check_marks(self.storage, base, g)
@@ -82,8 +72,7 @@ class RankRestore(GlobalReader):
                 raise self.topology_error(g, running_mode or "replicated",
                                           "it was taken in the middle of an epoch, and the ranks' loader positions do not "
                                           "carry over to another world size")
-        # only the parts this rank loads (its own: RNG, loader; the one whose tensors it takes), each
-        # verified against the global manifest's record: a rank's restore costs the same at any world size
+        # only the parts this rank loads (its own: RNG, loader; the one(s) whose tensors it takes)
         loads = set(range(g.share_writers)) if g.writers == shares.WRITERS_ALL else {src}
         raws = {k: self._own_verdict(name, g, k) for k in sorted(loads | ({own} if own is not None else set()))}
         if g.writers == shares.WRITERS_ALL:  # the shares this rank reads are one state
@@ -107,10 +96,8 @@ class RankRestore(GlobalReader):
         return "its part" if rank == self.rank else f"rank {rank}'s data"
 
     def _own_verdict(self, name: str, g: GlobalManifest, rank: int) -> bytes:
-        """Part ``rank``'s manifest bytes (:meth:`check_part_record`), judged by this rank alone. In a
-        job of several ranks the others do not read this part: a rank that finds it bad marks the
-        copy and stops (RestartRequiredError), never falls back alone; one of a newer format (which
-        it must neither use nor condemn) stops it with CheckpointError."""
+        """Part ``rank``'s manifest bytes (:meth:`check_part_record`), judged by this rank alone: with several ranks
+        a bad part is marked and stops it (RestartRequiredError), a newer-format one stops it (CheckpointError)."""
         try:
             return self.check_part_record(name, g, rank, data=False)
         except UnknownFormatError as exc:
@@ -127,7 +114,7 @@ class RankRestore(GlobalReader):
             raise
 
     def _load_part(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], src: int) -> LoadedCheckpoint:
-        """Rank ``src``'s part, verified (the node-local copy when it is these very bytes); its own lands in :attr:`landing`."""
+        """Rank ``src``'s part, verified (the local copy if it holds these bytes); this rank's lands in ``landing``."""
         own = self.landing if src == self.rank else None
         cached = self.cache.load(g.name, g.number, raws[src], src, self.memory_budget, own) if self.cache is not None else None
         try:
@@ -138,9 +125,8 @@ class RankRestore(GlobalReader):
             raise
 
     def _load_shares(self, g: GlobalManifest, base: str, raws: Dict[int, bytes], own: Optional[int]) -> LoadedCheckpoint:
-        """A spread checkpoint: the share of every share writer (ranks 0..g.share_writers-1; the other parts
-        hold no tensors) verified (in parallel) and joined (:mod:`.shares`). A share that fails on this rank
-        goes through the bad mark like its own part would."""
+        """A spread checkpoint: every share writer's share (ranks < ``g.share_writers``), verified in parallel and
+        joined (:mod:`.shares`); a bad share goes through the bad mark like a bad own part."""
         try:
             parts = shares.load_all(lambda k: self._load_part(g, base, raws, k) if k == self.rank
                                     else self._parts.load(g.number, f"{base}/{rank_part(k)}", raws[k]),

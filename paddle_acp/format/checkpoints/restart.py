@@ -1,10 +1,8 @@
 """Restart: the checkpoint a range resumes from, of either layout, on every rank alike.
 
-:func:`load_newest` walks the range's checkpoints in the order of
-:func:`paddle_acp.format.checkpoints.index.entries` (the operator tools walk the same order) and loads the
-first one that verifies and fits this job. When checkpoints exist but none can be used, the
-restart stops with an error naming each one and why (never a silent start from scratch, and
-nothing deleted), unless ``PADDLE_ACP_START_FRESH`` asks for a fresh start; a checkpoint of a
+:func:`load_newest` loads the first checkpoint, in :func:`paddle_acp.format.checkpoints.index.entries` order, that
+verifies and fits this job. When checkpoints exist but none can be used the restart stops naming each and why
+(never a silent start from scratch, nothing deleted) unless ``PADDLE_ACP_START_FRESH`` is set; a checkpoint of a
 newer format is never deleted or withdrawn.
 """
 
@@ -30,19 +28,10 @@ logger = logging.getLogger("paddle_acp")
 def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer", running_mode: Optional[str],
                 check: Optional[Callable[[LoadedCheckpoint], None]] = None,
                 start_fresh: bool = False) -> Optional[LoadedCheckpoint]:
-    """The newest checkpoint of either layout that verifies (older ones are tried in turn), in
-    the order of :func:`paddle_acp.format.checkpoints.index.entries` (the tools' order too).
-
-    Single-rank checkpoints (``ckpt-N``, written by rank 0 only) count as replicated.
-    Topology mismatches raise CheckpointError instead of falling back.
-
-    A corrupt, crafted, unreadable or newer-format checkpoint is skipped with a warning naming
-    it and the cause; so is one that ``check(loaded)`` rejects (CheckpointError: it does not fit
-    this process). None only when the range has no committed checkpoint. When checkpoints exist
-    but none loads: the first such CheckpointError, StorageError when some could not be read,
-    else :class:`~paddle_acp.errors.NoUsableCheckpointError` naming each checkpoint; with
-    ``start_fresh`` (``PADDLE_ACP_START_FRESH``) a warning and None instead. Never a silent start
-    from scratch, and nothing is deleted here.
+    """The newest checkpoint of either layout that verifies and that ``check(loaded)`` accepts, older ones tried
+    in turn (each rejection logged); ``ckpt-N`` counts as replicated, and topology mismatches raise CheckpointError.
+    None when the range has no committed checkpoint. When none loads: :func:`no_usable`'s error, or with
+    ``start_fresh`` (``PADDLE_ACP_START_FRESH``) a warning and None. Nothing is deleted here.
     """
     numbered.check_no_links()
     where = f"{global_checkpointer.storage.uri}/{global_checkpointer.dir}"
@@ -75,8 +64,7 @@ def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer",
     def fatal(e: index.Entry, exc: StorageError) -> Optional[BaseException]:
         if e.layout != index.GLOBAL or not multi:
             return None
-        # another rank may read it fine: falling back alone would resume the ranks from
-        # different checkpoints. Fail; the job's restart tries again.
+        # another rank may read it: falling back alone would split the ranks; fail, the job's restart tries again
         return StorageError(
             f"rank {global_checkpointer.rank}: checkpoint {e.name} of {where} cannot be read ({exc}); every "
             "rank must resume from the same checkpoint, so this rank does not fall back alone: fix the storage "

@@ -1,18 +1,11 @@
 """A rank's word on storage that it has no part at a position: the ``absent-rank-<k>`` file.
 
-A rank whose part of a checkpoint of several ranks cannot be written (a storage or checkpoint
-error; never when it is fenced: a newer process of that rank speaks for it) writes this small
-JSON document into the position's directory, best effort (:func:`declare`): its rank, its
-fencing generation, the checkpoint its incarnation resumed from (its base) and a short reason
-with secrets removed. Rank 0, waiting for the parts, abandons the position at once when it sees
-one that counts (:func:`counts`): written by the live generation of that rank (the newest
-recorded) for the base rank 0 resumed from too. One left by an earlier incarnation of the job
-(an older generation, another base) never abandons a new checkpoint.
-
-The file is written whole or not at all (a temporary name renamed into place where the storage
-renames). Abandoned positions are removed whole by rank 0's retention at its next commit and by
-``paddle-acp gc``; before rank 0 commits a position it removes the absences there (an earlier
-incarnation's). The content is untrusted input: size-capped, every field checked (:meth:`Absence.loads`).
+A rank whose part cannot be written (never when fenced: a newer process of that rank speaks for it) writes this
+small JSON document, whole or not at all, best effort (:func:`declare`): rank, generation, base (the checkpoint
+its incarnation resumed from) and a reason without secrets. Rank 0 abandons the position at once on one that
+counts (:func:`counts`: the rank's live generation, rank 0's base); an earlier incarnation's never abandons a new
+checkpoint, and rank 0 removes those before it commits. Abandoned positions go by retention and ``paddle-acp gc``.
+The content is untrusted input: size-capped, every field checked (:meth:`Absence.loads`).
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ _URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
 def clean_reason(text: object) -> str:
-    """One line of at most :data:`MAX_REASON` characters, without credentials (URIs redacted, registered secrets scrubbed)."""
+    """One line of at most :data:`MAX_REASON` characters, URIs redacted and registered secrets scrubbed."""
     one = " | ".join(line.strip() for line in str(text).splitlines() if line.strip())
     one = scrub(_URI_RE.sub(lambda m: redact(m.group(0)), one))
     return one[:MAX_REASON].encode("utf-8", "replace").decode("utf-8")
@@ -94,8 +87,7 @@ class Absence:
 
 
 def declare(storage: Storage, strategy: CommitStrategy, ckdir: str, absence: Absence) -> Optional[str]:
-    """Write ``absence`` into ``ckdir``, best effort: its path, or None when the storage refused
-    (said at DEBUG: the save's own failure is what is reported)."""
+    """Write ``absence`` into ``ckdir``, best effort: its path, or None when the storage refused (said at DEBUG)."""
     path = f"{ckdir}/{absence.name}"
     try:
         storage.makedirs(ckdir)

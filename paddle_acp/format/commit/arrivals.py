@@ -1,18 +1,14 @@
 """What the ranks tell rank 0 through the job's store about one position (issue 43): each rank's arrival, with
 its part's manifest or its absence, and each rank's generation, posted once per open.
 
-The coordinator (:mod:`paddle_acp.runtime.coord`: the job's store) is reached through :class:`Arrivals`; where
-there is none, or it fails, storage alone tells (the protocol of earlier versions: rank 0 lists the position,
-reads each part's manifest and absence file, looks each rank's generation up). What the store carries is a hint
-checked against storage, never a commit on its own: a part counts only once the position's listing shows it in
-place, a note only when it is of this very position and incarnation, and a generation only when the process that
-wrote the part posted it to this job's store and no newer process of its rank did (else it is looked up on
-storage as before: a part of a superseded process never commits).
+The store (:class:`Arrivals`, :mod:`paddle_acp.runtime.coord`) gives hints checked against storage, never a commit:
+a part counts once the position's listing shows it, a note only when of this position and incarnation, a
+generation only when the part's writer posted it and no newer process of its rank did (else it is looked up on
+storage: a superseded process's part never commits). Without a store, or when it fails, storage alone tells.
 
-Keys, per arrival key ``{base}/{name}`` (the coordinator adds its own prefix): ``a/{key}``, the ranks counted in
-(a part or an absence); ``a/x/{key}``, the ranks that have no part there; ``n/{rank}``, each rank's newest note (a
-part's manifest, or an absence document, :mod:`.absence`); ``a/g/{rank}/{generation}``, the processes of a rank
-holding that generation.
+Keys, per arrival key ``{base}/{name}``: ``a/{key}`` (ranks counted in), ``a/x/{key}`` (those without a part),
+``n/{rank}`` (each rank's newest note: a part's manifest or an absence), ``a/g/{rank}/{generation}`` (the
+processes of a rank holding that generation).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from paddle_acp.format.layout import absent_mark, parse_name, parse_part, positi
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Entry, Storage
 
-MAX_NOTE = 1 << 20  # bytes: a part's manifest travels through the store up to this size (a larger one: read from storage)
+MAX_NOTE = 1 << 20  # bytes: a larger part manifest is read from storage, not carried by the store
 
 
 class Arrivals(Protocol):
@@ -94,11 +90,9 @@ def counted(coord: Arrivals, key: str) -> Optional[Tuple[int, int]]:
 def parts_and_generations(coord: Arrivals, ranks: Sequence[int], number: int,
                           parse: Callable[[bytes, int], Optional[Manifest]], absences: bool = False
                           ) -> Tuple[Dict[int, Tuple[bytes, Manifest]], Dict[int, int], Dict[int, absence.Absence]]:
-    """What the store holds of ``ranks`` at position ``number``: their parts (rank -> (manifest bytes, manifest),
-    each rank's newest note when ``parse`` accepts it as its part of this incarnation and it is of this position),
-    the generations the store vouches for (rank -> the generation its part's writer posted, when no newer process
-    of its rank posted one) and, with ``absences`` (some rank counted itself in without a part), the absences
-    noted (rank -> absence, not yet judged: :func:`.absence.counts`). Two round trips."""
+    """What the store holds of ``ranks`` at position ``number``: their parts (rank -> (bytes, manifest), when
+    ``parse`` accepts the rank's newest note), the generations it vouches for (as :func:`vouches`) and, with
+    ``absences``, the absences noted (not yet judged: :func:`.absence.counts`). Two round trips."""
     raws = coord.notes(ranks, MAX_NOTE)
     parts: Dict[int, Tuple[bytes, Manifest]] = {}
     absent: Dict[int, absence.Absence] = {}
@@ -122,9 +116,8 @@ def parts_and_generations(coord: Arrivals, ranks: Sequence[int], number: int,
 
 
 def moved_on(storage: Storage, range_dir: str, name: str, ranks: Sequence[int]) -> Tuple[List[int], Optional[List[Entry]]]:
-    """Those of ``ranks`` that already have a part at a position after ``name`` (they will not write this one),
-    and the range's listing (None when not listed): one listing of the range, then one of each later position
-    (few: the ones rank 0 has moved on to), never one look-up per rank. Storage alone tells this, store or not."""
+    """Those of ``ranks`` with a part at a position after ``name`` (they will not write this one), and the range's
+    listing (None when not listed): one listing of the range and one per later position, never one per rank."""
     pos = parse_name(name)
     if pos is None or not ranks:
         return [], None

@@ -1,17 +1,8 @@
 """Atomic commit: a checkpoint directory becomes visible whole or not at all.
 
-Two commit strategies, chosen by the storage's capability (``Storage.commit_style``)
-or by option (:func:`strategy_for`), like Orbax's ``atomicity`` module:
-
-- :class:`RenameCommit` (local disks, HDFS): the checkpoint is written under
-  ``ckpt-N.tmp-<id>`` and renamed to ``ckpt-N``;
-- :class:`ManifestLastCommit` (object stores, S3): it is written in place and
-  its manifest, written last, is the commit marker.
-
-Either way readers accept only ``ckpt-N`` holding a manifest; everything else is
-a leftover of an interrupted save (:func:`scan`; the temporary name carries the writer's
-generation: ``ckpt-N.tmp-g<G>-<id>``). The global manifest of a checkpoint of
-several ranks is committed the same way (:meth:`CommitStrategy.write_file`).
+:class:`RenameCommit` (local disks, HDFS) writes under ``ckpt-N.tmp-g<G>-<id>`` and renames it to ``ckpt-N``;
+:class:`ManifestLastCommit` (object stores) writes in place, its manifest (written last) being the commit
+(:func:`strategy_for`). Readers accept only ``ckpt-N`` holding a manifest; the rest is a leftover (:func:`scan`).
 """
 
 from __future__ import annotations
@@ -61,11 +52,8 @@ def _committed(storage: Storage, path: str) -> bool:
 
 
 def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -> List[DirEntry]:
-    """The checkpoint directories (committed or not) of ``parent``, oldest first.
-
-    Only real directories with canonical names count: a file, a symbolic link
-    or an absurd number under a checkpoint's name is foreign (logged once, never
-    read, never deleted)."""
+    """The checkpoint directories (committed or not) of ``parent``, oldest first; a file, link or absurd number
+    under a checkpoint's name is foreign (logged once, never read, never deleted)."""
     out = []
     for e in storage.listdir(parent) if listing is None else listing:
         m = FINAL_RE.fullmatch(e.name)
@@ -84,23 +72,17 @@ def scan(storage: Storage, parent: str, listing: Optional[List[Entry]] = None) -
 
 # -- commit strategies ------------------------------------------------------------------------
 class CommitStrategy(abc.ABC):
-    """How what a writer wrote becomes visible whole or not at all.
-
-    Chosen by the storage's capability (:func:`strategy_for`): a directory
-    rename where renames are atomic, else the commit file written last. Either
-    way ``before`` (e.g. the writer's fence check) runs right before the one
-    step that makes the result visible, and may raise to stop it."""
+    """How what a writer wrote becomes visible whole or not at all; ``before`` (e.g. the fence check) runs
+    right before the one step that makes it visible, and may raise to stop it."""
 
     name: str = ""
-    #: the directory is written under its final name: a reader may see it while it is
-    #: being written (only its commit file, written last, says it is whole)
+    #: written under its final name: a reader may see it mid-write (only its commit file, written last, commits)
     in_place: bool = False
 
     @abc.abstractmethod
     def path_for(self, final: str, generation: Optional[int] = None) -> str:
-        """Where to write the directory that becomes ``final`` (``generation``: the writer's, for
-        a temporary name). No I/O: the path is known before anything of it exists, so a write
-        interrupted at any moment (Ctrl-C) knows what to remove."""
+        """Where to write the directory that becomes ``final`` (``generation``: the writer's). No I/O, so a
+        write interrupted at any moment knows what to remove."""
 
     @abc.abstractmethod
     def prepare(self, storage: Storage, path: str) -> None:
@@ -158,9 +140,8 @@ class RenameCommit(CommitStrategy):
 
 
 def _write_file(storage: Storage, path: str, body: bytes, before: Optional[Callable[[], None]]) -> None:
-    """Write one small file whole or not at all: where the storage renames (a file system), under a
-    temporary name renamed into place (a process killed mid-write leaves no partial file under
-    ``path``); on an object store one object is visible whole or not at all already."""
+    """Write one small file whole or not at all: renamed into place from a temporary name where the storage
+    renames; an object store's object is atomic already."""
     if storage.commit_style != RENAME:
         if before is not None:
             before()
@@ -192,12 +173,8 @@ def place_file(storage: Storage, tmp: str, path: str, before: Optional[Callable[
 
 
 class ManifestLastCommit(CommitStrategy):
-    """Object stores (S3): write in place, the commit file last; its presence is the commit.
-
-    On an object store no directory object is made (a key's prefix is its directory,
-    and each would cost a request per checkpoint); one object is visible whole or not
-    at all. It works on a file system too (chosen by option): there the directory is
-    made and the commit file is renamed into place."""
+    """Object stores (S3): write in place, the commit file last; its presence is the commit. On a file system
+    (chosen by option) the directory is made and the commit file renamed into place."""
 
     name = MANIFEST_LAST
     in_place = True
@@ -224,9 +201,8 @@ class ManifestLastCommit(CommitStrategy):
 
 
 def strategy_for(storage: Storage, preferred: Optional[str] = None) -> CommitStrategy:
-    """The commit strategy of ``storage``: its capability (:attr:`Storage.commit_style`), or
-    ``preferred`` ("rename" or "manifest-last"). Manifest-last works everywhere; a rename
-    commit only where the storage renames directories atomically."""
+    """The commit strategy of ``storage``: its :attr:`Storage.commit_style`, or ``preferred`` ("rename" or
+    "manifest-last"; rename only where the storage renames directories atomically)."""
     style = storage.commit_style if preferred is None else preferred
     if style == RENAME:
         if storage.commit_style != RENAME:
@@ -251,15 +227,13 @@ class Pending:
         self._prepared = False
 
     def prepare(self) -> None:
-        """Make what the files need (once; the writer calls it inside the block that aborts on any
-        exception, so a Ctrl-C right after the directory is made still removes it)."""
+        """Make what the files need, once (called inside the writer's abort block: a Ctrl-C still removes it)."""
         if not self._prepared:
             self.strategy.prepare(self.storage, self.path)
             self._prepared = True
 
     def commit(self, manifest: bytes, before: Optional[Callable[[], None]] = None) -> None:
-        """Write the manifest (after the data), then make the checkpoint visible; ``before``
-        runs (and may raise, e.g. a fenced writer) right before the step that makes it visible."""
+        """Write the manifest (after the data), then make the checkpoint visible; ``before`` runs right before."""
         self.strategy.commit(self.storage, self.path, self.final, MANIFEST_NAME, manifest, before)
 
     def write_manifest_early(self, manifest: bytes) -> bool:

@@ -1,20 +1,12 @@
 """Rank 0's commits of checkpoints of several ranks, on a thread of their own, in position order.
 
-Rank 0's saver writes rank 0's part and hands the rest of the checkpoint (wait for the other
-ranks' parts, write ``global.json``, retention: :mod:`~paddle_acp.format.commit.part_commit`) to the
-:class:`Committer`: the saver is free for the next save once its own part is written, and the
-training thread never waits for another rank. A commit is decided (its done callbacks told, its
-``decided_at`` taken) when ``global.json`` is in place or the position is abandoned; what it hands
-on with :meth:`PendingCommit.then` (retention) runs after that, on the same thread, before the next
-commit, and :meth:`PendingCommit.wait` returns once that is done too. Commits run one at a time, in
-the order they were handed over (the positions' order). Each has a deadline
-(``PADDLE_ACP_PART_TIMEOUT`` from when it was handed over); a later commit with an earlier deadline
-(a preemption save) brings the earlier ones' deadlines forward, so none waits behind a commit that
-waits for longer than it may.
-
-:meth:`Committer.cancel` (Ctrl-C) ends every commit waiting or queued at once: each is abandoned,
-never half-committed; the last committed checkpoint stays intact. The thread is not a daemon (a
-normal exit lets the commits finish, bounded by their deadlines) and exits when idle.
+After its own part, rank 0's saver hands the rest (wait for the parts, ``global.json``, retention:
+:mod:`~paddle_acp.format.commit.part_commit`) to the :class:`Committer`, so neither the saver nor the training
+thread waits for another rank. A commit is decided when ``global.json`` is in place or the position abandoned;
+its :meth:`PendingCommit.then` work (retention) runs after, before the next commit. Each commit has a deadline
+(``PADDLE_ACP_PART_TIMEOUT``); a later one with an earlier deadline (a preemption save) brings earlier ones'
+forward. :meth:`Committer.cancel` (Ctrl-C) abandons every pending commit, never half-committed. The thread is not
+a daemon (a normal exit lets commits finish, bounded by their deadlines) and exits when idle.
 """
 
 from __future__ import annotations
@@ -63,14 +55,12 @@ class PendingCommit:
         fn(self)
 
     def then(self, fn: Callable[[], None]) -> None:
-        """Run ``fn()`` on the committer's thread once this commit is decided and told (after its done
-        callbacks), before :meth:`wait` returns and the next commit: housekeeping that is no part of the
-        outcome (retention), so that a persist is timed to its commit (``decided_at``)."""
+        """Run ``fn()`` on the committer's thread after this commit is decided and its callbacks ran, before
+        :meth:`wait` returns: housekeeping (retention) outside the commit's timing (``decided_at``)."""
         self._then.append(fn)
 
     def wait(self) -> bool:
-        """Block until decided and its ``then`` work done; True when committed. Raises the commit's
-        error, if it failed."""
+        """Block until decided and its ``then`` work done; True when committed. Raises the commit's error."""
         self._settled.wait()
         if self.error is not None:
             raise self.error
@@ -117,7 +107,7 @@ class Committer:
         self._thread: Optional[threading.Thread] = None
 
     def submit(self, name: str, timeout: float, run: Callable[[PendingCommit], bool]) -> PendingCommit:
-        """Hand over the commit of position ``name`` (``run`` decides it); it waits at most ``timeout`` seconds from now."""
+        """Hand over the commit of position ``name`` (``run`` decides it), due within ``timeout`` seconds."""
         p = PendingCommit(name, time.monotonic() + timeout, run)
         with self._lock:
             for q in self._pending():

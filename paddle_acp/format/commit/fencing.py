@@ -1,40 +1,25 @@
 """Writer fencing: every start of every rank of a job takes a new generation; an older one stops.
 
-Each rank has its own sequence of generations: records ``{job}/writers/gen-<n>`` for
-rank 0 (the layout of earlier versions, which read it: an older copy of the library
-running as a zombie is fenced by a newer rank 0) and ``{job}/writers/rank-<k>/gen-<n>``
-for rank ``k`` > 0, created with exclusive semantics (local disks: ``O_CREAT | O_EXCL``;
-HDFS: a temporary file renamed onto a name that must not exist; S3: check-then-write,
-which two writers starting in the same instant can both pass). A record is an empty file (its name
-is the generation; the process that took it is in its log line). The newest record of
-a rank wins. A rank's writer checks that its generation is still the newest of its rank
-right before every step that deletes or makes something visible: removing leftovers, its
-earlier part, old checkpoints (one listing of its small records directory), and each commit
-(one look-up of the next generation's record, :func:`newer_recorded`; the listing when it is there). When it is not, it deletes and commits nothing more and logs one error
-naming both generations (:class:`FencedError` after that, logged by no one else). Where the ranks share a store, a
-rank's check before its part's rename takes the store's word (``vouch``: it holds this process's generation and no
-newer one of its rank) and looks on storage at most every VOUCHED_FOR seconds: a part is no checkpoint until rank 0,
-whose own commit always looks on storage, committed it, and rank 0 never commits a superseded rank's part.
+A rank's generations are empty records ``{job}/writers/gen-<n>`` (rank 0: the layout older copies read, so they
+are fenced too) or ``{job}/writers/rank-<k>/gen-<n>``, created exclusively (local disks: ``O_CREAT | O_EXCL``;
+HDFS: a rename onto a name that must not exist; S3: check-then-write, which two simultaneous starts can both
+pass). The newest record of a rank wins. A writer checks that its generation is still the newest right before
+every step that deletes or makes something visible (one listing; before a commit one look-up of the next record,
+:func:`newer_recorded`). Once it is not, it deletes and commits nothing more and logs one error
+(:class:`FencedError` after that, logged by no one else). With a shared store, a part's check may take the
+store's word (``vouch``) for VOUCHED_FOR seconds: a part is no checkpoint until rank 0, whose commit always
+looks on storage, commits it, and rank 0 never commits a superseded rank's part.
 
-Temporary names carry the generation (``ckpt-N.tmp-g<G>-<id>``, ``rank-k.tmp-g<G>-<id>``):
-a writer removes leftovers of its own and older generations only, never the directory a
-newer writer is writing. Each part's manifest records its rank's generation, and rank 0
-commits a part only when that generation is the newest recorded for that rank, so a part
-written by a superseded incarnation never enters a new global checkpoint.
+Temporary names carry the generation (``ckpt-N.tmp-g<G>-<id>``, ``rank-k.tmp-g<G>-<id>``): a writer removes
+leftovers of its own and older generations only. Each part's manifest records its generation, and rank 0 commits
+a part only when that is its rank's newest, so a superseded incarnation's part never enters a global checkpoint.
 
-What is guaranteed and what is not: a writer that knows a newer generation exists never
-deletes or commits again. The check and the step it guards are two storage calls (no
-store here offers a conditional delete or rename on another object): a writer stopped
-(GC pause, SIGSTOP, a partitioned node) *between* a passing check and its step still
-performs that one step when it resumes. A rename onto an existing directory never replaces
-it: local disks and the hdfs-native client refuse it, libhdfs and the hadoop CLI move the
-source *into* it (HDFS's rename without options: a stray directory inside, removed with
-its checkpoint; tests/unit/storage/test_storage_contract.py), so such a late commit never replaces
-a newer checkpoint there, and a late part is rejected by rank 0's generation check; a late delete removes what the
-check allowed (its own rank's leftovers, its earlier part, or old checkpoints the newer
-writer would also delete). On S3 (no rename, check-then-write) the window is the same
-and a late write can replace an object. The window is one call long; every later step
-is checked again.
+Limits: the check and the step it guards are two storage calls (no store offers a conditional delete or rename),
+so a writer stopped between a passing check and its step (GC pause, SIGSTOP, partition) still performs that one
+step. A rename onto an existing directory never replaces it (local disks and hdfs-native refuse; libhdfs and the
+hadoop CLI move the source *into* it, removed with its checkpoint: tests/unit/storage/test_storage_contract.py),
+and a late part fails rank 0's generation check; a late delete removes only what the check allowed. On S3 a late
+write can replace an object. Every later step is checked again.
 """
 
 from __future__ import annotations
@@ -56,7 +41,7 @@ logger = logging.getLogger("paddle_acp")
 WRITERS_DIR = "writers"
 _GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full
 JOB_MARKER = "job.json"
-VOUCHED_FOR = 30.0  # seconds a quick check takes the job's store's word for this generation before looking on storage
+VOUCHED_FOR = 30.0  # seconds a quick check may take the store's word before looking on storage
 
 
 class FencedError(CheckpointError):
@@ -64,7 +49,7 @@ class FencedError(CheckpointError):
 
 
 def writers_dir(job_id: str, rank: int = 0) -> str:
-    """The directory of rank ``rank``'s generation records (rank 0: the job's, as in earlier versions)."""
+    """The directory of rank ``rank``'s generation records (rank 0: the job's own)."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise CheckpointError(f"a writer's rank must be an integer >= 0, not {rank!r}")
     return f"{job_id}/{WRITERS_DIR}" if rank == 0 else f"{job_id}/{WRITERS_DIR}/rank-{rank}"
@@ -83,14 +68,9 @@ def newest_generation(storage: Storage, job_id: str, rank: int = 0) -> int:
 
 
 def newer_recorded(storage: Storage, job_id: str, rank: int, generation: int) -> bool:
-    """Whether a record of a generation after ``generation`` may exist for rank ``rank``: one look-up
-    of ``gen-<generation + 1>`` (on HDFS one RPC when absent, where a listing costs three).
-
-    Generations are taken in order (:meth:`Fence.take`: newest + 1, or past a name found taken),
-    and records are never deleted, so every generation after a recorded one leaves a record (or a
-    foreign entry) at ``generation + 1``: False here means ``generation`` is still the newest of a
-    rank whose record ``gen-<generation>`` exists. True only says "look": the caller lists
-    (:func:`newest_generation`), which ignores foreign entries (a link or a directory of that name)."""
+    """Whether a generation after ``generation`` may be recorded for rank ``rank``: one look-up of
+    ``gen-<generation + 1>``. Generations are taken in order (:meth:`Fence.take`) and records never deleted, so
+    False means ``generation`` is still the newest; True only says "list" (:func:`newest_generation`)."""
     path = f"{writers_dir(job_id, rank)}/gen-{generation + 1}"
     storage.forget_cached(path)  # other processes' generations must be seen at once
     return storage.exists(path)
@@ -106,9 +86,8 @@ class Fence:
     """This process's generation as the writer of one rank of one job."""
 
     def __init__(self, storage: Storage, job_id: str, generation: int, rank: int = 0, took_s: float = 0.0):
-        """``took_s``: seconds the record took to create (an empty file's creation, a rename on HDFS): the
-        round trips any checkpoint's write takes on this storage at least, known before any is written (0.0: not
-        measured)."""
+        """``took_s``: seconds the record took to create, the least any checkpoint write takes on this storage
+        (0.0: not measured)."""
         self.storage = storage
         self.job_id = job_id
         self.generation = generation
@@ -120,10 +99,8 @@ class Fence:
         self._first_lock = threading.Lock()
 
     def first(self, done: Callable[[], None]) -> None:
-        """``done`` (it waits for work in flight, or does it again, and raises when that fails) runs at this
-        writer's next check, and at every check after one it raised in: nothing is deleted or committed before it
-        passed once (trainer 0's job marker, written in the background while its job trains; a storage that
-        failed it for a while fails the checks of that while, not every later one)."""
+        """``done`` (e.g. trainer 0's job marker written in the background; raises when it fails) runs at the next
+        check, and again at each check after one it raised in: nothing is deleted or committed before it passed."""
         self._first = done
 
     def _wait_first(self) -> None:
@@ -142,8 +119,7 @@ class Fence:
             storage.makedirs(wdir)
         for _ in range(1000):
             t0 = time.monotonic()
-            # an empty record (its name is the generation): HDFS completes a file without blocks at once, where
-            # one with a block waits ~0.4 s for the DataNode's report (the open of every rank waited for it)
+            # empty: HDFS completes a file without blocks at once (one with a block waits ~0.4 s for the DataNode)
             if create_exclusive(storage, f"{wdir}/gen-{n}", b""):
                 logger.info("job %s: this writer%s is generation %d (process %d on %s)", job_id,
                             f" (rank {rank})" if rank else "", n, os.getpid(), socket.gethostname())
@@ -156,10 +132,9 @@ class Fence:
         return "this writer" if self.rank == 0 else f"this writer of rank {self.rank}"
 
     def check(self, what: str, quick: bool = False, vouch: Optional[Callable[[], bool]] = None) -> None:
-        """Raise FencedError unless this generation is still the newest of its rank (one listing;
-        ``quick``: one look-up of the next generation's record, listing only when it is there,
-        :func:`newer_recorded`; ``vouch``: the job's store's word for it, taken for VOUCHED_FOR seconds after
-        storage last said so). The first time it is not, one error is logged; nothing else logs a FencedError."""
+        """Raise FencedError unless this generation is still the newest of its rank (one listing; ``quick``:
+        :func:`newer_recorded` first; ``vouch``: the store's word, taken for VOUCHED_FOR seconds after storage last
+        said so). The first failure logs one error; nothing else logs a FencedError."""
         self._wait_first()
         if self.fenced_by is None and quick and vouch is not None and \
                 time.monotonic() - self._looked_at < VOUCHED_FOR and vouch():

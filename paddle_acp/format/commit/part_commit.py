@@ -1,12 +1,10 @@
 """Rank 0's global commit: wait for every rank's part of a position, check each, write ``global.json``.
 
-A part counts when its manifest is valid, names its rank and the checkpoint this incarnation resumed from, and was
-written by the newest generation of its rank (:mod:`~paddle_acp.format.commit.fencing`): a part of a superseded
-process never enters a global checkpoint. The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a missing part abandons
-the checkpoint. Where the ranks share a store (:mod:`.arrivals`: each rank counts its part in once it is in place),
-rank 0 lists the position once every rank counted in (and at most every LATER_PARTS_EVERY seconds before that), and
-the manifests, generations and absences come from the store: per checkpoint no manifest read, no fence look-up and no
-absence file per rank. What commits is still decided from what storage holds. Mixed into
+A part counts when its manifest is valid, names its rank and this incarnation's base, and was written by its rank's
+newest generation (:mod:`~paddle_acp.format.commit.fencing`). The wait is bounded (``PADDLE_ACP_PART_TIMEOUT``); a
+missing part abandons the checkpoint. With a shared store (:mod:`.arrivals`) the manifests, generations and
+absences come from it, and rank 0 lists the position once every rank counted in (before that, at most every
+LATER_PARTS_EVERY seconds); what commits is still decided from storage. Mixed into
 :class:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer`.
 """
 
@@ -41,15 +39,13 @@ logger = logging.getLogger("paddle_acp")
 
 
 _UNSEEN = object()
-# seconds between two looks for ranks already at a later position while parts are missing (two listings on
-# HDFS cost six NameNode RPCs: not at every poll round, whose first ones come every few tens of milliseconds)
+# seconds between looks for ranks already at a later position while parts are missing (not every poll round)
 LATER_PARTS_EVERY = 1.0
 STORE_POLL = 0.02  # seconds between two looks at the store's count of parts in place (no storage call)
 
 
 def _token(e: Any) -> Any:
-    """What says a listed entry changed: its modification time (None where the storage gives none,
-    e.g. an S3 prefix: then it is looked into every round until its part is complete)."""
+    """What says a listed entry changed: its mtime (None, e.g. an S3 prefix: looked into every round)."""
     return e.mtime
 
 
@@ -84,9 +80,8 @@ class PartCommitMixin:
         return f"{self.base}/{name}"
 
     def _arrive(self, name: str, note: Optional[bytes] = None, absent: bool = False) -> bool:
-        """Count this rank's part (or its absence) at ``name`` in, where the ranks share a store, best effort;
-        ``note``: the part's manifest or the absence, read by rank 0 from the store (the first arrival also posts
-        this rank's generation). False where nothing was counted."""
+        """Count this rank's part or absence (``note``: its manifest or the absence) at ``name`` in the shared
+        store, best effort; the first arrival also posts this rank's generation. False where nothing was counted."""
         if self.arrivals is None or self.arrivals.kind == "storage":
             return False
         gen = None if self._generation_posted or self.fence is None else (self.fence.rank, self.fence.generation)
@@ -125,7 +120,7 @@ class PartCommitMixin:
             return {}, {}, {}
 
     def _counted(self, name: str) -> Optional[Tuple[int, int]]:
-        """(ranks counted in at ``name``, of them without a part), or None: unknown (a store that failed says so once)."""
+        """(ranks counted in at ``name``, of them without a part); None: unknown (a failed store is not asked again)."""
         if self.arrivals is None:
             return None
         try:
@@ -173,16 +168,14 @@ class PartCommitMixin:
 
     def _superseded(self, name: str, rank: int, m: Manifest, gens: Optional[Dict[int, int]] = None,
                     vouched: Optional[Dict[int, int]] = None) -> bool:
-        """The part's writer is not the newest incarnation of its rank: its part never enters a global checkpoint
-        (FencedError when this rank 0 itself is superseded). ``vouched``: rank -> its newest generation in the store."""
+        """Whether the part's writer is not its rank's newest incarnation (FencedError when this rank 0 itself is
+        superseded). ``vouched``: rank -> its newest generation per the store."""
         gen = arrivals.part_generation(m)
         if vouched is not None and gen is not None and vouched.get(rank) == gen:
-            return False  # its writer posted this generation to the job's store, and no newer process of its rank did
+            return False  # the store vouches for this generation
         if self.fence is not None and rank == self.fence.rank and gen is not None and gen <= self.fence.generation:
-            # this rank 0's own rank: no look-up. Its own generation's part is the newest's for as long as
-            # this writer is not fenced, which the check right before global.json's rename decides
-            # (_write_global: a fenced writer commits nothing); an older generation's part is superseded
-            # by this very writer (newest >= its generation > the part's)
+            # rank 0's own rank, no look-up: its own generation is the newest unless fenced (checked before
+            # global.json's rename, _write_global); an older generation's part is superseded by this writer
             newest = self.fence.generation
         else:
             newest = self._newest_generation(rank, {} if gens is None else gens)
@@ -196,10 +189,8 @@ class PartCommitMixin:
         return True
 
     def _newest_generation(self, rank: int, gens: Dict[int, int]) -> int:
-        """Rank ``rank``'s newest generation, looked up once per commit (``gens``). Once listed, it is
-        remembered across commits, and a later commit asks only whether the next one is recorded
-        (:func:`~paddle_acp.format.commit.fencing.newer_recorded`: one look-up instead of a listing), listing
-        again only when it is: the answer is the listing's."""
+        """Rank ``rank``'s newest generation, once per commit (``gens``); remembered across commits and listed
+        again only when :func:`~paddle_acp.format.commit.fencing.newer_recorded` says a newer one may exist."""
         if rank in gens:
             return gens[rank]
         known = self._generations.get(rank)
@@ -229,12 +220,7 @@ class PartCommitMixin:
     def _commit(self, name: str, epoch_no: int, step: Optional[int], mode: str, timeout: float,
                 ticket: Optional[Ticket] = None) -> bool:
         """Rank 0: wait for every part of ``name``, then write the global manifest. False: abandoned (a rank said it
-        has no part, wrote a later one, sent none in time, or the wait was cancelled).
-
-        Storage calls (storage only): one listing of the position per poll round, each part's manifest read when it
-        appears or changes, each other rank's generation looked up once, the base's marks checked before waiting and
-        before the commit; while parts are missing, the range (and each later position) listed at most every
-        LATER_PARTS_EVERY seconds (a rank that moved on abandons the position)."""
+        has no part, wrote a later one, sent none in time, or the wait was cancelled)."""
         st = self.storage
         ckdir = f"{self.dir}/{name}"
         self._range_listing = None
@@ -253,7 +239,7 @@ class PartCommitMixin:
         moved_on: List[int] = []  # ranks just seen at a later position: this position is listed once more
         t0 = time.monotonic()
         while True:
-            counted = self._counted(name) if stored is None else None  # (before the listing: every part counted is in it)
+            counted = self._counted(name) if stored is None else None  # (before listing: it shows all counted)
             if later_at and time.monotonic() < min(later_at, deadline) and counted is not None and \
                     counted[0] < self.world_size and not counted[1] and not (ticket is not None and ticket.cancel.is_set()):
                 # the store says parts are still on their way: no listing before they are (or later_at passes)
@@ -265,9 +251,8 @@ class PartCommitMixin:
             st.forget_cached(ckdir)  # the other ranks' parts must be seen at once
             listing = st.listdir(ckdir)
             dirs = {parse_part(e.name): e for e in listing if e.is_dir}
-            # with a store, parts come from it once every rank counted in; while the count moves nothing is read
-            # from storage; where it stood still over a look for ranks gone quiet (every LATER_PARTS_EVERY s: a rank
-            # died after its part, before counting in), that round takes the store's parts and reads the rest
+            # with a store, parts come from it once every rank counted in; while the count moves nothing is read.
+            # A count that stood still since the last later round (a rank died before counting in) reads the rest
             later_round = bool(later_at) and time.monotonic() >= later_at
             stalled, stalled_at = (counted[0] == stalled_at, counted[0]) if later_round and counted else (False, stalled_at)
             everyone = counted is not None and (counted[0] >= self.world_size or counted[1] > 0)
@@ -307,9 +292,8 @@ class PartCommitMixin:
             missing = [k for k in range(self.world_size) if k not in parts]
             if not missing:
                 break
-            # a rank seen at a later position wrote its part here before it moved on, or never will: given up
-            # only when the listing after that one still misses it (it may have written both since this
-            # position's listing before; giving up at once abandoned a complete checkpoint)
+            # a rank seen at a later position may have written its part here before moving on: given up only
+            # when the next listing still misses it (at once could abandon a complete checkpoint)
             gave_up = [k for k in moved_on if k in missing]
             moved_on = []
             if not gave_up and time.monotonic() >= later_at:
@@ -349,9 +333,7 @@ class PartCommitMixin:
                          self.range_name, name, exc)
             return self._gave_up(ticket, t0)
         self.check_base()  # again right before the commit: a rank may have rejected it meanwhile
-        # the last round's listing (every part in it) shows the marks and absences to remove: verdicts on
-        # an earlier copy of this position, absences of an earlier incarnation (neither is written anew
-        # once every rank's part of this incarnation is there)
+        # the last listing shows the marks (of an earlier copy) and absences (of an earlier incarnation) to remove
         if self.fence is not None and any(not e.is_dir and (parse_bad_mark(e.name) is not None or
                                                             parse_absent_mark(e.name) is not None) for e in listing):
             self.fence.check(f"commit checkpoint {name}")  # a fenced writer removes no verdict either
@@ -385,9 +367,8 @@ class PartCommitMixin:
         return False
 
     def _write_global(self, name: str, body: bytes, staged: Optional[str] = None) -> None:
-        """Write ``global.json`` whole or not at all (``staged``: already written under that temporary name, renamed
-        into place), the fence checked right before the one step that makes it visible (the rename; on S3 the write):
-        one look-up. A fenced writer's temporary file is removed again, so nothing of it stays."""
+        """Write ``global.json`` whole or not at all (``staged``: already written under that temporary name), the
+        fence checked right before the step that makes it visible; a fenced writer's temporary file is removed."""
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
         fence = self.fence
         before = None

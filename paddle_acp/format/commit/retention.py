@@ -1,22 +1,17 @@
 """Preservation: which checkpoints to keep, one pure function for every caller, and the one way to delete one.
 
-:func:`preserve` looks at a range's checkpoints (or the node-local cache's copies), newest first, and gives
-each a reason to keep it or to let it go. Its callers: the writer's retention after each commit
-(:meth:`GlobalCheckpointer.apply_retention`, for every world size), ``paddle-acp gc``
-(:mod:`paddle_acp.tools.gc`) and the node-local cache (:meth:`RangeCache._retain`). The rules, the never-lose
-rules of all three:
+:func:`preserve` gives each of a range's checkpoints (or the node-local cache's copies), newest first, a reason to
+stay or go, for the writer's retention (:meth:`GlobalCheckpointer.apply_retention`), ``paddle-acp gc``
+(:mod:`paddle_acp.tools.gc`) and the cache (:meth:`RangeCache._retain`). The never-lose rules:
 
-* the newest ``keep`` committed checkpoints of a format this paddle-acp reads are kept (``keep`` <= 0: all);
+* the newest ``keep`` committed checkpoints of a format this paddle-acp reads stay (``keep`` <= 0: all);
 * one of a newer format, or whose format cannot be read now, is never deleted, nor counted (:data:`FOREIGN`);
-* the one a restart loads, when the caller knows it (``gc`` verifies), is kept beyond the newest ``keep``
-  (:data:`RESTART`); when the caller found none to load, nothing committed goes (:data:`NO_RESTART`);
-* what is not of the history a restart follows (``stale``: an uncommitted leftover old enough, a position
-  abandoned before the newest commit, a cache copy of another history) goes (:data:`STALE`); any other
-  uncommitted directory (a save may be writing it) stays (:data:`PENDING`).
+* the one a restart loads, when known, stays beyond ``keep`` (:data:`RESTART`); when none can be loaded,
+  nothing committed goes (:data:`NO_RESTART`);
+* what is off the restart's history (``stale``: an old leftover, a position abandoned before the newest commit,
+  a cache copy of another history) goes (:data:`STALE`); other uncommitted directories stay (:data:`PENDING`).
 
-What the caller then deletes goes through :func:`delete_checkpoint`, which removes the checkpoint's commit
-file first (its ``manifest.json``, or the ``global.json`` of a checkpoint of several ranks), then the
-directory: a half-deleted checkpoint is never mistaken for a committed one.
+:func:`delete_checkpoint` removes the commit file first: a half-deleted checkpoint never looks committed.
 """
 
 from __future__ import annotations
@@ -43,12 +38,10 @@ UNKNOWN: object = object()  # ``restart=UNKNOWN``: the caller did not look for t
 def preserve(newest_first: Sequence[T], keep: int, committed: Callable[[T], bool] = lambda _i: True,
              known: Callable[[T], bool] = lambda _i: True, stale: Callable[[T], bool] = lambda _i: False,
              restart: object = UNKNOWN) -> List[str]:
-    """The reason for each of ``newest_first`` (a range's checkpoints, the newest first) to stay (:data:`NEWEST`,
-    :data:`RESTART`, :data:`NO_RESTART`, :data:`FOREIGN`, :data:`PENDING`, :data:`ALL`) or to go (:data:`GONE`).
-    ``committed(i)``: it is committed; ``known(i)``: its format is this paddle-acp's (asked of committed ones
-    only: a caller whose ``known`` reads storage need not call this while at most ``keep`` are committed);
-    ``stale(i)``: not of the history a restart follows (asked first); ``restart``: the checkpoint a restart
-    loads, None when none can be loaded, :data:`UNKNOWN` when not looked for."""
+    """Why each of ``newest_first`` stays (:data:`NEWEST`, :data:`RESTART`, :data:`NO_RESTART`, :data:`FOREIGN`,
+    :data:`PENDING`, :data:`ALL`) or goes (:data:`GONE`). ``known(i)``: of a format this paddle-acp reads (asked of
+    committed ones; need not read storage while at most ``keep`` are committed); ``stale(i)``: off the restart's
+    history (asked first); ``restart``: what a restart loads (None: nothing can be; :data:`UNKNOWN`: not looked for)."""
     out: List[str] = []
     kept = 0
     for i in newest_first:
@@ -81,9 +74,8 @@ def commit_file(name: str) -> str:
 
 
 def delete_old(storage: Storage, job_id: str, directory: str, names: Sequence[str], fence: Optional[Fence]) -> None:
-    """The writer's retention: delete the checkpoints ``names`` of ``directory`` in that order (:func:`to_delete`'s,
-    the oldest first), once this writer's fence holds and the directory is this job's own, reached through no
-    link (:func:`~paddle_acp.format.commit.fencing.check_deletable`)."""
+    """Delete ``names`` of ``directory`` in that order (oldest first), once the fence holds and
+    :func:`~paddle_acp.format.commit.fencing.check_deletable` passes."""
     if not names:
         return
     if fence is not None:
@@ -95,9 +87,8 @@ def delete_old(storage: Storage, job_id: str, directory: str, names: Sequence[st
 
 
 def delete_checkpoint(storage: Storage, path: str, committed: bool = True) -> None:
-    """Delete the checkpoint directory ``path`` (``ckpt-N`` or ``ckpt-e<E>[-s<S>]``): when it is
-    ``committed``, its commit file first, so that an interrupted deletion leaves an uncommitted
-    leftover (never read, removed later) and never a checkpoint that looks whole."""
+    """Delete the checkpoint directory ``path``; when ``committed``, its commit file first, so an interrupted
+    deletion leaves an uncommitted leftover, never a checkpoint that looks whole."""
     if committed:
         storage.delete_file(f"{path}/{commit_file(path)}")
     storage.delete_dir(path)

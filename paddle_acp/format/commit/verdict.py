@@ -1,27 +1,20 @@
 """Same verdict on every rank: the marks that condemn one copy of a checkpoint of several ranks,
 and the identity of each part.
 
-With storage as the only rendezvous, ranks that read different bytes (each its own part, a
-node-local copy, rank 0's data read from the remote or from a cache) can judge one checkpoint
-differently. A rank that rejects data the others may accept never falls back alone: it writes
-a mark next to the checkpoint's ``global.json`` and stops (:class:`RestartRequiredError`); at
-the job's restart every rank sees the mark (:func:`marks`, read by
-:meth:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer.load` with the global manifest, before
-any part) and falls back alike. Each rank reads only the parts it loads, so a bad part is seen
-by the ranks that load it, and the mark is how the others learn of it.
-The ranks that accepted the copy stop too: each checks the marks of the checkpoint it resumed
-from (its base) at its first save, and rank 0 before every commit (:func:`base_condemned`).
+Ranks read different bytes (their own parts, node-local copies), so they can judge one checkpoint differently. A
+rank that rejects data the others may accept never falls back alone: it writes a mark next to ``global.json`` and
+stops (:class:`RestartRequiredError`); at the restart every rank reads the marks (:func:`marks`, in
+:meth:`~paddle_acp.format.checkpoints.multirank.GlobalCheckpointer.load`, before any part) and falls back alike.
+Ranks that accepted the copy stop too: each checks its base's marks at its first save, rank 0 before every commit
+(:func:`base_condemned`).
 
-A mark names the exact copy it condemns: ``bad-rank-<k>-<crc>``, with the CRC32 of the
-``global.json`` rank ``k`` judged (:func:`~paddle_acp.format.layout.bad_mark`). Only a mark that
-names the current ``global.json`` counts; a position written again (a new ``global.json``)
-carries no verdict of the copy it replaced, and rank 0 removes the old marks before it commits
-the position again (:func:`remove_marks`). The mark's content (:class:`Mark`, JSON of at most
-:data:`MAX_MARK_SIZE` bytes) says why, for people; the name alone is the verdict.
+A mark ``bad-rank-<k>-<crc>`` (:func:`~paddle_acp.format.layout.bad_mark`) names the CRC32 of the ``global.json``
+it condemns; only a mark of the current ``global.json`` counts, and rank 0 removes old marks before committing a
+position again (:func:`remove_marks`). Its content (:class:`Mark`, at most :data:`MAX_MARK_SIZE` bytes) says why,
+for people; the name alone is the verdict.
 
-Each part's manifest records whose it is (``extra["part"]``: rank, world size, mode);
-:func:`check_part` holds it against the global manifest's record, so parts moved or swapped
-between ranks (even with a resealed ``global.json``) are refused on every rank alike.
+:func:`check_part` holds each part's recorded identity (``extra["part"]``: rank, world size, mode) against the
+global manifest, so parts moved or swapped between ranks (even with a resealed ``global.json``) are refused alike.
 """
 
 from __future__ import annotations
@@ -165,9 +158,8 @@ def base_condemned(rank: int, ckdir: str, ranks: List[int], storage: Storage, cr
 
 
 def check_part(ckdir: str, g: GlobalManifest, rank: int, m: Manifest) -> None:
-    """The part manifest ``m`` that ``g`` lists as rank ``rank``'s must record that rank, ``g``'s
-    world size and mode (``extra["part"]``). CheckpointError naming both otherwise: the parts
-    were moved or swapped, and no rank may resume another's state."""
+    """Check that part manifest ``m``, listed by ``g`` as rank ``rank``'s, records that rank and ``g``'s world
+    size and mode; CheckpointError otherwise (parts moved or swapped: no rank may resume another's state)."""
     part = m.extra.get("part") if isinstance(m.extra, dict) else None
     want = (rank, g.world_size, g.mode)
     got = (part.get("rank"), part.get("world_size"), part.get("mode")) if isinstance(part, dict) else None
