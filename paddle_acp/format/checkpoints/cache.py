@@ -28,7 +28,7 @@ import re
 import shutil
 import threading
 import uuid
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from paddle_acp.config import StorageOptions
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
@@ -37,9 +37,9 @@ from paddle_acp.format.checkpoints.cache_trust import harden, untrusted
 from paddle_acp.format.commit.retention import preserve, to_delete
 from paddle_acp.format.engine import reader
 from paddle_acp.format.engine.reader import Landing, LoadedCheckpoint
-from paddle_acp.format.engine.snapshot import ProgramSnapshot, Snapshot
+from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.layout import parse_final, parse_name, position_key
-from paddle_acp.format.manifest import ALIGN, DATA_NAME, MANIFEST_NAME
+from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME
 from paddle_acp.storage.base import Storage, redact
 from paddle_acp.storage.schemes import open_storage
 
@@ -51,7 +51,6 @@ ORIGIN_VERSION = 1
 DEFAULT_KEEP = 2  # copies kept per writer: the newest is what a restart uses
 _TMP_RE = re.compile(r".+\.tmp-[0-9a-f]{12}", re.ASCII)
 _HEADROOM = 64 << 20  # free bytes left on the cache's disk after a copy
-_ZEROS = bytes(ALIGN)
 
 
 def cache_keep(max_to_keep: int) -> int:
@@ -296,7 +295,7 @@ class CacheWrite:
             if snap.image is not None:
                 written = st.write_image(path, snap.image, size)
             else:
-                written = st.write_buffers(path, _buffers(snap.programs, size))
+                written = st.write_buffers(path, snap.buffers())
             if written != size:
                 raise StorageError(f"short write of {path}: {written} of {size} bytes")
         except BaseException as exc:  # reported by commit (the remote save is what matters)
@@ -343,18 +342,3 @@ class CacheWrite:
                 logger.debug("could not remove %s: %s", self._tmp, exc)
             self._tmp = None
 
-
-def _buffers(programs: List[ProgramSnapshot], size: int) -> List[Any]:
-    """The data file's bytes as buffers (the tensors at their offsets, zeros between)."""
-    out: List[Any] = []
-    end = 0
-    for p in programs:
-        for t in p.tensors:
-            if t.offset > end:
-                out.append(_ZEROS[: t.offset - end])
-            if t.array.nbytes:
-                out.append(t.array.data.cast("B"))
-            end = t.offset + t.array.nbytes
-    if size > end:
-        out.append(_ZEROS[: size - end])
-    return out

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from paddle_acp.format.engine.stager import HOST, Stager
-from paddle_acp.format.manifest import RangeRecord, align
+from paddle_acp.format.manifest import ALIGN, RangeRecord, align
 
 if TYPE_CHECKING:
     from paddle_acp.format.engine.stream import ChunkStream
+
+_ZEROS = bytes(ALIGN)
 
 
 @dataclasses.dataclass
@@ -83,6 +85,21 @@ class Snapshot:
     def __post_init__(self) -> None:
         if self.data_size < 0:  # the tensors' offsets and the file size, decided with the content
             object.__setattr__(self, "data_size", layout(self.programs))
+
+    def buffers(self) -> List[Any]:
+        """The data file's bytes as buffers, without ``image``: each tensor at its offset, zeros between (the layout's
+        gaps are shorter than ALIGN) and up to ``data_size``."""
+        out: List[Any] = []
+        end = 0
+        for t in (t for p in self.programs for t in p.tensors):
+            if t.offset > end:
+                out.append(_ZEROS[: t.offset - end])
+            if t.array.nbytes:
+                out.append(t.array.data.cast("B"))
+            end = t.offset + t.array.nbytes
+        if self.data_size > end:
+            out.append(_ZEROS[: self.data_size - end])
+        return out
 
 
 def copy_into(programs: List[ProgramSnapshot], image: np.ndarray, stager: Stager = HOST) -> None:

@@ -22,10 +22,8 @@ from paddle_acp.format.engine.crc import checksum, crc_pool
 from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.engine.stream import write_stream
 from paddle_acp.format.layout import DATA_NAME
-from paddle_acp.format.manifest import ALIGN, PIECES_VERSION, VERSION, Manifest, ProgramRecord, TensorRecord
+from paddle_acp.format.manifest import PIECES_VERSION, VERSION, Manifest, ProgramRecord, TensorRecord
 from paddle_acp.storage.base import pieces
-
-_ZEROS = bytes(ALIGN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,17 +89,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             return write_stream(st, path, stream)
         if snap.image is not None:
             return st.write_image(path, snap.image, size)
-        buffers: List[Union[bytes, memoryview]] = []
-        end = 0
-        for t in tensors:
-            if t.offset > end:
-                buffers.append(_ZEROS[: t.offset - end])
-            if t.array.nbytes:
-                buffers.append(t.array.data.cast("B"))
-            end = t.offset + t.array.nbytes
-        if size > end:
-            buffers.append(_ZEROS[: size - end])
-        return st.write_buffers(path, _until(stop, buffers))
+        return st.write_buffers(path, _until(stop, snap.buffers()))
 
     stop = threading.Event()  # set when the write is given up (Ctrl-C): the data stops at its next piece
     written_manifest: List[bytes] = []
