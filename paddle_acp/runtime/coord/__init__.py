@@ -1,31 +1,25 @@
 """How the ranks of a job coordinate: one small interface, through the job's store or through storage alone.
 
-A :class:`Coordinator` serves one range of one rank. Its verbs:
+A :class:`Coordinator` serves one range of one rank:
 
-* :meth:`~Coordinator.post` / :meth:`~Coordinator.latest`: rank 0 posts a decision under a key, every rank
-  reads the newest one (the save plan, :mod:`paddle_acp.runtime.agree`);
-* :meth:`~Coordinator.arrive` / :meth:`~Coordinator.arrivals`: a rank says it reached a point (its part of a
-  checkpoint is in place), rank 0 counts who did (its commit looks at storage once all did, instead of
-  polling it: :mod:`paddle_acp.format.commit.part_commit`); None where only storage can tell;
-* :meth:`~Coordinator.check`: the liveness signal: raises :class:`CoordinationError` on a rank that lost the
-  job's store (it lives in rank 0's process: a rank 0 that died takes it down), so that rank stops at its
-  next due point with a clear error instead of training on without checkpoints.
+* ``post`` / ``latest``: rank 0 posts a decision under a key, every rank reads the newest (the save plan,
+  :mod:`paddle_acp.runtime.agree`);
+* ``arrive`` / ``arrivals``: a rank says it reached a point; rank 0 counts who did, so its commit looks at storage
+  once instead of polling it (:mod:`paddle_acp.format.commit.part_commit`); None where only storage can tell;
+* ``check``: raises :class:`CoordinationError` on a rank that lost the job's store (it lives in rank 0's process),
+  so that rank stops at its next due point instead of training on without checkpoints.
 
-Three implementations, chosen at the range's open by :func:`open_coordinator` from
-``PADDLE_ACP_COORDINATION`` (the same on every rank: the environment decides, never a rank's luck):
+:func:`open_coordinator` picks one from ``PADDLE_ACP_COORDINATION`` (the same on every rank, never a rank's luck):
 
-* :class:`~paddle_acp.runtime.coord.etcd.EtcdCoordinator`: the etcd server of Paddle's elastic launcher
-  (``auto`` under a launcher with ``--master etcd://...`` or ``PADDLE_ELASTIC_SERVER``; ``etcd``: that, or an
-  error): a server outside every rank, with rank 0's liveness on a lease (:mod:`~paddle_acp.runtime.coord.etcd`);
-* :class:`~paddle_acp.runtime.coord.store.StoreCoordinator`: Paddle's TCP store (``auto``: a store of ours at
-  ``MASTER_ADDR``/``MASTER_PORT``; ``store``: that, or the job's own that ``paddle.distributed.launch`` names in
-  ``PADDLE_MASTER``, which Paddle opens holding the GIL: :mod:`paddle_acp.adapter.store`, docs/design.md). Per checkpoint nothing but the ranks' parts and rank 0's
-  ``global.json`` goes to storage; every call is bounded, and the first failure ends the store for this
-  process (said once);
-* :class:`~paddle_acp.runtime.coord.files.StorageCoordinator`: small files on the checkpoint storage (the save
-  plan's ``plan.json``), the protocol of earlier versions, kept as the fallback.
+* :class:`~paddle_acp.runtime.coord.etcd.EtcdCoordinator`: the etcd server of Paddle's elastic launcher, outside
+  every rank (``auto`` under ``--master etcd://...`` or ``PADDLE_ELASTIC_SERVER``; ``etcd``: that, or an error);
+* :class:`~paddle_acp.runtime.coord.store.StoreCoordinator`: Paddle's TCP store (``auto``: ours at
+  ``MASTER_ADDR``/``MASTER_PORT``; ``store``: also the job's own named in ``PADDLE_MASTER``, which Paddle opens
+  holding the GIL: :mod:`paddle_acp.adapter.store`, docs/design.md); storage then gets only the parts and rank 0's
+  ``global.json``; every call is bounded, and the first failure ends the store for this process;
+* :class:`~paddle_acp.runtime.coord.files.StorageCoordinator`: small files on the checkpoint storage, the fallback.
 
-What must survive a restart (the job's generation, what was committed) stays on storage in both.
+What must survive a restart (the job's generation, what was committed) always stays on storage.
 """
 
 from __future__ import annotations
@@ -53,9 +47,8 @@ logger = logging.getLogger("paddle_acp")
 
 def open_coordinator(cfg: CheckpointConfig, storage: Storage, range_dir: str, range_name: str,
                      env: Optional[Mapping[str, str]] = None) -> Coordinator:
-    """The coordinator of range ``range_name`` (``range_dir`` on ``storage``) on this rank, chosen by
-    ``PADDLE_ACP_COORDINATION`` (module docstring). ConfigError for ``store`` in a job without a store, ``etcd``
-    outside an elastic launcher with one."""
+    """This rank's coordinator of range ``range_name`` (``range_dir`` on ``storage``). ConfigError for ``store`` in
+    a job without a store, or ``etcd`` outside an elastic launcher with one."""
     mode = coordination_from_env(env)
     store_env = store_env_from_env(env)
     server = elastic_etcd(store_env) if mode in ("auto", "etcd") else None
@@ -77,8 +70,8 @@ def open_coordinator(cfg: CheckpointConfig, storage: Storage, range_dir: str, ra
                           "python -m paddle.distributed.launch does) or MASTER_ADDR and MASTER_PORT, or use "
                           "PADDLE_ACP_COORDINATION=auto")
     if ep is not None and mode == "auto" and ep.source == "PADDLE_MASTER":
-        # the job's own store: Paddle 3.3.1 opens it holding the GIL until every rank connected (no thread of
-        # this process runs meanwhile, unbounded but for FLAGS_stop_check_timeout): only when asked for
+        # the job's own store: Paddle 3.3.1 opens it holding the GIL until every rank connected (unbounded but
+        # for FLAGS_stop_check_timeout), so only when asked for
         logger.info("range %s: the ranks coordinate through storage (PADDLE_ACP_COORDINATION=store: through the job's "
                     "store at %s, whose open stops this process until every rank connected)", range_name, ep)
         ep = None

@@ -19,13 +19,13 @@ class CoordinationError(CheckpointError):
 
 
 class Coordinator:
-    """One range's coordination on one rank (the module docstring says what each verb is for)."""
+    """One range's coordination on one rank."""
 
     kind = "storage"
-    instant = False  # whether a decision posted is read back within a round trip (a store: yes; storage: a file)
+    instant = False  # a posted decision reads back within one round trip (a store: yes; storage: no)
 
     def post(self, key: str, value: bytes) -> None:
-        """Rank 0: the newest decision under ``key`` (replaces the one before)."""
+        """Rank 0: post the newest decision under ``key``, replacing the one before."""
         raise NotImplementedError
 
     def latest(self, key: str, limit: int) -> Optional[bytes]:
@@ -33,8 +33,8 @@ class Coordinator:
         raise NotImplementedError
 
     def arrive(self, key: str, note: Optional[bytes] = None, rank: int = 0) -> None:
-        """Rank ``rank`` reached ``key`` (counted once per call); ``note``: a small record of that rank's, which
-        rank 0 reads with :meth:`notes` (its newest note replaces the one before; with the count, one round trip)."""
+        """Rank ``rank`` reached ``key`` (counted once per call); ``note``: its small record, replacing the one
+        before, which rank 0 reads with :meth:`notes`."""
 
     def arrive_soon(self, key: str) -> None:
         """Count in at ``key`` without waiting (sent once the store is open; a failure is told by a later call)."""
@@ -48,21 +48,21 @@ class Coordinator:
         return None
 
     def notes(self, ranks: Sequence[int], limit: int) -> Optional[List[Optional[bytes]]]:
-        """The newest note of each of ``ranks`` (None for a rank that left none or one over ``limit`` bytes; one
-        round trip), or None when only storage can tell."""
+        """The newest note of each of ``ranks`` (None where none, or over ``limit`` bytes), or None when only
+        storage can tell."""
         return None
 
     def check(self) -> None:
         """CoordinationError once this rank lost the job's store (never blocks)."""
 
     def close(self) -> None:
-        """The range ended: this rank's part of whatever its coordination started is done (bounded, never raises)."""
+        """The range ended: finish this rank's part of its coordination (bounded, never raises)."""
 
 
 class Link:
     """A process's link to a coordination server: lost at most once, for the first reason, said once."""
 
-    # what a loss is called in the log line and in the error, of ``{where}`` (the server) for ``{why}``
+    # a loss as logged and as raised: ``{where}`` is the server, ``{why}`` the reason
     LOST_SAID = "the link to {where} is lost: {why}"
     LOST_ERROR = "the link to {where} is lost: {why}"
 
@@ -73,7 +73,7 @@ class Link:
         self._lock = threading.Lock()
 
     def _lose(self, why: str) -> CoordinationError:
-        """The link is lost (for ``why``, unless it was already): the error to raise; the first loss is logged."""
+        """Mark the link lost for ``why`` (unless it already is; the first loss is logged): the error to raise."""
         with self._lock:
             first = self.lost is None
             if first:
@@ -90,8 +90,7 @@ class Link:
 
 
 class Links(Generic[K, L]):
-    """A process's links to one kind of coordination server, one per key (a store is opened once per process;
-    a lost link stays lost, as the store of a dead rank 0 does)."""
+    """A process's links to one kind of coordination server, one per key (a lost link stays lost)."""
 
     def __init__(self) -> None:
         self._links: Dict[K, L] = {}

@@ -1,32 +1,25 @@
 """Coordination through the etcd server of Paddle's elastic launcher: decisions, arrivals and liveness as keys.
 
-Under ``python -m paddle.distributed.launch --master etcd://...`` (or the fleet launcher's ``--elastic_server``)
-the job already has a server outside every rank's process (:mod:`paddle_acp.adapter.elastic` finds it), so a
-rank 0 that dies takes no store with it. Keys, through :class:`~paddle_acp.storage.etcd.EtcdClient`, under
-``paddle_acp/{job}/{range}/{incarnation}/`` (beside the launcher's own ``/paddle/...``; the incarnation,
-:func:`paddle_acp.adapter.elastic.incarnation`, keeps each start of the job apart, ``-`` where the
-environment names none):
+Under ``paddle.distributed.launch --master etcd://...`` (or the fleet launcher's ``--elastic_server``) the job has a
+server outside every rank (:mod:`paddle_acp.adapter.elastic` finds it), so a dying rank 0 takes no store with it.
+Keys live under ``paddle_acp/{job}/{range}/{incarnation}/`` (beside the launcher's ``/paddle/...``; the
+incarnation, :func:`paddle_acp.adapter.elastic.incarnation`, keeps each start of the job apart; ``-`` if none):
 
 * ``d/{key}``: a decision (the save plan), replaced by each post;
-* ``a/{key}/{rank}``: rank ``rank`` reached ``key``; :meth:`EtcdCoordinator.arrivals` and ``counts`` count
-  the keys (a rank counts once however often it arrives: a call retried after a lost answer counts once);
-  ``n/{rank}``: its newest note, put with its arrival in one transaction (rank 0 reads them with ``notes``);
+* ``a/{key}/{rank}``: rank ``rank`` reached ``key`` (counted once however often it arrives, so retries are safe);
+  ``n/{rank}``: its newest note, put in the same transaction;
 * ``alive``: rank 0's liveness; ``ended`` once rank 0's range closed.
 
-Every key but ``ended`` hangs on the lease of the process that put it (:data:`LEASE_TTL` s, kept alive by
-its link): etcd drops a rank's keys that long after the rank died, and keeps nothing of a finished job but
-``ended`` (on a lease of :data:`ENDED_TTL` s). Nothing committed lives in etcd: what must survive a restart
-stays on storage.
+Every key but ``ended`` hangs on its putter's lease (:data:`LEASE_TTL` s), so etcd drops a dead rank's keys and
+keeps of a finished job only ``ended`` (lease :data:`ENDED_TTL` s). Nothing committed lives in etcd.
 
-Liveness (:class:`EtcdLink`, one per process and server): a thread beats every :data:`BEAT` s: it keeps
-this process's lease alive and, on a rank other than 0, reads rank 0's ``alive`` of each range it
-coordinates. This process loses the coordination (said once at ERROR; every call and
-:meth:`~EtcdCoordinator.check` raises :class:`~paddle_acp.runtime.coord.CoordinationError` from then on, so
-no rank waits on it) when etcd has not answered for :data:`LOST_AFTER` s (stopped, killed, partitioned),
-when its own lease expired, when rank 0's ``alive`` went away without ``ended`` (rank 0 killed: within
-:data:`LEASE_TTL` s), or when no rank 0 announced itself within ``PADDLE_ACP_PART_TIMEOUT``. Each call is
-bounded: every connect and read by :data:`CALL_TIMEOUT`, retried while etcd fails for :data:`CALL_RETRY` s; a
-call that fails before the link is lost fails alone (its caller goes on as it does without a coordinator).
+Liveness (:class:`EtcdLink`, one per process and server): a thread beats every :data:`BEAT` s, renewing the lease
+and, on ranks other than 0, reading rank 0's ``alive``. The link is lost (said once at ERROR; every call then raises
+:class:`~paddle_acp.runtime.coord.CoordinationError`, so no rank waits on it) when etcd has not answered for
+:data:`LOST_AFTER` s, when this process's lease expired, when rank 0's ``alive`` vanished without ``ended`` (rank 0
+killed: within :data:`LEASE_TTL` s), or when no rank 0 announced itself within ``PADDLE_ACP_PART_TIMEOUT``. Every
+connect and read is bounded by :data:`CALL_TIMEOUT`, retried for :data:`CALL_RETRY` s; a call that fails before the
+link is lost fails alone (its caller goes on as without a coordinator).
 """
 
 from __future__ import annotations
@@ -54,7 +47,7 @@ _Call = Callable[[EtcdClient], Any]
 
 
 class EtcdLink(Link):
-    """This process's coordination through one etcd server (module docstring)."""
+    """This process's coordination through one etcd server."""
 
     LOST_SAID = "the ranks' coordination through {where} is lost: {why}"
     LOST_ERROR = ("the ranks' coordination through {where} is lost: {why}. No checkpoint of this job can be committed "
@@ -71,9 +64,8 @@ class EtcdLink(Link):
         self._beating = False
 
     def call(self, what: str, fn: _Call) -> Any:
-        """``fn(client)``, retried while etcd fails for at most :data:`CALL_RETRY` s; CoordinationError then. The
-        link is lost (this and every later call raise at once) once etcd has not answered for :data:`LOST_AFTER` s:
-        a call that fails earlier fails alone (its caller goes on as without a coordinator: storage tells)."""
+        """``fn(client)``, retried while etcd fails for at most :data:`CALL_RETRY` s, then CoordinationError; the
+        link is lost once etcd has not answered for :data:`LOST_AFTER` s."""
         deadline = time.monotonic() + CALL_RETRY
         while True:
             self.check()
@@ -91,7 +83,7 @@ class EtcdLink(Link):
                 time.sleep(0.2)
 
     def lease(self, c: EtcdClient) -> int:
-        """This process's lease (granted at the first call that needs it; the beat keeps it alive from then on)."""
+        """This process's lease, granted at first need and kept alive by the beat."""
         with self._lock:
             if self._lease:
                 return self._lease
@@ -160,14 +152,13 @@ _LINKS: Links[Tuple[str, int, int], EtcdLink] = Links()
 
 
 def link_for(endpoint: str, rank: int, open_timeout: float) -> EtcdLink:
-    """This process's link to the etcd at ``endpoint`` (one per process and server; a lost one stays lost).
-    ValueError for an endpoint that is not HOST:PORT."""
+    """This process's link to the etcd at ``endpoint`` (one per process and server); ValueError unless HOST:PORT."""
     client = EtcdClient(endpoint, CALL_TIMEOUT)
     return _LINKS.get((client.host, client.port, rank), lambda: EtcdLink(client, rank, open_timeout))
 
 
 class EtcdCoordinator(Coordinator):
-    """One range's coordination through etcd (module docstring); ``scope``: ``{job}/{range}/{incarnation}``."""
+    """One range's coordination through etcd; ``scope``: ``{job}/{range}/{incarnation}``."""
 
     kind = "etcd"
     instant = True
@@ -202,8 +193,7 @@ class EtcdCoordinator(Coordinator):
         self.link.call(f"to count {key}", lambda c: c.puts(items, self.link.lease(c)))
 
     def arrive_soon(self, key: str) -> None:
-        """:meth:`arrive` on a thread of its own, not waited for (a failure is said at DEBUG: the caller arrives
-        again later)."""
+        """:meth:`arrive` on its own thread, not waited for (a failure is logged at DEBUG: the caller arrives again)."""
         if self.link.lost is None:
             threading.Thread(target=self._arrive_quietly, args=(key,), name="paddle-acp-etcd-arrive",
                              daemon=True).start()
@@ -232,8 +222,8 @@ class EtcdCoordinator(Coordinator):
         self.link.check()
 
     def close(self) -> None:
-        """Rank 0: ``ended`` (a rank still at its last due points must not take rank 0's exit for a death);
-        the others stop looking for rank 0 of this range. Bounded, never raises."""
+        """Rank 0: put ``ended`` (so a rank at its last due points does not take rank 0's exit for a death); the
+        others stop watching rank 0. Bounded, never raises."""
         if self.link.rank != 0:
             self.link.unwatch(self.alive)
             return

@@ -1,10 +1,8 @@
 """Coordination through storage alone: rank 0's decisions are small files beside the range's checkpoints.
 
-The protocol of earlier versions, kept as the fallback where a job has no store (and with
-``PADDLE_ACP_COORDINATION=storage``): a decision is a file ``{range_dir}/{key}`` (the save plan:
-``plan.json``), replaced by each post and read by the other ranks; arrivals are not counted (rank 0's
-commit polls the position's listing, :mod:`paddle_acp.format.commit.part_commit`), and there is no store
-to lose.
+The fallback where a job has no store (or ``PADDLE_ACP_COORDINATION=storage``): a decision is the file
+``{range_dir}/{key}`` (the save plan: ``plan.json``), replaced by each post; arrivals are not counted (rank 0's
+commit polls the listing, :mod:`paddle_acp.format.commit.part_commit`), and there is no store to lose.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """Coordination through Paddle's TCP store: decisions and arrivals as keys, every call bounded.
 
-The store lives in rank 0's process (:mod:`paddle_acp.adapter.store` says which store: the job's own,
-shared, or one of ours). A :class:`StoreLink` is this process's connection to it: opened once per process
-in the background (the open is a rendezvous: rank 0's waits until every rank connected), every call made
-on its one thread and waited for at most :data:`CALL_TIMEOUT` seconds (a store ``get`` or a stopped host
-can block without end), the open at most ``PADDLE_ACP_PART_TIMEOUT``. The first failure (rank 0 killed:
-the next call fails at once with a broken connection; a stopped or partitioned host: the call's time runs
-out) ends the link for good, said once at ERROR; after that every call raises
-:class:`~paddle_acp.runtime.coord.CoordinationError` at once, so no rank ever waits on a dead store.
+The store lives in rank 0's process (:mod:`paddle_acp.adapter.store` says which: the job's own, shared, or ours).
+A :class:`StoreLink` is this process's connection: opened once, in the background, within
+``PADDLE_ACP_PART_TIMEOUT`` (the open is a rendezvous: rank 0's waits until every rank connected); each call runs on
+its one thread, waited for at most :data:`CALL_TIMEOUT` s (a store ``get`` or a stopped host can block forever). The
+first failure (rank 0 killed: a broken connection; a stopped or partitioned host: a timeout) ends the link for good,
+said once at ERROR; every later call raises :class:`~paddle_acp.runtime.coord.CoordinationError` at once, so no rank
+waits on a dead store.
 
-Keys (under ``paddle_acp/{job}/{range}/``, beside whatever the job keeps in its own store): a decision is
-``d/{key}`` with its counter ``d/{key}#n`` (a reader gets the value only once the counter says it is there:
-a ``get`` of a missing key would block), an arrival counter ``a/{key}``, a rank's newest note ``n/{rank}`` (its
-counter ``n/{rank}#n``: the manifest of its newest part, rank 0's commit reads it instead of storage), and ``alive``, the key of the
-liveness probe each rank other than 0 sends at its due points (at most every :data:`PROBE_EVERY` s) without
-waiting for it (:meth:`StoreLink.probe`).
+Keys, under ``paddle_acp/{job}/{range}/``: a decision ``d/{key}`` with its counter ``d/{key}#n`` (the value is read
+only once the counter says it exists: a ``get`` of a missing key blocks); an arrival counter ``a/{key}``; a rank's
+newest note ``n/{rank}`` with counter ``n/{rank}#n`` (the manifest of its newest part, read by rank 0's commit
+instead of storage); ``alive``, probed without waiting by ranks other than 0 at their due points, at most every
+:data:`PROBE_EVERY` s (:meth:`StoreLink.probe`).
 """
 
 from __future__ import annotations
@@ -33,14 +31,13 @@ from paddle_acp.runtime.coord.base import Coordinator, Link, Links
 logger = logging.getLogger("paddle_acp")
 
 CALL_TIMEOUT = 20.0  # seconds one store call may take before the store counts as lost
-PROBE_EVERY = 1.0  # seconds between two liveness probes (a due point between them sends none: a round trip to
-# rank 0's process at every tiny epoch cost the training thread ~15 ms a due point on a loaded machine)
+PROBE_EVERY = 1.0  # min seconds between probes (one per due point cost ~15 ms each on a loaded machine)
 
 _Job = Tuple[Callable[[KeyValueStore], Any], List[Tuple[bool, Any]], threading.Event]
 
 
 class StoreLink(Link):
-    """This process's connection to the job's store (module docstring)."""
+    """This process's connection to the job's store."""
 
     LOST_SAID = "the job's store at {where} {why}; rank 0 hosts it: it is gone or unreachable"
     LOST_ERROR = ("the job's store at {where}, hosted by rank 0, {why}: rank 0 is gone or unreachable, so no checkpoint "
@@ -61,8 +58,8 @@ class StoreLink(Link):
         threading.Thread(target=self._serve, name="paddle-acp-store", daemon=True).start()
 
     def _listening(self) -> bool:
-        """Whether rank 0's store accepts connections (a plain TCP connect): Paddle's client retries a refused
-        connect only every 3 s, so a rank that came first waits for this instead, in steps of 20 ms."""
+        """Whether rank 0's store accepts a TCP connect, tried every 20 ms until the open's deadline (Paddle's
+        client retries a refused connect only every 3 s)."""
         deadline = self._started + self.open_timeout
         while time.monotonic() < deadline:
             try:
@@ -77,7 +74,7 @@ class StoreLink(Link):
             if self.rank != 0 and not self._listening():
                 raise ConnectionError(f"nothing listens at {self.ep.host}:{self.ep.port}")
             store = open_store(self.ep, self.rank, self.world_size, int(self.open_timeout))
-        except BaseException as exc:  # told by the next call (the open is never waited for on its own)
+        except BaseException as exc:  # told by the next call
             self._open_error = exc
             self._opened.set()
             return
@@ -118,24 +115,22 @@ class StoreLink(Link):
         return value
 
     def send(self, fn: Callable[[KeyValueStore], Any]) -> None:
-        """``fn(store)`` on the link's thread once it is open, not waited for (its outcome is never looked at;
-        :meth:`settle` waits for it: a call still in Paddle's code while the process exits aborts it)."""
+        """``fn(store)`` on the link's thread once open, outcome ignored; :meth:`settle` waits for it (a call still
+        in Paddle's code at process exit aborts the process)."""
         self._sent = self._submit(fn)
 
     def settle(self) -> None:
-        """Wait (at most until the open's deadline) for the open to end, never raising: a rank that leaves must
-        first have joined the open's rendezvous, or rank 0's open (and with it every call of rank 0) waits for the
-        open's timeout: as every rank other than 0 of a job restarted after its last checkpoint did, leaving at
-        once. Nor can rank 0 leave while its open waits: Paddle aborts the process then (``terminate called
-        without an active exception``, measured with 3.3.1)."""
+        """Wait (never raising, at most until the open's deadline) for the open and the last :meth:`send`: a rank
+        leaving before it joined the open's rendezvous stalls rank 0 for the open's timeout, and a rank 0 leaving
+        mid-open is aborted by Paddle 3.3.1 (``terminate called without an active exception``)."""
         if self.lost is None:
             self._opened.wait(max(0.0, self._started + self.open_timeout - time.monotonic()))
         if self._sent is not None and self._opened.is_set() and self._open_error is None:
             self._sent[2].wait(CALL_TIMEOUT)
 
     def probe(self, key: str) -> None:
-        """The liveness signal, never blocking: the previous probe's outcome is judged (CoordinationError when
-        it failed, or has gone unanswered for :data:`CALL_TIMEOUT` s) and a new one sent."""
+        """The liveness signal, never blocking: CoordinationError if the previous probe failed or went unanswered
+        for :data:`CALL_TIMEOUT` s; once it answered, a new one is sent (at most every :data:`PROBE_EVERY` s)."""
         self.check()
         if not self._opened.is_set():
             return  # still opening: the calls that need it bound that wait
@@ -159,14 +154,13 @@ _LINKS: Links[Tuple[str, int, str, int, int], StoreLink] = Links()
 
 
 def link_for(ep: StoreEndpoint, rank: int, world_size: int, open_timeout: float) -> StoreLink:
-    """This process's link to the store at ``ep`` (one per process: a store is opened once; a lost one stays
-    lost, as the store of a dead rank 0 does)."""
+    """This process's link to the store at ``ep`` (opened once per process; a lost one stays lost)."""
     return _LINKS.get((ep.host, ep.port, ep.source, rank, world_size),
                       lambda: StoreLink(ep, rank, world_size, open_timeout))
 
 
 class StoreCoordinator(Coordinator):
-    """One range's coordination through the job's store (module docstring)."""
+    """One range's coordination through the job's store."""
 
     kind = "store"
     instant = True
