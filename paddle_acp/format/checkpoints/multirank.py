@@ -229,15 +229,15 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         self.own_manifests[name] = written.manifest
         return written.data_size
 
-    def _stager(self, name: str, snap: Snapshot, mode: str) -> Optional[Callable[[bytes], None]]:
+    def _stager(self, name: str, snap: Snapshot, mode: str) -> Optional[Callable[[bytes, Manifest], None]]:
         """One rank on a storage that renames and overlaps writes (HDFS, where a small file's close waits ~0.4 s):
         its ``global.json`` is written beside its part's files, renamed into place by the commit."""
         if self.world_size != 1 or self.commit_strategy.in_place or not self.storage.overlap_writes:
             return None
 
-        def stage(raw: bytes) -> None:
+        def stage(raw: bytes, m: Manifest) -> None:
             try:
-                body = self.global_body(name, snap.range.epoch_no, snap.range.step, mode, {0: (raw, Manifest.loads(raw))})
+                body = self.global_body(name, snap.range.epoch_no, snap.range.step, mode, {0: (raw, m)})
                 self.staged_globals[name] = (raw, atomic.stage_file(self.storage, f"{self.dir}/{name}/{GLOBAL_NAME}", body))
             except Exception as exc:  # (the commit writes it then, and says what fails)
                 logger.debug("range %s: global.json of %s not written ahead: %s", self.range_name, name, exc)

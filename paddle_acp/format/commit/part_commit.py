@@ -326,8 +326,10 @@ class PartCommitMixin:
             delay = min(delay * 1.5, 0.5)
         if ticket is not None:
             ticket.waited = time.monotonic() - t0
+        staged = self.staged_globals.pop(name, None)  # one rank: global.json written beside its part, from it
+        staged_path = staged[1] if staged is not None and staged[0] == parts[0][0] else None
         try:
-            body = self.global_body(name, epoch_no, step, mode, parts)
+            body = None if staged_path is not None else self.global_body(name, epoch_no, step, mode, parts)
         except CorruptCheckpointError as exc:
             logger.error("range %s: checkpoint %s abandoned: %s; it stays invisible and training goes on",
                          self.range_name, name, exc)
@@ -341,8 +343,7 @@ class PartCommitMixin:
         for e in listing:  # absences of an earlier incarnation (they did not count)
             if not e.is_dir and parse_absent_mark(e.name) is not None:
                 st.delete_file(f"{ckdir}/{e.name}")
-        staged = self.staged_globals.pop(name, None)  # one rank: global.json written beside its part
-        self._write_global(name, body, staged[1] if staged is not None and staged[0] == parts[0][0] else None)
+        self._write_global(name, body, staged_path)
         return True
 
     def global_body(self, name: str, epoch_no: int, step: Optional[int], mode: str,
@@ -366,8 +367,8 @@ class PartCommitMixin:
             ticket.waited = time.monotonic() - t0
         return False
 
-    def _write_global(self, name: str, body: bytes, staged: Optional[str] = None) -> None:
-        """Write ``global.json`` whole or not at all (``staged``: already written under that temporary name), the
+    def _write_global(self, name: str, body: Optional[bytes], staged: Optional[str] = None) -> None:
+        """Write ``global.json`` (``body``) whole or not at all (``staged``: already written under that name), the
         fence checked right before the step that makes it visible; a fenced writer's temporary file is removed."""
         path = f"{self.dir}/{name}/{GLOBAL_NAME}"
         fence = self.fence
@@ -378,4 +379,5 @@ class PartCommitMixin:
         if staged is not None:
             place_file(self.storage, staged, path, before)
         else:
+            assert body is not None  # (a body, or a staged file: _commit passes one)
             self.commit_strategy.write_file(self.storage, path, body, before)

@@ -65,11 +65,11 @@ def _until(stop: threading.Event, buffers: List[Union[bytes, memoryview]]) -> It
 
 def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
                      before_commit: Optional[Callable[[], None]] = None,
-                     alongside: Optional[Callable[[bytes], None]] = None) -> WriteResult:
+                     alongside: Optional[Callable[[bytes, Manifest], None]] = None) -> WriteResult:
     """Write ``snap`` as checkpoint ``number`` into ``pending`` and commit it; returns what was written.
 
     ``before_commit`` runs (and may raise, e.g. a fenced writer) right before the
-    step that makes the checkpoint visible. ``alongside`` (it must not raise) gets the manifest's bytes
+    step that makes the checkpoint visible. ``alongside`` (it must not raise) gets the manifest's bytes and the manifest
     where the files are written at once, on a thread of its own beside them (a job of one rank stages
     its ``global.json`` there: its close pays the remote's wait in the same time as theirs)."""
     st = pending.storage
@@ -93,6 +93,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
 
     stop = threading.Event()  # set when the write is given up (Ctrl-C): the data stops at its next piece
     written_manifest: List[bytes] = []
+    read_back: List[Manifest] = []
     written_crcs: List[int] = []
 
     def manifest_bytes() -> bytes:
@@ -117,7 +118,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
             version=PIECES_VERSION if pieces_held else VERSION,
         ).dumps()
         try:  # what restarts will read: never commit a checkpoint they would reject
-            Manifest.loads(raw, data_file_size=size)
+            read_back.append(Manifest.loads(raw, data_file_size=size))
         except CorruptCheckpointError as exc:
             raise CheckpointError(
                 f"checkpoint {number} is not written: a restart could not read it back ({exc}); "
@@ -146,7 +147,7 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
         try:
             raw = manifest_bytes()
             if alongside is not None:
-                side = threading.Thread(target=alongside, args=(raw,), name="paddle-acp-alongside", daemon=True)
+                side = threading.Thread(target=alongside, args=(raw, read_back[0]), name="paddle-acp-alongside", daemon=True)
                 side.start()
             pending.write_manifest_early(raw)
         except BaseException:
