@@ -10,24 +10,22 @@ Public API::
 Switch it on with ``PADDLE_ACP_CHECKPOINT_URI=<path or URI>`` (or the PaddleCloud variables, see
 :mod:`paddle_acp.config`); without them the loop is a plain range.
 
-* :func:`train_epoch_range` – the epoch loop that saves and resumes.
-* :func:`resumable` – wrap an epoch's batches for mid-epoch checkpoints and resume.
+* :func:`train_epoch_range` – the epoch loop that saves and resumes; :func:`resumable` – an epoch's batches, with
+  mid-epoch checkpoints and resume.
 * :func:`track`, :class:`Counter`, :class:`Value` – add the script's own state to every checkpoint
   (``train_epoch_range(state=...)`` for one range; RNG objects the script holds are saved without code).
-* :class:`Preempted` – the ``SystemExit`` (status 128+signal) raised after a SIGTERM-triggered save.
+* :class:`Preempted` – the ``SystemExit`` (status 128+signal) raised after a preemption signal's save.
 * :class:`CheckpointConfig`, :func:`config_from_env` – the configuration.
-* :func:`install` / :func:`uninstall` – the Executor.run hook (installed on import).
-* :func:`simulate_restart` – forget all in-process state, as a restart would (for tests).
-* :func:`is_training_program` – whether a program would be checkpointed.
+* :func:`install` / :func:`uninstall` – the Executor.run hook (installed on import); :func:`simulate_restart` –
+  forget all in-process state, as a restart would (for tests); :func:`is_training_program`.
 * Errors: :class:`AcpError` and its subclasses (:class:`UnsupportedPaddleError`, an ``ImportError``,
   when Paddle is missing or its version is not supported; see :mod:`paddle_acp.adapter.version`).
 
-Importing the package runs the version gate (it imports Paddle) and installs the hook wherever a Paddle is
-installed (a broken or unsupported one included: the gate names what is wrong). Where none is, the import
-succeeds and the gate runs on the first use of a public name that needs Paddle (PEP 562 ``__getattr__``), so
-:mod:`paddle_acp.format`, :mod:`paddle_acp.storage` and :mod:`paddle_acp.tools` work without Paddle. The
-``paddle-acp`` console script (:mod:`paddle_acp_cli`) defers the gate, so the operator tools never import
-Paddle; ``paddle-acp run`` calls :func:`_activate` itself.
+Importing runs the version gate (it imports Paddle) and installs the hook wherever a Paddle is installed (a broken or
+unsupported one too: the gate names what is wrong). Where none is, the import succeeds and the gate runs on the first
+use of a public name that needs Paddle (PEP 562 ``__getattr__``), so :mod:`paddle_acp.format`, :mod:`paddle_acp.storage`
+and :mod:`paddle_acp.tools` work without Paddle. The ``paddle-acp`` console script (:mod:`paddle_acp_cli`) defers the
+gate, so the operator tools never import Paddle; ``paddle-acp run`` calls :func:`_activate`.
 
 Where everything lives (one subpackage per layer; imports only go down; README "Architecture"):
 
@@ -37,8 +35,8 @@ Where everything lives (one subpackage per layer; imports only go down; README "
   top, then :mod:`~paddle_acp.format.engine` (moving bytes: writer, THE reader), :mod:`~paddle_acp.format.commit`
   (commit, fencing, retention) and :mod:`~paddle_acp.format.checkpoints` (the checkpointer, index, restart).
 * :mod:`paddle_acp.storage` – one interface, a class per backend chosen by URI scheme.
-* :mod:`paddle_acp.tools` – the operator commands (never import Paddle).
-* :mod:`paddle_acp.compat` – Paddle's ``auto_checkpoint`` and ``checkpoint_saver`` surfaces.
+* :mod:`paddle_acp.tools` – the operator commands (never import Paddle); :mod:`paddle_acp.cli` – the command line.
+* :mod:`paddle_acp.compat` – Paddle's ``auto_checkpoint`` and ``checkpoint_saver`` surfaces (also at the top level).
 * below every layer: :mod:`~paddle_acp.errors`, :mod:`~paddle_acp.secrets`, :mod:`~paddle_acp.threads`,
   :mod:`~paddle_acp.config` (every environment variable).
 
@@ -151,8 +149,7 @@ def _setup_logging(deferred: bool) -> None:
 
 
 def _activate() -> str:
-    """The version gate (UnsupportedPaddleError before anything touches Paddle), then the Executor.run hook;
-    idempotent. Returns Paddle's version."""
+    """Version gate (UnsupportedPaddleError before Paddle is used), then the hook; idempotent; Paddle's version."""
     global _active
     if _active:
         return str(globals()["PADDLE_VERSION"])

@@ -1,7 +1,4 @@
-"""Command line: ``paddle-acp run`` and the operator tools (:mod:`paddle_acp.tools`).
-
-Nothing here imports Paddle until ``run`` runs: the console script defers the version gate, ``run`` calls it.
-"""
+"""Command line: ``paddle-acp run`` and the operator tools (:mod:`paddle_acp.tools`); only ``run`` imports Paddle."""
 
 from __future__ import annotations
 

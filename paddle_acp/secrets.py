@@ -47,8 +47,7 @@ def secret_name(name: str) -> bool:
 
 
 def uri_secrets(uri: str) -> List[str]:
-    """The parts of ``uri`` that may hold credentials: its user info (and the password alone) and the values of
-    query parameters named like credentials."""
+    """The parts of ``uri`` that may hold credentials: user info, the password alone, credential-named query values."""
     if not isinstance(uri, str) or "://" not in uri:
         return []
     p = urlparse(uri)

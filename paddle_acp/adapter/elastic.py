@@ -1,14 +1,9 @@
 """Paddle's elastic launchers: whether this trainer runs under one with an etcd server, and which.
 
-Read in Paddle 3.3.1: ``paddle.distributed.launch --master etcd://HOST:PORT`` keeps the job's pods in that etcd
-but exports to its trainers only ``PADDLE_MASTER`` = this incarnation's collective master, never the etcd
-address; the legacy fleet launcher (``--elastic_server HOST:PORT``) exports ``PADDLE_ELASTIC_SERVER``. The
-trainers are the launcher's own children, so the address is read from the launcher's command line or
-environment in ``/proc/<parent pid>/``.
-
-:func:`elastic_etcd` returns the etcd endpoint named by ``PADDLE_ELASTIC_SERVER``, else by the nearest
-of this process's ancestors (:data:`MAX_ANCESTORS`) that is one of Paddle's launchers. :func:`incarnation`
-is what every trainer of one start of the job shares and the next start does not.
+Read in Paddle 3.3.1: ``paddle.distributed.launch --master etcd://HOST:PORT`` keeps the job's pods in that etcd but
+exports to its trainers only ``PADDLE_MASTER`` = this incarnation's collective master, never the etcd address; the
+legacy fleet launcher (``--elastic_server HOST:PORT``) exports ``PADDLE_ELASTIC_SERVER``. The trainers are the
+launcher's own children, so the address is read from its command line or environment in ``/proc/<parent pid>/``.
 """
 
 from __future__ import annotations
@@ -58,8 +53,7 @@ def _arg(argv: Sequence[str], name: str) -> Optional[str]:
 
 
 def launcher_etcd(argv: Sequence[str], its_env: Mapping[str, str]) -> Optional[str]:
-    """The etcd endpoint of a process with command line ``argv`` and environment ``its_env`` when it is one of
-    Paddle's launchers with one, else None."""
+    """The etcd endpoint of a process with ``argv`` and ``its_env`` that is one of Paddle's launchers, else None."""
     if not any(m in argv for m in LAUNCHER_MODULES):
         return None
     master = _arg(argv, "--master") or its_env.get("PADDLE_MASTER", "")
@@ -80,7 +74,8 @@ def _from_proc(pid: int) -> Optional[str]:
 
 
 def elastic_etcd(env: Mapping[str, str]) -> Optional[ElasticServer]:
-    """The etcd server of the elastic launcher this process runs under, or None."""
+    """The etcd server named by ``PADDLE_ELASTIC_SERVER``, else by the nearest of this process's ancestors
+    (:data:`MAX_ANCESTORS`) that is one of Paddle's elastic launchers; None under none."""
     server = env.get("PADDLE_ELASTIC_SERVER", "").strip()
     if server:
         return ElasticServer(server, "PADDLE_ELASTIC_SERVER")
@@ -96,7 +91,7 @@ def elastic_etcd(env: Mapping[str, str]) -> Optional[ElasticServer]:
 
 
 def incarnation(env: Mapping[str, str]) -> str:
-    """A token every trainer of this start of the job shares (from the launcher's endpoints), or ``""``."""
+    """A token every trainer of this start of the job shares, and no later start (launcher endpoints), or ``""``."""
     parts = [env.get(k, "").strip() for k in ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS")]
     if not any(parts):
         return ""

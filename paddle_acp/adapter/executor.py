@@ -28,8 +28,7 @@ def set_executor_run(run: RunMethod) -> None:
 
 
 def redirect_auto_checkpoint(module: ModuleType) -> None:
-    """Point Paddle's own auto-checkpoint call (``paddle.base.executor.acp._auto_checkpoint``) at ``module``'s,
-    where its executor has one."""
+    """Point ``paddle.base.executor.acp`` (Paddle's auto-checkpoint call), where the executor has one, at ``module``."""
     import paddle.base.executor as executor_mod
 
     if hasattr(executor_mod, "acp"):

@@ -12,8 +12,7 @@ logger = logging.getLogger("paddle_acp")
 
 
 def fleet_degrees() -> Dict[str, int]:
-    """Model-parallel, pipeline and sharding degrees of the strategy ``fleet.init`` was given
-    ({} when fleet was not initialised). Never imports fleet itself."""
+    """Model-parallel, pipeline and sharding degrees of ``fleet.init``'s strategy ({} without); never imports fleet."""
     mod = sys.modules.get("paddle.distributed.fleet")
     fleet = getattr(mod, "fleet", None) if mod is not None else None
     strategy = getattr(fleet, "_user_defined_strategy", None)

@@ -1,7 +1,4 @@
-"""Programs: tell training programs from the rest, list their state, fingerprint them.
-
-PIR and legacy-IR programs; the result is computed once and cached on the program object.
-"""
+"""Programs (PIR and legacy IR): tell training ones from the rest, list their state, fingerprint them (cached)."""
 
 from __future__ import annotations
 
@@ -63,7 +60,6 @@ def unwrap(program: PaddleProgram) -> PaddleProgram:
     return program
 
 
-# -- PIR -----------------------------------------------------------------------
 def _pir_ops(block: Any) -> Iterator[Any]:  # a pir Block; its pir Operations
     """Every op of a block, control-flow bodies (``pd_op.if``/``while`` blocks) included."""
     for op in block.ops:
@@ -104,7 +100,6 @@ def _pir_info(program: PaddleProgram) -> ProgramInfo:
     return _finish("pir", has_bwd, has_opt, op_names, persist)
 
 
-# -- legacy IR -----------------------------------------------------------------
 def _legacy_info(program: PaddleProgram) -> ProgramInfo:
     from paddle.base import core
 

@@ -46,8 +46,7 @@ NON_TENSOR: Final = "non-tensor"
 
 
 def scope_var_meta(scope: PaddleScope, name: str) -> Union[None, Literal["non-tensor"], Tuple[str, List[int]]]:
-    """What ``scope`` holds under ``name``: None (nothing, or an uninitialized tensor), :data:`NON_TENSOR`
-    (a reader, a list), else the tensor's (dtype, shape)."""
+    """What ``scope`` holds as ``name``: None (nothing, or uninitialized), :data:`NON_TENSOR` or (dtype, shape)."""
     var = scope.find_var(name)
     if var is None:
         return None

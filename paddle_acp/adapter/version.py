@@ -1,14 +1,13 @@
 """Which Paddle is installed, and whether paddle-acp supports it.
 
-Paddle is the user's (never installed by paddle-acp). Importing paddle_acp calls :func:`check` once:
+Paddle is the user's (never installed by paddle-acp). Importing paddle_acp calls :func:`check` once, which reads
+``paddle.__version__`` (never the package metadata: ``paddlepaddle`` vs ``paddlepaddle-gpu``):
 
-* no Paddle, or one whose import raises anything, or a version below or between the supported series:
+* no Paddle, one whose import raises anything, or a version below or between the supported series:
   :class:`~paddle_acp.errors.UnsupportedPaddleError` naming the cause and the range;
-* a newer Paddle, a development build (``0.0.0``) or a pre-release of a supported release: accepted with
-  one warning (paddle-acp's own checks still raise when something breaks);
+* a newer Paddle, a development build (``0.0.0``) or a pre-release of a supported release: accepted with one warning
+  (paddle-acp's own checks still raise when something breaks);
 * Paddle 2.6.x: legacy IR only, and the CPU generator's engine state cannot be saved (:func:`warn_rng_limit`).
-
-The check reads ``paddle.__version__``, never the package metadata (``paddlepaddle`` vs ``paddlepaddle-gpu``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Drop-in for ``paddle.base.incubate.checkpoint.auto_checkpoint``, fixed for Paddle 3.x.
 
-``python -m paddle_acp run`` makes Paddle's module names (``paddle.base.incubate.checkpoint.auto_checkpoint``
-and ``paddle.incubate.checkpoint.auto_checkpoint``) resolve here, so scripts written for Paddle's API run
-unchanged: the names and their meaning are Paddle's, the work paddle-acp's. Differences: a missing or invalid
-variable raises :class:`paddle_acp.errors.ConfigError` instead of ``sys.exit(1)``; programs reach the range
-through paddle-acp's ``Executor.run`` hook (:func:`_auto_checkpoint` only forwards when it is not installed).
-
-Paddle's module globals keep Paddle's meaning; replacing ``generator`` (Paddle's tests' ``_reset_generator()``)
-is an in-process restart, as :func:`paddle_acp.simulate_restart`. Parts: :mod:`.acp_checker`, :mod:`.acp_status`,
-:mod:`.acp_range`.
+``python -m paddle_acp run`` makes Paddle's module names (``paddle.base.incubate.checkpoint.auto_checkpoint`` and
+``paddle.incubate.checkpoint.auto_checkpoint``) resolve here, so scripts written for Paddle's API run unchanged: the
+names and their meaning are Paddle's, the work paddle-acp's. Differences: a missing or invalid variable raises
+:class:`paddle_acp.errors.ConfigError` instead of ``sys.exit(1)``; programs reach the range through paddle-acp's
+``Executor.run`` hook (:func:`_auto_checkpoint` only forwards when it is not installed). Paddle's module globals keep
+Paddle's meaning; replacing ``generator`` (Paddle's tests' ``_reset_generator()``) is an in-process restart, as
+:func:`paddle_acp.simulate_restart`. Parts: :mod:`.acp_checker`, :mod:`.acp_status`, :mod:`.acp_range`.
 """
 
 from __future__ import annotations

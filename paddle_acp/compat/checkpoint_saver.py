@@ -184,8 +184,7 @@ class CheckpointSaver:
         trainer_id: Optional[int] = None,
         local_cache_path: str = ".cache",
     ) -> Tuple[str, int]:
-        """Serialize ``slists`` into a new checkpoint under ``path``, renamed into place once complete;
-        returns (its path, its number)."""
+        """A new checkpoint of ``slists`` under ``path``, renamed into place once complete; returns (path, number)."""
         fs = self._fs
         if not fs.is_exist(path):
             fs.mkdirs(path)

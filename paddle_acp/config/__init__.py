@@ -1,12 +1,11 @@
 """Configuration: one frozen dataclass, read from the environment in one place.
 
-Checkpointing is on with ``PADDLE_ACP_CHECKPOINT_URI`` (a local path, ``file://``, ``hdfs://`` or ``s3://``),
-or with ``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` plus the PaddleCloud variables Paddle's
-``auto_checkpoint`` read. Every invalid value raises :class:`ConfigError` naming the variable and value.
-
-This package reads every environment variable paddle-acp uses (:data:`ENV_VARS`): the training configuration
-here (:func:`from_env`), the rest in :mod:`.components`, :mod:`.ranks` and :mod:`.check`, with the value parsers
-of :mod:`.values`. Everything is importable from ``paddle_acp.config``.
+Checkpointing is on with ``PADDLE_ACP_CHECKPOINT_URI`` (a local path, ``file://``, ``hdfs://`` or ``s3://``), or with
+``PADDLE_RUNNING_ENV=PADDLE_EDL_AUTO_CHECKPOINT`` plus the PaddleCloud variables Paddle's ``auto_checkpoint`` read.
+Every invalid value raises :class:`ConfigError` naming the variable and value. This package reads every environment
+variable paddle-acp uses (:data:`ENV_VARS`): the training configuration here (:func:`from_env`), the rest in
+:mod:`.components`, :mod:`.ranks` and :mod:`.check`, parsed by :mod:`.values`; :mod:`.names` warns of unknown
+``PADDLE_ACP_*`` names. Most public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -55,9 +54,9 @@ PADDLECLOUD_RUNNING_ENV = "PADDLE_EDL_AUTO_CHECKPOINT"
 DEFAULT_JOB_ID = "default"
 DEFAULT_SAVE_INTERVAL = 900.0
 DEFAULT_MAX_TO_KEEP = 3
-# What an asynchronous save that comes due while the previous one is still being written does (saver.busy_action).
-# ``auto`` waits unless the range's waits would pass AUTO_WAIT_SHARE of its time beyond its first AUTO_WAIT_FREE_S
-# seconds (runtime/schedule.py): then it skips.
+# What an asynchronous save due while the previous one is still being written does (runtime/save_decision.py). ``auto``
+# waits unless the range's waits would pass AUTO_WAIT_SHARE of its time beyond its first AUTO_WAIT_FREE_S seconds
+# (runtime/schedule.py): then it skips.
 BUSY_POLICIES = ("auto", "skip", "queue", "wait")
 DEFAULT_BUSY_POLICY = "auto"
 AUTO_WAIT_SHARE = 0.05

@@ -1,7 +1,4 @@
-"""The variables of single components: logging, the trainer id, storage clients, preemption, the progress line.
-
-Each ``*_from_env(env=None)`` reads ``os.environ`` (or ``env``) and raises ConfigError naming the variable.
-"""
+"""The variables of single components: logging, the trainer id, storage clients, preemption, the progress line."""
 
 from __future__ import annotations
 
@@ -15,9 +12,8 @@ from paddle_acp.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_CONNECT_TIMEOUT = 30.0
-# The options of libhdfs's JVM in the training process when LIBHDFS_OPTS is unset: it makes few calls of its own,
-# so C1 alone and the thread-less serial collector suffice. Measured (ci/bench/ranks_training_hdfs.py): connect
-# 1.33 -> 0.95 s, 2.11 -> 1.31 CPU-seconds to the first write; 256 MB writes no slower.
+# libhdfs's JVM options in the training process when LIBHDFS_OPTS is unset: it makes few calls, so C1 alone and the
+# thread-less serial collector suffice (faster connect, less CPU, writes no slower: ci/bench/ranks_training_hdfs.py).
 DEFAULT_LIBHDFS_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
@@ -67,8 +63,7 @@ def exit_on_preempt_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
 
 
 def connect_early_from_env(env: Optional[Mapping[str, str]] = None) -> bool:
-    """``PADDLE_ACP_CONNECT_EARLY``: open a slow-starting remote store (HDFS) in the background from import
-    (default 1; :mod:`paddle_acp.runtime.early`)."""
+    """``PADDLE_ACP_CONNECT_EARLY``: open a slow remote store (HDFS) in the background from import (default 1)."""
     env = os.environ if env is None else env
     return parse_bool(env.get("PADDLE_ACP_CONNECT_EARLY"), "PADDLE_ACP_CONNECT_EARLY", True)
 

@@ -1,7 +1,6 @@
 """Variable names: the ``PADDLE_ACP_*`` names known here, and one warning for an unknown (misspelled) one.
 
-Known are :data:`paddle_acp.config.ENV_VARS` (the library's) and :data:`TOOLING_VARS` (this repository's tests
-and CI scripts'); any other ``PADDLE_ACP_*`` name gets one warning per process naming the closest known one.
+Known: :data:`paddle_acp.config.ENV_VARS` (the library's) and :data:`TOOLING_VARS` (this repository's tests and CI's).
 """
 
 from __future__ import annotations
@@ -56,8 +55,8 @@ def closest(name: str) -> Optional[str]:
 
 
 def warn_unknown(env: Optional[Mapping[str, str]] = None) -> List[str]:
-    """Warn once per process for each unknown ``PADDLE_ACP_*`` name (never its value: it may be a secret);
-    returns the names warned about (none on a later call)."""
+    """Warn once per process for each unknown ``PADDLE_ACP_*`` name, naming the closest known one (never its value:
+    it may be a secret); returns the names warned about (none on a later call)."""
     global _warned
     if _warned:
         return []

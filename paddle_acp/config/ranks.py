@@ -1,7 +1,4 @@
-"""The variables of a job of several ranks: world size, rank state, replicated writers, part timeout.
-
-Each parser raises ConfigError naming the variable; :func:`paddle_acp.config.from_env` calls them.
-"""
+"""The variables of a job of several ranks (world size, rank state, replicated writers, part timeout), for from_env."""
 
 from __future__ import annotations
 

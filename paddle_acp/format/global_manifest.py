@@ -1,8 +1,7 @@
 """The global manifest (``global.json``): the commit of a checkpoint of several ranks.
 
-Written last, by rank 0, once every rank's part is committed: each part's manifest CRC32 and size, data size
-and program keys, and the topology. Untrusted input like every manifest (:mod:`.untrusted_json`).
-"""
+Written last, by rank 0, once every rank's part is committed: each part's manifest CRC32 and size, data size and program
+keys, and the topology. Untrusted input like every manifest (:mod:`.untrusted_json`)."""
 
 from __future__ import annotations
 

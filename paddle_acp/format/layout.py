@@ -13,9 +13,8 @@ Under the storage root::
     {job_id}/range/{range}/ckpt-e{E}[-s{S}]/absent-rank-{k}      rank k could not write (or does not take) its
                                                                  part of this position (:mod:`.absence`)
 
-Names are parsed strictly (canonical ASCII decimal, bounded lengths): anything else is foreign and never read
-or deleted. Inside ``tensors.bin`` every tensor starts at a multiple of ``manifest.ALIGN``.
-"""
+Names are parsed strictly (canonical ASCII decimal, bounded lengths): anything else is foreign and never read or
+deleted. Inside ``tensors.bin`` every tensor starts at a multiple of ``manifest.ALIGN``."""
 
 from __future__ import annotations
 
@@ -70,8 +69,8 @@ def final_name(number: int) -> str:
 
 
 def tmp_name(name: str, token: str, generation: Optional[int] = None) -> str:
-    """The name a directory (or part, or file) is written under before its rename; ``generation``: the writer's
-    fencing generation (a writer removes only older generations' leftovers)."""
+    """The name a directory (or part, or file) is written under before its rename; ``generation``: the writer's fencing
+    generation (a writer removes only older generations' leftovers)."""
     return f"{name}.tmp-{token}" if generation is None or generation < 0 else f"{name}.tmp-g{generation}-{token}"
 
 

@@ -1,10 +1,9 @@
 """Manifest: the JSON document that describes (and commits) one checkpoint.
 
-Data, never code: no pickle. Its checksum guards against accidents, not edits: a crafted manifest is untrusted
-input, so its size is capped (:func:`max_manifest_size`) before parsing, every field is type- and range-checked
-and the RNG, LR-scheduler and script states are validated in full: anything accepted restores without an
-exception, anything else raises :class:`CorruptCheckpointError` (restore falls back to an older checkpoint).
-"""
+Data, never code: no pickle. Its checksum guards against accidents, not edits: a crafted manifest is untrusted input, so
+its size is capped (:func:`max_manifest_size`) before parsing, every field is type- and range-checked and the RNG,
+LR-scheduler and script states are validated in full: anything accepted restores without an exception, anything else
+raises :class:`CorruptCheckpointError` (restore falls back to an older checkpoint)."""
 
 from __future__ import annotations
 
@@ -238,8 +237,8 @@ class Manifest:
 
     @classmethod
     def loads(cls, raw: bytes, data_file_size: Optional[int] = None) -> "Manifest":
-        """Parse and validate a manifest (at most :func:`max_manifest_size` of ``data_file_size``, the size of
-        its tensors.bin, when known); raises CorruptCheckpointError only."""
+        """Parse and validate a manifest (at most :func:`max_manifest_size` of ``data_file_size``, the size of its
+        tensors.bin, when known); raises CorruptCheckpointError only."""
         if not isinstance(raw, (bytes, bytearray)):
             raise _fail("not bytes")
         limit = MAX_MANIFEST_SIZE if data_file_size is None else max_manifest_size(data_file_size)

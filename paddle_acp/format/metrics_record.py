@@ -1,21 +1,17 @@
-"""The metrics record: one line of ``{job}/metrics/trainer-{id}.jsonl``: its fields, how writers build it,
-how it is serialized, and how a line read back is parsed and validated.
+"""The metrics record: one line of ``{job}/metrics/trainer-{id}.jsonl``: its fields, how writers build it, how it is
+serialized, and how a line read back is parsed and validated.
 
 A line is a JSON object (keys sorted) with ``event``, ``time``, ``pid`` and ``range``. Its ``event``:
 
 * ``start``: a process began writing checkpoints of a range (``restored``, ``restore_source``, ``policy``);
-* ``saved`` / ``failed``: a save (``epoch``, ``step``, ``stall_s``, ``waited_s``, ``policy``, ``ok``,
-  ``persist_s``; of one writer ``number``, ``bytes``, ``throughput_mb_s``; a rank's part ``name``, ``bytes``,
-  ``rank``, ``committed``, ``parts_wait_s``; a failure ``error``; optional ``queued``, ``skipped_before``,
-  ``streamed``);
-* ``skipped``: a save due while the previous one was still being written (``epoch``, ``step``, ``stall_s``,
-  ``policy``).
+* ``saved`` / ``failed``: a save (``epoch``, ``step``, ``stall_s``, ``waited_s``, ``policy``, ``ok``, ``persist_s``; of
+  one writer ``number``, ``bytes``, ``throughput_mb_s``; a rank's part ``name``, ``bytes``, ``rank``, ``committed``,
+  ``parts_wait_s``; a failure ``error``; optional ``queued``, ``skipped_before``, ``streamed``);
+* ``skipped``: a save due while the previous one was still being written (``epoch``, ``step``, ``stall_s``, ``policy``).
 
-Each field's meaning and type is its ``metadata["doc"]``. A line older than ``event`` is ``saved``
-(``failed`` with ``ok: false``); unknown keys are kept (``extra``) and written back unchanged. A line read
-back is untrusted (shared storage): :meth:`MetricsRecord.from_line` raises :class:`MetricsRecordError`
-naming the field and its fault.
-"""
+Each field's meaning and type is its ``metadata["doc"]``. A line older than ``event`` is ``saved`` (``failed`` with
+``ok: false``); unknown keys are kept (``extra``) and written back unchanged. A line read back is untrusted (shared
+storage): :meth:`MetricsRecord.from_line` raises :class:`MetricsRecordError` naming the field and its fault."""
 
 from __future__ import annotations
 
@@ -61,8 +57,8 @@ def _doc(text: str, default: Any = None) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class MetricsRecord:
-    """One metrics line. ``None`` is an absent key unless the key is in ``nulls`` (written as ``null``).
-    Writers build records with :meth:`start`, :meth:`skipped` and :class:`SaveBegun`, never field by field."""
+    """One metrics line. ``None`` is an absent key unless the key is in ``nulls`` (written as ``null``). Writers build
+    records with :meth:`start`, :meth:`skipped` and :class:`SaveBegun`, never field by field."""
 
     event: str = dataclasses.field(metadata={"doc": "str: start, saved, failed or skipped"})
     time: float = dataclasses.field(metadata={"doc": "float: wall-clock time of the record, seconds since the epoch"})
@@ -198,8 +194,8 @@ class SaveBegun:
 
     def part(self, *, name: str, nbytes: int, persist_s: float, rank: int, committed: Optional[bool],
              parts_wait_s: float, error: Optional[BaseException] = None) -> MetricsRecord:
-        """A rank's part of checkpoint ``name`` written (rank 0's: ``committed`` decided; None on the others).
-        An ``error`` of the commit makes it a failed save."""
+        """A rank's part of checkpoint ``name`` written (rank 0's: ``committed`` decided; None on the others). An
+        ``error`` of the commit makes it a failed save."""
         if error is not None:
             committed = False
         ok = committed is not False

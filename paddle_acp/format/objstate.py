@@ -8,14 +8,13 @@ The RNG objects captured from the script's globals and locals and the values it 
                      "state": {"step": {"kind": "state_dict", "value": V}, ...}}
 
 A Generator's / BitGenerator's value is its bit generator's ``state``, plus (version 2) ``"seed_seq"``: its
-SeedSequence's ``{"entropy", "spawn_key", "pool_size", "n_children_spawned"}`` (``state`` does not hold the
-spawn count); a ``numpy.SeedSequence`` is those four fields. ``extra.epoch_start_objects`` has the same shape.
-A value ``V`` (:func:`encode`): null, booleans, strings, finite floats, integers below 2**63 and lists as
-themselves; else one ``$`` key: ``{"$dict": {str: V}}``, ``{"$tuple": [V]}``, ``{"$int": "<decimal>"}``,
-``{"$float": "nan"|"inf"|"-inf"}``, ``{"$array": {"dtype", "shape", "data": base64, little-endian}}``,
-``{"$scalar": {"dtype", "data"}}``. :func:`validate` checks a section read back in full (for an RNG: that
-a fresh object of its kind accepts the state), so that anything accepted restores without an exception.
-"""
+SeedSequence's ``{"entropy", "spawn_key", "pool_size", "n_children_spawned"}`` (``state`` does not hold the spawn
+count); a ``numpy.SeedSequence`` is those four fields. ``extra.epoch_start_objects`` has the same shape. A value ``V``
+(:func:`encode`): null, booleans, strings, finite floats, integers below 2**63 and lists as themselves; else one ``$``
+key: ``{"$dict": {str: V}}``, ``{"$tuple": [V]}``, ``{"$int": "<decimal>"}``, ``{"$float": "nan"|"inf"|"-inf"}``,
+``{"$array": {"dtype", "shape", "data": base64, little-endian}}``, ``{"$scalar": {"dtype", "data"}}``. :func:`validate`
+checks a section read back in full (for an RNG: that a fresh object of its kind accepts the state), so that anything
+accepted restores without an exception."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ __all__ = [
     "EncodeError", "apply_rng", "decode", "encode", "read_rng", "validate",
 ]
 
-VERSION = 2  # 2: seed sequences, MAX_OBJECTS raised from 256 (version 1 is read too)
+VERSION = 2  # 2: seed sequences (version 1 is read too)
 VERSIONS = (1, 2)
 MAX_OBJECTS = 4096  # named objects in one part ("rng" or "state"); MAX_BYTES bounds them too (~250 bytes a Generator)
 MAX_NAME = 512  # characters of an object's name
@@ -195,9 +194,9 @@ def read_rng(kind: str, obj: Any) -> Any:
 def apply_rng(kind: str, obj: Any, state: Any) -> None:
     """Set RNG object ``obj`` of ``kind`` to ``state`` in place (the same object goes on drawing).
 
-    A bit generator's seed sequence gets the saved spawn count when it is the saved one (same entropy, spawn
-    key and pool size), else is replaced by the saved one. A ``SeedSequence`` object: ValueError unless it is
-    the saved one (its identity cannot be changed in place)."""
+    A bit generator's seed sequence gets the saved spawn count when it is the saved one (same entropy, spawn key and
+    pool size), else is replaced by the saved one. A ``SeedSequence`` object: ValueError unless it is the saved one (its
+    identity cannot be changed in place)."""
     if kind in ("numpy.Generator", "numpy.BitGenerator"):
         bitgen = obj.bit_generator if kind == "numpy.Generator" else obj
         state = dict(state)
@@ -262,8 +261,8 @@ _children_slot: List[int] = []  # the index of n_children_spawned in SeedSequenc
 
 
 def _set_children(seq: Any, n: int) -> None:
-    """Set ``seq.n_children_spawned`` (read-only from Python) to ``n`` in place: through its pickled state,
-    else by spawning the difference."""
+    """Set ``seq.n_children_spawned`` (read-only from Python) to ``n`` in place: through its pickled state, else by
+    spawning the difference."""
     if seq.n_children_spawned == n:
         return
     try:

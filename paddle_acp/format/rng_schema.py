@@ -1,8 +1,7 @@
 """The schema of the RNG state a manifest records (``manifest.rng``, ``extra.epoch_start_rng``).
 
-Paddle's generators (device, seed, offset and, from Paddle 3, the engine state as text), NumPy's and
-Python's, validated in full so that anything accepted restores without an exception (:mod:`paddle_acp.adapter.rng`).
-"""
+Paddle's generators (device, seed, offset and, from Paddle 3, the engine state as text), NumPy's and Python's, validated
+in full so that anything accepted restores without an exception (:mod:`paddle_acp.adapter.rng`)."""
 
 from __future__ import annotations
 
@@ -37,8 +36,8 @@ def _finite(x: Any) -> bool:
 
 
 def validate(state: Dict[str, Any]) -> None:
-    """CorruptCheckpointError unless ``state`` has the shape ``capture`` produces, every value in the range
-    ``restore`` accepts."""
+    """CorruptCheckpointError unless ``state`` has the shape ``capture`` produces, every value in the range ``restore``
+    accepts."""
     if not isinstance(state, dict):
         raise _bad("not an object")
     if set(state) != {"paddle", "numpy", "python"}:

@@ -1,13 +1,11 @@
 """The save plan of a job of several ranks (``plan.json``): which due points every rank saves at.
 
-Written by rank 0 only, read by every rank (:mod:`paddle_acp.runtime.agree`). Due points are counted alike by
-every rank in two sequences: ``due`` (epoch ends when every epoch saves, ``save_every_steps`` boundaries) and
-``interval`` (epoch ends when ``save_checkpoint_inter`` > 0). ``strides``: ``[anchor, stride]`` pairs over
-``due`` (from point ``anchor`` on every ``stride``-th is taken; before the first pair every
-``default_stride``-th from 0); ``requests``: the indices of ``interval`` that are taken. Stored at
-``{job}/range/{range}/plan.json``; untrusted input like every manifest. A plan of another range or another
-``base`` (the checkpoint the job resumed from) is not this job's.
-"""
+Written by rank 0 only, read by every rank (:mod:`paddle_acp.runtime.agree`). Due points are counted alike by every rank
+in two sequences: ``due`` (epoch ends when every epoch saves, ``save_every_steps`` boundaries) and ``interval`` (epoch
+ends when ``save_checkpoint_inter`` > 0). ``strides``: ``[anchor, stride]`` pairs over ``due`` (from point ``anchor`` on
+every ``stride``-th is taken; before the first pair every ``default_stride``-th from 0); ``requests``: the indices of
+``interval`` that are taken. Stored at ``{job}/range/{range}/plan.json``; untrusted input like every manifest. A plan of
+another range or another ``base`` (the checkpoint the job resumed from) is not this job's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Untrusted JSON documents: how every record on storage (manifest, global record, plan, markers) is parsed,
-checked field by field (CorruptCheckpointError naming the field) and sealed with its checksum.
-"""
+"""Untrusted JSON documents: how every record on storage (manifest, global record, plan, markers) is parsed, checked
+field by field (CorruptCheckpointError naming the field) and sealed with its checksum."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ _BRACKETS[[ord("]"), ord("}")]] = -1
 
 
 def nesting_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays/objects in a JSON text, found without parsing it
-    (the parser recurses: a document nested 100000 deep would raise RecursionError)."""
+    """The deepest array/object nesting of a JSON text, found without parsing (the parser recurses: RecursionError)."""
     stripped = _JSON_STRING_RE.sub(b"", raw)
     if not stripped:
         return 0
@@ -53,8 +51,8 @@ def _parse_constant(text: str) -> Any:
 
 
 def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_DOCUMENT_SIZE) -> Any:
-    """``json.loads`` for untrusted bytes: size and nesting capped, NaN/Infinity refused.
-    Raises CorruptCheckpointError, never RecursionError or MemoryError."""
+    """``json.loads`` for untrusted bytes: size and nesting capped, NaN/Infinity refused. Raises CorruptCheckpointError,
+    never RecursionError or MemoryError."""
     if len(raw) > max_size:
         raise CorruptCheckpointError(f"invalid {what}: {len(raw)} bytes, more than the {max_size} allowed")
     depth = nesting_depth(raw)
@@ -67,8 +65,8 @@ def parse_json(raw: bytes, what: str = "manifest", max_size: int = MAX_DOCUMENT_
 
 
 def check_newer_version(d: Any, fmt: str, known: int, what: str) -> None:
-    """UnknownFormatError when document ``d`` of format ``fmt`` has a version above ``known``: decided before
-    anything else is checked (a newer paddle-acp's checksums and fields may differ)."""
+    """UnknownFormatError when document ``d`` of format ``fmt`` has a version above ``known``: decided before anything
+    else is checked (a newer paddle-acp's checksums and fields may differ)."""
     if not isinstance(d, dict) or d.get("format") != fmt:
         return
     version = d.get("version")
@@ -100,8 +98,8 @@ def _int_in(d: Any, key: str, where: str, lo: int, hi: int, optional: bool = Fal
 
 
 def check_json_data(value: Any, where: str, max_items: int = 100_000) -> None:
-    """JSON data as paddle-acp writes it (LR scheduler, RNG and loader state): plain types, string keys,
-    encodable texts, integers below 2**64 in magnitude, at most ``max_items`` values."""
+    """JSON data as paddle-acp writes it (LR scheduler, RNG and loader state): plain types, string keys, encodable
+    texts, integers below 2**64 in magnitude, at most ``max_items`` values."""
     stack, n = [(value, where)], 0
     while stack:
         v, w = stack.pop()
@@ -149,8 +147,8 @@ def _doc_checksum(doc: Dict[str, Any]) -> int:
 
 
 def unseal(d: Dict[str, Any], what: str, damaged: str) -> None:
-    """Take the checksum out of document ``d`` (parsed by :func:`parse_json`: no NaN) and check it; it guards
-    against accidents, not edits."""
+    """Take the checksum out of document ``d`` (parsed by :func:`parse_json`: no NaN) and check it; it guards against
+    accidents, not edits."""
     checksum = d.pop("checksum", None)
     if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum != _doc_checksum(d):
         raise _fail(f"{what}checksum mismatch ({damaged} was modified or damaged)")

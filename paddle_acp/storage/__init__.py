@@ -1,10 +1,9 @@
 """Storage layer: one small interface over local disks, HDFS and S3, chosen by URI.
 
-``base`` (the interface and its capabilities), ``arrow`` (what every pyarrow filesystem shares),
-``local``, ``s3``, ``hdfs`` (+ ``hadoop_cli``), ``schemes`` (scheme -> class); ``etcd``: a tiny etcd v3
-client for the ranks' coordination (no checkpoint backend: :mod:`paddle_acp.runtime.coord.etcd`). Redaction of
-credentials is :mod:`paddle_acp.secrets` (below every layer; re-exported here).
-"""
+``base`` (the interface and its capabilities), ``arrow`` (what every pyarrow filesystem shares), ``local``, ``s3``,
+``hdfs`` (+ ``hadoop_cli``), ``schemes`` (scheme -> class); ``etcd``: a tiny etcd v3 client for the ranks'
+coordination (no checkpoint backend: :mod:`paddle_acp.runtime.coord.etcd`). Redaction of credentials is
+:mod:`paddle_acp.secrets` (below every layer; re-exported here)."""
 
 from paddle_acp.secrets import redact, scrub
 from paddle_acp.storage.arrow import ArrowStorage

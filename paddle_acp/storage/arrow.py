@@ -1,8 +1,7 @@
 """The part of every backend that goes through a ``pyarrow.fs.FileSystem``.
 
-:class:`ArrowStorage` implements the :class:`~paddle_acp.storage.base.Storage` primitives on any pyarrow
-filesystem and turns every error of the client into a StorageError; the backends add what is their own.
-"""
+:class:`ArrowStorage` implements the :class:`~paddle_acp.storage.base.Storage` primitives on any pyarrow filesystem
+and turns every client error into a StorageError; the backends add what is their own."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """The storage interface: a directory tree under a root, whatever the backend.
 
-Paths given to :class:`Storage` methods are relative, '/'-separated and resolved under the storage root (never
-``os.path``). A backend is a subclass chosen by the URI's scheme (:mod:`paddle_acp.storage.schemes`); what differs
-between backends is stated by capabilities (the class attributes of :class:`Storage`, :meth:`Storage.local_path`),
-never by asking which backend it is. Every failure surfaces as :class:`~paddle_acp.errors.StorageError` with
-secrets removed, except a missing file: ``FileNotFoundError`` (callers treat it as "absent").
-"""
+Paths are relative, '/'-separated and resolved under the storage root (never ``os.path``). A backend is a subclass
+chosen by the URI's scheme (:mod:`paddle_acp.storage.schemes`); what differs between backends is stated by
+capabilities (the class attributes of :class:`Storage`, :meth:`Storage.local_path`), never by asking which backend it
+is. Every failure is a :class:`~paddle_acp.errors.StorageError` with secrets removed, except a missing file:
+``FileNotFoundError`` (callers treat it as "absent")."""
 
 from __future__ import annotations
 
@@ -89,9 +88,8 @@ class _Reads(Protocol):
 
 
 def read_pieces(f: _Reads, want: Optional[int]) -> bytes:
-    """Everything ``f`` has, or its first ``want`` bytes, asked for in pieces of at most :data:`READ_PIECE`:
-    pyarrow's ``read(n)`` allocates ``n`` bytes first (a 64 MB limit for a 30 KB manifest), and ``read()``
-    asks the store for the size first (one more call)."""
+    """All of ``f``, or its first ``want`` bytes, read :data:`READ_PIECE` at a time: pyarrow's ``read(n)`` allocates
+    ``n`` bytes first (a 64 MB limit for a 30 KB manifest); ``read()`` asks the store for the size (one more call)."""
     pieces: List[bytes] = []
     got = 0
     while want is None or got < want:
@@ -244,8 +242,7 @@ class Storage(abc.ABC):
         """The size of the file at ``path``; FileNotFoundError when nothing is there."""
 
     def _refuse_links(self, path: str) -> None:
-        """Refuse to delete through (or a) symbolic link below the job directory (the first component, which
-        may be a link the operator made)."""
+        """Refuse to delete through (or a) symbolic link below the job directory (the first component, maybe a link)."""
         if not self.has_symlinks or path in ("", "."):
             return
         parts = path.split("/")

@@ -1,12 +1,10 @@
 """A tiny etcd v3 client over etcd's JSON gateway (``POST /v3/...``), for the ranks' coordination.
 
-Paddle's elastic launcher uses the PyPI ``etcd3`` package, which is no dependency of Paddle and whose protobuf
-modules clash with Paddle's: a trainer cannot use it. Every etcd v3 server (``/v3`` since 3.4) serves the same calls
-as JSON over HTTP (keys and values base64, 64-bit integers as decimal strings); this speaks that with
-:mod:`http.client` only. Every call is bounded (one connection with ``timeout`` seconds for the connect and each
-read, an answer of at most :data:`MAX_ANSWER` bytes); a failure, or an answer that is not etcd's, raises
-:class:`EtcdError` naming the endpoint (redacted) and what failed.
-"""
+Paddle's elastic launcher uses PyPI's ``etcd3``, not a Paddle dependency and with protobuf modules that clash with
+Paddle's: a trainer cannot use it. Every etcd v3 server (``/v3`` since 3.4) serves the same calls as JSON over HTTP
+(keys and values base64, 64-bit integers as decimal strings), spoken here with :mod:`http.client` only. Every call is
+bounded (one connection, ``timeout`` seconds for the connect and each read, an answer of at most :data:`MAX_ANSWER`
+bytes); a failure, or an answer that is not etcd's, raises :class:`EtcdError` naming HOST:PORT and what failed."""
 
 from __future__ import annotations
 
@@ -140,8 +138,7 @@ class EtcdClient:
         return range_answer(self.call("/v3/kv/range", {"key": b64(key)}), key)
 
     def txn(self, ops: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        """The answers to ``ops`` (``{"request_put": ...}`` / ``{"request_range": ...}``), one transaction per
-        :data:`MAX_TXN_OPS`."""
+        """Answers to ``ops`` (``request_put`` / ``request_range`` dicts), one transaction per :data:`MAX_TXN_OPS`."""
         out: List[Dict[str, Any]] = []
         for i in range(0, len(ops), MAX_TXN_OPS):
             chunk = ops[i:i + MAX_TXN_OPS]
@@ -155,7 +152,7 @@ class EtcdClient:
         return out
 
     def puts(self, items: Sequence[Tuple[bytes, bytes]], lease: int = 0) -> None:
-        """Put every ``(key, value)`` of ``items`` in one transaction."""
+        """Put every ``(key, value)`` of ``items``: one transaction for up to :data:`MAX_TXN_OPS` of them."""
         self.txn([{"request_put": put_op(k, v, lease)} for k, v in items])
 
     def gets(self, keys: Sequence[bytes]) -> List[Optional[bytes]]:

@@ -1,12 +1,10 @@
 """Forked children and their parent's storage clients: owns which clients a child inherited, and keeps them alive.
 
-An HDFS client's native half has threads (libhdfs's JVM, hdfs-native's tokio runtime); a forked child has only
-the thread that forked, so closing, destroying or calling such a client there waits forever for threads that do not
-exist. The rule (issue 42): **a forked child never touches, drops or waits for its parent's client**. Every client
-that is not fork-safe is :func:`track`-ed; a forked child keeps each one alive forever (:func:`keep_forever`: its
-destructor never runs), and a call through it is refused (``ArrowStorage.fs``, :func:`opened_here`). The leak is the
-child's copy of the client's memory, freed when it exits.
-"""
+An HDFS client's native half has threads (libhdfs's JVM, hdfs-native's tokio runtime); a forked child has only the
+thread that forked, so closing, destroying or calling such a client there waits forever for threads it lacks. The rule:
+**a forked child never touches, drops or waits for its parent's client**. Each client that is not fork-safe is
+:func:`track`-ed; a child keeps each alive forever (:func:`keep_forever`: no destructor runs) and refuses calls through
+it (``ArrowStorage.fs``, :func:`opened_here`). The leak: the child's copy of the client's memory, freed at exit."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Running ``hadoop fs`` commands for :mod:`paddle_acp.storage.hadoop_cli`: their installation, environment and
-``-D`` options (user, UGI, UTF-8 paths), timeouts, and the error each failure becomes (the UGI never shown).
-"""
+``-D`` options (user, UGI, UTF-8 paths), timeouts, and the error each failure becomes (the UGI never shown)."""
 
 from __future__ import annotations
 

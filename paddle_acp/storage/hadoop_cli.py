@@ -1,17 +1,14 @@
 """HDFS through the ``hadoop fs`` command line, as Paddle's ``HDFSClient`` used it.
 
-The last-resort HDFS client (no libhdfs/JVM in-process, no ``hdfs-native``), a pyarrow filesystem handler:
-every operation runs ``$HADOOP_HOME/bin/hadoop fs``; writes are staged in a local file (under
-``PADDLE_EDL_FS_CACHE``) uploaded by ``-put -f`` on close (``-put`` writes ``NAME._COPYING_`` and renames it:
-never a torn file), reads ``-get`` a local copy, metadata comes from ``-stat`` / ``-ls``. Each command starts
-a JVM (1-2 s): paths are batched into one command where possible, and metadata is cached
-(:mod:`.hadoop_cli_cache`; other processes' changes may take ``metadata_ttl`` seconds to be seen).
+The last-resort HDFS client (no libhdfs/JVM in-process, no ``hdfs-native``), a pyarrow filesystem handler: every
+operation runs ``$HADOOP_HOME/bin/hadoop fs``; writes are staged in a local file (under ``PADDLE_EDL_FS_CACHE``)
+uploaded by ``-put -f`` on close (``-put`` writes ``NAME._COPYING_`` and renames it: never a torn file), reads ``-get``
+a local copy, metadata is from ``-stat`` / ``-ls``. Each command starts a JVM (1-2 s): paths are batched where possible,
+and metadata is cached (:mod:`.hadoop_cli_cache`: other processes' changes may go unseen for ``metadata_ttl`` s).
 
-Limits of the command line: listed mtimes have minute resolution; glob characters ``* ? [ ] { } \\`` in
-paths are refused; writing onto a directory is refused only when the handler knows it is one; ``move`` onto a
-directory moves into it (as HDFS rename does). The user goes as ``HADOOP_USER_NAME``; a PaddleCloud UGI
-``user,password`` as ``-D hadoop.job.ugi=...``, never shown in errors.
-"""
+Command-line limits: listed mtimes are to the minute; glob characters ``* ? [ ] { } \\`` in paths are refused; writing
+onto a directory is refused only where known; ``move`` onto a directory moves into it (like HDFS rename). The user goes
+as ``HADOOP_USER_NAME``, a PaddleCloud UGI ``user,password`` as ``-D hadoop.job.ugi=...`` (never shown in errors)."""
 
 from __future__ import annotations
 
@@ -270,7 +267,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
 
     def move(self, src: str, dest: str) -> None:
         s, d = self._path(src), self._path(dest)
-        # like HDFS rename: an existing destination file is replaced, a directory receives the source
+        # like pyarrow's libhdfs move: an existing destination file is replaced, a directory receives the source
         before_src, before_dst = self._cached_info(s), self._cached_info(d)
         try:
             r = self.shell.exec(["-mv", s, d], META_TIMEOUT)
@@ -323,8 +320,7 @@ class HadoopCliHandler(FileSystemHandler, MetadataCache):  # type: ignore[misc] 
 
     def _staged(self, path: str, append: bool) -> Any:
         p = self._path(path)
-        # `-put SRC DIR` would store the file *inside* an existing directory: refused where that is known
-        # (checking an unknown path would cost a JVM)
+        # `-put SRC DIR` would store the file *inside* an existing directory: refused where known (a check costs a JVM)
         known = self._cached_info(p)
         if known is not None and known.type == FileType.Directory:
             raise IsADirectoryError(errno.EISDIR, f"{self.default_fs}{p} is a directory")

@@ -2,8 +2,7 @@
 
 Each command starts a JVM (1-2 s), so listings and ``stat`` results are kept ``metadata_ttl`` seconds ("list a
 directory, then look at each child" costs one or two commands). The handler's own changes update the cache at
-once (:meth:`MetadataCache._note`); a failed command drops what it may have changed (``_invalidate``).
-"""
+once (:meth:`MetadataCache._note`); a failed command drops what it may have changed (``_invalidate``)."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ class MetadataCache:
         return self.metadata_ttl > 0 and time.monotonic() - t <= self.metadata_ttl
 
     def _store_listing(self, d: str, entries: Dict[str, FileInfoT], token: int) -> None:
-        """Cache a listing read by a command begun at ``token`` (:meth:`_token`), unless this handler
-        changed anything since."""
+        """Cache what a command begun at ``token`` (:meth:`_token`) listed, if this handler changed nothing since."""
         if self.metadata_ttl <= 0:
             return
         with self._lock:

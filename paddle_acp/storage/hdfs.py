@@ -1,12 +1,11 @@
 """HDFS (``hdfs://host:port/path``, ``viewfs://``) through the first client that connects.
 
-Clients, in order (``PADDLE_ACP_HDFS_CLIENT`` forces one): ``pyarrow`` (libhdfs and a JVM in this process;
-fastest), ``hdfs-native`` (the Rust client, no JVM), ``cli`` (the ``hadoop fs`` command line,
-:mod:`.hadoop_cli`). Each is tried within ``PADDLE_ACP_CONNECT_TIMEOUT`` (a dead NameNode fails at open, not
-in a save); a port that refuses connections all that time fails before any client starts. Checkpoints commit
-by an atomic directory rename. A forked child never uses or drops the parent's client (:mod:`.forks`).
-libhdfs's JVM gets ``DEFAULT_LIBHDFS_OPTS`` unless the user set ``LIBHDFS_OPTS`` (:func:`libhdfs_jvm_options`).
-"""
+Clients, in order (``PADDLE_ACP_HDFS_CLIENT`` forces one): ``pyarrow`` (libhdfs and a JVM in this process; fastest),
+``hdfs-native`` (the Rust client, no JVM), ``cli`` (the ``hadoop fs`` command line, :mod:`.hadoop_cli`), all tried
+within one ``PADDLE_ACP_CONNECT_TIMEOUT`` (a dead NameNode fails at open, not in a save); a port that refuses
+connections all that time fails before any client starts. Checkpoints commit by an atomic directory rename. A forked
+child never uses or drops the parent's client (:mod:`.forks`). libhdfs's JVM gets ``DEFAULT_LIBHDFS_OPTS`` unless the
+user set ``LIBHDFS_OPTS`` (:func:`libhdfs_jvm_options`)."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ class HdfsStorage(ArrowStorage):
     """A directory tree on HDFS; ``client`` names the client in use."""
 
     overlap_writes = True  # closing a file waits for the namenode to see its last block
-    # a close's first ``complete`` usually precedes the DataNode's block report: the client retries 400 ms later
-    small_write_s = 0.4
-    ranged_readers = 2  # 4 were slower than 2 against one DataNode on 2 cores (issue 44, ci/bench/profile_restore_remote.py)
+    small_write_s = 0.4  # a close's first ``complete`` usually precedes the block report: retried 400 ms later
+    ranged_readers = 2  # 4 were slower than 2 against one DataNode on 2 cores (ci/bench/profile_restore_remote.py)
     errors = ArrowStorage.errors + (RuntimeError,)  # hdfs-native's NameNode refusals (safe mode, quota, permissions)
     fork_safe = False  # libhdfs's JVM, hdfs-native's runtime, the command line client's locks
 
@@ -54,10 +52,9 @@ class HdfsStorage(ArrowStorage):
         self.creates_parents = client in ("pyarrow", "hdfs-native")
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
-        """Create ``path`` holding ``data`` unless its name is taken; True when this call created it. The
-        NameNode decides, in one rename that refuses a taken name. hdfs-native renames without overwriting; libhdfs
-        and ``hadoop fs -mv`` replace an existing file (two writers would both "create" it), so for them the file
-        is written in a directory of its own and moved *into* its parent, which every client refuses when taken."""
+        """As :meth:`Storage.create_exclusive`; the NameNode decides, in one rename refusing a taken name: hdfs-native's
+        never overwrites; libhdfs and ``hadoop fs -mv`` replace a file (two writers would both "create" it), so they
+        write it in a directory of its own and move it *into* the parent, which every client refuses when taken."""
         self.forget_cached(path)
         parent, _, name = path.rpartition("/")
         tag = uuid.uuid4().hex[:12]

@@ -1,9 +1,8 @@
 """libhdfs's own calls, through ctypes on the library (and JVM) pyarrow loaded: a directory listing in one RPC.
 
 pyarrow's listing costs 3 NameNode RPCs (``exists``, ``getFileInfo``, ``getListing``), ``hdfsListDirectory`` one.
-Made only where pyarrow's libhdfs is loaded in this process; any surprise (no such library, a name that is not
-UTF-8) leaves the listing to pyarrow.
-"""
+Made only where pyarrow's libhdfs is loaded in this process; any surprise (no such library, a name that is not UTF-8)
+leaves the listing to pyarrow."""
 
 from __future__ import annotations
 

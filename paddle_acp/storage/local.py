@@ -1,12 +1,11 @@
 """Local disks (``file://`` URIs and plain paths).
 
 A ``file://`` URI is read as RFC 8089 says (``file:///abs/path``, ``file://localhost/abs/path``, its path
-percent-decoded); another host, user info, a query or fragment, or a ``%00`` is a ConfigError. A plain path is
-taken literally. pyarrow's ``LocalFileSystem`` does the rest, except where the OS does better or safer: page-aligned
-images bypass the page cache (``O_DIRECT``, buffered where refused); written files and renamed-into directories
-are ``fsync``-ed; reads, listings and ``stat`` never follow a symbolic link (``O_NOFOLLOW``, ``lstat``), nor do
-deletes; exclusive creation is ``O_EXCL``.
-"""
+percent-decoded); another host, user info, a query or fragment, or a ``%00`` is a ConfigError. A plain path is taken
+literally. pyarrow's ``LocalFileSystem`` does the rest, except where the OS does better or safer: page-aligned images
+bypass the page cache (``O_DIRECT``, buffered where refused); written files and renamed-into directories are
+``fsync``-ed; whole-file reads (``read_bytes``), listings and ``stat`` never follow a symbolic link (``O_NOFOLLOW``,
+``lstat``), nor do deletes; exclusive creation is ``O_EXCL``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """S3 and S3-compatible object stores (``s3://bucket/prefix``), through ``pyarrow.fs.S3FileSystem``.
 
-No atomic directory rename: a checkpoint is committed by writing its manifest after its data
-(``commit_style = "manifest-last"``). Credentials come from the AWS variables (or, discouraged,
-the URI); the endpoint from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or the URI's query.
-"""
+No atomic directory rename: a checkpoint is committed by writing its manifest after its data (``MANIFEST_LAST``).
+Credentials come from the AWS variables (or, discouraged, the URI); the endpoint from ``AWS_ENDPOINT_URL_S3`` /
+``AWS_ENDPOINT_URL`` or the URI's query."""
 
 from __future__ import annotations
 

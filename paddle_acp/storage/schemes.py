@@ -32,8 +32,7 @@ def slow_to_open(uri: str) -> bool:
 
 
 def register_backend(scheme: str, opener: Opener) -> None:
-    """Serve ``scheme://`` URIs with ``opener(uri, parsed, options)`` (options: the
-    :class:`~paddle_acp.config.StorageOptions` that :func:`open_storage` was given)."""
+    """Serve ``scheme://`` URIs with ``opener(uri, parsed, options)`` (the options :func:`open_storage` was given)."""
     _BACKENDS[scheme.lower()] = opener
 
 

@@ -1,10 +1,9 @@
 """Operator tools: ``paddle-acp ls / inspect / verify / gc / export / stats / check``.
 
-One module per command; each computes a result object, renders it as text or JSON (``--json``) and
-has its ``register`` (argparse) and ``main``. Everything goes through :class:`paddle_acp.storage.Storage`
-and none of it imports Paddle. Only ``gc`` modifies the storage; ``export`` writes only under ``--to``.
-Errors the operator can fix raise :class:`ToolError`: the command line prints it and exits with status 2.
-"""
+One module per command: it computes a result object, renders it as text or JSON (``--json``) and has its ``register``
+(argparse) and ``main``. Everything goes through :class:`paddle_acp.storage.Storage`; nothing imports Paddle. Only
+``gc`` modifies the storage; ``export`` writes only under ``--to``. Errors the operator can fix raise
+:class:`ToolError`: the command line prints it and exits with status 2 (``check``: 3)."""
 
 from __future__ import annotations
 

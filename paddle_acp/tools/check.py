@@ -1,12 +1,10 @@
 """``paddle-acp check -- CMD ...``: does this training command resume exactly after a kill anywhere?
 
-Runs the user's command unchanged (:mod:`.check_runs`): uninterrupted twice, then once per kill point,
-killed there and restarted. The runtime SIGKILLs itself at that training position once the checkpoints
-before it are committed, so the point is the same on any machine load; it appends what it sees at every
-epoch end to the digests files (:mod:`paddle_acp.runtime.digests`), which :mod:`.check_report` compares.
-A command that cannot be checked exits with 3; Ctrl-C or SIGTERM ends every process the check started
-and removes its directory (unless ``--keep``).
-"""
+Runs the user's command unchanged (:mod:`.check_runs`): uninterrupted twice, then once per kill point, killed there and
+restarted. The runtime SIGKILLs itself at that training position once the checkpoints before it are committed, so the
+point is the same on any machine load; it appends what it sees at every epoch end to the digests files
+(:mod:`paddle_acp.runtime.digests`), which :mod:`.check_report` compares. A command that cannot be checked exits with 3;
+Ctrl-C or SIGTERM ends every process the check started and removes its directory (unless ``--keep``)."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ def parse_kill_at(text: str) -> Tuple[int, Optional[int]]:
 
 
 def kill_points(records: List[Dict[str, Any]], asked: List[Tuple[int, Optional[int]]]) -> List[Point]:
-    """Where to kill, from the first run's records (its lowest rank's): the points ``asked`` (--kill-at, in the
-    first range that ran that epoch), else early, middle and last epochs and the batch after the first
-    mid-epoch checkpoint."""
+    """Where to kill, from the first run's records (its lowest rank's): the points ``asked`` (--kill-at, in the first
+    range that ran that epoch), else early, middle and last epochs and a batch after the first mid-epoch checkpoint."""
     seq = list(dict.fromkeys((r["range"], r["epoch"]) for r in records if r.get("kind") == "start"))
     points: List[Point] = []
     if asked:

@@ -1,10 +1,9 @@
 """``paddle-acp check``'s verdict: compare the per-epoch digests of its runs, name what differs.
 
-A run's view of an epoch is its last ``epoch`` record for that (range, epoch): after a kill, the restarted
-process's. Tensors and fetched values decide whether training differs, per rank; the script's numbers that
-the restart reset and the objects holding state paddle-acp does not capture make the verdict *state not
-restored* (a longer run may train differently), never *resumes exactly*; the report says how to capture each.
-"""
+A run's view of an epoch is its last ``epoch`` record for that (range, epoch): after a kill, the restarted process's.
+Tensors and fetched values decide whether training differs, per rank; the script's numbers that the restart reset and
+the objects holding state paddle-acp does not capture make the verdict *state not restored* (a longer run may train
+differently), never *resumes exactly*; the report says how to capture each."""
 
 from __future__ import annotations
 
@@ -138,8 +137,7 @@ def fix_for_object(kind: str) -> str:
 
 
 def differing_scalars(ref: RankEpochs, repeat: RankEpochs, killed: RankEpochs) -> List[Dict[str, Any]]:
-    """The script's numbers the same in both uninterrupted runs but not after the restart: state paddle-acp
-    does not restore."""
+    """Script numbers equal in both uninterrupted runs, not after the restart: state paddle-acp does not restore."""
     out: Dict[Tuple[int, str], Dict[str, Any]] = {}
     for rank, epochs in ref.items():
         for key, a in epochs.items():

@@ -1,11 +1,10 @@
-"""The runs of one ``paddle-acp check``: the user's command started in its own process group, with its
-checkpoints, digests and output in the check's temporary directory, and every group ended with it.
+"""The runs of one ``paddle-acp check``: the user's command started in its own process group, with its checkpoints,
+digests and output in the check's temporary directory, and every group ended with it.
 
-Each run's environment is the caller's without any variable that would send the checkpoints elsewhere or
-change when they are taken; then a checkpoint at every epoch end, every due save taken, every range cut to
-``--epochs`` epochs and, for the first process of a killed run only, the kill point
-(:mod:`paddle_acp.runtime.check_kill`). The check never reads or writes the job's own location.
-"""
+Each run's environment is the caller's without any variable that would send the checkpoints elsewhere or change when
+they are taken; plus a checkpoint at every epoch end, every due save taken, every range cut to ``--epochs`` epochs and,
+for the first process of a killed run only, the kill point (:mod:`paddle_acp.runtime.check_kill`). The check never
+reads or writes the job's own location."""
 
 from __future__ import annotations
 

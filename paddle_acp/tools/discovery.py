@@ -1,7 +1,6 @@
 """Finding things under a storage root: the root itself, jobs, their ranges and job markers.
 
-A job is a directory ``URI/<job id>/`` (a valid job id) holding ``job.json`` or ``range/``.
-"""
+A job is a directory ``URI/<job id>/`` (a valid job id) holding ``job.json`` or ``range/``."""
 
 from __future__ import annotations
 

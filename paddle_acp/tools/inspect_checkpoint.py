@@ -1,8 +1,7 @@
-"""``paddle-acp inspect``: one checkpoint's manifest (programs, variables and their kinds, LR scheduler,
-RNG, the Paddle version and IR it was made with, the script's own saved objects and other values, shown
-bounded and redacted by :mod:`.values`), its data file, and whether a restart loads it. A variable's kind
-(parameter, optimizer state, learning rate) comes from Paddle's naming, as does where ``paddle.static.save``
-would put it (``.pdparams`` or ``.pdopt``, for ``export``)."""
+"""``paddle-acp inspect``: one checkpoint's manifest (programs, variables and their kinds, LR scheduler, RNG, the
+Paddle version and IR it was made with, the script's own saved objects and other values, shown bounded and redacted by
+:mod:`.values`), its data file, and whether a restart loads it. A variable's kind (parameter, optimizer state, learning
+rate) comes from Paddle's naming, as does its ``export`` file (``.pdparams``/``.pdopt``, as ``paddle.static.save``)."""
 
 from __future__ import annotations
 
@@ -24,9 +23,9 @@ _ACC_TAIL_RE = re.compile(r"^_[A-Za-z][A-Za-z0-9_]*_\d+$")
 
 
 def tensor_kinds(names: Sequence[str]) -> Dict[str, str]:
-    """name -> "param", "optimizer" or "lr": an accumulator is named ``<parameter>_<accumulator>_<n>`` after
-    another variable of the program (``w_moment1_0``, ``w_fp32_master_0``); ``learning_rate_<n>`` and
-    counters with an '@' are "lr"; everything else (weights, batch-norm statistics) is a parameter."""
+    """name -> "param", "optimizer" or "lr": an accumulator is named ``<parameter>_<accumulator>_<n>`` after another
+    variable of the program (``w_moment1_0``, ``w_fp32_master_0``); ``learning_rate_<n>`` and counters with an '@' are
+    "lr"; everything else (weights, batch-norm statistics) is a parameter."""
     present = set(names)
     kinds = {}
     for n in names:
@@ -51,8 +50,7 @@ def program_ir(label: str, manifest_ir: str) -> str:
 
 
 def export_split(names: Sequence[str], ir: str) -> Dict[str, str]:
-    """name -> "pdparams" or "pdopt", as ``paddle.static.save`` splits them (under PIR the learning rate
-    is a parameter)."""
+    """name -> "pdparams" or "pdopt", as ``paddle.static.save`` splits them (PIR: the learning rate is a parameter)."""
     return {n: "pdparams" if kind == "param" or (kind == "lr" and ir == "pir") else "pdopt"
             for n, kind in tensor_kinds(names).items()}
 

@@ -1,7 +1,6 @@
-"""Reading a checkpoint's data for the tools, through the format layer's one reader
-(:func:`paddle_acp.format.engine.reader.read_tensors`: the checks of a restore, streaming, in constant
-memory), with a one-line byte counter on stderr when it is a terminal (``PADDLE_ACP_PROGRESS=1`` forces
-it on, ``=0`` off: :func:`paddle_acp.config.progress_from_env`)."""
+"""Reading a checkpoint's data for the tools with the checks of a restore, streaming, in constant memory (the format
+layer's one reader, :func:`paddle_acp.format.engine.reader.read_tensors`), and a one-line byte counter on stderr on a
+terminal (``PADDLE_ACP_PROGRESS=1`` forces it on, ``=0`` off: :func:`paddle_acp.config.progress_from_env`)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ Key = Tuple[str, str]  # (program key, tensor name)
 
 
 class Progress:
-    """A one-line byte counter on stderr, shown only on a terminal."""
+    """A one-line byte counter on stderr, shown if ``enabled`` (default: as PADDLE_ACP_PROGRESS says, else on a tty)."""
 
     def __init__(self, label: str, total: int, stream: Optional[IO[str]] = None, enabled: Optional[bool] = None):
         self.stream = sys.stderr if stream is None else stream

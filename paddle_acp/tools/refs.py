@@ -1,6 +1,6 @@
-"""Checkpoint references of ``inspect`` and ``export``: ``URI/JOB/range/RANGE/ckpt-N``, or a storage
-root with ``--job``/``--range``/``--number`` (each optional where there is only one; the number
-defaults to the checkpoint a restart loads)."""
+"""Checkpoint references of ``inspect`` and ``export``: ``URI/JOB/range/RANGE/ckpt-N`` (or ``ckpt-e<E>[-s<S>]``), or
+a storage root with ``--job``/``--range``/``--number`` (each optional where there is only one; the number defaults to
+the checkpoint a restart loads)."""
 
 from __future__ import annotations
 
@@ -158,8 +158,7 @@ def reading(ref: CkptRef, corrupt: str = "cannot read checkpoint {uri}: {reason}
 
 
 def load_manifest(ref: CkptRef) -> Manifest:
-    """The manifest ``ref`` reads (of a checkpoint of several ranks: its rank's part); ToolError when it
-    cannot be read or is corrupt."""
+    """The manifest ``ref`` reads (several ranks: its rank's part); ToolError when it is unreadable or corrupt."""
     with reading(ref):
         if ref.multirank:
             g, raws = read_part(ref)

@@ -1,5 +1,4 @@
-"""Text rendering shared by the commands: sizes, times, durations, tables, the output; nothing here reads
-storage."""
+"""Text rendering shared by the commands: sizes, times, durations, tables, the output; nothing here reads storage."""
 
 from __future__ import annotations
 

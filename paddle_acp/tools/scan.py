@@ -1,7 +1,6 @@
-"""The checkpoints of a range in restart order, each with its status, and the one a restart loads
-(decided by :mod:`paddle_acp.format.checkpoints.index`, the restart's own code), in both layouts (one
-writer's ``ckpt-<N>/``, several ranks' ``ckpt-e<E>[-s<S>]/``). Links and non-directories are never checkpoints.
-"""
+"""The checkpoints of a range in restart order, each with its status, and the one a restart loads (decided by
+:mod:`paddle_acp.format.checkpoints.index`, the restart's own code), in both layouts (one writer's ``ckpt-<N>/``,
+several ranks' ``ckpt-e<E>[-s<S>]/``). Links and non-directories are never checkpoints."""
 
 from __future__ import annotations
 
@@ -72,11 +71,9 @@ def dir_stats(storage: Storage, path: str) -> Tuple[int, Optional[float]]:
 def scan_range(storage: Storage, job: str, range_name: str, verify: bool = False) -> List[CkptInfo]:
     """Every checkpoint directory of a range, with its status, in the order a restart tries them.
 
-    Without ``verify`` a committed checkpoint is "ok" when its manifest is valid and its data file has
-    the size the manifest gives; with ``verify`` every checksum is checked ("verified"). The first valid
-    one is marked ``restart`` (without ``verify``: the one a restart loads if its data verifies, which
-    :func:`restart_checkpoint` reads).
-    """
+    Without ``verify`` a committed checkpoint is "ok" when its manifest is valid and its data file has the size the
+    manifest gives; with ``verify`` every checksum is checked ("verified"). The first valid one is marked ``restart``
+    (without ``verify``: the one a restart loads if its data verifies, which :func:`restart_checkpoint` reads)."""
     index.check_no_links(storage, job, range_name)
     listing = storage.listdir(range_dir(job, range_name))
     mtimes = {e.name: e.mtime for e in listing}

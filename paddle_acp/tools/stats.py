@@ -1,7 +1,6 @@
-"""``paddle-acp stats``: a summary of a job's save metrics (blocked time, skipped saves, persist time,
-throughput, failures, restarts), overall and per range; ``--plot`` draws them over wall time (needs
-matplotlib, imported only then): per save the time the training thread was blocked and the time the write
-took, on log axes; failed saves, skipped saves and (re)starts of the training process marked."""
+"""``paddle-acp stats``: a summary of a job's save metrics (blocked time, skipped saves, persist time, throughput,
+failures, restarts), overall and per range. ``--plot`` draws them over wall time (needs matplotlib, imported only
+then): per save the training thread's blocked time and the write's time, log axes; failures, skips, restarts marked."""
 
 from __future__ import annotations
 
@@ -180,7 +179,6 @@ def plot_metrics(records: List[Dict[str, Any]], summary: Dict[str, Any], path: s
         ax.yaxis.set_minor_locator(mticker.NullLocator())
         ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _pos: fmt_seconds(v)))
         ax.grid(True, which="major", alpha=0.3)
-        # restarts: a dashed line through both panels
         for i, r in enumerate(restarts):
             ax.axvline(x(r), color="0.3", ls="--", lw=1,
                        label=(f"restart ({len(restarts)})" if i == 0 and ax is ax1 else None))

@@ -1,11 +1,9 @@
-"""What ``paddle-acp inspect`` shows of the values a checkpoint's manifest holds besides its tensors
-(``extra``: the script's objects, the data loader's state, the RNG at a mid-epoch checkpoint's epoch start):
-each value as one bounded line, the way Python writes it, shortened.
+"""What ``paddle-acp inspect`` shows of the values a checkpoint's manifest holds besides its tensors (``extra``: the
+script's objects, the data loader's state, the RNG at a mid-epoch checkpoint's epoch start): each value as one bounded
+line, the way Python writes it, shortened.
 
-Redacted before anything is cut: a string's registered secrets and the user info and query of every URI in
-it, and the value of a key named like a credential (:func:`paddle_acp.secrets.secret_name`) unless it is a
-number (an RNG state's ``key`` array is none).
-"""
+Redacted before anything is cut: a string's registered secrets and every URI's user info and query, and the value of a
+key named like a credential (:func:`paddle_acp.secrets.secret_name`) unless numeric (so RNG ``key`` arrays show)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """``paddle-acp verify``: read every committed checkpoint and check its manifest and every checksum.
 
-Fails (exit status 1) when the checkpoint a restart would try first is bad, when a range has checkpoint
-directories but none valid, or when nothing is valid at all.
-"""
+Fails (exit status 1) when the checkpoint a restart would try first is bad, when a range has checkpoint directories but
+none valid, or when nothing is valid at all."""
 
 from __future__ import annotations
 

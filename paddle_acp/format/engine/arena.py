@@ -1,8 +1,6 @@
 """Host memory for checkpoints: page-aligned buffers, the reusable arena, parallel copies.
 
-Buffers are reused from save to save (one arena per range): after the first save a snapshot costs a memcpy
-per tensor and no allocations.
-"""
+Reused across saves (one arena per range): after the first save a snapshot is a memcpy per tensor, no allocation."""
 
 from __future__ import annotations
 
@@ -29,12 +27,10 @@ CopyJob = Tuple[np.ndarray, np.ndarray]  # (destination, source) of the same siz
 def alloc_buffer(size: int) -> np.ndarray:
     """A page-aligned uint8 buffer whose pages are populated by the kernel in bulk.
 
-    Faulting fresh memory in page by page costs ~2 s per GB, populating it in the kernel ~0.3 s; it is
-    populated 32 MB at a time (``MADV_POPULATE_WRITE``; older kernels: ``MAP_POPULATE``) so that the training
-    thread's mmap/munmap, which need the same address-space lock, are never held up for long. It asks for
-    transparent huge pages: on VMs with free page reporting a resident buffer of 4 KB pages made training
-    steps 2-20% slower (Paddle's freed step memory was reported to the host and faulted back in).
-    """
+    Page-by-page faults cost ~2 s per GB, kernel population ~0.3 s; populated 32 MB at a time (``MADV_POPULATE_WRITE``;
+    older kernels: ``MAP_POPULATE``) so the training thread's mmap/munmap, which need the same address-space lock, are
+    never held up long. Transparent huge pages: on VMs with free page reporting a resident buffer of 4 KB pages made
+    training steps 2-20% slower (Paddle's freed step memory was reported to the host and faulted back in)."""
     if size <= 0:
         return np.empty(0, dtype=np.uint8)
     mm = _anonymous_mapping(size)
@@ -66,8 +62,8 @@ def _anonymous_mapping(size: int) -> Optional[mmap.mmap]:
 
 
 def _map_unpopulated(size: int) -> Optional[mmap.mmap]:
-    """An unpopulated private anonymous mapping asking for huge pages; None where the kernel cannot populate it
-    (``MADV_POPULATE_WRITE``)."""
+    """Unpopulated private anonymous mapping (huge pages asked); None where the kernel cannot
+    ``MADV_POPULATE_WRITE``."""
     mm = _anonymous_mapping(size) if _ANONYMOUS else None
     if mm is None:
         return None
@@ -80,8 +76,8 @@ def _map_unpopulated(size: int) -> Optional[mmap.mmap]:
 
 
 def populate_pages(arr: np.ndarray) -> None:
-    """Populate the pages under ``arr`` (a view into an anonymous mapping) in one call before a read lands in
-    them (faulting them in inside the read slowed remote restores, issue 44). Best effort."""
+    """Populate the pages under ``arr`` (a view into an anonymous mapping) in one call before a read lands in them
+    (faulting them in during the read slowed remote restores). Best effort."""
     addr, n = arr.ctypes.data, arr.nbytes
     base = addr // PAGE * PAGE
     if n <= 0 or _libc is None:
@@ -102,10 +98,9 @@ _libc = _load_libc()
 class Arena:
     """One reusable, page-aligned (``O_DIRECT``) host buffer holding a checkpoint's file image.
 
-    :meth:`start` maps it unpopulated; :meth:`populate_next` populates it a chunk at a time from any number of
-    threads (a background one at low priority); :meth:`finish` lets the thread that needs the buffer populate
-    the rest at its own priority rather than wait for a background thread a loaded host may starve.
-    """
+    :meth:`start` maps it unpopulated; :meth:`populate_next` populates it a chunk at a time from any number of threads
+    (a background one at low priority); :meth:`finish` lets the thread that needs the buffer populate the rest at its
+    own priority rather than wait for a background thread a loaded host may starve."""
 
     def __init__(self) -> None:
         self.buf: Optional[np.ndarray] = None
@@ -120,8 +115,8 @@ class Arena:
         return max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)  # whole huge pages
 
     def start(self, size: int) -> bool:
-        """Map a buffer for ``size`` bytes unless there is one already; False where the kernel cannot populate
-        it (:meth:`ensure` then allocates it whole)."""
+        """Map a buffer for ``size`` bytes unless there is one already; False where the kernel cannot populate it
+        (:meth:`ensure` then allocates it whole)."""
         padded = self.padded(size)
         with self._lock:
             if self.buf is not None and self.buf.nbytes >= padded:
@@ -200,8 +195,8 @@ class Arena:
 
 
 def run_parallel(fn: Callable[[J], Any], jobs: Sequence[J], threads: int = 2) -> None:
-    """Run ``fn(job)`` for every job on ``threads`` threads (the jobs release the GIL); the first exception is
-    re-raised here, after all threads stopped."""
+    """Run ``fn(job)`` for every job on ``threads`` threads (the jobs release the GIL); the first exception is re-raised
+    here, after all threads stopped."""
     if threads <= 1 or len(jobs) <= 1:
         for j in jobs:
             fn(j)

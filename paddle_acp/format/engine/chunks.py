@@ -1,9 +1,8 @@
 """Where the reader's bytes come from: a data file's chunks, in order, for its one verification loop.
 
-A mapped local file (``verify``, ``export``), a local file mapped a window at a time (restore) or read with
-``preadv``, a remote file read in order, and :class:`RangedChunks`: a remote restore read straight into the
-buffer it lands in, by ranged reads on several connections in parallel.
-"""
+A mapped local file (``verify``, ``export``), a local file mapped a window at a time (restore) or read with ``preadv``,
+a remote file read in order, and :class:`RangedChunks` (a remote restore's parallel ranged reads into its landing
+buffer)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def populate(mapping: mmap.mmap, off: int, n: int, data_path: str, base: int = 0
 
 
 def map_file(fd: int, size: int) -> Optional[mmap.mmap]:
-    """The file mapped read-only for a verification pass, or None where that is not possible (empty file, no
-    ``MADV_POPULATE_READ``)."""
+    """The file mapped read-only for verifying; None where not possible (empty file, no ``MADV_POPULATE_READ``)."""
     if size <= 0 or not hasattr(mmap, "MAP_SHARED"):
         return None
     try:
@@ -60,9 +58,9 @@ def map_file(fd: int, size: int) -> Optional[mmap.mmap]:
 
 
 class Chunks:
-    """Where the bytes of a data file come from, a chunk at a time, in order: ``get(pos, n, slot)`` returns bytes
-    ``[pos, pos + n)``; with ``depth`` set, in ``depth`` rotating buffers (``slot``: the one whose previous
-    checksum is done), else every chunk stays valid until the end."""
+    """A data file's bytes, a chunk at a time, in order: ``get(pos, n, slot)`` returns bytes ``[pos, pos + n)``; with
+    ``depth`` set, in ``depth`` rotating buffers (``slot``: the one whose previous checksum is done), else each stays
+    valid to the end."""
 
     depth: Optional[int] = None
 
@@ -91,8 +89,8 @@ class MappedChunks(Chunks):
 
 
 class WindowChunks(Chunks):
-    """A local file mapped one chunk at a time, ``depth`` windows at most (mapped pages count in the process's
-    memory), checksummed in place; a window is unmapped when its slot comes round again or at :meth:`close`."""
+    """A local file mapped one chunk at a time, ``depth`` windows at most (mapped pages count in the process's memory),
+    checksummed in place; a window is unmapped when its slot comes round again or at :meth:`close`."""
 
     depth: Optional[int] = 3
 
@@ -186,9 +184,8 @@ def _check_end(f: InputFile, data_path: str, end: int) -> None:
 
 
 class RangedChunks(Chunks):
-    """A remote file read straight into ``image`` by ranged reads on ``readers`` connections in parallel; chunks
-    are handed on in order. :meth:`close` cancels the reads not started and waits for the running ones:
-    nothing writes into ``image`` after it returns."""
+    """A remote file read straight into ``image`` by ranged reads on ``readers`` connections in parallel, handed on in
+    order. :meth:`close` cancels reads not started and waits for running ones: nothing writes into ``image`` after."""
 
     def __init__(self, open_file: Callable[[], InputFile], data_path: str, size: int, image: np.ndarray,
                  readers: int = RANGED_READERS):

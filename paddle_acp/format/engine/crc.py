@@ -1,9 +1,8 @@
 """Checksums on other cores: the CRC threads shared by the writer and the reader.
 
-The background thread (:func:`crc_pool`, lower CPU priority) for work that overlaps training, and the
-restore's two (:func:`restore_crc_pool`, normal priority: at a lower one a busy core starved them and the
-restore waited, issue 44). Chunks of one tensor are checksummed apart, each from 0; :func:`combine` joins them.
-"""
+The background thread (:func:`crc_pool`, lower CPU priority) for work that overlaps training, and the restore's two
+(:func:`restore_crc_pool`, normal priority: at a lower one a busy core starved them and the restore waited). Chunks of
+one tensor are checksummed apart, each from 0; :func:`combine` joins them."""
 
 from __future__ import annotations
 

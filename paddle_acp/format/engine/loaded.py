@@ -1,8 +1,7 @@
 """A verified checkpoint in memory or on a local disk, its tensors handed out once each.
 
-What :func:`paddle_acp.format.engine.reader.load` returns: :class:`FileSource` keeps a verified local file
-open and reads tensors out of it on demand; :class:`MemorySource` holds the verified image a restore landed in.
-"""
+What :func:`paddle_acp.format.engine.reader.load` returns: :class:`FileSource` keeps a verified local file open and
+reads tensors out of it on demand; :class:`MemorySource` holds the verified image a restore landed in."""
 
 from __future__ import annotations
 
@@ -71,8 +70,8 @@ def pread_into(fd: int, mv: memoryview, offset: int) -> int:
 
 
 class FileSource:
-    """Tensors of a verified local data file, read on demand (``preadv``) through an open descriptor: it keeps
-    that very file readable even if it is unlinked (retention, ``gc``) before the program first runs."""
+    """Tensors of a verified local data file, read on demand (``preadv``) through an open descriptor: it keeps that very
+    file readable even if it is unlinked (retention, ``gc``) before the program first runs."""
 
     def __init__(self, fd: int, path: str):
         self._fd = fd
@@ -138,8 +137,8 @@ class _PendingArrays(MutableMapping[Key, np.ndarray]):
 
 
 class LoadedCheckpoint:
-    """A verified checkpoint whose tensors are handed out once each (``arrays``: those not yet handed out, read
-    on access); when every tensor has been handed out the data file (or image) is released."""
+    """A verified checkpoint whose tensors are handed out once each (``arrays``: those not yet handed out, read on
+    access); when every tensor has been handed out the data file (or image) is released."""
 
     def __init__(self, path: str, manifest: Manifest, source: TensorSource):
         self.path = path
@@ -156,8 +155,8 @@ class LoadedCheckpoint:
             source.close()
 
     def of_global(self, path: str, global_manifest: Any, own: Manifest) -> "LoadedCheckpoint":
-        """This rank's restore of a checkpoint of several ranks at ``path``: its global manifest, and the RNG state
-        and extra of this rank's own part's manifest ``own`` (the tensors may come from other parts); itself."""
+        """This rank's restore of a checkpoint of several ranks at ``path``: its global manifest, and the RNG state and
+        extra of this rank's own part's manifest ``own`` (the tensors may come from other parts); itself."""
         self.path = path
         self.name = path.rsplit("/", 1)[-1]
         self.global_manifest = global_manifest

@@ -1,11 +1,10 @@
 """The reader: the one place a checkpoint is read and verified.
 
-Nothing unverified is handed on: every entry point validates the manifest first (untrusted: refused unread
-when too large) and the data file's size (:func:`check_header`); :func:`load` (restore), :func:`verify`
-(``verify``, ``ls --verify``, ``gc``) and :func:`read_tensors` (``export``) check every tensor's checksum
-before they return anything. All three stream the data file once, in order, through one loop
-(:func:`_verify_stream`): this thread reads a chunk while the CRC threads checksum the previous ones.
-"""
+Nothing unverified is handed on: every entry point validates the manifest first (untrusted: refused unread when too
+large) and the data file's size (:func:`check_header`); :func:`load` (restore), :func:`verify` (``verify``,
+``ls --verify``, ``gc``) and :func:`read_tensors` (``export``) check every tensor's checksum before they return
+anything. All three stream the data file once, in order, through one loop (:func:`_verify_stream`), reading a chunk
+while the CRC threads checksum the previous ones."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ def file_size(storage: Storage, path: str, what: str) -> Optional[int]:
 
 def _read_manifest(storage: Storage, base: str, number: int, range_name: str,
                    raw: Optional[bytes]) -> Tuple[Manifest, bytes, Optional[int]]:
-    """The validated manifest, its bytes, and the data file's size (None: missing; -1: not
-    looked up, the caller gave the manifest's bytes)."""
+    """The validated manifest, its bytes and the data file's size (None: missing; -1: not looked up, ``raw`` given)."""
     path = f"{base}/{MANIFEST_NAME}"
     data_size: Optional[int] = None
     looked_up = raw is None
@@ -97,8 +95,8 @@ def read_manifest(storage: Storage, base: str, number: int, range_name: str, raw
 
 def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
                       raw: Optional[bytes] = None) -> Tuple[Manifest, bytes]:
-    """The manifest of checkpoint ``number`` in directory ``base`` of range ``range_name``, and its bytes
-    (``raw``: already read by the caller). The data file is not checked here."""
+    """The manifest of checkpoint ``number`` in directory ``base`` of range ``range_name``, and its bytes (``raw``:
+    already read by the caller). The data file is not checked here."""
     m, raw_bytes, _size = _read_manifest(storage, base, number, range_name, raw)
     return m, raw_bytes
 
@@ -106,8 +104,7 @@ def read_manifest_raw(storage: Storage, base: str, number: int, range_name: str,
 def check_header(storage: Storage, base: str, number: int, range_name: str,
                  raw: Optional[bytes] = None, sized_by_read: bool = False) -> Tuple[Manifest, str]:
     """Validate the manifest and the data file's size, reading no data; returns (manifest, data path).
-    ``sized_by_read``: a remote data file is not looked up when the caller gave the manifest's bytes: its
-    reader checks its size."""
+    ``sized_by_read``: a remote data file is not looked up when ``raw`` is given (its reader checks its size)."""
     m, _raw, size = _read_manifest(storage, base, number, range_name, raw)
     data_path = f"{base}/{DATA_NAME}"
     if size == -1 and sized_by_read and storage.local_path(data_path) is None:
@@ -126,12 +123,11 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
          memory_budget: Optional[int] = None, landing: Optional[Landing] = None) -> LoadedCheckpoint:
     """Read and verify checkpoint ``number`` (directory ``base``) completely; raises CorruptCheckpointError.
 
-    The checksums run at normal priority as the bytes arrive; nothing maps or buffers the whole file beyond
-    what is lent. A local file is verified a mapped window at a time and stays open: its tensors are read
-    from the page cache with ``preadv`` straight into the scope's (landing it in a fresh arena made the
-    training wait for page faults, issue 44). A remote file lands in the buffer ``landing`` lends (the
-    snapshot arena) when it fits ``memory_budget``, read by ranged reads in parallel; else it is verified on
-    its way into an unlinked local spool file and read from there."""
+    The checksums run at normal priority as the bytes arrive; nothing maps or buffers the whole file beyond what is
+    lent. A local file is verified a mapped window at a time and stays open: its tensors are read from the page cache
+    with ``preadv`` straight into the scope's (landing it in a fresh arena made training wait on page faults). A remote
+    file lands in the buffer ``landing`` lends (the snapshot arena) when it fits ``memory_budget``, by parallel ranged
+    reads; else it is verified on its way into an unlinked local spool file and read from there."""
     m, data_path = check_header(storage, base, number, range_name, raw, sized_by_read=True)
     records = _records(m)
     os_path = storage.local_path(data_path)
@@ -162,8 +158,8 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
 
 
 def _land(storage: Storage, base: str, m: Manifest, data_path: str, records: List[Record], lent: Lent) -> LoadedCheckpoint:
-    """A remote restore into a lent buffer: every byte read once into it and checksummed there; the buffer is
-    given back at once when the file does not verify."""
+    """A remote restore into a lent buffer: every byte read once into it and checksummed there; the buffer is given back
+    at once when the file does not verify."""
     buf, give_back = lent
     image = buf[:m.data_size]
     try:
@@ -253,8 +249,7 @@ def _close_local(fd: int, mapping: Optional[mmap.mmap]) -> None:
 
 def _spool_verified(storage: Storage, m: Manifest, data_path: str, records: List[Record],
                     budget: Optional[int], spool_dir: Optional[str] = None) -> FileSource:
-    """A remote data file with no buffer to land in: verified on its way into an unlinked local spool file,
-    then read from there like a local one."""
+    """Nowhere to land: a remote data file verified into an unlinked local spool file, then read like a local one."""
     if budget is not None and m.data_size > budget:
         logger.info("%s: %d bytes, more than the host-memory budget (%d bytes): verified on its way into a local "
                     "spool file instead of memory", data_path, m.data_size, budget)
@@ -280,9 +275,9 @@ def _verify_stream(chunks: Chunks, m: Manifest, data_path: str, records: List[Re
                    pool: Optional[ThreadPoolExecutor] = None) -> None:
     """Read the data file once, in order, and check every tensor's checksum (CorruptCheckpointError).
 
-    This thread gets each chunk (and hands it to ``sink(chunk, offset)``); a CRC thread of ``pool`` (default:
-    the background one) checksums it tensor by tensor, each piece from 0, and copies the bytes of the tensors in
-    ``keep`` (record index -> array); this thread joins a tensor's pieces in order (:func:`combine`)."""
+    This thread gets each chunk (and hands it to ``sink(chunk, offset)``); a CRC thread of ``pool`` (default: the
+    background one) checksums it tensor by tensor, each piece from 0, and copies the bytes of the tensors in ``keep``
+    (record index -> array); this thread joins a tensor's pieces in order (:func:`combine`)."""
     size = m.data_size
     fn, algorithm = m.checksum, TENSOR_CHECKSUMS[m.version]
     crcs = [0] * len(records)

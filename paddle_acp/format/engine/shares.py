@@ -1,19 +1,17 @@
 """Spread writes of replicated state: which rank writes which bytes, and reading the shares back.
 
-With ``PADDLE_ACP_REPLICATED_WRITERS=all`` (or a number) the *share writers*, ranks 0..S-1 (S = min(world
-size, cap)), each write a *share* of a data-parallel job's state into their own part; the other ranks' parts
-hold no tensors. :func:`split` is a pure function of metadata every rank holds alike: the tensors' bytes, in
-canonical order (program key, name), cut into S equal ranges; a tensor crossing a boundary is written as
-*pieces* (records with ``piece = [start, stop)``: a version-3 manifest, refused by older builds). Shares cut by
-whole tensor (earlier builds) read the same way.
+With ``PADDLE_ACP_REPLICATED_WRITERS=all`` (or a number) the *share writers*, ranks 0..S-1 (S = min(world size, cap)),
+each write a *share* of a data-parallel job's state into their own part; the other ranks' parts hold no tensors.
+:func:`split` is a pure function of metadata every rank holds alike: the tensors' bytes, in canonical order (program
+key, name), cut into S equal ranges; a tensor crossing a boundary is written as *pieces* (records with
+``piece = [start, stop)``: a version-3 manifest, refused by older builds). Shares cut by whole tensor (older builds)
+read the same way.
 
-Each part's manifest lists its share's records and carries ``extra.part.share = {"writers": "all",
-"share_writers": S, "items": N, "digest": D}`` (N tensors in all, D a CRC32 of their canonical list); the
-global manifest is version 4 with ``"writers": "all"``. :func:`check_cover` validates this untrusted record at
-commit and at every read: the same record and programs in every part, no tensors from rank S on, every
-tensor's records tiling its bytes exactly once with one dtype and shape, N tensors of digest D.
-:func:`merge` joins the verified parts into one :class:`LoadedCheckpoint`.
-"""
+Each part's manifest lists its share's records and carries ``extra.part.share = {"writers": "all", "share_writers": S,
+"items": N, "digest": D}`` (N tensors in all, D a CRC32 of their canonical list); the global manifest is version 4 with
+``"writers": "all"``. :func:`check_cover` validates this untrusted record at commit and at every read: the same record
+and programs in every part, no tensors from rank S on, every tensor's records tiling its bytes exactly once with one
+dtype and shape, N tensors of digest D. :func:`merge` joins the verified parts into one :class:`LoadedCheckpoint`."""
 
 from __future__ import annotations
 
@@ -113,9 +111,8 @@ def part_share(m: Manifest) -> Optional[Dict[str, Any]]:
 
 
 def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = True) -> Dict[str, Any]:
-    """The parts' shares are one spread state (see the module docstring); returns the share record, else
-    CorruptCheckpointError naming what is wrong. ``manifests``: rank -> manifest, every rank's (not
-    ``complete``: at least the share writers', what a restore reads)."""
+    """The parts' shares form one spread state (module docstring): returns the share record, else CorruptCheckpointError
+    naming the fault. ``manifests``: rank -> manifest, every rank's (not ``complete``: at least the share writers')."""
     records = {k: part_share(m) for k, m in sorted(manifests.items())}
     share = records.get(0) if records else None
     if share is None or any(r != share for r in records.values()):
@@ -162,8 +159,8 @@ def check_cover(manifests: Mapping[int, Manifest], where: str, complete: bool = 
 
 
 def merged_programs(manifests: Mapping[int, Manifest], own: int) -> List[ProgramRecord]:
-    """Every program with the tensors of every share, in rank order (a tensor written as pieces: once, as a whole
-    record whose offset and checksum are not a file's); LR scheduler state of rank ``own``'s part."""
+    """Every program with the tensors of every share, in rank order (a tensor written as pieces: once, as a whole record
+    whose offset and checksum are not a file's); LR scheduler state of rank ``own``'s part."""
     out = []
     for i, p in enumerate(manifests[own].programs):
         tensors: List[TensorRecord] = []
@@ -237,8 +234,7 @@ class SharesSource:
 
 
 def merge(parts: Mapping[int, LoadedCheckpoint], own: int, path: str) -> LoadedCheckpoint:
-    """One LoadedCheckpoint of the verified ``parts`` of a spread checkpoint: rank ``own``'s manifest with
-    every share's tensors."""
+    """A spread checkpoint's verified ``parts`` as one LoadedCheckpoint: rank ``own``'s manifest, all the tensors."""
     m = {k: ck.manifest for k, ck in parts.items()}
     manifest = dataclasses.replace(m[own], programs=merged_programs(m, own),
                                    data_size=sum(x.data_size for x in m.values()))
@@ -250,8 +246,7 @@ def merge(parts: Mapping[int, LoadedCheckpoint], own: int, path: str) -> LoadedC
 
 def assemble(manifests: Mapping[int, Manifest], arrays: Mapping[int, Mapping[Key, np.ndarray]],
              want: Set[Key]) -> Dict[Key, np.ndarray]:
-    """The tensors ``want`` names from the verified parts' arrays (rank -> key -> a tensor or a piece's bytes),
-    pieces joined."""
+    """The tensors ``want`` names from the verified parts' arrays (rank -> key -> tensor or piece), pieces joined."""
     out: Dict[Key, np.ndarray] = {}
     for kn, held in _held(manifests).items():
         if kn not in want:
@@ -273,8 +268,8 @@ MAX_READERS = 8  # shares read at once by one rank
 
 
 def load_all(load_one: Callable[[int], LoadedCheckpoint], ranks: Sequence[int]) -> Dict[int, LoadedCheckpoint]:
-    """Every part of ``ranks`` read and verified by ``load_one(rank)``, up to :data:`MAX_READERS` at once. When
-    one fails the others are closed and the first failure (in rank order) is raised as :class:`ShareFailed`."""
+    """Every part of ``ranks`` read and verified by ``load_one(rank)``, up to :data:`MAX_READERS` at once. When one
+    fails the others are closed and the first failure (in rank order) is raised as :class:`ShareFailed`."""
     out: Dict[int, LoadedCheckpoint] = {}
     failed: List[Tuple[int, BaseException]] = []
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_READERS, len(ranks))), thread_name_prefix="paddle-acp-share") as pool:
@@ -301,8 +296,8 @@ class ShareFailed(Exception):
 
 
 def commit_writers(own: Optional[Dict[str, Any]], manifests: Mapping[int, Manifest], where: str) -> Tuple[str, int]:
-    """Rank 0, before it commits: ("all", share writers) when the parts' shares cover the state, ("one", 0) when
-    no part holds a share; CorruptCheckpointError when the ranks disagree."""
+    """Rank 0, before it commits: ("all", share writers) when the parts' shares cover the state, ("one", 0) when no part
+    holds a share; CorruptCheckpointError when the ranks disagree."""
     if own is None:
         spread = [k for k, m in sorted(manifests.items()) if _share_of(m) is not None]
         if spread:

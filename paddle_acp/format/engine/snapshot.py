@@ -1,7 +1,6 @@
 """Snapshot types: a checkpoint's content, already copied out of Paddle, and its data file's layout.
 
-:func:`copy_into` copies laid-out tensors into the file's image (an :class:`~.arena.Arena`).
-"""
+:func:`copy_into` copies laid-out tensors into the file's image (an :class:`~.arena.Arena`)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class TensorData:
     dtype: str  # a key of manifest.DTYPES
     array: np.ndarray  # C-contiguous, storage dtype (a piece: its raw bytes, uint8)
     offset: int = -1  # position in tensors.bin, set by layout()
-    # spread writes: ``array`` is bytes [start, stop) of the tensor whose shape is ``shape``
-    piece: Optional[Tuple[int, int]] = None
+    piece: Optional[Tuple[int, int]] = None  # spread writes: ``array`` is bytes [start, stop) of the tensor
     shape: Optional[Tuple[int, ...]] = None  # the whole tensor's (a piece); None: ``array.shape``
 
     def cut(self, start: int, stop: int) -> "TensorData":
@@ -62,8 +60,8 @@ def layout(programs: Iterable[ProgramSnapshot]) -> int:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Snapshot:
-    """Everything one checkpoint holds and how its bytes are laid out, nothing about the save that takes it
-    (that travels beside it, ``runtime.saver.SaveTicket``). Frozen: the writer returns what it wrote."""
+    """Everything one checkpoint holds and how its bytes are laid out, nothing about the save that takes it (that
+    travels beside it, ``runtime.saver.SaveTicket``). Frozen: the writer returns what it wrote."""
 
     range: RangeRecord  # the manifest's training position
     programs: List[ProgramSnapshot]  # the tensors and LR schedulers (their offsets: the layout)
@@ -71,16 +69,11 @@ class Snapshot:
     paddle_version: str = ""
     ir: str = ""
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)  # loader state, objects, ... (manifest ``extra``)
-    # the data file's bytes, tensors already laid out in it (None: written from the tensors' arrays)
-    image: Optional[np.ndarray] = None
-    # the data file's size under the layout (format/layout.py); -1: laid out here, when the snapshot is made
-    data_size: int = -1
-    # several ranks: "replicated" or "per-rank", what this part holds (recorded in the part's manifest)
-    mode: Optional[str] = None
-    # several ranks, spread writes: this part's share record (shares.py; recorded in the part's manifest)
-    share: Optional[Dict[str, Any]] = None
-    # the state is over the host-memory budget: its bytes come in chunks (format/engine/stream.py), not in ``image``
-    stream: Optional["ChunkStream"] = None
+    image: Optional[np.ndarray] = None  # the file's bytes, tensors laid out in it (None: write the tensors' arrays)
+    data_size: int = -1  # the data file's size (layout: format/layout.py); -1: laid out when the snapshot is made
+    mode: Optional[str] = None  # several ranks: what this part holds, "replicated" or "per-rank" (in its manifest)
+    share: Optional[Dict[str, Any]] = None  # spread writes: this part's share record (shares.py), in its manifest
+    stream: Optional["ChunkStream"] = None  # over the host-memory budget: the bytes come in chunks (stream.py)
 
     def __post_init__(self) -> None:
         if self.data_size < 0:  # the tensors' offsets and the file size, decided with the content

@@ -1,8 +1,7 @@
 """The local spool file of a remote restore larger than the host-memory budget (or with nowhere to land).
 
-:func:`paddle_acp.format.engine.reader.load` verifies such a file on its way into an unlinked local file (gone
-with the descriptor whatever happens to the process) and copies the tensors out of it with ``preadv``.
-"""
+:func:`paddle_acp.format.engine.reader.load` verifies such a file on its way into an unlinked local file (gone with the
+descriptor whatever happens to the process) and copies the tensors out of it with ``preadv``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The stager: the one seam every copy between a scope's tensors and checkpoint bytes goes through.
 
-Saves and restores hand their ``(destination, source)`` pairs (and a restore's ``preadv`` reads, as
-:data:`FillJob` s) to a :class:`Stager` (modelled on torch DCP's ``AsyncStager``). :class:`HostStager`, a
-memcpy or read on two threads, is the one used today; a device stager would plug in here without touching
-the format or storage.
-"""
+Saves and restores hand their ``(destination, source)`` pairs (and a restore's ``preadv`` reads, as :data:`FillJob` s)
+to a :class:`Stager` (modelled on torch DCP's ``AsyncStager``). :class:`HostStager` (a memcpy or read on two threads) is
+the only one; a device stager would plug in here, the format and storage untouched."""
 
 from __future__ import annotations
 
@@ -34,8 +32,8 @@ class Stager(Protocol):
 
 
 class HostStager:
-    """Host memory to host memory: each pair split into 32 MB copies run on ``threads`` threads (NumPy
-    releases the GIL while it copies)."""
+    """Host memory to host memory: each pair split into 32 MB copies run on ``threads`` threads (NumPy releases the GIL
+    while it copies)."""
 
     def __init__(self, threads: int = 2) -> None:
         self.threads = threads

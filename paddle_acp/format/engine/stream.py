@@ -1,10 +1,9 @@
 """Streamed saves: a state larger than the host-memory budget, saved through a bounded buffer.
 
-The checkpoint's file image goes through the arena's slots chunk by chunk: a copy thread (which training
-waits for) copies the next chunk out of the live tensors into a free slot; the writer writes each full slot,
-checksums it on the CRC thread meanwhile, and frees it. Training resumes when the last chunk is copied.
-Nothing here reads a tensor after :meth:`ChunkStream.join` returned: the writer only sees the slots.
-"""
+The checkpoint's file image goes through the arena's slots chunk by chunk: a copy thread (which training waits for)
+copies the next chunk out of the live tensors into a free slot; the writer writes each full slot, checksums it on the
+CRC thread meanwhile, and frees it. Training resumes when the last chunk is copied. Nothing here reads a tensor after
+:meth:`ChunkStream.join` returned: the writer only sees the slots."""
 
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ class StreamAborted(CheckpointError):
 
 
 class ChunkStream:
-    """One checkpoint's file image, copied out of the live tensors in bounded chunks: ``tensors`` are laid out
-    and hold views of the live tensors; ``buf`` is the page-aligned arena (at least two chunks)."""
+    """One checkpoint's file image, copied out of the live tensors in bounded chunks: ``tensors`` are laid out and hold
+    views of the live tensors; ``buf`` is the page-aligned arena (at least two chunks)."""
 
     def __init__(self, tensors: Sequence[Any], size: int, buf: np.ndarray, chunk: int, stager: Stager = HOST) -> None:
         if chunk <= 0 or chunk % PAGE or buf.nbytes < MIN_SLOTS * chunk:
@@ -148,8 +147,8 @@ class ChunkStream:
             self.crcs[i] = self._fn(slot[a - pos:b - pos].data, self.crcs[i])
 
     def chunks(self) -> Iterator[Tuple[np.ndarray, int, int]]:
-        """Yield ``(slot, file offset, bytes)`` in file order; each slot is checksummed meanwhile and handed back
-        when the consumer asks for the next one (or stops)."""
+        """Yield ``(slot, file offset, bytes)`` in file order; each slot is checksummed meanwhile and handed back when
+        the consumer asks for the next one (or stops)."""
         prev: Optional[int] = None
         fut = None
         try:
@@ -184,8 +183,8 @@ class ChunkStream:
 
 
 def write_stream(storage: Any, path: str, stream: ChunkStream) -> int:
-    """Write ``stream`` to ``path`` durably; returns the bytes written. Local disks: ``O_DIRECT`` where the
-    filesystem takes it. Remote stores get a copy of each chunk (a client may upload after its call returned)."""
+    """Write ``stream`` to ``path`` durably; returns the bytes written. Local disks: ``O_DIRECT`` where the filesystem
+    takes it. Remote stores get a copy of each chunk (a client may upload after its call returned)."""
     os_path = storage.local_path(path)
     if os_path is not None:
         return _write_local(os_path, path, stream)

@@ -1,11 +1,8 @@
 """The writer: one checkpoint's data file and manifest, into a directory being committed.
 
-The tensors' checksums are computed on the CRC thread while this thread writes
-(both release the GIL). The manifest is read back before it is written: a
-checkpoint a restart would reject is never committed. The writer never writes
-into the :class:`~paddle_acp.format.engine.snapshot.Snapshot`: it returns what it wrote,
-a :class:`WriteResult`.
-"""
+The tensors' checksums are computed on the CRC thread while this thread writes (both release the GIL). The manifest is
+read back before it is written: a checkpoint a restart would reject is never committed. The writer never writes into the
+:class:`~paddle_acp.format.engine.snapshot.Snapshot`: it returns what it wrote, a :class:`WriteResult`."""
 
 from __future__ import annotations
 
@@ -55,8 +52,8 @@ class WriteAbandoned(Exception):
 
 
 def _until(stop: threading.Event, buffers: List[Union[bytes, memoryview]]) -> Iterator[Any]:
-    """``buffers`` as the storage writes them (:func:`~paddle_acp.storage.base.pieces`), ending
-    (WriteAbandoned) once ``stop`` is set."""
+    """``buffers`` as the storage writes them (:func:`~paddle_acp.storage.base.pieces`), ending (WriteAbandoned) once
+    ``stop`` is set."""
     for piece in pieces(buffers):
         if stop.is_set():
             raise WriteAbandoned("the checkpoint's write was given up")
@@ -68,16 +65,15 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
                      alongside: Optional[Callable[[bytes, Manifest], None]] = None) -> WriteResult:
     """Write ``snap`` as checkpoint ``number`` into ``pending`` and commit it; returns what was written.
 
-    ``before_commit`` runs (and may raise, e.g. a fenced writer) right before the
-    step that makes the checkpoint visible. ``alongside`` (it must not raise) gets the manifest's bytes and the manifest
-    where the files are written at once, on a thread of its own beside them (a job of one rank stages
-    its ``global.json`` there: its close pays the remote's wait in the same time as theirs)."""
+    ``before_commit`` runs (and may raise, e.g. a fenced writer) right before the step that makes the checkpoint
+    visible. ``alongside`` (it must not raise) gets the manifest's bytes and the manifest where the files are written at
+    once, on a thread of its own beside them (a job of one rank stages its ``global.json`` there: its close pays the
+    remote's wait in the same time as theirs)."""
     st = pending.storage
     size = snap.data_size  # (the snapshot was laid out when it was made)
     tensors = [t for p in snap.programs for t in p.tensors]
     stream = snap.stream
-    # checksums on a second core while this thread writes (both release the GIL); a streamed
-    # snapshot is checksummed chunk by chunk as it is written (its tensors change meanwhile)
+    # a streamed snapshot is checksummed chunk by chunk as it is written (its tensors change meanwhile)
     crcs: List[Future[int]] = [] if stream is not None else [crc_pool().submit(checksum, t.array) for t in tensors]
     path = f"{pending.path}/{DATA_NAME}"
 
@@ -130,9 +126,8 @@ def write_checkpoint(pending: Pending, snap: Snapshot, number: int,
     written: Union[int, BaseException]
     overlap = st.overlap_writes and not pending.strategy.in_place and stream is None
     if overlap:
-        # The rename commits, so the manifest need not wait for the data: both files are
-        # written at once. On HDFS closing a file waits for the namenode to see its block
-        # (often ~0.4 s, the client's first retry): overlapped, a small checkpoint pays it once.
+        # The rename commits, so the manifest need not wait for the data: both files are written at once. On HDFS
+        # closing a file waits for the namenode to see its block (~0.4 s): overlapped, a small checkpoint pays it once.
         box: List[Union[int, BaseException]] = []
 
         def data_thread() -> None:
