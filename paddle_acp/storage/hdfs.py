@@ -29,7 +29,7 @@ from paddle_acp.errors import StorageError
 from paddle_acp.storage import forks
 from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import Entry, redact, scrub
-from paddle_acp.storage.libhdfs import LibhdfsLister
+from paddle_acp.storage.libhdfs import LibhdfsCalls
 
 logger = logging.getLogger("paddle_acp")
 
@@ -44,10 +44,10 @@ class HdfsStorage(ArrowStorage):
     fork_safe = False  # libhdfs's JVM, hdfs-native's runtime, the command line client's locks
 
     def __init__(self, fs: Any, root: str, uri: str, client: str = "pyarrow",
-                 lister: Optional[LibhdfsLister] = None):
+                 libhdfs: Optional[LibhdfsCalls] = None):
         super().__init__(fs, root, uri)
         self.client = client
-        self._lister = lister
+        self._libhdfs = libhdfs  # pyarrow's libhdfs called directly: one RPC where pyarrow makes 2 or 3
         # libhdfs and hdfs-native make missing parents in the one Create RPC; ``hadoop fs -put`` refuses them
         self.creates_parents = client in ("pyarrow", "hdfs-native")
 
@@ -79,18 +79,34 @@ class HdfsStorage(ArrowStorage):
                 raise
         finally:
             try:
-                if stage is not None:  # (empty once the file moved)
-                    self.delete_dir(stage)
+                if stage is not None:  # (empty once the file moved; ours, a directory: one RPC)
+                    direct = self._direct()
+                    if direct is None or not direct.delete(self.full(stage)):
+                        self.delete_dir(stage)
                 elif not moved and self.exists(tmp):
                     self.delete_file(tmp)
             except (StorageError, OSError) as exc:
                 logger.debug("could not remove %s: %s", stage or tmp, exc)
 
+    def _direct(self) -> Optional[LibhdfsCalls]:
+        """libhdfs to call directly, where it is (never in a forked child: refused there)."""
+        return self._libhdfs if forks.opened_here(self._pid) else None
+
+    def exists(self, path: str) -> bool:
+        direct = self._direct()
+        if direct is None:
+            return super().exists(path)
+        try:
+            return direct.exists(self.full(path))
+        except OSError as exc:
+            raise self.wrap("checking", path, exc) from exc
+
     def listdir(self, path: str) -> List[Entry]:
-        if self._lister is None or not forks.opened_here(self._pid):  # (a forked child: refused there)
+        direct = self._direct()
+        if direct is None:
             return super().listdir(path)
         try:
-            entries = self._lister.list(self.full(path))
+            entries = direct.list(self.full(path))
         except OSError as exc:  # (NotADirectoryError: a file)
             raise self.wrap("listing", path, exc) from exc
         return sorted(entries, key=lambda e: e.name) if entries is not None else super().listdir(path)
@@ -133,8 +149,8 @@ class HdfsStorage(ArrowStorage):
             elif why:
                 reason += " (" + "; ".join(why) + ")"
             logger.info("HDFS %s: using the %s client: %s", display, client, reason)
-            lister = LibhdfsLister.connect(host, port, user, hdfs_ipc_conf(timeout)) if client == "pyarrow" else None
-            return cls(fs, root, display, client, lister)
+            direct = LibhdfsCalls.connect(host, port, user, hdfs_ipc_conf(timeout)) if client == "pyarrow" else None
+            return cls(fs, root, display, client, direct)
         raise StorageError(f"cannot reach HDFS at {display}: " + " | ".join(why) + bound)
 
 

@@ -1,8 +1,9 @@
-"""libhdfs's own calls, through ctypes on the library (and JVM) pyarrow loaded: a directory listing in one RPC.
+"""libhdfs's own calls, through ctypes on the library (and JVM) pyarrow loaded: one NameNode RPC each.
 
-pyarrow's listing costs 3 NameNode RPCs (``exists``, ``getFileInfo``, ``getListing``), ``hdfsListDirectory`` one.
-Made only where pyarrow's libhdfs is loaded in this process; any surprise (no such library, a name that is not UTF-8)
-leaves the listing to pyarrow."""
+pyarrow's listing costs 3 NameNode RPCs (``exists``, ``getFileInfo``, ``getListing``), ``hdfsListDirectory`` one;
+its look-up 2 (``exists``, then ``getFileInfo``), ``hdfsExists`` one; its directory delete 3 (a look-up, then
+``delete``), ``hdfsDelete`` one. Made only where pyarrow's libhdfs is loaded in this process; any surprise (no such
+library, a name that is not UTF-8) leaves the call to pyarrow."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ class _FileInfo(ctypes.Structure):
                 ("last_access", ctypes.c_long)]
 
 
-class LibhdfsLister:
-    """Directory listings of one NameNode as one user, in one ``getListing`` RPC each (a restart lists 3 times)."""
+class LibhdfsCalls:
+    """Listings, look-ups and deletes on one NameNode as one user, one RPC each (a restart lists 3 times)."""
 
-    _cache: Dict[Tuple[int, str, int, Optional[str]], Optional["LibhdfsLister"]] = {}
+    _cache: Dict[Tuple[int, str, int, Optional[str]], Optional["LibhdfsCalls"]] = {}
     _cache_lock = threading.Lock()
 
     def __init__(self, lib: Any, handle: int):
@@ -38,7 +39,7 @@ class LibhdfsLister:
         self._handle = ctypes.c_void_p(handle)
 
     @classmethod
-    def connect(cls, host: str, port: int, user: Optional[str], conf: Dict[str, str]) -> Optional["LibhdfsLister"]:
+    def connect(cls, host: str, port: int, user: Optional[str], conf: Dict[str, str]) -> Optional["LibhdfsCalls"]:
         """The process's lister for this NameNode and user (never disconnected: Hadoop's FileSystem cache shares
         its client), or None where none can be made. A forked child makes its own (:mod:`.forks`)."""
         key = (os.getpid(), host, port, user)
@@ -52,7 +53,7 @@ class LibhdfsLister:
             return cls._cache[key]
 
     @classmethod
-    def _connect(cls, host: str, port: int, user: Optional[str], conf: Dict[str, str]) -> Optional["LibhdfsLister"]:
+    def _connect(cls, host: str, port: int, user: Optional[str], conf: Dict[str, str]) -> Optional["LibhdfsCalls"]:
         path = _loaded_libhdfs()
         if path is None:
             return None
@@ -67,6 +68,8 @@ class LibhdfsLister:
         lib.hdfsListDirectory.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
         lib.hdfsListDirectory.restype = ctypes.POINTER(_FileInfo)
         lib.hdfsFreeFileInfo.argtypes = [ctypes.POINTER(_FileInfo), ctypes.c_int]
+        lib.hdfsExists.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.hdfsDelete.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
         builder = lib.hdfsNewBuilder()
         if not builder:
             return None
@@ -104,6 +107,23 @@ class LibhdfsLister:
             return None
         finally:
             self._lib.hdfsFreeFileInfo(infos, count.value)
+
+
+    def exists(self, full: str) -> bool:
+        """Whether anything is at ``full`` (``hdfsExists``: -1 with ENOENT when nothing is; another errno: the
+        call failed, raised, where pyarrow would read an outage as absence)."""
+        ctypes.set_errno(0)
+        if self._lib.hdfsExists(self._handle, full.encode()) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err in (0, errno.ENOENT):
+            return False
+        raise OSError(err, f"libhdfs could not look it up: {os.strerror(err)}")
+
+    def delete(self, full: str) -> bool:
+        """Delete ``full`` and all below it; False when nothing was deleted (missing, or the call failed: the
+        caller looks, as for pyarrow's delete)."""
+        return int(self._lib.hdfsDelete(self._handle, full.encode(), 1)) == 0
 
 
 def _path_of(name: str) -> str:

@@ -187,7 +187,7 @@ def test_libhdfs_lists_in_one_call_alike_pyarrow(request):
         st = open_storage(f"{srv.uri}/lister-{uuid.uuid4().hex[:8]}")
     finally:
         mp.undo()
-    assert type(st) is HdfsStorage and st._lister is not None
+    assert type(st) is HdfsStorage and st._libhdfs is not None
     st.makedirs("d/sub dir/x")
     for name, data in (("f1", b"12345"), ("sub dir/\u00e9t\u00e9 \u4e2d", b"ab"), ("empty", b"")):
         st.write_bytes(f"d/{name}", data)
@@ -197,6 +197,14 @@ def test_libhdfs_lists_in_one_call_alike_pyarrow(request):
         ("empty", False, 0), ("f1", False, 5), ("sub dir", True, 0)]
     with pytest.raises(StorageError, match="listing"):
         st.listdir("d/f1")
+    # a look-up is libhdfs's hdfsExists (one RPC; pyarrow's makes two), agreeing with pyarrow's
+    for path in ("d", "d/f1", "d/empty", "d/sub dir/\u00e9t\u00e9 \u4e2d", "d/sub dir/x", "no/such", "d/f1/below"):
+        assert st.exists(path) is super(HdfsStorage, st).exists(path), path
+    # create_exclusive drops its stage directory with hdfsDelete (one RPC): nothing of it is left
+    assert st.create_exclusive("d/gen-1", b"") is True
+    assert st.create_exclusive("d/gen-1", b"x") is False
+    assert [e.name for e in st.listdir("d") if e.name.startswith(".tmp")] == []
+    assert st.read_bytes("d/gen-1") == b""
 
 
 def test_listing_a_directory_while_others_create_it(backend):
