@@ -33,11 +33,6 @@ _states: "weakref.WeakKeyDictionary[EpochRange, _RangeState]" = weakref.WeakKeyD
 _views: "weakref.WeakValueDictionary[int, TrainEpochRange]" = weakref.WeakValueDictionary()
 
 
-def _of_range(attr: str) -> Any:
-    """A read-only property giving the wrapped range's ``attr``."""
-    return property(lambda self: getattr(self._range, attr))
-
-
 class TrainEpochRange:
     """Paddle's view of an active ``train_epoch_range`` (from :func:`_get_train_epoch_range`): other attributes
     are those of the wrapped :class:`~paddle_acp.runtime.range.EpochRange`, also available as :attr:`range`."""
@@ -56,22 +51,17 @@ class TrainEpochRange:
     def range(self) -> EpochRange:
         return self._range
 
+    # the private names Paddle's tests read, as the wrapped range's
+    _ALIASES = {"_name": "name", "_epoch_no": "epoch_no", "_max_epoch_num": "max_epoch_num",
+                "_restored_from": "restored_from", "_save_checkpoint_inter": "save_interval"}
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_range", "_state"):
             raise AttributeError(name)
-        return getattr(self._range, name)
+        return getattr(self._range, self._ALIASES.get(name, name))
 
     def get(self) -> int:
         return self._range.get()
-
-    # Paddle's public names, and the private ones its tests read
-    name = _of_range("name")
-    restored_from = _of_range("restored_from")
-    _name = _of_range("name")
-    _epoch_no = _of_range("epoch_no")
-    _max_epoch_num = _of_range("max_epoch_num")
-    _restored_from = _of_range("restored_from")
-    _save_checkpoint_inter = _of_range("save_interval")
 
     @property
     def _checkpoint_path(self) -> str:

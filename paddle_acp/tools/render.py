@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -86,9 +87,9 @@ def emit_json(doc: Any) -> None:
 
 
 def root_command(sub: Any, name: str, help: str, description: str, uri_help: str = "storage root",
-                 job_help: str = "only this job") -> Any:
+                 job_help: str = "only this job") -> argparse.ArgumentParser:
     """The parser of a command over a storage root: ``URI``, ``--job``, ``--json`` (machine-readable output)."""
-    p = sub.add_parser(name, help=help, description=description)
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
     p.add_argument("uri", metavar="URI", help=uri_help)
     p.add_argument("--job", help=job_help)
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -96,11 +96,11 @@ def render(res: VerifyResult) -> str:
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = root_command(
-        sub, "verify", "check every checkpoint's checksums (exit 1 if the one a restart loads is bad)",
+    return root_command(
+        sub, "verify", "check every checkpoint's checksums (exit 1 if a restart would not load a range's newest)",
         "Read every committed checkpoint and check its manifest and checksums. Exit status 1 when the newest committed "
-        "checkpoint of a range (the one a restart loads) is bad.")
-    return p
+        "checkpoint of a range (the one a restart tries first) is bad, when a range has checkpoint directories but no "
+        "committed one, or when no checkpoint is valid at all.")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ logger = logging.getLogger("paddle_acp")
 
 K = TypeVar("K", bound=Hashable)
 L = TypeVar("L")
+LinkT = TypeVar("LinkT", bound="Link")
 
 
 class CoordinationError(CheckpointError):
@@ -87,6 +88,16 @@ class Link:
         """CoordinationError once the link is lost."""
         if self.lost is not None:
             raise self._lose(self.lost)
+
+
+class ServerCoordinator(Coordinator, Generic[LinkT]):
+    """Coordination through a server (the job's store, etcd) on this process's ``link``, keys under ``prefix``."""
+
+    instant = True
+
+    def __init__(self, link: LinkT, prefix: str) -> None:
+        self.link = link
+        self.prefix = prefix
 
 
 class Links(Generic[K, L]):

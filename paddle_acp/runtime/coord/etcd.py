@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.runtime.coord.base import CoordinationError, Coordinator, Link, Links
+from paddle_acp.runtime.coord.base import CoordinationError, Link, Links, ServerCoordinator
 from paddle_acp.storage.etcd import EtcdClient, EtcdError
 
 logger = logging.getLogger("paddle_acp")
@@ -157,15 +157,13 @@ def link_for(endpoint: str, rank: int, open_timeout: float) -> EtcdLink:
     return _LINKS.get((client.host, client.port, rank), lambda: EtcdLink(client, rank, open_timeout))
 
 
-class EtcdCoordinator(Coordinator):
+class EtcdCoordinator(ServerCoordinator[EtcdLink]):
     """One range's coordination through etcd; ``scope``: ``{job}/{range}/{incarnation}``."""
 
     kind = "etcd"
-    instant = True
 
     def __init__(self, link: EtcdLink, scope: str) -> None:
-        self.link = link
-        self.prefix = f"{KEY_PREFIX}{scope}/"
+        super().__init__(link, f"{KEY_PREFIX}{scope}/")
         self.alive = f"{self.prefix}alive".encode()
         self.ended = f"{self.prefix}ended".encode()
         if link.rank == 0:

@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from paddle_acp.adapter.store import KEY_PREFIX, KeyValueStore, StoreEndpoint, open_store
 from paddle_acp.errors import CorruptCheckpointError
-from paddle_acp.runtime.coord.base import Coordinator, Link, Links
+from paddle_acp.runtime.coord.base import Link, Links, ServerCoordinator
 
 logger = logging.getLogger("paddle_acp")
 
@@ -159,15 +159,13 @@ def link_for(ep: StoreEndpoint, rank: int, world_size: int, open_timeout: float)
                       lambda: StoreLink(ep, rank, world_size, open_timeout))
 
 
-class StoreCoordinator(Coordinator):
+class StoreCoordinator(ServerCoordinator[StoreLink]):
     """One range's coordination through the job's store."""
 
     kind = "store"
-    instant = True
 
     def __init__(self, link: StoreLink, scope: str) -> None:
-        self.link = link
-        self.prefix = f"{KEY_PREFIX}{scope}/"
+        super().__init__(link, f"{KEY_PREFIX}{scope}/")
 
     def post(self, key: str, value: bytes) -> None:
         k = f"{self.prefix}d/{key}"
