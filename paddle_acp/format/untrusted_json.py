@@ -78,7 +78,7 @@ def check_newer_version(d: Any, fmt: str, known: int, what: str) -> None:
 
 
 def check_text(value: Any, where: str, max_len: int = MAX_TEXT, empty: bool = True) -> str:
-    """A string that can be printed and passed to Paddle: bounded, no lone surrogates."""
+    """A string that can be logged and passed to Paddle: bounded, encodable as UTF-8 (no lone surrogates)."""
     if not isinstance(value, str):
         raise _fail(f"{where} must be a string")
     if len(value) > max_len or (not empty and not value):

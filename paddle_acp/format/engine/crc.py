@@ -110,7 +110,7 @@ def _shift(poly: int, nbytes: int) -> int:
 
 def combine(algorithm: str, crc1: int, crc2: int, len2: int) -> int:
     """The ``algorithm`` checksum of A followed by B, from ``crc1`` (A's), ``crc2`` (B's, from 0) and ``len2``."""
-    if crc1 == 0 or len2 == 0:  # the empty A (or B): nothing to shift
+    if crc1 == 0 or len2 == 0:  # a zero CRC stays zero when shifted; an empty B shifts nothing
         return crc2 if len2 else crc1
     poly = _POLYS[algorithm]
     return _multmodp(_shift(poly, len2), crc1, poly) ^ crc2

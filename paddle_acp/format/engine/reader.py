@@ -124,10 +124,11 @@ def load(storage: Storage, base: str, number: int, range_name: str, raw: Optiona
     """Read and verify checkpoint ``number`` (directory ``base``) completely; raises CorruptCheckpointError.
 
     The checksums run at normal priority as the bytes arrive; nothing maps or buffers the whole file beyond what is
-    lent. A local file is verified a mapped window at a time and stays open: its tensors are read from the page cache
-    with ``preadv`` straight into the scope's (landing it in a fresh arena made training wait on page faults). A remote
-    file lands in the buffer ``landing`` lends (the snapshot arena) when it fits ``memory_budget``, by parallel ranged
-    reads; else it is verified on its way into an unlinked local spool file and read from there."""
+    lent. A local file is verified a mapped window at a time (plain reads where it cannot be mapped) and stays open:
+    its tensors are read from the page cache with ``preadv`` straight into the scope's (landing it in a fresh arena
+    made training wait on page faults). A remote file lands in the buffer ``landing`` lends (the snapshot arena) when
+    it fits ``memory_budget``, by parallel ranged reads; else it is verified on its way into an unlinked local spool
+    file and read from there."""
     m, data_path = check_header(storage, base, number, range_name, raw, sized_by_read=True)
     records = _records(m)
     os_path = storage.local_path(data_path)

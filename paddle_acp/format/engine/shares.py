@@ -269,7 +269,7 @@ MAX_READERS = 8  # shares read at once by one rank
 
 def load_all(load_one: Callable[[int], LoadedCheckpoint], ranks: Sequence[int]) -> Dict[int, LoadedCheckpoint]:
     """Every part of ``ranks`` read and verified by ``load_one(rank)``, up to :data:`MAX_READERS` at once. When one
-    fails the others are closed and the first failure (in rank order) is raised as :class:`ShareFailed`."""
+    fails the others are closed and the first failure (in the order of ``ranks``) is raised as :class:`ShareFailed`."""
     out: Dict[int, LoadedCheckpoint] = {}
     failed: List[Tuple[int, BaseException]] = []
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_READERS, len(ranks))), thread_name_prefix="paddle-acp-share") as pool:

@@ -69,7 +69,7 @@ class Snapshot:
     paddle_version: str = ""
     ir: str = ""
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)  # loader state, objects, ... (manifest ``extra``)
-    image: Optional[np.ndarray] = None  # the file's bytes, tensors laid out in it (None: write the tensors' arrays)
+    image: Optional[np.ndarray] = None  # the file's bytes, tensors laid out (None: the tensors' arrays, or ``stream``)
     data_size: int = -1  # the data file's size (layout: format/layout.py); -1: laid out when the snapshot is made
     mode: Optional[str] = None  # several ranks: what this part holds, "replicated" or "per-rank" (in its manifest)
     share: Optional[Dict[str, Any]] = None  # spread writes: this part's share record (shares.py), in its manifest
