@@ -166,6 +166,10 @@ CASES = {
     "NumPy gauss 'x'": (edit(numpy_gauss), "fallback"),
     "Python gauss_next 10**400": (edit(lambda d: d["rng"]["python"].__setitem__(2, 10**400)), "fallback"),
     "an extra generator": (edit(extra_generator), "restored-warned"),
+    # the part's range says another epoch than its position (a restart would resume at it): epochs trained twice
+    "range epoch -1 at ckpt-e2": (edit(lambda d: d["range"].update(epoch_no=-1)), "fallback"),
+    "range epoch 7 at ckpt-e2": (edit(lambda d: d["range"].update(epoch_no=7)), "fallback"),
+    "range step 3 at ckpt-e2": (edit(lambda d: d["range"].update(step=3)), "fallback"),
     "garbage LR scheduler state": (edit(lr_garbage), "fallback"),
     "6 MB manifest for 8 KB of data": (big_manifest, "fallback"),
     "ckpt-e2 a symlink to another job's": (symlink_to_other_job, "fallback-foreign"),

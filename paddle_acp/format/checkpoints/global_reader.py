@@ -15,7 +15,15 @@ from paddle_acp.format.checkpoints import index
 from paddle_acp.format.commit import verdict
 from paddle_acp.format.engine import reader, shares
 from paddle_acp.format.global_manifest import MAX_GLOBAL_SIZE, GlobalManifest
-from paddle_acp.format.layout import DATA_NAME, GLOBAL_NAME, MANIFEST_NAME, position_key, range_dir, rank_part
+from paddle_acp.format.layout import (
+    DATA_NAME,
+    GLOBAL_NAME,
+    MANIFEST_NAME,
+    position_key,
+    position_number,
+    range_dir,
+    rank_part,
+)
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage
 
@@ -96,6 +104,9 @@ class GlobalReader:
         m = Manifest.loads(raw)
         if m.number != g.number or m.range.name != self.range_name or m.data_size != p.data_size:
             raise CorruptCheckpointError(f"{path}: part manifest does not match the global manifest")
+        if position_number(m.range.epoch_no, m.range.step) != g.number:  # (a restart resumes from the range's)
+            raise CorruptCheckpointError(f"{path}: its range's epoch {m.range.epoch_no} and step {m.range.step} are "
+                                         f"not the checkpoint's position {name}")
         verdict.check_part(f"{self.dir}/{name}", g, rank, m)
         if g.writers != shares.WRITERS_ALL and shares.part_share(m) is not None:  # whole tensors only
             raise CorruptCheckpointError(f"{path} holds a share of the replicated tensors, but {GLOBAL_NAME} "
