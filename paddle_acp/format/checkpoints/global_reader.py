@@ -108,6 +108,10 @@ class GlobalReader:
             raise CorruptCheckpointError(f"{path}: its range's epoch {m.range.epoch_no} and step {m.range.step} are "
                                          f"not the checkpoint's position {name}")
         verdict.check_part(f"{self.dir}/{name}", g, rank, m)
+        part = m.extra.get("part") if isinstance(m.extra, dict) else None
+        if isinstance(part, dict) and part.get("base") != g.base:  # (the commit refuses such a part: crafted)
+            raise CorruptCheckpointError(f"{path}: written by a run resumed from {part.get('base')!r}, but the global "
+                                         f"manifest's run resumed from {g.base!r}: parts of two runs")
         if g.writers != shares.WRITERS_ALL and shares.part_share(m) is not None:  # whole tensors only
             raise CorruptCheckpointError(f"{path} holds a share of the replicated tensors, but {GLOBAL_NAME} "
                                          "records one writer of them")

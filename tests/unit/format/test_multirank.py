@@ -309,6 +309,38 @@ def test_parts_of_an_earlier_incarnation_are_never_committed(tmp_path):
     assert res.committed is False
 
 
+def test_a_part_of_another_run_put_into_a_committed_checkpoint_is_corrupt_at_restore(tmp_path):
+    """The commit refuses a part of another incarnation (above); one swapped in afterwards, with global.json's
+    record of it resealed as an attacker would, is refused by the restore too: a restart never loads two runs'
+    parts as one state."""
+    import shutil
+    import zlib
+
+    from paddle_acp.format.manifest import seal
+
+    other = tmp_path / "other"
+    for epoch in (0, 1):
+        save_all(tmp_path, 2, epoch)
+    gen = gck(other, 1, 2)
+    gen.base = "ckpt-e0"  # another run at the same position, resumed from ckpt-e0
+    t = threading.Thread(target=lambda: gck(other, 0, 2, 0.2).save(snapshot(0, 1), "per-rank"))
+    t.start()
+    gen.save(snapshot(1, 1), "per-rank")
+    t.join()
+    src = other / JOB / "range" / RANGE / "ckpt-e1" / "rank-1"
+    ck = tmp_path / JOB / "range" / RANGE / "ckpt-e1"
+    shutil.rmtree(ck / "rank-1")
+    shutil.copytree(src, ck / "rank-1")
+    raw = (ck / "rank-1" / "manifest.json").read_bytes()
+    doc = json.loads((ck / GLOBAL_NAME).read_bytes())
+    doc.pop("checksum")
+    doc["parts"][1].update(manifest_crc32=zlib.crc32(raw) & 0xFFFFFFFF, manifest_size=len(raw),
+                           data_size=(ck / "rank-1" / "tensors.bin").stat().st_size)
+    (ck / GLOBAL_NAME).write_bytes(seal(doc))
+    with pytest.raises(CorruptCheckpointError, match="parts of two runs"):
+        gck(tmp_path, 0, 2).check_global("ckpt-e1")
+
+
 # -- fencing and retention -------------------------------------------------------------
 
 def test_older_writer_generation_is_fenced_and_newest_never_goes_backwards(tmp_path, caplog):
