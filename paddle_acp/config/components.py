@@ -39,20 +39,43 @@ def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
     return seconds
 
 
+# signals that cannot be preemption signals: uncatchable ones, and those the kernel sends for a fault of the process
+# itself (a handler that only records them returns to the faulting instruction, which faults again: a spinning
+# process instead of a crash)
+NOT_PREEMPTION_SIGNALS = {
+    signal.SIGKILL: "cannot be caught",
+    signal.SIGSTOP: "cannot be caught",
+    signal.SIGSEGV: "is a fault of the process itself, not a request to stop",
+    signal.SIGBUS: "is a fault of the process itself, not a request to stop",
+    signal.SIGFPE: "is a fault of the process itself, not a request to stop",
+    signal.SIGILL: "is a fault of the process itself, not a request to stop",
+    signal.SIGABRT: "is a fault of the process itself, not a request to stop",
+    signal.SIGTRAP: "is a fault of the process itself, not a request to stop",
+    signal.SIGSYS: "is a fault of the process itself, not a request to stop",
+}
+
+
 def preempt_signals_from_env(env: Optional[Mapping[str, str]] = None) -> List[int]:
     """``PADDLE_ACP_PREEMPT_SIGNALS``: comma-separated catchable signals (``SIGTERM`` or ``TERM``),
-    ``SIGTERM`` when unset; empty: none."""
+    ``SIGTERM`` when unset; empty or blank: none. Fault and uncatchable signals (:data:`NOT_PREEMPTION_SIGNALS`)
+    are refused."""
     env = os.environ if env is None else env
     raw = env.get("PADDLE_ACP_PREEMPT_SIGNALS", "SIGTERM")
-    out = []
+    out: List[int] = []
     for part in (p.strip() for p in raw.split(",")):
         if not part:
             continue
         name = part.upper() if part.upper().startswith("SIG") else "SIG" + part.upper()
         sig = getattr(signal, name, None)
-        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a catchable signal")
-        out.append(int(sig))
+        if not isinstance(sig, signal.Signals):
+            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a signal name (use e.g. "
+                              "SIGTERM,SIGUSR1)")
+        why = NOT_PREEMPTION_SIGNALS.get(sig)
+        if why is not None:
+            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {sig.name} {why}, so it cannot be a "
+                              "preemption signal (use e.g. SIGTERM,SIGUSR1)")
+        if int(sig) not in out:
+            out.append(int(sig))
     return out
 
 

@@ -244,6 +244,8 @@ class EpochRange:
         last = "" if self.max_epoch_num < 0 else f" and after the last epoch ({end - 1})"
         busy = self.schedule.policy.describe() if self.persister.saver.async_save else (
             "synchronous saves (PADDLE_ACP_ASYNC=0): training waits for each")
+        if not self.watcher.signals:
+            busy += "; preemption saves are off (PADDLE_ACP_PREEMPT_SIGNALS is empty: no signal triggers a save)"
         logger.info("range %s of job %s: checkpoints go to %s %s%s; %s", self.name, self.cfg.job_id, where, when, last,
                     busy)
 

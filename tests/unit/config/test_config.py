@@ -195,6 +195,34 @@ def test_preempt_signals():
     for bad in ("SIGKILL", "SIGNOPE", "STOP"):
         with pytest.raises(ConfigError, match="PADDLE_ACP_PREEMPT_SIGNALS"):
             config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": bad})
+    assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": " \t "}) == []  # blank: as empty
+    assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": "TERM,SIGTERM"}) == [signal.SIGTERM]
+
+
+FAULTS = ["SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS", "SIGKILL", "SIGSTOP"]
+GOOD = ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU"]
+
+
+def _spell(name, short, lower):
+    name = name[3:] if short else name
+    return name.lower() if lower else name
+
+
+@given(st.lists(st.tuples(st.sampled_from(GOOD), st.booleans(), st.booleans()), max_size=5),
+       st.tuples(st.sampled_from(FAULTS), st.booleans(), st.booleans()), st.integers(0, 5), st.booleans())
+def test_preempt_signals_refuse_fault_and_uncatchable_signals(good, fault, at, with_fault):
+    """Before: SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT were accepted (a real fault then spun forever)."""
+    parts = [_spell(*g) for g in good]
+    if not with_fault:
+        want = list(dict.fromkeys(int(getattr(signal, g[0])) for g in good))
+        assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": " , ".join(parts)}) == want
+        return
+    parts.insert(min(at, len(parts)), _spell(*fault))
+    raw = ",".join(parts)
+    with pytest.raises(ConfigError) as e:
+        config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": raw})
+    first_bad = next(p for p in parts if ("SIG" + p.upper()).replace("SIGSIG", "SIG") in FAULTS)
+    assert f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {('SIG' + first_bad.upper()).replace('SIGSIG', 'SIG')}" in str(e.value)
 
 
 def test_storage_client_variables():
