@@ -243,6 +243,12 @@ def local_cache_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[st
     return path
 
 
+def running_env(env: Mapping[str, str]) -> Optional[str]:
+    """``PADDLE_RUNNING_ENV`` without surrounding blanks (as every variable), None when unset."""
+    raw = env.get("PADDLE_RUNNING_ENV")
+    return None if raw is None else raw.strip()
+
+
 def _required(env: Mapping[str, str], name: str, why: str) -> str:
     value = env.get(name)
     if value is None or value.strip() == "":
@@ -292,11 +298,14 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         return CheckpointConfig(uri=uri.strip(), job_id=job_id, source="PADDLE_ACP_CHECKPOINT_URI", storage=storage,
                                 **common)
 
-    run_env = env.get("PADDLE_RUNNING_ENV")
+    run_env = running_env(env)
     if run_env != PADDLECLOUD_RUNNING_ENV:
         reason = (
             "neither PADDLE_ACP_CHECKPOINT_URI nor "
             f"PADDLE_RUNNING_ENV={PADDLECLOUD_RUNNING_ENV} is set"
+        ) if not run_env else (
+            f"PADDLE_ACP_CHECKPOINT_URI is not set and PADDLE_RUNNING_ENV={run_env!r} is not "
+            f"{PADDLECLOUD_RUNNING_ENV} (the value that switches on the PaddleCloud configuration)"
         )
         return CheckpointConfig(inactive_reason=reason, storage=storage, **common)
 
@@ -345,7 +354,7 @@ def paddlecloud_view_from_env(env: Optional[Mapping[str, str]] = None) -> Tuple[
     """``PADDLE_RUNNING_ENV`` and the configuration, as Paddle's ``AutoCheckpointChecker`` read them: under
     PaddleCloud, ``PADDLE_ACP_CHECKPOINT_URI`` is ignored."""
     env = os.environ if env is None else env
-    run_env = env.get("PADDLE_RUNNING_ENV")
+    run_env = running_env(env)
     if run_env == PADDLECLOUD_RUNNING_ENV:
         env = {k: v for k, v in env.items() if k != "PADDLE_ACP_CHECKPOINT_URI"}
     return run_env, from_env(env)

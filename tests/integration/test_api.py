@@ -135,6 +135,9 @@ def test_runner_rejects_bad_arguments(tmp_path):
     assert p.returncode == 2 and "--job-id='../x'" in p.stderr
     p = _cli("run", "--checkpoint", str(tmp_path / "ck"), str(tmp_path / "missing.py"))
     assert p.returncode == 2 and "does not exist" in p.stderr
+    for empty in ("", "  "):  # before: checkpointing silently off ("... is not set")
+        p = _cli("run", "--checkpoint", empty, str(script))
+        assert p.returncode == 2 and f"--checkpoint={empty!r} is empty" in p.stderr and "ran" not in p.stdout
 
 
 def test_runner_passes_arguments_and_exit_status(tmp_path):

@@ -30,6 +30,24 @@ def test_inactive_by_default():
     assert "PADDLE_ACP_CHECKPOINT_URI" in cfg.inactive_reason
 
 
+@given(st.text(" \t\n\r\x0b\x0c", max_size=3), st.text(" \t\n\r\x0b\x0c", max_size=3))
+def test_running_env_is_stripped_like_every_variable(before, after):
+    """Before: 'PADDLE_EDL_AUTO_CHECKPOINT ' switched checkpointing off, with a line saying it "is not set"."""
+    env = dict(CLOUD, PADDLE_RUNNING_ENV=before + "PADDLE_EDL_AUTO_CHECKPOINT" + after)
+    cfg = from_env(env)
+    assert cfg.active and cfg.source == "PaddleCloud" and cfg.uri == "hdfs://nn:9000/user/alice/ckpt"
+    run_env, cfg = config.paddlecloud_view_from_env(dict(env, PADDLE_ACP_CHECKPOINT_URI="/elsewhere"))
+    assert run_env == "PADDLE_EDL_AUTO_CHECKPOINT" and cfg.source == "PaddleCloud"
+
+
+def test_another_running_env_says_what_it_is():
+    cfg = from_env(dict(CLOUD, PADDLE_RUNNING_ENV="PADDLE_EDL_AUTO_CHECKPOINTS"))
+    assert not cfg.active
+    assert "PADDLE_RUNNING_ENV='PADDLE_EDL_AUTO_CHECKPOINTS' is not PADDLE_EDL_AUTO_CHECKPOINT" in cfg.inactive_reason
+    assert "is not set" not in cfg.inactive_reason.replace("PADDLE_ACP_CHECKPOINT_URI is not set", "")
+    assert "neither" in from_env(dict(CLOUD, PADDLE_RUNNING_ENV=" ")).inactive_reason
+
+
 def test_plain_uri_defaults():
     cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x"})
     assert cfg.active and cfg.uri == "/tmp/x"
