@@ -34,7 +34,13 @@ from paddle_acp.config.components import progress_from_env as progress_from_env
 from paddle_acp.config.components import s3_from_env as s3_from_env
 from paddle_acp.config.components import storage_options_from_env as storage_options_from_env
 from paddle_acp.config.components import trainer_id_from_env as trainer_id_from_env
-from paddle_acp.config.ranks import DEFAULT_PART_TIMEOUT, DEFAULT_REPLICATED_WRITERS, RANK_STATE_MODES
+from paddle_acp.config.ranks import (
+    DEFAULT_PART_TIMEOUT,
+    DEFAULT_REPLICATED_WRITERS,
+    MAX_PART_TIMEOUT,
+    PART_TIMEOUT_WHY,
+    RANK_STATE_MODES,
+)
 from paddle_acp.config.ranks import DEFAULT_SHARE_WRITERS as DEFAULT_SHARE_WRITERS
 from paddle_acp.config.ranks import writer_cap as writer_cap
 from paddle_acp.config.values import FALSE_WORDS as FALSE_WORDS
@@ -170,7 +176,7 @@ class CheckpointConfig:
             )
         if self.rank_state not in RANK_STATE_MODES:
             raise ConfigError(f"PADDLE_ACP_RANK_STATE={self.rank_state!r} must be one of {', '.join(RANK_STATE_MODES)}")
-        check_interval(self.part_timeout, "PADDLE_ACP_PART_TIMEOUT")
+        check_interval(self.part_timeout, "PADDLE_ACP_PART_TIMEOUT", MAX_PART_TIMEOUT, PART_TIMEOUT_WHY)
         writer_cap(self.replicated_writers)  # ConfigError naming a bad value
         check_interval(self.save_interval, "save_interval")
         if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:

@@ -12,6 +12,7 @@ from paddle_acp.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_CONNECT_TIMEOUT = 30.0
+MAX_CONNECT_TIMEOUT = 86400.0  # a day: connecting longer is a dead endpoint (and past ~9.2e9 s the clients' timers fail)
 # libhdfs's JVM options in the training process when LIBHDFS_OPTS is unset: it makes few calls, so C1 alone and the
 # thread-less serial collector suffice (faster connect, less CPU, writes no slower: ci/bench/ranks_training_hdfs.py).
 DEFAULT_LIBHDFS_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -30,9 +31,11 @@ def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
 
 
 def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
-    """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30)."""
+    """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30; above 0, at most
+    :data:`MAX_CONNECT_TIMEOUT`)."""
     env = os.environ if env is None else env
-    seconds = env_seconds(env, "PADDLE_ACP_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT)
+    seconds = env_seconds(env, "PADDLE_ACP_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT,
+                          " (a day): it bounds each attempt to connect to storage (default 30)")
     if seconds <= 0:
         raise ConfigError(f"PADDLE_ACP_CONNECT_TIMEOUT={env['PADDLE_ACP_CONNECT_TIMEOUT']!r} must be a number of "
                           "seconds > 0")

@@ -296,3 +296,27 @@ def test_world_size_above_what_global_json_records_is_refused():
         assert f"PADDLE_TRAINERS_NUM={raw!r}" in str(exc.value) and "65536" in str(exc.value)
     with pytest.raises(ConfigError, match="65536"):
         CheckpointConfig(uri="x", world_size=65537)
+
+
+# -- timeouts that become deadlines: an upper bound -------------------------------------------------
+@given(st.floats(min_value=0, max_value=1e308, exclude_min=True), st.sampled_from(["", " ", "\t"]))
+def test_connect_and_part_timeouts_are_bounded(seconds, pad):
+    """Before: PADDLE_ACP_CONNECT_TIMEOUT=1e10 passed, then the clients failed ("timestamp out of range",
+    "cannot convert float infinity", the hadoop CLI client: Fatal Python error, exit 134)."""
+    raw = pad + repr(seconds) + pad
+    for name, read, most in (("PADDLE_ACP_CONNECT_TIMEOUT", config.connect_timeout_from_env, 86400.0),
+                             ("PADDLE_ACP_PART_TIMEOUT", lambda env: from_env(env).part_timeout, 7 * 86400.0)):
+        env = {name: raw}
+        if seconds <= most:
+            assert read(env) == seconds
+        else:
+            with pytest.raises(ConfigError) as e:
+                read(env)
+            assert f"{name}={raw.strip()!r} is too large: at most {most:g} s" in str(e.value)
+
+
+def test_save_intervals_that_mean_rarely_stay_unbounded():
+    for name in ("PADDLE_ACP_SAVE_INTERVAL", "PADDLE_EDL_SAVE_CHECKPOINT_INTER"):
+        assert from_env({name: "1e308"}).save_interval == 1e308
+    with pytest.raises(ConfigError, match="PADDLE_ACP_PART_TIMEOUT"):
+        CheckpointConfig(part_timeout=1e10)
