@@ -10,7 +10,7 @@ import sys
 from typing import Any, List, Optional
 
 from paddle_acp import config as _config
-from paddle_acp.errors import AcpError
+from paddle_acp.errors import AcpError, ConfigError
 
 logger = logging.getLogger("paddle_acp")
 
@@ -50,6 +50,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                "temporary directory, every epoch, never into the job's location)", option)
         args.checkpoint = args.interval = args.job_id = None
     if args.checkpoint is not None:
+        if args.checkpoint.strip() == "":
+            raise ConfigError(f"--checkpoint={args.checkpoint!r} is empty: give where to checkpoint "
+                              "(a local path, or a file://, hdfs:// or s3:// URI), or leave the option out")
         os.environ["PADDLE_ACP_CHECKPOINT_URI"] = args.checkpoint
     if args.interval is not None:
         _config.check_interval(args.interval, "--interval")

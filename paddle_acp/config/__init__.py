@@ -34,7 +34,13 @@ from paddle_acp.config.components import progress_from_env as progress_from_env
 from paddle_acp.config.components import s3_from_env as s3_from_env
 from paddle_acp.config.components import storage_options_from_env as storage_options_from_env
 from paddle_acp.config.components import trainer_id_from_env as trainer_id_from_env
-from paddle_acp.config.ranks import DEFAULT_PART_TIMEOUT, DEFAULT_REPLICATED_WRITERS, RANK_STATE_MODES
+from paddle_acp.config.ranks import (
+    DEFAULT_PART_TIMEOUT,
+    DEFAULT_REPLICATED_WRITERS,
+    MAX_PART_TIMEOUT,
+    PART_TIMEOUT_WHY,
+    RANK_STATE_MODES,
+)
 from paddle_acp.config.ranks import DEFAULT_SHARE_WRITERS as DEFAULT_SHARE_WRITERS
 from paddle_acp.config.ranks import writer_cap as writer_cap
 from paddle_acp.config.values import FALSE_WORDS as FALSE_WORDS
@@ -170,7 +176,7 @@ class CheckpointConfig:
             )
         if self.rank_state not in RANK_STATE_MODES:
             raise ConfigError(f"PADDLE_ACP_RANK_STATE={self.rank_state!r} must be one of {', '.join(RANK_STATE_MODES)}")
-        check_interval(self.part_timeout, "PADDLE_ACP_PART_TIMEOUT")
+        check_interval(self.part_timeout, "PADDLE_ACP_PART_TIMEOUT", MAX_PART_TIMEOUT, PART_TIMEOUT_WHY)
         writer_cap(self.replicated_writers)  # ConfigError naming a bad value
         check_interval(self.save_interval, "save_interval")
         if not isinstance(self.max_to_keep, int) or self.max_to_keep < 0:
@@ -243,6 +249,12 @@ def local_cache_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[st
     return path
 
 
+def running_env(env: Mapping[str, str]) -> Optional[str]:
+    """``PADDLE_RUNNING_ENV`` without surrounding blanks (as every variable), None when unset."""
+    raw = env.get("PADDLE_RUNNING_ENV")
+    return None if raw is None else raw.strip()
+
+
 def _required(env: Mapping[str, str], name: str, why: str) -> str:
     value = env.get(name)
     if value is None or value.strip() == "":
@@ -292,11 +304,14 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
         return CheckpointConfig(uri=uri.strip(), job_id=job_id, source="PADDLE_ACP_CHECKPOINT_URI", storage=storage,
                                 **common)
 
-    run_env = env.get("PADDLE_RUNNING_ENV")
+    run_env = running_env(env)
     if run_env != PADDLECLOUD_RUNNING_ENV:
         reason = (
             "neither PADDLE_ACP_CHECKPOINT_URI nor "
             f"PADDLE_RUNNING_ENV={PADDLECLOUD_RUNNING_ENV} is set"
+        ) if not run_env else (
+            f"PADDLE_ACP_CHECKPOINT_URI is not set and PADDLE_RUNNING_ENV={run_env!r} is not "
+            f"{PADDLECLOUD_RUNNING_ENV} (the value that switches on the PaddleCloud configuration)"
         )
         return CheckpointConfig(inactive_reason=reason, storage=storage, **common)
 
@@ -345,7 +360,7 @@ def paddlecloud_view_from_env(env: Optional[Mapping[str, str]] = None) -> Tuple[
     """``PADDLE_RUNNING_ENV`` and the configuration, as Paddle's ``AutoCheckpointChecker`` read them: under
     PaddleCloud, ``PADDLE_ACP_CHECKPOINT_URI`` is ignored."""
     env = os.environ if env is None else env
-    run_env = env.get("PADDLE_RUNNING_ENV")
+    run_env = running_env(env)
     if run_env == PADDLECLOUD_RUNNING_ENV:
         env = {k: v for k, v in env.items() if k != "PADDLE_ACP_CHECKPOINT_URI"}
     return run_env, from_env(env)

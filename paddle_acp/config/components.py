@@ -12,6 +12,7 @@ from paddle_acp.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_CONNECT_TIMEOUT = 30.0
+MAX_CONNECT_TIMEOUT = 86400.0  # a day: connecting longer is a dead endpoint (and past ~9.2e9 s the clients' timers fail)
 # libhdfs's JVM options in the training process when LIBHDFS_OPTS is unset: it makes few calls, so C1 alone and the
 # thread-less serial collector suffice (faster connect, less CPU, writes no slower: ci/bench/ranks_training_hdfs.py).
 DEFAULT_LIBHDFS_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -30,29 +31,54 @@ def trainer_id_from_env(env: Optional[Mapping[str, str]] = None) -> int:
 
 
 def connect_timeout_from_env(env: Optional[Mapping[str, str]] = None) -> float:
-    """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30)."""
+    """``PADDLE_ACP_CONNECT_TIMEOUT``: seconds a storage client may spend connecting (default 30; above 0, at most
+    :data:`MAX_CONNECT_TIMEOUT`)."""
     env = os.environ if env is None else env
-    seconds = env_seconds(env, "PADDLE_ACP_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT)
+    seconds = env_seconds(env, "PADDLE_ACP_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT,
+                          " (a day): it bounds each attempt to connect to storage (default 30)")
     if seconds <= 0:
         raise ConfigError(f"PADDLE_ACP_CONNECT_TIMEOUT={env['PADDLE_ACP_CONNECT_TIMEOUT']!r} must be a number of "
                           "seconds > 0")
     return seconds
 
 
+# signals that cannot be preemption signals: uncatchable ones, and those the kernel sends for a fault of the process
+# itself (a handler that only records them returns to the faulting instruction, which faults again: a spinning
+# process instead of a crash)
+NOT_PREEMPTION_SIGNALS = {
+    signal.SIGKILL: "cannot be caught",
+    signal.SIGSTOP: "cannot be caught",
+    signal.SIGSEGV: "is a fault of the process itself, not a request to stop",
+    signal.SIGBUS: "is a fault of the process itself, not a request to stop",
+    signal.SIGFPE: "is a fault of the process itself, not a request to stop",
+    signal.SIGILL: "is a fault of the process itself, not a request to stop",
+    signal.SIGABRT: "is a fault of the process itself, not a request to stop",
+    signal.SIGTRAP: "is a fault of the process itself, not a request to stop",
+    signal.SIGSYS: "is a fault of the process itself, not a request to stop",
+}
+
+
 def preempt_signals_from_env(env: Optional[Mapping[str, str]] = None) -> List[int]:
     """``PADDLE_ACP_PREEMPT_SIGNALS``: comma-separated catchable signals (``SIGTERM`` or ``TERM``),
-    ``SIGTERM`` when unset; empty: none."""
+    ``SIGTERM`` when unset; empty or blank: none. Fault and uncatchable signals (:data:`NOT_PREEMPTION_SIGNALS`)
+    are refused."""
     env = os.environ if env is None else env
     raw = env.get("PADDLE_ACP_PREEMPT_SIGNALS", "SIGTERM")
-    out = []
+    out: List[int] = []
     for part in (p.strip() for p in raw.split(",")):
         if not part:
             continue
         name = part.upper() if part.upper().startswith("SIG") else "SIG" + part.upper()
         sig = getattr(signal, name, None)
-        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a catchable signal")
-        out.append(int(sig))
+        if not isinstance(sig, signal.Signals):
+            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {part!r} is not a signal name (use e.g. "
+                              "SIGTERM,SIGUSR1)")
+        why = NOT_PREEMPTION_SIGNALS.get(sig)
+        if why is not None:
+            raise ConfigError(f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {sig.name} {why}, so it cannot be a "
+                              "preemption signal (use e.g. SIGTERM,SIGUSR1)")
+        if int(sig) not in out:
+            out.append(int(sig))
     return out
 
 

@@ -8,6 +8,10 @@ from paddle_acp.config.values import MAX_WORLD, env_choice, env_int, env_seconds
 from paddle_acp.errors import ConfigError
 
 DEFAULT_PART_TIMEOUT = 300.0
+# a week: rank 0's wait for the ranks' parts (and for the ranks' store to open) becomes a deadline and a store
+# timeout in whole seconds; far larger values overflow the clocks and the store's timer
+MAX_PART_TIMEOUT = 7 * 86400.0
+PART_TIMEOUT_WHY = " (a week): it bounds rank 0's wait for the other ranks' parts (default 300)"
 RANK_STATE_MODES = ("auto", "replicated", "per-rank")
 # PADDLE_ACP_REPLICATED_WRITERS: who writes replicated tensors (format/engine/shares.py): "all" (ranks
 # 0..min(W, DEFAULT_SHARE_WRITERS)-1 each write a share), N >= 2 (ranks 0..min(W, N)-1) or "one" (rank 0; "1" too)
@@ -64,4 +68,4 @@ def replicated_writers(env: Mapping[str, str]) -> str:
 
 
 def part_timeout(env: Mapping[str, str]) -> float:
-    return env_seconds(env, "PADDLE_ACP_PART_TIMEOUT", DEFAULT_PART_TIMEOUT)
+    return env_seconds(env, "PADDLE_ACP_PART_TIMEOUT", DEFAULT_PART_TIMEOUT, MAX_PART_TIMEOUT, PART_TIMEOUT_WHY)

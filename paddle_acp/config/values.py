@@ -46,13 +46,17 @@ def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
     return value
 
 
-def check_interval(value: Any, name: str) -> float:
+def check_interval(value: Any, name: str, maximum: Optional[float] = None, what: str = "") -> float:
+    """``value`` as seconds >= 0 and finite; with ``maximum`` (a timeout that becomes a deadline: the clocks and
+    the clients' own timers overflow far below float's range) at most that, ``what`` saying why."""
     try:
         seconds = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
         raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0")
+    if maximum is not None and seconds > maximum:
+        raise ConfigError(f"{name}={value!r} is too large: at most {maximum:g} s{what}")
     return seconds
 
 
@@ -60,12 +64,13 @@ def check_interval(value: Any, name: str) -> float:
 MAX_WORLD = 1 << 16
 
 
-def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def env_seconds(env: Mapping[str, str], name: str, default: float, maximum: Optional[float] = None,
+                what: str = "") -> float:
     """Variable ``name`` of ``env`` as seconds (:func:`check_interval`); ``default`` when unset or blank."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    return check_interval(raw.strip(), name)
+    return check_interval(raw.strip(), name, maximum, what)
 
 
 def env_choice(env: Mapping[str, str], name: str, default: str, choices: Sequence[str],

@@ -17,6 +17,7 @@ from paddle_acp.errors import AcpError, CheckpointError, ConfigError
 from paddle_acp.runtime import early
 from paddle_acp.runtime.capture import Site, caller_frame
 from paddle_acp.runtime.objects import ScriptState, check_state, tracked
+from paddle_acp.runtime.opening import check_range_args
 from paddle_acp.runtime.range import EpochRange
 from paddle_acp.runtime.restore import CONST_CHECKPOINT, CONST_MEMORYINIT
 from paddle_acp.runtime.state import STATE, check_main_thread
@@ -57,14 +58,13 @@ def train_epoch_range(max_epoch_num: int, save_checkpoint_inter: Optional[float]
     (:mod:`paddle_acp.runtime.capture`), the objects of ``state`` (name -> object) and those of
     :func:`paddle_acp.track`, restored in place before a resumed run's first epoch.
     """
+    max_epoch_num = check_range_args(max_epoch_num, save_checkpoint_inter)  # alike with checkpointing off
     registered = check_state(state)
     clash = sorted(set(registered) & set(tracked()))
     if clash:
         raise ConfigError(f"state= names {', '.join(map(repr, clash))}, which paddle_acp.track registered already")
     cfg = _config.from_env()
     if not cfg.active:
-        if save_checkpoint_inter is not None:
-            _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
         if not STATE.logged_inactive:
             logger.info("paddle-acp checkpointing is off: %s", cfg.inactive_reason)
             STATE.logged_inactive = True

@@ -22,7 +22,7 @@ logger = logging.getLogger("paddle_acp")
 _committers: "weakref.WeakSet[Committer]" = weakref.WeakSet()
 
 
-def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
+def on_sigint(signum: int, frame: Optional[FrameType]) -> None:
     cancelled = sum(c.cancel("interrupted (SIGINT)") for c in list(_committers))
     if cancelled:
         logger.warning("interrupted: %d checkpoint commit(s) waiting for other ranks' parts abandoned; the last "
@@ -37,7 +37,7 @@ def watch(committer: Committer) -> None:
         return
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, _on_sigint)
+            signal.signal(signal.SIGINT, on_sigint)
     except (ValueError, OSError) as exc:  # not the main interpreter, or no signals here
         logger.debug("could not watch SIGINT: %s", exc)
 

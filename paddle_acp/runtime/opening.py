@@ -7,6 +7,7 @@ are the loop's environment settings, refused when bad before any I/O.
 from __future__ import annotations
 
 import logging
+import operator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -116,9 +117,15 @@ def _marked_and_fenced(storage: Storage, cfg: _config.CheckpointConfig) -> Fence
     return fence
 
 
-def check_range_args(max_epoch_num: Any, save_checkpoint_inter: Any) -> None:
-    """ConfigError for a ``train_epoch_range`` argument that is not what it must be."""
-    if isinstance(max_epoch_num, bool) or not isinstance(max_epoch_num, int):
-        raise ConfigError(f"max_epoch_num={max_epoch_num!r} must be an integer")
+def check_range_args(max_epoch_num: Any, save_checkpoint_inter: Any) -> int:
+    """``max_epoch_num`` as an int (any integer type, as ``range()`` takes: ``operator.index``), or ConfigError
+    for a ``train_epoch_range`` argument that is not what it must be (checkpointing on or off alike)."""
+    try:
+        epochs = operator.index(max_epoch_num) if not isinstance(max_epoch_num, bool) else None
+    except TypeError:
+        epochs = None
+    if epochs is None:
+        raise ConfigError(f"max_epoch_num={max_epoch_num!r} must be an integer (a negative one: no end)")
     if save_checkpoint_inter is not None:
         _config.check_interval(save_checkpoint_inter, "save_checkpoint_inter")
+    return epochs

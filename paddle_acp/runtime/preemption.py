@@ -13,7 +13,7 @@ import threading
 from types import FrameType
 from typing import Callable, Dict, List, Optional
 
-from paddle_acp.runtime import shield
+from paddle_acp.runtime import interrupt, shield
 
 logger = logging.getLogger("paddle_acp")
 
@@ -26,8 +26,16 @@ class Preempted(SystemExit):
         self.signum = signum
 
 
+def _python_sigint(signum: int, handler: object) -> bool:
+    """Whether ``handler`` is Python's own SIGINT handler (or paddle-acp's wrapper of it): it raises
+    KeyboardInterrupt, which would stop the process before the save that SIGINT, named in
+    PADDLE_ACP_PREEMPT_SIGNALS, asks for. A script's own SIGINT handler is still called."""
+    return signum == signal.SIGINT and (handler is signal.default_int_handler or handler is interrupt.on_sigint)
+
+
 class PreemptionWatcher:
-    """Installs the handlers for the life of a range; chains to the previous handlers."""
+    """Installs the handlers for the life of a range; chains to the previous handlers (but for Python's
+    KeyboardInterrupt when SIGINT is a preemption signal)."""
 
     def __init__(self, signals: List[int], where: Optional[Callable[[], str]] = None,
                  on_signal: Optional[Callable[[], None]] = None):
@@ -46,7 +54,7 @@ class PreemptionWatcher:
             if self._on_signal is not None:
                 self._on_signal()
         prev = self._previous.get(signum)
-        if callable(prev):
+        if callable(prev) and not _python_sigint(signum, prev):
             prev(signum, frame)
 
     def install(self) -> None:

@@ -62,7 +62,7 @@ class EpochRange:
     def open(cls, max_epoch_num: int, name: str, cfg: _config.CheckpointConfig,
              save_checkpoint_inter: Optional[float] = None, script: Optional[ScriptState] = None) -> "EpochRange":
         """Open a range: validate the arguments, do its I/O (:func:`open_io`), load the checkpoint it resumes from."""
-        check_range_args(max_epoch_num, save_checkpoint_inter)
+        max_epoch_num = check_range_args(max_epoch_num, save_checkpoint_inter)
         storage = open_storage_for(cfg)
         settings = LoopSettings.from_env()
         r = cls(max_epoch_num, name, cfg, storage, save_checkpoint_inter, script, open_io(name, cfg, storage), settings)
@@ -73,7 +73,7 @@ class EpochRange:
                  save_checkpoint_inter: Optional[float] = None, script: Optional[ScriptState] = None,
                  opened: Opened = _NOTHING_OPENED, settings: Optional[LoopSettings] = None) -> None:
         """No I/O here (:meth:`open` does it). ``script``: the script's objects saved with each checkpoint."""
-        check_range_args(max_epoch_num, save_checkpoint_inter)
+        max_epoch_num = check_range_args(max_epoch_num, save_checkpoint_inter)
         settings = settings if settings is not None else LoopSettings.from_env()
         self.max_epoch_num = max_epoch_num
         self.name = name
@@ -244,6 +244,8 @@ class EpochRange:
         last = "" if self.max_epoch_num < 0 else f" and after the last epoch ({end - 1})"
         busy = self.schedule.policy.describe() if self.persister.saver.async_save else (
             "synchronous saves (PADDLE_ACP_ASYNC=0): training waits for each")
+        if not self.watcher.signals:
+            busy += "; preemption saves are off (PADDLE_ACP_PREEMPT_SIGNALS is empty: no signal triggers a save)"
         logger.info("range %s of job %s: checkpoints go to %s %s%s; %s", self.name, self.cfg.job_id, where, when, last,
                     busy)
 

@@ -1,16 +1,25 @@
 """Running ``hadoop fs`` commands for :mod:`paddle_acp.storage.hadoop_cli`: their installation, environment and
-``-D`` options (user, UGI, UTF-8 paths), timeouts, and the error each failure becomes (the UGI never shown)."""
+options (user, UGI, UTF-8 paths), timeouts, and the error each failure becomes (the UGI never shown).
+
+The UGI (``user,password``) never goes on a command line, which every local user can read (``ps``,
+``/proc/PID/cmdline``): each process's shell writes it once into a Hadoop configuration file of its own (mode 0600,
+in a private directory of ``tempfile.mkdtemp``) that every command reads through the generic option ``-conf FILE``;
+the directory is removed when the shell is collected or the process exits."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlparse
+from xml.sax.saxutils import escape
 
 from paddle_acp.storage.hadoop_cli_io import HadoopCliError, classify, stderr_tail
 
@@ -22,6 +31,12 @@ DATA_TIMEOUT = 600.0  # minimum seconds for a data transfer; 1 s per 8 MB on top
 
 def data_timeout(size: int) -> float:
     return DATA_TIMEOUT + size / (8 << 20)
+
+
+def _remove_dir(directory: str, pid: int) -> None:
+    """Remove a shell's -conf directory, in the process that wrote it only (not in a forked child at its exit)."""
+    if os.getpid() == pid:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class FsShell:
@@ -53,13 +68,34 @@ class FsShell:
         self.extra_conf = dict(extra_conf or {})
         self.commands_run = 0
         self._lock = threading.Lock()
+        self._conf: Optional[Tuple[int, str]] = None  # (the process, its -conf file holding the UGI)
+        self._remover: Optional["weakref.finalize[Any, Any]"] = None  # removes that file's directory
 
-    def __getstate__(self) -> Dict[str, Any]:  # the lock cannot be pickled
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+    def __getstate__(self) -> Dict[str, Any]:  # the lock cannot be pickled; the -conf file is this process's
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_conf", "_remover")}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._lock = threading.Lock()
+        self._conf = self._remover = None
+
+    def conf_file(self) -> Optional[str]:
+        """The ``-conf`` file holding the UGI (None without one), written once per process."""
+        if not self._ugi:
+            return None
+        pid = os.getpid()
+        with self._lock:
+            if self._conf is None or self._conf[0] != pid:  # (a forked child writes its own)
+                directory = tempfile.mkdtemp(prefix="paddle-acp-hadoop-")  # mode 0700
+                path = os.path.join(directory, "ugi.xml")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write('<?xml version="1.0" encoding="UTF-8"?>\n<configuration>\n  <property>'
+                            f"<name>hadoop.job.ugi</name><value>{escape(self._ugi)}</value></property>\n"
+                            "</configuration>\n")
+                self._remover = weakref.finalize(self, _remove_dir, directory, pid)
+                self._conf = (pid, path)
+            return self._conf[1]
 
     def env(self) -> Dict[str, str]:
         env = dict(os.environ)
@@ -74,9 +110,11 @@ class FsShell:
         return env
 
     def base(self) -> List[str]:
-        cmd = [self.hadoop, "fs", "-D", f"fs.defaultFS={self.default_fs}"]
-        if self._ugi:
-            cmd += ["-D", f"hadoop.job.ugi={self._ugi}"]
+        cmd = [self.hadoop, "fs"]
+        conf = self.conf_file()
+        if conf is not None:  # the UGI: in a file only this user can read, never on the command line
+            cmd += ["-conf", conf]
+        cmd += ["-D", f"fs.defaultFS={self.default_fs}"]
         for k, v in self.extra_conf.items():
             cmd += ["-D", f"{k}={v}"]
         return cmd

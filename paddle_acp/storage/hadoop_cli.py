@@ -8,7 +8,8 @@ and metadata is cached (:mod:`.hadoop_cli_cache`: other processes' changes may g
 
 Command-line limits: listed mtimes are to the minute; glob characters ``* ? [ ] { } \\`` in paths are refused; writing
 onto a directory is refused only where known; ``move`` onto a directory moves into it (like HDFS rename). The user goes
-as ``HADOOP_USER_NAME``, a PaddleCloud UGI ``user,password`` as ``-D hadoop.job.ugi=...`` (never shown in errors)."""
+as ``HADOOP_USER_NAME``, a PaddleCloud UGI ``user,password`` in a ``-conf`` file of mode 0600 (never on the command
+line, never shown in errors)."""
 
 from __future__ import annotations
 

@@ -135,6 +135,9 @@ def test_runner_rejects_bad_arguments(tmp_path):
     assert p.returncode == 2 and "--job-id='../x'" in p.stderr
     p = _cli("run", "--checkpoint", str(tmp_path / "ck"), str(tmp_path / "missing.py"))
     assert p.returncode == 2 and "does not exist" in p.stderr
+    for empty in ("", "  "):  # before: checkpointing silently off ("... is not set")
+        p = _cli("run", "--checkpoint", empty, str(script))
+        assert p.returncode == 2 and f"--checkpoint={empty!r} is empty" in p.stderr and "ran" not in p.stdout
 
 
 def test_runner_passes_arguments_and_exit_status(tmp_path):
@@ -312,3 +315,27 @@ def test_a_job_marker_that_cannot_be_written_stops_every_delete_and_commit_until
     assert storage.marker_writes == 3 and (tmp_path / "ck" / "j" / "job.json").is_file()
     acp.simulate_restart()
     acp.simulate_restart()
+
+
+class _Index:
+    def __index__(self):
+        return 2
+
+
+@pytest.mark.parametrize("active", [False, True])
+def test_range_arguments_are_checked_alike_with_checkpointing_on_or_off(tmp_path, monkeypatch, active):
+    """Before: off, '3', 3.0 or None raised a raw TypeError from inside; np.int64(3) worked off, ConfigError on."""
+    import numpy as np
+
+    for i, (good, n) in enumerate(((np.int64(3), 3), (np.int32(2), 2), (np.uint8(1), 1), (_Index(), 2), (3, 3))):
+        if active:  # (a location each: one range's checkpoints would make the next resume past its end)
+            monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path / f"ck{i}"))
+        assert list(acp.train_epoch_range(good, 0)) == list(range(n)), good
+        acp.simulate_restart()
+    for bad in ("3", 3.0, None, True, [3], np.float64(3)):
+        with pytest.raises(acp.ConfigError, match=r"max_epoch_num=.* must be an integer"):
+            list(acp.train_epoch_range(bad, 0))
+    for bad in ("soon", -1, float("nan"), [0]):
+        with pytest.raises(acp.ConfigError, match="save_checkpoint_inter="):
+            list(acp.train_epoch_range(2, bad))
+    assert acp.active_range() is None

@@ -30,6 +30,24 @@ def test_inactive_by_default():
     assert "PADDLE_ACP_CHECKPOINT_URI" in cfg.inactive_reason
 
 
+@given(st.text(" \t\n\r\x0b\x0c", max_size=3), st.text(" \t\n\r\x0b\x0c", max_size=3))
+def test_running_env_is_stripped_like_every_variable(before, after):
+    """Before: 'PADDLE_EDL_AUTO_CHECKPOINT ' switched checkpointing off, with a line saying it "is not set"."""
+    env = dict(CLOUD, PADDLE_RUNNING_ENV=before + "PADDLE_EDL_AUTO_CHECKPOINT" + after)
+    cfg = from_env(env)
+    assert cfg.active and cfg.source == "PaddleCloud" and cfg.uri == "hdfs://nn:9000/user/alice/ckpt"
+    run_env, cfg = config.paddlecloud_view_from_env(dict(env, PADDLE_ACP_CHECKPOINT_URI="/elsewhere"))
+    assert run_env == "PADDLE_EDL_AUTO_CHECKPOINT" and cfg.source == "PaddleCloud"
+
+
+def test_another_running_env_says_what_it_is():
+    cfg = from_env(dict(CLOUD, PADDLE_RUNNING_ENV="PADDLE_EDL_AUTO_CHECKPOINTS"))
+    assert not cfg.active
+    assert "PADDLE_RUNNING_ENV='PADDLE_EDL_AUTO_CHECKPOINTS' is not PADDLE_EDL_AUTO_CHECKPOINT" in cfg.inactive_reason
+    assert "is not set" not in cfg.inactive_reason.replace("PADDLE_ACP_CHECKPOINT_URI is not set", "")
+    assert "neither" in from_env(dict(CLOUD, PADDLE_RUNNING_ENV=" ")).inactive_reason
+
+
 def test_plain_uri_defaults():
     cfg = from_env({"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x"})
     assert cfg.active and cfg.uri == "/tmp/x"
@@ -195,6 +213,34 @@ def test_preempt_signals():
     for bad in ("SIGKILL", "SIGNOPE", "STOP"):
         with pytest.raises(ConfigError, match="PADDLE_ACP_PREEMPT_SIGNALS"):
             config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": bad})
+    assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": " \t "}) == []  # blank: as empty
+    assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": "TERM,SIGTERM"}) == [signal.SIGTERM]
+
+
+FAULTS = ["SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS", "SIGKILL", "SIGSTOP"]
+GOOD = ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU"]
+
+
+def _spell(name, short, lower):
+    name = name[3:] if short else name
+    return name.lower() if lower else name
+
+
+@given(st.lists(st.tuples(st.sampled_from(GOOD), st.booleans(), st.booleans()), max_size=5),
+       st.tuples(st.sampled_from(FAULTS), st.booleans(), st.booleans()), st.integers(0, 5), st.booleans())
+def test_preempt_signals_refuse_fault_and_uncatchable_signals(good, fault, at, with_fault):
+    """Before: SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT were accepted (a real fault then spun forever)."""
+    parts = [_spell(*g) for g in good]
+    if not with_fault:
+        want = list(dict.fromkeys(int(getattr(signal, g[0])) for g in good))
+        assert config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": " , ".join(parts)}) == want
+        return
+    parts.insert(min(at, len(parts)), _spell(*fault))
+    raw = ",".join(parts)
+    with pytest.raises(ConfigError) as e:
+        config.preempt_signals_from_env({"PADDLE_ACP_PREEMPT_SIGNALS": raw})
+    first_bad = next(p for p in parts if ("SIG" + p.upper()).replace("SIGSIG", "SIG") in FAULTS)
+    assert f"PADDLE_ACP_PREEMPT_SIGNALS={raw!r}: {('SIG' + first_bad.upper()).replace('SIGSIG', 'SIG')}" in str(e.value)
 
 
 def test_storage_client_variables():
@@ -250,3 +296,27 @@ def test_world_size_above_what_global_json_records_is_refused():
         assert f"PADDLE_TRAINERS_NUM={raw!r}" in str(exc.value) and "65536" in str(exc.value)
     with pytest.raises(ConfigError, match="65536"):
         CheckpointConfig(uri="x", world_size=65537)
+
+
+# -- timeouts that become deadlines: an upper bound -------------------------------------------------
+@given(st.floats(min_value=0, max_value=1e308, exclude_min=True), st.sampled_from(["", " ", "\t"]))
+def test_connect_and_part_timeouts_are_bounded(seconds, pad):
+    """Before: PADDLE_ACP_CONNECT_TIMEOUT=1e10 passed, then the clients failed ("timestamp out of range",
+    "cannot convert float infinity", the hadoop CLI client: Fatal Python error, exit 134)."""
+    raw = pad + repr(seconds) + pad
+    for name, read, most in (("PADDLE_ACP_CONNECT_TIMEOUT", config.connect_timeout_from_env, 86400.0),
+                             ("PADDLE_ACP_PART_TIMEOUT", lambda env: from_env(env).part_timeout, 7 * 86400.0)):
+        env = {name: raw}
+        if seconds <= most:
+            assert read(env) == seconds
+        else:
+            with pytest.raises(ConfigError) as e:
+                read(env)
+            assert f"{name}={raw.strip()!r} is too large: at most {most:g} s" in str(e.value)
+
+
+def test_save_intervals_that_mean_rarely_stay_unbounded():
+    for name in ("PADDLE_ACP_SAVE_INTERVAL", "PADDLE_EDL_SAVE_CHECKPOINT_INTER"):
+        assert from_env({name: "1e308"}).save_interval == 1e308
+    with pytest.raises(ConfigError, match="PADDLE_ACP_PART_TIMEOUT"):
+        CheckpointConfig(part_timeout=1e10)
