@@ -250,3 +250,18 @@ def test_world_size_above_what_global_json_records_is_refused():
         assert f"PADDLE_TRAINERS_NUM={raw!r}" in str(exc.value) and "65536" in str(exc.value)
     with pytest.raises(ConfigError, match="65536"):
         CheckpointConfig(uri="x", world_size=65537)
+
+
+@pytest.mark.parametrize("env, shown", [
+    ({**CLOUD, "PADDLE_EDL_HDFS_NAME": "someone:NameLeak123@namenode:9000"}, "'***@namenode:9000'"),
+    ({**CLOUD, "PADDLE_EDL_HDFS_NAME": "some:Name/Leak123@namenode:9000"}, "'***@namenode:9000'"),
+    ({"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x", "PADDLE_ACP_LOCAL_CACHE": "s3://AKID:CacheLeak789@bucket/cache"},
+     "'s3://bucket/cache'"),
+    ({"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x", "PADDLE_ACP_LOCAL_CACHE": "s3://bucket/c?secret_key=CacheLeak789"},
+     "'s3://bucket/c'"),
+])
+def test_config_errors_never_echo_credentials(env, shown):
+    """A forgotten scheme (user:pass@host:port), a URI where a directory belongs: the value is shown redacted."""
+    with pytest.raises(ConfigError) as exc:
+        from_env(env)
+    assert "Leak" not in str(exc.value) and shown in str(exc.value), exc.value
