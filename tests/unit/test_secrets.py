@@ -1,8 +1,9 @@
 """Credentials kept out of messages (``paddle_acp.secrets``): user info holding "/", "?", "#", "@" or a quote, user
-info without a scheme (``user:pass@host:port``), query secrets after ";" or written with "+", and malformed URIs (a
-ConfigError naming the URI redacted, never Python's ValueError)."""
+info without a scheme (``user:pass@host:port``), query secrets after ";" or written with "+", malformed URIs (a
+ConfigError naming the URI redacted, never Python's ValueError), and JSON scrubbed value by value."""
 from __future__ import annotations
 
+import json
 from urllib.parse import unquote, unquote_plus
 
 import pytest
@@ -11,10 +12,13 @@ from hypothesis import strategies as st
 
 from paddle_acp import cli, secrets
 from paddle_acp.errors import ConfigError
-from paddle_acp.secrets import redact, register_uri, scrub, uri_secrets
+from paddle_acp.format.checkpoints.metrics_log import scrubbed_line
+from paddle_acp.format.metrics_record import MetricsRecord, SaveBegun
+from paddle_acp.secrets import redact, register_secret, register_uri, scrub, uri_secrets
 from paddle_acp.storage import open_storage
 from paddle_acp.storage.etcd import parse_endpoint
 from paddle_acp.storage.schemes import parse_uri
+from paddle_acp.tools.render import emit_json
 
 # a password's characters: URL-safe ones and those a parser splits on ("/", "?", "#", "@", ":"), a quote, "+", "%"
 _ANY = st.text(st.sampled_from("aZ09-_.~/?#@:'+% ;&=!$*()"), min_size=4, max_size=24)
@@ -119,3 +123,26 @@ def test_a_malformed_uri_is_a_config_error_never_a_value_error(uri, why, capsys)
 @given(st.text(max_size=40))
 def test_the_redactor_never_raises(text):
     uri_secrets(text), redact(text), uri_secrets("hdfs://" + text), redact("s3://" + text)
+
+
+# -- item 8: a secret that is a common word leaves records and JSON valid ------------------------------------------
+@pytest.mark.parametrize("secret", ["saved", "true", "auto", "null", "start"])
+def test_a_common_word_secret_never_corrupts_a_metrics_record(secret, own_secrets):
+    register_secret(secret)
+    begun = SaveBegun(range="_range_0", epoch=1, step=None, stall_s=0.1, waited_s=0.0, policy="auto")
+    for rec in (begun.saved(number=1, nbytes=10, persist_s=0.5),
+                begun.part(name="ckpt-e1", nbytes=10, persist_s=0.5, rank=0, committed=True, parts_wait_s=0.0),
+                MetricsRecord.start(range="_range_0", restored=None, policy="auto", restore_source=None)):
+        back = MetricsRecord.from_line(scrubbed_line(rec))
+        assert back.to_dict() == rec.to_dict(), (secret, scrubbed_line(rec))
+    failed = begun.failed(error=OSError(f"denied for user,{secret}: x"), persist_s=0.1)
+    back = MetricsRecord.from_line(scrubbed_line(failed))
+    assert back.event == "failed" and back.error == "denied for user,***: x", back
+
+
+def test_json_output_is_scrubbed_value_by_value(own_secrets, capsys):
+    register_secret("true")
+    register_secret('pw"q\u00e9')
+    emit_json({"ok": True, "error": 'failed: true pw"q\u00e9', "n": None})
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == {"ok": True, "error": "failed: *** ***", "n": None}
