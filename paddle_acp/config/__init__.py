@@ -236,8 +236,10 @@ def local_cache_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[st
         )
     value = raw.strip()
     if "://" in value:
+        from paddle_acp.secrets import redact  # its user info or query may hold credentials
+
         raise ConfigError(
-            f"PADDLE_ACP_LOCAL_CACHE={value!r} is a URI: it must be a directory on this node's own disk "
+            f"PADDLE_ACP_LOCAL_CACHE={redact(value)!r} is a URI: it must be a directory on this node's own disk "
             "(e.g. /local/acp-cache); the checkpoint location itself is PADDLE_ACP_CHECKPOINT_URI"
         )
     path = os.path.abspath(os.path.expanduser(value))

@@ -28,7 +28,28 @@ SLOW_TO_OPEN = frozenset({"hdfs", "viewfs"})
 
 def slow_to_open(uri: str) -> bool:
     """Whether ``uri``'s backend is slow to open (:data:`SLOW_TO_OPEN`)."""
-    return urlparse(uri).scheme.lower() in SLOW_TO_OPEN
+    try:
+        return urlparse(uri).scheme.lower() in SLOW_TO_OPEN
+    except ValueError:  # malformed: open_storage says why
+        return False
+
+
+def parse_uri(uri: str) -> ParseResult:
+    """``uri`` parsed, its port checked; ConfigError (the URI redacted, Python's text, which may quote a password,
+    left out) for an IPv6 host without its "]" or a port that is no number in 0-65535."""
+    try:
+        parsed = urlparse(uri)
+        parsed.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError as exc:
+        if "IPv6" in str(exc):
+            why = "an IPv6 host in '[' ']' is not closed or not valid"
+        elif "out of range" in str(exc):
+            why = "the port is not in 0-65535"
+        else:
+            why = ("the text after the host's ':' is not a port number (a password holding '/', '?', '#' or '@' "
+                   "must be percent-encoded, e.g. '/' as %2F)")
+        raise ConfigError(f"checkpoint URI {redact(uri)!r} is malformed: {why}") from None
+    return parsed
 
 
 def register_backend(scheme: str, opener: Opener) -> None:
@@ -44,7 +65,7 @@ def open_storage(uri: str, options: Optional[StorageOptions] = None, *, hdfs_use
     if not isinstance(uri, str) or not uri.strip():
         raise ConfigError(f"checkpoint URI {uri!r} is empty")
     register_uri(uri)
-    parsed: ParseResult = urlparse(uri)
+    parsed = parse_uri(uri)
     scheme = parsed.scheme.lower()
     opener = _BACKENDS.get(scheme)
     if opener is None:

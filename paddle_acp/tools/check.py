@@ -16,6 +16,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
+from paddle_acp.secrets import redact_command
 from paddle_acp.tools import check_report as report
 from paddle_acp.tools.check_runs import Point, Runs, strip_runner_options, tail
 from paddle_acp.tools.discovery import ToolError
@@ -83,7 +84,7 @@ def check(command: List[str], epochs: int = 3, timeout: float = 600.0, keep: boo
     workdir = tempfile.mkdtemp(prefix="paddle-acp-check-")
     runs = Runs(command, epochs, timeout, workdir, say)
     try:
-        say(f"run 1 (uninterrupted, {epochs} epochs per range): {' '.join(command)}")
+        say(f"run 1 (uninterrupted, {epochs} epochs per range): {' '.join(redact_command(command))}")
         first = runs.uninterrupted("reference")
         ref_records = runs.records("reference")
         ref = report.rank_epochs(ref_records)

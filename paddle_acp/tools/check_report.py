@@ -12,6 +12,8 @@ import glob
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
+from paddle_acp.secrets import redact_command
+
 RESUMES_EXACTLY, NOT_DETERMINISTIC, RESUMES_DIFFERENTLY = "resumes_exactly", "not_deterministic", "resumes_differently"
 STATE_NOT_RESTORED = "state_not_restored"
 EXIT_STATUS = {RESUMES_EXACTLY: 0, NOT_DETERMINISTIC: 1, RESUMES_DIFFERENTLY: 2, STATE_NOT_RESTORED: 4}
@@ -167,7 +169,7 @@ def uncaptured_objects(*runs: RankEpochs) -> List[Dict[str, Any]]:
 
 @dataclasses.dataclass
 class CheckResult:
-    command: List[str]
+    command: List[str]  # as run; the JSON report shows it redacted
     epochs: int
     verdict: str
     runs: List[Dict[str, Any]]
@@ -185,7 +187,7 @@ class CheckResult:
 
 def to_json(res: CheckResult) -> Dict[str, Any]:
     return {
-        "verdict": res.verdict, "exit_status": res.exit_status, "command": res.command, "epochs": res.epochs,
+        "verdict": res.verdict, "exit_status": res.exit_status, "command": redact_command(res.command), "epochs": res.epochs,
         "compared_epochs": res.compared_epochs, "runs": res.runs, "kills": res.kills, "notes": res.notes,
         "first_difference": dataclasses.asdict(res.difference) if res.difference is not None else None,
         "state_not_captured": {"scalars": res.scalars, "objects": res.uncaptured},

@@ -15,6 +15,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from paddle_acp.secrets import redact_arg
 from paddle_acp.tools import check_report as report
 from paddle_acp.tools.discovery import ToolError
 
@@ -26,6 +27,14 @@ _RUNNER_PROGRAMS = ("paddle-acp", "paddle_acp_cli.py")
 _RUNNER_MODULES = ("paddle_acp", "paddle_acp_cli")
 
 Point = Tuple[str, int, Optional[int]]  # (range, epoch, step or None)
+
+
+def _runner_option(word: str) -> Optional[str]:
+    """The option of ``paddle-acp run`` that ``word`` names, abbreviated as argparse allows (``--check``)."""
+    if not word.startswith("--") or len(word) < 3:
+        return None
+    names = [o for o in _RUNNER_OPTIONS + ("--help",) if o.startswith(word)]
+    return names[0] if len(names) == 1 and names[0] in _RUNNER_OPTIONS else None
 
 
 def strip_runner_options(command: List[str]) -> Tuple[List[str], List[str]]:
@@ -44,8 +53,8 @@ def strip_runner_options(command: List[str]) -> Tuple[List[str], List[str]]:
     i = run_at + 1
     while i < len(command) and command[i].startswith("-"):
         word = command[i]
-        name = word.split("=", 1)[0]
-        if name in _RUNNER_OPTIONS:
+        name = _runner_option(word.split("=", 1)[0])
+        if name is not None:
             removed.append(name)
             i += 1 if "=" in word else 2
             continue
@@ -97,7 +106,7 @@ class Runs:
             proc = subprocess.Popen(self.command, env=self.env(name, kill_at), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
-            raise ToolError(f"cannot run {self.command[0]!r}: {exc}") from exc
+            raise ToolError(f"cannot run {redact_arg(self.command[0])!r}: {exc}") from exc
         finally:
             out.close()
         self.groups.append(proc)

@@ -16,6 +16,7 @@ from paddle_acp.format.engine import reader
 from paddle_acp.format.layout import MANIFEST_NAME, final_name, range_dir
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage, redact
+from paddle_acp.storage.schemes import parse_uri
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, short_reason, single_job, uri_join
 from paddle_acp.tools.scan import CkptInfo, restart_checkpoint, scan_range
 
@@ -69,6 +70,7 @@ def _parse_ref(ref: str) -> Optional[CkptRef]:
     if re.search(r"/ckpt-[0-9]+\.tmp-[0-9a-f]+/?\Z", ref, re.ASCII):
         raise ToolError(f"{redact(ref)} is the leftover of an interrupted save (never committed; `paddle-acp gc` removes it)")
     if "://" in ref:
+        parse_uri(ref)  # ConfigError for a malformed one (urlsplit's ValueError may quote a password)
         parts = urlsplit(ref)
         m = REF_RE.fullmatch(parts.path)
         if not m:

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable, List, Optional, Sequence, TypeVar, Union
 
+from paddle_acp.secrets import scrub_values
 from paddle_acp.storage.base import scrub
 
 
@@ -82,8 +83,9 @@ def emit(text: str) -> None:
 
 
 def emit_json(doc: Any) -> None:
-    """A result's JSON form on stdout (indented), secrets scrubbed."""
-    emit(json.dumps(doc, indent=2))
+    """A result's JSON form on stdout (indented), secrets scrubbed from its string values before it is serialised
+    (scrubbing the text could break the JSON: a secret "true")."""
+    sys.stdout.write(json.dumps(scrub_values(doc), indent=2) + "\n")
 
 
 def root_command(sub: Any, name: str, help: str, description: str, uri_help: str = "storage root",

@@ -3,17 +3,17 @@ script's objects, the data loader's state, the RNG at a mid-epoch checkpoint's e
 line, the way Python writes it, shortened.
 
 Redacted before anything is cut: a string's registered secrets and every URI's user info and query, and the value of a
-key named like a credential (:func:`paddle_acp.secrets.secret_name`) unless numeric (so RNG ``key`` arrays show)."""
+key named like a credential (:func:`paddle_acp.secrets.secret_name`), a dict's key or a saved object's own name
+(``state={"db_password": ...}``), unless numeric (so RNG ``key`` arrays show)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from paddle_acp.format import objstate
-from paddle_acp.secrets import redact, scrub, secret_name
+from paddle_acp.secrets import redact_text, scrub, secret_name
 
 __all__ = ["WIDTH", "extra_values", "preview"]
 
@@ -23,17 +23,17 @@ DEPTH = 4  # levels of nesting shown
 TEXT = 60  # characters of a string shown
 DIGITS = 24  # digits of an integer shown (a PCG64 state has 39)
 HIDDEN = "***"
-_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 
 
-def preview(value: Any, width: int = WIDTH) -> str:
-    """``value`` (decoded from a manifest) as one line of at most ``width`` characters, redacted."""
-    text = _show(value, 1, False)
+def preview(value: Any, width: int = WIDTH, hidden: bool = False) -> str:
+    """``value`` (decoded from a manifest) as one line of at most ``width`` characters, redacted; ``hidden``: its
+    strings shown as ``***`` (the value of a name like a credential's)."""
+    text = _show(value, 1, hidden)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _text(s: str) -> str:
-    s = _URI.sub(lambda m: redact(m.group(0)), scrub(s))
+    s = redact_text(s)
     return repr(s if len(s) <= TEXT else s[:TEXT] + "…")
 
 
@@ -71,7 +71,7 @@ def _show(v: Any, depth: int, hidden: bool) -> str:
 def _objects(section: Any) -> Dict[str, List[Dict[str, str]]]:
     """An ``objects`` section (format/objstate.py): per part ("rng", "state") its objects' names, kinds and values."""
     rng, state = objstate.validate(section)
-    return {part: [{"name": scrub(name), "kind": kind, "value": preview(value)}
+    return {part: [{"name": scrub(name), "kind": kind, "value": preview(value, hidden=secret_name(name))}
                    for name, (kind, value) in objs.items()]
             for part, objs in (("rng", rng), ("state", state))}
 
@@ -89,7 +89,7 @@ def extra_values(extra: Dict[str, Any]) -> Dict[str, Any]:
         elif key == "epoch_start_rng":
             out[key] = rng_summary(v)
         else:
-            out[scrub(key)] = preview(v)  # plain JSON data
+            out[scrub(key)] = preview(v, hidden=secret_name(key))  # plain JSON data
     return out
 
 

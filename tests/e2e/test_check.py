@@ -239,6 +239,23 @@ def test_strip_runner_options():
         ["/usr/bin/paddle-acp", "run", "t.py"], ["--checkpoint"])
     assert strip_runner_options(["python", "train.py", "run", "--checkpoint", "x"]) == (
         ["python", "train.py", "run", "--checkpoint", "x"], [])
+    # abbreviated as argparse takes them
+    assert strip_runner_options(["paddle-acp", "run", "--check", "s3://K:S@b/p", "--job=j", "--i", "5", "t.py"]) == (
+        ["paddle-acp", "run", "t.py"], ["--checkpoint", "--job-id", "--interval"])
+
+
+def test_the_checked_command_is_shown_redacted(tmp_path):
+    """stderr's "run 1 (...): CMD" and the JSON report's "command": no URI's user info or credential query."""
+    secrets = ("ChkS3cret1", "Chk/S3cret2", "ChkS3cret3", "ChkS3cret4", "ChkS3cret5")
+    args = ["--data", "s3://AKID:ChkS3cret1@bucket/data", "--out=hdfs://u:Chk/S3cret2@nn/p",
+            "s3://b/p?scheme=http;secret_key=ChkS3cret3", "root:ChkS3cret4@etcd:2379", "--password", "ChkS3cret5"]
+    proc, _ = run_check(sys.executable, "-c", "print('no training here')", *args)
+    assert proc.returncode == 3 and "run 1 (uninterrupted" in proc.stderr, _why(proc)
+    assert not any(s in proc.stderr + proc.stdout for s in secrets), proc.stderr
+    assert "s3://bucket/data --out=hdfs://nn/p s3://b/p ***@etcd:2379 --password ***" in proc.stderr, proc.stderr
+    res = report.CheckResult(["python", "t.py", *args], 2, report.RESUMES_EXACTLY, [], None, [], [], 0)
+    shown = json.dumps(report.to_json(res))
+    assert not any(s in shown for s in secrets) and "s3://bucket/data" in shown, shown
 
 
 # -- Ctrl-C and SIGTERM ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ batch (``paddle-acp stats`` counts committed checkpoints without a line). Writte
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -18,13 +19,25 @@ import pyarrow
 
 from paddle_acp.errors import StorageError
 from paddle_acp.format.metrics_record import MetricsRecord
-from paddle_acp.storage.base import Storage, scrub
+from paddle_acp.secrets import scrub_values
+from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
 
 def metrics_path(job_id: str, trainer_id: int) -> str:
     return f"{job_id}/metrics/trainer-{trainer_id}.jsonl"
+
+
+_VOCABULARY = frozenset({"event", "policy", "restore_source"})  # the library's own words: never a secret
+
+
+def scrubbed_line(record: MetricsRecord) -> str:
+    """``record``'s JSON line, registered secrets scrubbed from its string values (an error's text) before it is
+    serialised: never from its keys, numbers, booleans or fixed words, so a secret such as "saved" or "true" leaves
+    the line a valid record."""
+    obj = record.to_dict()
+    return json.dumps({k: v if k in _VOCABULARY else scrub_values(v) for k, v in obj.items()}, sort_keys=True)
 
 
 FLUSH_INTERVAL = 10.0  # seconds between two metrics writes (batches of lines)
@@ -48,7 +61,7 @@ class MetricsLog:
 
     def add(self, record: MetricsRecord) -> None:
         """Buffer one record (no storage access: safe on the training thread)."""
-        line = (scrub(record.to_line()) + "\n").encode()  # an error text never carries a secret
+        line = (scrubbed_line(record) + "\n").encode()  # an error text never carries a secret
         with self._lock:
             self._pending.append(line)
             if len(self._pending) > MAX_PENDING:

@@ -320,3 +320,18 @@ def test_save_intervals_that_mean_rarely_stay_unbounded():
         assert from_env({name: "1e308"}).save_interval == 1e308
     with pytest.raises(ConfigError, match="PADDLE_ACP_PART_TIMEOUT"):
         CheckpointConfig(part_timeout=1e10)
+
+
+@pytest.mark.parametrize("env, shown", [
+    ({**CLOUD, "PADDLE_EDL_HDFS_NAME": "someone:NameLeak123@namenode:9000"}, "'***@namenode:9000'"),
+    ({**CLOUD, "PADDLE_EDL_HDFS_NAME": "some:Name/Leak123@namenode:9000"}, "'***@namenode:9000'"),
+    ({"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x", "PADDLE_ACP_LOCAL_CACHE": "s3://AKID:CacheLeak789@bucket/cache"},
+     "'s3://bucket/cache'"),
+    ({"PADDLE_ACP_CHECKPOINT_URI": "/tmp/x", "PADDLE_ACP_LOCAL_CACHE": "s3://bucket/c?secret_key=CacheLeak789"},
+     "'s3://bucket/c'"),
+])
+def test_config_errors_never_echo_credentials(env, shown):
+    """A forgotten scheme (user:pass@host:port), a URI where a directory belongs: the value is shown redacted."""
+    with pytest.raises(ConfigError) as exc:
+        from_env(env)
+    assert "Leak" not in str(exc.value) and shown in str(exc.value), exc.value

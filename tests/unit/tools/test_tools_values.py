@@ -168,3 +168,22 @@ def test_preview_is_one_bounded_line_of_any_saved_value(value, width):
     assert len(text) <= width and "\n" not in text
     secret = "Zq9-credential-Zq9"
     assert secret not in preview({"password": secret, "x": [value, {"api_key": [secret]}]}, width)
+
+
+def test_inspect_hides_values_saved_under_a_credential_name_and_uris_with_a_quote(tmp_path, capsys):
+    """``state={"db_password": acp.Value(..)}``: the object's own name is a credential's; a password holding a quote
+    (the URI runs to white space, not to the quote); user:pass@host without a scheme."""
+    state = {"db_password": ("state_dict", {"value": "ValPwLeak111"}), "api_token": ("dict", {"v": "DictTokLeak222"}),
+             "api_key": ("ndarray", np.arange(3)),  # numeric: shown (an RNG's key array)
+             "conf": ("dict", {"dsn": "s3://AKID:pa'ssQuoteLeak333@bucket/x", "etcd": "root:NoSchemeLeak555@h:2379",
+                               "url": "see http://u:p/w'dLeak444@host/p"})}
+    section = {"version": objstate.VERSION, "rng": {},
+               "state": {n: {"kind": k, "value": objstate.encode(v)} for n, (k, v) in state.items()}}
+    save(tmp_path, snapshot(0, 3, extra={"objects": section, "db_password": "TopLeak666"}))
+    for args in ([], ["--json"]):
+        assert cli.main(["inspect", str(tmp_path), *args]) == 0
+        out = capsys.readouterr().out
+        for leak in ("ValPwLeak111", "DictTokLeak222", "QuoteLeak333", "Leak444", "NoSchemeLeak555", "TopLeak666"):
+            assert leak not in out, (leak, out)
+        assert "s3://bucket/x" in out and "***@h:2379" in out and "http://host/p" in out, out
+        assert "[0, 1, 2]" in out, out
