@@ -39,7 +39,8 @@ from paddle_acp.storage.base import Storage
 logger = logging.getLogger("paddle_acp")
 
 WRITERS_DIR = "writers"
-_GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full
+MAX_GENERATION = 10**18 - 1  # the largest generation a record may name: 18 digits (parts and absences take the same)
+_GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full, <= MAX_GENERATION
 JOB_MARKER = "job.json"
 VOUCHED_FOR = 30.0  # seconds a quick check may take the store's word before looking on storage
 
@@ -118,6 +119,14 @@ class Fence:
         if n == 0:  # no record yet: the directory may not exist either (a restart's lists it, one call less)
             storage.makedirs(wdir)
         for _ in range(1000):
+            if n > MAX_GENERATION:  # a name newest_generation() ignores: older writers would never be fenced
+                raise StorageError(
+                    f"cannot record a writer generation for job {job_id}{f' rank {rank}' if rank else ''}: "
+                    f"{storage.uri}/{wdir}/gen-{n - 1} is taken and a record may name no generation above "
+                    f"{MAX_GENERATION} (a newer writer would be invisible: no older one would be fenced). paddle-acp "
+                    f"never counts that high: stop every process of job {job_id}, then remove the records with 18 "
+                    f"digits from {storage.uri}/{wdir} (or start the job under a new PADDLE_JOB_ID)"
+                )
             t0 = time.monotonic()
             # empty: HDFS completes a file without blocks at once (one with a block waits ~0.4 s for the DataNode)
             if create_exclusive(storage, f"{wdir}/gen-{n}", b""):
