@@ -31,9 +31,10 @@ import re
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
-from paddle_acp.errors import CheckpointError, StorageError
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format.untrusted_json import parse_json
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
@@ -42,6 +43,7 @@ WRITERS_DIR = "writers"
 MAX_GENERATION = 10**18 - 1  # the largest generation a record may name: 18 digits (parts and absences take the same)
 _GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full, <= MAX_GENERATION
 JOB_MARKER = "job.json"
+MAX_JOB_MARKER_SIZE = 1 << 16  # bytes of a job marker (paddle-acp writes about 100)
 VOUCHED_FOR = 30.0  # seconds a quick check may take the store's word before looking on storage
 
 
@@ -182,18 +184,46 @@ def check_deletable(storage: Storage, job_id: str, path: str) -> None:
                     f"refusing to delete under {storage.uri}/{path}: {'/'.join(parts[:i])} is a symlink "
                     "(retention never deletes through a symlink)"
                 )
-    marker = f"{job_id}/{JOB_MARKER}"
     try:
-        doc = json.loads(storage.read_bytes(marker).decode("utf-8"))
-    except FileNotFoundError:
+        doc = read_job_marker(storage, job_id)
+    except (CorruptCheckpointError, StorageError) as exc:
+        raise CheckpointError(f"refusing to delete under {storage.uri}/{path}: {exc}; nothing is deleted (retention "
+                              f"skipped) until {JOB_MARKER} is fixed or removed") from None
+    if doc is None:
         return  # written by trainer 0 at start; absent only in layouts older than the marker
-    except (ValueError, UnicodeDecodeError):
-        raise CheckpointError(f"refusing to delete under {storage.uri}/{path}: the job marker {marker} is not valid JSON") from None
-    if not isinstance(doc, dict) or doc.get("job_id") != job_id:
+    if doc["job_id"] != job_id:
         raise CheckpointError(
-            f"refusing to delete under {storage.uri}/{path}: the job marker {marker} names another job "
-            f"({doc.get('job_id') if isinstance(doc, dict) else None!r})"
+            f"refusing to delete under {storage.uri}/{path}: the job marker {job_id}/{JOB_MARKER} names another job "
+            f"({doc['job_id']!r})"
         )
+
+
+def read_job_marker(storage: Storage, job_id: str) -> Optional[Dict[str, Any]]:
+    """The job marker ``{job_id}/job.json``, read as untrusted input (at most MAX_JOB_MARKER_SIZE bytes, nesting
+    capped, field types checked): its ``job_id`` a string, ``created`` (optional) a time in seconds. None when there
+    is none; CorruptCheckpointError naming it when invalid, StorageError when it cannot be read."""
+    path = f"{job_id}/{JOB_MARKER}"
+    try:
+        raw = storage.read_bytes(path, limit=MAX_JOB_MARKER_SIZE)
+    except FileNotFoundError:
+        return None
+    try:
+        doc = parse_json(raw, "job marker", MAX_JOB_MARKER_SIZE)
+        if not isinstance(doc, dict):
+            raise CorruptCheckpointError("invalid job marker: not a JSON object")
+        if not isinstance(doc.get("job_id"), str) or not 0 < len(doc["job_id"]) <= 4096:
+            raise CorruptCheckpointError("invalid job marker: job_id is missing or not a job id")
+        try:
+            doc["job_id"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise CorruptCheckpointError("invalid job marker: job_id is not valid text") from None
+        created = doc.get("created")
+        if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))
+                                    or not 0 <= created < 1e11):
+            raise CorruptCheckpointError("invalid job marker: created is not a time in seconds")
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{storage.uri}/{path}: {exc}") from None
+    return doc
 
 
 def write_job_marker(storage: Storage, job_id: str) -> None:
