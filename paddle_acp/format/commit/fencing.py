@@ -31,7 +31,7 @@ import re
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
 from paddle_acp.format.untrusted_json import parse_json
@@ -44,6 +44,7 @@ MAX_GENERATION = 10**18 - 1  # the largest generation a record may name: 18 digi
 _GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full, <= MAX_GENERATION
 JOB_MARKER = "job.json"
 MAX_JOB_MARKER_SIZE = 1 << 16  # bytes of a job marker (paddle-acp writes about 100)
+MAX_GAPS = 100  # records a new writer adds at most to close gaps in the generations (_fill_gaps)
 VOUCHED_FOR = 30.0  # seconds a quick check may take the store's word before looking on storage
 
 
@@ -58,16 +59,34 @@ def writers_dir(job_id: str, rank: int = 0) -> str:
     return f"{job_id}/{WRITERS_DIR}" if rank == 0 else f"{job_id}/{WRITERS_DIR}/rank-{rank}"
 
 
-def newest_generation(storage: Storage, job_id: str, rank: int = 0) -> int:
-    """The newest generation recorded for rank ``rank`` of the job; -1 when there is none."""
-    best = -1
+def recorded_generations(storage: Storage, job_id: str, rank: int = 0) -> List[int]:
+    """The generations recorded for rank ``rank`` of the job, in order (records of other names are ignored)."""
     path = writers_dir(job_id, rank)
     storage.forget_cached(path)  # other processes' generations must be seen at once
-    for e in storage.listdir(path):
-        m = _GEN_RE.fullmatch(e.name)
-        if m and not e.is_dir and not e.is_link:
-            best = max(best, int(m.group(1)))
-    return best
+    return sorted(int(m.group(1)) for e in storage.listdir(path)
+                  if (m := _GEN_RE.fullmatch(e.name)) and not e.is_dir and not e.is_link)
+
+
+def newest_generation(storage: Storage, job_id: str, rank: int = 0) -> int:
+    """The newest generation recorded for rank ``rank`` of the job; -1 when there is none."""
+    return max(recorded_generations(storage, job_id, rank), default=-1)
+
+
+def _fill_gaps(storage: Storage, wdir: str, gens: List[int], taken: int) -> None:
+    """Record ``m + 1`` after each recorded generation ``m`` below ``taken`` whose successor is missing (a record
+    planted or copied in out of order): a writer of generation ``m`` looks only for ``gen-<m + 1>`` in its quick check
+    (:func:`newer_recorded`), and must see that it is superseded. Best effort, at most MAX_GAPS records."""
+    have = set(gens)
+    gaps = [m + 1 for m in gens if m + 1 not in have and m + 1 < taken]
+    if len(gaps) > MAX_GAPS:
+        logger.warning("%s/%s: %d gaps between writer generation records; filling the newest %d only", storage.uri,
+                       wdir, len(gaps), MAX_GAPS)
+        gaps = gaps[-MAX_GAPS:]
+    for g in gaps:
+        try:
+            create_exclusive(storage, f"{wdir}/gen-{g}", b"")
+        except StorageError as exc:
+            logger.warning("could not record writer generation %d under %s/%s: %s", g, storage.uri, wdir, exc)
 
 
 def newer_recorded(storage: Storage, job_id: str, rank: int, generation: int) -> bool:
@@ -117,7 +136,8 @@ class Fence:
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
         """Record a new generation of rank ``rank`` (newest + 1; on a race, the next free one)."""
         wdir = writers_dir(job_id, rank)
-        n = newest_generation(storage, job_id, rank) + 1
+        gens = recorded_generations(storage, job_id, rank)
+        n = max(gens, default=-1) + 1
         if n == 0:  # no record yet: the directory may not exist either (a restart's lists it, one call less)
             storage.makedirs(wdir)
         for _ in range(1000):
@@ -134,6 +154,7 @@ class Fence:
             if create_exclusive(storage, f"{wdir}/gen-{n}", b""):
                 logger.info("job %s: this writer%s is generation %d (process %d on %s)", job_id,
                             f" (rank {rank})" if rank else "", n, os.getpid(), socket.gethostname())
+                _fill_gaps(storage, wdir, gens, n)
                 return cls(storage, job_id, n, rank, took_s=time.monotonic() - t0)
             n += 1
         raise StorageError(f"could not record a writer generation under {storage.uri}/{wdir}")

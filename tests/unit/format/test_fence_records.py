@@ -111,3 +111,30 @@ def test_no_planted_record_makes_a_newer_writer_invisible(planted):
             else:
                 open(os.path.join(wdir, name), "wb").close()
         _newer_fences_older(open_storage(os.path.join(tmp)))
+
+
+def test_a_record_planted_ahead_never_hides_the_next_writer_from_a_quick_check(storage):
+    """gen-7 planted (or copied in) while generation 0 writes: the next writer takes 8 and records gen-1 too, so the
+    older writer's quick check (one look-up of gen-<its generation + 1>) sees it is superseded."""
+    a = Fence.take(storage, "job")
+    storage.write_bytes("job/writers/gen-7", b"")
+    b = Fence.take(storage, "job")
+    assert (a.generation, b.generation) == (0, 8) and storage.exists("job/writers/gen-1")
+    with pytest.raises(FencedError, match="fenced by generation 8"):
+        a.check("commit", quick=True)
+    b.check("commit", quick=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(gens=st.lists(st.integers(0, 300), max_size=8), at=st.integers(0, 300))
+def test_any_older_generation_sees_a_newer_writer_in_its_quick_check(gens, at):
+    """A writer of any recorded generation, whatever records lie around it: after a new writer took its generation,
+    the quick check of the older one fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = open_storage(tmp)
+        storage.makedirs("job/writers")
+        for g in set(gens) | {at}:
+            storage.write_bytes(f"job/writers/gen-{g}", b"")
+        old = Fence(storage, "job", at)
+        Fence.take(storage, "job")
+        assert _fenced(old)
