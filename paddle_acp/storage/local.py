@@ -5,19 +5,23 @@ percent-decoded); another host, user info, a query or fragment, or a ``%00`` is 
 literally. pyarrow's ``LocalFileSystem`` does the rest, except where the OS does better or safer: page-aligned images
 bypass the page cache (``O_DIRECT``, buffered where refused); written files and renamed-into directories are
 ``fsync``-ed; whole-file reads (``read_bytes``), listings and ``stat`` never follow a symbolic link (``O_NOFOLLOW``,
-``lstat``), nor do deletes; exclusive creation is ``O_EXCL``."""
+``lstat``), nor do deletes; exclusive creation is ``O_EXCL``. Every read opens without blocking (``O_NONBLOCK``) and
+reads only a regular file: a named pipe or device where a file should be is a StorageError, never a hang."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import io
 import logging
 import os
+import stat
 from typing import Any, List, Optional, Tuple
 from urllib.parse import ParseResult, unquote_to_bytes
 
 import pyarrow.fs as pafs
 
-from paddle_acp.errors import ConfigError
+from paddle_acp.errors import ConfigError, StorageError
 from paddle_acp.storage.arrow import ArrowStorage
 from paddle_acp.storage.base import Entry, kind_of, read_pieces, redact
 
@@ -31,6 +35,46 @@ def sync_to(fd: int, size: int) -> None:
     """Make the file open at ``fd`` ``size`` bytes long (``O_DIRECT`` wrote whole pages) and durable."""
     os.ftruncate(fd, size)
     os.fsync(fd)
+
+
+def open_regular(full: str, shown: str, flags: int = os.O_RDONLY) -> int:
+    """A descriptor of the regular file ``full`` (``shown``: its name in errors), opened with ``flags`` (read-only)
+    without following a link and without blocking (a FIFO's open waits for its other end), refused (StorageError)
+    unless a regular file, then made blocking again. FileNotFoundError when missing, OSError when it cannot be opened."""
+    fd = os.open(full, flags | _NOFOLLOW | os.O_NONBLOCK, 0o644)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KIND_NAMES.get(stat.S_IFMT(mode), "special file")
+            raise StorageError(f"refusing to read {shown}: it is a {kind}, not a regular file (paddle-acp writes "
+                               "only regular files; remove it)")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_KIND_NAMES = {stat.S_IFIFO: "named pipe", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+               stat.S_IFSOCK: "socket", stat.S_IFDIR: "directory"}
+
+
+class LocalInput(io.BufferedReader):
+    """A random-access reader of a local file (what :meth:`LocalStorage.open_input` returns)."""
+
+    def size(self) -> int:
+        return os.fstat(self.fileno()).st_size
+
+    def read_at(self, nbytes: int, offset: int) -> bytes:
+        """``nbytes`` bytes from ``offset`` (fewer at the end), the position unchanged (pyarrow's ``read_at``)."""
+        pieces, got = [], 0
+        while got < nbytes:
+            piece = os.pread(self.fileno(), nbytes - got, offset + got)
+            if not piece:
+                break
+            pieces.append(piece)
+            got += len(piece)
+        return b"".join(pieces)
 
 
 def file_uri_path(uri: str, parsed: ParseResult) -> str:
@@ -112,13 +156,51 @@ class LocalStorage(ArrowStorage):
         self.sync_dir(path.rsplit("/", 1)[0])
         return True
 
-    def read_bytes(self, path: str, limit: Optional[int] = None) -> bytes:
+    def _open_regular(self, path: str) -> int:
         try:
-            fd = os.open(self.full(path), os.O_RDONLY | _NOFOLLOW)
+            return open_regular(self.full(path), f"{self.uri}/{path}")
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.uri}/{path}") from None
+        except StorageError:
+            raise  # not a regular file
         except OSError as exc:
             raise self.wrap("opening for read", path, exc) from exc
+
+    def open_output(self, path: str) -> Any:
+        """Never blocks on (nor writes into) a named pipe or device found at ``path``."""
+        try:
+            fd = open_regular(self.full(path), f"{self.uri}/{path}", os.O_WRONLY | os.O_CREAT)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise self.wrap("opening for write", path, exc) from exc
+        try:
+            os.ftruncate(fd, 0)
+        except OSError as exc:
+            os.close(fd)
+            raise self.wrap("opening for write", path, exc) from exc
+        return io.BufferedWriter(io.FileIO(fd, "wb", closefd=True))
+
+    def append_bytes(self, path: str, data: bytes) -> None:
+        try:
+            fd = open_regular(self.full(path), f"{self.uri}/{path}", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise self.wrap("appending to", path, exc) from exc
+        try:
+            with io.FileIO(fd, "wb", closefd=True) as f:
+                view = memoryview(data).cast("B")
+                while view:
+                    view = view[f.write(view) or 0:]
+        except OSError as exc:
+            raise self.wrap("appending to", path, exc) from exc
+
+    def open_input(self, path: str) -> Any:
+        return LocalInput(io.FileIO(self._open_regular(path), "rb", closefd=True))
+
+    def read_bytes(self, path: str, limit: Optional[int] = None) -> bytes:
+        fd = self._open_regular(path)
         try:
             with os.fdopen(fd, "rb", closefd=True) as f:
                 return read_pieces(f, None if limit is None else limit + 1)

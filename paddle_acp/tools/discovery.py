@@ -4,13 +4,13 @@ A job is a directory ``URI/<job id>/`` (a valid job id) holding ``job.json`` or 
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from paddle_acp.config import is_valid_job_id, storage_options_from_env
 from paddle_acp.errors import AcpError, StorageError
+from paddle_acp.format.commit import fencing
 from paddle_acp.format.layout import JOB_MARKER, MANIFEST_NAME
 from paddle_acp.storage.base import Storage, redact
 from paddle_acp.storage.schemes import open_storage
@@ -106,8 +106,11 @@ def list_ranges(storage: Storage, job: str) -> List[str]:
 
 
 def read_job_marker(storage: Storage, job: str) -> Dict[str, Any]:
+    """The job's marker as :func:`~paddle_acp.format.commit.fencing.read_job_marker` checks it; {} when there is none
+    or it is unusable (one warning naming it: the writer's retention deletes nothing while it is)."""
     try:
-        d = json.loads(storage.read_bytes(f"{job}/{JOB_MARKER}").decode("utf-8"))
-        return d if isinstance(d, dict) else {}
-    except (FileNotFoundError, AcpError, OSError, ValueError, UnicodeDecodeError):
+        return fencing.read_job_marker(storage, job) or {}
+    except (AcpError, OSError) as exc:
+        logger.warning("ignoring the job marker of job %s: %s (a training run's retention deletes nothing while "
+                       "it is unusable: fix or remove it)", job, exc)
         return {}

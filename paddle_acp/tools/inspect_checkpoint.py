@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.format.manifest import DATA_NAME, Manifest
 from paddle_acp.tools.refs import load_manifest, read_part, resolve_checkpoint
-from paddle_acp.tools.render import fmt_time, human_bytes, output, table
+from paddle_acp.tools.render import clean, fmt_time, human_bytes, output, table
 from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, scan_range
 from paddle_acp.tools.values import extra_values, render_extra, rng_summary, rng_text
 
@@ -167,14 +167,14 @@ def render(res: InspectResult) -> str:
         ("data", _data_text(res)),
     ]
     w = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(w)}  {v}" for k, v in rows]
+    lines = [f"{k.ljust(w)}  {clean(v)}" for k, v in rows]  # (texts of the manifest: on their own line each)
     for title, block in render_extra(extra_values(m.extra), r.epoch_no):
         lines += ["", title, *block]
     for p in res.programs:
         n_param = sum(1 for t in p["tensors"] if t["kind"] == "param")
-        lines += ["", f"program {p['key']}  ({p['label']})"]
+        lines += ["", f"program {clean(p['key'])}  ({clean(p['label'])})"]
         sched = p["lr_scheduler"]
-        lines.append("  LR scheduler: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(sched.items()))
+        lines.append("  LR scheduler: " + (", ".join(f"{clean(k)}={json.dumps(v)}" for k, v in sorted(sched.items()))
                                            if sched is not None else "none saved"))
         trows = [[t["name"], t["kind"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]",
                   t["nbytes"] if "piece" not in t else f"{t['nbytes']} (its bytes {t['piece'][0]}..{t['piece'][1]})"]

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from paddle_acp.format.manifest import Manifest
 from paddle_acp.tools.discovery import list_ranges, open_root, read_job_marker, select_jobs
-from paddle_acp.tools.render import fmt_time, human_bytes, output, root_command, table
+from paddle_acp.tools.render import clean, fmt_time, human_bytes, output, root_command, table
 from paddle_acp.tools.scan import CORRUPT, NEWER, CkptInfo, restart_outcome, scan_range
 
 
@@ -116,8 +116,8 @@ def render(res: LsResult) -> str:
         if not j.ranges:
             lines.append("  (no checkpoints yet)")
         for r in j.ranges:
-            lines.append(f"  range {r.range}: a restart {restart_outcome(r.checkpoints, res.verified)}")
-            lines.append(f"    {progress_text(r)}")
+            lines.append(f"  range {clean(r.range)}: a restart {clean(restart_outcome(r.checkpoints, res.verified))}")
+            lines.append(f"    {clean(progress_text(r))}")
             rows = []
             for i in r.checkpoints:
                 m = i.manifest

@@ -31,8 +31,8 @@ def fmt_time(t: Optional[float]) -> str:
         return "-"
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-    except (OverflowError, OSError, ValueError):  # not a time a calendar can show
-        return f"{t!r} (not a valid time)"
+    except (OverflowError, OSError, ValueError, TypeError):  # not a time a calendar can show
+        return f"{clean(repr(t))[:40]} (not a valid time)"
 
 
 def fmt_duration(seconds: float) -> str:
@@ -52,9 +52,26 @@ def fmt_seconds(s: Optional[float]) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+# C0 and C1 control characters, DEL, and the Unicode line separators and bidirectional overrides: what would let a
+# text read from storage start a line of its own, move the cursor or colour the terminal
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_CONTROL_BUT_NEWLINE_RE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: "re.Match[str]") -> str:
+    c = ord(m.group(0))
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def clean(value: Any) -> str:
+    """``value`` as text on one line: control characters (newlines included) escaped (``\\x1b``), for any text read
+    from storage that a command prints."""
+    return _CONTROL_RE.sub(_escape, str(value))
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence[int] = (), indent: str = "") -> str:
     """A plain-text table; columns in ``right`` are right-aligned."""
-    cells = [["-" if c is None else str(c) for c in r] for r in rows]
+    cells = [["-" if c is None else clean(c) for c in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in cells:
         for i, c in enumerate(r):
@@ -78,8 +95,9 @@ def plural(n: int, one: str, many: str) -> str:
 
 
 def emit(text: str) -> None:
-    """Write a rendered result (lines joined by newlines) to stdout, secrets scrubbed."""
-    sys.stdout.write(scrub(text) + "\n")
+    """Write a rendered result (lines joined by newlines) to stdout, secrets scrubbed, every control character but
+    the newlines escaped (the texts read from storage in it went through :func:`clean`)."""
+    sys.stdout.write(_CONTROL_BUT_NEWLINE_RE.sub(_escape, scrub(text)) + "\n")
 
 
 def emit_json(doc: Any) -> None:

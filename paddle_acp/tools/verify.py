@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from paddle_acp.errors import StorageError
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs, uri_join
 from paddle_acp.tools.ls import epoch_cell
-from paddle_acp.tools.render import output, root_command, table
+from paddle_acp.tools.render import clean, output, root_command, table
 from paddle_acp.tools.scan import NEWER, CkptInfo, restart_outcome, scan_range
 
 
@@ -87,9 +87,9 @@ def render(res: VerifyResult) -> str:
     rows = _rows(res)
     if rows:
         lines.append(table(["JOB", "RANGE", "CHECKPOINT", "EPOCH", "", "STATUS"], rows, right=(3,)))
-    lines += [f"warning: older checkpoint {w}" for w in res.bad_older]
+    lines += [f"warning: older checkpoint {clean(w)}" for w in res.bad_older]
     if res.failures:
-        lines += [f"FAILED: {f}" for f in res.failures]
+        lines += [f"FAILED: {clean(f)}" for f in res.failures]
     else:
         lines.append(f"OK: {res.checked} checkpoint(s) verified; every checkpoint a restart loads (*) is intact")
     return "\n".join(lines)

@@ -41,6 +41,7 @@ from paddle_acp.format.engine.snapshot import Snapshot
 from paddle_acp.format.layout import parse_final, parse_name, position_key
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME
 from paddle_acp.storage.base import Storage, redact
+from paddle_acp.storage.local import open_regular
 from paddle_acp.storage.schemes import open_storage
 
 logger = logging.getLogger("paddle_acp")
@@ -94,7 +95,7 @@ class LocalCache:
                 raise PermissionError(f"{root} is not writable by this user")
             origin = os.path.join(root, ORIGIN_NAME)
             if os.path.lexists(origin):
-                with open(origin, "rb") as f:
+                with os.fdopen(open_regular(origin, origin), "rb") as f:  # never blocks on a named pipe
                     doc = json.loads(f.read(1 << 16) or b"null")
                 if not isinstance(doc, dict) or doc.get("location") != canon:
                     raise CheckpointError(f"{origin} names another location; move that directory away")

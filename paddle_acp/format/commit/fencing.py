@@ -31,16 +31,20 @@ import re
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from paddle_acp.errors import CheckpointError, StorageError
+from paddle_acp.errors import CheckpointError, CorruptCheckpointError, StorageError
+from paddle_acp.format.untrusted_json import parse_json
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
 WRITERS_DIR = "writers"
-_GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full
+MAX_GENERATION = 10**18 - 1  # the largest generation a record may name: 18 digits (parts and absences take the same)
+_GEN_RE = re.compile(r"\Agen-(0|[1-9][0-9]{0,17})\Z", re.ASCII)  # canonical ASCII decimal, in full, <= MAX_GENERATION
 JOB_MARKER = "job.json"
+MAX_JOB_MARKER_SIZE = 1 << 16  # bytes of a job marker (paddle-acp writes about 100)
+MAX_GAPS = 100  # records a new writer adds at most to close gaps in the generations (_fill_gaps)
 VOUCHED_FOR = 30.0  # seconds a quick check may take the store's word before looking on storage
 
 
@@ -55,16 +59,34 @@ def writers_dir(job_id: str, rank: int = 0) -> str:
     return f"{job_id}/{WRITERS_DIR}" if rank == 0 else f"{job_id}/{WRITERS_DIR}/rank-{rank}"
 
 
-def newest_generation(storage: Storage, job_id: str, rank: int = 0) -> int:
-    """The newest generation recorded for rank ``rank`` of the job; -1 when there is none."""
-    best = -1
+def recorded_generations(storage: Storage, job_id: str, rank: int = 0) -> List[int]:
+    """The generations recorded for rank ``rank`` of the job, in order (records of other names are ignored)."""
     path = writers_dir(job_id, rank)
     storage.forget_cached(path)  # other processes' generations must be seen at once
-    for e in storage.listdir(path):
-        m = _GEN_RE.fullmatch(e.name)
-        if m and not e.is_dir and not e.is_link:
-            best = max(best, int(m.group(1)))
-    return best
+    return sorted(int(m.group(1)) for e in storage.listdir(path)
+                  if (m := _GEN_RE.fullmatch(e.name)) and not e.is_dir and not e.is_link)
+
+
+def newest_generation(storage: Storage, job_id: str, rank: int = 0) -> int:
+    """The newest generation recorded for rank ``rank`` of the job; -1 when there is none."""
+    return max(recorded_generations(storage, job_id, rank), default=-1)
+
+
+def _fill_gaps(storage: Storage, wdir: str, gens: List[int], taken: int) -> None:
+    """Record ``m + 1`` after each recorded generation ``m`` below ``taken`` whose successor is missing (a record
+    planted or copied in out of order): a writer of generation ``m`` looks only for ``gen-<m + 1>`` in its quick check
+    (:func:`newer_recorded`), and must see that it is superseded. Best effort, at most MAX_GAPS records."""
+    have = set(gens)
+    gaps = [m + 1 for m in gens if m + 1 not in have and m + 1 < taken]
+    if len(gaps) > MAX_GAPS:
+        logger.warning("%s/%s: %d gaps between writer generation records; filling the newest %d only", storage.uri,
+                       wdir, len(gaps), MAX_GAPS)
+        gaps = gaps[-MAX_GAPS:]
+    for g in gaps:
+        try:
+            create_exclusive(storage, f"{wdir}/gen-{g}", b"")
+        except StorageError as exc:
+            logger.warning("could not record writer generation %d under %s/%s: %s", g, storage.uri, wdir, exc)
 
 
 def newer_recorded(storage: Storage, job_id: str, rank: int, generation: int) -> bool:
@@ -114,15 +136,25 @@ class Fence:
     def take(cls, storage: Storage, job_id: str, rank: int = 0) -> "Fence":
         """Record a new generation of rank ``rank`` (newest + 1; on a race, the next free one)."""
         wdir = writers_dir(job_id, rank)
-        n = newest_generation(storage, job_id, rank) + 1
+        gens = recorded_generations(storage, job_id, rank)
+        n = max(gens, default=-1) + 1
         if n == 0:  # no record yet: the directory may not exist either (a restart's lists it, one call less)
             storage.makedirs(wdir)
         for _ in range(1000):
+            if n > MAX_GENERATION:  # a name newest_generation() ignores: older writers would never be fenced
+                raise StorageError(
+                    f"cannot record a writer generation for job {job_id}{f' rank {rank}' if rank else ''}: "
+                    f"{storage.uri}/{wdir}/gen-{n - 1} is taken and a record may name no generation above "
+                    f"{MAX_GENERATION} (a newer writer would be invisible: no older one would be fenced). paddle-acp "
+                    f"never counts that high: stop every process of job {job_id}, then remove the records with 18 "
+                    f"digits from {storage.uri}/{wdir} (or start the job under a new PADDLE_JOB_ID)"
+                )
             t0 = time.monotonic()
             # empty: HDFS completes a file without blocks at once (one with a block waits ~0.4 s for the DataNode)
             if create_exclusive(storage, f"{wdir}/gen-{n}", b""):
                 logger.info("job %s: this writer%s is generation %d (process %d on %s)", job_id,
                             f" (rank {rank})" if rank else "", n, os.getpid(), socket.gethostname())
+                _fill_gaps(storage, wdir, gens, n)
                 return cls(storage, job_id, n, rank, took_s=time.monotonic() - t0)
             n += 1
         raise StorageError(f"could not record a writer generation under {storage.uri}/{wdir}")
@@ -173,18 +205,46 @@ def check_deletable(storage: Storage, job_id: str, path: str) -> None:
                     f"refusing to delete under {storage.uri}/{path}: {'/'.join(parts[:i])} is a symlink "
                     "(retention never deletes through a symlink)"
                 )
-    marker = f"{job_id}/{JOB_MARKER}"
     try:
-        doc = json.loads(storage.read_bytes(marker).decode("utf-8"))
-    except FileNotFoundError:
+        doc = read_job_marker(storage, job_id)
+    except (CorruptCheckpointError, StorageError) as exc:
+        raise CheckpointError(f"refusing to delete under {storage.uri}/{path}: {exc}; nothing is deleted (retention "
+                              f"skipped) until {JOB_MARKER} is fixed or removed") from None
+    if doc is None:
         return  # written by trainer 0 at start; absent only in layouts older than the marker
-    except (ValueError, UnicodeDecodeError):
-        raise CheckpointError(f"refusing to delete under {storage.uri}/{path}: the job marker {marker} is not valid JSON") from None
-    if not isinstance(doc, dict) or doc.get("job_id") != job_id:
+    if doc["job_id"] != job_id:
         raise CheckpointError(
-            f"refusing to delete under {storage.uri}/{path}: the job marker {marker} names another job "
-            f"({doc.get('job_id') if isinstance(doc, dict) else None!r})"
+            f"refusing to delete under {storage.uri}/{path}: the job marker {job_id}/{JOB_MARKER} names another job "
+            f"({doc['job_id']!r})"
         )
+
+
+def read_job_marker(storage: Storage, job_id: str) -> Optional[Dict[str, Any]]:
+    """The job marker ``{job_id}/job.json``, read as untrusted input (at most MAX_JOB_MARKER_SIZE bytes, nesting
+    capped, field types checked): its ``job_id`` a string, ``created`` (optional) a time in seconds. None when there
+    is none; CorruptCheckpointError naming it when invalid, StorageError when it cannot be read."""
+    path = f"{job_id}/{JOB_MARKER}"
+    try:
+        raw = storage.read_bytes(path, limit=MAX_JOB_MARKER_SIZE)
+    except FileNotFoundError:
+        return None
+    try:
+        doc = parse_json(raw, "job marker", MAX_JOB_MARKER_SIZE)
+        if not isinstance(doc, dict):
+            raise CorruptCheckpointError("invalid job marker: not a JSON object")
+        if not isinstance(doc.get("job_id"), str) or not 0 < len(doc["job_id"]) <= 4096:
+            raise CorruptCheckpointError("invalid job marker: job_id is missing or not a job id")
+        try:
+            doc["job_id"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise CorruptCheckpointError("invalid job marker: job_id is not valid text") from None
+        created = doc.get("created")
+        if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))
+                                    or not 0 <= created < 1e11):
+            raise CorruptCheckpointError("invalid job marker: created is not a time in seconds")
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{storage.uri}/{path}: {exc}") from None
+    return doc
 
 
 def write_job_marker(storage: Storage, job_id: str) -> None:

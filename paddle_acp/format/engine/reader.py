@@ -27,6 +27,7 @@ from paddle_acp.format.engine.spool import open_spool, spool_writer
 from paddle_acp.format.layout import DATA_NAME, MANIFEST_NAME
 from paddle_acp.format.manifest import TENSOR_CHECKSUMS, Manifest, TensorRecord, max_manifest_size
 from paddle_acp.storage.base import InputFile, Storage
+from paddle_acp.storage.local import open_regular
 
 __all__ = [
     "Key", "Landing", "LoadedCheckpoint", "Progress", "check_header", "file_size", "load", "read_manifest",
@@ -221,9 +222,12 @@ def _open_remote(storage: Storage, data_path: str) -> InputFile:
 
 def _open_local(storage: Storage, os_path: str, data_path: str, size: int,
                 mapped: bool = True) -> Tuple[int, Optional[mmap.mmap]]:
-    """The data file opened (never through a link) and, where possible, mapped."""
+    """The data file opened (never through a link, nor blocking: a named pipe is refused) and, where possible,
+    mapped."""
     try:
-        fd = os.open(os_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = open_regular(os_path, data_path)
+    except StorageError as exc:  # not a regular file
+        raise CorruptCheckpointError(str(exc)) from None
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{data_path} is missing") from None
     except OSError as exc:
