@@ -20,7 +20,7 @@ import json
 import math
 import os
 import time as _time
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple, Type, Union
 
 EVENTS = ("saved", "failed", "skipped", "start")
 TIME_MAX = 32503680000.0  # year 3000
@@ -113,9 +113,13 @@ class MetricsRecord:
                 out[name] = dict(v) if name == "streamed" and v is not None else v
         return out
 
-    def to_line(self) -> str:
-        """The JSON line (without its newline), keys sorted."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+    def to_line(self, values: Optional[Callable[[Any], Any]] = None) -> str:
+        """The JSON line (without its newline), keys sorted; ``values`` maps each field's value first (the fixed
+        words of :data:`FIXED_WORDS` excepted: metrics_log scrubs secrets from values, never from the format)."""
+        obj = self.to_dict()
+        if values is not None:
+            obj = {k: v if k in FIXED_WORDS else values(v) for k, v in obj.items()}
+        return json.dumps(obj, sort_keys=True)
 
     @classmethod
     def from_line(cls, line: str) -> "MetricsRecord":
@@ -215,6 +219,7 @@ class SaveBegun:
 
 _FIELDS = tuple(f for f in dataclasses.fields(MetricsRecord) if not f.metadata.get("internal"))
 _NAMES = frozenset(f.name for f in _FIELDS)
+FIXED_WORDS = frozenset({"event", "policy", "restore_source"})  # the format's own words, never a secret
 _TYPES: Dict[str, Type[Any]] = {
     "event": str, "time": float, "pid": int, "range": str, "restored": int, "restore_source": str, "policy": str,
     "epoch": int, "step": int, "stall_s": float, "waited_s": float, "queued": bool, "skipped_before": int,

@@ -69,15 +69,14 @@ class FsShell:
         self.commands_run = 0
         self._lock = threading.Lock()
         self._conf: Optional[Tuple[int, str]] = None  # (the process, its -conf file holding the UGI)
-        self._remover: Optional["weakref.finalize[Any, Any]"] = None  # removes that file's directory
 
     def __getstate__(self) -> Dict[str, Any]:  # the lock cannot be pickled; the -conf file is this process's
-        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_conf", "_remover")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_conf")}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._lock = threading.Lock()
-        self._conf = self._remover = None
+        self._conf = None
 
     def conf_file(self) -> Optional[str]:
         """The ``-conf`` file holding the UGI (None without one), written once per process."""
@@ -93,7 +92,7 @@ class FsShell:
                     f.write('<?xml version="1.0" encoding="UTF-8"?>\n<configuration>\n  <property>'
                             f"<name>hadoop.job.ugi</name><value>{escape(self._ugi)}</value></property>\n"
                             "</configuration>\n")
-                self._remover = weakref.finalize(self, _remove_dir, directory, pid)
+                weakref.finalize(self, _remove_dir, directory, pid)  # (kept by weakref's registry)
                 self._conf = (pid, path)
             return self._conf[1]
 

@@ -9,7 +9,6 @@ batch (``paddle-acp stats`` counts committed checkpoints without a line). Writte
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -29,15 +28,11 @@ def metrics_path(job_id: str, trainer_id: int) -> str:
     return f"{job_id}/metrics/trainer-{trainer_id}.jsonl"
 
 
-_VOCABULARY = frozenset({"event", "policy", "restore_source"})  # the library's own words: never a secret
-
-
 def scrubbed_line(record: MetricsRecord) -> str:
     """``record``'s JSON line, registered secrets scrubbed from its string values (an error's text) before it is
     serialised: never from its keys, numbers, booleans or fixed words, so a secret such as "saved" or "true" leaves
     the line a valid record."""
-    obj = record.to_dict()
-    return json.dumps({k: v if k in _VOCABULARY else scrub_values(v) for k, v in obj.items()}, sort_keys=True)
+    return record.to_line(scrub_values)
 
 
 FLUSH_INTERVAL = 10.0  # seconds between two metrics writes (batches of lines)
