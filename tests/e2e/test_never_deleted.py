@@ -21,7 +21,6 @@ import pytest
 from support.e2e import JOB_ID, load_result, read_log, run_script, script_env
 
 from paddle_acp import cli
-from paddle_acp.format.layout import GLOBAL_NAME
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal
 
 RANGE = "_range_0"
@@ -121,8 +120,8 @@ def test_a_checkpoint_whose_data_cannot_be_read_is_kept(base, tmp_path, kill):
                          r"could not read it", p.stderr), p.stderr[-3000:]
         if not kill:
             assert p.returncode == 0, p.stderr[-3000:]
-            assert re.search(r"save failed .*checkpoint ckpt-e2 of \S+ is not written: the position holds a checkpoint "
-                             r"this job's restart could not read, kept", p.stderr), p.stderr[-3000:]
+            assert re.search(r"save failed .*checkpoint ckpt-e2 of \S+ is not written: the position holds a committed "
+                             r"checkpoint that is kept: this job's restart could not read it", p.stderr), p.stderr[-3000:]
             assert not re.search(r"saved checkpoint ckpt-e2\b", p.stderr), p.stderr[-3000:]
             assert re.search(r"saved checkpoint ckpt-e3 \(epoch 3\)", p.stderr), p.stderr[-3000:]
         else:
@@ -173,3 +172,57 @@ def test_a_corrupt_checkpoint_ahead_never_takes_the_place_of_this_runs_commits(b
     assert names == sorted(["ckpt-7", "ckpt-8", "ckpt-9"] + kept), names
     p = train(root, out, 5, env)
     assert p.returncode == 0 and "range 0: nothing left to train" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+# -- item 5: every deletion passes check_deletable --------------------------------------------------------
+def test_gc_deletes_nothing_where_the_job_marker_names_another_job(base, tmp_path, capsys):
+    root, _ = copy_base(base, tmp_path)
+    with open(os.path.join(root, JOB_ID, "job.json"), "w") as f:
+        f.write(OTHER_JOB)
+    before = tree(rdir(root))
+    capsys.readouterr()
+    assert cli.main(["gc", root, "--keep", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert tree(rdir(root)) == before
+    assert re.search(r"^paddle-acp: error: nothing deleted in range _range_0 of job e2e: refusing to delete .*names "
+                     r"another job \('someone-else'\)$", err.strip()), err
+    assert re.search(r"ckpt-e0 +keep .*not deleted: refusing", out), out
+    assert cli.main(["gc", root, "--keep", "1", "--dry-run"]) == 2  # the dry run says so too
+    assert "would delete" not in capsys.readouterr().out
+
+
+def test_gc_never_deletes_through_a_job_directorys_link(base, tmp_path, capsys):
+    """ROOT/linkjob a link to another root's job directory: gc deletes nothing there."""
+    victim = str(tmp_path / "victim")
+    shutil.copytree(base["root"], victim)
+    os.makedirs(tmp_path / "root")
+    os.symlink(os.path.join(victim, JOB_ID), tmp_path / "root" / "linkjob")
+    before = tree(victim)
+    capsys.readouterr()
+    assert cli.main(["gc", str(tmp_path / "root"), "--keep", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing deleted in range _range_0 of job linkjob" in err and "is a symlink" in err, err
+    assert tree(victim) == before
+
+
+def test_a_restart_withdraws_nothing_where_the_job_marker_names_another_job(base, tmp_path):
+    """ckpt-e2 corrupt, the marker naming another job: the restart falls back to ckpt-e1 and withdraws nothing; the
+    save at ckpt-e2's position fails with an error (it is not skipped as if committed)."""
+    root, out = copy_base(base, tmp_path)
+    with open(os.path.join(root, JOB_ID, "job.json"), "w") as f:
+        f.write(OTHER_JOB)
+    flip(os.path.join(pdir(root, 2), DATA_NAME))
+    before = {p: open(os.path.join(cdir(root, 2), p), "rb").read() for p in tree(cdir(root, 2))
+              if os.path.isfile(os.path.join(cdir(root, 2), p))}
+    p = train(root, out, EPOCHS + 1, {"PADDLE_ACP_MAX_TO_KEEP": "10"})
+    assert "resumed at epoch 2" in p.stdout, p.stdout + p.stderr[-3000:]
+    assert "withdrawing checkpoint" not in p.stderr, p.stderr[-3000:]
+    assert re.search(r"nothing newer than the checkpoint resumed from is withdrawn or removed: refusing to delete .*"
+                     r"names another job", p.stderr), p.stderr[-3000:]
+    assert re.search(r"save failed .*checkpoint ckpt-e2 of \S+ is not written: the position holds a committed "
+                     r"checkpoint that is kept: may not be withdrawn", p.stderr), p.stderr[-3000:]
+    assert not re.search(r"saved checkpoint ckpt-e2\b|ckpt-e2 is already committed", p.stderr), p.stderr[-3000:]
+    after = {p: open(os.path.join(cdir(root, 2), p), "rb").read() for p in tree(cdir(root, 2))
+             if os.path.isfile(os.path.join(cdir(root, 2), p))}
+    assert after == before
+

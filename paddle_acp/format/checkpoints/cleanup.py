@@ -50,7 +50,7 @@ class StartCleanup:
     if TYPE_CHECKING:  # (GlobalCheckpointer's)
         def scan(self, listing: "Optional[List[Entry]]" = None, committed_now: Collection[str] = ()) -> List[GlobalEntry]: ...
 
-        def _remove_own(self, name: str, listing: "Optional[List[Entry]]" = None) -> None: ...
+        def _remove_own(self, name: str, listing: "Optional[List[Entry]]" = None, checked: bool = False) -> None: ...
 
     def remember_listing(self, entries: Sequence[index.Entry], uncommitted: Collection[str] = (),
                          rejected: Sequence[index.Rejection] = ()) -> None:
@@ -81,9 +81,9 @@ class StartCleanup:
         why = self._kept.get(name)
         if why is not None:
             raise StorageError(
-                f"checkpoint {name} of {self.storage.uri}/{self.dir} is not written: the position holds a checkpoint "
-                f"this job's restart {why}, kept (paddle-acp never deletes a checkpoint it could not read). A restart "
-                f"loads it once it can be read; fix the storage, or move {name} away to let this job save there")
+                f"checkpoint {name} of {self.storage.uri}/{self.dir} is not written: the position holds a committed "
+                f"checkpoint that is kept: {why}. A restart tries it first; fix the storage (or the job marker), or "
+                f"move {name} away to let this job save there")
 
     def _deletable(self, g: "GlobalEntry | index.Entry") -> bool:
         """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
@@ -104,7 +104,7 @@ class StartCleanup:
         why = {index.UNREADABLE: "could not read", index.NEWER_FORMAT: "found of a newer format"}.get(
             kind or "", "did not try")
         if kind != index.NEWER_FORMAT:
-            self._kept[g.name] = why
+            self._kept[g.name] = f"this job's restart {why} it (paddle-acp never deletes a checkpoint it could not read)"
         if self.rank == 0:
             logger.warning("range %s: keeping checkpoint %s although it is newer than the one resumed from: the restart "
                            "%s it (never withdrawn nor deleted unless proven bad); this run does not save at its "
@@ -133,13 +133,15 @@ class StartCleanup:
                     allowed = self._may_delete()
                 if not allowed:
                     not_cleared.add(g.name)
+                    if g.committed:
+                        self._kept[g.name] = "may not be withdrawn (see the error above)"
                     continue
                 if self.rank == 0 and g.committed:
                     if self.fence is not None:
                         self.fence.check(f"withdraw checkpoint {g.name}")
                     logger.warning("range %s: withdrawing checkpoint %s, newer than the one resumed from", self.range_name, g.name)
                     self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
-                self._remove_own(g.name)
+                self._remove_own(g.name, checked=True)
             except FencedError:
                 return  # a newer incarnation of this rank started (said once, by the fence): it cleans up
             except (StorageError, CheckpointError) as exc:

@@ -26,7 +26,7 @@ from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.rank_restore import RankRestore
 from paddle_acp.format.commit import absence, arrivals, atomic
 from paddle_acp.format.commit.committer import Committer, PendingCommit
-from paddle_acp.format.commit.fencing import Fence, FencedError
+from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.commit.part_commit import PartCommitMixin
 from paddle_acp.format.commit.retention import delete_old, preserve, to_delete
 from paddle_acp.format.engine.reader import Landing
@@ -308,9 +308,10 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
         except (StorageError, CheckpointError) as exc:
             logger.warning("retention after checkpoint %s failed: %s", name, exc)
 
-    def _remove_own(self, name: str, listing: Optional[List[Entry]] = None) -> None:
+    def _remove_own(self, name: str, listing: Optional[List[Entry]] = None, checked: bool = False) -> None:
         """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of it, when just listed)
-        once this rank's fence check passed, never a newer generation's part being written."""
+        once this rank's fence check and :func:`check_deletable` (unless ``checked``) passed, never a newer
+        generation's part being written."""
         gen = self.generation
         to_remove = []
         for e in self.storage.listdir(f"{self.dir}/{name}") if listing is None else listing:
@@ -321,6 +322,8 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
                 to_remove.append((e.name, -2))  # its word that it had no part here: it is writing one now
         if to_remove and self.fence is not None:
             self.fence.check(f"remove its earlier part of checkpoint {name}")
+        if to_remove and not checked:
+            check_deletable(self.storage, self.job_id, self.dir)
         for part, part_gen in to_remove:
             if gen is not None and part_gen > gen:
                 continue  # a newer incarnation of this rank is writing it
@@ -344,7 +347,7 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
         usable = [e for e in committed if not self.restart_rejected(e.name)]
 
         def known(e: index.Entry) -> bool:
-            return not self.restart_rejected(e.name) and (len(usable) <= keep or self._deletable(e))
+            return (len(usable) <= keep or self._deletable(e)) and not self.restart_rejected(e.name)
         restart = next((e for e in usable if known(e)), None)
         gone = [e.name for e in to_delete(entries, preserve(entries, keep, lambda e: e.committed, known, lambda e: (
             not e.committed and e.layout == index.GLOBAL and e.key < newest), restart))]
