@@ -226,3 +226,32 @@ def test_a_restart_withdraws_nothing_where_the_job_marker_names_another_job(base
              if os.path.isfile(os.path.join(cdir(root, 2), p))}
     assert after == before
 
+
+# -- item 4: PADDLE_ACP_START_FRESH says what becomes of the corrupt checkpoints --------------------------
+def test_start_fresh_says_which_corrupt_checkpoints_it_deletes_and_which_it_keeps(base, tmp_path):
+    """Every checkpoint corrupt, plus an earlier release's corrupt ckpt-7: the stop's error and the fresh start's
+    warning say exactly what becomes of them, and that is what happens (ckpt-eE withdrawn, ckpt-7 kept as is)."""
+    root, out = copy_base(base, tmp_path, keep_losses=0)
+    _old_layout_corrupt(root, 7, 1)
+    for n in range(EPOCHS):
+        flip(os.path.join(pdir(root, n), DATA_NAME))
+    old7 = {p: open(os.path.join(rdir(root), "ckpt-7", p), "rb").read() for p in os.listdir(os.path.join(rdir(root), "ckpt-7"))}
+    env = {"PADDLE_ACP_MAX_TO_KEEP": "10"}
+    p = train(root, out, 1, env)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert "NoUsableCheckpointError" in last and "kept;" not in last, last
+    assert ("PADDLE_ACP_START_FRESH=1 (the corrupt checkpoints named ckpt-e<E>[-s<S>] are then withdrawn and deleted, "
+            "as the fresh run trains their positions again; an earlier release's ckpt-N is kept") in last, last
+    p = train(root, out, 1, {**env, "PADDLE_ACP_START_FRESH": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    said = re.search(r"STARTING FROM SCRATCH although checkpoints exist .*; the corrupt (.*) are withdrawn and deleted "
+                     r"now \(this run trains their positions again and saves there\); (.*) are kept", p.stderr)
+    assert said, p.stderr[-3000:]
+    assert sorted(said.group(1).split(", ")) == ["ckpt-e0", "ckpt-e1", "ckpt-e2"] and said.group(2) == "ckpt-7", said.group(0)
+    assert "they are kept" not in p.stderr
+    for n in (1, 2):  # withdrawn and deleted, as said (ckpt-e0 is this run's save)
+        assert not os.path.exists(os.path.join(cdir(root, n), "global.json"))
+        assert not os.path.exists(pdir(root, n))
+    assert os.path.isfile(os.path.join(pdir(root, 0), MANIFEST_NAME))
+    assert {p: open(os.path.join(rdir(root), "ckpt-7", p), "rb").read() for p in os.listdir(os.path.join(rdir(root), "ckpt-7"))} == old7
