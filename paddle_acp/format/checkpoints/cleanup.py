@@ -139,7 +139,9 @@ class StartCleanup:
                 if self.rank == 0 and g.committed:
                     if self.fence is not None:
                         self.fence.check(f"withdraw checkpoint {g.name}")
-                    logger.warning("range %s: withdrawing checkpoint %s, newer than the one resumed from", self.range_name, g.name)
+                    logger.warning("range %s: withdrawing checkpoint %s, %s", self.range_name, g.name,
+                                   "newer than the one resumed from" if key is not None else "this fresh start trains its "
+                                   "position again")
                     self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
                 self._remove_own(g.name, checked=True)
             except FencedError:
