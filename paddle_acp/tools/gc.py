@@ -10,10 +10,11 @@ import argparse
 import dataclasses
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from paddle_acp.errors import StorageError
+from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.format.commit import retention
+from paddle_acp.format.commit.fencing import check_deletable
 from paddle_acp.format.commit.retention import delete_checkpoint, preserve
 from paddle_acp.storage.base import Storage, scrub
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, select_jobs
@@ -100,8 +101,19 @@ def gc(uri: str, keep: int, dry_run: bool = False, job: Optional[str] = None,
     except StorageError as exc:
         raise ToolError(f"gc of {storage.uri!r} stopped before deleting anything: {exc}") from exc
     res = GcResult(storage.uri, keep, dry_run, plan, [], [])
-    if not dry_run:
-        for a in res.to_remove:
+    refused: Dict[Tuple[str, str], Optional[str]] = {}  # (job, range) -> why nothing is deleted there (None: allowed)
+    for a in res.to_remove:
+        where = (a.job, a.range)
+        if where not in refused:  # the writer's own guard: the job's own directory, no link, its marker names it
+            try:
+                check_deletable(storage, a.job, f"{a.job}/range/{a.range}")
+                refused[where] = None
+            except (CheckpointError, StorageError, RecursionError) as exc:  # (a marker too deep to parse)
+                refused[where] = str(exc)
+                res.errors.append(f"nothing deleted in range {a.range} of job {a.job}: {exc}")
+        if refused[where] is not None:
+            a.action, a.why = KEEP, f"not deleted: {refused[where]}"
+        elif not dry_run:
             try:
                 _delete(storage, a.info)
                 res.deleted.append(a)

@@ -245,8 +245,10 @@ def no_usable_error(where: str, job_id: str, rejected: Sequence[Rejection], who:
         outs.append("resume with the newer paddle-acp that wrote the checkpoints of a newer format")
     if len(newer) < len(rejected):
         outs.append("fix the storage or restore the checkpoints from a copy")
-    outs.append("or start from scratch on purpose: set PADDLE_ACP_START_FRESH=1 (the checkpoints are kept; those of "
-                "a newer format are never deleted) or use a new PADDLE_JOB_ID")
+    outs.append("or start from scratch on purpose: set PADDLE_ACP_START_FRESH=1 (the corrupt checkpoints named "
+                "ckpt-e<E>[-s<S>] are then withdrawn and deleted, as the fresh run trains their positions again; an "
+                "earlier release's ckpt-N is kept, and those of a newer format are never deleted) or use a new "
+                "PADDLE_JOB_ID")
     msg = (f"{who}none of the {len(rejected)} committed checkpoint(s) of {where} (job {job_id}) can be restored: "
            f"{describe(rejected)}. Training does not start from scratch on its own and nothing was deleted: "
            + "; ".join(outs) + ".")

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Collection, Dict, List, Optional, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
+from paddle_acp.format.checkpoints.cleanup import StartCleanup
 from paddle_acp.format.checkpoints.global_reader import GlobalEntry
 from paddle_acp.format.checkpoints.part_reader import PartReader
 from paddle_acp.format.checkpoints.rank_restore import RankRestore
 from paddle_acp.format.commit import absence, arrivals, atomic
 from paddle_acp.format.commit.committer import Committer, PendingCommit
-from paddle_acp.format.commit.fencing import Fence, FencedError
+from paddle_acp.format.commit.fencing import Fence, FencedError, check_deletable
 from paddle_acp.format.commit.part_commit import PartCommitMixin
 from paddle_acp.format.commit.retention import delete_old, preserve, to_delete
 from paddle_acp.format.engine.reader import Landing
@@ -64,7 +65,7 @@ class SaveResult:
     pending: Optional[PendingCommit] = None  # rank 0: its commit (decided on the committer's thread)
 
 
-class GlobalCheckpointer(RankRestore, PartCommitMixin):
+class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
     """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.commit.part_commit`) for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
@@ -95,6 +96,9 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         self._cleared = False
         self._cleared_after: Optional[Tuple[int, int]] = None
         self._not_cleared: Set[str] = set()
+        self._verdicts: Optional[Dict[str, str]] = None  # the restart's (cleanup.StartCleanup)
+        self._rejected: Dict[str, str] = {}
+        self._kept: Dict[str, str] = {}
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
         self.own_manifests: Dict[str, bytes] = {}  # position -> this rank's part's manifest bytes, as written
         self.staged_globals: Dict[str, Tuple[bytes, str]] = {}  # one rank: global.json staged beside its part
@@ -109,16 +113,6 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
             committed = e.name in committed_now or index.global_committed(self.storage, f"{self.dir}/{e.name}")
             out.append(GlobalEntry(e.name, pos[0], pos[1], committed))
         return sorted(out, key=lambda g: g.key)
-
-    def remember_listing(self, entries: Sequence[index.Entry], uncommitted: Collection[str] = ()) -> None:
-        """Keep the range's checkpoints as the restart listed them (``uncommitted``: found not committed when
-        loaded), for :meth:`discard_newer` to use once instead of listing again."""
-        out = []
-        for e in entries:
-            pos = parse_name(e.name) if e.layout == index.GLOBAL else None
-            if pos is not None:
-                out.append(GlobalEntry(e.name, pos[0], pos[1], e.committed and e.name not in uncommitted))
-        self._listed = sorted(out, key=lambda g: g.key)
 
     def part_committed(self, name: str, rank: int) -> bool:
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
@@ -146,6 +140,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         if self.storage.has_symlinks and self.storage.kind(f"{self.dir}/{name}") in ("link", "file", "other"):
             raise StorageError(f"cannot write checkpoint {name} of {self.storage.uri}/{self.dir}: a link or a file is "
                                "there (never followed, nor deleted: paddle-acp did not write it); remove it")
+        self.check_writable(name)  # a position its start kept (not proven bad): never replaced, never skipped silently
         if self.fence is not None and self.fence.fenced_by is not None:
             self.fence.check(f"write checkpoint {name}")  # fenced for good
         try:
@@ -296,6 +291,7 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         committed = self._commit(name, epoch_no, step, mode, timeout, ticket)
         listing, self._range_listing = self._range_listing, None
         if committed:
+            self.replaced(name)
             ticket.then(lambda: self._retain_after(name, listing))
         elif not ticket.cancel.is_set():  # abandoned: its own part goes now (the others' at the next commit)
             try:
@@ -312,9 +308,10 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         except (StorageError, CheckpointError) as exc:
             logger.warning("retention after checkpoint %s failed: %s", name, exc)
 
-    def _remove_own(self, name: str, listing: Optional[List[Entry]] = None) -> None:
+    def _remove_own(self, name: str, listing: Optional[List[Entry]] = None, checked: bool = False) -> None:
         """Remove this rank's earlier part (or leftovers) at position ``name`` (``listing``: of it, when just listed)
-        once this rank's fence check passed, never a newer generation's part being written."""
+        once this rank's fence check and :func:`check_deletable` (unless ``checked``) passed, never a newer
+        generation's part being written."""
         gen = self.generation
         to_remove = []
         for e in self.storage.listdir(f"{self.dir}/{name}") if listing is None else listing:
@@ -325,6 +322,8 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
                 to_remove.append((e.name, -2))  # its word that it had no part here: it is writing one now
         if to_remove and self.fence is not None:
             self.fence.check(f"remove its earlier part of checkpoint {name}")
+        if to_remove and not checked:
+            check_deletable(self.storage, self.job_id, self.dir)
         for part, part_gen in to_remove:
             if gen is not None and part_gen > gen:
                 continue  # a newer incarnation of this rank is writing it
@@ -343,49 +342,14 @@ class GlobalCheckpointer(RankRestore, PartCommitMixin):
         if not committed:
             return []
         newest = committed[0].key
-        # newer formats: neither counted nor deleted (looked at only when more than ``keep`` are committed)
-        known = self._deletable if len(committed) > keep else lambda e: True
+        # newer formats and what the restart passed over: neither counted nor deleted (the formats looked at only
+        # when more than ``keep`` are committed); the newest of the others, what a restart loads, always stays
+        usable = [e for e in committed if not self.restart_rejected(e.name)]
+
+        def known(e: index.Entry) -> bool:
+            return (len(usable) <= keep or self._deletable(e)) and not self.restart_rejected(e.name)
+        restart = next((e for e in usable if known(e)), None)
         gone = [e.name for e in to_delete(entries, preserve(entries, keep, lambda e: e.committed, known, lambda e: (
-            not e.committed and e.layout == index.GLOBAL and e.key < newest)))]
+            not e.committed and e.layout == index.GLOBAL and e.key < newest), restart))]
         delete_old(self.storage, self.job_id, self.dir, gone, self.fence)
         return gone
-
-    def _deletable(self, g: "GlobalEntry | index.Entry") -> bool:
-        """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
-        known = self._known_format.get(g.name)
-        if known is None:
-            try:
-                why = index.newer_format(self.storage, f"{self.dir}/{g.name}")
-            except StorageError as exc:  # not deleted or withdrawn while it cannot be read: looked at again later
-                logger.info("range %s: keeping checkpoint %s for now: it cannot be read (%s)", self.range_name, g.name, exc)
-                return False
-            if why is not None:
-                logger.warning("range %s: keeping checkpoint %s, it is of a newer format (%s)", self.range_name, g.name, why)
-            known = self._known_format[g.name] = why is None
-        return known
-
-    def discard_newer(self, key: Optional[Tuple[int, int]]) -> None:
-        """At start: remove this rank's parts of positions newer than ``key`` (every one when None: they are
-        re-trained); rank 0 also withdraws their global manifests. Uses the restart's listing when there is one."""
-        listed, self._listed = self._listed, None
-        not_cleared: Set[str] = set()
-        for g in self.scan() if listed is None else listed:
-            if key is not None and g.key <= key:
-                continue
-            if g.committed and not self._deletable(g):
-                not_cleared.add(g.name)
-                continue  # of a newer format: neither withdrawn nor is any part of it removed
-            try:
-                if self.rank == 0 and g.committed:
-                    if self.fence is not None:
-                        self.fence.check(f"withdraw checkpoint {g.name}")
-                    logger.warning("range %s: withdrawing checkpoint %s, newer than the one resumed from", self.range_name, g.name)
-                    self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
-                self._remove_own(g.name)
-            except FencedError:
-                return  # a newer incarnation of this rank started (said once, by the fence): it cleans up
-            except (StorageError, CheckpointError) as exc:
-                not_cleared.add(g.name)
-                logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
-        # its first save at a newer position needs no look-up for a part of its own there (_known_clear)
-        self._cleared, self._cleared_after, self._not_cleared = True, key, not_cleared

@@ -72,7 +72,7 @@ def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer",
         )
 
     search = index.first_usable(listed, load, check, where, fatal)  # (it passes over the uncommitted)
-    global_checkpointer.remember_listing(listed, uncommitted)  # discard_newer removes what is newer than the choice without listing again
+    global_checkpointer.remember_listing(listed, uncommitted, search.rejected)  # discard_newer removes what is newer than the choice without listing again
     newer = [r for r in search.of_kind(index.NEWER_FORMAT) if r.entry.layout == index.GLOBAL]
     if newer and (search.found is not None or start_fresh):
         if search.found is not None:
@@ -94,9 +94,14 @@ def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer",
         return search.found
     err = no_usable(search, where, global_checkpointer.job_id, who)
     if start_fresh and isinstance(err, NoUsableCheckpointError):
-        logger.warning("%sPADDLE_ACP_START_FRESH is set: STARTING FROM SCRATCH although checkpoints exist (%s); they are "
-                       "kept%s", who, index.describe(search.rejected),
-                       " (those of a newer format are never deleted)" if search.of_kind(index.NEWER_FORMAT) else "")
+        gone = [r.entry.name for r in search.of_kind(index.CORRUPT) if r.entry.layout == index.GLOBAL]
+        kept = [r.entry.name for r in search.rejected if r.entry.name not in gone]
+        logger.warning("%sPADDLE_ACP_START_FRESH is set: STARTING FROM SCRATCH although checkpoints exist (%s)%s%s", who,
+                       index.describe(search.rejected),
+                       f"; the corrupt {', '.join(gone)} are withdrawn and deleted now (this run trains their positions "
+                       "again and saves there)" if gone else "",
+                       f"; {', '.join(kept)} are kept (an earlier release's ckpt-N, or of a newer format: never "
+                       "deleted)" if kept else "")
         return None
     raise err
 

@@ -1,0 +1,163 @@
+"""A writer's start: what its restart found, and the clean-up of what is newer than the checkpoint it resumed from.
+
+:meth:`StartCleanup.discard_newer` withdraws (rank 0) a committed checkpoint newer than the one resumed from only
+when the restart proved it bad: read and failing verification (:data:`~.index.CORRUPT`) or of a proven-wrong
+identity (:data:`~.index.MISFIT`). One the restart could not read, one of a newer format, one it did not try: kept,
+and logged; this incarnation does not write at its position (:meth:`StartCleanup.check_writable`). Every deletion
+passes :func:`~paddle_acp.format.commit.fencing.check_deletable` first (the job's own directory, no link, the job
+marker naming this job). The restart's verdicts also tell the writer's retention what not to count
+(:meth:`StartCleanup.restart_rejected`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Set, Tuple
+
+from paddle_acp.errors import CheckpointError, StorageError
+from paddle_acp.format.checkpoints import index
+from paddle_acp.format.checkpoints.global_reader import GlobalEntry
+from paddle_acp.format.commit.fencing import FencedError, check_deletable
+from paddle_acp.format.layout import GLOBAL_NAME, parse_name
+
+if TYPE_CHECKING:
+    from paddle_acp.format.commit.fencing import Fence
+    from paddle_acp.storage.base import Entry, Storage
+
+logger = logging.getLogger("paddle_acp")
+
+PROVEN_BAD = (index.CORRUPT, index.MISFIT)  # the restart's verdicts that let a checkpoint be withdrawn
+
+
+class StartCleanup:
+    """The restart's verdicts and the start's clean-up of one rank (mixed into GlobalCheckpointer)."""
+
+    storage: "Storage"
+    job_id: str
+    range_name: str
+    dir: str
+    rank: int
+    fence: Optional["Fence"]
+    _listed: Optional[List[GlobalEntry]]
+    _known_format: Dict[str, bool]
+    _cleared: bool
+    _cleared_after: Optional[Tuple[int, int]]
+    _not_cleared: Set[str]
+    _verdicts: Optional[Dict[str, str]]  # the restart's verdicts, used once by discard_newer (None: no restart)
+    _rejected: Dict[str, str]  # committed checkpoints the restart passed over (and no save replaced since)
+    _kept: Dict[str, str]  # positions kept though newer than the one resumed from -> why they are not usable
+
+    if TYPE_CHECKING:  # (GlobalCheckpointer's)
+        def scan(self, listing: "Optional[List[Entry]]" = None, committed_now: Collection[str] = ()) -> List[GlobalEntry]: ...
+
+        def _remove_own(self, name: str, listing: "Optional[List[Entry]]" = None, checked: bool = False) -> None: ...
+
+    def remember_listing(self, entries: Sequence[index.Entry], uncommitted: Collection[str] = (),
+                         rejected: Sequence[index.Rejection] = ()) -> None:
+        """Keep the range's checkpoints as the restart listed them (``uncommitted``: found not committed when
+        loaded), for :meth:`discard_newer` to use once instead of listing again, and the restart's verdict on each
+        committed one it did not load (``rejected``): only one proven bad is ever withdrawn."""
+        out = []
+        for e in entries:
+            pos = parse_name(e.name) if e.layout == index.GLOBAL else None
+            if pos is not None:
+                out.append(GlobalEntry(e.name, pos[0], pos[1], e.committed and e.name not in uncommitted))
+        self._listed = sorted(out, key=lambda g: g.key)
+        self._verdicts = {r.entry.name: r.kind for r in rejected}
+        self._rejected = dict(self._verdicts)
+
+    def restart_rejected(self, name: str) -> bool:
+        """Whether this incarnation's restart passed over committed checkpoint ``name`` (corrupt, unreadable, of a
+        newer format, not fitting) and no save of it replaced it since: retention neither counts nor deletes it."""
+        return name in self._rejected
+
+    def replaced(self, name: str) -> None:
+        """This incarnation committed position ``name``: what its restart said of an earlier copy no longer holds."""
+        self._rejected.pop(name, None)
+
+    def check_writable(self, name: str) -> None:
+        """Refuse (StorageError) to write position ``name`` when it holds a checkpoint the start kept although newer
+        than the one resumed from (it could not be read): never replaced, nor is the save skipped without a word."""
+        why = self._kept.get(name)
+        if why is not None:
+            raise StorageError(
+                f"checkpoint {name} of {self.storage.uri}/{self.dir} is not written: the position holds a committed "
+                f"checkpoint that is kept: {why}. A restart tries it first; fix the storage (or the job marker), or "
+                f"move {name} away to let this job save there")
+
+    def _deletable(self, g: "GlobalEntry | index.Entry") -> bool:
+        """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
+        known = self._known_format.get(g.name)
+        if known is None:
+            try:
+                why = index.newer_format(self.storage, f"{self.dir}/{g.name}")
+            except StorageError as exc:  # not deleted or withdrawn while it cannot be read: looked at again later
+                logger.info("range %s: keeping checkpoint %s for now: it cannot be read (%s)", self.range_name, g.name, exc)
+                return False
+            if why is not None:
+                logger.warning("range %s: keeping checkpoint %s, it is of a newer format (%s)", self.range_name, g.name, why)
+            known = self._known_format[g.name] = why is None
+        return known
+
+    def _keep_unproven(self, g: GlobalEntry, kind: Optional[str]) -> None:
+        """Keep committed ``g``, newer than the checkpoint resumed from but not proven bad, and say so once."""
+        why = {index.UNREADABLE: "could not read", index.NEWER_FORMAT: "found of a newer format"}.get(
+            kind or "", "did not try")
+        if kind != index.NEWER_FORMAT:
+            self._kept[g.name] = f"this job's restart {why} it (paddle-acp never deletes a checkpoint it could not read)"
+        if self.rank == 0:
+            logger.warning("range %s: keeping checkpoint %s although it is newer than the one resumed from: the restart "
+                           "%s it (never withdrawn nor deleted unless proven bad); this run does not save at its "
+                           "position", self.range_name, g.name, why)
+
+    def discard_newer(self, key: Optional[Tuple[int, int]]) -> None:
+        """At start: remove this rank's parts of positions newer than ``key`` (every one when None: they are
+        re-trained); rank 0 also withdraws their global manifests. Uses the restart's listing when there is one,
+        and then withdraws only a checkpoint the restart proved bad (without it, the caller vouches for that)."""
+        listed, self._listed = self._listed, None
+        verdicts, self._verdicts = self._verdicts, None
+        not_cleared: Set[str] = set()
+        allowed: Optional[bool] = None  # check_deletable's answer, asked before the first deletion
+        for g in self.scan() if listed is None else listed:
+            if key is not None and g.key <= key:
+                continue
+            if g.committed and verdicts is not None and verdicts.get(g.name) not in PROVEN_BAD:
+                self._keep_unproven(g, verdicts.get(g.name))
+                not_cleared.add(g.name)
+                continue
+            if g.committed and not self._deletable(g):
+                not_cleared.add(g.name)
+                continue  # of a newer format: neither withdrawn nor is any part of it removed
+            try:
+                if allowed is None:
+                    allowed = self._may_delete()
+                if not allowed:
+                    not_cleared.add(g.name)
+                    if g.committed:
+                        self._kept[g.name] = "may not be withdrawn (see the error above)"
+                    continue
+                if self.rank == 0 and g.committed:
+                    if self.fence is not None:
+                        self.fence.check(f"withdraw checkpoint {g.name}")
+                    logger.warning("range %s: withdrawing checkpoint %s, %s", self.range_name, g.name,
+                                   "newer than the one resumed from" if key is not None else "this fresh start trains its "
+                                   "position again")
+                    self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
+                self._remove_own(g.name, checked=True)
+            except FencedError:
+                return  # a newer incarnation of this rank started (said once, by the fence): it cleans up
+            except (StorageError, CheckpointError) as exc:
+                not_cleared.add(g.name)
+                logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
+        # its first save at a newer position needs no look-up for a part of its own there (_known_clear)
+        self._cleared, self._cleared_after, self._not_cleared = True, key, not_cleared
+
+    def _may_delete(self) -> bool:
+        """:func:`check_deletable` of this range's directory; False (logged) when it refuses."""
+        try:
+            check_deletable(self.storage, self.job_id, self.dir)
+            return True
+        except CheckpointError as exc:
+            logger.error("range %s: nothing newer than the checkpoint resumed from is withdrawn or removed: %s",
+                         self.range_name, exc)
+            return False
