@@ -63,6 +63,7 @@ E2E_CORE = ["test_uninterrupted_with_checkpointing_matches_reference[{ir}]", "te
             "test_restart_after_completion_restores_final_state[{ir}]"]
 DETECTION = ["tests/unit/adapter/test_programs.py", "tests/e2e/test_compat_scenarios.py"]
 WITHOUT_DETECTION = ("3.3.1",)
+LOW_DISK = 8 * 2**30  # below this much free space, a tested version's environment is removed after its tests
 
 
 def subset(version: str) -> list:
@@ -112,7 +113,8 @@ def ensure_venv(version: str) -> str:
         if p.returncode != 0:
             raise RuntimeError(f"python -m venv {d} failed:\n{p.stdout}")
         py = os.path.join(d, "bin", "python")
-        p = _run([py, "-m", "pip", "install", "-q", f"paddlepaddle=={version}", *TEST_DEPS])
+        # no pip cache: a second copy of each Paddle wheel (~200 MB) is disk a fresh machine may lack
+        p = _run([py, "-m", "pip", "install", "-q", "--no-cache-dir", f"paddlepaddle=={version}", *TEST_DEPS])
         if p.returncode != 0:
             raise RuntimeError(f"installing paddlepaddle=={version} failed:\n{p.stdout[-4000:]}")
         with open(ready, "w") as f:
@@ -245,7 +247,17 @@ def run_version(version: str, timeout: float, wheel: str) -> dict:
         res["problems"].append("no test passed")
     res["ok"] = not res["problems"]
     res["seconds"] = time.monotonic() - t0
+    _drop_if_disk_is_low(d)
     return res
+
+
+def _drop_if_disk_is_low(d: str) -> None:
+    """Remove a tested version's environment (~0.9 GB) when the disk is short, so later steps can install."""
+    free = shutil.disk_usage(CACHE).free
+    if free < LOW_DISK:
+        log(f"only {free / 2**30:.1f} GiB free: removing {os.path.relpath(d, ROOT)} (made again on the next run)")
+        with _lock(d + ".lock"):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def main(argv=None) -> int:
