@@ -861,7 +861,15 @@ def main(argv=None):
     if a.hdfs or a.s3:
         from support import servers
 
-        with (servers.HDFSServer() if a.hdfs else servers.S3Server()) as srv:
+        srv = servers.HDFSServer() if a.hdfs else servers.S3Server()
+        try:
+            srv.start()
+        except servers.ServerStartError as exc:  # the machine, not the checkpoints: a liveness problem
+            print("%s server did not start (LIVENESS PROBLEM, not a checkpoint failure): %s"
+                  % (srv.kind.upper(), str(exc).splitlines()[0]), flush=True)
+            srv.cleanup()
+            return 3
+        with srv:
             srv.apply_client_env()
             a.ckpt_uri = "%s/kill-anywhere" % srv.uri
             print("%s server at %s" % (srv.kind.upper(), srv.uri), flush=True)

@@ -1,15 +1,13 @@
 """How the tests choose the ranks' coordination: through a store (``PADDLE_MASTER`` on a free port, as
 ``paddle.distributed.launch`` sets it) or through storage alone (paddle_acp.runtime.coord)."""
-import socket
+from support.servers import free_ports
 
 COORDINATIONS = ("storage", "store", "launch")
 
 
 def free_port():
-    """A TCP port free now on 127.0.0.1 (rank 0's store binds it moments later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free now on 127.0.0.1 (rank 0's store binds it moments later), below the ephemeral range."""
+    return free_ports(1)[0]
 
 
 def coord_env(mode):

@@ -51,7 +51,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,11 @@ import urllib.request
 import weakref
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+try:  # the ports: below the kernel's ephemeral range (see free_ports there)
+    from support.servers import free_ports
+except ImportError:  # run as a script: python tests/support/etcd.py
+    from servers import free_ports  # type: ignore[no-redef]
 
 try:
     from .spawn import wrapped
@@ -226,20 +230,6 @@ def ensure_etcd3(python: Optional[str] = None, install: bool = True) -> None:
 
 # ---------------------------------------------------------------------------
 # the server
-
-
-def free_ports(n: int) -> List[int]:
-    """``n`` distinct ports that were free on 127.0.0.1 a moment ago."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 _live: "weakref.WeakSet[EtcdServer]" = weakref.WeakSet()

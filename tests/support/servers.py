@@ -42,6 +42,7 @@ import hmac
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -219,21 +220,33 @@ _reserved_ports: set = set()
 _ports_lock = threading.Lock()
 
 
-def free_ports(n: int) -> List[int]:
-    """``n`` distinct currently-free TCP ports on 127.0.0.1 (never handed out twice per process)."""
-    socks, ports = [], []
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n: int, below: Optional[int] = None) -> List[int]:
+    """``n`` distinct currently-free TCP ports on 127.0.0.1 (never handed out twice per process), drawn below the
+    kernel's ephemeral range: a port the kernel handed out (``bind(0)``) may be taken by any outgoing connection
+    (a DataNode's to its NameNode, say) between the check and the server's own bind, and the server then fails
+    with "Address already in use". ``below``: a lower bound than that range's start."""
+    hi = min(_ephemeral_low(), below or 65536)
+    lo = 10000 if hi > 12000 else 1024
+    rng = random.SystemRandom()
+    ports: List[int] = []
     with _ports_lock:
-        try:
-            while len(ports) < n:
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind(("127.0.0.1", 0))
-                socks.append(s)
-                p = s.getsockname()[1]
-                if p not in _reserved_ports:
-                    ports.append(p)
-        finally:
-            for s in socks:
-                s.close()
+        for _ in range(1000 * n):
+            if len(ports) == n:
+                break
+            p = rng.randrange(lo, hi)
+            if p not in _reserved_ports and p not in ports and _port_is_free(p):
+                ports.append(p)
+        if len(ports) < n:
+            raise ServerUnavailable(f"could not find {n} free ports in [{lo}, {hi}) on 127.0.0.1")
         _reserved_ports.update(ports)
     return ports
 
@@ -245,7 +258,7 @@ def free_port_pairs(n: int, offset: int = 10000) -> List[int]:
     for _ in range(200 * n):
         if len(out) == n:
             break
-        (p,) = free_ports(1)
+        (p,) = free_ports(1, below=max(_ephemeral_low() - offset, 12000))
         q = p + offset
         if q < 65536 and q not in _reserved_ports and _port_is_free(q):
             with _ports_lock:
@@ -1146,12 +1159,24 @@ class HDFSServer(_ServerBase):
         t0 = time.time()
         if self.dist is None:
             self.dist = prepare_hdfs()
-        self._configure()
-        self._format()
-        _live_servers.add(self)
-        self.start_namenode(wait=False)
-        self.start_datanode(wait=False)
-        self._wait(want_dn=True, dn_log_offset=self._dn_offset)
+        for attempt in range(3):
+            self._configure()
+            self._format()
+            _live_servers.add(self)
+            logs = [self.log_dir / f"{n}.log" for n in ("namenode", "datanode")]
+            offsets = [p.stat().st_size if p.exists() else 0 for p in logs]
+            self.start_namenode(wait=False)
+            self.start_datanode(wait=False)
+            try:
+                self._wait(want_dn=True, dn_log_offset=self._dn_offset)
+                break
+            except ServerStartError:
+                clash = any(_log_contains(p, o, b"Address already in use") for p, o in zip(logs, offsets))
+                if not clash or self._want_port or attempt == 2:
+                    raise
+                # another process bound one of the ports between the check and the server's bind: other ports
+                _log(f"HDFS: a port of {sorted(self.ports.values())} was taken meanwhile; starting on others")
+                self.ports = {}
         self._started = True
         _log(f"HDFS ready at {self.uri} in {time.time() - t0:.1f}s")
         return self
