@@ -14,7 +14,7 @@ import time
 
 import pytest
 from support.newest import committed
-from support.stop_at import act_at_step, start, wait_for
+from support.stop_at import act_at_step, act_when_held, start, wait_for
 from test_steps import assert_same, reference, steps
 
 from paddle_acp.storage import open_storage
@@ -130,14 +130,6 @@ def test_other_children_forked_in_a_range_still_take_sigterm(tmp_path):
     env = dict(os.environ, PADDLE_ACP_CHECKPOINT_URI=str(tmp_path / "ck"), PADDLE_ACP_EXIT_ON_PREEMPT="0")
     p = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(tmp_path / "stopping", p)
-        os.killpg(p.pid, signal.SIGTERM)
-        (tmp_path / "stopped").touch()
-        o, e = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    o, e, _ = act_when_held(p, tmp_path, lambda p: os.killpg(p.pid, signal.SIGTERM))
     assert p.returncode == 0, e[-3000:]
     assert f"child exitcode {-signal.SIGTERM}" in o

@@ -30,18 +30,25 @@ def wait_for(path, proc, timeout=60):
         time.sleep(0.01)
 
 
-def act_at_step(out, ck, act, *args, at="1:3", env=None):
-    """Run the script (``start``'s ``args`` and ``env``) until it waits right after step ``at``; then ``act(proc)``
-    (e.g. send it a signal), let it go on and wait for it (60 s). ``(exit status, stderr, what act returned)``; the
-    whole process group is SIGKILLed if it has not ended by then."""
-    p = start(out, ck, *args, "--stop-at", at, env=env)
+def act_when_held(proc, d, act):
+    """``proc`` (started in a session of its own, its output piped) writes ``d/stopping`` and waits until
+    ``d/stopped`` exists: once it waits, ``act(proc)`` (e.g. send it a signal), let it go on and wait for it (60 s).
+    ``(stdout, stderr, what act returned)``; its whole process group is SIGKILLed if it has not ended by then."""
     try:
-        wait_for(out / "stopping", p)
-        acted = act(p)
-        (out / "stopped").touch()
-        _, err = p.communicate(timeout=60)
+        wait_for(d / "stopping", proc)
+        acted = act(proc)
+        (d / "stopped").touch()
+        out, err = proc.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out, err, acted
+
+
+def act_at_step(out, ck, act, *args, at="1:3", env=None):
+    """Run the script (``start``'s ``args`` and ``env``) until it waits right after step ``at``; then as
+    ``act_when_held``. ``(exit status, stderr, what act returned)``."""
+    p = start(out, ck, *args, "--stop-at", at, env=env)
+    _, err, acted = act_when_held(p, out, act)
     return p.returncode, err, acted
