@@ -21,30 +21,13 @@ import zlib
 
 import numpy as np
 import pytest
-from support.e2e import JOB_ID, load_result, read_log, run_script, script_env
+from support.e2e import JOB_ID, SCRIPT, load_result, read_log, run_script, script_env
 from support.newest import recommit
+from support.script_range import EPOCHS, RANGE, as_unprivileged, base_run, cdir, copy_base, pdir, rdir, train
 
 from paddle_acp import cli
 from paddle_acp.format.layout import GLOBAL_NAME
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal
-
-RANGE = "_range_0"
-EPOCHS = 3
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
-
-
-def rdir(root):
-    return os.path.join(root, JOB_ID, "range", RANGE)
-
-
-def cdir(root, n):
-    """Checkpoint ``ckpt-e{n}`` (a one-process job: one part, ``rank-0``, committed by ``global.json``)."""
-    return os.path.join(rdir(root), f"ckpt-e{n}")
-
-
-def pdir(root, n):
-    """The directory holding ``ckpt-e{n}``'s manifest and data: its rank-0 part."""
-    return os.path.join(cdir(root, n), "rank-0")
 
 
 def read_doc(root, n):
@@ -192,21 +175,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A real 3-epoch run, a checkpoint per epoch (ckpt-e0..e2): the uninterrupted reference."""
-    d = tmp_path_factory.mktemp("hostile")
-    root, out = str(d / "ckpt"), str(d / "out")
-    p = run_script(out, root, "pir", "--epochs", EPOCHS, env={"PADDLE_ACP_ASYNC": "0"})
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-e0", "ckpt-e1", "ckpt-e2"]
-    assert all(sorted(os.listdir(cdir(root, n))) == [GLOBAL_NAME, "rank-0"] for n in range(EPOCHS))
-    return {"root": root, "out": out, "reference": load_result(out)}
-
-
-def copy_base(base, tmp_path):
-    root, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    shutil.copytree(base["root"], root, symlinks=True)
-    shutil.copytree(base["out"], out)
-    os.remove(os.path.join(out, "done"))
-    return root, out
+    return base_run(tmp_path_factory.mktemp("hostile"))
 
 
 def run_tools(root, capsys):
@@ -345,37 +314,23 @@ def test_a_stray_entry_never_stops_checkpointing(base, tmp_path, capsys, stray):
 
 
 # -- unreadable checkpoints (item 10) ---------------------------------------------
-def _as_unprivileged():
-    """A command prefix under which file permissions apply to this process: nothing for an
-    ordinary user; for root a user namespace, where files of an unmapped owner (uid 12345)
-    are not root's (CAP_DAC_OVERRIDE does not reach them)."""
-    if os.geteuid() != 0:
-        return [], None
-    probe = subprocess.run(["unshare", "-r", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    if probe.returncode != 0:
-        pytest.skip(f"running as root without user namespaces (unshare -r: {probe.stderr.decode().strip()})")
-    return ["unshare", "-r"], 12345
-
-
 def test_an_unreadable_checkpoint_is_skipped_not_fatal(base, tmp_path):
     """ckpt-e2 unreadable: the restart skips it and resumes from ckpt-e1; epoch 2's save cannot go where
     the unreadable directory is (one-part checkpoints are named by position), the next one goes on past it."""
     root, out = copy_base(base, tmp_path)
-    prefix, owner = _as_unprivileged()
+    prefix, owner = as_unprivileged()
     target = cdir(root, 2)
     if owner is not None:
         os.chown(target, owner, owner)
     os.chmod(target, 0)
     try:
-        env = script_env(root, "pir", {"PADDLE_ACP_ASYNC": "0"})
-        cmd = prefix + [sys.executable, os.path.join(SCRIPTS, "train_script.py"),
-                        "--out", out, "--epochs", str(EPOCHS + 1)]
-        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+        p = train(root, out, EPOCHS + 1, prefix=prefix)
         assert p.returncode == 0 and "resumed at epoch 2" in p.stdout, p.stdout + p.stderr[-3000:]
         assert re.search(r"skipping checkpoint ckpt-e2 of .*Permission denied", p.stderr), p.stderr[-3000:]
         assert re.search(r"saved checkpoint ckpt-e3 \(epoch 3\)", p.stderr), p.stderr[-3000:]
         assert "FINAL checkpoint" not in p.stderr, p.stderr[-3000:]
         # the tools report it and go on with the rest of the root
+        env = script_env(root, "pir", {"PADDLE_ACP_ASYNC": "0"})
         tools = [sys.executable, "-m", "paddle_acp"]
         for args, want in ((["ls", root], 0), (["verify", root], 0), (["gc", root, "--keep", "1", "--dry-run"], 0)):
             t = subprocess.run(prefix + tools + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -389,16 +344,13 @@ def test_an_unreadable_checkpoint_is_skipped_not_fatal(base, tmp_path):
 
 def test_no_checkpoint_readable_is_an_error_not_a_fresh_start(base, tmp_path):
     root, out = copy_base(base, tmp_path)
-    prefix, owner = _as_unprivileged()
+    prefix, owner = as_unprivileged()
     for n in range(3):
         if owner is not None:
             os.chown(cdir(root, n), owner, owner)
         os.chmod(cdir(root, n), 0)
     try:
-        env = script_env(root, "pir", {"PADDLE_ACP_ASYNC": "0"})
-        cmd = prefix + [sys.executable, os.path.join(SCRIPTS, "train_script.py"),
-                        "--out", out, "--epochs", str(EPOCHS)]
-        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+        p = train(root, out, EPOCHS, prefix=prefix)
         assert p.returncode != 0, p.stdout
         last = p.stderr.strip().splitlines()[-1]
         assert last.startswith("paddle_acp.errors.StorageError: no checkpoint of ") and "could not be read" in last, last
@@ -490,8 +442,7 @@ def test_a_full_disk_makes_space_by_deleting_the_oldest(tmp_path, capsys):
     deleted to make space, every save commits, and the job ends with its final checkpoint."""
     out = str(tmp_path / "out")
     env = script_env(None, "pir", {"PADDLE_ACP_ASYNC": "0", "PADDLE_ACP_SAVE_INTERVAL": "0", "PADDLE_JOB_ID": JOB_ID})
-    cmd = [sys.executable, os.path.join(SCRIPTS, "train_script.py"), "--out", out,
-           "--epochs", "6"] + BIG
+    cmd = [sys.executable, SCRIPT, "--out", out, "--epochs", "6"] + BIG
     p, root = run_on_small_disk(tmp_path, 1700, cmd, env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "save failed" not in p.stderr, p.stderr[-3000:]
@@ -511,7 +462,7 @@ def test_a_final_save_that_cannot_fit_is_an_error_and_the_newest_valid_is_kept(t
     out = str(tmp_path / "out")
     env = script_env(None, "pir", {"PADDLE_ACP_ASYNC": "0"})
     cmd = [sys.executable, "-m", "paddle_acp", "run", "--interval", "0", "--job-id", JOB_ID, "--checkpoint",
-           str(tmp_path / "disk"), os.path.join(SCRIPTS, "train_script.py"),
+           str(tmp_path / "disk"), SCRIPT,
            "--out", out, "--epochs", "3", "--api", "paddle"] + BIG
     p, root = run_on_small_disk(tmp_path, 800, cmd, env)
     assert p.returncode == 1, p.stderr[-3000:]

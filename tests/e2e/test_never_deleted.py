@@ -14,82 +14,21 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
-from support.e2e import JOB_ID, load_result, read_log, run_script, script_env
+from support.e2e import JOB_ID, tree_files
+from support.script_range import EPOCHS, as_unprivileged, base_run, cdir, copy_base, flip, pdir, rdir, train
 
 from paddle_acp import cli
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal
 
-RANGE = "_range_0"
-EPOCHS = 3
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 OTHER_JOB = json.dumps({"format": "paddle-acp/job", "version": 1, "job_id": "someone-else", "created": 1.0})
-
-
-def rdir(root):
-    return os.path.join(root, JOB_ID, "range", RANGE)
-
-
-def cdir(root, n):
-    return os.path.join(rdir(root), f"ckpt-e{n}")
-
-
-def pdir(root, n):
-    return os.path.join(cdir(root, n), "rank-0")
-
-
-def flip(path, at=100):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
-def tree(path):
-    return sorted(os.path.relpath(os.path.join(d, n), path) for d, dirs, files in os.walk(path) for n in dirs + files)
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A real 3-epoch run, a checkpoint per epoch (ckpt-e0..e2)."""
-    d = tmp_path_factory.mktemp("never_deleted")
-    root, out = str(d / "ckpt"), str(d / "out")
-    p = run_script(out, root, "pir", "--epochs", EPOCHS, env={"PADDLE_ACP_ASYNC": "0"})
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-e0", "ckpt-e1", "ckpt-e2"]
-    return {"root": root, "out": out, "reference": load_result(out)}
-
-
-def copy_base(base, tmp_path, keep_losses=2):
-    """The base run as if killed after ``keep_losses`` epochs were logged."""
-    root, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    shutil.copytree(base["root"], root, symlinks=True)
-    shutil.copytree(base["out"], out)
-    os.remove(os.path.join(out, "done"))
-    entries = read_log(out)
-    with open(os.path.join(out, "losses.jsonl"), "w") as f:
-        f.writelines(json.dumps(e) + "\n" for e in entries[:keep_losses])
-    return root, out
-
-
-def _as_unprivileged():
-    """A prefix under which file permissions apply (root: a user namespace; files of uid 12345 are not its)."""
-    if os.geteuid() != 0:
-        return [], None
-    probe = subprocess.run(["unshare", "-r", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    if probe.returncode != 0:
-        pytest.skip(f"running as root without user namespaces (unshare -r: {probe.stderr.decode().strip()})")
-    return ["unshare", "-r"], 12345
-
-
-def train(root, out, epochs, env=None, prefix=()):
-    e = script_env(root, "pir", {"PADDLE_ACP_ASYNC": "0", **(env or {})})
-    cmd = list(prefix) + [sys.executable, os.path.join(SCRIPTS, "train_script.py"), "--out", out, "--epochs", str(epochs)]
-    return subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    return base_run(tmp_path_factory.mktemp("never_deleted"))
 
 
 # -- item 3: a checkpoint whose data cannot be read is never withdrawn ------------------------------------
@@ -98,21 +37,18 @@ def test_a_checkpoint_whose_data_cannot_be_read_is_kept(base, tmp_path, kill):
     """ckpt-e2's tensors.bin unreadable (its global.json and manifest are not): the restart falls back to
     ckpt-e1 and keeps ckpt-e2 as it is; the save of epoch 2 fails with an error naming why, the next one
     commits. Killed during epoch 2 instead, ckpt-e2 is still whole; readable again, a restart loads it."""
-    root, out = copy_base(base, tmp_path)
-    prefix, owner = _as_unprivileged()
+    root, out = copy_base(base, tmp_path, keep_losses=2)
+    prefix, owner = as_unprivileged()
     data = os.path.join(pdir(root, 2), DATA_NAME)
     with open(data, "rb") as f:
         original = f.read()
     if owner is not None:
         os.chown(data, owner, owner)
     os.chmod(data, 0)
-    before = tree(cdir(root, 2))
+    before = tree_files(cdir(root, 2))
     try:
-        p = train(root, out, EPOCHS + 1, {"PADDLE_ACP_MAX_TO_KEEP": "5"}, prefix) if not kill else subprocess.run(
-            list(prefix) + [sys.executable, os.path.join(SCRIPTS, "train_script.py"), "--out", out, "--epochs",
-                            str(EPOCHS + 1), "--kill-at-epoch", "2"],
-            env=script_env(root, "pir", {"PADDLE_ACP_ASYNC": "0"}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, timeout=300)
+        p = train(root, out, EPOCHS + 1, {"PADDLE_ACP_MAX_TO_KEEP": "5"}, prefix) if not kill else train(
+            root, out, EPOCHS + 1, prefix=prefix, args=("--kill-at-epoch", "2"))
         assert "resumed at epoch 2" in p.stdout, p.stdout + p.stderr[-3000:]
         assert re.search(r"skipping checkpoint ckpt-e2 of .*Permission denied", p.stderr), p.stderr[-3000:]
         assert "withdrawing checkpoint ckpt-e2" not in p.stderr, p.stderr[-3000:]
@@ -127,7 +63,7 @@ def test_a_checkpoint_whose_data_cannot_be_read_is_kept(base, tmp_path, kill):
         else:
             assert p.returncode != 0
         # the unreadable file is the one that was there, untouched
-        assert tree(cdir(root, 2)) == before
+        assert tree_files(cdir(root, 2)) == before
         assert os.stat(data).st_mode & 0o777 == 0
         if owner is not None:
             assert os.stat(data).st_uid == owner
@@ -176,14 +112,14 @@ def test_a_corrupt_checkpoint_ahead_never_takes_the_place_of_this_runs_commits(b
 
 # -- item 5: every deletion passes check_deletable --------------------------------------------------------
 def test_gc_deletes_nothing_where_the_job_marker_names_another_job(base, tmp_path, capsys):
-    root, _ = copy_base(base, tmp_path)
+    root, _ = copy_base(base, tmp_path, keep_losses=2)
     with open(os.path.join(root, JOB_ID, "job.json"), "w") as f:
         f.write(OTHER_JOB)
-    before = tree(rdir(root))
+    before = tree_files(rdir(root))
     capsys.readouterr()
     assert cli.main(["gc", root, "--keep", "1"]) == 2
     out, err = capsys.readouterr()
-    assert tree(rdir(root)) == before
+    assert tree_files(rdir(root)) == before
     assert re.search(r"^paddle-acp: error: nothing deleted in range _range_0 of job e2e: refusing to delete .*names "
                      r"another job \('someone-else'\)$", err.strip()), err
     assert re.search(r"ckpt-e0 +keep .*not deleted: refusing", out), out
@@ -197,22 +133,22 @@ def test_gc_never_deletes_through_a_job_directorys_link(base, tmp_path, capsys):
     shutil.copytree(base["root"], victim)
     os.makedirs(tmp_path / "root")
     os.symlink(os.path.join(victim, JOB_ID), tmp_path / "root" / "linkjob")
-    before = tree(victim)
+    before = tree_files(victim)
     capsys.readouterr()
     assert cli.main(["gc", str(tmp_path / "root"), "--keep", "1"]) == 2
     err = capsys.readouterr().err
     assert "nothing deleted in range _range_0 of job linkjob" in err and "is a symlink" in err, err
-    assert tree(victim) == before
+    assert tree_files(victim) == before
 
 
 def test_a_restart_withdraws_nothing_where_the_job_marker_names_another_job(base, tmp_path):
     """ckpt-e2 corrupt, the marker naming another job: the restart falls back to ckpt-e1 and withdraws nothing; the
     save at ckpt-e2's position fails with an error (it is not skipped as if committed)."""
-    root, out = copy_base(base, tmp_path)
+    root, out = copy_base(base, tmp_path, keep_losses=2)
     with open(os.path.join(root, JOB_ID, "job.json"), "w") as f:
         f.write(OTHER_JOB)
     flip(os.path.join(pdir(root, 2), DATA_NAME))
-    before = {p: open(os.path.join(cdir(root, 2), p), "rb").read() for p in tree(cdir(root, 2))
+    before = {p: open(os.path.join(cdir(root, 2), p), "rb").read() for p in tree_files(cdir(root, 2))
               if os.path.isfile(os.path.join(cdir(root, 2), p))}
     p = train(root, out, EPOCHS + 1, {"PADDLE_ACP_MAX_TO_KEEP": "10"})
     assert "resumed at epoch 2" in p.stdout, p.stdout + p.stderr[-3000:]
@@ -222,7 +158,7 @@ def test_a_restart_withdraws_nothing_where_the_job_marker_names_another_job(base
     assert re.search(r"save failed .*checkpoint ckpt-e2 of \S+ is not written: the position holds a committed "
                      r"checkpoint that is kept: may not be withdrawn", p.stderr), p.stderr[-3000:]
     assert not re.search(r"saved checkpoint ckpt-e2\b|ckpt-e2 is already committed", p.stderr), p.stderr[-3000:]
-    after = {p: open(os.path.join(cdir(root, 2), p), "rb").read() for p in tree(cdir(root, 2))
+    after = {p: open(os.path.join(cdir(root, 2), p), "rb").read() for p in tree_files(cdir(root, 2))
              if os.path.isfile(os.path.join(cdir(root, 2), p))}
     assert after == before
 

@@ -7,29 +7,14 @@ import subprocess
 import sys
 import textwrap
 
-from test_preempt_workers import wait_for
-from test_steps import SCRIPT, assert_same, reference, steps
-
-
-def start(out, ck, env_extra, *args):
-    env = dict(os.environ, PADDLE_ACP_CHECKPOINT_URI=str(ck), PADDLE_ACP_ASYNC="0", **env_extra)
-    return subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), *args], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+from support.stop_at import act_at_step, start
+from test_steps import assert_same, reference, steps
 
 
 def signal_at_step(out, ck, env_extra, sig):
     """Run the steps script; at epoch 1 step 3 send ``sig`` to it from outside; its status and stderr."""
-    p = start(out, ck, env_extra, "--stop-at", "1:3")
-    try:
-        wait_for(out / "stopping", p)
-        os.kill(p.pid, sig)
-        (out / "stopped").touch()
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return p.returncode, err
+    rc, err, _ = act_at_step(out, ck, lambda p: os.kill(p.pid, sig), env=env_extra)
+    return rc, err
 
 
 def test_sigint_named_as_a_preemption_signal_saves_exits_130_and_resumes(tmp_path, tmp_path_factory):
@@ -42,7 +27,7 @@ def test_sigint_named_as_a_preemption_signal_saves_exits_130_and_resumes(tmp_pat
     assert "received SIGINT" in err
     assert "saved checkpoint ckpt-e1-s4 (epoch 1 step 4)" in err
     assert steps(out)[1][-1][0] == (1, 3)
-    p = start(out, ck, {})
+    p = start(out, ck)
     o, e = p.communicate(timeout=120)
     assert p.returncode == 0, e[-3000:]
     assert "resumed at epoch 1 step 4" in o

@@ -14,23 +14,10 @@ import time
 
 import pytest
 from support.newest import committed
-from test_steps import SCRIPT, assert_same, reference, steps
+from support.stop_at import act_at_step, act_when_held, start, wait_for
+from test_steps import assert_same, reference, steps
 
 from paddle_acp.storage import open_storage
-
-
-def start(out, ck, *args):
-    env = dict(os.environ, PADDLE_ACP_CHECKPOINT_URI=str(ck), PADDLE_ACP_ASYNC="0")
-    return subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), *args], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(path, proc, timeout=60):
-    end = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.01)
 
 
 def running(pid):
@@ -43,21 +30,16 @@ def running(pid):
 
 
 def stop_group_at_step(out, ck, sig):
-    """Run the script with 2 DataLoader workers; at epoch 1 step 3 send ``sig`` to its whole process group."""
-    p = start(out, ck, "--loader", "dataloader", "--workers", "2", "--stop-at", "1:3")
-    try:
-        wait_for(out / "stopping", p)
+    """Run the script with 2 DataLoader workers; at epoch 1 step 3 send ``sig`` to its whole process group.
+    Its status, its stderr and the pids of the workers signalled."""
+    def signal_group(p):
         workers = [int(w) for w in os.listdir(out / "workers") if running(w)]
         assert len(workers) == 2, workers  # the epoch's loader's workers, in the script's process group
         assert all(os.getpgid(w) == p.pid for w in workers)
         os.killpg(p.pid, sig)
-        (out / "stopped").touch()
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return p.returncode, err, workers
+        return workers
+
+    return act_at_step(out, ck, signal_group, "--loader", "dataloader", "--workers", "2")
 
 
 def test_sigterm_to_the_process_group_with_dataloader_workers_saves_exits_143_and_resumes(tmp_path, tmp_path_factory):
@@ -148,14 +130,6 @@ def test_other_children_forked_in_a_range_still_take_sigterm(tmp_path):
     env = dict(os.environ, PADDLE_ACP_CHECKPOINT_URI=str(tmp_path / "ck"), PADDLE_ACP_EXIT_ON_PREEMPT="0")
     p = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(tmp_path / "stopping", p)
-        os.killpg(p.pid, signal.SIGTERM)
-        (tmp_path / "stopped").touch()
-        o, e = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    o, e, _ = act_when_held(p, tmp_path, lambda p: os.killpg(p.pid, signal.SIGTERM))
     assert p.returncode == 0, e[-3000:]
     assert f"child exitcode {-signal.SIGTERM}" in o

@@ -21,23 +21,13 @@ import sys
 import pytest
 from support.e2e import JOB_ID, REPO, load_result, read_log, run_script, script_env
 from support.newest import recommit
+from support.script_range import EPOCHS, SYNC, base_run, cdir, copy_base, flip, pdir, rdir
 
 from paddle_acp import cli
 from paddle_acp.format.layout import GLOBAL_NAME
 from paddle_acp.format.manifest import DATA_NAME, MANIFEST_NAME, seal
 
-RANGE = "_range_0"
-EPOCHS = 3
 RANK_SCRIPT = os.path.join(REPO, "tests", "scripts", "rank_train.py")
-SYNC = {"PADDLE_ACP_ASYNC": "0"}
-
-
-def rdir(root):
-    return os.path.join(str(root), JOB_ID, "range", RANGE)
-
-
-def cdir(root, name):
-    return os.path.join(rdir(root), name)
 
 
 def tree_bytes(path):
@@ -62,19 +52,6 @@ def reseal(path, **changes):
         f.write(seal(doc))
 
 
-def pdir(root, name):
-    """The directory holding a one-part checkpoint's manifest and data: its rank-0 part."""
-    return os.path.join(cdir(root, name), "rank-0")
-
-
-def flip(path, offset=100):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
 def last_line(stderr):
     return stderr.strip().splitlines()[-1]
 
@@ -88,21 +65,7 @@ def resumed_from(text):
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A real 3-epoch run of one process, a checkpoint per epoch (ckpt-e0..e2, one part each)."""
-    d = tmp_path_factory.mktemp("choice")
-    root, out = str(d / "ckpt"), str(d / "out")
-    p = run_script(out, root, "pir", "--epochs", EPOCHS, env=SYNC)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert sorted(os.listdir(rdir(root))) == ["ckpt-e0", "ckpt-e1", "ckpt-e2"]
-    assert all(sorted(os.listdir(cdir(root, f"ckpt-e{n}"))) == [GLOBAL_NAME, "rank-0"] for n in range(EPOCHS))
-    return {"root": root, "out": out, "reference": load_result(out)}
-
-
-def copy_base(base, tmp_path):
-    root, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    shutil.copytree(base["root"], root, symlinks=True)
-    shutil.copytree(base["out"], out)
-    os.remove(os.path.join(out, "done"))
-    return root, out
+    return base_run(tmp_path_factory.mktemp("choice"))
 
 
 def newer_format(root):
