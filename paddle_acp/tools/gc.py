@@ -76,7 +76,7 @@ def _why(i: CkptInfo, why: str, keep: int, now: float, restart: Optional[CkptInf
     return {
         retention.STALE: i.reason,
         retention.FOREIGN: f"of a newer format: this paddle-acp never deletes it ({i.reason})",
-        retention.NO_RESTART: "no valid checkpoint in this range: nothing deleted",
+        retention.NO_RESTART: "no checkpoint here that a restart loads: nothing deleted",
         retention.RESTART: "newest valid checkpoint (a restart loads it)",
         retention.OLDER: f"older than the newest {keep}{corrupt}",
     }[why]

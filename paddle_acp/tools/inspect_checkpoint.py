@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from paddle_acp.format.manifest import DATA_NAME, Manifest
 from paddle_acp.tools.refs import load_manifest, read_part, resolve_checkpoint
 from paddle_acp.tools.render import clean, fmt_time, human_bytes, output, table
-from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, scan_range
+from paddle_acp.tools.scan import CORRUPT, VERIFIED, CkptInfo, restart_checkpoint, restart_outcome, scan_range
 from paddle_acp.tools.values import extra_values, render_extra, rng_summary, rng_text
 
 _LR_RE = re.compile(r"^(learning_rate(_\d+)?|.*@.*)$")
@@ -66,6 +66,7 @@ class InspectResult:
     programs: List[Dict[str, Any]]  # key, label, lr_scheduler, tensors (each with its kind)
     name: str = ""  # the checkpoint's directory name
     part: Optional[Dict[str, Any]] = None  # several ranks: rank, ranks, world_size, mode of the part shown
+    outcome: str = ""  # what a restart of the range does, in words (scan.restart_outcome)
 
     @property
     def loads(self) -> bool:
@@ -99,7 +100,7 @@ def inspect(checkpoint: str, job: Optional[str] = None, range_name: Optional[str
         programs.append({"key": p.key, "label": p.label, "lr_scheduler": p.lr_scheduler,
                          "tensors": [dict(t.to_json(), kind=kinds[t.name]) for t in p.tensors]})
     return InspectResult(ref.uri, ref.job, m, data_size, restart.name if restart else None, this, programs,
-                         ref.dir_name, part)
+                         ref.dir_name, part, restart_outcome(infos, True))
 
 
 def to_json(res: InspectResult) -> Dict[str, Any]:
@@ -151,7 +152,7 @@ def render(res: InspectResult) -> str:
     if res.loads:
         loads = "yes"
     elif res.restart is None:
-        loads = "no (no valid checkpoint in this range)"
+        loads = f"no (a restart {res.outcome})"
     else:
         loads = f"no (a restart loads {res.restart})"
     rows = [

@@ -18,7 +18,7 @@ from paddle_acp.format.manifest import Manifest
 from paddle_acp.storage.base import Storage, redact
 from paddle_acp.storage.schemes import parse_uri
 from paddle_acp.tools.discovery import ToolError, list_ranges, open_root, short_reason, single_job, uri_join
-from paddle_acp.tools.scan import CkptInfo, restart_checkpoint, scan_range
+from paddle_acp.tools.scan import CkptInfo, restart_checkpoint, restart_outcome, scan_range
 
 if TYPE_CHECKING:
     from paddle_acp.format.global_manifest import GlobalManifest
@@ -117,7 +117,8 @@ def resolve_checkpoint(ref: str, job: Optional[str] = None, range_name: Optional
         infos = scan_range(storage, job, range_name)
         pick = restart_checkpoint(storage, job, range_name, infos, quiet=True)
         if pick is None:
-            raise ToolError(f"range {range_name!r} of job {job!r} under {storage.uri!r} has no valid checkpoint")
+            raise ToolError(f"range {range_name!r} of job {job!r} under {storage.uri!r}: a restart "
+                            f"{restart_outcome(infos, True)}")
         name = pick.name if pick.multirank else None
         return _with_rank(CkptRef(storage, job, range_name, pick.number, name=name, scanned=infos), rank)
     return _with_rank(CkptRef(storage, job, range_name, number), rank)

@@ -35,6 +35,7 @@ class CkptInfo:
     status: str = UNCOMMITTED  # OK, VERIFIED, CORRUPT, NEWER (never deleted) or UNCOMMITTED
     reason: str = ""
     restart: bool = False
+    stops: bool = False  # of a newer format where the restart would train again: it stops (index.newer_in_the_way)
     position: Optional[Tuple[int, int]] = None  # checkpoints of several ranks: (epoch, step) order
     entry: Optional[index.Entry] = None  # where the restart order puts it
 
@@ -90,13 +91,16 @@ def _refuse(i: CkptInfo) -> CkptInfo:
 
 
 def _mark(infos: List[CkptInfo], check: Callable[[CkptInfo], CkptInfo]) -> Optional[CkptInfo]:
-    """Mark (``restart``) the first checkpoint of ``infos`` that ``check`` passes, by the restart's own search."""
+    """Mark (``restart``) the first checkpoint of ``infos`` that ``check`` passes, by the restart's own search, unless
+    the restart stops there: newer-format checkpoints after it (marked ``stops``; then None)."""
     by_entry = {id(i.entry): i for i in infos if i.entry is not None}
     cands = [i.entry for i in infos if i.entry is not None]
     search = index.first_usable(cands, lambda e: check(by_entry[id(e)]), log=False)
+    stops = {id(r.entry) for r in index.newer_in_the_way(search)} if search.found is not None else set()
     for i in infos:
-        i.restart = search.found is not None and i is search.found
-    return search.found
+        i.stops = id(i.entry) in stops
+        i.restart = not stops and i is search.found
+    return None if stops else search.found
 
 
 def _failed(info: CkptInfo, exc: Exception, unreadable: str = "cannot be read: ") -> None:
@@ -206,6 +210,11 @@ def restart_outcome(infos: List[CkptInfo], checked: bool) -> str:
     """What a restart of this range does, in words (``checked``: the data of the one it loads was read)."""
     pick = next((i for i in infos if i.restart), None)
     committed = [i for i in infos if i.committed]
+    stops = [i.name for i in infos if i.stops]
+    if stops:
+        return (f"STOPS with CheckpointError: {', '.join(stops)}, of a newer format, hold positions it would train "
+                "again and cannot replace; resume with the newer paddle-acp that wrote them, or use a new "
+                "PADDLE_JOB_ID (nothing is deleted)")
     if pick is not None:
         return f"loads {pick.name}" if checked else f"loads {pick.name} if its data verifies (data not checked)"
     if not committed:

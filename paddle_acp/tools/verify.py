@@ -47,7 +47,7 @@ def verify(uri: str, job: Optional[str] = None) -> VerifyResult:
             res.valid += sum(1 for i in committed if i.valid)
             if committed and not committed[0].valid:
                 newest = committed[0]
-                fallback = next((i for i in committed if i.valid), None)
+                fallback = None if any(i.stops for i in infos) else next((i for i in committed if i.valid), None)
                 then = f"fall back to {fallback.name}" if fallback else restart_outcome(infos, True)
                 res.failures.append(f"{uri_join(storage.uri, newest.path)} is bad ({newest.reason}): "
                                     f"a restart of job {j!r} range {r!r} {'would ' if fallback else ''}{then}")

@@ -119,6 +119,37 @@ def test_no_usable_checkpoint_stops_the_restart_and_deletes_nothing(base, tmp_pa
     assert tree_bytes(rdir(root)) == before
 
 
+@pytest.mark.parametrize("where", ["global record", "part manifest"])
+def test_a_newest_checkpoint_of_a_newer_format_stops_the_restart_and_the_tools_say_so(base, tmp_path, capsys, where):
+    """After a downgrade, ckpt-e2 (newest) of a newer format and ckpt-e0..e1 usable: the restart stops (it would
+    train e2's position again and could not replace it); ls, verify, inspect and gc say that, and never that it
+    loads ckpt-e1 (the doctor once did: wrongly green)."""
+    root, out = copy_base(base, tmp_path)
+    if where == "global record":
+        reseal(os.path.join(cdir(root, "ckpt-e2"), GLOBAL_NAME), version=99)
+    else:
+        reseal(os.path.join(pdir(root, "ckpt-e2"), MANIFEST_NAME), version=4)
+        recommit(cdir(root, "ckpt-e2"))
+    before = tree_bytes(rdir(root))
+    p = run_script(out, root, "pir", "--epochs", EPOCHS + 2, env=SYNC)
+    assert p.returncode != 0
+    last = last_line(p.stderr)
+    assert "ckpt-e2" in last and "are of a newer format" in last and "from ckpt-e1" in last, last
+    capsys.readouterr()
+    for args in (["ls", root], ["ls", root, "--verify"]):
+        assert cli.main(args) == 0
+        text = capsys.readouterr().out
+        assert "a restart STOPS with CheckpointError: ckpt-e2, of a newer format" in text, text
+        assert not re.search(r"^ +\* ", text, re.M), text  # no checkpoint marked as the one a restart loads
+    assert cli.main(["verify", root]) == 1
+    text = capsys.readouterr().out
+    assert "STOPS with CheckpointError: ckpt-e2" in text and "fall back" not in text, text
+    assert cli.main(["inspect", cdir(root, "ckpt-e1")]) == 0
+    assert "no (a restart STOPS with CheckpointError: ckpt-e2" in capsys.readouterr().out
+    assert cli.main(["gc", root, "--keep", "1"]) == 0
+    assert tree_bytes(rdir(root)) == before  # nothing deleted by the restart or gc
+
+
 def as_old_layout(root, name, number):
     """Make one-part checkpoint ``name`` an earlier release's single-writer ``ckpt-{number}`` (its part's files
     under the old name, the manifest's number that name's, no part record), in place of ``name``."""

@@ -176,6 +176,12 @@ class Search(Generic[T]):
         return [r for r in self.rejected if r.kind == kind]
 
 
+def newer_in_the_way(search: "Search[T]") -> List[Rejection]:
+    """The checkpoints of a newer format (of the global layout) a restart passed over: when it found an older one to
+    load (or starts afresh) it would train their positions again and cannot replace them, so it stops instead."""
+    return [r for r in search.of_kind(NEWER_FORMAT) if r.entry.layout == GLOBAL]
+
+
 def first_usable(candidates: Sequence[Entry], load: Callable[[Entry], T], check: Optional[Callable[[T], None]] = None,
                  where: str = "", fatal: Optional[Callable[[Entry, StorageError], Optional[BaseException]]] = None,
                  log: bool = True) -> Search[T]:

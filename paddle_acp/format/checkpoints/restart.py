@@ -73,7 +73,7 @@ def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer",
 
     search = index.first_usable(listed, load, check, where, fatal)  # (it passes over the uncommitted)
     global_checkpointer.remember_listing(listed, uncommitted, search.rejected)  # discard_newer removes what is newer than the choice without listing again
-    newer = [r for r in search.of_kind(index.NEWER_FORMAT) if r.entry.layout == index.GLOBAL]
+    newer = index.newer_in_the_way(search)
     if newer and (search.found is not None or start_fresh):
         if search.found is not None:
             search.found.close()
