@@ -3,8 +3,8 @@
 Active only when ``PADDLE_ACP_CHECK_DIGESTS`` names a file. Each epoch appends a ``start`` record and an
 ``epoch`` record: ``tensors`` (a digest of every persistable of every registered program), ``fetched`` (a digest
 of each value fetched from ``Executor.run`` over the epoch), ``scalars`` (the numbers held by the script's globals
-and the locals of the frame that opened the range), ``uncaptured`` (objects there whose state paddle-acp does not
-checkpoint), ``resumed_mid_epoch`` and ``left_early`` (the loop was left inside the epoch). ``save`` and ``kill``
+and the locals of the frame that opened the range, and by the attributes of objects of the script's own
+classes), ``uncaptured`` (objects there whose state paddle-acp does not checkpoint), ``resumed_mid_epoch`` and ``left_early`` (the loop was left inside the epoch). ``save`` and ``kill``
 records mark a mid-epoch checkpoint and the kill point (:mod:`~paddle_acp.runtime.check_kill`). Rank k > 0
 writes to the file's name + ``.rank<k>``. One JSON object a line, flushed at once (the process may be killed).
 """
@@ -72,6 +72,22 @@ def _name_of(var: Any) -> Optional[str]:
 
 def _visible(name: str, value: Any) -> bool:
     return not (name.startswith("__") or isinstance(value, _SKIP_TYPES))
+
+
+def _number(scalars: Dict[str, Any], key: str, value: Any) -> None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        scalars[key] = value if not isinstance(value, float) or np.isfinite(value) else repr(value)
+
+
+def _own_attributes(obj: Any) -> List[Tuple[str, Any]]:
+    """The attributes of an object of a class the script defines (or a ``SimpleNamespace``); others: none."""
+    try:
+        if type(obj).__module__ != "__main__" and not isinstance(obj, types.SimpleNamespace):
+            return []
+        attrs = getattr(obj, "__dict__", None)
+        return [(k, v) for k, v in attrs.items() if not k.startswith("__")] if isinstance(attrs, dict) else []
+    except Exception:  # an object whose attribute access raises: nothing of it is digested
+        return []
 
 
 class DigestedRange(Protocol):
@@ -178,8 +194,9 @@ class EpochDigests:
                 if not _visible(name, value):
                     continue
                 key = f"{where}{name}"
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    scalars[key] = value if not isinstance(value, float) or np.isfinite(value) else repr(value)
+                _number(scalars, key, value)
+                for attr, v in _own_attributes(value):  # a counter in an object of the script's own class
+                    _number(scalars, f"{key}.{attr}", v)
                 kind = uncaptured_kind(value)
                 if kind is not None:
                     uncaptured[key] = f"{kind}: {type(value).__module__}.{type(value).__qualname__}"

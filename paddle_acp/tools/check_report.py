@@ -120,7 +120,7 @@ def first_rank_difference(ref: RankEpochs, other: RankEpochs, ref_name: str, oth
 
 
 def _fix_number(name: str, value: Any) -> str:
-    short = name.rsplit(".", 1)[-1]
+    short = name.split("().", 1)[-1]  # a local's name without its function; an attribute keeps its object
     holder = "acp.Counter(0)" if isinstance(value, int) else f"acp.Value({value!r})"
     where = (f"train_epoch_range(..., state={{{short!r}: {short}}})" if "()." in name
              else f"acp.track({short!r}, {short}) before the loop (or train_epoch_range(..., state={{{short!r}: {short}}}))")

@@ -146,6 +146,14 @@ def test_reset_counter_behind_a_later_milestone_is_not_green():
     assert "step_count (int)" in proc.stdout and "fix: hold it in acp.Counter(0)" in proc.stdout, proc.stdout
 
 
+def test_reset_counter_in_an_object_of_the_script_is_not_green():
+    """The same milestone, its counter an attribute of the script's own object (``warm.n``): once green."""
+    proc, _ = run_check(sys.executable, SCRIPT, "--mode", "milestone_object", *FAST, json_out=False, kill_at=["2"])
+    assert proc.returncode == 4, _why(proc)
+    assert proc.stdout.startswith("state not restored:"), proc.stdout
+    assert "warm.n (int)" in proc.stdout and "acp.track('warm.n', warm.n)" in proc.stdout, proc.stdout
+
+
 def test_early_stopping_in_locals_is_caught_by_the_kill_in_the_last_epoch():
     proc, doc = run_check(sys.executable, SCRIPT, "--mode", "early_stop", *FAST, epochs=6)
     assert proc.returncode == 2, _why(proc)

@@ -13,6 +13,8 @@
 * ``milestone``: as ``resumable``, but a plain global step counter (``step_count``) switches the
   learning rate at step 10000 (a milestone after the checked epochs): the checked epochs match, but
   a restart resets the counter, so a long run would not resume exactly.
+* ``milestone_object``: as ``milestone``, the counter an attribute (``warm.n``) of an object of a class the
+  script defines (a hand-written warm-up scheduler): caught the same way.
 * ``early_stop``: a validation loss that stops improving; ``best`` and ``patience`` are locals of
   ``train()``, the loop leaves with ``break`` once ``patience`` reaches 1 (at epoch 2): a restart after
   a kill in the last epoch forgets them and trains an epoch more.
@@ -40,7 +42,7 @@ import paddle
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=("resumable", "unseeded", "counter", "paddle_api", "milestone", "early_stop", "spawn",
-                                  "rebind"), default="resumable")
+                                  "rebind", "milestone_object"), default="resumable")
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--sleep", type=float, default=0.06)
 p.add_argument("--break-at", type=int, default=None)
@@ -96,11 +98,23 @@ else:
 noise_ids = itertools.count() if args.mode == "counter" else None
 
 
+class Warmup:
+    """A hand-written schedule of the script (``milestone_object``): its step count a plain attribute."""
+
+    def __init__(self):
+        self.n = 0
+
+
+warm = Warmup()
+
+
 def scale_now():
     if args.mode == "counter":
         return 1.0 / (1.0 + 0.5 * step_count)
     if args.mode == "milestone":
         return 0.1 if step_count >= 10000 else 1.0
+    if args.mode == "milestone_object":
+        return 0.1 if warm.n >= 10000 else 1.0
     return 1.0
 
 
@@ -122,6 +136,8 @@ def train_epoch(epoch):
             yb = yb + np.float32(0.001 * (next(noise_ids) % 7))
         out = exe.run(main, feed={"x": xb, "y": yb, "scale": np.array([scale_now()], "float32")}, fetch_list=[loss])
         step_count += 1
+        if args.mode == "milestone_object":
+            warm.n += 1
         if log is not None:
             log.write(f"epoch {epoch} loss {float(np.asarray(out[0]).reshape(-1)[0]):.6f}\n")
         time.sleep(args.sleep)
