@@ -21,6 +21,7 @@ from paddle_acp.config.check import check_epochs_from_env as check_epochs_from_e
 from paddle_acp.config.check import check_kill_at_from_env as check_kill_at_from_env
 from paddle_acp.config.components import DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONNECT_TIMEOUT
 from paddle_acp.config.components import HDFS_CLIENTS as HDFS_CLIENTS
+from paddle_acp.config.components import STORE_VARS
 from paddle_acp.config.components import S3Env as S3Env
 from paddle_acp.config.components import StorageOptions as StorageOptions
 from paddle_acp.config.components import connect_early_from_env as connect_early_from_env
@@ -290,7 +291,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     if "," in ugi:
         register_secret(ugi.strip())
         register_secret(ugi.split(",", 1)[1].strip())
-    for name in ("PADDLE_ACP_CHECKPOINT_URI", "PADDLE_EDL_HDFS_NAME", "PADDLE_EDL_HDFS_CHECKPOINT_PATH"):
+    for name in ("PADDLE_ACP_CHECKPOINT_URI", "PADDLE_EDL_HDFS_NAME", "PADDLE_EDL_HDFS_CHECKPOINT_PATH", *STORE_VARS):
         register_uri((env.get(name) or "").strip())
     uri = env.get("PADDLE_ACP_CHECKPOINT_URI")
     if uri is not None and uri.strip() != "":
