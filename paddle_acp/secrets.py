@@ -64,6 +64,13 @@ def redact(uri: object) -> str:
     return ("***@" if userinfo else "") + _mask_params(rest)
 
 
+def only_host_port(endpoint: str, shown: Optional[str] = None) -> None:
+    """ValueError showing ``shown`` (default ``endpoint``) redacted where ``endpoint`` (HOST:PORT, after any scheme)
+    holds user info, a path or a query: an endpoint's credentials are neither taken nor shown."""
+    if "@" in endpoint or "/" in endpoint.rstrip("/") or "?" in endpoint:
+        raise ValueError(f"{redact(endpoint if shown is None else shown)!r}: only HOST:PORT (no user info, path or query)")
+
+
 _TOKEN_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+|[^\s:@]+:\S*@\S+")  # a URI; user:pass@host (no scheme)
 
 

@@ -20,6 +20,9 @@ import os
 import socket
 from typing import Any, Mapping, Optional, Protocol, Set
 
+from paddle_acp.errors import ConfigError
+from paddle_acp.secrets import only_host_port
+
 KEY_PREFIX = "paddle_acp/"
 logger = logging.getLogger("paddle_acp")
 
@@ -47,6 +50,10 @@ class StoreEndpoint:
 
 
 def _split(endpoint: str, name: str) -> Optional[StoreEndpoint]:
+    try:
+        only_host_port(endpoint.strip())
+    except ValueError as exc:
+        raise ConfigError(f"the store named by {name}: {exc}") from None
     host, sep, port = endpoint.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return None
@@ -54,7 +61,8 @@ def _split(endpoint: str, name: str) -> Optional[StoreEndpoint]:
 
 
 def job_store_endpoint(env: Mapping[str, str]) -> Optional[StoreEndpoint]:
-    """The store endpoint the job's environment names, or None (no master: storage-only coordination)."""
+    """The store endpoint the job's environment names, or None (no master: storage-only coordination); ConfigError
+    for one with user info, a path or a query."""
     master = env.get("PADDLE_MASTER", "").strip()
     if master:
         ep = _split(master, "PADDLE_MASTER")

@@ -21,6 +21,7 @@ from paddle_acp.config.check import check_epochs_from_env as check_epochs_from_e
 from paddle_acp.config.check import check_kill_at_from_env as check_kill_at_from_env
 from paddle_acp.config.components import DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONNECT_TIMEOUT
 from paddle_acp.config.components import HDFS_CLIENTS as HDFS_CLIENTS
+from paddle_acp.config.components import STORE_VARS, coordination_from_env
 from paddle_acp.config.components import S3Env as S3Env
 from paddle_acp.config.components import StorageOptions as StorageOptions
 from paddle_acp.config.components import connect_early_from_env as connect_early_from_env
@@ -268,6 +269,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     """Build the configuration from environment variables (``os.environ`` by default)."""
     env = os.environ if env is None else env
     log_level_from_env(env)
+    coordination_from_env(env), connect_early_from_env(env)  # read where used, refused here when invalid
     storage = storage_options_from_env(env)
     common: Dict[str, Any] = dict(
         trainer_id=trainer_id_from_env(env),
@@ -290,7 +292,7 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
     if "," in ugi:
         register_secret(ugi.strip())
         register_secret(ugi.split(",", 1)[1].strip())
-    for name in ("PADDLE_ACP_CHECKPOINT_URI", "PADDLE_EDL_HDFS_NAME", "PADDLE_EDL_HDFS_CHECKPOINT_PATH"):
+    for name in ("PADDLE_ACP_CHECKPOINT_URI", "PADDLE_EDL_HDFS_NAME", "PADDLE_EDL_HDFS_CHECKPOINT_PATH", *STORE_VARS):
         register_uri((env.get(name) or "").strip())
     uri = env.get("PADDLE_ACP_CHECKPOINT_URI")
     if uri is not None and uri.strip() != "":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Tuple
 
+from paddle_acp.config.values import ascii_number
 from paddle_acp.errors import ConfigError
 
 
@@ -20,7 +21,7 @@ def check_epochs_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[i
     if raw is None or raw.strip() == "":
         return None
     try:
-        value = int(raw.strip())
+        value = ascii_number(raw.strip(), int)
     except ValueError:
         value = 0
     if value < 1:
@@ -36,6 +37,6 @@ def check_kill_at_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[
         return None
     where, sep, range_name = raw.strip().partition("@")
     parts = where.split(":")
-    if not sep or not range_name or not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+    if not sep or not range_name or not 1 <= len(parts) <= 2 or not all(p.isdigit() and p.isascii() for p in parts):
         raise ConfigError(f"PADDLE_ACP_CHECK_KILL_AT={raw!r} must be EPOCH[:STEP]@RANGE (set by paddle-acp check)")
     return range_name, int(parts[0]), int(parts[1]) if len(parts) == 2 else None

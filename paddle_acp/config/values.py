@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import re
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 from paddle_acp.errors import ConfigError
 
@@ -46,11 +46,22 @@ def validate_job_id(value: str, name: str = "PADDLE_JOB_ID") -> str:
     return value
 
 
+N = TypeVar("N", int, float)
+
+
+def ascii_number(value: Any, kind: Callable[[Any], N]) -> N:
+    """``kind(value)``, the one parser of numbers in variables: a string only in ASCII (Python's int and float take
+    any Unicode digit, "１", which nothing else reads as one); ValueError or TypeError otherwise."""
+    if isinstance(value, str) and not value.isascii():
+        raise ValueError(f"{value!r} is not ASCII")
+    return kind(value)
+
+
 def check_interval(value: Any, name: str, maximum: Optional[float] = None, what: str = "") -> float:
     """``value`` as seconds >= 0 and finite; with ``maximum`` (a timeout that becomes a deadline: the clocks and
     the clients' own timers overflow far below float's range) at most that, ``what`` saying why."""
     try:
-        seconds = float(value)
+        seconds = ascii_number(value, float)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
@@ -92,7 +103,7 @@ def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw.strip())
+        value = ascii_number(raw.strip(), int)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
     if value < minimum:

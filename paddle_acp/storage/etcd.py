@@ -16,7 +16,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from paddle_acp.errors import StorageError
-from paddle_acp.secrets import redact
+from paddle_acp.secrets import only_host_port, redact
 
 MAX_TXN_OPS = 128  # operations per transaction (etcd's --max-txn-ops default)
 MAX_ANSWER = 4 << 20  # bytes of one answer (the save plan is far smaller; etcd's own request limit is 1.5 MiB)
@@ -36,8 +36,7 @@ def parse_endpoint(text: str) -> Tuple[str, int]:
         scheme, rest = "etcd", first
     if scheme not in ("etcd", "http"):
         raise ValueError(f"{redact(first)!r}: the scheme must be etcd:// or http:// (no TLS here)")
-    if "@" in rest or "/" in rest.rstrip("/") or "?" in rest:
-        raise ValueError(f"{redact(first)!r}: only HOST:PORT (no user info, path or query)")
+    only_host_port(rest, first)
     host, colon, port = rest.rstrip("/").rpartition(":")
     if not colon or not _HOST_RE.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{redact(first)!r}: not HOST:PORT with a port in 1-65535")

@@ -311,14 +311,14 @@ def test_failing_or_rangeless_command_cannot_be_checked(tmp_path):
 def test_check_variables_are_validated():
     assert config.check_epochs_from_env({}) is None
     assert config.check_epochs_from_env({"PADDLE_ACP_CHECK_EPOCHS": "4"}) == 4
-    for bad in ("0", "-1", "two", "1.5"):
+    for bad in ("0", "-1", "two", "1.5", "１"):  # ASCII digits only
         with pytest.raises(ConfigError, match="PADDLE_ACP_CHECK_EPOCHS"):
             config.check_epochs_from_env({"PADDLE_ACP_CHECK_EPOCHS": bad})
     assert config.check_digests_from_env({"PADDLE_ACP_CHECK_DIGESTS": "/x/d.jsonl"}) == "/x/d.jsonl"
     assert config.check_kill_at_from_env({}) is None
     assert config.check_kill_at_from_env({"PADDLE_ACP_CHECK_KILL_AT": "3@_range_0"}) == ("_range_0", 3, None)
     assert config.check_kill_at_from_env({"PADDLE_ACP_CHECK_KILL_AT": "1:4@my@range"}) == ("my@range", 1, 4)
-    for bad in ("3", "@r", "a@r", "1:2:3@r", "-1@r", "1:@r"):
+    for bad in ("3", "@r", "a@r", "1:2:3@r", "-1@r", "1:@r", "１@r"):
         with pytest.raises(ConfigError, match="PADDLE_ACP_CHECK_KILL_AT"):
             config.check_kill_at_from_env({"PADDLE_ACP_CHECK_KILL_AT": bad})
     assert "PADDLE_ACP_CHECK_KILL_AT" in config.ENV_VARS

@@ -4,6 +4,7 @@ ConfigError naming the URI redacted, never Python's ValueError), and JSON scrubb
 from __future__ import annotations
 
 import json
+import logging
 from urllib.parse import unquote, unquote_plus
 
 import pytest
@@ -81,6 +82,29 @@ def test_an_etcd_endpoint_with_credentials_is_not_echoed():
         with pytest.raises(ValueError, match="no user info") as exc:
             parse_endpoint(text)
         assert "EtcdPw42" not in str(exc.value) and "Pw42" not in str(exc.value), exc.value
+
+
+@_SETTINGS
+@given(tail=_ANY, master=st.booleans())
+def test_a_store_endpoint_with_credentials_is_refused_and_never_shown(tail, master, own_secrets, tmp_path, caplog):
+    """PADDLE_MASTER or MASTER_ADDR with user info: a ConfigError naming the variable, the value redacted (as
+    parse_endpoint does for etcd), and the password registered by from_env before anything logs it."""
+    from paddle_acp.config import CheckpointConfig, from_env
+    from paddle_acp.runtime.coord import open_coordinator
+
+    secret = "Qz9" + tail
+    caplog.clear()
+    env = ({"PADDLE_MASTER": f"alice:{secret}@127.0.0.1:2379"} if master else
+           {"MASTER_ADDR": f"alice:{secret}@127.0.0.1", "MASTER_PORT": "2379"})
+    env.update(PADDLE_TRAINERS_NUM="2", PADDLE_TRAINER_ID="1", PADDLE_ACP_COORDINATION="store")
+    from_env(env)
+    logging.getLogger("paddle_acp").warning("the job's store: %s", env.get("PADDLE_MASTER", env.get("MASTER_ADDR")))
+    with pytest.raises(ConfigError, match="only HOST:PORT") as exc:
+        open_coordinator(CheckpointConfig(uri=str(tmp_path), trainer_id=1, world_size=2), open_storage(str(tmp_path)),
+                         "j/range/r", "r", env=env)
+    shown = f"{exc.value}\n{caplog.text}"
+    assert f"{'PADDLE_MASTER' if master else 'MASTER_ADDR'}: '***@127.0.0.1:2379'" in shown, shown
+    assert not any(f in shown for f in forms(secret)), shown
 
 
 # -- item 5: query secrets after ";", with "+" or percent escapes --------------------------------------------------

@@ -106,6 +106,17 @@ def test_paddlecloud_ce_test_is_local_and_needs_no_hadoop():
         (dict(CLOUD, PADDLE_EDL_HDFS_NAME=""), "PADDLE_EDL_HDFS_NAME is empty"),
         (dict(CLOUD, PADDLE_EDL_HDFS_NAME="nn:9000"), "PADDLE_EDL_HDFS_NAME='nn:9000'"),
         (dict(CLOUD, PADDLE_EDL_HDFS_UGI="alice"), "PADDLE_EDL_HDFS_UGI"),
+        # read only where used (several ranks, an HDFS location), refused when the configuration is read
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_COORDINATION": "foo"}, "PADDLE_ACP_COORDINATION='foo'"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_CONNECT_EARLY": "foo"}, "PADDLE_ACP_CONNECT_EARLY='foo'"),
+        # numbers in ASCII only: Python's int() and float() take "１" (full width) and "٣" (Arabic-Indic)
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_MAX_TO_KEEP": "１"}, "PADDLE_ACP_MAX_TO_KEEP='１'"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_SAVE_INTERVAL": "１"}, "PADDLE_ACP_SAVE_INTERVAL='１'"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_EDL_SAVE_CHECKPOINT_INTER": "٣0"}, "PADDLE_EDL_SAVE_CHECKPOINT_INTER"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_TRAINER_ID": "１"}, "PADDLE_TRAINER_ID='１'"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_TRAINERS_NUM": "٣"}, "PADDLE_TRAINERS_NUM='٣'"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_PART_TIMEOUT": "1.５"}, "PADDLE_ACP_PART_TIMEOUT='1.５'"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_CONNECT_TIMEOUT": "１0"}, "PADDLE_ACP_CONNECT_TIMEOUT='１0'"),
     ],
 )
 def test_bad_config_names_variable_and_value(env, needle):
