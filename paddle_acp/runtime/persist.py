@@ -18,7 +18,6 @@ from paddle_acp.errors import AcpError, StorageError
 from paddle_acp.format.checkpoints import index
 from paddle_acp.format.checkpoints.metrics_log import MetricsLog
 from paddle_acp.format.checkpoints.multirank import PREEMPT_PART_WAIT, GlobalCheckpointer
-from paddle_acp.format.commit.fencing import FencedError
 from paddle_acp.format.engine.loaded import Lent
 from paddle_acp.format.engine.snapshot import Snapshot, copy_into
 from paddle_acp.format.engine.stream import ChunkStream, chunk_size
@@ -254,6 +253,9 @@ class Persister:
                 self.saver.wait(for_previous=False)  # a commit's error that ends training
             if self.is_writer:
                 self.metrics.flush()
+            fence = self.global_checkpointer.fence
+            if self._final_submitted and fence is not None:  # the loop ran to its end: raised from it
+                fence.stop(f"after the last epoch of range {self.name}")
             if self._final_submitted and self.writer.last_error is not None:
                 self._final_save_failed(self.writer.last_error)
         finally:
@@ -262,9 +264,6 @@ class Persister:
 
     def _final_save_failed(self, error: BaseException) -> None:
         """The checkpoint after the last epoch failed: say so once, loudly (``paddle-acp run`` exits 1)."""
-        if isinstance(error, FencedError):  # not this process's checkpoint any more: the fence said so once
-            STATE.final_save_failures.append(f"range {self.name} of job {self.cfg.job_id}: {error}")
-            return
         try:
             newest = index.entries(self.storage, self.cfg.job_id, self.name)
         except AcpError:

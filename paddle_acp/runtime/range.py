@@ -250,6 +250,8 @@ class EpochRange:
                     busy)
 
     def _end_of_epoch(self, last: bool) -> None:
+        if self.fence is not None:  # superseded (an earlier save said so): FencedError, not epochs trained unsaved
+            self.fence.stop(f"at the end of epoch {self.position.epoch_no} of range {self.name}")
         if self.watcher.received is not None:
             self._preempt()
         if not self.is_writer:
@@ -267,6 +269,8 @@ class EpochRange:
             self.global_checkpointer.committer.wait_all()
 
     def _save_at_step(self, rng: Optional[Dict[str, Any]], objects: Optional[Dict[str, Any]]) -> None:
+        if self.fence is not None:
+            self.fence.stop(f"at {self.position.at()} of range {self.name}")
         self.persister.save(rng=rng, objects=objects)
         if self.digests is not None:
             self.digests.note({"kind": "save", "epoch": self.position.epoch_no, "step": self.position.step})

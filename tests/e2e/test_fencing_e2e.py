@@ -15,7 +15,7 @@ import time
 
 import pytest
 from support.coord import COORDINATIONS, coord_env
-from support.e2e import JOB_ID, REPO, SCRIPT, script_env, stopped
+from support.e2e import JOB_ID, REPO, SCRIPT, read_log, run_script, script_env, stopped
 
 from paddle_acp.format.checkpoints.multirank import GlobalCheckpointer
 from paddle_acp.format.layout import GLOBAL_NAME
@@ -91,6 +91,31 @@ def test_superseded_single_writer_never_removes_the_new_writers_save(tmp_path):
     assert len(ERROR_LINE.findall(old_out)) == 1, old_out[-3000:]
     assert "removing leftover" not in old_out, old_out[-3000:]
     assert [n for d in os.listdir(rdir) for n in os.listdir(rdir / d) if ".tmp-" in n] == [], os.listdir(rdir)
+
+
+def test_a_zombie_writer_stops_with_an_error_instead_of_training_on_unsaved(tmp_path):
+    """A writer still running (3000 epochs) when a restart of its job (80 epochs) starts: once a save of the
+    old one is fenced, it raises FencedError at its next epoch end (a traceback, nonzero exit) instead of
+    training on with nothing saved; the new one finishes and every checkpoint it keeps verifies."""
+    ckpt, out_z, log_z = tmp_path / "ckpt", tmp_path / "zombie", tmp_path / "zombie.log"
+    zombie = spawn([sys.executable, SCRIPT, "--out", out_z, "--epochs", 3000, "--steps-per-epoch", 1, "--sleep", 0.5],
+                   script_env(ckpt, "pir"), log_z)
+    try:
+        wait_for(lambda: len(read_log(out_z)) >= 3, 120, "the zombie's first epochs", [zombie], [log_z])
+        new = run_script(tmp_path / "new", ckpt, "pir", "--epochs", 80, "--steps-per-epoch", 1)
+        assert new.returncode == 0, new.stderr[-3000:]
+        rc = zombie.wait(120)  # (it would train for minutes on)
+    finally:
+        kill(zombie)
+    out = log_z.read_text()
+    assert rc == 1 and "FencedError" in out and "a newer incarnation of the job (writer generation 1) took over" in out, \
+        out[-3000:]
+    assert len(ERROR_LINE.findall(out)) == 1 and "removing leftover" not in out, out[-3000:]
+    g = GlobalCheckpointer(open_storage(str(ckpt)), JOB_ID, RANGE, 0, 1)
+    live = [e for e in g.scan() if e.committed]
+    assert max(e.epoch_no for e in live) == 79, live  # the new writer's last epoch
+    for e in live:
+        g.verify(e.name)  # CorruptCheckpointError when the zombie deleted or replaced a part
 
 
 def rank_cmd(tmp, r, outs):

@@ -166,7 +166,7 @@ def test_auto_mode_detects_parallel_programs_built_with_paddles_own_apis(ir):
 def test_two_writers_of_one_job_the_older_is_fenced(tmp_path):
     """A zombie trainer 0 (started first, still running: 3000 epochs, killed by the test) and a
     new one of the same job (200 epochs): the new one takes a newer generation; the zombie
-    commits nothing after that, and the newest checkpoint never goes backwards."""
+    commits nothing after that (and stops), and the newest checkpoint never goes backwards."""
     ckpt, out_z, out_n = tmp_path / "ckpt", tmp_path / "zombie", tmp_path / "new"
     cmd = [sys.executable, os.path.join(REPO, "tests", "scripts", "train_script.py"), "--out", str(out_z),
            "--epochs", 3000, "--steps-per-epoch", 1, "--sleep", 0.15]
@@ -181,9 +181,10 @@ def test_two_writers_of_one_job_the_older_is_fenced(tmp_path):
         done_at = len(read_log(out_z))
         deadline = time.monotonic() + 60
         while zombie.poll() is None and len(read_log(out_z)) < done_at + 5 and time.monotonic() < deadline:
-            time.sleep(0.01)  # the zombie keeps training (and trying to save) after the new writer finished
+            time.sleep(0.01)  # the zombie trains until its fenced save stops it (FencedError at its next epoch end)
     finally:
-        os.killpg(zombie.pid, signal.SIGKILL)
+        if zombie.poll() is None:  # (stopped by its FencedError: its group is gone)
+            os.killpg(zombie.pid, signal.SIGKILL)
         zombie_out = zombie.communicate()[0]
     assert "this writer (generation 0) is fenced" in zombie_out and "(generation 1)" in zombie_out, zombie_out[-3000:]
     rdir = ckpt / "e2e" / "range" / "_range_0"

@@ -6,7 +6,8 @@ HDFS: a rename onto a name that must not exist; S3: check-then-write, which two 
 pass). The newest record of a rank wins. A writer checks that its generation is still the newest right before
 every step that deletes or makes something visible (one listing; before a commit one look-up of the next record,
 :func:`newer_recorded`). Once it is not, it deletes and commits nothing more and logs one error
-(:class:`FencedError` after that, logged by no one else). With a shared store, a part's check may take the
+(:class:`FencedError` after that, logged by no one else); the training loop raises it at its next epoch end or
+save (:meth:`Fence.stop`), so a superseded process never trains on without checkpoints. With a shared store, a part's check may take the
 store's word (``vouch``) for VOUCHED_FOR seconds: a part is no checkpoint until rank 0, whose commit always
 looks on storage, commits it, and rank 0 never commits a superseded rank's part.
 
@@ -189,6 +190,17 @@ class Fence:
             raise FencedError(
                 f"job {self.job_id}: {'' if self.rank == 0 else f'rank {self.rank} '}writer generation {self.generation} "
                 f"is fenced by generation {self.fenced_by}: refusing to {what}"
+            )
+
+    def stop(self, where: str) -> None:
+        """Raise FencedError once a check found this generation superseded: the process stops ``where`` (a point
+        where the training loop hands control to paddle-acp) instead of training on without checkpoints."""
+        if self.fenced_by is not None:
+            raise FencedError(
+                f"job {self.job_id}: {self.who} (generation {self.generation}) is fenced: a newer incarnation of the "
+                f"job (writer generation {self.fenced_by}) took over its checkpoints, so this process saves nothing "
+                f"more (it deleted nothing of the newer one's) and stops {where} instead of training on without "
+                f"checkpoints. If both were meant to run, give each job its own PADDLE_JOB_ID"
             )
 
 
