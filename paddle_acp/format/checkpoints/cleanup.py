@@ -50,8 +50,9 @@ class StartCleanup:
         self._remove_own = remove_own
         self._deletable = deletable
         self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
-        self._verdicts: Optional[Dict[str, str]] = None  # the restart's verdicts, used once by discard_newer (None: no restart)
-        self._rejected: Dict[str, str] = {}  # committed checkpoints the restart passed over (and no save replaced since)
+        # the restart's verdict on each committed checkpoint it passed over, less those a save of this incarnation
+        # replaced since (restart_rejected); discard_newer judges by them only with the restart's listing
+        self._verdicts: Dict[str, str] = {}
         self._kept: Dict[str, str] = {}  # positions kept though newer than the one resumed from -> why not usable
         # what discard_newer made sure of at start: no part of this rank at a position after ``_cleared_after``
         # (every position when None), except those named in ``_not_cleared`` (see known_clear)
@@ -71,16 +72,15 @@ class StartCleanup:
                 out.append(GlobalEntry(e.name, pos[0], pos[1], e.committed and e.name not in uncommitted))
         self._listed = sorted(out, key=lambda g: g.key)
         self._verdicts = {r.entry.name: r.kind for r in rejected}
-        self._rejected = dict(self._verdicts)
 
     def restart_rejected(self, name: str) -> bool:
         """Whether this incarnation's restart passed over committed checkpoint ``name`` (corrupt, unreadable, of a
         newer format, not fitting) and no save of it replaced it since: retention neither counts nor deletes it."""
-        return name in self._rejected
+        return name in self._verdicts
 
     def replaced(self, name: str) -> None:
         """This incarnation committed position ``name``: what its restart said of an earlier copy no longer holds."""
-        self._rejected.pop(name, None)
+        self._verdicts.pop(name, None)
 
     def check_writable(self, name: str) -> None:
         """Refuse (StorageError) to write position ``name`` when it holds a checkpoint the start kept although newer
@@ -108,7 +108,7 @@ class StartCleanup:
         re-trained); rank 0 also withdraws their global manifests. Uses the restart's listing when there is one,
         and then withdraws only a checkpoint the restart proved bad (without it, the caller vouches for that)."""
         listed, self._listed = self._listed, None
-        verdicts, self._verdicts = self._verdicts, None
+        verdicts = None if listed is None else self._verdicts  # (the restart's, when it listed the range)
         not_cleared: Set[str] = set()
         allowed: Optional[bool] = None  # check_deletable's answer, asked before the first deletion
         for g in self._scan() if listed is None else listed:
