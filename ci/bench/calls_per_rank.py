@@ -186,7 +186,7 @@ class Job:
             loaded = load_newest(PartReader(self.st[r], self.job, "_range_0"), g, "per-rank")
             assert loaded is None
             g.resume_from(None)
-            g.discard_newer(None)
+            g.start.discard_newer(None)
             self.gck[r] = g
         self.ranks(one, range(self.world))
 
@@ -230,7 +230,7 @@ class Job:
             g = GlobalCheckpointer(st, self.job, "_range_0", r, self.world, self.keep, 1800.0, fence)
             loaded = load_newest(PartReader(st, self.job, "_range_0"), g, "per-rank")
             g.resume_from(loaded)
-            g.discard_newer(loaded.position_key if loaded is not None else None)
+            g.start.discard_newer(loaded.position_key if loaded is not None else None)
             if loaded is None:
                 return None, -1
             got = int(loaded.arrays[("fp-bench", "rank")][0])

@@ -67,7 +67,7 @@ class Restorer:
             self.numbered.landing = self.global_checkpointer.landing = None
         if self.several_ranks or self.rank == 0:  # every writer (a trainer > 0 of no world size writes nothing)
             self.global_checkpointer.resume_from(loaded)  # its parts are tagged with it; its marks checked at saves
-            self.global_checkpointer.discard_newer(loaded.position_key if loaded is not None else None)
+            self.global_checkpointer.start.discard_newer(loaded.position_key if loaded is not None else None)
         if loaded is not None:
             self.loaded = loaded
             rec = loaded.manifest.range

@@ -166,7 +166,7 @@ def test_a_mark_condemns_one_copy_and_the_position_written_again_is_clean(tmp_pa
         g = gck(tmp_path, r, 2)
         got[r] = load_newest(v2(tmp_path), g, "per-rank")
         assert got[r].global_manifest.name == "ckpt-e0"
-        g.discard_newer(got[r].position_key)
+        g.start.discard_newer(got[r].position_key)
     # a rank that had accepted ckpt-e1 (resumed from it) stops at its first save and rank 0 before a commit
     for r in (0, 1):
         g = gck(tmp_path, r, 2)

@@ -48,7 +48,7 @@ def restart(st, rank, world, mode):
     loaded = load_newest(PartReader(st, JOB, RANGE), gck, mode)
     assert loaded is not None
     gck.resume_from(loaded)
-    gck.discard_newer(loaded.position_key)
+    gck.start.discard_newer(loaded.position_key)
     held = int(loaded.arrays[("fp-shared", "rank")][0])
     loaded.close()
     return loaded.name, held, gck

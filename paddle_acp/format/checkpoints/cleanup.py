@@ -1,4 +1,4 @@
-"""A writer's start: what its restart found, and the clean-up of what is newer than the checkpoint it resumed from.
+"""StartCleanup: owns a writer's restart verdicts and its start's clean-up of what is newer than its base.
 
 :meth:`StartCleanup.discard_newer` withdraws (rank 0) a committed checkpoint newer than the one resumed from only
 when the restart proved it bad: read and failing verification (:data:`~.index.CORRUPT`) or of a proven-wrong
@@ -6,23 +6,25 @@ identity (:data:`~.index.MISFIT`). One the restart could not read, one of a newe
 and logged; this incarnation does not write at its position (:meth:`StartCleanup.check_writable`). Every deletion
 passes :func:`~paddle_acp.format.commit.fencing.check_deletable` first (the job's own directory, no link, the job
 marker naming this job). The restart's verdicts also tell the writer's retention what not to count
-(:meth:`StartCleanup.restart_rejected`).
+(:meth:`StartCleanup.restart_rejected`), and what the clean-up made sure of spares its first saves a look-up
+(:meth:`StartCleanup.known_clear`). A collaborator of :class:`~.multirank.GlobalCheckpointer`, which gives it
+the range's listing, the removal of this rank's part and the newer-format guard as callables.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 from paddle_acp.errors import CheckpointError, StorageError
 from paddle_acp.format.checkpoints import index
 from paddle_acp.format.checkpoints.global_reader import GlobalEntry
 from paddle_acp.format.commit.fencing import FencedError, check_deletable
-from paddle_acp.format.layout import GLOBAL_NAME, parse_name
+from paddle_acp.format.layout import GLOBAL_NAME, parse_name, position_key
 
 if TYPE_CHECKING:
     from paddle_acp.format.commit.fencing import Fence
-    from paddle_acp.storage.base import Entry, Storage
+    from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
 
@@ -30,27 +32,33 @@ PROVEN_BAD = (index.CORRUPT, index.MISFIT)  # the restart's verdicts that let a 
 
 
 class StartCleanup:
-    """The restart's verdicts and the start's clean-up of one rank (mixed into GlobalCheckpointer)."""
+    """The restart's verdicts and the start's clean-up of one rank's range (module docstring)."""
 
-    storage: "Storage"
-    job_id: str
-    range_name: str
-    dir: str
-    rank: int
-    fence: Optional["Fence"]
-    _listed: Optional[List[GlobalEntry]]
-    _known_format: Dict[str, bool]
-    _cleared: bool
-    _cleared_after: Optional[Tuple[int, int]]
-    _not_cleared: Set[str]
-    _verdicts: Optional[Dict[str, str]]  # the restart's verdicts, used once by discard_newer (None: no restart)
-    _rejected: Dict[str, str]  # committed checkpoints the restart passed over (and no save replaced since)
-    _kept: Dict[str, str]  # positions kept though newer than the one resumed from -> why they are not usable
-
-    if TYPE_CHECKING:  # (GlobalCheckpointer's)
-        def scan(self, listing: "Optional[List[Entry]]" = None, committed_now: Collection[str] = ()) -> List[GlobalEntry]: ...
-
-        def _remove_own(self, name: str, listing: "Optional[List[Entry]]" = None, checked: bool = False) -> None: ...
+    def __init__(self, storage: "Storage", job_id: str, range_name: str, directory: str, rank: int,
+                 fence: Optional["Fence"], scan: Callable[[], List[GlobalEntry]], remove_own: Callable[[str], None],
+                 deletable: Callable[[GlobalEntry], bool]) -> None:
+        """``directory``: the range's; ``scan``: its checkpoints, listed; ``remove_own``: remove this rank's part at
+        a position (:func:`check_deletable` already passed); ``deletable``: False for a checkpoint of a newer
+        format (the writer's guard, retention's too)."""
+        self.storage = storage
+        self.job_id = job_id
+        self.range_name = range_name
+        self.dir = directory
+        self.rank = rank
+        self.fence = fence  # this rank's writer fence: checked before each withdrawal
+        self._scan = scan
+        self._remove_own = remove_own
+        self._deletable = deletable
+        self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
+        # the restart's verdict on each committed checkpoint it passed over, less those a save of this incarnation
+        # replaced since (restart_rejected); discard_newer judges by them only with the restart's listing
+        self._verdicts: Dict[str, str] = {}
+        self._kept: Dict[str, str] = {}  # positions kept though newer than the one resumed from -> why not usable
+        # what discard_newer made sure of at start: no part of this rank at a position after ``_cleared_after``
+        # (every position when None), except those named in ``_not_cleared`` (see known_clear)
+        self._cleared = False
+        self._cleared_after: Optional[Tuple[int, int]] = None
+        self._not_cleared: Set[str] = set()
 
     def remember_listing(self, entries: Sequence[index.Entry], uncommitted: Collection[str] = (),
                          rejected: Sequence[index.Rejection] = ()) -> None:
@@ -64,16 +72,15 @@ class StartCleanup:
                 out.append(GlobalEntry(e.name, pos[0], pos[1], e.committed and e.name not in uncommitted))
         self._listed = sorted(out, key=lambda g: g.key)
         self._verdicts = {r.entry.name: r.kind for r in rejected}
-        self._rejected = dict(self._verdicts)
 
     def restart_rejected(self, name: str) -> bool:
         """Whether this incarnation's restart passed over committed checkpoint ``name`` (corrupt, unreadable, of a
         newer format, not fitting) and no save of it replaced it since: retention neither counts nor deletes it."""
-        return name in self._rejected
+        return name in self._verdicts
 
     def replaced(self, name: str) -> None:
         """This incarnation committed position ``name``: what its restart said of an earlier copy no longer holds."""
-        self._rejected.pop(name, None)
+        self._verdicts.pop(name, None)
 
     def check_writable(self, name: str) -> None:
         """Refuse (StorageError) to write position ``name`` when it holds a checkpoint the start kept although newer
@@ -84,20 +91,6 @@ class StartCleanup:
                 f"checkpoint {name} of {self.storage.uri}/{self.dir} is not written: the position holds a committed "
                 f"checkpoint that is kept: {why}. A restart tries it first; fix the storage (or the job marker), or "
                 f"move {name} away to let this job save there")
-
-    def _deletable(self, g: "GlobalEntry | index.Entry") -> bool:
-        """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
-        known = self._known_format.get(g.name)
-        if known is None:
-            try:
-                why = index.newer_format(self.storage, f"{self.dir}/{g.name}")
-            except StorageError as exc:  # not deleted or withdrawn while it cannot be read: looked at again later
-                logger.info("range %s: keeping checkpoint %s for now: it cannot be read (%s)", self.range_name, g.name, exc)
-                return False
-            if why is not None:
-                logger.warning("range %s: keeping checkpoint %s, it is of a newer format (%s)", self.range_name, g.name, why)
-            known = self._known_format[g.name] = why is None
-        return known
 
     def _keep_unproven(self, g: GlobalEntry, kind: Optional[str]) -> None:
         """Keep committed ``g``, newer than the checkpoint resumed from but not proven bad, and say so once."""
@@ -115,10 +108,10 @@ class StartCleanup:
         re-trained); rank 0 also withdraws their global manifests. Uses the restart's listing when there is one,
         and then withdraws only a checkpoint the restart proved bad (without it, the caller vouches for that)."""
         listed, self._listed = self._listed, None
-        verdicts, self._verdicts = self._verdicts, None
+        verdicts = None if listed is None else self._verdicts  # (the restart's, when it listed the range)
         not_cleared: Set[str] = set()
         allowed: Optional[bool] = None  # check_deletable's answer, asked before the first deletion
-        for g in self.scan() if listed is None else listed:
+        for g in self._scan() if listed is None else listed:
             if key is not None and g.key <= key:
                 continue
             if g.committed and verdicts is not None and verdicts.get(g.name) not in PROVEN_BAD:
@@ -143,14 +136,22 @@ class StartCleanup:
                                    "newer than the one resumed from" if key is not None else "this fresh start trains its "
                                    "position again")
                     self.storage.delete_file(f"{self.dir}/{g.name}/{GLOBAL_NAME}")
-                self._remove_own(g.name, checked=True)
+                self._remove_own(g.name)
             except FencedError:
                 return  # a newer incarnation of this rank started (said once, by the fence): it cleans up
             except (StorageError, CheckpointError) as exc:
                 not_cleared.add(g.name)
                 logger.warning("could not clean up %s/%s: %s", self.dir, g.name, exc)
-        # its first save at a newer position needs no look-up for a part of its own there (_known_clear)
+        # its first save at a newer position needs no look-up for a part of its own there (known_clear)
         self._cleared, self._cleared_after, self._not_cleared = True, key, not_cleared
+
+    def known_clear(self, name: str) -> bool:
+        """Whether this rank knows without a look-up that it has no part at ``name``: :meth:`discard_newer` removed
+        its parts newer than its base, and ``name`` is newer still (a zombie's part there never commits)."""
+        if not self._cleared or name in self._not_cleared:
+            return False
+        pos = parse_name(name)
+        return pos is not None and (self._cleared_after is None or position_key(*pos) > self._cleared_after)
 
     def _may_delete(self) -> bool:
         """:func:`check_deletable` of this range's directory; False (logged) when it refuses."""

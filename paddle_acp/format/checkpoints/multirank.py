@@ -9,7 +9,8 @@ Layout (``W`` = ``PADDLE_TRAINERS_NUM``, 1 for a job of one process)::
 The name is the training position (epoch ``E`` done, or step ``S`` of epoch ``E``), which every rank derives alike.
 Each rank writes its part (renamed from ``rank-{k}.tmp-g<G>-<id>``, G its generation; on S3 its manifest commits it).
 Rank 0 waits for and checks every part (:mod:`~paddle_acp.format.commit.part_commit`) and writes ``global.json``
-listing each with its manifest's CRC32 and the topology. Restore: :mod:`.rank_restore`.
+listing each with its manifest's CRC32 and the topology. Restore: :mod:`.rank_restore`. The restart's verdicts and
+the start's clean-up of what is newer than the checkpoint resumed from: :mod:`.cleanup` (``GlobalCheckpointer.start``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from paddle_acp.format.layout import (
     PART_TMP_RE,
     parse_absent_mark,
     parse_name,
-    position_key,
     position_name,
     position_number,
     rank_part,
@@ -65,7 +65,7 @@ class SaveResult:
     pending: Optional[PendingCommit] = None  # rank 0: its commit (decided on the committer's thread)
 
 
-class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
+class GlobalCheckpointer(RankRestore, PartCommitMixin):
     """Per-rank parts and rank 0's global commit (:mod:`~paddle_acp.format.commit.part_commit`) for one range of one job."""
 
     def __init__(self, storage: Storage, job_id: str, range_name: str, rank: int, world_size: int,
@@ -87,18 +87,12 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
         self.commit_strategy = atomic.strategy_for(storage)  # of the parts and of global.json
         self.cache = cache
         self.landing: Optional[Landing] = None  # where this rank's own part lands at a restore (its snapshot arena)
-        self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows
-        self._listed: Optional[List[GlobalEntry]] = None  # the restart's listing, used once by discard_newer
+        self._known_format: Dict[str, bool] = {}  # checkpoint name -> of a format this paddle-acp knows (_deletable)
+        # the restart's verdicts and the start's clean-up (restart.load_newest, then the runtime's restore)
+        self.start = StartCleanup(storage, job_id, range_name, self.dir, rank, fence, self.scan,
+                                  lambda name: self._remove_own(name, checked=True), self._deletable)
         self._generations: Dict[int, int] = {}  # rank 0: each rank's newest generation (part_commit)
         self._touched: Set[str] = set()  # positions this incarnation wrote (or declared absent) at
-        # what discard_newer made sure of at start: no part of this rank at a position after ``_cleared_after``
-        # (every position when None), except those named in ``_not_cleared`` (see _known_clear)
-        self._cleared = False
-        self._cleared_after: Optional[Tuple[int, int]] = None
-        self._not_cleared: Set[str] = set()
-        self._verdicts: Optional[Dict[str, str]] = None  # the restart's (cleanup.StartCleanup)
-        self._rejected: Dict[str, str] = {}
-        self._kept: Dict[str, str] = {}
         self.committer = Committer()  # rank 0: the commits, off the saver's thread
         self.own_manifests: Dict[str, bytes] = {}  # position -> this rank's part's manifest bytes, as written
         self.staged_globals: Dict[str, Tuple[bytes, str]] = {}  # one rank: global.json staged beside its part
@@ -117,13 +111,19 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
     def part_committed(self, name: str, rank: int) -> bool:
         return self.storage.exists(f"{self.part_dir(name, rank)}/{MANIFEST_NAME}")
 
-    def _known_clear(self, name: str) -> bool:
-        """Whether this rank knows without a look-up that it has no part at ``name``: :meth:`discard_newer` removed
-        its parts newer than its base, and ``name`` is newer still (a zombie's part there never commits)."""
-        if not self._cleared or name in self._not_cleared:
-            return False
-        pos = parse_name(name)
-        return pos is not None and (self._cleared_after is None or position_key(*pos) > self._cleared_after)
+    def _deletable(self, g: "GlobalEntry | index.Entry") -> bool:
+        """False for a committed checkpoint of a newer format: this paddle-acp never deletes or withdraws it."""
+        known = self._known_format.get(g.name)
+        if known is None:
+            try:
+                why = index.newer_format(self.storage, f"{self.dir}/{g.name}")
+            except StorageError as exc:  # not deleted or withdrawn while it cannot be read: looked at again later
+                logger.info("range %s: keeping checkpoint %s for now: it cannot be read (%s)", self.range_name, g.name, exc)
+                return False
+            if why is not None:
+                logger.warning("range %s: keeping checkpoint %s, it is of a newer format (%s)", self.range_name, g.name, why)
+            known = self._known_format[g.name] = why is None
+        return known
 
     def _own_part_there(self, name: str) -> bool:
         """Whether this rank has a part at ``name``: its directory where parts are renamed into place (never
@@ -140,7 +140,7 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
         if self.storage.has_symlinks and self.storage.kind(f"{self.dir}/{name}") in ("link", "file", "other"):
             raise StorageError(f"cannot write checkpoint {name} of {self.storage.uri}/{self.dir}: a link or a file is "
                                "there (never followed, nor deleted: paddle-acp did not write it); remove it")
-        self.check_writable(name)  # a position its start kept (not proven bad): never replaced, never skipped silently
+        self.start.check_writable(name)  # kept by its start (not proven bad): never replaced, never skipped silently
         if self.fence is not None and self.fence.fenced_by is not None:
             self.fence.check(f"write checkpoint {name}")  # fenced for good
         try:
@@ -177,7 +177,7 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
         st = self.storage
         fresh = name not in self._touched and self.fence is not None
         self._touched.add(name)
-        if not fresh or (not self._known_clear(name) and self._own_part_there(name)):
+        if not fresh or (not self.start.known_clear(name) and self._own_part_there(name)):
             # this rank was here before: one listing shows the commit and this rank's parts and leftovers
             st.forget_cached(ckdir)  # rank 0 commits it from another process
             listing = st.listdir(ckdir)
@@ -291,7 +291,7 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
         committed = self._commit(name, epoch_no, step, mode, timeout, ticket)
         listing, self._range_listing = self._range_listing, None
         if committed:
-            self.replaced(name)
+            self.start.replaced(name)
             ticket.then(lambda: self._retain_after(name, listing))
         elif not ticket.cancel.is_set():  # abandoned: its own part goes now (the others' at the next commit)
             try:
@@ -344,10 +344,10 @@ class GlobalCheckpointer(StartCleanup, RankRestore, PartCommitMixin):
         newest = committed[0].key
         # newer formats and what the restart passed over: neither counted nor deleted (the formats looked at only
         # when more than ``keep`` are committed); the newest of the others, what a restart loads, always stays
-        usable = [e for e in committed if not self.restart_rejected(e.name)]
+        usable = [e for e in committed if not self.start.restart_rejected(e.name)]
 
         def known(e: index.Entry) -> bool:
-            return (len(usable) <= keep or self._deletable(e)) and not self.restart_rejected(e.name)
+            return (len(usable) <= keep or self._deletable(e)) and not self.start.restart_rejected(e.name)
         restart = next((e for e in usable if known(e)), None)
         gone = [e.name for e in to_delete(entries, preserve(entries, keep, lambda e: e.committed, known, lambda e: (
             not e.committed and e.layout == index.GLOBAL and e.key < newest), restart))]

@@ -72,7 +72,8 @@ def load_newest(numbered: PartReader, global_checkpointer: "GlobalCheckpointer",
         )
 
     search = index.first_usable(listed, load, check, where, fatal)  # (it passes over the uncommitted)
-    global_checkpointer.remember_listing(listed, uncommitted, search.rejected)  # discard_newer removes what is newer than the choice without listing again
+    # the start's clean-up (discard_newer) removes what is newer than the choice without listing again
+    global_checkpointer.start.remember_listing(listed, uncommitted, search.rejected)
     newer = index.newer_in_the_way(search)
     if newer and (search.found is not None or start_fresh):
         if search.found is not None:

@@ -255,7 +255,7 @@ def test_a_ranks_first_save_after_its_starts_clean_up_looks_up_no_part_of_its_ow
     def failing_delete_dir(path):
         raise StorageError(f"cannot delete {path}")
     counted._inner.delete_dir = failing_delete_dir
-    g.discard_newer(None)  # (a new range: every position is newer) removal fails at ckpt-e3
+    g.start.discard_newer(None)  # (a new range: every position is newer) removal fails at ckpt-e3
     counted._inner.delete_dir = real_delete_dir
     counted.calls.clear()
     counted.log.clear()
@@ -281,7 +281,7 @@ def test_a_part_an_older_process_of_the_rank_wrote_after_the_clean_up_is_never_c
     zombie = GlobalCheckpointer(st, JOB, RANGE, 1, 2, 3, 120.0, gs[1].fence)
     live1 = GlobalCheckpointer(st, JOB, RANGE, 1, 2, 3, 120.0, Fence.take(st, JOB, 1))
     for g in (gs[0], live1):
-        g.discard_newer(None)
+        g.start.discard_newer(None)
     zombie.fence.check = lambda *a, **k: None  # its check passed before the live rank 1 started: it renames now
     zombie._write_part("ckpt-e0", snapshot(1), "per-rank")
     with pytest.raises(StorageError):

@@ -292,7 +292,7 @@ def test_discard_newer_removes_what_an_earlier_start_left_past_the_resume_point(
     rdir = tmp_path / JOB / "range" / RANGE
     for r in (1, 0):
         g = gck(tmp_path, r, 2)
-        g.discard_newer(position_key(0, None))  # e.g. ckpt-e1 turned out bad: resume from e0
+        g.start.discard_newer(position_key(0, None))  # e.g. ckpt-e1 turned out bad: resume from e0
     assert not (rdir / "ckpt-e1" / GLOBAL_NAME).exists()
     assert not (rdir / "ckpt-e1" / "rank-0").exists() and not (rdir / "ckpt-e1" / "rank-1").exists()
     assert not (rdir / "ckpt-e2" / "rank-1").exists()
@@ -581,7 +581,7 @@ def test_checkpoints_of_a_newer_format_are_never_withdrawn_or_deleted(tmp_path):
     with pytest.raises(CheckpointError, match=r"^checkpoint\(s\) ckpt-e2 .*are of a newer format.*from ckpt-e1"):
         load_newest(v2(tmp_path), gck(tmp_path, 0, 1), None)
     g0 = gck(tmp_path, 0, 2)
-    g0.discard_newer(position_key(0, None))  # as after a resume from ckpt-e0: ckpt-e1 goes, ckpt-e2 stays
+    g0.start.discard_newer(position_key(0, None))  # as after a resume from ckpt-e0: ckpt-e1 goes, ckpt-e2 stays
     assert not (tmp_path / JOB / "range" / RANGE / "ckpt-e1" / GLOBAL_NAME).exists()
     assert (tmp_path / JOB / "range" / RANGE / "ckpt-e2" / GLOBAL_NAME).read_bytes() == before[
         f"{JOB}/range/{RANGE}/ckpt-e2/{GLOBAL_NAME}"]

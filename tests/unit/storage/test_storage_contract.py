@@ -606,7 +606,7 @@ def test_per_rank_fencing_on_every_backend(backend):
     live.verify("ckpt-e0")
     # the superseded ranks: cleaning up at start and saving delete and commit nothing
     for r in (0, 1):
-        gck(r, old[r]).discard_newer(None)
+        gck(r, old[r]).start.discard_newer(None)
         with pytest.raises(FencedError, match="generation 0 is fenced by generation 1"):
             gck(r, old[r]).save(_rank_snapshot(r, 1), "per-rank")
     live.verify("ckpt-e0")
@@ -627,13 +627,13 @@ def test_per_rank_fencing_on_every_backend(backend):
     st.write_bytes(f"{pending.path}/{DATA_NAME}", b"being written")
     with pytest.raises(FencedError):
         one_process(st, "job", "_range_1", fence=old[0]).save(make_snapshot(0, "_range_1"), "replicated")
-    one_process(st, "job", "_range_1", fence=old[0]).discard_newer(None)  # fenced: removes nothing
+    one_process(st, "job", "_range_1", fence=old[0]).start.discard_newer(None)  # fenced: removes nothing
     assert st.read_bytes(f"{pending.path}/{DATA_NAME}") == b"being written"
     if ck_new.commit_strategy.name == RENAME:  # temporary names carry the generation
         older = part("ckpt-e3", 0)
         newer = part("ckpt-e3", 5)
         st.write_bytes(f"{newer.path}/{DATA_NAME}", b"a newer writer's")
-    ck_new.discard_newer(None)  # the live writer's start: its own and older generations' leftovers go
+    ck_new.start.discard_newer(None)  # the live writer's start: its own and older generations' leftovers go
     assert not st.exists(pending.path)
     if ck_new.commit_strategy.name == RENAME:
         names = [e.name for e in st.listdir(f"{ck_new.dir}/ckpt-e3")]
