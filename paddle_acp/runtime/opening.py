@@ -19,7 +19,7 @@ from paddle_acp.format.checkpoints.cache import RangeCache
 from paddle_acp.format.commit.fencing import Fence, write_job_marker
 from paddle_acp.runtime import budget as host_budget
 from paddle_acp.runtime import early
-from paddle_acp.runtime.state import STATE
+from paddle_acp.runtime.state import STATE, location_of
 from paddle_acp.storage.base import Storage, redact
 from paddle_acp.storage.schemes import open_storage
 
@@ -64,7 +64,7 @@ def open_io(name: str, cfg: _config.CheckpointConfig, storage: Storage) -> Opene
     """A range's I/O before it is built: job marker and fence (every writer's, before anything it deletes), cache."""
     fence = None
     if cfg.multi_rank or cfg.trainer_id == 0:
-        marker = (storage.uri, cfg.job_id)
+        marker = (location_of(storage), cfg.job_id)
         try:
             if cfg.trainer_id == 0 and marker not in STATE.marked_jobs:  # once per process, not per range
                 fence = _marked_and_fenced(storage, cfg)

@@ -7,16 +7,24 @@ A restart (and :func:`paddle_acp.simulate_restart`) starts from a fresh :class:`
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from paddle_acp.config import CheckpointConfig
 from paddle_acp.errors import CheckpointError
 from paddle_acp.format.checkpoints.cache import LocalCache
+from paddle_acp.format.checkpoints.cache_key import canonical_location
 from paddle_acp.format.commit.fencing import Fence
 from paddle_acp.storage.base import Storage
 
 logger = logging.getLogger("paddle_acp")
+
+
+def location_of(storage: Storage) -> str:
+    """One name per place, however its URI is spelled: a local root's real path, else the URI's canonical form."""
+    local = storage.local_path("")
+    return os.path.realpath(local) if local is not None else canonical_location(storage.uri)
 
 
 class ProcessState:
@@ -45,8 +53,9 @@ class ProcessState:
         return name
 
     def fence_for(self, storage: Storage, job_id: str, rank: int) -> Fence:
-        """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per process)."""
-        key = (storage.uri, job_id, rank)
+        """This process's writer fence as rank ``rank`` of ``job_id`` on ``storage`` (taken once per process and
+        place, however its URI is spelled: a second generation would fence the first)."""
+        key = (location_of(storage), job_id, rank)
         f = self.fences.get(key)
         if f is None:
             f = self.fences[key] = Fence.take(storage, job_id, rank)

@@ -118,6 +118,41 @@ def test_a_zombie_writer_stops_with_an_error_instead_of_training_on_unsaved(tmp_
         g.verify(e.name)  # CorruptCheckpointError when the zombie deleted or replaced a part
 
 
+SPELLINGS = """
+import os, sys, numpy as np, paddle
+paddle.enable_static()
+import paddle_acp as acp
+main, start = paddle.static.Program(), paddle.static.Program()
+with paddle.static.program_guard(main, start):
+    x = paddle.static.data("x", [4, 2], "float32")
+    loss = paddle.mean(paddle.static.nn.fc(x, 1))
+    paddle.optimizer.SGD(0.1).minimize(loss)
+exe = paddle.static.Executor(paddle.CPUPlace())
+exe.run(start)
+for uri in sys.argv[1:]:
+    os.environ["PADDLE_ACP_CHECKPOINT_URI"] = uri
+    for e in acp.train_epoch_range(2, save_checkpoint_inter=0):
+        exe.run(main, feed={"x": np.ones((4, 2), "float32")}, fetch_list=[loss])
+print("ALL DONE")
+"""
+
+
+def test_one_process_is_one_writer_however_the_location_is_spelled(tmp_path):
+    """Ranges of one process whose PADDLE_ACP_CHECKPOINT_URI names one directory in other spellings (a trailing
+    '/', './', a link) take one writer generation: the process never fences itself (it once stopped with
+    FencedError naming a second writer that did not exist)."""
+    (tmp_path / "s.py").write_text(SPELLINGS)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    os.symlink(ck, tmp_path / "link")
+    spellings = [str(ck), f"{ck}/", f"{tmp_path}/./ck", str(tmp_path / "link"), f"file://{ck}"]
+    p = subprocess.run([sys.executable, str(tmp_path / "s.py"), *spellings], env=script_env(ck),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "ALL DONE" in p.stdout, p.stderr[-3000:]
+    assert "fenced" not in p.stderr, p.stderr[-3000:]
+    assert sorted(os.listdir(ck / JOB_ID / "writers")) == ["gen-0"]
+
+
 def rank_cmd(tmp, r, outs):
     return [sys.executable, RANK_SCRIPT, "--out", tmp / outs / f"r{r}", "--kind", "tp", "--epochs", 2,
             "--barrier", tmp / "barrier", "--barrier-timeout", 600]
