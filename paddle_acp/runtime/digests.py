@@ -11,6 +11,7 @@ writes to the file's name + ``.rank<k>``. One JSON object a line, flushed at onc
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import inspect
 import io
@@ -74,20 +75,53 @@ def _visible(name: str, value: Any) -> bool:
     return not (name.startswith("__") or isinstance(value, _SKIP_TYPES))
 
 
-def _number(scalars: Dict[str, Any], key: str, value: Any) -> None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        scalars[key] = value if not isinstance(value, float) or np.isfinite(value) else repr(value)
+_MAX_ITEMS = 64  # a container holding more is not looked into (a dataset, not a counter)
+_MAX_NUMBERS = 4096  # numbers read per epoch end, at most
 
 
-def _own_attributes(obj: Any) -> List[Tuple[str, Any]]:
-    """The attributes of an object of a class the script defines (or a ``SimpleNamespace``); others: none."""
-    try:
-        if type(obj).__module__ != "__main__" and not isinstance(obj, types.SimpleNamespace):
-            return []
-        attrs = getattr(obj, "__dict__", None)
-        return [(k, v) for k, v in attrs.items() if not k.startswith("__")] if isinstance(attrs, dict) else []
-    except Exception:  # an object whose attribute access raises: nothing of it is digested
+def _script_own(obj: Any) -> bool:
+    """Whether ``obj``'s class (or ``obj``, a class or function) is the script's own (defined in ``__main__``)."""
+    named = isinstance(obj, (type, types.FunctionType)) or hasattr(obj, "__wrapped__")  # (a decorated function)
+    return getattr(obj if named else type(obj), "__module__", None) == "__main__"
+
+
+def _inside(obj: Any) -> List[Tuple[str, Any]]:
+    """(key suffix, value) one level inside ``obj``: a small dict, list, tuple or deque's items; the attributes of
+    an object or class of the script's own (or a ``SimpleNamespace``); a script function's closure cells, and
+    the size of its ``lru_cache``."""
+    if isinstance(obj, dict):
+        return [(f"[{k!r}]", v) for k, v in obj.items() if isinstance(k, (str, int))] if len(obj) <= _MAX_ITEMS else []
+    if isinstance(obj, (list, tuple, collections.deque)):
+        return [(f"[{i}]", v) for i, v in enumerate(obj)] if len(obj) <= _MAX_ITEMS else []
+    if not (_script_own(obj) or isinstance(obj, types.SimpleNamespace)):
         return []
+    out: List[Tuple[str, Any]] = []
+    if isinstance(obj, types.FunctionType) or hasattr(obj, "cache_info"):
+        fn = getattr(obj, "__wrapped__", obj)
+        cells = zip(fn.__code__.co_freevars, fn.__closure__ or ()) if isinstance(fn, types.FunctionType) else ()
+        out += [(f".<closure {n}>", c.cell_contents) for n, c in cells if c.cell_contents is not obj]
+        if hasattr(obj, "cache_info"):
+            out.append((".cache_info().currsize", obj.cache_info().currsize))
+        return out
+    attrs = getattr(obj, "__dict__", None)
+    return out + [(f".{k}", v) for k, v in dict(attrs).items() if not k.startswith("__")] if attrs is not None else out
+
+
+def _numbers(scalars: Dict[str, Any], key: str, value: Any, depth: int = 3) -> None:
+    """Record the numbers ``value`` holds, itself or up to ``depth`` levels inside (:func:`_inside`)."""
+    if len(scalars) >= _MAX_NUMBERS:
+        return
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        v = value.item() if isinstance(value, np.generic) else value
+        scalars[key] = v if not isinstance(v, float) or np.isfinite(v) else repr(v)
+        return
+    if depth > 0:
+        try:
+            inner = _inside(value)
+        except Exception:  # an object whose look-inside raises: nothing of it is read
+            return
+        for suffix, v in inner:
+            _numbers(scalars, key + suffix, v, depth - 1)
 
 
 class DigestedRange(Protocol):
@@ -191,12 +225,12 @@ class EpochDigests:
         uncaptured: Dict[str, str] = {}
         for where, names in self._namespaces():
             for name, value in names.items():
+                key = f"{where}{name}"
+                if name.startswith("__"):
+                    continue
+                _numbers(scalars, key, value)  # a counter in a dict, a list, a closure, an object of the script's
                 if not _visible(name, value):
                     continue
-                key = f"{where}{name}"
-                _number(scalars, key, value)
-                for attr, v in _own_attributes(value):  # a counter in an object of the script's own class
-                    _number(scalars, f"{key}.{attr}", v)
                 kind = uncaptured_kind(value)
                 if kind is not None:
                     uncaptured[key] = f"{kind}: {type(value).__module__}.{type(value).__qualname__}"
