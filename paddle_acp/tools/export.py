@@ -1,6 +1,7 @@
 """``paddle-acp export``: one program's parameters (and with ``--optimizer-state`` its optimizer
 variables) as ``DIR/NAME.pdparams`` (``NAME.pdopt``), the format of ``paddle.static.save``: loadable
-with plain Paddle, without paddle-acp. Every checksum is verified first; only ``--to`` is written."""
+with plain Paddle, without paddle-acp. Every checksum is verified first; only ``--to`` is written: never
+inside a job directory of the root, never over an earlier export of that name unless ``--overwrite``."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from paddle_acp.format.engine import reader, shares
 from paddle_acp.format.manifest import Manifest, ProgramRecord
-from paddle_acp.tools.discovery import ToolError
+from paddle_acp.tools.discovery import ToolError, list_jobs
 from paddle_acp.tools.inspect_checkpoint import add_ref_args, export_split, program_ir
 from paddle_acp.tools.reading import read_checkpoint
 from paddle_acp.tools.refs import CkptRef, load_manifest, read_part, reading, resolve_checkpoint
 from paddle_acp.tools.render import human_bytes, output, table
+
+EXPORT_FILES = (".pdparams", ".pdopt", ".export.json")
 
 
 @dataclasses.dataclass
@@ -58,6 +61,22 @@ def write_pickle(path: str, obj: Any) -> int:
     return os.path.getsize(path)
 
 
+def check_output(ref: CkptRef, to: str, prefix: str, overwrite: bool) -> None:
+    """Refuse ``to`` inside a job directory of a local root (gc would delete the export with the checkpoints),
+    and files of an earlier export named ``prefix`` unless ``overwrite``."""
+    root = ref.storage.local_path("")
+    real = os.path.realpath(to)
+    for job in sorted({ref.job, *list_jobs(ref.storage)}) if root is not None else []:
+        jdir = os.path.realpath(os.path.join(str(root), job))
+        if os.path.commonpath([real, jdir]) == jdir:
+            raise ToolError(f"--to {to!r} is inside job directory {jdir!r} of the checkpoint root (gc deletes what "
+                            "is there with the checkpoints): choose a directory outside the job directories")
+    old = [prefix + ext for ext in EXPORT_FILES if os.path.lexists(prefix + ext)]
+    if old and not overwrite:
+        raise ToolError(f"an export is already there ({', '.join(old)}): pass --overwrite to replace it, "
+                        "or choose another --to or --name")
+
+
 def spread_parts(ref: CkptRef) -> Optional[Dict[int, Manifest]]:
     """Every part's manifest of a checkpoint whose ranks wrote shares of the replicated tensors, else None."""
     if not ref.multirank:
@@ -84,7 +103,7 @@ def tensor_part(ref: CkptRef) -> CkptRef:
 
 def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Optional[str] = None,
            number: Optional[int] = None, program: Optional[str] = None, name: str = "model",
-           optimizer_state: bool = False, rank: Optional[int] = None) -> ExportResult:
+           optimizer_state: bool = False, rank: Optional[int] = None, overwrite: bool = False) -> ExportResult:
     ref = resolve_checkpoint(checkpoint, job, range_name, number, rank)
     m = load_manifest(ref)
     spread = spread_parts(ref)
@@ -98,6 +117,8 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
     split = export_split([t.name for t in prog.tensors], ir)
     if not name or "/" in name or name in (".", ".."):
         raise ToolError(f"--name {name!r} must be a plain file name prefix")
+    prefix = os.path.join(to, name)
+    check_output(ref, to, prefix, overwrite)
     want = {(prog.key, t.name) for t in prog.tensors if optimizer_state or split[t.name] == "pdparams"}
     with reading(ref, "cannot export checkpoint {uri}: it is corrupt ({reason})"):
         if spread is None:
@@ -118,9 +139,10 @@ def export(checkpoint: str, to: str, job: Optional[str] = None, range_name: Opti
         os.makedirs(to, exist_ok=True)
     except OSError as exc:
         raise ToolError(f"cannot create --to directory {to!r}: {exc}") from exc
-    prefix = os.path.join(to, name)
     files = []
     try:
+        if not optimizer_state and os.path.lexists(prefix + ".pdopt"):  # --overwrite: no stale moments beside
+            os.remove(prefix + ".pdopt")
         files.append((prefix + ".pdparams", len(params), write_pickle(prefix + ".pdparams", params)))
         if optimizer_state:
             files.append((prefix + ".pdopt", len(opt), write_pickle(prefix + ".pdopt", opt)))
@@ -167,12 +189,14 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, metavar="DIR", help="local output directory")
     p.add_argument("--name", default="model", help="file name prefix (default: model)")
     p.add_argument("--optimizer-state", action="store_true", help="also write the optimizer variables to NAME.pdopt")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export of NAME in DIR (its files; "
+                   "a NAME.pdopt this export does not write is removed)")
     p.add_argument("--json", action="store_true", help="machine-readable output (the files written)")
     return p
 
 
 def main(args: argparse.Namespace) -> int:
     res = export(args.checkpoint, args.to, args.job, args.range, args.number, args.program, args.name,
-                 args.optimizer_state, args.rank)
+                 args.optimizer_state, args.rank, args.overwrite)
     output(res, args.json, to_json, render)
     return 0

@@ -409,6 +409,30 @@ def test_export_refuses_a_corrupt_checkpoint(root_copy, tmp_path, capsys):
     assert not os.path.exists(str(tmp_path / "x" / "model.pdparams"))
 
 
+def test_export_refuses_an_earlier_export_unless_overwrite(trained, tmp_path, capsys):
+    dest = str(tmp_path / "x")
+    assert cli.main(["export", ckpt_path(trained["root"], 1), "--to", dest, "--optimizer-state"]) == 0
+    assert cli.main(["export", ckpt_path(trained["root"], 3), "--to", dest]) == 2
+    err = capsys.readouterr().err
+    assert "model.pdparams" in err and "model.pdopt" in err and "--overwrite" in err
+    with open(os.path.join(dest, "model.export.json")) as f:
+        assert json.load(f)["range"]["epoch_no"] == 1  # untouched
+    # --overwrite: exactly this export's files, no epoch-1 optimizer state beside epoch-3 parameters
+    assert cli.main(["export", ckpt_path(trained["root"], 3), "--to", dest, "--overwrite"]) == 0
+    assert sorted(os.listdir(dest)) == ["model.export.json", "model.pdparams"]
+    with open(os.path.join(dest, "model.export.json")) as f:
+        assert json.load(f)["range"]["epoch_no"] == 3
+
+
+def test_export_refuses_a_directory_inside_a_job(root_copy, tmp_path, capsys):
+    os.symlink(os.path.join(root_copy, JOB), str(tmp_path / "link"))
+    for to in (ckpt_path(root_copy, 3), str(tmp_path / "link" / "x")):  # a committed checkpoint; through a link
+        assert cli.main(["export", ckpt_path(root_copy, 3), "--to", to]) == 2
+        assert "inside job directory" in capsys.readouterr().err
+        assert not os.path.exists(os.path.join(to, "model.pdparams"))
+    assert cli.main(["export", ckpt_path(root_copy, 3), "--to", os.path.join(root_copy, "exports")]) == 0
+
+
 # -- errors -------------------------------------------------------------------
 def test_clear_errors(trained, root_copy, tmp_path, capsys):
     root = trained["root"]
