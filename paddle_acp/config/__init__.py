@@ -335,9 +335,10 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> CheckpointConfig:
                 f"PADDLE_EDL_HDFS_NAME is empty but is required {why} "
                 "(set PADDLE_EDL_ONLY_FOR_CE_TEST=1 to checkpoint to the local filesystem)"
             )
-        if "://" not in hdfs_name:
+        if "://" not in hdfs_name or "?" in hdfs_name or "#" in hdfs_name:
             raise ConfigError(
-                f"PADDLE_EDL_HDFS_NAME={redact(hdfs_name)!r} must be a filesystem URI such as hdfs://namenode:9000"
+                f"PADDLE_EDL_HDFS_NAME={redact(hdfs_name)!r} must be a filesystem URI such as hdfs://namenode:9000 "
+                "(no query or fragment: the checkpoint path is appended to it)"
             )
         if hdfs_ugi is not None and "," not in hdfs_ugi:
             # not echoed: a UGI without its comma may well be a bare password

@@ -50,10 +50,11 @@ N = TypeVar("N", int, float)
 
 
 def ascii_number(value: Any, kind: Callable[[Any], N]) -> N:
-    """``kind(value)``, the one parser of numbers in variables: a string only in ASCII (Python's int and float take
-    any Unicode digit, "１", which nothing else reads as one); ValueError or TypeError otherwise."""
-    if isinstance(value, str) and not value.isascii():
-        raise ValueError(f"{value!r} is not ASCII")
+    """``kind(value)``, the one parser of numbers in variables: a string only in ASCII and without ``_`` (Python's
+    int and float take any Unicode digit, "１", and "1_000", which nothing else reads as numbers); ValueError or
+    TypeError otherwise."""
+    if isinstance(value, str) and (not value.isascii() or "_" in value):
+        raise ValueError(f"{value!r} is not a plain ASCII number")
     return kind(value)
 
 

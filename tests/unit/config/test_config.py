@@ -106,6 +106,9 @@ def test_paddlecloud_ce_test_is_local_and_needs_no_hadoop():
         (dict(CLOUD, PADDLE_EDL_HDFS_NAME=""), "PADDLE_EDL_HDFS_NAME is empty"),
         (dict(CLOUD, PADDLE_EDL_HDFS_NAME="nn:9000"), "PADDLE_EDL_HDFS_NAME='nn:9000'"),
         (dict(CLOUD, PADDLE_EDL_HDFS_UGI="alice"), "PADDLE_EDL_HDFS_UGI"),
+        (dict(CLOUD, PADDLE_EDL_HDFS_NAME="hdfs://nn:9000?token=x"), "no query or fragment"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_EDL_SAVE_CHECKPOINT_INTER": "1_000"}, "'1_000'"),
+        ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_MAX_TO_KEEP": "1_0"}, "PADDLE_ACP_MAX_TO_KEEP='1_0'"),
         # read only where used (several ranks, an HDFS location), refused when the configuration is read
         ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_COORDINATION": "foo"}, "PADDLE_ACP_COORDINATION='foo'"),
         ({"PADDLE_ACP_CHECKPOINT_URI": "x", "PADDLE_ACP_CONNECT_EARLY": "foo"}, "PADDLE_ACP_CONNECT_EARLY='foo'"),
