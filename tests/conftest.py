@@ -25,6 +25,19 @@ if os.environ.get("PADDLE_ACP_TEST_INSTALLED") == "1":  # ci/matrix.py tests the
     assert "site-packages" in paddle_acp.__file__, "expected the installed paddle_acp, got %s" % paddle_acp.__file__
 
 
+@pytest.fixture(autouse=True)
+def _secrets_of_this_test_only():
+    """The secrets a test registers (paddle_acp.secrets keeps them per process, and masks them in every later
+    message) end with it: a user name another test registered once masked "someone-else" in a test of job names
+    run after it in the same worker."""
+    from paddle_acp import secrets
+
+    before = set(secrets._SECRETS)
+    yield
+    secrets._SECRETS.clear()
+    secrets._SECRETS.update(before)
+
+
 # Single cases of a parametrized test that belong to the long run (`bash ci/test.sh --long`): the multi-writer
 # protocol tests through the hadoop CLI backend, a JVM per call (20-80 s each); the same tests run on the other
 # four backends by default, and the CLI backend's other contract tests too.
