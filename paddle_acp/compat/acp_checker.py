@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Union
 
 from paddle_acp import config as _config
+from paddle_acp.errors import ConfigError
 from paddle_acp.secrets import redact
 
 __all__ = ["AutoCheckpointChecker"]
@@ -22,6 +23,11 @@ class AutoCheckpointChecker:
     def __init__(self, env: Optional[Mapping[str, str]] = None) -> None:
         self._run_env, cfg = _config.paddlecloud_view_from_env(env)
         self._cfg = cfg
+        try:  # where the checkpoints go: PADDLE_ACP_CHECKPOINT_URI wins over PaddleCloud's path (its paths say so)
+            used = _config.from_env(env)
+        except ConfigError:
+            used = cfg
+        self._used_uri: Optional[str] = used.uri if used.source != cfg.source else None
         active = cfg.active
         self._platform: Optional[str] = cfg.platform if active else None
         self._job_id: Optional[str] = cfg.job_id if active else None
@@ -52,6 +58,8 @@ class AutoCheckpointChecker:
         return self._cfg.active
 
     def _root(self) -> Optional[str]:
+        if self._used_uri is not None:
+            return self._used_uri
         return self._hdfs_checkpoint_path if self._hdfs_checkpoint_path is not None else self._cfg.uri
 
     def get_job_path(self) -> str:

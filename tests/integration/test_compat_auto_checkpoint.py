@@ -192,6 +192,16 @@ def test_checker_reads_paddlecloud_env(cloud_env):
     assert acp._get_checker() is acp._get_checker()
 
 
+def test_checker_paths_name_where_the_checkpoints_go(cloud_env, monkeypatch, tmp_path):
+    """PADDLE_ACP_CHECKPOINT_URI beside PaddleCloud's variables: the checkpoints go there, and the checker's paths
+    say so (they named PaddleCloud's path, where nothing is written); its other fields stay PaddleCloud's."""
+    monkeypatch.setenv("PADDLE_ACP_CHECKPOINT_URI", str(tmp_path / "other"))
+    c = acp.AutoCheckpointChecker()
+    assert c.get_job_path() == "%s/other/compat" % tmp_path
+    assert c.get_range_checkpoint_path("_range_0") == "%s/other/compat/range/_range_0" % tmp_path
+    assert c.hdfs_checkpoint_path == str(cloud_env)
+
+
 def test_checker_str_labels_match_values(cloud_env, monkeypatch):
     monkeypatch.setenv("PADDLE_EDL_HDFS_NAME", "hdfs://nn:9000")
     monkeypatch.setenv("PADDLE_EDL_HDFS_UGI", "alice,secret")
