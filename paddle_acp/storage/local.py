@@ -156,24 +156,20 @@ class LocalStorage(ArrowStorage):
         self.sync_dir(path.rsplit("/", 1)[0])
         return True
 
-    def _open_regular(self, path: str) -> int:
+    def _open_regular(self, path: str, flags: int = os.O_RDONLY, what: str = "opening for read") -> int:
+        """:func:`open_regular` of ``path``; its OSError wrapped (``what``), FileNotFoundError when reading."""
         try:
-            return open_regular(self.full(path), f"{self.uri}/{path}")
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.uri}/{path}") from None
+            return open_regular(self.full(path), f"{self.uri}/{path}", flags)
         except StorageError:
             raise  # not a regular file
         except OSError as exc:
-            raise self.wrap("opening for read", path, exc) from exc
+            if isinstance(exc, FileNotFoundError) and not flags & os.O_CREAT:
+                raise FileNotFoundError(f"{self.uri}/{path}") from None
+            raise self.wrap(what, path, exc) from exc
 
     def open_output(self, path: str) -> Any:
         """Never blocks on (nor writes into) a named pipe or device found at ``path``."""
-        try:
-            fd = open_regular(self.full(path), f"{self.uri}/{path}", os.O_WRONLY | os.O_CREAT)
-        except StorageError:
-            raise
-        except OSError as exc:
-            raise self.wrap("opening for write", path, exc) from exc
+        fd = self._open_regular(path, os.O_WRONLY | os.O_CREAT, "opening for write")
         try:
             os.ftruncate(fd, 0)
         except OSError as exc:
@@ -182,12 +178,7 @@ class LocalStorage(ArrowStorage):
         return io.BufferedWriter(io.FileIO(fd, "wb", closefd=True))
 
     def append_bytes(self, path: str, data: bytes) -> None:
-        try:
-            fd = open_regular(self.full(path), f"{self.uri}/{path}", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        except StorageError:
-            raise
-        except OSError as exc:
-            raise self.wrap("appending to", path, exc) from exc
+        fd = self._open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "appending to")
         try:
             with io.FileIO(fd, "wb", closefd=True) as f:
                 view = memoryview(data).cast("B")
